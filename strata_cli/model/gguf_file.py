@@ -1,0 +1,150 @@
+"""Open a qwen4exp GGUF: memory-mapped, validated against the name table, dequantized lazily per tensor."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ModelFileError
+from . import quants
+from .geometry import Geometry, Metadata, geometry_from_metadata
+from .names import INDEXER_MARK, PLE_TABLE, TensorSpec, expected_tensors, ple_table_rows
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]  # GGML order, ne0 first
+    offset: int  # absolute file offset of the data
+    n_bytes: int
+    raw: np.ndarray  # memmap view in numpy order (typed for F32/F16, byte rows otherwise)
+
+    @property
+    def type_name(self) -> str:
+        return quants.TYPE_NAMES.get(self.ggml_type, f"type{self.ggml_type}")
+
+
+def _read_metadata(reader, path: str) -> dict:
+    values = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            values[key] = field.contents()
+        except Exception:  # an exotic value type we never read: keep the key, drop the value
+            values[key] = None
+    return values
+
+
+def _open_reader(path: str):
+    import gguf
+
+    if not os.path.isfile(path):
+        raise ModelFileError(f"{path}: no such file")
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise ModelFileError(f"{path}: not a GGUF file (magic {magic!r}, {size} bytes)")
+    try:
+        return gguf.GGUFReader(path, "r"), size
+    except (ValueError, IndexError, OSError, KeyError) as exc:
+        raise ModelFileError(f"{path}: truncated or corrupt GGUF header ({size} bytes): {exc}") from None
+
+
+class GGUFModel:
+    """A validated qwen4exp GGUF. Tensors stay memory-mapped until `f32()` dequantizes (and caches) one."""
+
+    def __init__(self, path: str):
+        self.path = str(path)
+        reader, self.file_size = _open_reader(self.path)
+        self._reader = reader
+        self.metadata = _read_metadata(reader, self.path)
+        self.tensors: dict[str, TensorInfo] = {}
+        for t in reader.tensors:
+            shape = tuple(int(s) for s in t.shape)
+            end = int(t.data_offset) + int(t.n_bytes)
+            if end > self.file_size:
+                raise ModelFileError(f"{self.path}: truncated: tensor '{t.name}' ends at byte {end}, "
+                                     f"file has {self.file_size}")
+            self.tensors[t.name] = TensorInfo(t.name, int(t.tensor_type), shape, int(t.data_offset),
+                                              int(t.n_bytes), t.data)
+        md = Metadata(self.metadata, self.path)
+        embd = self.tensors.get("token_embd.weight")
+        if embd is None:
+            raise ModelFileError(f"{self.path}: missing tensor 'token_embd.weight'")
+        if len(embd.shape) != 2:
+            raise ModelFileError(f"{self.path}: tensor 'token_embd.weight' has shape {list(embd.shape)}, "
+                                 "expected [n_embd, n_vocab]")
+        has_indexer = any(name.endswith(INDEXER_MARK) for name in self.tensors)
+        self.geometry: Geometry = geometry_from_metadata(md, embd.shape[1], has_indexer)
+        self.specs: dict[str, TensorSpec] = expected_tensors(self.geometry)
+        self._validate()
+        self._f32: dict[str, np.ndarray] = {}
+
+    # ---- validation
+    def _validate(self) -> None:
+        for name, spec in self.specs.items():
+            info = self.tensors.get(name)
+            if info is None:
+                raise ModelFileError(f"{self.path}: missing tensor '{name}' (expected shape {list(spec.shape)})")
+            if info.shape not in spec.shapes:
+                raise ModelFileError(f"{self.path}: tensor '{name}' has shape {list(info.shape)}, "
+                                     f"expected {list(spec.shape)}")
+        if self.geometry.ple is not None:
+            info = self.tensors.get(PLE_TABLE)
+            rows = ple_table_rows(self.geometry)
+            width = self.geometry.ple.head_dim
+            if info is None:
+                raise ModelFileError(f"{self.path}: missing tensor '{PLE_TABLE}' (PLE layer "
+                                     f"{self.geometry.ple.layer} needs it)")
+            if len(info.shape) != 2 or info.shape[0] != width or info.shape[1] < rows:
+                raise ModelFileError(f"{self.path}: tensor '{PLE_TABLE}' has shape {list(info.shape)}, "
+                                     f"expected [{width}, >= {rows}]")
+        for info in self.tensors.values():
+            if (info.name in self.specs or info.name == PLE_TABLE) and info.ggml_type not in quants.SUPPORTED:
+                raise ModelFileError(f"{self.path}: tensor '{info.name}' has unsupported type {info.type_name} "
+                                     f"(strata reads {', '.join(sorted(quants.TYPE_NAMES.values()))})")
+
+    # ---- access
+    @property
+    def geom(self) -> Geometry:
+        return self.geometry
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise ModelFileError(f"{self.path}: missing tensor '{name}'") from None
+
+    def f32(self, name: str) -> np.ndarray:
+        """Float32 numpy-order copy (or view for F32) of a whole tensor, cached."""
+        out = self._f32.get(name)
+        if out is None:
+            info = self.info(name)
+            out = quants.dequantize(info.raw, info.ggml_type)
+            if info.ggml_type == quants.F32:
+                out = np.asarray(out)
+            self._f32[name] = out
+        return out
+
+    def rows_f32(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Dequantize only some rows (numpy axis 0 of a 2-D tensor): embedding and n-gram gathers."""
+        info = self.info(name)
+        return quants.dequantize(np.asarray(info.raw[np.asarray(rows)]), info.ggml_type)
+
+    def type_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for info in self.tensors.values():
+            counts[info.type_name] = counts.get(info.type_name, 0) + 1
+        return counts
+
+    def nbytes(self) -> int:
+        return sum(info.n_bytes for info in self.tensors.values())
+
+
+def open_model(path) -> GGUFModel:
+    return GGUFModel(str(path))
