@@ -1,0 +1,168 @@
+"""The numpy reference verify engine: a window of T tokens through every layer, float32.
+
+run(tokens, pos0) feeds tokens at positions pos0..pos0+T-1 and returns T rows of logits and greedy ids;
+commit(n_keep) advances the sequence to exactly the first n_keep of those rows (see engine/state.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InputError
+from ..model.gguf_file import GGUFModel
+from ..ops import basic, gdn, hyper, moe, ple, qsa
+from .state import GDNRecord, SequenceState, WindowRecord, WindowResult
+from .weights import Weights
+
+DEFAULT_CTX = 4096
+
+
+class ReferenceEngine:
+    device = "cpu"
+
+    def __init__(self, model: GGUFModel, n_ctx: int | None = None, max_t: int | None = None):
+        self.model = model
+        self.g = model.geometry
+        self.w = Weights(model)
+        self.n_ctx = min(self.g.n_ctx, DEFAULT_CTX) if n_ctx is None else int(n_ctx)
+        if not 1 <= self.n_ctx <= self.g.n_ctx:
+            raise InputError(f"context {self.n_ctx} outside 1..{self.g.n_ctx} (the model's context_length)")
+        self.max_t = max_t
+        self.reset()
+
+    def reset(self) -> None:
+        self.state = SequenceState.fresh(self.g, self.n_ctx)
+        self._pending: WindowRecord | None = None
+
+    @property
+    def n_past(self) -> int:
+        return self.state.n_past
+
+    # ---- the verify contract
+    def run(self, tokens, pos0: int | None = None) -> WindowResult:
+        tokens = self._check_window(tokens, pos0)
+        self._pending = None  # an uncommitted window is dropped: its live writes are harmless (state.py)
+        rec = WindowRecord(pos0=self.n_past, tokens=tokens)
+        positions = self.n_past + np.arange(len(tokens))
+        R = np.repeat(self.w.embed_rows(tokens)[:, None, :], self.g.hc, axis=1)     # [T, C, D]
+        for layer in range(self.g.n_layers):
+            R = self._layer(layer, R, tokens, positions, rec)
+        mixed, _ = hyper.hc_read(R, *self.w.hc("output_hc", inject=False), self.g.eps)
+        logits = basic.linear(mixed, self.w.get("output.weight"))
+        self._pending = rec
+        return WindowResult(rec.pos0, tokens, logits, logits.argmax(axis=1).astype(np.int32))
+
+    def commit(self, n_keep: int) -> None:
+        rec = self._pending
+        if rec is None:
+            raise InputError("commit without a window to commit (run a window first)")
+        if not 0 <= n_keep <= rec.T:
+            raise InputError(f"n_keep {n_keep} outside 0..{rec.T} (the window's rows)")
+        st, g = self.state, self.g
+        for layer, r in rec.gdn.items():
+            st.gdn_conv[layer] = r.conv_seq[n_keep:n_keep + g.conv_kernel - 1].copy()
+            if n_keep:
+                _, st.gdn_state[layer] = gdn.gdn_recurrence(st.gdn_state[layer], r.q[:n_keep], r.k[:n_keep],
+                                                            r.v[:n_keep], r.g[:n_keep], r.beta[:n_keep])
+        positions = rec.pos0 + np.arange(n_keep)
+        for layer, snap in rec.idx_tail_snapshot.items():
+            st.idx_tail[layer] = snap
+            qsa.indexer_append(snap, st.idx_pooled[layer], rec.idx_raw[layer][:n_keep], positions,
+                               self.w.blk(layer, "indexer.k_norm"), g.eps, g.n_rot, g.rope_base)
+        if rec.ple_seq is not None:
+            st.ple_history = rec.ple_seq[n_keep:n_keep + g.ple.history].copy()
+            st.ple_prev = np.concatenate([st.ple_prev, rec.tokens[:n_keep]])[-(g.ple.ngram_size - 1):]
+        st.n_past += n_keep
+        self._pending = None
+
+    def _check_window(self, tokens, pos0) -> np.ndarray:
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        if tokens.size == 0:
+            raise InputError("empty window: no tokens")
+        if self.max_t is not None and tokens.size > self.max_t:
+            raise InputError(f"window of {tokens.size} tokens exceeds max_t {self.max_t}")
+        bad = tokens[(tokens < 0) | (tokens >= self.g.n_vocab)]
+        if bad.size:
+            raise InputError(f"token id {int(bad[0])} out of range 0..{self.g.n_vocab - 1}")
+        if pos0 is not None and pos0 != self.n_past:
+            raise InputError(f"window starts at position {pos0} but the sequence holds {self.n_past} tokens")
+        if self.n_past + tokens.size > self.n_ctx:
+            raise InputError(f"window past the context: positions {self.n_past}..{self.n_past + tokens.size - 1}"
+                             f" exceed context {self.n_ctx}")
+        return tokens
+
+    # ---- one layer over the window's rows
+    def _layer(self, layer, R, tokens, positions, rec):
+        g, w = self.g, self.w
+        if g.ple is not None and g.ple.layer == layer:
+            R = self._ple(layer, R, tokens, rec)
+        mixed, inj = hyper.hc_read(R, *w.hc(f"blk.{layer}.hc_attn"), g.eps)
+        if g.layer_is_attn[layer]:
+            out = self._qsa(layer, mixed, positions, rec)
+        else:
+            out = self._gdn(layer, mixed, rec)
+        R = hyper.hc_write(R, out, inj)
+        mixed, inj = hyper.hc_read(R, *w.hc(f"blk.{layer}.hc_ffn"), g.eps)
+        ids, weights = moe.router_topk(basic.linear(mixed, w.blk(layer, "ffn_gate_inp")), g.n_expert_used)
+        out = moe.routed_experts(mixed, ids, weights, lambda e: w.expert(layer, e))
+        out += moe.shared_expert(mixed, *w.shared(layer))
+        return hyper.hc_write(R, out, inj)
+
+    def _gdn(self, layer, x, rec):
+        g, w, st = self.g, self.w, self.state
+        h, conv_seq = gdn.gdn_conv(basic.linear(x, w.blk(layer, "attn_qkv")), st.gdn_conv[layer],
+                                   w.blk(layer, "ssm_conv1d"))
+        q, k, v = gdn.gdn_split(h, g.ssm_nk, g.ssm_dk, g.ssm_nv, g.ssm_dv)
+        decay, beta = gdn.gdn_gates(basic.linear(x, w.blk(layer, "ssm_alpha")),
+                                    basic.linear(x, w.blk(layer, "ssm_beta")),
+                                    w.blk(layer, "ssm_dt.bias"), w.blk(layer, "ssm_a"))
+        o, _ = gdn.gdn_recurrence(st.gdn_state[layer], q, k, v, decay, beta)
+        rec.gdn[layer] = GDNRecord(conv_seq, q, k, v, decay, beta)
+        z = basic.linear(x, w.blk(layer, "attn_gate")).reshape(o.shape)
+        y = gdn.gdn_gated_norm(o, z, w.blk(layer, "ssm_norm"), g.eps)
+        return basic.linear(y.reshape(len(x), -1), w.blk(layer, "ssm_out"))
+
+    def _qsa(self, layer, x, positions, rec):
+        g, w, st = self.g, self.w, self.state
+        T, d = len(x), g.head_dim
+        cos, sin = qsa.rope_tables(positions, g.n_rot, g.rope_base)
+        k = basic.linear(x, w.blk(layer, "attn_k")).reshape(T, g.n_head_kv, d)
+        k = qsa.rope_neox(basic.rms_norm(k, w.blk(layer, "attn_k_norm"), g.eps), cos, sin)
+        st.k_cache[layer][positions] = k
+        st.v_cache[layer][positions] = basic.linear(x, w.blk(layer, "attn_v")).reshape(T, g.n_head_kv, d)
+        qg = basic.linear(x, w.blk(layer, "attn_q")).reshape(T, g.n_head, 2 * d)
+        q = qsa.rope_neox(basic.rms_norm(qg[..., :d], w.blk(layer, "attn_q_norm"), g.eps), cos, sin)
+        ratio = g.compress_ratios[layer]
+        if ratio:
+            raw = basic.linear(x, w.blk(layer, "indexer.k_proj"))
+            rec.idx_tail_snapshot[layer] = st.idx_tail[layer].copy()
+            rec.idx_raw[layer] = raw
+            qsa.indexer_append(st.idx_tail[layer], st.idx_pooled[layer], raw, positions,
+                               w.blk(layer, "indexer.k_norm"), g.eps, g.n_rot, g.rope_base)
+            qi = basic.linear(x, w.blk(layer, "indexer.q_proj")).reshape(T, g.idx_heads, g.idx_dim)
+            qi = qsa.rope_neox(basic.rms_norm(qi, w.blk(layer, "indexer.q_norm"), g.eps), cos, sin)
+        out = np.empty((T, g.n_head * d), dtype=np.float32)
+        for t, pos in enumerate(positions):
+            n_cells = int(pos) + 1
+            if ratio:
+                scores = qsa.block_scores(qi[t], st.idx_pooled[layer][:n_cells // ratio])
+                cells = qsa.select_cells(scores, n_cells, ratio, g.idx_budget)
+            else:
+                cells = np.arange(n_cells)
+            out[t] = qsa.attend_selected(q[t], qg[t, :, d:], st.k_cache[layer], st.v_cache[layer], cells)
+        return basic.linear(out, w.blk(layer, "attn_output"))
+
+    def _ple(self, layer, R, tokens, rec):
+        p, w, st = self.g.ple, self.w, self.state
+        prev = st.ple_prev.copy()                                     # oldest first
+        rows = []
+        for tok in tokens:
+            ctx = ple.ngram_context(int(tok), prev[::-1], p.eos_token_id)
+            rows.append(ple.ngram_rows(ctx, w.ple_mult, p.heads_per_ngram, w.ple_sizes, w.ple_offsets))
+            prev = np.concatenate([prev[1:], [tok]]) if len(prev) else prev
+        emb = w.ple_rows(np.stack(rows))
+        R, rec.ple_seq = ple.ple_mix(R, emb, st.ple_history, w.blk(layer, "ple_key"), w.blk(layer, "ple_value"),
+                                     w.blk(layer, "ple_norm_key"), w.blk(layer, "ple_norm_query"),
+                                     w.blk(layer, "ple_norm_conv"), w.blk(layer, "ple_conv1d"), p.dilation,
+                                     self.g.eps)
+        return R

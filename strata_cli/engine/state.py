@@ -1,0 +1,82 @@
+"""Sequence state of the verify engine and the per-window record that commit(n_keep) consumes.
+
+What a window may and may not touch (spec §3.3):
+- GDN recurrent and conv state: read, never written by run(); commit replays the kept rows.
+- KV cells and pooled indexer blocks: written live; rejected rows' cells are overwritten before any
+  query can see them again.
+- indexer tail and PLE history / n-gram predecessors: snapshotted by run(), rebuilt by commit().
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..model.geometry import Geometry
+
+
+@dataclass
+class SequenceState:
+    n_past: int
+    gdn_state: dict[int, np.ndarray]    # layer -> S [Hv, dk, dv]
+    gdn_conv: dict[int, np.ndarray]     # layer -> raw qkv rows [K-1, Ch], oldest first
+    k_cache: dict[int, np.ndarray]      # layer -> [N, Hk, d] (normed, rotated)
+    v_cache: dict[int, np.ndarray]      # layer -> [N, Hk, d]
+    idx_tail: dict[int, np.ndarray]     # layer -> raw keys of the block being filled [ratio, d]
+    idx_pooled: dict[int, np.ndarray]   # layer -> pooled block keys [N / ratio + 1, d]
+    ple_history: np.ndarray | None      # [(Kc-1)*dilation, C*D] conv inputs, oldest first
+    ple_prev: np.ndarray | None         # n-gram predecessors, oldest first, EOS-padded [n-1]
+
+    @classmethod
+    def fresh(cls, g: Geometry, n_ctx: int) -> "SequenceState":
+        f32 = np.float32
+        st = cls(0, {}, {}, {}, {}, {}, {}, None, None)
+        for layer in g.gdn_layers:
+            st.gdn_state[layer] = np.zeros((g.ssm_nv, g.ssm_dk, g.ssm_dv), f32)
+            st.gdn_conv[layer] = np.zeros((g.conv_kernel - 1, g.conv_dim), f32)
+        for layer in g.attn_layers:
+            st.k_cache[layer] = np.zeros((n_ctx, g.n_head_kv, g.head_dim), f32)
+            st.v_cache[layer] = np.zeros((n_ctx, g.n_head_kv, g.head_dim), f32)
+            ratio = g.compress_ratios[layer]
+            if ratio:
+                st.idx_tail[layer] = np.zeros((ratio, g.idx_dim), f32)
+                st.idx_pooled[layer] = np.zeros((n_ctx // ratio + 1, g.idx_dim), f32)
+        if g.ple is not None:
+            st.ple_history = np.zeros((g.ple.history, g.hc_dim), f32)
+            st.ple_prev = np.full(g.ple.ngram_size - 1, g.ple.eos_token_id, np.int64)
+        return st
+
+
+@dataclass
+class GDNRecord:
+    conv_seq: np.ndarray   # [K-1+T, Ch]
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    g: np.ndarray
+    beta: np.ndarray
+
+
+@dataclass
+class WindowRecord:
+    """What run() leaves for commit(): enough to advance every state to any accepted prefix."""
+
+    pos0: int
+    tokens: np.ndarray
+    gdn: dict[int, GDNRecord] = field(default_factory=dict)
+    idx_tail_snapshot: dict[int, np.ndarray] = field(default_factory=dict)
+    idx_raw: dict[int, np.ndarray] = field(default_factory=dict)   # layer -> raw indexer keys [T, d]
+    ple_seq: np.ndarray | None = None                               # [Hh+T, C*D]
+
+    @property
+    def T(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass
+class WindowResult:
+    pos0: int
+    tokens: np.ndarray       # [T] fed tokens
+    logits: np.ndarray       # [T, V] float32: row t = distribution after tokens[t]
+    ids: np.ndarray          # [T] greedy ids (argmax of each row)

@@ -1,0 +1,59 @@
+"""Float32 views of a model's weights by role, dequantized on first use (CPU reference path)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..model.gguf_file import GGUFModel
+from ..model.names import PLE_TABLE
+
+
+class Weights:
+    def __init__(self, model: GGUFModel):
+        self.model = model
+        self.g = model.geometry
+        g = self.g
+        if g.ple is not None:
+            p = g.ple
+            self.ple_mult = np.array(p.multipliers, dtype=np.uint64).astype(np.int64)
+            self.ple_sizes = np.array(p.head_vocab_sizes, dtype=np.int64)
+            self.ple_offsets = np.array(p.head_offsets, dtype=np.int64)
+
+        self._f64: dict[str, np.ndarray] = {}
+
+    def get(self, name: str) -> np.ndarray:
+        """Vectors as float32; matrices as float64 copies, so GEMMs accumulate in float64 (ops/basic.linear)."""
+        arr = self.model.f32(name)
+        if arr.ndim < 2 or (arr.ndim == 2 and 1 in arr.shape):
+            return arr
+        out = self._f64.get(name)
+        if out is None:
+            out = self._f64[name] = arr.astype(np.float64)
+        return out
+
+    def blk(self, layer: int, role: str) -> np.ndarray:
+        suffix = "" if role in ("ssm_a", "ssm_dt.bias") else ".weight"
+        return self.get(f"blk.{layer}.{role}{suffix}")
+
+    def hc(self, prefix: str, inject: bool = True):
+        """(norm [C*D], down [L, C*D], up [C*D, L], inject [C, C*D] | None) of one hyper-connection half."""
+        get = self.get
+        return (get(f"{prefix}_norm.weight"), get(f"{prefix}_down.weight"), get(f"{prefix}_up.weight"),
+                get(f"{prefix}_inject.weight") if inject else None)
+
+    def expert(self, layer: int, e: int):
+        """(gate [F, D], up [F, D], down [D, F]) of routed expert e."""
+        return (self.blk(layer, "ffn_gate_exps")[e], self.blk(layer, "ffn_up_exps")[e],
+                self.blk(layer, "ffn_down_exps")[e])
+
+    def shared(self, layer: int):
+        return (self.blk(layer, "ffn_gate_shexp"), self.blk(layer, "ffn_up_shexp"),
+                self.blk(layer, "ffn_down_shexp"), self.blk(layer, "ffn_gate_inp_shexp").reshape(-1))
+
+    def embed_rows(self, tokens: np.ndarray) -> np.ndarray:
+        return self.model.rows_f32("token_embd.weight", tokens)
+
+    def ple_rows(self, rows: np.ndarray) -> np.ndarray:
+        """rows [T, heads] -> concatenated n-gram embeddings [T, heads * head_dim]."""
+        flat = self.model.rows_f32(PLE_TABLE, rows.reshape(-1))
+        return flat.reshape(rows.shape[0], -1)

@@ -1,0 +1,64 @@
+"""Gated DeltaNet: causal depthwise conv over a saved conv state, gates, delta-rule recurrence, gated norm.
+
+Value head h reads key/query head h % Hk: the converter stores value heads in tiled order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .basic import l2_norm, rms_norm, sigmoid, silu, softplus
+
+
+def gdn_conv(qkv: np.ndarray, conv_state: np.ndarray, conv_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """qkv [T, Ch] raw projections; conv_state [K-1, Ch] previous raw rows, oldest first; conv_w [Ch, K]
+    (tap K-1 multiplies the current row). Returns silu(conv) [T, Ch] and the conv input sequence
+    seq [K-1+T, Ch]: the state after the first n rows is seq[n:n+K-1] (what commit keeps)."""
+    K = conv_w.shape[1]
+    seq = np.concatenate([conv_state, qkv], axis=0)                     # [K-1+T, Ch]
+    T = qkv.shape[0]
+    out = np.zeros_like(qkv, dtype=np.float32)
+    for i in range(K):
+        out += seq[i:i + T] * conv_w[:, i]
+    return silu(out), seq
+
+
+def gdn_split(h: np.ndarray, nk: int, dk: int, nv: int, dv: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """h [T, Ch] -> q [T, Hk, dk] (L2-normed, scaled by 1/sqrt(dk)), k [T, Hk, dk] (L2-normed), v [T, Hv, dv]."""
+    T = h.shape[0]
+    q = l2_norm(h[:, :nk * dk].reshape(T, nk, dk)) * np.float32(dk ** -0.5)
+    k = l2_norm(h[:, nk * dk:2 * nk * dk].reshape(T, nk, dk))
+    v = h[:, 2 * nk * dk:].reshape(T, nv, dv)
+    return q.astype(np.float32), k.astype(np.float32), np.ascontiguousarray(v, dtype=np.float32)
+
+
+def gdn_gates(alpha: np.ndarray, beta_in: np.ndarray, dt_bias: np.ndarray, ssm_a: np.ndarray):
+    """alpha, beta_in [T, Hv] projections -> log-decay g = ssm_a * softplus(alpha + dt_bias) (ssm_a < 0) and
+    write strength beta = sigmoid(beta_in)."""
+    return (ssm_a * softplus(alpha + dt_bias)).astype(np.float32), sigmoid(beta_in)
+
+
+def gdn_recurrence(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,
+                   beta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Delta rule from a saved state, which is not modified.
+
+    state [Hv, dk, dv]; q, k [T, Hk, dk]; v [T, Hv, dv]; g, beta [T, Hv].
+    Per row: S *= exp(g); S += k (x) beta*(v - S^T k); o = S^T q. Returns o [T, Hv, dv] and S after T rows.
+    """
+    nv, nk = v.shape[1], q.shape[1]
+    kmap = np.arange(nv) % nk
+    S = state.astype(np.float32, copy=True)
+    out = np.empty_like(v)
+    for t in range(v.shape[0]):
+        kt, qt = k[t, kmap], q[t, kmap]                                   # [Hv, dk]
+        S *= np.exp(g[t])[:, None, None]
+        mem = np.einsum("hij,hi->hj", S, kt)
+        delta = (v[t] - mem) * beta[t][:, None]
+        S += kt[:, :, None] * delta[:, None, :]
+        out[t] = np.einsum("hij,hi->hj", S, qt)
+    return out, S
+
+
+def gdn_gated_norm(o: np.ndarray, z: np.ndarray, norm_w: np.ndarray, eps: float) -> np.ndarray:
+    """o, z [T, Hv, dv]: per-head RMS norm times gamma [dv] times sigmoid(z)."""
+    return (rms_norm(o, norm_w, eps) * sigmoid(z)).astype(np.float32)

@@ -1,0 +1,39 @@
+"""Mixture of experts: softmax router with top-k renormalised, SwiGLU experts, gated shared expert."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .basic import linear, sigmoid, silu
+
+
+def router_topk(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """logits [T, E] -> ids [T, k] (descending probability, ties -> lower id), weights [T, k] summing to 1."""
+    z = logits - logits.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=1, keepdims=True)
+    ids = np.argsort(-p, axis=1, kind="stable")[:, :k]
+    w = np.take_along_axis(p, ids, axis=1)
+    return ids.astype(np.int32), (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def swiglu(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray) -> np.ndarray:
+    """x [T, D]; w_gate, w_up [F, D]; w_down [D, F] -> [T, D]."""
+    return linear(silu(linear(x, w_gate)) * linear(x, w_up), w_down)
+
+
+def routed_experts(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, expert_weights) -> np.ndarray:
+    """x [T, D]; ids, weights [T, K]; expert_weights(e) -> (w_gate [F, D], w_up [F, D], w_down [D, F]).
+    Each used expert runs once over all rows routed to it. Returns sum_j weights_j * expert_{ids_j}(x) [T, D]."""
+    out = np.zeros_like(x, dtype=np.float32)
+    for e in np.unique(ids):
+        rows, slots = np.nonzero(ids == e)
+        y = swiglu(x[rows], *expert_weights(int(e)))
+        np.add.at(out, rows, y * weights[rows, slots][:, None])
+    return out
+
+
+def shared_expert(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
+                  w_scalar_gate: np.ndarray) -> np.ndarray:
+    """SwiGLU shared expert scaled by sigmoid(w_scalar_gate . x); w_scalar_gate [D]."""
+    return swiglu(x, w_gate, w_up, w_down) * sigmoid(x @ w_scalar_gate)[:, None]
