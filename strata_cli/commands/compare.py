@@ -1,0 +1,70 @@
+"""`strata compare A.tsv B.tsv`: how far two logprob dumps of the same tokens are apart, with optional gates."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+EXIT_THRESHOLD = 3
+
+POSITION_COLUMNS = [
+    ("pos", "pos", None), ("target", "target", None), ("lp_a", "lp A", ".6f"),
+    ("lp_b", "lp B", ".6f"), ("abs_delta", "|Δ|", ".2e"), ("top1_a", "top1 A", None),
+    ("top1_b", "top1 B", None), ("top1_agree", "top1 =", lambda v: "yes" if v else "no"),
+    ("topk_overlap", "top-k overlap", ".3f"),
+]
+
+
+def _summary_rows(s) -> list[dict]:
+    def opt(v, spec):
+        return "-" if v is None else format(v, spec)
+
+    return [
+        {"metric": "rows", "value": str(s.rows)},
+        {"metric": "max |Δ logprob(target)|", "value": f"{s.max_abs_delta:.3e} (pos {s.max_delta_pos})"},
+        {"metric": "mean |Δ|", "value": f"{s.mean_abs_delta:.3e}"},
+        {"metric": "p99 |Δ|", "value": f"{s.p99_abs_delta:.3e}"},
+        {"metric": "top-1 agreement", "value": f"{s.top1_agreement:.4f}"},
+        {"metric": "mean top-k overlap", "value": opt(s.mean_topk_overlap, ".4f")},
+        {"metric": "target-match rate A", "value": f"{s.match_rate_a:.4f}"},
+        {"metric": "target-match rate B", "value": f"{s.match_rate_b:.4f}"},
+    ]
+
+
+@click.command(short_help="Compare two logprob dumps of the same tokens.")
+@click.argument("dump_a", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("dump_b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--max-delta", type=click.FloatRange(min=0), default=None,
+              help="Fail (exit 3) if max |Δ logprob(target)| exceeds this.")
+@click.option("--min-top1", type=click.FloatRange(0, 1), default=None,
+              help="Fail (exit 3) if the top-1 agreement fraction is below this.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--per-position", is_flag=True, help="Also list every position.")
+@click.pass_context
+def command(ctx, dump_a, dump_b, max_delta, min_top1, fmt, per_position):
+    """Compare two logprob dumps (from `strata logprobs` or the seed engine's STRATA_LOGPOS) of the same tokens.
+
+    Rows are aligned by position; the positions and targets must match. Reports |Δ logprob(target)| (max, mean,
+    p99), top-1 agreement, top-k overlap and each dump's target-match rate. Thresholds apply only when given.
+    """
+    from ..compare import compare_files, threshold_failures
+    from ..present import Column, emit
+
+    summary, diffs = compare_files(dump_a, dump_b)
+    failures = threshold_failures(summary, max_delta=max_delta, min_top1=min_top1)
+    columns = [Column(key, header, spec) for key, header, spec in POSITION_COLUMNS]
+    positions = [asdict(d) for d in diffs]
+    if fmt == "json":
+        meta = {"a": str(dump_a), "b": str(dump_b), "summary": summary.as_dict(),
+                "thresholds": {"max_delta": max_delta, "min_top1": min_top1}, "passed": not failures}
+        emit(positions if per_position else [], columns, "json", meta=meta)
+    else:
+        if per_position:
+            emit(positions, columns, "table", title="per position")
+        emit(_summary_rows(summary), [Column("metric", justify="left"), Column("value")], "table",
+             title="compare", header_lines=[f"A: {dump_a}", f"B: {dump_b}"])
+    if failures:
+        click.echo(f"strata: compare failed: {'; '.join(failures)}", err=True)
+        ctx.exit(EXIT_THRESHOLD)

@@ -1,0 +1,114 @@
+"""Compare two logprob dumps of the same tokens: per-position deltas, top-1 agreement, top-k overlap."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .dumps import LogprobRow, read_tsv
+from .errors import InputError
+
+
+@dataclass(frozen=True)
+class PositionDiff:
+    pos: int
+    target: int
+    lp_a: float
+    lp_b: float
+    abs_delta: float  # |lp_a - lp_b| of the target; nan if either is nan
+    top1_a: int
+    top1_b: int
+    top1_agree: bool
+    topk_overlap: float | None  # |topk_A & topk_B| / min(kA, kB); None if either dump has no top-k here
+
+
+@dataclass(frozen=True)
+class Summary:
+    rows: int
+    max_abs_delta: float
+    mean_abs_delta: float
+    p99_abs_delta: float
+    max_delta_pos: int
+    top1_agreement: float
+    mean_topk_overlap: float | None
+    match_rate_a: float
+    match_rate_b: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _by_pos(rows: list[LogprobRow], label: str) -> dict[int, LogprobRow]:
+    out: dict[int, LogprobRow] = {}
+    for r in rows:
+        if r.pos in out:
+            raise InputError(f"{label}: position {r.pos} appears twice")
+        out[r.pos] = r
+    return out
+
+
+def _topk_overlap(a: LogprobRow, b: LogprobRow) -> float | None:
+    if not a.topk or not b.topk:
+        return None
+    ids_a = {tid for tid, _ in a.topk}
+    ids_b = {tid for tid, _ in b.topk}
+    return len(ids_a & ids_b) / min(len(ids_a), len(ids_b))
+
+
+def compare_rows(a: list[LogprobRow], b: list[LogprobRow], *, label_a: str = "A",
+                 label_b: str = "B") -> tuple[Summary, list[PositionDiff]]:
+    """Align by position and compare. The dumps must cover the same positions with the same targets."""
+    if not a or not b:
+        raise InputError(f"{label_a if not a else label_b}: no rows to compare")
+    by_a, by_b = _by_pos(a, label_a), _by_pos(b, label_b)
+    only = sorted(set(by_a) ^ set(by_b))
+    if only:
+        p = only[0]
+        has, lacks = (label_a, label_b) if p in by_a else (label_b, label_a)
+        raise InputError(f"positions differ: {p} is in {has} but not in {lacks} "
+                         f"({len(only)} position(s) in only one dump)")
+    diffs = []
+    for p in sorted(by_a):
+        ra, rb = by_a[p], by_b[p]
+        if ra.target != rb.target:
+            raise InputError(f"target differs at position {p}: {ra.target} in {label_a}, {rb.target} in {label_b}")
+        # equal infinities count as no difference rather than inf - inf = nan
+        delta = 0.0 if ra.lp_target == rb.lp_target else abs(ra.lp_target - rb.lp_target)
+        diffs.append(PositionDiff(p, ra.target, ra.lp_target, rb.lp_target, delta, ra.top_id, rb.top_id,
+                                  ra.top_id == rb.top_id, _topk_overlap(ra, rb)))
+    return summarize(diffs, a, b), diffs
+
+
+def summarize(diffs: list[PositionDiff], a: list[LogprobRow], b: list[LogprobRow]) -> Summary:
+    d = np.array([x.abs_delta for x in diffs], dtype=np.float64)
+    worst = int(np.argmax(np.where(np.isnan(d), np.inf, d)))  # a nan delta is the worst position
+    overlaps = [x.topk_overlap for x in diffs if x.topk_overlap is not None]
+    return Summary(
+        rows=len(diffs),
+        max_abs_delta=float(d[worst]),
+        mean_abs_delta=float(d.mean()),
+        p99_abs_delta=float(np.percentile(d, 99)),
+        max_delta_pos=diffs[worst].pos,
+        top1_agreement=sum(x.top1_agree for x in diffs) / len(diffs),
+        mean_topk_overlap=float(np.mean(overlaps)) if overlaps else None,
+        match_rate_a=sum(r.match for r in a) / len(a),
+        match_rate_b=sum(r.match for r in b) / len(b),
+    )
+
+
+def compare_files(path_a: str | Path, path_b: str | Path) -> tuple[Summary, list[PositionDiff]]:
+    return compare_rows(read_tsv(path_a), read_tsv(path_b), label_a=str(path_a), label_b=str(path_b))
+
+
+def threshold_failures(summary: Summary, *, max_delta: float | None = None,
+                       min_top1: float | None = None) -> list[str]:
+    """One message per threshold given and missed (a nan statistic misses every threshold)."""
+    failures = []
+    if max_delta is not None and not summary.max_abs_delta <= max_delta:
+        failures.append(f"max |delta logprob(target)| {summary.max_abs_delta:.3g} at position "
+                        f"{summary.max_delta_pos} > --max-delta {max_delta:g}")
+    if min_top1 is not None and not summary.top1_agreement >= min_top1:
+        failures.append(f"top-1 agreement {summary.top1_agreement:.4f} < --min-top1 {min_top1:g}")
+    return failures
