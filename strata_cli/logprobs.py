@@ -1,0 +1,83 @@
+"""Token-by-token log-prob dumps, computed through verify windows the way a speculative loop runs them.
+
+Row p (p = 0..N-2) is the distribution after tokens[0..p] with target tokens[p+1]. The sequence is fed as
+windows of T tokens: tokens[pos] (the last accepted token) plus T-1 drafts. With draft noise each draft is
+replaced by a wrong token with probability P; rows after the first wrong draft are dropped and commit keeps
+the accepted prefix. A correct engine gives the same dump for every T and P.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .dumps import LogprobRow
+from .ops.basic import log_softmax64
+
+
+@dataclass
+class LoopStats:
+    windows: int = 0
+    rows_fed: int = 0
+    rows_kept: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        """Fraction of fed drafts that were accepted."""
+        drafts = self.rows_fed - self.windows
+        return (self.rows_kept - self.windows) / drafts if drafts else float("nan")
+
+
+def logprob_rows(logits: np.ndarray, positions: np.ndarray, targets: np.ndarray, topk: int,
+                 extra_id: int | None) -> list[LogprobRow]:
+    """logits [n, V] at `positions` with their targets -> dump rows (log-softmax in float64)."""
+    lp = log_softmax64(logits)
+    rows = []
+    for i in range(len(lp)):
+        row, target = lp[i], int(targets[i])
+        top = int(np.argmax(row))
+        lp_extra = renorm = float("nan")
+        if extra_id is not None:
+            lp_extra = float(row[extra_id])
+            if target != extra_id:
+                renorm = float(row[target] - np.log1p(-np.exp(lp_extra))) if lp_extra < 0 else float("nan")
+        order = np.argsort(-row, kind="stable")[:topk] if topk > 0 else []
+        rows.append(LogprobRow(int(positions[i]), target, float(row[target]), top, float(row[top]),
+                               int(top == target), lp_extra, renorm, [(int(j), float(row[j])) for j in order]))
+    return rows
+
+
+def _wrong_token(rng: np.random.Generator, true_id: int, vocab: int) -> int:
+    return int((true_id + rng.integers(1, vocab)) % vocab)
+
+
+def speculative_dump(engine, tokens: np.ndarray, window: int, *, draft_noise: float = 0.0, seed: int = 0,
+                     topk: int = 0, extra_id: int | None = None, progress=None) -> tuple[list[LogprobRow], LoopStats]:
+    """Feed tokens[0..N-2] through verify windows of `window` tokens; return the N-1 dump rows."""
+    n = len(tokens)
+    vocab = engine.g.n_vocab
+    rng = np.random.default_rng(seed)
+    rows: list[LogprobRow] = []
+    stats = LoopStats()
+    engine.reset()
+    while engine.n_past < n - 1:
+        pos = engine.n_past
+        T = min(window, n - 1 - pos)
+        fed = tokens[pos:pos + T].copy()
+        n_keep = T
+        for j in range(1, T):
+            if draft_noise > 0 and rng.random() < draft_noise:
+                fed[j] = _wrong_token(rng, int(fed[j]), vocab)
+                n_keep = j
+                break
+        result = engine.run(fed, pos)
+        rows += logprob_rows(result.logits[:n_keep], pos + np.arange(n_keep), tokens[pos + 1:pos + 1 + n_keep],
+                             topk, extra_id)
+        engine.commit(n_keep)
+        stats.windows += 1
+        stats.rows_fed += T
+        stats.rows_kept += n_keep
+        if progress is not None:
+            progress(engine.n_past, n - 1)
+    return rows, stats
