@@ -1,0 +1,54 @@
+"""Load the CUDA C sources in kernels/ and compile them with CuPy (NVRTC) for the device found."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from .runtime import cupy, device_arch
+
+
+def kernels_dir() -> Path:
+    """The repo's top-level kernels/ (source checkout) or the copy installed next to the package."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here.parent / "kernels", here / "_kernels"):
+        if candidate.is_dir() and any(candidate.glob("*.cu")):
+            return candidate
+    raise FileNotFoundError(f"no CUDA kernel sources found next to {here}")
+
+
+@lru_cache(maxsize=None)
+def module(name: str):
+    """RawModule of kernels/<name>.cu (common.cuh is on the include path), compiled once per process."""
+    src_dir = kernels_dir()
+    code = (src_dir / f"{name}.cu").read_text()
+    options = (f"-arch={device_arch()}", "--std=c++17", f"-I{src_dir}")
+    mod = cupy().RawModule(code=code, options=options)
+    mod.compile()
+    return mod
+
+
+def kernel(module_name: str, function: str):
+    return module(module_name).get_function(function)
+
+
+def compile_check(name: str, arch: str = "sm_90") -> str:
+    """Compile kernels/<name>.cu with NVRTC without a GPU (cuda-bindings + an NVRTC wheel); returns the log.
+    Raises RuntimeError with NVRTC's log on failure. CuPy adds the same flags (-ftz=true, device default)."""
+    from cuda.bindings import nvrtc
+
+    src_dir = kernels_dir()
+    code = (src_dir / f"{name}.cu").read_bytes()
+    headers = sorted(src_dir.glob("*.cuh"))
+    err, prog = nvrtc.nvrtcCreateProgram(code, f"{name}.cu".encode(), len(headers),
+                                         [h.read_bytes() for h in headers], [h.name.encode() for h in headers])
+    opts = [f"-arch={arch}".encode(), b"--std=c++17", b"-ftz=true", b"--device-as-default-execution-space"]
+    result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+    _, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    log = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    nvrtc.nvrtcDestroyProgram(prog)
+    text = log.decode(errors="replace").strip("\x00 \n")
+    if int(result[0]) != 0:
+        raise RuntimeError(f"kernels/{name}.cu failed to compile for {arch}:\n{text}")
+    return text

@@ -1,0 +1,67 @@
+"""Lazy access to CuPy and cuda-bindings, with one error helper for cuda-bindings' tuple returns."""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+import numpy as np
+
+
+@lru_cache(maxsize=None)
+def cupy():
+    import cupy as cp
+
+    return cp
+
+
+@lru_cache(maxsize=None)
+def cudart():
+    from cuda.bindings import runtime
+
+    return runtime
+
+
+@lru_cache(maxsize=None)
+def cudrv():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def check(ret, what: str = "cuda call"):
+    """cuda-bindings returns (err, *outputs); raise on err, return the outputs (one value unwrapped)."""
+    err = ret[0]
+    if int(err) != 0:
+        raise RuntimeError(f"{what} failed: {getattr(err, 'name', err)}")
+    return None if len(ret) == 1 else ret[1] if len(ret) == 2 else ret[1:]
+
+
+@lru_cache(maxsize=None)
+def device_arch() -> str:
+    """'sm_90' on an H200: kernels are compiled for the device found."""
+    cp = cupy()
+    major, minor = cp.cuda.Device().compute_capability[:2] if isinstance(
+        cp.cuda.Device().compute_capability, tuple) else tuple(cp.cuda.Device().compute_capability)
+    return f"sm_{major}{minor}"
+
+
+class MappedBuffer:
+    """Pinned, mapped host memory seen as a numpy array on the host and a CuPy array on the device."""
+
+    def __init__(self, shape, dtype):
+        rt, cp = cudart(), cupy()
+        self.dtype = np.dtype(dtype)
+        self.nbytes = int(np.prod(shape)) * self.dtype.itemsize
+        self.host_ptr = check(rt.cudaHostAlloc(max(self.nbytes, 1), rt.cudaHostAllocMapped
+                                               | rt.cudaHostAllocPortable), "cudaHostAlloc")
+        self.dev_ptr = check(rt.cudaHostGetDevicePointer(self.host_ptr, 0), "cudaHostGetDevicePointer")
+        raw = (ctypes.c_char * max(self.nbytes, 1)).from_address(self.host_ptr)
+        self.host = np.frombuffer(raw, dtype=self.dtype, count=int(np.prod(shape))).reshape(shape)
+        mem = cp.cuda.UnownedMemory(self.dev_ptr, max(self.nbytes, 1), owner=self, device_id=0)
+        self.device = cp.ndarray(shape, self.dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
+
+    def free(self) -> None:
+        if self.host_ptr:
+            cudart().cudaFreeHost(self.host_ptr)
+            self.host_ptr = 0
