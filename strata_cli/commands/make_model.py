@@ -1,0 +1,60 @@
+"""`strata make-model`: write a random-weight qwen4exp GGUF of a preset geometry."""
+
+from __future__ import annotations
+
+import shutil
+from contextlib import nullcontext
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from ..errors import InputError
+from ..synth import estimate_size, load_preset, write_model
+from ..synth.fill import FILE_TYPES
+from ..synth.presets import PRESET_NAMES
+from ..synth.progress import byte_progress
+
+GIB = 1 << 30
+DISK_MARGIN = 1 * GIB
+BAR_MIN_BYTES = 64 << 20  # below this the write takes well under a second
+
+
+@click.command("make-model")
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--preset", type=click.Choice(PRESET_NAMES), default="tiny", show_default=True,
+              help="Model geometry (profiles/presets/<name>.yaml).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights.")
+@click.option("--type", "ggml_type", type=click.Choice(list(FILE_TYPES), case_sensitive=False),
+              help="Output type, as the converter's --outtype  [default: Q8_0 for flash-next, else F32]")
+@click.option("--layers", type=int, help="Fewer layers (the attention interval is kept).")
+@click.option("--experts", type=int, help="Fewer routed experts (experts used is clamped to it).")
+@click.option("--vocab", type=int, help="Smaller token vocabulary.")
+@click.option("--ngram-vocab", type=int,
+              help="PLE n-gram vocab base per head; flash-next's 20000000 makes a 320M-row table (~54 GB at Q8_0).")
+@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
+def command(out: Path, preset: str, seed: int, ggml_type: str | None, layers: int | None, experts: int | None,
+            vocab: int | None, ngram_vocab: int | None, force: bool) -> None:
+    """Write a random-weight qwen4exp model to OUT (a GGUF that strata loads like a converted one)."""
+    geometry = load_preset(preset).with_overrides(layers=layers, experts=experts, vocab=vocab,
+                                                  ngram_vocab=ngram_vocab)
+    ggml_type = (ggml_type or ("Q8_0" if preset == "flash-next" else "F32")).upper()
+    size = estimate_size(geometry, ggml_type)
+    err = Console(stderr=True, highlight=False)
+    err.print(f"{geometry.summary_line()}, {ggml_type}", soft_wrap=True)
+    err.print(f"will write {size / GIB:.2f} GiB ({size} bytes) to {out}", soft_wrap=True)
+
+    if out.exists() and not force:
+        raise InputError(f"{out}: file exists (use --force to overwrite)")
+    target_dir = out.resolve().parent
+    if not target_dir.is_dir():
+        raise InputError(f"{target_dir}: no such directory")
+    free = shutil.disk_usage(target_dir).free
+    if free < size + DISK_MARGIN:
+        raise InputError(f"{target_dir}: {free / GIB:.2f} GiB free, the model needs {size / GIB:.2f} GiB "
+                         f"+ {DISK_MARGIN / GIB:.0f} GiB margin")
+
+    bar = byte_progress(f"writing {out.name}", err) if size >= BAR_MIN_BYTES else nullcontext(None)
+    with bar as progress:
+        path = write_model(out, geometry, seed=seed, ggml_type=ggml_type, progress=progress)
+    click.echo(f"{path}\t{path.stat().st_size} bytes ({path.stat().st_size / GIB:.2f} GiB)")

@@ -1,0 +1,192 @@
+"""Model presets: HF-config-like geometry in YAML (profiles/presets/*.yaml), turned into a strata Geometry."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..model.geometry import Geometry, PLEGeometry
+from . import ple_hash
+
+PRESET_NAMES = ("tiny", "small", "flash-next")
+# YAML value types accepted per dataclass annotation (annotations are strings here)
+_YAML_TYPES = {"int": (int,), "int | None": (int, type(None)), "float": (int, float), "str": (str,)}
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    hidden_size: int
+    num_hidden_layers: int
+    full_attention_interval: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rotary_dims: int
+    rope_theta: float
+    indexer_n_heads: int
+    indexer_head_dim: int
+    indexer_budget: int
+    indexer_compress_ratio: int
+    linear_num_key_heads: int
+    linear_key_head_dim: int
+    linear_num_value_heads: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+    hc_count: int
+    hc_lowrank: int
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    ple_layer: int | None  # 0-based; None = no PLE block
+    ngram_size: int
+    heads_per_ngram: int
+    ple_head_dim: int
+    ple_conv_kernel_size: int
+    ngram_vocab_size_base: int
+    ngram_hash_seed: int
+    eos_token_id: int
+
+    # ---- derived layout
+    @property
+    def layer_is_attn(self) -> tuple[bool, ...]:
+        k = self.full_attention_interval
+        return tuple((i + 1) % k == 0 for i in range(self.num_hidden_layers))
+
+    @property
+    def compress_ratios(self) -> tuple[int, ...]:
+        return tuple(self.indexer_compress_ratio if a else 0 for a in self.layer_is_attn)
+
+    @property
+    def rope_sections(self) -> list[int]:
+        """M-RoPE sections over half the rotary dims, as HF configs give them: 8 -> [3, 3, 2, 0]."""
+        half = self.rotary_dims // 2
+        s = (half + 1) // 3
+        return [s, s, half - 2 * s, 0]
+
+    @property
+    def ple_heads(self) -> int:
+        return (self.ngram_size - 1) * self.heads_per_ngram
+
+    @property
+    def ple_vocab_sizes(self) -> list[int]:
+        # Only one PLE layer, so its PLE index (which offsets the prime sequence) is 0.
+        return ple_hash.head_vocab_sizes(self.ngram_vocab_size_base, self.ple_heads, 0)
+
+    @property
+    def ple_multipliers(self) -> list[int]:
+        return ple_hash.layer_multipliers(self.vocab_size, self.ngram_size, 0, self.ngram_hash_seed)
+
+    def summary_line(self) -> str:
+        layout = "".join("A" if a else "G" for a in self.layer_is_attn)
+        ple = "no PLE" if self.ple_layer is None else (
+            f"PLE layer {self.ple_layer} {self.ngram_size}-grams x {self.heads_per_ngram} x {self.ple_head_dim} "
+            f"base {self.ngram_vocab_size_base}")
+        return (f"{self.name}: {self.num_hidden_layers} layers {layout}, hidden {self.hidden_size}, "
+                f"{self.num_experts} experts top-{self.num_experts_per_tok} ff {self.moe_intermediate_size}, "
+                f"vocab {self.vocab_size}, {ple}")
+
+    # ---- overrides
+    def with_overrides(self, *, layers: int | None = None, experts: int | None = None,
+                       vocab: int | None = None, ngram_vocab: int | None = None) -> Preset:
+        """Shrunk variants for tests and small disks; the attention interval and widths are kept."""
+        p = self
+        if layers is not None:
+            if layers < 1:
+                raise InputError(f"--layers {layers}: must be >= 1")
+            p = dataclasses.replace(p, num_hidden_layers=layers, name=f"{p.name}-L{layers}")
+            p = dataclasses.replace(p, ple_layer=_gdn_layer_at_or_below(p, p.ple_layer))
+        if experts is not None:
+            if experts < 1:
+                raise InputError(f"--experts {experts}: must be >= 1")
+            p = dataclasses.replace(p, num_experts=experts, name=f"{p.name}-E{experts}",
+                                    num_experts_per_tok=min(p.num_experts_per_tok, experts))
+        if vocab is not None:
+            if vocab < 8:
+                raise InputError(f"--vocab {vocab}: must be >= 8")
+            eos = p.eos_token_id if p.eos_token_id < vocab else vocab - 3  # keep <|endoftext|> inside
+            p = dataclasses.replace(p, vocab_size=vocab, eos_token_id=eos, name=f"{p.name}-V{vocab}")
+        if ngram_vocab is not None:
+            if ngram_vocab < 2:
+                raise InputError(f"--ngram-vocab {ngram_vocab}: must be >= 2")
+            p = dataclasses.replace(p, ngram_vocab_size_base=ngram_vocab, name=f"{p.name}-N{ngram_vocab}")
+        return p
+
+    # ---- geometry
+    def to_geometry(self, path: str = "<preset>") -> Geometry:
+        """The Geometry open_model reads back from a file written for this preset."""
+        ple = None
+        if self.ple_layer is not None:
+            sizes = self.ple_vocab_sizes
+            ple = PLEGeometry(
+                layer=self.ple_layer, ngram_size=self.ngram_size, heads_per_ngram=self.heads_per_ngram,
+                head_dim=self.ple_head_dim, conv_kernel=self.ple_conv_kernel_size, eos_token_id=self.eos_token_id,
+                multipliers=tuple(self.ple_multipliers), head_vocab_sizes=tuple(sizes),
+                head_offsets=tuple(ple_hash.head_offsets(sizes)))
+        # without attention layers the loader ignores the indexer/rope keys and reports these defaults
+        has_attn = any(self.layer_is_attn)
+        idx = (self.indexer_n_heads, self.indexer_head_dim, self.indexer_budget) if has_attn else (0, 0, 0)
+        return Geometry(
+            path=path, n_layers=self.num_hidden_layers, n_ctx=self.max_position_embeddings,
+            n_embd=self.hidden_size, n_vocab=self.vocab_size, eps=float(np.float32(self.rms_norm_eps)),
+            layer_is_attn=self.layer_is_attn, n_head=self.num_attention_heads,
+            n_head_kv=self.num_key_value_heads, head_dim=self.head_dim, n_rot=self.rotary_dims,
+            rope_base=float(np.float32(self.rope_theta)) if has_attn else 1e4,
+            idx_heads=idx[0], idx_dim=idx[1], idx_budget=idx[2], compress_ratios=self.compress_ratios,
+            conv_kernel=self.linear_conv_kernel_dim, ssm_dk=self.linear_key_head_dim,
+            ssm_nk=self.linear_num_key_heads, ssm_nv=self.linear_num_value_heads,
+            ssm_dv=self.linear_value_head_dim, hc=self.hc_count, hc_lowrank=self.hc_lowrank,
+            n_expert=self.num_experts, n_expert_used=self.num_experts_per_tok,
+            n_ff_exp=self.moe_intermediate_size, n_ff_shexp=self.shared_expert_intermediate_size,
+            eos_token_id=self.eos_token_id, ple=ple,
+        )
+
+
+def _gdn_layer_at_or_below(p: Preset, layer: int | None) -> int | None:
+    """PLE must sit on a recurrent layer that exists: move it down when --layers cuts it off."""
+    if layer is None:
+        return None
+    kinds = p.layer_is_attn
+    for candidate in range(min(layer, len(kinds) - 1), -1, -1):
+        if not kinds[candidate]:
+            return candidate
+    return None
+
+
+def presets_dir() -> Path:
+    """profiles/presets of a source checkout, else the copy installed next to the package."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package.parent / "profiles" / "presets", package / "_profiles" / "presets"):
+        if candidate.is_dir():
+            return candidate
+    raise InputError(f"no preset directory found (looked in {package.parent / 'profiles' / 'presets'} "
+                     f"and {package / '_profiles' / 'presets'})")
+
+
+def load_preset(name_or_path: str) -> Preset:
+    """A preset by name (tiny, small, flash-next) or by the path of a YAML file."""
+    import yaml
+
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = presets_dir() / f"{name_or_path}.yaml"
+    if not path.is_file():
+        raise InputError(f"preset '{name_or_path}': no such file {path} (presets: {', '.join(PRESET_NAMES)})")
+    data = yaml.safe_load(path.read_text()) or {}
+    fields = {f.name: f for f in dataclasses.fields(Preset)}
+    missing = sorted(set(fields) - set(data))
+    unknown = sorted(set(data) - set(fields))
+    if missing or unknown:
+        raise InputError(f"{path}: missing keys {missing}, unknown keys {unknown}")
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, _YAML_TYPES[fields[key].type]):
+            raise InputError(f"{path}: '{key}' = {value!r} is not {fields[key].type}")
+    return Preset(**data)

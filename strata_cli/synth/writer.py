@@ -1,0 +1,114 @@
+"""Stream a random-weight qwen4exp GGUF to disk, one chunk at a time (the flash-next geometry is ~190 GB)."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import gguf
+import numpy as np
+
+from ..errors import InputError
+from ..model.geometry import ARCH
+from . import fill
+from .plan import ModelPlan, build_plan
+from .presets import Preset
+
+Progress = Callable[[int, int], None]  # (bytes_done, bytes_total)
+
+
+def parse_type(ggml_type: str | int) -> int:
+    """'Q8_0' / 'bf16' / a GGML type id -> the GGML type id of the file's main tensors."""
+    if isinstance(ggml_type, int) and ggml_type in fill.LLAMA_FTYPE:
+        return ggml_type
+    key = str(ggml_type).upper()
+    if key not in fill.FILE_TYPES:
+        raise InputError(f"--type {ggml_type}: choose one of {', '.join(fill.FILE_TYPES)}")
+    return fill.FILE_TYPES[key]
+
+
+def estimate_size(preset: Preset, ggml_type: str | int) -> int:
+    """Exact size in bytes of the file write_model produces (header included)."""
+    return build_plan(preset, parse_type(ggml_type)).file_bytes()
+
+
+def write_model(out_path, preset: Preset, *, seed: int = 0, ggml_type: str | int = "F32",
+                progress: Progress | None = None) -> Path:
+    """Write a random-weight model for `preset`; it appears at out_path only once complete."""
+    plan = build_plan(preset, parse_type(ggml_type))
+    out = Path(out_path)
+    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    try:
+        _write(plan, partial, seed, progress)
+        os.replace(partial, out)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _open_writer(plan: ModelPlan, path: Path) -> gguf.GGUFWriter:
+    writer = gguf.GGUFWriter(path, arch=ARCH)
+    for t in plan.tensors:
+        # logical numpy-order shape; the writer stores it reversed (ne0 first)
+        writer.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), t.nbytes,
+                               raw_dtype=gguf.GGMLQuantizationType(t.ggml_type))
+    for key, value, vtype, sub_type in plan.kvs:
+        writer.add_key_value(key, value, vtype, sub_type=sub_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    return writer
+
+
+def _chunk_jobs(plan: ModelPlan):
+    """(tensor index, chunk index, elements, last chunk of its tensor?) in file order."""
+    for ti, t in enumerate(plan.tensors):
+        sizes = fill.chunk_sizes(t.n_elements)
+        for ci, n in enumerate(sizes):
+            yield ti, ci, n, ci == len(sizes) - 1
+
+
+def _write(plan: ModelPlan, path: Path, seed: int, progress: Progress | None) -> None:
+    total = plan.file_bytes()
+    writer = _open_writer(plan, path)
+    try:
+        fout = writer.fout[0]
+        writer.write_padding(fout, fout.tell())  # tensor data starts aligned
+        if fout.tell() != plan.header_bytes():
+            raise AssertionError(f"header is {fout.tell()} bytes, planned {plan.header_bytes()}")
+        done = fout.tell()
+        if progress:
+            progress(done, total)
+        workers = min(os.cpu_count() or 1, 16)
+        with ThreadPoolExecutor(workers) as pool:
+            pending: deque = deque()
+
+            def drain_one() -> int:
+                future, tensor, last = pending.popleft()
+                data = future.result()
+                fout.write(data)
+                if last:
+                    writer.write_padding(fout, tensor.nbytes)
+                return fout.tell()
+
+            # generate ahead on all cores, write in order; memory stays at about one chunk per worker
+            for ti, ci, n, last in _chunk_jobs(plan):
+                t = plan.tensors[ti]
+                pending.append((pool.submit(fill.chunk_bytes, t.init, t.ggml_type, n, seed, ti, ci), t, last))
+                if len(pending) >= workers + 2:
+                    done = drain_one()
+                    if progress:
+                        progress(done, total)
+            while pending:
+                done = drain_one()
+                if progress:
+                    progress(done, total)
+        if done != total:
+            raise AssertionError(f"wrote {done} bytes, planned {total}")
+        fout.flush()
+    finally:
+        writer.close()
