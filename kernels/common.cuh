@@ -1,0 +1,131 @@
+// common.cuh: device helpers shared by the kernel families. Uses no CUDA headers, so NVRTC needs no include path
+// beyond kernels/ (fp16 goes through one PTX cvt; bf16 is the high half of a float32).
+#pragma once
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+// GGML type ids, as in strata_cli/model/quants.py.
+#define GGML_F32 0
+#define GGML_F16 1
+#define GGML_Q8_0 8
+#define GGML_BF16 30
+
+// Q8_0 block: fp16 scale d (2 bytes, little endian) then 32 int8 q; value = d * q. 34 bytes, so only 2-byte aligned.
+#define QK8_0 32
+#define Q8_0_BYTES 34
+
+#define WARP 32
+#define FULL_MASK 0xffffffffu
+#define NEG_INF __int_as_float(0xff800000)
+#define QNAN __int_as_float(0x7fc00000)
+#define BIG_ID 0x7fffffff
+
+// GEMV epilogues (strata_cli/gpu/launch_util.py mirrors these ids).
+#define ACT_NONE 0
+#define ACT_SILU 1
+#define ACT_SIGMOID 2
+#define ACT_2SIGMOID 3
+
+__device__ __forceinline__ float f16_bits_to_float(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// bf16 subnormals become float32 denormals, which -ftz=true then flushes: they do not occur in real weights.
+__device__ __forceinline__ float bf16_bits_to_float(u16 b) { return __uint_as_float((u32)b << 16); }
+
+// Byte-wise read: a Q8_0 block start is only 2-byte aligned and views may start anywhere.
+__device__ __forceinline__ float q8_0_scale(const u8* blk) {
+    return f16_bits_to_float((u16)(blk[0] | (blk[1] << 8)));
+}
+
+// Same formulas as strata_cli/ops/basic.py (1 / (1 + exp(-x)), x * sigmoid(x)).
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu_f(float x) { return x * sigmoid_f(x); }
+
+__device__ __forceinline__ float apply_act(float v, int act) {
+    switch (act) {
+        case ACT_SILU: return silu_f(v);
+        case ACT_SIGMOID: return sigmoid_f(v);
+        case ACT_2SIGMOID: return 2.0f * sigmoid_f(v);
+        default: return v;
+    }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// Higher value wins; equal values go to the lower id (numpy's argmax / stable argsort order). NaN never wins.
+__device__ __forceinline__ bool arg_better(float v, int i, float bv, int bi) {
+    return v > bv || (v == bv && i < bi);
+}
+
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+#pragma unroll
+    for (int o = WARP / 2; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(FULL_MASK, v, o);
+        const int oi = __shfl_xor_sync(FULL_MASK, i, o);
+        if (arg_better(ov, oi, v, i)) { v = ov; i = oi; }
+    }
+}
+
+// Block reductions: blockDim.x a multiple of 32 (<= 1024), every thread calls them, sh holds >= 32 entries.
+// The leading barrier lets callers reuse sh back to back.
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+    const int lane = threadIdx.x & (WARP - 1), w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        v = warp_sum(lane < nw ? sh[lane] : 0.0f);
+        if (lane == 0) sh[0] = v;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+__device__ __forceinline__ float block_max(float v, float* sh) {
+    const int lane = threadIdx.x & (WARP - 1), w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        v = warp_max(lane < nw ? sh[lane] : NEG_INF);
+        if (lane == 0) sh[0] = v;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+// (v, i) in, the block's best pair out (to every thread). Start threads with (NEG_INF, BIG_ID).
+__device__ __forceinline__ void block_argmax(float& v, int& i, float* shv, int* shi) {
+    const int lane = threadIdx.x & (WARP - 1), w = threadIdx.x / WARP, nw = blockDim.x / WARP;
+    warp_argmax(v, i);
+    __syncthreads();
+    if (lane == 0) { shv[w] = v; shi[w] = i; }
+    __syncthreads();
+    if (w == 0) {
+        v = lane < nw ? shv[lane] : NEG_INF;
+        i = lane < nw ? shi[lane] : BIG_ID;
+        warp_argmax(v, i);
+        if (lane == 0) { shv[0] = v; shi[0] = i; }
+    }
+    __syncthreads();
+    v = shv[0];
+    i = shi[0];
+}

@@ -1,0 +1,66 @@
+// moe.cu: softmax top-k router and the weighted combine of routed expert outputs (strata_cli/ops/moe.py).
+// The expert projections are gemv.cu launches (gemv_expert_* over the J = T*K (row, slot) entries):
+//   h     = silu(W_gate[e] . x[t]) * (W_up[e] . x[t])    [J, F]
+//   parts = W_down[e] . h[j]                             [J, D]
+//   out   = moe_combine(parts, w, shared)                [T, D]
+// Legend: T window rows, E experts, K experts per row (<= 16), F expert width, D hidden.
+#include "common.cuh"
+
+#define ROUTER_MAXK 16
+
+// logits [T, E] f32 -> ids [T, K] int32 (descending probability, ties -> lower id), w [T, K] f32 summing to 1.
+// grid T, block 256, dynamic shared memory E floats. Mirrors numpy: p = exp(z - max) / sum, select on p.
+extern "C" __global__ void __launch_bounds__(1024)
+    router_topk(const float* __restrict__ logits, int E, int K, int* __restrict__ ids, float* __restrict__ w) {
+    extern __shared__ float p[];
+    __shared__ float shv[WARP];
+    __shared__ int shi[WARP];
+    __shared__ float top_p[ROUTER_MAXK];
+    const float* z = logits + (i64)blockIdx.x * E;
+
+    float m = NEG_INF;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, z[e]);
+    m = block_max(m, shv);
+    float s = 0.0f;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        p[e] = expf(z[e] - m);
+        s += p[e];
+    }
+    s = block_sum(s, shv);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) p[e] = p[e] / s;  // each thread touches only its own e
+    __syncthreads();
+
+    // K rounds of block argmax; a taken expert is set to -1 (probabilities are >= 0, so it never wins again).
+    for (int k = 0; k < K; ++k) {
+        float bv = NEG_INF;
+        int bi = BIG_ID;
+        for (int e = threadIdx.x; e < E; e += blockDim.x)
+            if (arg_better(p[e], e, bv, bi)) { bv = p[e]; bi = e; }
+        block_argmax(bv, bi, shv, shi);  // ends with a barrier, so every thread has read p before the write below
+        if (threadIdx.x == 0) {
+            ids[(i64)blockIdx.x * K + k] = bi;
+            top_p[k] = bv;
+            p[bi] = -1.0f;
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        float sum = 0.0f;
+        for (int k = 0; k < K; ++k) sum += top_p[k];
+        for (int k = 0; k < K; ++k) w[(i64)blockIdx.x * K + k] = top_p[k] / sum;
+    }
+}
+
+// out[t, d] = sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null).
+// Grid-stride over T*D, block 256. Slot order; numpy adds in expert-id order (float32 rounding differs only).
+extern "C" __global__ void __launch_bounds__(256)
+    moe_combine(const float* __restrict__ parts, const float* __restrict__ w, const float* __restrict__ shared,
+                float* __restrict__ out, int T, int K, int D) {
+    const i64 n = (i64)T * D;
+    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
+        const i64 t = idx / D, d = idx % D;
+        float acc = 0.0f;
+        for (int k = 0; k < K; ++k) acc += w[t * K + k] * parts[(t * K + k) * D + d];
+        out[idx] = shared ? acc + shared[idx] : acc;
+    }
+}

@@ -1,0 +1,120 @@
+"""CuPy launchers of kernels/gemv.cu, hyper.cu and head.cu, mirroring their numpy references.
+
+References with the same signatures: strata_cli/ops/gemv.py (gemv, hc_read_raw, argmax_rows) and
+strata_cli/ops/hyper.py (hc_write). Arrays are CuPy, float32 / int32, C-contiguous. Every launcher takes
+`out=` (checked, never reallocated: with all outputs and scratch given nothing is allocated, so the calls can be
+captured in a CUDA graph) and `stream=` (None: the current stream).
+
+Legend: T window rows, C streams, D hidden, L low rank, V vocabulary, n_in / n_out GEMV widths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from . import launch_util as U
+from .compile import kernel
+from .runtime import cupy
+
+
+@lru_cache(maxsize=None)
+def _fn(module: str, name: str):
+    return kernel(module, name)
+
+
+def _empty(shape, dtype):
+    return cupy().empty(shape, dtype=dtype)
+
+
+def launch_gemv(w, ggml_type: int, n_in: int, x, y, *, act: int = U.ACT_NONE, div: float = 1.0, mul=None,
+                mul_strides: tuple[int, int] = (0, 0)) -> None:
+    """y [T, n_out] = act(x [T, n_in] @ W^T / div) * mul[t*mul_st + o*mul_so]; arguments already checked."""
+    T, n_out = y.shape
+    grid, block = U.gemv_grid(n_out, T)
+    _fn("gemv", f"gemv_{U.TYPE_SUFFIX[ggml_type]}")(grid, block, (
+        w, np.int64(U.row_stride(ggml_type, n_in)), x, np.int32(n_in), y, np.int32(n_out), np.int32(T),
+        np.int32(act), np.float32(div), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
+
+
+def gemv(w_raw, ggml_type: int, n_in: int, x, out=None, stream=None):
+    """y [T, n_out] = x [T, n_in] @ dequantize(w_raw).T; w_raw holds n_out raw rows of ggml_type."""
+    with U.on_stream(stream):
+        n_out = U.weight_rows("w_raw", w_raw, ggml_type, n_in)
+        U.check_array("x", x, np.float32, (None, n_in))
+        out = U.out_array("out", out, (x.shape[0], n_out), np.float32, _empty)
+        launch_gemv(w_raw, ggml_type, n_in, x, out)
+    return out
+
+
+@dataclass
+class HcScratch:
+    """Intermediates of hc_read: xn [T, C*D], low [T, L], gates [T, C*D]; may hold more rows than the window."""
+
+    xn: object
+    low: object
+    gates: object
+
+    @classmethod
+    def empty(cls, T: int, C: int, D: int, L: int) -> "HcScratch":
+        return cls(_empty((T, C * D), np.float32), _empty((T, L), np.float32), _empty((T, C * D), np.float32))
+
+
+def hc_read(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_raw, inject_type: int | None,
+            eps: float, out_mixed=None, out_inj=None, scratch: HcScratch | None = None, stream=None):
+    """R [T, C, D] -> (mixed [T, D], inj [T, C] or None when inject_raw is None); see kernels/hyper.cu.
+
+    norm_w [C*D] f32; down_raw [L, C*D], up_raw [C*D, L], inject_raw [C, C*D] raw rows of their GGML types."""
+    with U.on_stream(stream):
+        U.check_array("R", R, np.float32, (None, None, None))
+        T, C, D = R.shape
+        CD = C * D
+        U.check_array("norm_w", norm_w, np.float32, (CD,))
+        L = U.weight_rows("down_raw", down_raw, down_type, CD)
+        U.weight_rows("up_raw", up_raw, up_type, L, n_out=CD)
+        if inject_raw is not None:
+            U.weight_rows("inject_raw", inject_raw, inject_type, CD, n_out=C)
+        elif out_inj is not None:
+            raise ValueError("out_inj: given, but inject_raw is None (no inject gates to write)")
+        s = scratch if scratch is not None else HcScratch(None, None, None)
+        xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), _empty)
+        low = U.scratch_rows("scratch.low", s.low, T, (L,), _empty)
+        gates = U.scratch_rows("scratch.gates", s.gates, T, (CD,), _empty)
+        out_mixed = U.out_array("out_mixed", out_mixed, (T, D), np.float32, _empty)
+        if inject_raw is not None:
+            out_inj = U.out_array("out_inj", out_inj, (T, C), np.float32, _empty)
+
+        _fn("hyper", "hc_norm")((T * C, 1, 1), (U.BLOCK, 1, 1),
+                                (R, norm_w, xn, np.int32(C), np.int32(D), np.float32(eps)))
+        launch_gemv(down_raw, down_type, CD, xn, low, act=U.ACT_SILU, div=float(C))
+        launch_gemv(up_raw, up_type, L, low, gates, act=U.ACT_SIGMOID)
+        grid, block = U.elementwise_grid(T * D)
+        _fn("hyper", "hc_mix")(grid, block, (xn, gates, out_mixed, np.int32(T), np.int32(C), np.int32(D)))
+        if inject_raw is not None:
+            launch_gemv(inject_raw, inject_type, CD, xn, out_inj, act=U.ACT_2SIGMOID, div=float(C))
+    return out_mixed, (out_inj if inject_raw is not None else None)
+
+
+def hc_write(R, block_out, inj, out=None, stream=None):
+    """R [T, C, D] + block_out [T, D] * inj [T, C] per stream -> out [T, C, D] (pass out=R to update in place)."""
+    with U.on_stream(stream):
+        U.check_array("R", R, np.float32, (None, None, None))
+        T, C, D = R.shape
+        U.check_array("block_out", block_out, np.float32, (T, D))
+        U.check_array("inj", inj, np.float32, (T, C))
+        out = U.out_array("out", out, (T, C, D), np.float32, _empty)
+        grid, block = U.elementwise_grid(T * C * D)
+        _fn("hyper", "hc_write")(grid, block, (R, block_out, inj, out, np.int32(T), np.int32(C), np.int32(D)))
+    return out
+
+
+def argmax_rows(logits, out=None, stream=None):
+    """logits [T, V] f32 -> ids [T] int32, ties -> lower id (NaN logits are never picked)."""
+    with U.on_stream(stream):
+        U.check_array("logits", logits, np.float32, (None, None))
+        T, V = logits.shape
+        out = U.out_array("out", out, (T,), np.int32, _empty)
+        _fn("head", "argmax_rows")((T, 1, 1), (512, 1, 1), (logits, np.int32(V), out))
+    return out

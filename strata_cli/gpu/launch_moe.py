@@ -1,0 +1,136 @@
+"""CuPy launchers of kernels/moe.cu (router, combine) and the expert GEMVs of kernels/gemv.cu.
+
+References with the same signatures: strata_cli/ops/moe.py (router_topk) and strata_cli/ops/gemv.py
+(routed_experts_raw, shared_expert_raw). Same conventions as launch_dense: CuPy arrays, f32 / int32,
+C-contiguous, `out=` and scratch preallocated for graph capture, `stream=` None for the current stream.
+
+Legend: T window rows, E experts, K experts per row, J = T*K (row, slot) entries, F expert width, D hidden.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import launch_util as U
+from .launch_dense import _empty, _fn, launch_gemv
+
+
+def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None):
+    """logits [T, E] -> ids [T, k] int32 (descending probability, ties -> lower id), weights [T, k] summing to 1."""
+    with U.on_stream(stream):
+        U.check_array("logits", logits, np.float32, (None, None))
+        T, E = logits.shape
+        if not 1 <= k <= min(E, U.ROUTER_MAXK):
+            raise ValueError(f"k: {k} outside 1..{min(E, U.ROUTER_MAXK)} (E = {E}, kernel limit {U.ROUTER_MAXK})")
+        if E > U.ROUTER_MAX_E:
+            raise ValueError(f"logits: {E} experts exceed the router kernel's {U.ROUTER_MAX_E}")
+        out_ids = U.out_array("out_ids", out_ids, (T, k), np.int32, _empty)
+        out_w = U.out_array("out_w", out_w, (T, k), np.float32, _empty)
+        _fn("moe", "router_topk")((T, 1, 1), (U.BLOCK, 1, 1), (logits, np.int32(E), np.int32(k), out_ids, out_w),
+                                  shared_mem=4 * E)
+    return out_ids, out_w
+
+
+def _launch_expert_gemv(w, ggml_type, expert_stride, n_expert, ids, x, x_div, n_in, y, *, act=U.ACT_NONE,
+                        mul=None, mul_strides=(0, 0)) -> None:
+    """y [J, n_out]: entry j = expert ids[j] applied to x row j // x_div; arguments already checked."""
+    J, n_out = y.shape
+    grid, block = U.expert_grid(n_out, J)
+    _fn("gemv", f"gemv_expert_{U.TYPE_SUFFIX[ggml_type]}")(grid, block, (
+        w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), ids, x,
+        np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(act), np.float32(1.0), U.null_or(mul),
+        np.int32(mul_strides[0]), np.int32(mul_strides[1])))
+
+
+@dataclass
+class MoeScratch:
+    """Intermediates of routed_experts: h [J, F] (up, then silu(gate) * up), parts [J, D]; may hold more rows."""
+
+    h: object
+    parts: object
+
+    @classmethod
+    def empty(cls, J: int, F: int, D: int) -> "MoeScratch":
+        return cls(_empty((J, F), np.float32), _empty((J, D), np.float32))
+
+
+def _three_types(name: str, ggml_types, n: int = 3) -> tuple[int, ...]:
+    types = tuple(ggml_types)
+    if len(types) != n:
+        raise ValueError(f"{name}: {len(types)} types, expected {n}")
+    return tuple(U.check_type(name, t) for t in types)
+
+
+def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=None, shared=None,
+                   scratch: MoeScratch | None = None, stream=None):
+    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> out [T, D] (+ shared [T, D] when given, fused).
+
+    x [T, D]; ids [T, K] int32; weights [T, K] f32; gate_raw, up_raw [E, F, D] and down_raw [E, D, F] raw
+    tensors in numpy order; ggml_types = (gate, up, down). An id outside 0..E-1 turns its row's output NaN."""
+    gt, ut, dt = _three_types("ggml_types", ggml_types)
+    with U.on_stream(stream):
+        U.check_array("x", x, np.float32, (None, None))
+        T, D = x.shape
+        U.check_array("ids", ids, np.int32, (T, None))
+        K = ids.shape[1]
+        U.check_array("weights", weights, np.float32, (T, K))
+        E, F, gate_stride = U.expert_geometry("gate_raw", gate_raw, gt, D)
+        _, _, up_stride = U.expert_geometry("up_raw", up_raw, ut, D, n_out=F, n_expert=E)
+        _, _, down_stride = U.expert_geometry("down_raw", down_raw, dt, F, n_out=D, n_expert=E)
+        if shared is not None:
+            U.check_array("shared", shared, np.float32, (T, D))
+        J = T * K
+        s = scratch if scratch is not None else MoeScratch(None, None)
+        h = U.scratch_rows("scratch.h", s.h, J, (F,), _empty)
+        parts = U.scratch_rows("scratch.parts", s.parts, J, (D,), _empty)
+        out = U.out_array("out", out, (T, D), np.float32, _empty)
+
+        # entry j = t*K + k reads x row t = j // K; h and parts are indexed by entry
+        _launch_expert_gemv(up_raw, ut, up_stride, E, ids, x, K, D, h)
+        _launch_expert_gemv(gate_raw, gt, gate_stride, E, ids, x, K, D, h, act=U.ACT_SILU, mul=h,
+                            mul_strides=(F, 1))
+        _launch_expert_gemv(down_raw, dt, down_stride, E, ids, h, 1, F, parts)
+        grid, block = U.elementwise_grid(T * D)
+        _fn("moe", "moe_combine")(grid, block, (parts, weights, U.null_or(shared), out, np.int32(T), np.int32(K),
+                                                np.int32(D)))
+    return out
+
+
+@dataclass
+class SharedScratch:
+    """Intermediates of shared_expert: h [T, F], sg [T, 1] (the scalar gate); may hold more rows."""
+
+    h: object
+    sg: object
+
+    @classmethod
+    def empty(cls, T: int, F: int) -> "SharedScratch":
+        return cls(_empty((T, F), np.float32), _empty((T, 1), np.float32))
+
+
+def shared_expert(x, gate_raw, up_raw, down_raw, scalar_gate_raw, ggml_types, out=None,
+                  scratch: SharedScratch | None = None, stream=None):
+    """SwiGLU(x) * sigmoid(w_sg . x) -> out [T, D].
+
+    x [T, D]; gate_raw, up_raw [F, D], down_raw [D, F], scalar_gate_raw [D] raw rows;
+    ggml_types = (gate, up, down, scalar_gate)."""
+    gt, ut, dt, st = _three_types("ggml_types", ggml_types, 4)
+    with U.on_stream(stream):
+        U.check_array("x", x, np.float32, (None, None))
+        T, D = x.shape
+        F = U.weight_rows("gate_raw", gate_raw, gt, D)
+        U.weight_rows("up_raw", up_raw, ut, D, n_out=F)
+        U.weight_rows("down_raw", down_raw, dt, F, n_out=D)
+        U.weight_rows("scalar_gate_raw", scalar_gate_raw, st, D, n_out=1)
+        s = scratch if scratch is not None else SharedScratch(None, None)
+        h = U.scratch_rows("scratch.h", s.h, T, (F,), _empty)
+        sg = U.scratch_rows("scratch.sg", s.sg, T, (1,), _empty)
+        out = U.out_array("out", out, (T, D), np.float32, _empty)
+
+        launch_gemv(up_raw, ut, D, x, h)
+        launch_gemv(gate_raw, gt, D, x, h, act=U.ACT_SILU, mul=h, mul_strides=(F, 1))
+        launch_gemv(scalar_gate_raw, st, D, x, sg, act=U.ACT_SIGMOID)
+        launch_gemv(down_raw, dt, F, h, out, mul=sg, mul_strides=(1, 0))  # out[t, :] *= sg[t]
+    return out

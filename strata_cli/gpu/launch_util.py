@@ -1,0 +1,163 @@
+"""Argument checks, raw-weight geometry and grid math shared by the CuPy launchers.
+
+Nothing here touches the device: numpy arrays pass the same checks as CuPy arrays, so the launcher logic is
+tested on CPU (tests/test_launch_checks.py). Every check raises ValueError naming the offending argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from ..model import quants
+
+# Mirrors of the kernels' compile-time constants (kernels/common.cuh, kernels/gemv.cu).
+ACT_NONE, ACT_SILU, ACT_SIGMOID, ACT_2SIGMOID = 0, 1, 2, 3
+GEMV_WARPS = 8  # output rows per block (one warp each)
+GEMV_MAXT = 16  # window rows per block along grid y
+BLOCK = 256  # threads per block of the norm / elementwise / router kernels
+ELEMWISE_MAX_BLOCKS = 4096  # grid-stride kernels never need more
+MAX_GRID_Y = 65535
+ROUTER_MAXK = 16
+ROUTER_MAX_E = 48 * 1024 // 4  # p[E] lives in the default 48 KiB of dynamic shared memory
+
+# dtypes a raw weight may arrive in (GGUF memmaps give typed F32/F16 and uint8 byte rows otherwise).
+WEIGHT_DTYPES = {
+    quants.F32: (np.float32, np.uint8),
+    quants.F16: (np.float16, np.uint8),
+    quants.BF16: (np.uint8, np.uint16),
+    quants.Q8_0: (np.uint8,),
+}
+# The kernels load F32 as float and F16/BF16 as uint16; Q8_0 is read byte-wise but its rows assume even offsets.
+WEIGHT_ALIGN = {quants.F32: 4, quants.F16: 2, quants.BF16: 2, quants.Q8_0: 2}
+TYPE_SUFFIX = {quants.F32: "f32", quants.F16: "f16", quants.BF16: "bf16", quants.Q8_0: "q8_0"}
+
+
+def data_ptr(a) -> int:
+    """Device (CuPy) or host (numpy) address of the first element."""
+    data = getattr(a, "data", None)
+    ptr = getattr(data, "ptr", None)
+    return int(ptr) if ptr is not None else int(a.ctypes.data)
+
+
+def check_array(name: str, a, dtype, shape: tuple) -> object:
+    """a must be C-contiguous, of dtype, and of shape (None = any size on that axis, but >= 1)."""
+    if a is None or not hasattr(a, "shape") or not hasattr(a, "dtype"):
+        raise ValueError(f"{name}: expected an array, got {type(a).__name__}")
+    if np.dtype(a.dtype) != np.dtype(dtype):
+        raise ValueError(f"{name}: dtype {np.dtype(a.dtype)}, expected {np.dtype(dtype)}")
+    if len(a.shape) != len(shape) or any(want is not None and got != want for got, want in zip(a.shape, shape)):
+        want = ", ".join("*" if s is None else str(s) for s in shape)
+        raise ValueError(f"{name}: shape {tuple(a.shape)}, expected ({want})")
+    if any(got == 0 for got in a.shape):
+        raise ValueError(f"{name}: empty shape {tuple(a.shape)}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name}: not C-contiguous")
+    return a
+
+
+def check_type(name: str, ggml_type: int) -> int:
+    if ggml_type not in WEIGHT_DTYPES:
+        raise ValueError(f"{name}: GGML type {ggml_type} has no GPU kernel (supported: "
+                         f"{', '.join(quants.TYPE_NAMES[t] for t in WEIGHT_DTYPES)})")
+    return int(ggml_type)
+
+
+def row_stride(ggml_type: int, n_in: int) -> int:
+    """Bytes of one raw weight row of n_in values."""
+    return quants.row_bytes(ggml_type, n_in)
+
+
+def _check_raw(name: str, w, ggml_type: int, n_in: int) -> int:
+    check_type(f"{name} type", ggml_type)
+    if w is None or not hasattr(w, "dtype"):
+        raise ValueError(f"{name}: expected an array, got {type(w).__name__}")
+    if np.dtype(w.dtype) not in [np.dtype(d) for d in WEIGHT_DTYPES[ggml_type]]:
+        raise ValueError(f"{name}: dtype {np.dtype(w.dtype)} cannot hold {quants.TYPE_NAMES[ggml_type]} weights")
+    if not w.flags.c_contiguous:
+        raise ValueError(f"{name}: not C-contiguous")
+    if n_in < 1 or (ggml_type == quants.Q8_0 and n_in % quants.QK8_0):
+        raise ValueError(f"{name}: input width {n_in} is not a positive multiple of the "
+                         f"{quants.TYPE_NAMES[ggml_type]} block ({quants.BLOCK[ggml_type][0]})")
+    if data_ptr(w) % WEIGHT_ALIGN[ggml_type]:
+        raise ValueError(f"{name}: data not {WEIGHT_ALIGN[ggml_type]}-byte aligned")
+    return row_stride(ggml_type, n_in)
+
+
+def weight_rows(name: str, w, ggml_type: int, n_in: int, n_out: int | None = None) -> int:
+    """Output rows of a raw [n_out, n_in] weight (any shape holding whole rows); checks n_out when given."""
+    rb = _check_raw(name, w, ggml_type, n_in)
+    if w.nbytes == 0 or w.nbytes % rb:
+        raise ValueError(f"{name}: {w.nbytes} bytes is not a whole number of {n_in}-wide "
+                         f"{quants.TYPE_NAMES[ggml_type]} rows ({rb} bytes each)")
+    rows = w.nbytes // rb
+    if n_out is not None and rows != n_out:
+        raise ValueError(f"{name}: {rows} rows of width {n_in}, expected {n_out}")
+    return rows
+
+
+def expert_geometry(name: str, w, ggml_type: int, n_in: int, n_out: int | None = None,
+                    n_expert: int | None = None) -> tuple[int, int, int]:
+    """(E, rows per expert, expert stride in bytes) of a raw [E, n_out, n_in] expert tensor (numpy order)."""
+    rb = _check_raw(name, w, ggml_type, n_in)
+    if len(w.shape) != 3 or w.shape[0] == 0:
+        raise ValueError(f"{name}: shape {tuple(w.shape)}, expected [E, rows, row] (3-D, numpy order)")
+    E = int(w.shape[0])
+    per_expert = w.nbytes // E
+    if per_expert == 0 or per_expert % rb:
+        raise ValueError(f"{name}: {per_expert} bytes per expert is not a whole number of {n_in}-wide "
+                         f"{quants.TYPE_NAMES[ggml_type]} rows ({rb} bytes each)")
+    rows = per_expert // rb
+    if n_out is not None and rows != n_out:
+        raise ValueError(f"{name}: {rows} rows per expert of width {n_in}, expected {n_out}")
+    if n_expert is not None and E != n_expert:
+        raise ValueError(f"{name}: {E} experts, expected {n_expert}")
+    return E, rows, per_expert
+
+
+def out_array(name: str, out, shape: tuple, dtype, empty):
+    """The caller's preallocated `out` (checked: no allocation, so launches can be graph-captured) or a new one."""
+    if out is None:
+        return empty(shape, dtype=dtype)
+    return check_array(name, out, dtype, shape)
+
+
+def scratch_rows(name: str, buf, rows: int, shape_tail: tuple, empty):
+    """Scratch with at least `rows` leading rows (a buffer sized for the largest window serves smaller ones)."""
+    if buf is None:
+        return empty((rows, *shape_tail), dtype=np.float32)
+    check_array(name, buf, np.float32, (None, *shape_tail))
+    if buf.shape[0] < rows:
+        raise ValueError(f"{name}: {buf.shape[0]} rows, the window needs {rows}")
+    return buf[:rows]
+
+
+def gemv_grid(n_out: int, T: int) -> tuple[tuple, tuple]:
+    """(grid, block) of the dense gemv_* kernels: a warp per output row, GEMV_MAXT window rows per grid y."""
+    grid_y = -(-T // GEMV_MAXT)
+    if grid_y > MAX_GRID_Y:
+        raise ValueError(f"x: {T} rows exceed the kernel's {MAX_GRID_Y * GEMV_MAXT}")
+    return (-(-n_out // GEMV_WARPS), grid_y, 1), (GEMV_WARPS * 32, 1, 1)
+
+
+def expert_grid(n_out: int, n_entries: int) -> tuple[tuple, tuple]:
+    """(grid, block) of the gemv_expert_* kernels: grid y = one (row, slot) entry."""
+    if n_entries > MAX_GRID_Y:
+        raise ValueError(f"ids: {n_entries} (row, slot) entries exceed {MAX_GRID_Y}")
+    return (-(-n_out // GEMV_WARPS), n_entries, 1), (GEMV_WARPS * 32, 1, 1)
+
+
+def elementwise_grid(n: int) -> tuple[tuple, tuple]:
+    """(grid, block) of a grid-stride kernel over n elements."""
+    return (max(1, min(-(-n // BLOCK), ELEMWISE_MAX_BLOCKS)), 1, 1), (BLOCK, 1, 1)
+
+
+def null_or(a):
+    """A kernel pointer argument: the array, or a null pointer (a uint64 zero: 8 bytes, like a pointer)."""
+    return np.uint64(0) if a is None else a
+
+
+def on_stream(stream):
+    """Make `stream` current for the launches (and any allocation) inside; None keeps the current stream."""
+    return contextlib.nullcontext() if stream is None else stream

@@ -1,0 +1,38 @@
+"""Helpers shared by the GPU kernel tests: raw weight encoding, NaN-poisoned outputs, one closeness check."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from strata_cli.model import quants
+
+TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q8_0)
+TYPE_IDS = [quants.TYPE_NAMES[t] for t in TYPES]
+
+
+def raw_weight(rng, shape, ggml_type, scale=0.5):
+    """Random float32 weights of `shape` (numpy order) encoded as the raw array a GGUF file holds."""
+    return quants.quantize((rng.standard_normal(shape) * scale).astype(np.float32), ggml_type)
+
+
+def to_dev(a):
+    import cupy as cp
+
+    return cp.asarray(a)
+
+
+def poisoned(shape, dtype=np.float32):
+    """An output buffer every kernel must overwrite: NaN for floats, a sentinel -7 for ints."""
+    import cupy as cp
+
+    return cp.full(shape, np.nan if np.dtype(dtype).kind == "f" else -7, dtype=dtype)
+
+
+def assert_close(name, ref, got, rtol=1e-4, atol=1e-4, floor=1e-30):
+    """got (CuPy or numpy) matches ref within rtol, and atol relative to ref's scale (at least `floor`: a lone
+    output that happens to land near zero would otherwise get a tolerance far below float32 rounding); no NaN."""
+    got = got.get() if hasattr(got, "get") else np.asarray(got)
+    assert got.shape == ref.shape, f"{name}: shape {got.shape} != reference {ref.shape}"
+    assert not np.isnan(got).any(), f"{name}: {int(np.isnan(got).sum())} NaN left (unwritten or bad math)"
+    scale = max(float(np.abs(ref).max()), floor)
+    np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * scale, err_msg=name)

@@ -1,0 +1,169 @@
+"""kernels/moe.cu and the expert GEMVs against their numpy references, on odd shapes (skipped without a GPU).
+
+Every output is poisoned (NaN, or -7 for ids) before the launch, so an element the kernel forgets to write fails.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_helpers import TYPE_IDS, TYPES, assert_close, poisoned, raw_weight, to_dev
+
+from strata_cli.model import quants
+from strata_cli.ops import gemv as ref
+from strata_cli.ops import moe
+
+pytestmark = pytest.mark.gpu
+
+F32, F16, BF16, Q8_0 = quants.F32, quants.F16, quants.BF16, quants.Q8_0
+EXPERT_TYPES = [(t, t, t) for t in TYPES] + [(Q8_0, BF16, F16)]
+EXPERT_IDS = ["-".join(quants.TYPE_NAMES[t] for t in ts) for ts in EXPERT_TYPES]
+
+
+@pytest.mark.parametrize("T", (1, 3, 7, 16))
+@pytest.mark.parametrize("E,k", [(8, 1), (8, 8), (61, 4), (512, 10), (512, 16)])
+@pytest.mark.parametrize("kind", ("normal", "ties"))
+def test_router_topk_matches_reference(T, E, k, kind):
+    from strata_cli.gpu import launch_moe
+
+    rng = np.random.default_rng(T * 1000 + E + k)
+    if kind == "ties":  # few distinct values: equal probabilities must go to the lower id
+        logits = rng.integers(-3, 3, (T, E)).astype(np.float32)
+    else:
+        logits = (2.0 * rng.standard_normal((T, E))).astype(np.float32)
+    want_ids, want_w = moe.router_topk(logits, k)
+    out_ids, out_w = poisoned((T, k), np.int32), poisoned((T, k))
+    ids, w = launch_moe.router_topk(to_dev(logits), k, out_ids=out_ids, out_w=out_w)
+    np.testing.assert_array_equal(ids.get(), want_ids)
+    assert not np.isnan(w.get()).any()
+    np.testing.assert_allclose(w.get(), want_w, rtol=0, atol=1e-6)
+
+
+def _experts(rng, E, F, D, types, scale=0.3):
+    gt, ut, dt = types
+    return (raw_weight(rng, (E, F, D), gt, scale), raw_weight(rng, (E, F, D), ut, scale),
+            raw_weight(rng, (E, D, F), dt, scale))
+
+
+def _routing(rng, T, E, K):
+    return moe.router_topk(rng.standard_normal((T, E)).astype(np.float32), K)
+
+
+@pytest.mark.parametrize("types", EXPERT_TYPES, ids=EXPERT_IDS)
+@pytest.mark.parametrize("T", (1, 3, 7, 16))
+@pytest.mark.parametrize("K", (1, 2, 4))
+def test_routed_experts_match_reference(types, T, K):
+    from strata_cli.gpu import launch_moe
+
+    rng = np.random.default_rng(T * 10 + K + sum(types))
+    E, F, D = 7, 64, 96
+    gate, up, down = _experts(rng, E, F, D, types)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    ids, w = _routing(rng, T, E, K)
+    want = ref.routed_experts_raw(x, ids, w, gate, up, down, types)
+    out = poisoned((T, D))
+    got = launch_moe.routed_experts(to_dev(x), to_dev(ids), to_dev(w), to_dev(gate), to_dev(up), to_dev(down),
+                                    types, out=out)
+    assert got is out
+    assert_close(f"routed_experts {EXPERT_IDS[EXPERT_TYPES.index(types)]}", want, got)
+
+
+def test_routed_experts_fuse_shared_add_and_reuse_scratch():
+    from strata_cli.gpu import launch_moe
+
+    rng = np.random.default_rng(3)
+    T, K, E, F, D = 5, 3, 9, 32, 64
+    types = (Q8_0, Q8_0, Q8_0)
+    gate, up, down = _experts(rng, E, F, D, types)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    shared = rng.standard_normal((T, D)).astype(np.float32)
+    ids, w = _routing(rng, T, E, K)
+    scratch = launch_moe.MoeScratch.empty(16 * K, F, D)  # sized for a larger window
+    got = launch_moe.routed_experts(to_dev(x), to_dev(ids), to_dev(w), to_dev(gate), to_dev(up), to_dev(down),
+                                    types, out=poisoned((T, D)), shared=to_dev(shared), scratch=scratch)
+    want = ref.routed_experts_raw(x, ids, w, gate, up, down, types) + shared
+    assert_close("routed + shared", want, got)
+
+
+def test_routed_experts_bad_id_poisons_only_its_row():
+    from strata_cli.gpu import launch_moe
+
+    rng = np.random.default_rng(4)
+    T, K, E, F, D = 3, 2, 4, 32, 32
+    gate, up, down = _experts(rng, E, F, D, (F32, F32, F32))
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    ids, w = _routing(rng, T, E, K)
+    bad = ids.copy()
+    bad[1, 1] = E  # out of range
+    got = launch_moe.routed_experts(to_dev(x), to_dev(bad), to_dev(w), to_dev(gate), to_dev(up), to_dev(down),
+                                    (F32, F32, F32)).get()
+    assert np.isnan(got[1]).all()
+    want = ref.routed_experts_raw(x, ids, w, gate, up, down, (F32, F32, F32))
+    assert_close("good rows", want[[0, 2]], got[[0, 2]])
+
+
+@pytest.mark.parametrize("types", EXPERT_TYPES, ids=EXPERT_IDS)
+@pytest.mark.parametrize("sg_type", (F32, BF16), ids=("sgF32", "sgBF16"))
+@pytest.mark.parametrize("T", (1, 3, 7, 16))
+def test_shared_expert_matches_reference(types, sg_type, T):
+    from strata_cli.gpu import launch_moe
+
+    rng = np.random.default_rng(T * 7 + sg_type + sum(types))
+    F, D = 64, 96
+    gate, up, down = (raw_weight(rng, (F, D), types[0], 0.3), raw_weight(rng, (F, D), types[1], 0.3),
+                      raw_weight(rng, (D, F), types[2], 0.3))
+    sg = raw_weight(rng, (D,), sg_type, 0.2)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    all_types = (*types, sg_type)
+    want = ref.shared_expert_raw(x, gate, up, down, sg, all_types)
+    out = poisoned((T, D))
+    got = launch_moe.shared_expert(to_dev(x), to_dev(gate), to_dev(up), to_dev(down), to_dev(sg), all_types,
+                                   out=out)
+    assert got is out
+    assert_close("shared_expert", want, got)
+
+
+def test_moe_block_captures_into_a_graph_without_allocating():
+    """Router, routed experts and shared expert with preallocated outputs/scratch capture in thread-local mode."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_moe
+    from strata_cli.gpu.graphs import CapturedGraph, new_stream
+
+    rng = np.random.default_rng(12)
+    T, K, E, F, D = 7, 4, 16, 64, 96
+    types = (Q8_0, Q8_0, BF16)
+    gate, up, down = _experts(rng, E, F, D, types)
+    sh = (raw_weight(rng, (F, D), Q8_0), raw_weight(rng, (F, D), Q8_0), raw_weight(rng, (D, F), Q8_0),
+          raw_weight(rng, (D,), BF16))
+    sh_types = (Q8_0, Q8_0, Q8_0, BF16)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    logits = (2.0 * rng.standard_normal((T, E))).astype(np.float32)
+    dx, dlog, dg, du, dd = (to_dev(a) for a in (x, logits, gate, up, down))
+    dsh = [to_dev(a) for a in sh]
+    ids, w = cp.empty((T, K), cp.int32), cp.empty((T, K), cp.float32)
+    shared_out, out = cp.empty((T, D), cp.float32), cp.empty((T, D), cp.float32)
+    moe_scratch = launch_moe.MoeScratch.empty(T * K, F, D)
+    sh_scratch = launch_moe.SharedScratch.empty(T, F)
+
+    def record(stream):
+        launch_moe.router_topk(dlog, K, out_ids=ids, out_w=w, stream=stream)
+        launch_moe.shared_expert(dx, *dsh, sh_types, out=shared_out, scratch=sh_scratch, stream=stream)
+        launch_moe.routed_experts(dx, ids, w, dg, du, dd, types, out=out, shared=shared_out,
+                                  scratch=moe_scratch, stream=stream)
+
+    stream = new_stream()  # non-blocking: wait for the uploads made on the default stream
+    cp.cuda.Device().synchronize()
+    record(stream)
+    stream.synchronize()
+    graph = CapturedGraph(record, stream)
+    out.fill(np.nan)
+    cp.cuda.Device().synchronize()
+    graph.launch()
+    stream.synchronize()
+    want_ids, want_w = moe.router_topk(logits, K)
+    np.testing.assert_array_equal(ids.get(), want_ids)
+    want = (ref.routed_experts_raw(x, want_ids, want_w, gate, up, down, types)
+            + ref.shared_expert_raw(x, *sh, sh_types))
+    assert_close("graph moe", want, out)
+    graph.destroy()

@@ -1,0 +1,143 @@
+"""CPU side of the GPU launchers: argument checks, raw-weight geometry, grid math, kernel-name and constant sync,
+and the raw-weight numpy references. Needs no GPU: numpy arrays pass the same checks as CuPy arrays."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from strata_cli.gpu import launch_util as U
+from strata_cli.gpu.compile import kernels_dir
+from strata_cli.model import quants
+from strata_cli.ops import basic
+from strata_cli.ops import gemv as ref
+
+F32, F16, BF16, Q8_0 = quants.F32, quants.F16, quants.BF16, quants.Q8_0
+TYPES = (F32, F16, BF16, Q8_0)
+
+
+def _raw(shape, t, seed=0):
+    return quants.quantize(np.random.default_rng(seed).standard_normal(shape).astype(np.float32), t)
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_weight_rows_infers_output_rows(t):
+    w = _raw((5, 64), t)
+    assert U.weight_rows("w", w, t, 64) == 5
+    assert U.weight_rows("w", w, t, 64, n_out=5) == 5
+    with pytest.raises(ValueError, match=r"^w: 5 rows of width 64, expected 4"):
+        U.weight_rows("w", w, t, 64, n_out=4)
+    with pytest.raises(ValueError, match=r"^w: .* not a whole number"):
+        U.weight_rows("w", w, t, 96)
+
+
+def test_weight_rows_rejects_bad_raw_arrays():
+    q = _raw((4, 64), Q8_0)
+    with pytest.raises(ValueError, match=r"^down_raw: input width 48 is not a positive multiple"):
+        U.weight_rows("down_raw", q, Q8_0, 48)
+    with pytest.raises(ValueError, match=r"^w_raw: dtype float32 cannot hold Q8_0"):
+        U.weight_rows("w_raw", q.astype(np.float32), Q8_0, 64)
+    with pytest.raises(ValueError, match=r"^w_raw: not C-contiguous"):
+        U.weight_rows("w_raw", _raw((64, 4), F32).T, F32, 64)
+    with pytest.raises(ValueError, match=r"^w_raw: data not 2-byte aligned"):
+        U.weight_rows("w_raw", np.zeros(2 * 64 + 1, np.uint8)[1:], BF16, 64)
+    with pytest.raises(ValueError, match=r"^w_raw type: GGML type 12 has no GPU kernel"):
+        U.weight_rows("w_raw", q, 12, 64)
+    assert U.weight_rows("w_raw", _raw((3, 8), F16).view(np.uint8), F16, 8) == 3  # F16 as byte rows
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_expert_geometry(t):
+    w = _raw((7, 5, 64), t)
+    E, rows, stride = U.expert_geometry("gate_raw", w, t, 64)
+    assert (E, rows) == (7, 5) and stride * E == w.nbytes and stride == 5 * quants.row_bytes(t, 64)
+    with pytest.raises(ValueError, match=r"^gate_raw: 7 experts, expected 8"):
+        U.expert_geometry("gate_raw", w, t, 64, n_expert=8)
+    with pytest.raises(ValueError, match=r"^gate_raw: shape .* expected \[E, rows, row\]"):
+        U.expert_geometry("gate_raw", w.reshape(35, -1), t, 64)
+
+
+def test_check_array_names_the_argument():
+    x = np.zeros((3, 4), np.float32)
+    assert U.check_array("x", x, np.float32, (None, 4)) is x
+    with pytest.raises(ValueError, match=r"^x: dtype float64, expected float32"):
+        U.check_array("x", x.astype(np.float64), np.float32, (None, 4))
+    with pytest.raises(ValueError, match=r"^x: shape \(3, 4\), expected \(\*, 5\)"):
+        U.check_array("x", x, np.float32, (None, 5))
+    with pytest.raises(ValueError, match=r"^x: not C-contiguous"):
+        U.check_array("x", np.zeros((4, 3), np.float32).T, np.float32, (None, 4))
+    with pytest.raises(ValueError, match=r"^x: empty shape"):
+        U.check_array("x", np.zeros((0, 4), np.float32), np.float32, (None, 4))
+    with pytest.raises(ValueError, match=r"^ids: expected an array"):
+        U.check_array("ids", [1, 2], np.int32, (None,))
+
+
+def test_out_and_scratch_buffers():
+    out = np.zeros((2, 3), np.float32)
+    assert U.out_array("out", out, (2, 3), np.float32, np.empty) is out
+    assert U.out_array("out", None, (2, 3), np.float32, np.empty).shape == (2, 3)
+    with pytest.raises(ValueError, match=r"^out: shape"):
+        U.out_array("out", out, (3, 3), np.float32, np.empty)
+    big = np.zeros((16, 5), np.float32)
+    view = U.scratch_rows("scratch.low", big, 7, (5,), np.empty)
+    assert view.shape == (7, 5) and view.flags.c_contiguous and np.shares_memory(view, big)
+    with pytest.raises(ValueError, match=r"^scratch.low: 16 rows, the window needs 17"):
+        U.scratch_rows("scratch.low", big, 17, (5,), np.empty)
+
+
+def test_grid_math():
+    assert U.gemv_grid(257, 16) == ((33, 1, 1), (256, 1, 1))
+    assert U.gemv_grid(1, 17) == ((1, 2, 1), (256, 1, 1))
+    assert U.expert_grid(64, 40) == ((8, 40, 1), (256, 1, 1))
+    with pytest.raises(ValueError, match=r"^ids:"):
+        U.expert_grid(64, 70000)
+    assert U.elementwise_grid(1) == ((1, 1, 1), (256, 1, 1))
+    assert U.elementwise_grid(257) == ((2, 1, 1), (256, 1, 1))
+    assert U.elementwise_grid(10**9)[0][0] == U.ELEMWISE_MAX_BLOCKS
+
+
+def test_launchers_reject_bad_arguments_before_touching_the_device():
+    from strata_cli.gpu import launch_dense, launch_moe
+
+    x = np.zeros((3, 64), np.float32)
+    with pytest.raises(ValueError, match=r"^x: shape"):
+        launch_dense.gemv(_raw((4, 96), Q8_0), Q8_0, 96, x)
+    with pytest.raises(ValueError, match=r"^k: 9 outside 1..8"):
+        launch_moe.router_topk(np.zeros((2, 8), np.float32), 9)
+    with pytest.raises(ValueError, match=r"^ggml_types: 2 types, expected 3"):
+        launch_moe.routed_experts(x, None, None, None, None, None, (F32, F32))
+    with pytest.raises(ValueError, match=r"^out_inj: given, but inject_raw is None"):
+        launch_dense.hc_read(np.zeros((1, 2, 32), np.float32), np.ones(64, np.float32), _raw((32, 64), BF16), BF16,
+                             _raw((64, 32), BF16), BF16, None, None, 1e-6, out_inj=np.zeros((1, 2), np.float32))
+
+
+def _source(name):
+    return (kernels_dir() / name).read_text()
+
+
+def test_kernel_names_and_constants_match_the_sources():
+    names = {"gemv.cu": [f"gemv_{s}" for s in U.TYPE_SUFFIX.values()]
+             + [f"gemv_expert_{s}" for s in U.TYPE_SUFFIX.values()],
+             "hyper.cu": ["hc_norm", "hc_mix", "hc_write"], "moe.cu": ["router_topk", "moe_combine"],
+             "head.cu": ["argmax_rows"]}
+    for file, kernels in names.items():
+        text = _source(file)
+        for k in kernels:
+            assert re.search(rf"\b{k}\s*\(|\({k},", text), f"{file} defines no kernel {k}"
+    defines = dict(re.findall(r"#define (\w+) (\d+)", _source("common.cuh") + _source("gemv.cu") + _source("moe.cu")))
+    assert int(defines["GEMV_WARPS"]) == U.GEMV_WARPS and int(defines["GEMV_MAXT"]) == U.GEMV_MAXT
+    assert int(defines["ROUTER_MAXK"]) == U.ROUTER_MAXK
+    assert [int(defines[k]) for k in ("ACT_NONE", "ACT_SILU", "ACT_SIGMOID", "ACT_2SIGMOID")] == [0, 1, 2, 3]
+    assert {int(defines[f"GGML_{n}"]) for n in ("F32", "F16", "Q8_0", "BF16")} == set(TYPES)
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_gemv_reference_dequantizes_raw_rows(t):
+    w = _raw((5, 64), t, seed=1)
+    x = np.random.default_rng(2).standard_normal((3, 64)).astype(np.float32)
+    want = basic.linear(x, quants.dequantize(w, t).astype(np.float64))
+    np.testing.assert_array_equal(ref.gemv(w, t, 64, x), want)
+    if w.dtype != np.uint8:
+        np.testing.assert_array_equal(ref.gemv(w.view(np.uint8), t, 64, x), want)
