@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -43,6 +44,8 @@ def command(model, token_file, n_random, seed, topk, window, extra_id, draft_noi
 
     if (token_file is None) == (n_random is None):
         raise InputError("give exactly one of --tokens FILE or --random N")
+    if output and not os.path.isdir(os.path.dirname(os.path.abspath(output))):
+        raise InputError(f"{output}: cannot write the dump (no such directory)")
     m = load_model(model)
     g = m.geometry
     tokens = read_token_file(token_file) if token_file else random_tokens(n_random, g.n_vocab, seed)
@@ -63,9 +66,10 @@ def command(model, token_file, n_random, seed, topk, window, extra_id, draft_noi
     env = environment_record(engine.device)
     comments = [header_line(env), f"model {m.path} | tokens {source} ({len(tokens)}) | window {window} | "
                 f"draft-noise {draft_noise} | windows {stats.windows} | extra_id {extra_id}"]
-    err_console().print(f"{len(rows)} rows through {stats.windows} windows of <= {window} tokens "
-                        f"({stats.rows_fed} rows fed, {stats.rows_kept} kept)", style="dim", highlight=False)
-    out = open(output, "w") if output else sys.stdout
+    try:
+        out = open(output, "w") if output else sys.stdout
+    except OSError as exc:
+        raise InputError(f"{output}: cannot write the dump ({exc.strerror or exc})") from None
     try:
         if fmt == "tsv":
             write_tsv(rows, out, comments)
@@ -79,3 +83,5 @@ def command(model, token_file, n_random, seed, topk, window, extra_id, draft_noi
     finally:
         if output:
             out.close()
+    err_console().print(f"{len(rows)} rows through {stats.windows} windows of <= {window} tokens "
+                        f"({stats.rows_fed} rows fed, {stats.rows_kept} kept)", style="dim", highlight=False)

@@ -33,12 +33,32 @@ class Metadata:
             raise ModelFileError(f"{self.path}: metadata '{key}' = {value!r} (expected an integer >= {minimum})")
         return int(value)
 
-    def req_list(self, key: str, length: int | None = None) -> list:
+    def req_float(self, key: str) -> float:
+        value = self.req(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ModelFileError(f"{self.path}: metadata '{key}' = {_short(value)} (expected a number)")
+        return float(value)
+
+    def opt_int(self, key: str, default=None) -> int | None:
+        """An optional integer key (e.g. an EOS id): `default` when absent, an error when not an integer."""
+        value = self.values.get(key, default)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ModelFileError(f"{self.path}: metadata '{key}' = {_short(value)} (expected an integer)")
+        return value
+
+    def req_list(self, key: str, length: int | None = None, kind: type | tuple = object) -> list:
         value = self.req(key)
         if not isinstance(value, list) or (length is not None and len(value) != length):
             want = f"an array of {length}" if length is not None else "an array"
             raise ModelFileError(f"{self.path}: metadata '{key}' = {_short(value)} (expected {want})")
+        for i, item in enumerate(value):
+            if not isinstance(item, kind) or (kind is int and isinstance(item, bool)):
+                noun = "an integer" if kind is int else "a boolean or integer"
+                raise self.bad(key, value, f"element {i} = {item!r} is not {noun}")
         return value
+
+    def req_int_list(self, key: str, length: int | None = None) -> list[int]:
+        return [int(v) for v in self.req_list(key, length, int)]
 
     def bad(self, key: str, value, why: str) -> ModelFileError:
         return ModelFileError(f"{self.path}: metadata '{key}' = {_short(value)}: {why}")
@@ -173,12 +193,13 @@ class Geometry:
 def _layer_kinds(md: Metadata, n_layers: int) -> tuple[bool, ...]:
     key_rec = f"{ARCH}.attention.recurrent_layers"
     key_int = f"{ARCH}.full_attention_interval"
+    # the recurrent_layers array is read first: its length checks block_count before anything is sized by it
+    rec = md.req_list(key_rec, n_layers, (bool, int)) if md.has(key_rec) else None
     from_interval = None
     if md.has(key_int):
         interval = md.req_int(key_int)
         from_interval = tuple((i + 1) % interval == 0 for i in range(n_layers))
-    if md.has(key_rec):
-        rec = md.req_list(key_rec, n_layers)
+    if rec is not None:
         kinds = tuple(not bool(r) for r in rec)
         if from_interval is not None and kinds != from_interval:
             raise md.bad(key_rec, rec, f"disagrees with {key_int} = {md.get(key_int)}")
@@ -192,7 +213,7 @@ def _ple(md: Metadata, n_layers: int, layer_is_attn, vocab: int, fallback_eos) -
     key_layers = f"{ARCH}.ple.layers"
     if not md.has(key_layers):
         return None
-    layers = md.req_list(key_layers)
+    layers = md.req_int_list(key_layers)
     if not layers:
         return None
     if len(layers) != 1:
@@ -205,16 +226,16 @@ def _ple(md: Metadata, n_layers: int, layer_is_attn, vocab: int, fallback_eos) -
     ngram = md.req_int(f"{ARCH}.ple.ngram_size", 2)
     hpn = md.req_int(f"{ARCH}.ple.heads_per_ngram")
     n_heads = (ngram - 1) * hpn
-    mult = md.req_list(f"{ARCH}.ple.layer_multipliers", ngram)
-    sizes = md.req_list(f"{ARCH}.ple.head_vocab_sizes", n_heads)
-    offsets = md.req_list(f"{ARCH}.ple.head_offsets", n_heads)
+    mult = md.req_int_list(f"{ARCH}.ple.layer_multipliers", ngram)
+    sizes = md.req_int_list(f"{ARCH}.ple.head_vocab_sizes", n_heads)
+    offsets = md.req_int_list(f"{ARCH}.ple.head_offsets", n_heads)
     running = 0
     for i, (size, off) in enumerate(zip(sizes, offsets)):
         if int(size) <= 0 or int(off) != running:
             raise md.bad(f"{ARCH}.ple.head_offsets", offsets,
                          f"head {i} offset {off} != running sum {running} of head_vocab_sizes")
         running += int(size)
-    eos = md.get(f"{ARCH}.ple.eos_token_id", fallback_eos)
+    eos = md.opt_int(f"{ARCH}.ple.eos_token_id", fallback_eos)
     if eos is None:
         raise ModelFileError(f"{md.path}: missing metadata key '{ARCH}.ple.eos_token_id' (PLE needs the EOS id)")
     if not 0 <= int(eos) < vocab:
@@ -247,12 +268,12 @@ def geometry_from_metadata(md: Metadata, n_vocab: int, has_indexer_tensors: bool
     n_rot = md.req_int(p + "rope.dimension_count")
     if n_rot % 2 or n_rot > head_dim:
         raise md.bad(p + "rope.dimension_count", n_rot, f"must be even and <= key_length {head_dim}")
-    eps = float(md.req(p + "attention.layer_norm_rms_epsilon"))
+    eps = md.req_float(p + "attention.layer_norm_rms_epsilon")
     if not eps > 0:
         raise md.bad(p + "attention.layer_norm_rms_epsilon", eps, "must be > 0")
 
     has_attn = any(layer_is_attn)
-    ratios = tuple(int(r) for r in md.req_list(p + "attention.compress_ratios", n_layers)) if (
+    ratios = tuple(md.req_int_list(p + "attention.compress_ratios", n_layers)) if (
         has_attn or md.has(p + "attention.compress_ratios")) else (0,) * n_layers
     warnings = []
     idx_heads = idx_dim = idx_budget = 0
@@ -285,12 +306,12 @@ def geometry_from_metadata(md: Metadata, n_vocab: int, has_indexer_tensors: bool
     n_used = md.req_int(p + "expert_used_count")
     if n_used > n_expert:
         raise md.bad(p + "expert_used_count", n_used, f"exceeds expert_count {n_expert}")
-    eos = md.get("tokenizer.ggml.eos_token_id")
+    eos = md.opt_int("tokenizer.ggml.eos_token_id")
     n_ctx = md.req_int(p + "context_length")
     return Geometry(
         path=md.path, n_layers=n_layers, n_ctx=n_ctx, n_embd=n_embd, n_vocab=n_vocab, eps=eps,
         layer_is_attn=layer_is_attn, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
-        rope_base=float(md.req(p + "rope.freq_base")) if has_attn else 1e4,
+        rope_base=md.req_float(p + "rope.freq_base") if has_attn else 1e4,
         idx_heads=idx_heads, idx_dim=idx_dim, idx_budget=idx_budget, compress_ratios=ratios,
         conv_kernel=conv_kernel, ssm_dk=md.req_int(p + "ssm.state_size"), ssm_nk=nk, ssm_nv=nv,
         ssm_dv=inner // nv, hc=md.req_int(p + "hyper_connection.count", 2),

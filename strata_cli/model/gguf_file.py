@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import ModelFileError
 from . import quants
-from .geometry import Geometry, Metadata, geometry_from_metadata
+from .geometry import ARCH, Geometry, Metadata, geometry_from_metadata
 from .names import INDEXER_MARK, PLE_TABLE, TensorSpec, expected_tensors, ple_table_rows
 
 
@@ -24,7 +24,15 @@ class TensorInfo:
 
     @property
     def type_name(self) -> str:
-        return quants.TYPE_NAMES.get(self.ggml_type, f"type{self.ggml_type}")
+        name = quants.TYPE_NAMES.get(self.ggml_type)
+        if name is None:  # a type strata does not read: gguf knows its name (Q4_0, I32, ...)
+            import gguf
+
+            try:
+                name = gguf.GGMLQuantizationType(self.ggml_type).name
+            except ValueError:
+                name = f"type{self.ggml_type}"
+        return name
 
 
 def _read_metadata(reader, path: str) -> dict:
@@ -39,18 +47,50 @@ def _read_metadata(reader, path: str) -> dict:
     return values
 
 
+def _check_tensor_extents(path: str, size: int, start_offs: int, fields) -> None:
+    """Name the tensor whose data lies past the end of the file (or whose type id is unknown) before gguf's reader
+    fails on it with a numpy reshape error."""
+    import gguf
+
+    for field in fields:
+        _name_len, name_data, _n_dims, dims, raw_dtype, offset_tensor = field.parts
+        name = bytes(name_data).decode("utf-8", "replace")
+        try:
+            ggml_type = gguf.GGMLQuantizationType(int(raw_dtype[0]))
+        except ValueError:
+            raise ModelFileError(f"{path}: tensor '{name}' has unknown GGML type id {int(raw_dtype[0])}") from None
+        block, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
+        n_elems = 1
+        for d in dims.tolist():
+            n_elems *= int(d)
+        end = start_offs + int(offset_tensor[0]) + n_elems * type_size // block
+        if end > size:
+            raise ModelFileError(f"{path}: truncated: tensor '{name}' ends at byte {end}, file has {size} bytes")
+
+
 def _open_reader(path: str):
     import gguf
 
+    if os.path.isdir(path):
+        raise ModelFileError(f"{path}: is a directory, not a GGUF file")
     if not os.path.isfile(path):
         raise ModelFileError(f"{path}: no such file")
-    size = os.path.getsize(path)
-    with open(path, "rb") as fh:
-        magic = fh.read(4)
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+    except OSError as exc:
+        raise ModelFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
     if magic != b"GGUF":
         raise ModelFileError(f"{path}: not a GGUF file (magic {magic!r}, {size} bytes)")
+
+    class Reader(gguf.GGUFReader):
+        def _build_tensors(self, start_offs, fields):
+            _check_tensor_extents(path, size, start_offs, fields)
+            super()._build_tensors(start_offs, fields)
+
     try:
-        return gguf.GGUFReader(path, "r"), size
+        return Reader(path, "r"), size
     except (ValueError, IndexError, OSError, KeyError) as exc:
         raise ModelFileError(f"{path}: truncated or corrupt GGUF header ({size} bytes): {exc}") from None
 
@@ -80,12 +120,24 @@ class GGUFModel:
             raise ModelFileError(f"{self.path}: tensor 'token_embd.weight' has shape {list(embd.shape)}, "
                                  "expected [n_embd, n_vocab]")
         has_indexer = any(name.endswith(INDEXER_MARK) for name in self.tensors)
+        self._check_block_count(md)
         self.geometry: Geometry = geometry_from_metadata(md, embd.shape[1], has_indexer)
         self.specs: dict[str, TensorSpec] = expected_tensors(self.geometry)
         self._validate()
         self._f32: dict[str, np.ndarray] = {}
 
     # ---- validation
+    def _check_block_count(self, md: Metadata) -> None:
+        """A corrupt block_count would size per-layer tables before any tensor is checked: the file must hold
+        tensors of its last layer."""
+        key = f"{ARCH}.block_count"
+        n_layers = md.get(key)
+        if md.get("general.architecture") != ARCH or isinstance(n_layers, bool) or not isinstance(n_layers, int):
+            return  # geometry_from_metadata reports these
+        if n_layers > 0 and not any(name.startswith(f"blk.{n_layers - 1}.") for name in self.tensors):
+            raise ModelFileError(f"{self.path}: metadata '{key}' = {n_layers} but the file has no tensors of layer "
+                                 f"{n_layers - 1} (blk.{n_layers - 1}.*)")
+
     def _validate(self) -> None:
         for name, spec in self.specs.items():
             info = self.tensors.get(name)

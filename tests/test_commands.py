@@ -1,0 +1,252 @@
+"""The commands on the shared qwen4exp-tiny fixture (f32), through click's CliRunner: info, logprobs, verify-bench,
+compare. Every run names the fixture model explicitly (never the default model)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from strata_cli.cli import main
+from strata_cli.dumps import N_FIXED, read_tsv
+
+N_TOKENS = 24  # crosses position 19, where QSA selection turns sparse
+TOPK = 5
+EOS = 509
+
+
+@pytest.fixture(autouse=True)
+def _no_traceback_env(monkeypatch):
+    monkeypatch.delenv("STRATA_TRACEBACK", raising=False)
+
+
+@pytest.fixture(scope="module")
+def model(fixture_dir):
+    return str(fixture_dir / "model-f32.gguf")
+
+
+@pytest.fixture(scope="module")
+def config(fixture_dir):
+    return json.loads((fixture_dir / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def token_file(fixture_dir, tmp_path_factory):
+    tokens = np.load(fixture_dir / "reference.npz")["tokens"][:N_TOKENS]
+    path = tmp_path_factory.mktemp("tokens") / "tokens.txt"
+    path.write_text(" ".join(str(int(t)) for t in tokens) + "\n")
+    return path
+
+
+def cli(*args):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert "Traceback" not in result.output
+    return result
+
+
+def ok(*args):
+    result = cli(*args)
+    assert result.exit_code == 0, (args, result.output, result.exception)
+    return result
+
+
+def logprobs_tsv(model, token_file, *extra):
+    return ok("logprobs", model, "--tokens", token_file, "--topk", TOPK, "--format", "tsv", "--device", "cpu",
+              *extra).stdout
+
+
+def parse_tsv(text: str) -> list[list[str]]:
+    lines = text.splitlines()
+    n_comments = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    assert n_comments >= 1
+    assert not any(line.startswith("#") for line in lines[n_comments:]), "comment lines must come first"
+    return [line.split("\t") for line in lines[n_comments:] if line.strip()]
+
+
+def assert_same_dump(rows_a: list[list[str]], rows_b: list[list[str]], tol: float = 1e-5) -> None:
+    """Same positions, targets, top ids, match flags and top-k ids; logprobs within tol."""
+    assert len(rows_a) == len(rows_b)
+    for a, b in zip(rows_a, rows_b):
+        assert len(a) == len(b)
+        for i, (x, y) in enumerate(zip(a, b)):
+            if i in (0, 1, 3, 5):  # pos, target, top_id, match
+                assert x == y, (a[0], i, x, y)
+            elif i < N_FIXED:
+                assert abs(float(x) - float(y)) <= tol, (a[0], i, x, y)
+            else:
+                (id_x, lp_x), (id_y, lp_y) = x.split(":"), y.split(":")
+                assert id_x == id_y, (a[0], i, x, y)
+                assert abs(float(lp_x) - float(lp_y)) <= tol, (a[0], i, x, y)
+
+
+# ---------------------------------------------------------------- info
+
+def test_info_table(model):
+    result = ok("info", model)
+    out = result.stdout
+    assert model in out
+    assert "214 tensors" in out
+    assert "GGGAGGGA" in out
+    cells = [[c.strip() for c in line.split("\u2502") if c.strip()] for line in out.splitlines()]  # rich's │
+    for key, value in (("layers", "8"), ("hidden", "128"), ("vocab", "512"), ("context", "4096"),
+                       ("layout", "GGGAGGGA"), ("eos", "509")):
+        assert [key, value] in cells, key
+    assert "QSA ratio 4" in out and "PLE" in out
+    assert "F32" in out
+    assert result.stderr == ""  # ratios are set in this file: no warning
+
+
+def test_info_json_matches_the_fixture_config(model, config):
+    doc = json.loads(ok("info", model, "--json").stdout)["meta"]
+    g = doc["geometry"]
+    assert g["layers"] == config["num_hidden_layers"] == 8
+    assert g["hidden"] == config["hidden_size"] == 128
+    assert g["vocab"] == config["vocab_size"] == 512
+    assert g["context"] == config["max_position_embeddings"]
+    assert g["layout"] == "GGGAGGGA" == "".join("A" if t == "full_attention" else "G" for t in config["layer_types"])
+    assert g["eos"] == config["eos_token_id"] == EOS
+    assert doc["tensor_count"] == 214
+    assert [layer["kind"] for layer in doc["layers"]] == ["attention" if c == "A" else "gated deltanet"
+                                                         for c in g["layout"]]
+    assert doc["types"] == [{"type": "F32", "tensors": 214, "bytes": sum(t["bytes"] for t in doc["tensors"])}]
+    assert doc["warnings"] == []
+
+
+# ---------------------------------------------------------------- logprobs
+
+@pytest.fixture(scope="module")
+def dump_w4(model, token_file):
+    return logprobs_tsv(model, token_file, "--window", 4)
+
+
+def test_logprobs_tsv_layout(dump_w4):
+    lines = dump_w4.splitlines()
+    assert lines[0].startswith("# strata ")
+    rows = parse_tsv(dump_w4)
+    assert len(rows) == N_TOKENS - 1
+    assert all(len(r) == N_FIXED + TOPK for r in rows)
+    assert [int(r[0]) for r in rows] == list(range(N_TOKENS - 1))
+    for r in rows:
+        lp_target, top_id, lp_top = float(r[2]), int(r[3]), float(r[4])
+        assert lp_target <= lp_top <= 0
+        assert int(r[5]) == (top_id == int(r[1]))
+        topk = [(int(x.split(":")[0]), float(x.split(":")[1])) for x in r[N_FIXED:]]
+        assert topk[0][0] == top_id
+        assert [lp for _, lp in topk] == sorted((lp for _, lp in topk), reverse=True)
+
+
+@pytest.mark.parametrize("extra", [["--window", "1"], ["--window", "3"], ["--window", "8"],
+                                   ["--window", "4", "--draft-noise", "0.5", "--seed", "1"],
+                                   ["--window", "4", "--draft-noise", "0.5", "--seed", "2"]],
+                         ids=["T1", "T3", "T8", "noise-seed1", "noise-seed2"])
+def test_logprobs_dump_does_not_depend_on_window_or_draft_noise(extra, model, token_file, dump_w4):
+    assert_same_dump(parse_tsv(logprobs_tsv(model, token_file, *extra)), parse_tsv(dump_w4))
+
+
+def test_draft_noise_really_rejects_drafts(model, token_file):
+    """With draft noise the loop runs more, shorter windows (the dump stays the same, tested above)."""
+    windows = []
+    for extra in ([], ["--draft-noise", "0.5", "--seed", "1"]):
+        header = logprobs_tsv(model, token_file, "--window", 4, *extra).splitlines()[1]
+        windows.append(int(header.split("| windows ")[1].split()[0]))
+    assert windows[0] == -(-(N_TOKENS - 1) // 4)
+    assert windows[1] > windows[0]
+
+
+def test_logprobs_json(model, token_file, dump_w4):
+    result = ok("logprobs", model, "--tokens", token_file, "--topk", TOPK, "--format", "json", "--device", "cpu")
+    doc = json.loads(result.stdout)
+    assert doc["meta"]["extra_id"] == EOS and doc["meta"]["window"] == 4
+    rows = doc["rows"]
+    assert len(rows) == N_TOKENS - 1
+    for row, tsv in zip(rows, parse_tsv(dump_w4)):
+        assert row["pos"] == int(tsv[0]) and row["target"] == int(tsv[1]) and row["top_id"] == int(tsv[3])
+        assert abs(row["lp_target"] - float(tsv[2])) <= 1e-6
+        assert len(row["topk"]) == TOPK
+
+
+def test_logprobs_output_file(model, token_file, tmp_path, dump_w4):
+    out = tmp_path / "dump.tsv"
+    result = ok("logprobs", model, "--tokens", token_file, "--topk", TOPK, "--device", "cpu", "-o", out)
+    assert result.stdout == ""
+    text = out.read_text()
+    assert_same_dump(parse_tsv(text), parse_tsv(dump_w4), tol=0)
+    assert len(read_tsv(out)) == N_TOKENS - 1
+
+
+def test_logprobs_extra_id_defaults_to_eos(model, token_file, dump_w4):
+    assert f"extra_id {EOS}" in dump_w4.splitlines()[1]
+    explicit = logprobs_tsv(model, token_file, "--extra-id", EOS)
+    assert_same_dump(parse_tsv(explicit), parse_tsv(dump_w4), tol=0)
+    other = parse_tsv(logprobs_tsv(model, token_file, "--extra-id", 0))
+    assert any(a[6] != b[6] for a, b in zip(other, parse_tsv(dump_w4)))
+    # logprob(extra) and the renormalised target logprob agree with each other
+    for r in parse_tsv(dump_w4):
+        lp_target, lp_extra, renorm = float(r[2]), float(r[6]), float(r[7])
+        assert abs(renorm - (lp_target - np.log1p(-np.exp(lp_extra)))) <= 1e-6
+
+
+def test_logprobs_random_tokens(model):
+    rows = parse_tsv(ok("logprobs", model, "--random", 10, "--seed", 3, "--device", "cpu").stdout)
+    assert len(rows) == 9 and all(len(r) == N_FIXED for r in rows)
+
+
+def test_logprobs_table(model, token_file):
+    out = ok("logprobs", model, "--tokens", token_file, "--format", "table", "--device", "cpu").stdout
+    assert "lp_target" in out and "top_id" in out
+
+
+# ---------------------------------------------------------------- verify-bench
+
+def test_verify_bench_json(model):
+    result = ok("verify-bench", model, "--device", "cpu", "--context", 8, "--windows", 3, "--window", "1,2",
+                "--format", "json")
+    doc = json.loads(result.stdout)
+    records = doc["rows"]
+    assert [r["window"] for r in records] == [1, 2]
+    for r in records:
+        assert r["ms_median"] > 0 and r["ms_p10"] > 0 and r["ms_p90"] >= r["ms_p10"]
+        assert r["windows"] == 3 and r["device"] == "cpu" and r["mode"] == "numpy"
+        assert r["model"] == model
+    env = doc["meta"]["env"]
+    for key in ("strata", "git_commit", "numpy"):
+        assert key in env
+    assert env["strata"] and env["numpy"] and env["device"] == "cpu"
+
+
+def test_verify_bench_csv(model):
+    result = ok("verify-bench", model, "--device", "cpu", "--context", 8, "--windows", 3, "--window", "1,2",
+                "--format", "csv")
+    rows = list(csv.reader(io.StringIO(result.stdout)))
+    assert len(rows) == 3
+    header = rows[0]
+    assert header[:2] == ["window", "ms_median"]
+    assert [r[0] for r in rows[1:]] == ["1", "2"]
+    assert all(float(r[1]) > 0 for r in rows[1:])
+
+
+def test_verify_bench_table(model):
+    out = ok("verify-bench", model, "--device", "cpu", "--context", 8, "--windows", 2, "--window", "2").stdout
+    assert "ms/window" in out and "device cpu" in out
+
+
+# ---------------------------------------------------------------- compare
+
+def test_compare_dumps_of_different_windows(model, token_file, tmp_path):
+    a, b = tmp_path / "w1.tsv", tmp_path / "w8.tsv"
+    ok("logprobs", model, "--tokens", token_file, "--topk", TOPK, "--window", 1, "--device", "cpu", "-o", a)
+    ok("logprobs", model, "--tokens", token_file, "--topk", TOPK, "--window", 8, "--device", "cpu", "-o", b)
+    result = ok("compare", a, b, "--max-delta", "1e-4", "--format", "json")
+    doc = json.loads(result.stdout)["meta"]
+    summary = doc["summary"]
+    assert doc["passed"] is True
+    assert summary["rows"] == N_TOKENS - 1
+    assert summary["max_abs_delta"] < 1e-5
+    assert summary["top1_agreement"] == 1.0
+    assert summary["mean_topk_overlap"] == 1.0
+    table = ok("compare", a, b, "--max-delta", "1e-4")
+    assert "top-1 agreement" in table.stdout and table.stderr == ""
