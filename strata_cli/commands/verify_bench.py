@@ -7,7 +7,7 @@ import click
 from ._common import ctx_option, device_option, load_model, model_argument
 
 COLUMNS = [("window", "T", None), ("ms_median", "ms/window", ".3f"), ("ms_p10", "p10", ".3f"),
-           ("ms_p90", "p90", ".3f"), ("rows_per_s", "rows/s", ",.0f"), ("expected_tokens", "E tokens", ".2f"),
+           ("ms_p90", "p90", ".3f"), ("host_ms", "host ms", ".3f"), ("rows_per_s", "rows/s", ",.0f"), ("expected_tokens", "E tokens", ".2f"),
            ("accepted_tok_per_s", "accepted tok/s", ",.0f"), ("speedup_vs_t1", "speedup vs T=1", ".2f")]
 
 
@@ -59,6 +59,8 @@ def command(model, window_list, n_windows, acceptance, context, seed, eager, fmt
     records = run_bench(engine, windows, n_windows, acceptance, context, seed, timer=timer)
     mode = "eager" if eager else ("graph" if engine.device == "gpu" else "numpy")
     for rec in records:
+        if getattr(engine, "capture_ms", None):
+            rec["capture_ms"] = engine.capture_ms.get(rec["window"])
         rec.update(device=engine.device, mode=mode, acceptance=acceptance, context=context, model=m.path,
                    **{k: v for k, v in env.items() if k != "device"})
     head = [header_line(env), f"model {m.path} | {mode} | context {context} | acceptance {acceptance} | "

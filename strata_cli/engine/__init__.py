@@ -39,7 +39,8 @@ def make_engine(model, device: str = "cpu", n_ctx: int | None = None, max_t: int
         if not _gpu_engine_present():
             raise DeviceUnavailable("the GPU verify engine is not part of this build yet: use --device cpu")
         if not gpu_available():
-            raise DeviceUnavailable("no CUDA GPU visible to CuPy here: use --device cpu")
+            raise DeviceUnavailable("no CUDA GPU visible to CuPy here: the GPU engine needs one "
+                                    "(--device cpu runs the numpy engine)")
         from .gpu import GPUEngine
 
         return GPUEngine(model, n_ctx=n_ctx, max_t=max_t)

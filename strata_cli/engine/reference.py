@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import InputError
 from ..model.gguf_file import GGUFModel
 from ..ops import basic, gdn, hyper, moe, ple, qsa
-from .state import GDNRecord, SequenceState, WindowRecord, WindowResult
+from .state import GDNRecord, SequenceState, WindowRecord, WindowResult, check_n_keep, check_window
 from .weights import Weights
 
 DEFAULT_CTX = 4096
@@ -40,7 +40,7 @@ class ReferenceEngine:
 
     # ---- the verify contract
     def run(self, tokens, pos0: int | None = None) -> WindowResult:
-        tokens = self._check_window(tokens, pos0)
+        tokens = check_window(tokens, pos0, self.n_past, self.g.n_vocab, self.n_ctx, self.max_t)
         self._pending = None  # an uncommitted window is dropped: its live writes are harmless (state.py)
         rec = WindowRecord(pos0=self.n_past, tokens=tokens)
         positions = self.n_past + np.arange(len(tokens))
@@ -56,8 +56,7 @@ class ReferenceEngine:
         rec = self._pending
         if rec is None:
             raise InputError("commit without a window to commit (run a window first)")
-        if not 0 <= n_keep <= rec.T:
-            raise InputError(f"n_keep {n_keep} outside 0..{rec.T} (the window's rows)")
+        check_n_keep(n_keep, rec.T)
         st, g = self.state, self.g
         for layer, r in rec.gdn.items():
             st.gdn_conv[layer] = r.conv_seq[n_keep:n_keep + g.conv_kernel - 1].copy()
@@ -74,22 +73,6 @@ class ReferenceEngine:
             st.ple_prev = np.concatenate([st.ple_prev, rec.tokens[:n_keep]])[-(g.ple.ngram_size - 1):]
         st.n_past += n_keep
         self._pending = None
-
-    def _check_window(self, tokens, pos0) -> np.ndarray:
-        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        if tokens.size == 0:
-            raise InputError("empty window: no tokens")
-        if self.max_t is not None and tokens.size > self.max_t:
-            raise InputError(f"window of {tokens.size} tokens exceeds max_t {self.max_t}")
-        bad = tokens[(tokens < 0) | (tokens >= self.g.n_vocab)]
-        if bad.size:
-            raise InputError(f"token id {int(bad[0])} out of range 0..{self.g.n_vocab - 1}")
-        if pos0 is not None and pos0 != self.n_past:
-            raise InputError(f"window starts at position {pos0} but the sequence holds {self.n_past} tokens")
-        if self.n_past + tokens.size > self.n_ctx:
-            raise InputError(f"window past the context: positions {self.n_past}..{self.n_past + tokens.size - 1}"
-                             f" exceed context {self.n_ctx}")
-        return tokens
 
     # ---- one layer over the window's rows
     def _layer(self, layer, R, tokens, positions, rec):

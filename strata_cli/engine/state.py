@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import InputError
 from ..model.geometry import Geometry
 
 
@@ -80,3 +81,26 @@ class WindowResult:
     tokens: np.ndarray       # [T] fed tokens
     logits: np.ndarray       # [T, V] float32: row t = distribution after tokens[t]
     ids: np.ndarray          # [T] greedy ids (argmax of each row)
+
+
+def check_window(tokens, pos0: int | None, n_past: int, n_vocab: int, n_ctx: int, max_t: int | None) -> np.ndarray:
+    """The verify contract's input checks, shared by every engine: one-line InputErrors."""
+    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if tokens.size == 0:
+        raise InputError("empty window: no tokens")
+    if max_t is not None and tokens.size > max_t:
+        raise InputError(f"window of {tokens.size} tokens exceeds max_t {max_t}")
+    bad = tokens[(tokens < 0) | (tokens >= n_vocab)]
+    if bad.size:
+        raise InputError(f"token id {int(bad[0])} out of range 0..{n_vocab - 1}")
+    if pos0 is not None and pos0 != n_past:
+        raise InputError(f"window starts at position {pos0} but the sequence holds {n_past} tokens")
+    if n_past + tokens.size > n_ctx:
+        raise InputError(f"window past the context: positions {n_past}..{n_past + tokens.size - 1}"
+                         f" exceed context {n_ctx}")
+    return tokens
+
+
+def check_n_keep(n_keep: int, T: int) -> None:
+    if not 0 <= n_keep <= T:
+        raise InputError(f"n_keep {n_keep} outside 0..{T} (the window's rows)")

@@ -1,0 +1,113 @@
+"""Every buffer a window or commit touches, carved from one device arena before any capture.
+
+Window buffers hold max_t rows; a window of T rows uses the leading [:T] views, so one set of buffers (and one
+commit graph) serves every T. Inputs are staged by the host in mapped pinned memory and copied in by the graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...gpu.runtime import MappedBuffer, cupy
+
+ALIGN = 256
+
+
+class Arena:
+    """Collect named buffer shapes, then allocate once and hand out views (no allocation after `allocate`)."""
+
+    def __init__(self):
+        self.specs: list[tuple[str, tuple, np.dtype]] = []
+        self.views: dict[str, object] = {}
+        self.nbytes = 0
+
+    def add(self, name: str, shape, dtype=np.float32) -> None:
+        self.specs.append((name, tuple(int(s) for s in shape), np.dtype(dtype)))
+
+    def allocate(self) -> dict:
+        cp = cupy()
+        offsets, total = [], 0
+        for _, shape, dtype in self.specs:
+            offsets.append(total)
+            total += -(-max(int(np.prod(shape)) * dtype.itemsize, 1) // ALIGN) * ALIGN
+        self.base = cp.zeros(max(total, ALIGN), dtype=cp.uint8)
+        self.nbytes = total
+        for (name, shape, dtype), off in zip(self.specs, offsets):
+            self.views[name] = cp.ndarray(shape, dtype, memptr=self.base.data + off)
+        return self.views
+
+
+class Staging:
+    """Mapped pinned host memory: what the host writes per window and what it reads back."""
+
+    def __init__(self, max_t: int):
+        self.tokens = MappedBuffer((max_t,), np.int64)
+        self.positions = MappedBuffer((max_t,), np.int32)
+        self.n_keep = MappedBuffer((1,), np.int32)
+        self.out_ids = MappedBuffer((max_t,), np.int32)
+
+    def free(self) -> None:
+        for buf in (self.tokens, self.positions, self.n_keep, self.out_ids):
+            buf.free()
+
+
+def plan_buffers(g, n_ctx: int, M: int) -> Arena:
+    """Shapes of every state and window buffer for geometry g, context n_ctx and windows of up to M rows."""
+    a = Arena()
+    C, D, E, K = g.hc, g.n_embd, g.n_expert, g.n_expert_used
+    a.add("tokens", (M,), np.int64)
+    a.add("positions", (M,), np.int32)
+    a.add("n_keep", (1,), np.int32)
+    a.add("ids", (M,), np.int32)
+    for name, shape in [("R", (M, C, D)), ("emb", (M, D)), ("mixed", (M, D)), ("inj", (M, C)),
+                        ("block_out", (M, D)), ("hc_xn", (M, C * D)), ("hc_low", (M, g.hc_lowrank)),
+                        ("hc_gates", (M, C * D)), ("router", (M, E)), ("route_w", (M, K)),
+                        ("moe_h", (M * K, g.n_ff_exp)), ("moe_parts", (M * K, D)), ("shared", (M, D)),
+                        ("sh_h", (M, g.n_ff_shexp)), ("sh_sg", (M, 1)), ("logits", (M, g.n_vocab))]:
+        a.add(name, shape)
+    a.add("route_ids", (M, K), np.int32)
+    if g.gdn_layers:
+        nv, nk, dk, dv = g.ssm_nv, g.ssm_nk, g.ssm_dk, g.ssm_dv
+        for name, shape in [("gdn_h", (M, g.conv_dim)), ("gdn_alpha", (M, nv)), ("gdn_beta_in", (M, nv)),
+                            ("gdn_z", (M, nv * dv)), ("gdn_o", (M, nv, dv)), ("gdn_y", (M, nv, dv))]:
+            a.add(name, shape)
+        for layer in g.gdn_layers:  # state, and what the window keeps for the commit
+            for name, shape in [("S", (nv, dk, dv)), ("conv", (g.conv_kernel - 1, g.conv_dim)),
+                                ("qkv", (M, g.conv_dim)), ("q", (M, nk, dk)), ("k", (M, nk, dk)),
+                                ("v", (M, nv, dv)), ("g", (M, nv)), ("beta", (M, nv))]:
+                a.add(f"{name}.{layer}", shape)
+    if g.attn_layers:
+        H, Hk, d = g.n_head, g.n_head_kv, g.head_dim
+        for name, shape in [("qa_k", (M, Hk * d)), ("qa_kn", (M, Hk, d)), ("qa_v", (M, Hk * d)),
+                            ("qa_qg", (M, H * 2 * d)), ("qa_qn", (M, H, d)), ("qa_att", (M, H * d)),
+                            ("qi_raw", (M, max(g.idx_heads, 1) * max(g.idx_dim, 1))),
+                            ("qi", (M, max(g.idx_heads, 1), max(g.idx_dim, 1))),
+                            ("cos", (n_ctx, g.n_rot)), ("sin", (n_ctx, g.n_rot))]:
+            a.add(name, shape)
+        ratios = [g.compress_ratios[layer] for layer in g.attn_layers if g.compress_ratios[layer]]
+        if ratios:
+            from ...gpu.launch_qsa import cell_capacity
+
+            nb = n_ctx // min(ratios) + 1
+            cap = max(cell_capacity(r, g.idx_budget) for r in ratios)
+            for name, shape, dtype in [("scores", (M, nb), np.float32), ("sel_keys", (M, nb), np.uint32),
+                                       ("sel_idx", (M, nb), np.int32), ("sel_flags", (M, nb), np.int32),
+                                       ("cells", (M, cap), np.int32), ("counts", (M,), np.int32)]:
+                a.add(name, shape, dtype)
+        for layer in g.attn_layers:
+            a.add(f"kc.{layer}", (n_ctx, Hk, d))
+            a.add(f"vc.{layer}", (n_ctx, Hk, d))
+            ratio = g.compress_ratios[layer]
+            if ratio:
+                for name, shape in [("tail", (ratio, g.idx_dim)), ("snap", (ratio, g.idx_dim)),
+                                    ("pooled", (n_ctx // ratio + 1, g.idx_dim)), ("idx_raw", (M, g.idx_dim))]:
+                    a.add(f"{name}.{layer}", shape)
+    if g.ple is not None:
+        p = g.ple
+        a.add("ple_rows", (M, p.n_heads), np.int64)
+        a.add("ple_prev", (p.ngram_size - 1,), np.int64)
+        for name, shape in [("ple_emb", (M, p.embed_dim)), ("ple_key", (M, C * D)), ("ple_value", (M, D)),
+                            ("ple_gated", (M, C * D)), ("ple_normed", (M, C * D)),
+                            ("ple_history", (p.history, C * D))]:
+            a.add(name, shape)
+    return a

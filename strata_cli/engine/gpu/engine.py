@@ -1,0 +1,188 @@
+"""The GPU verify engine: one CUDA graph per window size T (captured on first use), one commit graph.
+
+Same contract as ReferenceEngine (run/commit, n_past, reset). run() stages tokens and positions in mapped
+memory, launches the T graph and reads the greedy ids back from mapped memory; logits stay on the device
+until asked for. Sampling runs after the replay (a graph never bakes in its parameters).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ...errors import InputError
+from ...gpu.compile import kernel
+from ...gpu.graphs import CapturedGraph, new_stream
+from ...gpu.runtime import cupy
+from ..state import WindowResult, check_n_keep, check_window
+from .buffers import Staging, plan_buffers
+from .weights import DeviceWeights
+from .window import record_commit, record_window
+
+DEFAULT_CTX = 4096
+DEFAULT_MAX_T = 16
+
+
+class GPUEngine:
+    device = "gpu"
+
+    def __init__(self, model, n_ctx: int | None = None, max_t: int | None = None):
+        cp = cupy()
+        self.model, self.g = model, model.geometry
+        g = self.g
+        self.n_ctx = min(g.n_ctx, DEFAULT_CTX) if n_ctx is None else int(n_ctx)
+        if not 1 <= self.n_ctx <= g.n_ctx:
+            raise InputError(f"context {self.n_ctx} outside 1..{g.n_ctx} (the model's context_length)")
+        self.max_t = DEFAULT_MAX_T if max_t is None else int(max_t)
+        if not 1 <= self.max_t <= 16:
+            raise InputError(f"max_t {self.max_t} outside 1..16 (the GPU kernels take up to 16 rows)")
+        self.w = DeviceWeights(model)
+        self.arena = plan_buffers(g, self.n_ctx, self.max_t)
+        self.buf = self.arena.allocate()
+        self.stage = Staging(self.max_t)
+        self.stream = new_stream()
+        if g.attn_layers:
+            from ...ops.qsa import rope_tables
+
+            cos, sin = rope_tables(np.arange(self.n_ctx), g.n_rot, g.rope_base)
+            self.buf["cos"].set(cos)
+            self.buf["sin"].set(sin)
+        if g.ple is not None:
+            p = g.ple
+            self.ple_mult = cp.asarray(np.array(p.multipliers, dtype=np.uint64).astype(np.int64))
+            self.ple_sizes = cp.asarray(np.array(p.head_vocab_sizes, dtype=np.int64))
+            self.ple_offsets = cp.asarray(np.array(p.head_offsets, dtype=np.int64))
+        self.graphs: dict[int, CapturedGraph] = {}
+        self.capture_ms: dict[int, float] = {}
+        self.commit_graph: CapturedGraph | None = None
+        self._warm_up()
+
+    # ---- state
+    def reset(self) -> None:
+        """Zero every recurrent/conv/indexer/PLE state (KV cells need no reset: a query sees only its past)."""
+        g, b = self.g, self.buf
+        for layer in g.gdn_layers:
+            b[f"S.{layer}"].fill(0)
+            b[f"conv.{layer}"].fill(0)
+        for layer in g.attn_layers:
+            if g.compress_ratios[layer]:
+                b[f"tail.{layer}"].fill(0)
+                b[f"pooled.{layer}"].fill(0)
+        if g.ple is not None:
+            b["ple_history"].fill(0)
+            b["ple_prev"].fill(g.ple.eos_token_id)
+        self.stream.synchronize()
+        self.n_past = 0
+        self._pending: int | None = None
+        self._pos0 = 0
+
+    def _warm_up(self) -> None:
+        """Load every kernel with one eager window and commit (nothing may load or allocate under capture)."""
+        self.reset()
+        self.stage.tokens.host[:1] = 0
+        self.stage.positions.host[:1] = 0
+        self.stage.n_keep.host[0] = 0
+        with self.stream:
+            record_window(self, 1, self.stream)
+            record_commit(self, self.stream)
+            kernel("window", "sample_rows")
+        self.stream.synchronize()
+        self.reset()
+
+    # ---- graphs
+    def graph(self, T: int) -> CapturedGraph:
+        if T not in self.graphs:
+            t0 = time.perf_counter()
+            self.graphs[T] = CapturedGraph(lambda s: record_window(self, T, s), self.stream)
+            self.capture_ms[T] = (time.perf_counter() - t0) * 1e3
+        return self.graphs[T]
+
+    def commit_graph_(self) -> CapturedGraph:
+        if self.commit_graph is None:
+            self.commit_graph = CapturedGraph(lambda s: record_commit(self, s), self.stream)
+        return self.commit_graph
+
+    # ---- the verify contract
+    def stage_window(self, tokens: np.ndarray) -> int:
+        T = len(tokens)
+        self.stage.tokens.host[:T] = tokens
+        self.stage.positions.host[:T] = self.n_past + np.arange(T, dtype=np.int32)
+        return T
+
+    def launch_window(self, T: int, eager: bool = False) -> None:
+        if eager:
+            with self.stream:
+                record_window(self, T, self.stream)
+        else:
+            self.graph(T).launch(self.stream)
+
+    def run(self, tokens, pos0: int | None = None, *, eager: bool = False, logits: bool = True) -> WindowResult:
+        tokens = check_window(tokens, pos0, self.n_past, self.g.n_vocab, self.n_ctx, self.max_t)
+        if self._pending is not None:
+            self.commit(0)  # restores the indexer tail and PLE history the dropped window touched
+        T = self.stage_window(tokens)
+        self.launch_window(T, eager)
+        self.stream.synchronize()
+        self._pending, self._pos0 = T, self.n_past
+        ids = self.stage.out_ids.host[:T].copy()
+        host_logits = cupy().asnumpy(self.buf["logits"][:T]) if logits else None
+        return WindowResult(self._pos0, tokens, host_logits, ids)
+
+    def commit(self, n_keep: int, *, eager: bool = False) -> None:
+        if self._pending is None:
+            raise InputError("commit without a window to commit (run a window first)")
+        check_n_keep(n_keep, self._pending)
+        self.stage.n_keep.host[0] = n_keep
+        if eager:
+            with self.stream:
+                record_commit(self, self.stream)
+        else:
+            self.commit_graph_().launch(self.stream)
+        self.stream.synchronize()
+        self.n_past += n_keep
+        self._pending = None
+
+    def logits(self, T: int) -> np.ndarray:
+        return cupy().asnumpy(self.buf["logits"][:T])
+
+    def sample(self, result: WindowResult, temperature: float, seed: int) -> np.ndarray:
+        """Ids sampled from the device logits of the last window (ops/sampling.py draws the same numbers)."""
+        T = len(result.tokens)
+        if temperature <= 0:
+            return result.ids.copy()
+        out = self.buf["ids"]
+        kernel("window", "sample_rows")((T,), (256,), (
+            self.buf["logits"], np.int32(self.g.n_vocab), self.buf["positions"], np.float64(1.0 / temperature),
+            np.uint64(seed), out), stream=self.stream)
+        self.stream.synchronize()
+        return cupy().asnumpy(out[:T])
+
+    # ---- benchmark hook
+    def window_timer(self, eager: bool = False):
+        """timer(engine, tokens, pos, n_keep) -> (GPU ms of window + commit from CUDA events, host ms)."""
+        cp = cupy()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+
+        def timer(engine, tokens, pos, n_keep):
+            if engine._pending is not None:
+                engine.commit(0)
+            t0 = time.perf_counter()
+            T = engine.stage_window(np.asarray(tokens, dtype=np.int64))
+            start.record(engine.stream)
+            engine.launch_window(T, eager)
+            engine.stage.n_keep.host[0] = n_keep
+            if eager:
+                with engine.stream:
+                    record_commit(engine, engine.stream)
+            else:
+                engine.commit_graph_().launch(engine.stream)
+            end.record(engine.stream)
+            host_ms = (time.perf_counter() - t0) * 1e3
+            end.synchronize()
+            engine.n_past += n_keep
+            return cp.cuda.get_elapsed_time(start, end), host_ms
+
+        if not eager:
+            self.graph(1)
+        return timer

@@ -1,0 +1,177 @@
+"""The launches of one verify window and of the commit, in the order of ReferenceEngine._layer.
+
+Both recorders only launch kernels on preallocated buffers, so the same calls run eagerly or under capture.
+Per-window values (tokens, positions, n_keep) are read by the kernels from device buffers that the recorded
+graph fills from mapped staging first; nothing window-specific is baked into a graph except T.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...gpu import launch_dense as dense
+from ...gpu import launch_gdn as gdn
+from ...gpu import launch_moe as moe
+from ...gpu import launch_ple as ple
+from ...gpu import launch_qsa as qsa
+from ...gpu.compile import kernel
+from ...gpu.runtime import check, cudart
+
+
+def _copy(dst, src, nbytes: int, stream) -> None:
+    rt = cudart()
+    check(rt.cudaMemcpyAsync(dst.data.ptr, src.data.ptr, nbytes, rt.cudaMemcpyKind.cudaMemcpyDefault,
+                             stream.ptr), "cudaMemcpyAsync")
+
+
+def _hc(e, prefix: str, T: int, inject: bool, stream):
+    b, w = e.buf, e.w
+    down, up = w.r(f"{prefix}_down.weight"), w.r(f"{prefix}_up.weight")
+    inj = w.r(f"{prefix}_inject.weight") if inject else (None, None)
+    scratch = dense.HcScratch(b["hc_xn"], b["hc_low"], b["hc_gates"])
+    return dense.hc_read(b["R"][:T], w.v(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
+                         out_mixed=b["mixed"][:T], out_inj=b["inj"][:T] if inject else None, scratch=scratch,
+                         stream=stream)
+
+
+def _gemv(e, name: str, x, out, stream):
+    raw, ggml_type = e.w.r(name)
+    return dense.gemv(raw, ggml_type, x.shape[1], x, out=out, stream=stream)
+
+
+def _gdn(e, layer: int, x, T: int, stream):
+    b, w, g = e.buf, e.w, e.g
+    blk = f"blk.{layer}."
+    qkv = b[f"qkv.{layer}"][:T]
+    _gemv(e, blk + "attn_qkv.weight", x, qkv, stream)
+    gdn.gdn_conv(qkv, b[f"conv.{layer}"], w.blk_v(layer, "ssm_conv1d"), out=b["gdn_h"][:T], stream=stream)
+    q, k, v = b[f"q.{layer}"][:T], b[f"k.{layer}"][:T], b[f"v.{layer}"][:T]
+    gdn.gdn_split(b["gdn_h"][:T], g.ssm_nk, g.ssm_dk, g.ssm_nv, g.ssm_dv, q=q, k=k, v=v, stream=stream)
+    _gemv(e, blk + "ssm_alpha.weight", x, b["gdn_alpha"][:T], stream)
+    _gemv(e, blk + "ssm_beta.weight", x, b["gdn_beta_in"][:T], stream)
+    decay, beta = b[f"g.{layer}"][:T], b[f"beta.{layer}"][:T]
+    gdn.gdn_gates(b["gdn_alpha"][:T], b["gdn_beta_in"][:T], w.blk_v(layer, "ssm_dt.bias"), w.blk_v(layer, "ssm_a"),
+                  g=decay, beta=beta, stream=stream)
+    gdn.gdn_recurrence(b[f"S.{layer}"], q, k, v, decay, beta, out=b["gdn_o"][:T], with_state=False, stream=stream)
+    _gemv(e, blk + "attn_gate.weight", x, b["gdn_z"][:T], stream)
+    y = gdn.gdn_gated_norm(b["gdn_o"][:T], b["gdn_z"][:T].reshape(T, g.ssm_nv, g.ssm_dv),
+                           w.blk_v(layer, "ssm_norm"), g.eps, out=b["gdn_y"][:T], stream=stream)
+    _gemv(e, blk + "ssm_out.weight", y.reshape(T, -1), b["block_out"][:T], stream)
+
+
+def _qsa(e, layer: int, x, T: int, stream):
+    b, w, g = e.buf, e.w, e.g
+    blk, d, pos = f"blk.{layer}.", g.head_dim, b["positions"][:T]
+    cos, sin = b["cos"], b["sin"]
+    _gemv(e, blk + "attn_k.weight", x, b["qa_k"][:T], stream)
+    kn = qsa.norm_rope(b["qa_k"][:T].reshape(T, g.n_head_kv, d), w.blk_v(layer, "attn_k_norm"), g.eps, cos, sin,
+                       positions=pos, out=b["qa_kn"][:T], stream=stream)
+    _gemv(e, blk + "attn_v.weight", x, b["qa_v"][:T], stream)
+    qsa.kv_append(b[f"kc.{layer}"], b[f"vc.{layer}"], kn, b["qa_v"][:T].reshape(T, g.n_head_kv, d), pos,
+                  stream=stream)
+    _gemv(e, blk + "attn_q.weight", x, b["qa_qg"][:T], stream)
+    qg = b["qa_qg"][:T].reshape(T, g.n_head, 2 * d)
+    qn = qsa.norm_rope(qg[:, :, :d], w.blk_v(layer, "attn_q_norm"), g.eps, cos, sin, positions=pos,
+                       out=b["qa_qn"][:T], stream=stream)
+    cells = counts = None
+    ratio = g.compress_ratios[layer]
+    if ratio:
+        raw = b[f"idx_raw.{layer}"][:T]
+        _gemv(e, blk + "indexer.k_proj.weight", x, raw, stream)
+        qsa.indexer_append(b[f"tail.{layer}"], b[f"pooled.{layer}"], raw, pos, w.blk_v(layer, "indexer.k_norm"),
+                           g.eps, cos, sin, snapshot=b[f"snap.{layer}"], stream=stream)
+        qi_raw = b["qi_raw"][:T]
+        _gemv(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
+        qi = qsa.norm_rope(qi_raw.reshape(T, g.idx_heads, g.idx_dim), w.blk_v(layer, "indexer.q_norm"), g.eps,
+                           cos, sin, positions=pos, out=b["qi"][:T], stream=stream)
+        nb = b[f"pooled.{layer}"].shape[0]
+        scores = qsa.block_scores(qi, b[f"pooled.{layer}"], pos, ratio, out=_rows(b["scores"], T, nb),
+                                  stream=stream)
+        scratch = qsa.SelectScratch(_rows(b["sel_keys"], T, nb), _rows(b["sel_idx"], T, nb),
+                                    _rows(b["sel_flags"], T, nb))
+        cap = qsa.cell_capacity(ratio, g.idx_budget)
+        cells, counts = qsa.select_cells(scores, pos, ratio, g.idx_budget, cells=_rows(b["cells"], T, cap),
+                                         counts=b["counts"][:T], scratch=scratch, stream=stream)
+    att = qsa.attend_selected(qn, qg[:, :, d:], b[f"kc.{layer}"], b[f"vc.{layer}"], pos, cells=cells,
+                              counts=counts, out=b["qa_att"][:T], stream=stream)
+    _gemv(e, blk + "attn_output.weight", att, b["block_out"][:T], stream)
+
+
+def _rows(buf, T: int, width: int):
+    """A contiguous [T, width] view at the start of a [M, W >= width] buffer (layers may use fewer columns)."""
+    flat = buf.reshape(-1)[:T * width]
+    return flat.reshape(T, width)
+
+
+def _moe(e, layer: int, x, T: int, stream):
+    b, w, g = e.buf, e.w, e.g
+    blk = f"blk.{layer}."
+    _gemv(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
+    ids, weights = moe.router_topk(b["router"][:T], g.n_expert_used, out_ids=b["route_ids"][:T],
+                                   out_w=b["route_w"][:T], stream=stream)
+    names = [blk + f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")] + [blk + "ffn_gate_inp_shexp.weight"]
+    raws = [w.r(n) for n in names]
+    moe.shared_expert(x, raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
+                      out=b["shared"][:T], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), stream=stream)
+    exps = [w.r(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
+    moe.routed_experts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps],
+                       out=b["block_out"][:T], shared=b["shared"][:T],
+                       scratch=moe.MoeScratch(b["moe_h"], b["moe_parts"]), stream=stream)
+
+
+def _ple(e, T: int, stream):
+    b, w, g = e.buf, e.w, e.g
+    p, layer = g.ple, g.ple.layer
+    rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, e.ple_mult, p.heads_per_ngram,
+                          e.ple_sizes, e.ple_offsets, out=b["ple_rows"][:T], stream=stream)
+    table, table_type = w.r("per_layer_token_embd.weight")
+    emb = ple.gather_rows(rows, table, table_type, p.head_dim, out=b["ple_emb"][:T], stream=stream)
+    wk, kt = w.blk_r(layer, "ple_key")
+    wv, vt = w.blk_r(layer, "ple_value")
+    ple.ple_mix(b["R"][:T], emb, b["ple_history"], wk, wv, w.blk_v(layer, "ple_norm_key"),
+                w.blk_v(layer, "ple_norm_query"), w.blk_v(layer, "ple_norm_conv"), w.blk_v(layer, "ple_conv1d"),
+                p.dilation, g.eps, key_type=kt, value_type=vt, out=b["R"][:T], normed=b["ple_normed"][:T],
+                work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), stream=stream)
+
+
+def record_window(e, T: int, stream) -> None:
+    b, g = e.buf, e.g
+    _copy(b["tokens"], e.stage.tokens.device, T * 8, stream)
+    _copy(b["positions"], e.stage.positions.device, T * 4, stream)
+    table, table_type = e.w.r("token_embd.weight")
+    ple.gather_rows(b["tokens"][:T].reshape(T, 1), table, table_type, g.n_embd, out=b["emb"][:T], stream=stream)
+    n = T * g.hc * g.n_embd
+    kernel("window", "broadcast_streams")(((n + 255) // 256,), (256,), (
+        b["emb"], b["R"], np.int32(T), np.int32(g.hc), np.int32(g.n_embd)), stream=stream)
+    for layer in range(g.n_layers):
+        if g.ple is not None and g.ple.layer == layer:
+            _ple(e, T, stream)
+        mixed, inj = _hc(e, f"blk.{layer}.hc_attn", T, True, stream)
+        (_qsa if g.layer_is_attn[layer] else _gdn)(e, layer, mixed, T, stream)
+        dense.hc_write(b["R"][:T], b["block_out"][:T], inj, out=b["R"][:T], stream=stream)
+        mixed, inj = _hc(e, f"blk.{layer}.hc_ffn", T, True, stream)
+        _moe(e, layer, mixed, T, stream)
+        dense.hc_write(b["R"][:T], b["block_out"][:T], inj, out=b["R"][:T], stream=stream)
+    mixed, _ = _hc(e, "output_hc", T, False, stream)
+    _gemv(e, "output.weight", mixed, b["logits"][:T], stream)
+    dense.argmax_rows(b["logits"][:T], out=b["ids"][:T], stream=stream)
+    _copy(e.stage.out_ids.device, b["ids"], T * 4, stream)
+
+
+def record_commit(e, stream) -> None:
+    """Advance every state to the first n_keep rows of the last window (n_keep staged by the host)."""
+    b, w, g = e.buf, e.w, e.g
+    _copy(b["n_keep"], e.stage.n_keep.device, 4, stream)
+    n_keep = b["n_keep"]
+    for layer in g.gdn_layers:
+        gdn.gdn_conv_commit(b[f"conv.{layer}"], b[f"qkv.{layer}"], None, n_keep_dev=n_keep, stream=stream)
+        gdn.gdn_commit_state(b[f"S.{layer}"], b[f"q.{layer}"], b[f"k.{layer}"], b[f"v.{layer}"], b[f"g.{layer}"],
+                             b[f"beta.{layer}"], None, n_keep_dev=n_keep, stream=stream)
+    for layer in g.attn_layers:
+        if g.compress_ratios[layer]:
+            qsa.indexer_commit(b[f"tail.{layer}"], b[f"pooled.{layer}"], b[f"snap.{layer}"], b[f"idx_raw.{layer}"],
+                               b["positions"], None, w.blk_v(layer, "indexer.k_norm"), g.eps, b["cos"], b["sin"],
+                               n_keep_dev=n_keep, stream=stream)
+    if g.ple is not None:
+        ple.ple_history_commit(b["ple_history"], b["ple_normed"], None, n_keep_dev=n_keep, stream=stream)
+        ple.ple_prev_commit(b["ple_prev"], b["tokens"], None, n_keep_dev=n_keep, stream=stream)

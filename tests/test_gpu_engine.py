@@ -1,0 +1,130 @@
+"""The GPU verify engine against the numpy engine: logits, greedy ids, graph vs eager, window/commit, sampling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from strata_cli.engine.reference import ReferenceEngine
+from strata_cli.model.gguf_file import open_model
+from strata_cli.ops.sampling import sample_rows
+
+pytestmark = pytest.mark.gpu
+
+N_TOKENS = 48
+
+
+def _rel_err(a, b) -> float:
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def _gpu(model, **kw):
+    from strata_cli.engine.gpu import GPUEngine
+
+    return GPUEngine(model, **kw)
+
+
+def _windows(engine, tokens, rng, max_t, allow_zero=False):
+    """Random windows with corrupted drafts after a random accepted prefix; returns the kept logits [N, V]."""
+    got = np.full((len(tokens), engine.g.n_vocab), np.nan, np.float32)
+    ids = np.full(len(tokens), -1, np.int32)
+    engine.reset()
+    while engine.n_past < len(tokens):
+        pos = engine.n_past
+        T = int(rng.integers(1, min(max_t, len(tokens) - pos) + 1))
+        keep = int(rng.integers(0 if allow_zero else 1, T + 1))
+        window = tokens[pos:pos + T].copy()
+        for j in range(max(keep, 1), T):
+            window[j] = (window[j] + 1 + rng.integers(engine.g.n_vocab - 1)) % engine.g.n_vocab
+        r = engine.run(window, pos)
+        got[pos:pos + keep] = r.logits[:keep]
+        ids[pos:pos + keep] = r.ids[:keep]
+        engine.commit(keep)
+    return got, ids
+
+
+def _synthetic(tmp_path, preset, seed, ggml_type, **overrides):
+    from strata_cli.synth import load_preset, write_model
+
+    p = load_preset(preset).with_overrides(**overrides) if overrides else load_preset(preset)
+    path = tmp_path / f"{preset}-{seed}-{ggml_type}.gguf"
+    write_model(path, p, seed=seed, ggml_type=ggml_type)
+    return open_model(path)
+
+
+def _models(fixture_dir, tmp_path):
+    yield "fixture-f32", open_model(fixture_dir / "model-f32.gguf")
+    yield "fixture-bf16", open_model(fixture_dir / "model-bf16.gguf")
+    yield "fixture-q8_0", open_model(fixture_dir / "model-q8_0.gguf")
+    yield "tiny-q8_0", _synthetic(tmp_path, "tiny", 3, "Q8_0")
+    yield "tiny-f16-6layers", _synthetic(tmp_path, "tiny", 4, "F16", layers=6, experts=12)
+    yield "small-bf16-4layers", _synthetic(tmp_path, "small", 5, "BF16", layers=4, vocab=4096)
+
+
+def test_gpu_matches_numpy_engine(fixture_dir, tmp_path):
+    rng = np.random.default_rng(0)
+    for name, model in _models(fixture_dir, tmp_path):
+        tokens = rng.integers(0, model.geometry.n_vocab, N_TOKENS)
+        if model.geometry.eos_token_id is not None:
+            tokens[N_TOKENS // 3] = model.geometry.eos_token_id
+        ref = ReferenceEngine(model).run(tokens, 0)
+        gpu, gpu_ids = _windows(_gpu(model), tokens, np.random.default_rng(1), 16)
+        err = _rel_err(gpu, ref.logits)
+        assert err <= 1e-3, f"{name}: max relative error {err:.2e}"
+        np.testing.assert_array_equal(gpu_ids, ref.ids, err_msg=name)
+
+
+def test_graph_replay_equals_eager(fixture_dir):
+    model = open_model(fixture_dir / "model-q8_0.gguf")
+    tokens = np.load(fixture_dir / "reference.npz")["tokens"]
+    eng = _gpu(model)
+    runs = {}
+    for eager in (True, False):
+        eng.reset()
+        rows = []
+        for pos in range(0, 40, 8):
+            rows.append(eng.run(tokens[pos:pos + 8], pos, eager=eager).logits)
+            eng.commit(8, eager=eager)
+        runs[eager] = np.concatenate(rows)
+    np.testing.assert_array_equal(runs[True], runs[False])
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_window_commit_property_on_gpu(fixture_dir, seed):
+    model = open_model(fixture_dir / "model-f32.gguf")
+    tokens = np.load(fixture_dir / "reference.npz")["tokens"]
+    eng = _gpu(model)
+    base, _ = _windows(eng, tokens, np.random.default_rng(100), 1)            # one token per window
+    got, _ = _windows(eng, tokens, np.random.default_rng(seed), 16, allow_zero=True)
+    assert np.abs(got - base).max() <= 1e-4
+
+
+def test_fixture_transformers_logits_on_gpu(fixture_dir):
+    ref = np.load(fixture_dir / "reference.npz")
+    eng = _gpu(open_model(fixture_dir / "model-f32.gguf"))
+    got, ids = _windows(eng, ref["tokens"], np.random.default_rng(7), 8)
+    assert _rel_err(got, ref["logits"]) <= 1e-3
+    np.testing.assert_array_equal(ids, ref["logits"].argmax(1))
+
+
+def test_sampling_matches_numpy_draws(fixture_dir):
+    model = open_model(fixture_dir / "model-f32.gguf")
+    eng = _gpu(model)
+    tokens = np.arange(10, 22)
+    eng.run(tokens[:6], 0)
+    eng.commit(6)
+    result = eng.run(tokens[6:], 6)
+    for temperature, seed in [(0.7, 1), (1.5, 2**40 + 3), (0.0, 5)]:
+        got = eng.sample(result, temperature, seed)
+        want = sample_rows(result.logits, 6 + np.arange(6), temperature, seed)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_graph_summaries(fixture_dir):
+    eng = _gpu(open_model(fixture_dir / "model-q8_0.gguf"))
+    one, four = eng.graph(1).summary(), eng.graph(4).summary()
+    assert one.nodes == four.nodes > 100 and one.edges > 0
+    kinds = dict(four.kinds)
+    assert kinds["memcpy"] == 3 and kinds.get("gemv_q8_0", 0) > 0
+    commit = dict(eng.commit_graph_().summary().kinds)
+    assert commit["gdn_recurrence"] == commit["gdn_conv_commit"] == len(eng.g.gdn_layers)
