@@ -1,0 +1,140 @@
+// ple.cu: the PLE block over a verify window (strata_cli/ops/ple.py): n-gram hash rows, table row gather, and
+// the per-stream gate, grouped norms and dilated conv of ple_mix. The key/value projections are gemv.cu launches.
+//
+// Legend: T window rows, n n-gram size, hpn heads per n-gram order, Hn = (n-1)*hpn table rows per token,
+// hd table row length, C streams, D hidden, CD = C*D, Kc conv taps, dil dilation, Hh = (Kc-1)*dil history rows.
+//   tokens [T] int64; prev [n-1] int64 predecessors before the window, oldest first (EOS-padded)
+//   R [T, C, D]; key_raw [T, CD] = emb @ w_key^T; value [T, D] = emb @ w_value^T; norms [CD]; conv_w [CD, Kc]
+//   history [Hh, CD] previous normed rows, oldest first; gated, normed [T, CD]
+// A window reads history and prev and never writes them; the commit kernels advance both to n_keep rows.
+#include "seq_common.cuh"
+
+#define PLE_BLOCK 256
+#define PLE_MAXN 8  // largest n-gram size
+
+// rows[t, (m-2)*hpn + g] = (XOR_{j<m} ctx[j]*mult[j]) floor-mod sizes[.] + offsets[.] for orders m = 2..n, with
+// ctx = [token, newest predecessor, ...] where a predecessor reads EOS once an EOS lies between it and the token
+// (ops.ple.ngram_context). Products wrap mod 2^64 as torch's int64 does. Thread per window row.
+extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
+    ple_ngram_rows(const i64* __restrict__ tokens, const i64* __restrict__ prev, const i64* __restrict__ mult,
+                   const i64* __restrict__ sizes, const i64* __restrict__ offsets, i64* __restrict__ rows, int T, int n,
+                   int hpn, i64 eos) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    i64 ctx[PLE_MAXN];
+    ctx[0] = tokens[t];
+    bool cut = false;
+    for (int s = 1; s < n; ++s) {
+        const int j = (n - 1) + t - s;  // index into [prev | tokens]
+        const i64 tok = j >= n - 1 ? tokens[j - (n - 1)] : prev[j];
+        cut = cut || tok == eos;
+        ctx[s] = cut ? eos : tok;
+    }
+    const int Hn = (n - 1) * hpn;
+    unsigned long long mixed = (unsigned long long)ctx[0] * (unsigned long long)mult[0];
+    for (int m = 2; m <= n; ++m) {
+        mixed ^= (unsigned long long)ctx[m - 1] * (unsigned long long)mult[m - 1];
+        for (int g = 0; g < hpn; ++g) {
+            const int head = (m - 2) * hpn + g;
+            i64 r = (i64)mixed % sizes[head];  // C truncates; numpy's remainder floors
+            if (r < 0) r += sizes[head];
+            rows[(i64)t * Hn + head] = r + offsets[head];
+        }
+    }
+}
+
+// emb[e, :] = dequantized table row rows[e] (e over T*Hn, emb [T*Hn, hd] = [T, Hn*hd]); table rows are row_bytes
+// apart, of GGML type F32, F16, BF16 or Q8_0, decoded exactly as strata_cli/model/quants.py. The table may be
+// mapped host memory. grid T*Hn, block PLE_BLOCK.
+extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
+    ple_gather(const i64* __restrict__ rows, const u8* __restrict__ table, i64 row_bytes, int type,
+               float* __restrict__ emb, int hd) {
+    const u8* src = table + rows[blockIdx.x] * row_bytes;
+    float* dst = emb + (i64)blockIdx.x * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+        float val;
+        if (type == GGML_F32) val = reinterpret_cast<const float*>(src)[i];
+        else if (type == GGML_F16) val = f16_bits_to_float(reinterpret_cast<const u16*>(src)[i]);
+        else if (type == GGML_BF16) val = bf16_bits_to_float(reinterpret_cast<const u16*>(src)[i]);
+        else {  // GGML_Q8_0
+            const u8* blk = src + (i64)(i / QK8_0) * Q8_0_BYTES;
+            val = q8_0_scale(blk) * (float)(signed char)blk[2 + i % QK8_0];
+        }
+        dst[i] = val;
+    }
+}
+
+// Per (row t, stream c): key = rms(key_raw) * norm_key, query = rms(R) * norm_query (grouped per stream),
+// s = key . query / sqrt_D, gate = sigmoid(sign(s) * sqrt(max(|s|, 1e-6))), gated = gate * value[t],
+// normed = rms(gated) * norm_conv. grid T*C, block PLE_BLOCK.
+extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
+    ple_gate(const float* __restrict__ key_raw, const float* __restrict__ value, const float* __restrict__ R,
+             const float* __restrict__ norm_key, const float* __restrict__ norm_query,
+             const float* __restrict__ norm_conv, float* __restrict__ gated, float* __restrict__ normed, int C, int D,
+             float sqrt_D, float eps) {
+    __shared__ float sh[WARP];
+    const i64 tc = blockIdx.x, t = tc / C, c = tc % C;
+    const i64 base = tc * D;
+    const float* kr = key_raw + base;
+    const float* rr = R + base;
+    const float* nk = norm_key + c * D;
+    const float* nq = norm_query + c * D;
+    const float* nc = norm_conv + c * D;
+    float sk = 0.0f, sr = 0.0f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        sk += kr[i] * kr[i];
+        sr += rr[i] * rr[i];
+    }
+    const float rms_k = sqrtf(block_sum(sk, sh) / (float)D + eps);
+    const float rms_q = sqrtf(block_sum(sr, sh) / (float)D + eps);
+    float dot = 0.0f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) dot += (kr[i] / rms_k * nk[i]) * (rr[i] / rms_q * nq[i]);
+    const float s = block_sum(dot, sh) / sqrt_D;
+    const float sign = s > 0.0f ? 1.0f : (s < 0.0f ? -1.0f : 0.0f);
+    const float gate = sigmoid_f(sign * sqrtf(fmaxf(fabsf(s), 1e-6f)));
+    float sg = 0.0f;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        const float gv = gate * value[t * D + i];
+        gated[base + i] = gv;
+        sg += gv * gv;
+    }
+    const float rms_g = sqrtf(block_sum(sg, sh) / (float)D + eps);
+    for (int i = threadIdx.x; i < D; i += blockDim.x) normed[base + i] = gated[base + i] / rms_g * nc[i];
+}
+
+// out[t, ch] = R[t, ch] + gated[t, ch] + silu(sum_k seq[Hh - (Kc-1-k)*dil + t, ch] * conv_w[ch, k]) over
+// seq = [history | normed] (Hh + T rows). out may be R (each element read, then written, by one thread).
+// Grid-stride over T*CD, block PLE_BLOCK.
+extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
+    ple_conv_out(const float* R, const float* __restrict__ gated, const float* __restrict__ history,
+                 const float* __restrict__ normed, const float* __restrict__ conv_w, float* out, int T, int CD,
+                 int Kc, int dil) {
+    const i64 n = (i64)T * CD;
+    const int Hh = (Kc - 1) * dil;
+    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
+        const i64 t = idx / CD, ch = idx % CD;
+        float acc = 0.0f;
+        for (int k = 0; k < Kc; ++k) {
+            const i64 r = Hh - (i64)(Kc - 1 - k) * dil + t;  // row of seq
+            const float x = r < Hh ? history[r * CD + ch] : normed[(r - Hh) * CD + ch];
+            acc += x * conv_w[ch * Kc + k];
+        }
+        out[idx] = R[idx] + gated[idx] + silu_f(acc);
+    }
+}
+
+// History commit: history <- rows [n_keep, n_keep + Hh) of [history | normed]. Thread per channel.
+extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
+    ple_history_commit(float* history, const float* __restrict__ normed, int T, int Hh, int CD, int n_keep,
+                       const int* n_keep_dev) {
+    const int n = count_from(n_keep, n_keep_dev, T);
+    for (i64 ch = (i64)blockIdx.x * blockDim.x + threadIdx.x; ch < CD; ch += (i64)gridDim.x * blockDim.x)
+        shift_commit_column(history, normed, Hh, (i64)CD, ch, n);
+}
+
+// Predecessor commit: prev [n-1] <- the last n-1 of [prev | tokens[:n_keep]] (tokens [T]). One thread.
+extern "C" __global__ void ple_prev_commit(i64* prev, const i64* __restrict__ tokens, int T, int n_prev, int n_keep,
+                                           const int* n_keep_dev) {
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        shift_commit_column(prev, tokens, n_prev, (i64)1, (i64)0, count_from(n_keep, n_keep_dev, T));
+}

@@ -1,0 +1,165 @@
+// qsa.cu: gated attention with QSA block selection over a verify window (strata_cli/ops/qsa.py), float32.
+// Block scores and the top-k selection are in qsa_select.cu.
+//
+// Legend: T window rows, H query heads, Hk kv heads, Hi indexer heads, d head dim, n_rot rotated dims (NeoX
+// pairs (i, i + n_rot/2)), N cells, NB pooled blocks, ratio cells per block, C selected-cell capacity per row.
+//   positions [T] int32 absolute positions of the window rows (consecutive)
+//   cos_tab, sin_tab [P, n_rot] rope tables by absolute position (host float64 -> f32, ops.qsa.rope_tables)
+//   k_cache, v_cache [N, Hk, d]; tail [ratio, d] raw indexer keys of the block being filled; pooled [NB, d]
+#include "seq_common.cuh"
+
+#define QSA_BLOCK 128
+#define ATT_WARPS 4
+#define ATT_MAXR 8  // attention: d <= 32 * ATT_MAXR values per lane
+
+// out[t, h] = rope_{row}(rms_norm(x[t, h]) * w), row = rows ? rows[t] : t (rows = positions with full tables).
+// x row (t, h) starts at x + t*xs_t + h*xs_h with d contiguous values (q is the first half of attn_q's heads).
+// grid T*H, block QSA_BLOCK, dynamic shared d floats.
+extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
+    qsa_norm_rope(const float* __restrict__ x, i64 xs_t, i64 xs_h, const float* __restrict__ w,
+                  const float* __restrict__ cos_tab, const float* __restrict__ sin_tab, const int* __restrict__ rows,
+                  float* __restrict__ out, int H, int d, int n_rot, float eps) {
+    __shared__ float sh[WARP];
+    extern __shared__ float y[];
+    const i64 t = blockIdx.x / H, h = blockIdx.x % H;
+    const float* src = x + t * xs_t + h * xs_h;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += src[i] * src[i];
+    ss = block_sum(ss, sh);
+    const float rms = sqrtf(ss / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) y[i] = src[i] / rms * w[i];
+    __syncthreads();  // rotation reads the partner element of another thread
+    const i64 row = rows ? rows[t] : t;
+    const float* cs = cos_tab + row * n_rot;
+    const float* sn = sin_tab + row * n_rot;
+    const int half = n_rot / 2;
+    float* dst = out + (t * H + h) * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float val = y[i];
+        if (i < n_rot) val = y[i] * cs[i] + (i < half ? -y[i + half] : y[i - half]) * sn[i];
+        dst[i] = val;
+    }
+}
+
+// k_cache[positions[t]] = k[t], v_cache[positions[t]] = v[t]; k, v [T, Hk*d]. Grid-stride over T*Hk*d.
+extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
+    qsa_kv_append(float* __restrict__ k_cache, float* __restrict__ v_cache, const float* __restrict__ k,
+                  const float* __restrict__ v, const int* __restrict__ positions, int T, int row) {
+    const i64 n = (i64)T * row;
+    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
+        const i64 t = idx / row, e = idx % row;
+        const i64 dst = (i64)positions[t] * row + e;
+        k_cache[dst] = k[idx];
+        v_cache[dst] = v[idx];
+    }
+}
+
+// Append the first n = count_from(n_rows, n_dev, T) raw indexer keys raw [T, d] at positions[t], in order:
+// tail[pos % ratio] = key; when pos completes block b = pos / ratio,
+// pooled[b] = rope_{b*ratio}(rms_norm(mean of tail) * k_norm_w). save (nullable) receives the tail before
+// anything is appended (the run's snapshot); restore (nullable) replaces the tail first (the commit).
+// One block of QSA_BLOCK threads: rows are sequential, a completion reads the slots earlier rows wrote.
+// Column i of tail is always touched by thread i % blockDim.x. Dynamic shared d floats.
+extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
+    qsa_indexer_append(float* tail, float* __restrict__ pooled, const float* __restrict__ raw,
+                       const int* __restrict__ positions, int T, int n_rows, const int* n_dev, float* save,
+                       const float* restore, const float* __restrict__ k_norm_w, const float* __restrict__ cos_tab,
+                       const float* __restrict__ sin_tab, int ratio, int d, int n_rot, float eps) {
+    __shared__ float sh[WARP];
+    extern __shared__ float y[];
+    const int tid = threadIdx.x, nth = blockDim.x;
+    for (int e = tid; e < ratio * d; e += nth) {
+        if (save) save[e] = tail[e];
+        if (restore) tail[e] = restore[e];
+    }
+    __syncthreads();  // the copies above stride over ratio*d, not by column
+    const int n = count_from(n_rows, n_dev, T);
+    const int half = n_rot / 2;
+    for (int r = 0; r < n; ++r) {
+        const int pos = positions[r];
+        for (int i = tid; i < d; i += nth) tail[(i64)(pos % ratio) * d + i] = raw[(i64)r * d + i];
+        if ((pos + 1) % ratio != 0) continue;  // uniform: the block is not complete yet
+        const i64 b = pos / ratio;
+        float ss = 0.0f;
+        for (int i = tid; i < d; i += nth) {
+            float m = 0.0f;
+            for (int s = 0; s < ratio; ++s) m += tail[(i64)s * d + i];  // row order, as numpy's axis-0 mean
+            m = m / (float)ratio;
+            y[i] = m;
+            ss += m * m;
+        }
+        ss = block_sum(ss, sh);
+        const float rms = sqrtf(ss / (float)d + eps);
+        for (int i = tid; i < d; i += nth) y[i] = y[i] / rms * k_norm_w[i];
+        __syncthreads();  // rotation reads the partner element
+        const float* cs = cos_tab + b * ratio * n_rot;
+        const float* sn = sin_tab + b * ratio * n_rot;
+        for (int i = tid; i < d; i += nth) {
+            float val = y[i];
+            if (i < n_rot) val = y[i] * cs[i] + (i < half ? -y[i + half] : y[i - half]) * sn[i];
+            pooled[b * d + i] = val;
+        }
+        __syncthreads();  // y is rewritten by the next completion
+    }
+}
+
+// out[t, h*d:(h+1)*d] = sigmoid(gate[t, h]) * softmax_s(q[t, h] . k_s / sqrt_d) v_s over the row's cells s:
+// cells[t, :counts[t]] (selected), or, with cells null, every cell 0..positions[t] (dense). Query head h reads
+// kv head h / (H / Hk). q [T, H, d]; the gate row (t, h) starts at gate + t*gs_t + h*gs_h (second half of attn_q).
+// grid T*H, block ATT_WARPS*32: warp w takes cells w, w + ATT_WARPS, ... with an online softmax (lane holds
+// dims lane + 32*r), then the warps' (max, sum, acc) are merged. Dynamic shared (d + ATT_WARPS*(d + 2)) floats.
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
+    qsa_attend(const float* __restrict__ q, const float* __restrict__ gate, i64 gs_t, i64 gs_h,
+               const float* __restrict__ k_cache, const float* __restrict__ v_cache, const int* __restrict__ cells,
+               const int* __restrict__ counts, const int* __restrict__ positions, float* __restrict__ out, int H,
+               int Hk, int d, int C, float sqrt_d) {
+    extern __shared__ float sm[];
+    float* sq = sm;
+    float* wm = sq + d;            // [ATT_WARPS] running max
+    float* wl = wm + ATT_WARPS;    // [ATT_WARPS] running sum of exp
+    float* wacc = wl + ATT_WARPS;  // [ATT_WARPS, d]
+    const i64 t = blockIdx.x / H;
+    const int h = blockIdx.x % H, kvh = h / (H / Hk);
+    const int lane = threadIdx.x & (WARP - 1), w = threadIdx.x / WARP;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) sq[i] = q[(t * H + h) * d + i];
+    __syncthreads();
+    const int count = cells ? counts[t] : positions[t] + 1;
+    float m = NEG_INF, l = 0.0f, acc[ATT_MAXR];
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; ++r) acc[r] = 0.0f;
+    for (int s = w; s < count; s += ATT_WARPS) {
+        const i64 cell = cells ? cells[t * C + s] : s;
+        const float* kr = k_cache + (cell * Hk + kvh) * d;
+        const float* vr = v_cache + (cell * Hk + kvh) * d;
+        float part = 0.0f;
+#pragma unroll
+        for (int r = 0; r < ATT_MAXR; ++r)
+            if (lane + WARP * r < d) part += sq[lane + WARP * r] * kr[lane + WARP * r];
+        const float sc = warp_sum(part) / sqrt_d;  // the same value in every lane
+        const float m_new = fmaxf(m, sc);
+        const float corr = expf(m - m_new), p = expf(sc - m_new);  // corr is 0 on the warp's first cell
+        l = l * corr + p;
+#pragma unroll
+        for (int r = 0; r < ATT_MAXR; ++r)
+            if (lane + WARP * r < d) acc[r] = acc[r] * corr + p * vr[lane + WARP * r];
+        m = m_new;
+    }
+    if (lane == 0) {
+        wm[w] = m;
+        wl[w] = l;
+    }
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; ++r)
+        if (lane + WARP * r < d) wacc[w * d + lane + WARP * r] = acc[r];
+    __syncthreads();
+    float M = NEG_INF;
+    for (int i = 0; i < ATT_WARPS; ++i) M = fmaxf(M, wm[i]);
+    float L = 0.0f;
+    for (int i = 0; i < ATT_WARPS; ++i) L += wl[i] * expf(wm[i] - M);  // a warp without cells adds 0
+    const float* gr = gate + t * gs_t + (i64)h * gs_h;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float a = 0.0f;
+        for (int j = 0; j < ATT_WARPS; ++j) a += wacc[j * d + i] * expf(wm[j] - M);
+        out[(t * H + h) * d + i] = a / L * sigmoid_f(gr[i]);
+    }
+}

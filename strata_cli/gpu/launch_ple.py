@@ -1,0 +1,149 @@
+"""CuPy launchers of kernels/ple.cu, mirroring strata_cli/ops/ple.py (and the PLE part of engine/reference.py).
+
+Arrays are CuPy, C-contiguous: float32 activations, int64 tokens / table rows / hash constants. `out=`-style
+buffers are checked, never reallocated (graph capture); `stream=None` is the current stream. A window never
+writes the conv history or the n-gram predecessors; ple_history_commit / ple_prev_commit advance them in place.
+The key and value projections are launch_dense.gemv launches over raw GGUF rows.
+
+Legend: T window rows, n n-gram size, Hn = (n-1)*heads_per_ngram table rows per token, hd table row length,
+P = Hn*hd embedding width, C streams, D hidden, CD = C*D, Kc conv taps, Hh = (Kc-1)*dilation history rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..model import quants
+from . import launch_dense
+from . import launch_util as U
+from . import seq_util as S
+from .compile import kernel
+from .runtime import cupy
+
+PLE_BLOCK = 256  # kernels/ple.cu
+PLE_MAXN = 8
+
+
+@lru_cache(maxsize=None)
+def _fn(name: str):
+    return kernel("ple", name)
+
+
+def _empty(shape, dtype):
+    return cupy().empty(shape, dtype=dtype)
+
+
+def ngram_rows(tokens, prev, eos: int, multipliers, heads_per_ngram: int, vocab_sizes, offsets, out=None,
+               stream=None):
+    """rows [T, Hn] int64: for each window token, ops.ple.ngram_rows(ops.ple.ngram_context(token, predecessors
+    newest first, eos), ...), the predecessors being the window's earlier tokens, then prev [n-1] (oldest first)."""
+    with U.on_stream(stream):
+        U.check_array("tokens", tokens, np.int64, (None,))
+        T = tokens.shape[0]
+        U.check_array("prev", prev, np.int64, (None,))
+        n = prev.shape[0] + 1
+        if n > PLE_MAXN:
+            raise ValueError(f"prev: {n}-grams exceed the kernel's {PLE_MAXN}")
+        U.check_array("multipliers", multipliers, np.int64, (n,))
+        Hn = (n - 1) * heads_per_ngram
+        U.check_array("vocab_sizes", vocab_sizes, np.int64, (Hn,))
+        U.check_array("offsets", offsets, np.int64, (Hn,))
+        out = U.out_array("out", out, (T, Hn), np.int64, _empty)
+        grid, block = S.grid_1d(T, PLE_BLOCK)
+        _fn("ple_ngram_rows")(grid, block, (tokens, prev, multipliers, vocab_sizes, offsets, out, np.int32(T),
+                                            np.int32(n), np.int32(heads_per_ngram), np.int64(eos)))
+    return out
+
+
+def gather_rows(rows, table, ggml_type: int, row_len: int, out=None, stream=None):
+    """emb [T, Hn*row_len] f32: the table rows rows [T, Hn] (int64) dequantized and concatenated per token.
+    table holds raw rows of ggml_type (F32, F16, BF16, Q8_0), on the device or in mapped host memory."""
+    with U.on_stream(stream):
+        U.check_array("rows", rows, np.int64, (None, None))
+        T, Hn = rows.shape
+        U.weight_rows("table", table, ggml_type, row_len)
+        out = U.out_array("out", out, (T, Hn * row_len), np.float32, _empty)
+        _fn("ple_gather")((T * Hn, 1, 1), (PLE_BLOCK, 1, 1), (
+            rows, table, np.int64(U.row_stride(ggml_type, row_len)), np.int32(ggml_type), out, np.int32(row_len)))
+    return out
+
+
+@dataclass
+class PLEWork:
+    """Intermediates of ple_mix: key [T, CD], value [T, D], gated [T, CD]; may hold more rows than the window."""
+
+    key: object
+    value: object
+    gated: object
+
+    @classmethod
+    def empty(cls, T: int, C: int, D: int) -> "PLEWork":
+        return cls(_empty((T, C * D), np.float32), _empty((T, D), np.float32), _empty((T, C * D), np.float32))
+
+
+def ple_mix(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, conv_w, dilation: int, eps: float,
+            *, key_type: int = quants.F32, value_type: int = quants.F32, out=None, normed=None,
+            work: PLEWork | None = None, stream=None):
+    """Add the PLE block to R [T, C, D]: returns (R_new [T, C, D], normed [T, CD]).
+
+    emb [T, P]; history [Hh, CD]; w_key raw [CD, P] and w_value raw [D, P] of key_type / value_type;
+    norms [CD]; conv_w [CD, Kc]. ops.ple.ple_mix returns seq = [history | normed]; here only normed is
+    written and ple_history_commit keeps rows of that sequence. out may be R (updated in place)."""
+    with U.on_stream(stream):
+        U.check_array("R", R, np.float32, (None, None, None))
+        T, C, D = R.shape
+        CD = C * D
+        U.check_array("emb", emb, np.float32, (T, None))
+        P = emb.shape[1]
+        U.check_array("conv_w", conv_w, np.float32, (CD, None))
+        Kc = conv_w.shape[1]
+        if Kc < 2 or dilation < 1:
+            raise ValueError(f"conv_w: {Kc} taps at dilation {dilation}, expected >= 2 taps and dilation >= 1")
+        U.check_array("history", history, np.float32, ((Kc - 1) * dilation, CD))
+        for name, gamma in (("norm_key", norm_key), ("norm_query", norm_query), ("norm_conv", norm_conv)):
+            U.check_array(name, gamma, np.float32, (CD,))
+        U.weight_rows("w_key", w_key, key_type, P, n_out=CD)
+        U.weight_rows("w_value", w_value, value_type, P, n_out=D)
+        w = work if work is not None else PLEWork(None, None, None)
+        key = U.scratch_rows("work.key", w.key, T, (CD,), _empty)
+        value = U.scratch_rows("work.value", w.value, T, (D,), _empty)
+        gated = U.scratch_rows("work.gated", w.gated, T, (CD,), _empty)
+        normed = U.out_array("normed", normed, (T, CD), np.float32, _empty)
+        out = U.out_array("out", out, (T, C, D), np.float32, _empty)
+
+        launch_dense.gemv(w_key, key_type, P, emb, out=key)
+        launch_dense.gemv(w_value, value_type, P, emb, out=value)
+        _fn("ple_gate")((T * C, 1, 1), (PLE_BLOCK, 1, 1), (
+            key, value, R, norm_key, norm_query, norm_conv, gated, normed, np.int32(C), np.int32(D),
+            np.float32(np.sqrt(D)), np.float32(eps)))
+        grid, block = S.grid_1d(T * CD, PLE_BLOCK)
+        _fn("ple_conv_out")(grid, block, (R, gated, history, normed, conv_w, out, np.int32(T), np.int32(CD),
+                                          np.int32(Kc), np.int32(dilation)))
+    return out, normed
+
+
+def ple_history_commit(history, normed, n_keep, n_keep_dev=None, stream=None):
+    """history [Hh, CD] <- rows [n_keep, n_keep+Hh) of [history | normed [T, CD]], in place."""
+    with U.on_stream(stream):
+        U.check_array("history", history, np.float32, (None, None))
+        Hh, CD = history.shape
+        U.check_array("normed", normed, np.float32, (None, CD))
+        T = normed.shape[0]
+        n, n_dev = S.commit_count(n_keep, n_keep_dev, T)
+        grid, block = S.grid_1d(CD, PLE_BLOCK)
+        _fn("ple_history_commit")(grid, block, (history, normed, np.int32(T), np.int32(Hh), np.int32(CD), n, n_dev))
+    return history
+
+
+def ple_prev_commit(prev, tokens, n_keep, n_keep_dev=None, stream=None):
+    """prev [n-1] <- the last n-1 of [prev | tokens[:n_keep]] (tokens [T] int64), in place."""
+    with U.on_stream(stream):
+        U.check_array("prev", prev, np.int64, (None,))
+        U.check_array("tokens", tokens, np.int64, (None,))
+        T = tokens.shape[0]
+        n, n_dev = S.commit_count(n_keep, n_keep_dev, T)
+        _fn("ple_prev_commit")((1, 1, 1), (32, 1, 1), (prev, tokens, np.int32(T), np.int32(prev.shape[0]), n, n_dev))
+    return prev

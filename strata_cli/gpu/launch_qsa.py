@@ -1,0 +1,214 @@
+"""CuPy launchers of kernels/qsa.cu and qsa_select.cu, mirroring strata_cli/ops/qsa.py.
+
+Arrays are CuPy, float32 (positions, cells, counts int32), C-contiguous unless said otherwise; `out=`-style buffers
+are checked, never reallocated (graph capture), `stream=None` is the current stream. Rope tables are whole
+tables by absolute position, cos/sin [P, n_rot] (rope_tables below); the ops take per-row tables instead.
+K/V cells and pooled blocks are written live by a window; the indexer tail is snapshotted by indexer_append
+and rebuilt by indexer_commit (engine/state.py).
+
+Legend: T window rows, H query heads, Hk kv heads, Hi indexer heads, d head dim, N cells, NB pooled blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..ops import qsa as ops_qsa
+from . import launch_util as U
+from . import seq_util as S
+from .compile import kernel
+from .runtime import cupy
+
+QSA_BLOCK = 128  # kernels/qsa.cu
+ATT_WARPS, ATT_MAXR = 4, 8
+SEL_BLOCK = 256  # kernels/qsa_select.cu
+MAX_SHARED = 48 * 1024
+
+
+@lru_cache(maxsize=None)
+def _fn(module: str, name: str):
+    return kernel(module, name)
+
+
+def _empty(shape, dtype):
+    return cupy().empty(shape, dtype=dtype)
+
+
+def rope_tables(n_pos: int, n_rot: int, base: float):
+    """cos, sin [n_pos, n_rot] on the device for positions 0..n_pos-1 (float64 angles on the host)."""
+    cos, sin = ops_qsa.rope_tables(np.arange(n_pos), n_rot, base)
+    return cupy().asarray(cos), cupy().asarray(sin)
+
+
+def _check_tables(cos, sin, d: int) -> int:
+    U.check_array("cos", cos, np.float32, (None, None))
+    U.check_array("sin", sin, np.float32, cos.shape)
+    n_rot = cos.shape[1]
+    if n_rot % 2 or n_rot > d:
+        raise ValueError(f"cos: {n_rot} rotated dims, expected an even number <= head dim {d}")
+    return n_rot
+
+
+def norm_rope(x, w, eps: float, cos, sin, positions=None, out=None, stream=None):
+    """rope_neox(rms_norm(x, w, eps), cos[row], sin[row]) -> out [T, H, d], row = positions[t] (None: row t).
+
+    x [T, H, d] may be a view whose last axis is contiguous, e.g. qg[..., :d] of attn_q's [T, H, 2d]."""
+    with U.on_stream(stream):
+        xs_t, xs_h = S.check_rows_view("x", x, 3)
+        T, H, d = x.shape
+        U.check_array("w", w, np.float32, (d,))
+        n_rot = _check_tables(cos, sin, d)
+        if positions is None:
+            if cos.shape[0] < T:
+                raise ValueError(f"cos: {cos.shape[0]} rows, the window has {T} (pass positions for whole tables)")
+        else:
+            S.check_positions("positions", positions, T)
+        out = U.out_array("out", out, (T, H, d), np.float32, _empty)
+        _fn("qsa", "qsa_norm_rope")((T * H, 1, 1), (QSA_BLOCK, 1, 1), (
+            x, xs_t, xs_h, w, cos, sin, U.null_or(positions), out, np.int32(H), np.int32(d), np.int32(n_rot),
+            np.float32(eps)), shared_mem=d * 4)
+    return out
+
+
+def kv_append(k_cache, v_cache, k, v, positions, stream=None):
+    """k_cache[positions] = k, v_cache[positions] = v; caches [N, Hk, d], k, v [T, Hk, d]."""
+    with U.on_stream(stream):
+        U.check_array("k_cache", k_cache, np.float32, (None, None, None))
+        N, Hk, d = k_cache.shape
+        U.check_array("v_cache", v_cache, np.float32, (N, Hk, d))
+        U.check_array("k", k, np.float32, (None, Hk, d))
+        T = k.shape[0]
+        U.check_array("v", v, np.float32, (T, Hk, d))
+        S.check_positions("positions", positions, T)
+        grid, block = S.grid_1d(T * Hk * d, QSA_BLOCK)
+        _fn("qsa", "qsa_kv_append")(grid, block, (k_cache, v_cache, k, v, positions, np.int32(T), np.int32(Hk * d)))
+
+
+def _indexer(tail, pooled, raw_keys, positions, k_norm_w, eps, cos, sin, n_keep, n_keep_dev, save, restore):
+    """n_keep None: append every row (the run)."""
+    U.check_array("tail", tail, np.float32, (None, None))
+    ratio, d = tail.shape
+    U.check_array("pooled", pooled, np.float32, (None, d))
+    U.check_array("raw_keys", raw_keys, np.float32, (None, d))
+    T = raw_keys.shape[0]
+    S.check_positions("positions", positions, T)
+    U.check_array("k_norm_w", k_norm_w, np.float32, (d,))
+    n_rot = _check_tables(cos, sin, d)
+    for snap in (save, restore):
+        if snap is not None:
+            U.check_array("snapshot", snap, np.float32, (ratio, d))
+    n, n_dev = S.commit_count(T if n_keep is None else n_keep, n_keep_dev, T)
+    _fn("qsa", "qsa_indexer_append")((1, 1, 1), (QSA_BLOCK, 1, 1), (
+        tail, pooled, raw_keys, positions, np.int32(T), n, n_dev, U.null_or(save), U.null_or(restore), k_norm_w,
+        cos, sin, np.int32(ratio), np.int32(d), np.int32(n_rot), np.float32(eps)), shared_mem=d * 4)
+
+
+def indexer_append(tail, pooled, raw_keys, positions, k_norm_w, eps: float, cos, sin, snapshot=None, stream=None):
+    """Append raw indexer keys [T, d] at consecutive positions into tail [ratio, d] / pooled [NB, d], in place
+    (ops.qsa.indexer_append with whole rope tables); snapshot [ratio, d], if given, receives the tail first."""
+    with U.on_stream(stream):
+        _indexer(tail, pooled, raw_keys, positions, k_norm_w, eps, cos, sin, None, None, snapshot, None)
+
+
+def indexer_commit(tail, pooled, snapshot, raw_keys, positions, n_keep, k_norm_w, eps: float, cos, sin,
+                   n_keep_dev=None, stream=None):
+    """tail <- snapshot, then the window's first n_keep raw keys re-appended at their positions (re-pools any
+    block they complete)."""
+    with U.on_stream(stream):
+        if snapshot is None:
+            raise ValueError("snapshot: None (the commit restores the tail the window snapshotted)")
+        _indexer(tail, pooled, raw_keys, positions, k_norm_w, eps, cos, sin, n_keep, n_keep_dev, None, snapshot)
+
+
+def block_scores(q_idx, pooled, positions, ratio: int, out=None, stream=None):
+    """scores [T, NB]: row t = ops.qsa.block_scores(q_idx[t], pooled[:n_blocks]) with n_blocks = (pos+1) // ratio,
+    then -inf. q_idx [T, Hi, d] normed and rotated; pooled [NB, d]."""
+    with U.on_stream(stream):
+        U.check_array("q_idx", q_idx, np.float32, (None, None, None))
+        T, Hi, d = q_idx.shape
+        U.check_array("pooled", pooled, np.float32, (None, d))
+        NB = pooled.shape[0]
+        S.check_positions("positions", positions, T)
+        if ratio < 1:
+            raise ValueError(f"ratio: {ratio}, expected >= 1 (ratio 0 is the dense path: no scores)")
+        if Hi * d * 4 > MAX_SHARED:
+            raise ValueError(f"q_idx: {Hi} x {d} floats exceed the kernel's {MAX_SHARED} bytes of shared memory")
+        out = U.out_array("out", out, (T, NB), np.float32, _empty)
+        _fn("qsa_select", "qsa_block_scores")((T, -(-NB // SEL_BLOCK), 1), (SEL_BLOCK, 1, 1), (
+            q_idx, pooled, positions, out, np.int32(Hi), np.int32(d), np.int32(NB), np.int32(ratio),
+            np.float32(np.sqrt(d))), shared_mem=Hi * d * 4)
+    return out
+
+
+@dataclass
+class SelectScratch:
+    """Per-row scratch of select_cells: keys (uint32), idx and flags (int32), each [T, NB]."""
+
+    keys: object
+    idx: object
+    flags: object
+
+    @classmethod
+    def empty(cls, T: int, NB: int) -> "SelectScratch":
+        return cls(_empty((T, NB), np.uint32), _empty((T, NB), np.int32), _empty((T, NB), np.int32))
+
+
+def cell_capacity(ratio: int, budget: int) -> int:
+    """Most cells a row selects: the kept blocks' cells plus up to ratio-1 cells after the last complete block."""
+    return max((budget // ratio) * ratio + ratio - 1, 1)
+
+
+def select_cells(scores, positions, ratio: int, budget: int, cells=None, counts=None,
+                 scratch: SelectScratch | None = None, stream=None):
+    """Per row t: ops.qsa.select_cells(scores[t], positions[t] + 1, ratio, budget), ties as torch's CPU topk.
+    Returns cells [T, cell_capacity] int32 (row t ascending in its first counts[t] entries) and counts [T]."""
+    with U.on_stream(stream):
+        U.check_array("scores", scores, np.float32, (None, None))
+        T, NB = scores.shape
+        S.check_positions("positions", positions, T)
+        if ratio < 1 or budget < 0:
+            raise ValueError(f"ratio: {ratio} / budget {budget}, expected ratio >= 1 and budget >= 0")
+        C = cell_capacity(ratio, budget)
+        cells = U.out_array("cells", cells, (T, C), np.int32, _empty)
+        counts = U.out_array("counts", counts, (T,), np.int32, _empty)
+        s = scratch if scratch is not None else SelectScratch.empty(T, NB)
+        U.check_array("scratch.keys", s.keys, np.uint32, (T, NB))
+        U.check_array("scratch.idx", s.idx, np.int32, (T, NB))
+        U.check_array("scratch.flags", s.flags, np.int32, (T, NB))
+        _fn("qsa_select", "qsa_select")((T, 1, 1), (SEL_BLOCK, 1, 1), (
+            scores, positions, cells, counts, s.keys, s.idx, s.flags, np.int32(NB), np.int32(C), np.int32(ratio),
+            np.int32(budget)))
+    return cells, counts
+
+
+def attend_selected(q, gate, k_cache, v_cache, positions, cells=None, counts=None, out=None, stream=None):
+    """out [T, H*d]: row t = ops.qsa.attend_selected(q[t], gate[t], k_cache, v_cache, cells[t, :counts[t]]), or
+    over cells 0..positions[t] when cells is None (the dense path). q [T, H, d]; gate [T, H, d] may be a view
+    with a contiguous last axis (qg[..., d:]); caches [N, Hk, d]."""
+    with U.on_stream(stream):
+        U.check_array("q", q, np.float32, (None, None, None))
+        T, H, d = q.shape
+        gs_t, gs_h = S.check_rows_view("gate", gate, 3, (T, H, d))
+        U.check_array("k_cache", k_cache, np.float32, (None, None, d))
+        Hk = k_cache.shape[1]
+        U.check_array("v_cache", v_cache, np.float32, k_cache.shape)
+        S.check_positions("positions", positions, T)
+        if H % Hk:
+            raise ValueError(f"q: {H} heads are not a multiple of the cache's {Hk} kv heads")
+        if d > 32 * ATT_MAXR:
+            raise ValueError(f"q: head dim {d} exceeds the kernel's {32 * ATT_MAXR}")
+        C = 1
+        if cells is not None:
+            U.check_array("cells", cells, np.int32, (T, None))
+            U.check_array("counts", counts, np.int32, (T,))
+            C = cells.shape[1]
+        elif counts is not None:
+            raise ValueError("counts: given without cells")
+        out = U.out_array("out", out, (T, H * d), np.float32, _empty)
+        _fn("qsa", "qsa_attend")((T * H, 1, 1), (ATT_WARPS * 32, 1, 1), (
+            q, gate, gs_t, gs_h, k_cache, v_cache, U.null_or(cells), U.null_or(counts), positions, out, np.int32(H),
+            np.int32(Hk), np.int32(d), np.int32(C), np.float32(np.sqrt(d))), shared_mem=(d + ATT_WARPS * (d + 2)) * 4)
+    return out

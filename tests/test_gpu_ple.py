@@ -1,0 +1,106 @@
+"""kernels/ple.cu against strata_cli/ops/ple.py: the n-gram hash with EOS cuts and int64 wrapping, table row
+gathers of every supported type, and ple_mix with its conv history carried across windows and commits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpu_seq as G
+from strata_cli.model import quants
+from strata_cli.ops import ple as ref
+
+pytestmark = pytest.mark.gpu
+
+EOS, EPS = 509, 1e-6
+MULT = np.array([23703573157769, 20109073645365, 8052911324071, 6100451423017], dtype=np.int64)
+
+
+@pytest.fixture(scope="module")
+def L():
+    from strata_cli.gpu import launch_ple
+
+    return launch_ple
+
+
+def hash_tables(n, hpn):
+    sizes = np.array([20000003 + 20 * i for i in range((n - 1) * hpn)], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    return MULT[:n].copy(), sizes, offsets
+
+
+def ref_rows(tokens, prev, mult, hpn, sizes, offsets):
+    """engine/reference.py's per-token loop."""
+    rows = []
+    for tok in tokens:
+        ctx = ref.ngram_context(int(tok), prev[::-1], EOS)
+        rows.append(ref.ngram_rows(ctx, mult, hpn, sizes, offsets))
+        prev = np.concatenate([prev[1:], [tok]])
+    return np.stack(rows)
+
+
+@pytest.mark.parametrize("n,hpn", [(3, 4), (4, 3), (2, 1)])
+def test_ngram_rows_windows_with_commits(L, n, hpn):
+    cp = G.cupy()
+    rng = np.random.default_rng(n * 10 + hpn)
+    mult, sizes, offsets = hash_tables(n, hpn)
+    d_mult, d_sizes, d_offsets = cp.asarray(mult), cp.asarray(sizes), cp.asarray(offsets)
+    prev = np.full(n - 1, EOS, np.int64)
+    d_prev = cp.asarray(prev)
+    for T, n_keep in [(7, 4), (16, 16), (3, 0), (1, 1), (16, 9)]:
+        tokens = rng.integers(0, 1 << 20, T).astype(np.int64)  # products past 2^63 wrap
+        tokens[rng.random(T) < 0.25] = EOS
+        want = ref_rows(tokens, prev, mult, hpn, sizes, offsets)
+        d_tok = cp.asarray(tokens)
+        got = L.ngram_rows(d_tok, d_prev, EOS, d_mult, hpn, d_sizes, d_offsets,
+                           out=G.nan_out((T, (n - 1) * hpn), np.int64))
+        G.exact(got, want, f"rows, window of {T}")
+        prev = np.concatenate([prev, tokens[:n_keep]])[-(n - 1):]
+        L.ple_prev_commit(d_prev, d_tok, n_keep)
+        G.exact(d_prev, prev, f"predecessors after commit({n_keep})")
+
+
+@pytest.mark.parametrize("ggml_type,row_len", [(quants.F32, 24), (quants.F16, 24), (quants.BF16, 24),
+                                               (quants.Q8_0, 64)])
+def test_gather_rows_bit_exact(L, ggml_type, row_len):
+    cp = G.cupy()
+    rng = np.random.default_rng(ggml_type)
+    table = G.f32(rng, 50, row_len)
+    table[3, :4] = [1e-6, -3e-8, 6e-5, 0.0]  # f16 subnormals
+    raw = quants.quantize(table, ggml_type)
+    rows = rng.integers(0, 50, (7, 5)).astype(np.int64)
+    want = quants.dequantize(raw[rows.reshape(-1)], ggml_type).reshape(7, -1)
+    got = L.gather_rows(cp.asarray(rows), cp.asarray(raw), ggml_type, row_len, out=G.nan_out((7, 5 * row_len)))
+    G.exact(got, want, f"{quants.TYPE_NAMES[ggml_type]} rows")
+
+
+@pytest.mark.parametrize("key_type", [quants.F32, quants.BF16])
+@pytest.mark.parametrize("Kc,dilation", [(4, 3), (3, 1), (2, 2)])
+def test_ple_mix_windows_with_commits(L, Kc, dilation, key_type):
+    cp = G.cupy()
+    C, D, P = 3, 40, 96
+    CD, Hh = C * D, (Kc - 1) * dilation
+    rng = np.random.default_rng(Kc * 10 + dilation + key_type)
+    w_key_raw = quants.quantize(G.f32(rng, CD, P, scale=P ** -0.5), key_type)
+    w_key = quants.dequantize(w_key_raw, key_type)  # what the reference multiplies by
+    w_value = G.f32(rng, D, P, scale=P ** -0.5)
+    norms = [1 + G.f32(rng, CD, scale=0.1) for _ in range(3)]
+    conv_w = G.f32(rng, CD, Kc, scale=0.3)
+    d_norms = [cp.asarray(a) for a in norms]
+    d_w = dict(w_key=cp.asarray(w_key_raw), w_value=cp.asarray(w_value), conv_w=cp.asarray(conv_w))
+    history = G.f32(rng, Hh, CD)
+    d_hist = cp.asarray(history)
+    work = L.PLEWork.empty(16, C, D)  # sized for the largest window, as a captured graph would hold it
+    for T, n_keep, in_place in [(7, 4, False), (16, 16, True), (3, 0, False), (1, 1, True), (16, 5, False)]:
+        R, emb = G.f32(rng, T, C, D), G.f32(rng, T, P)
+        want, seq = ref.ple_mix(R, emb, history, w_key, w_value, *norms, conv_w, dilation, EPS)
+        d_R, hist_before = cp.asarray(R), d_hist.get()
+        got, normed = L.ple_mix(d_R, cp.asarray(emb), d_hist, d_w["w_key"], d_w["w_value"], *d_norms, d_w["conv_w"],
+                                dilation, EPS, key_type=key_type, out=d_R if in_place else G.nan_out((T, C, D)),
+                                normed=G.nan_out((T, CD)), work=work)
+        G.check(got, want, what=f"R after PLE, window of {T}")
+        G.check(normed, seq[Hh:], what="normed rows")
+        G.exact(d_hist, hist_before, "history after the window")
+        history = seq[n_keep:n_keep + Hh]
+        L.ple_history_commit(d_hist, normed, None, n_keep_dev=cp.asarray([n_keep], dtype=np.int32))
+        G.check(d_hist, history, what=f"history after commit({n_keep})")

@@ -1,0 +1,195 @@
+"""kernels/qsa.cu and qsa_select.cu against strata_cli/ops/qsa.py: odd heads (3 query / 1 kv), d 40, n_rot 8,
+ratio 3, budgets that make the selection sparse, exact-tie score rows, and state carried across windows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gpu_seq as G
+from strata_cli.ops import qsa as ref
+from strata_cli.ops.basic import rms_norm
+
+pytestmark = pytest.mark.gpu
+
+H, HK, D, N_ROT, BASE, EPS = 3, 1, 40, 8, 1e4, 1e-6
+HI, RATIO, BUDGET, N_CTX = 2, 3, 9, 72
+NB = N_CTX // RATIO + 1
+
+
+@pytest.fixture(scope="module")
+def L():
+    from strata_cli.gpu import launch_qsa
+
+    return launch_qsa
+
+
+@pytest.fixture(scope="module")
+def tables(L):
+    cos, sin = ref.rope_tables(np.arange(N_CTX), N_ROT, BASE)
+    return cos, sin, G.cupy().asarray(cos), G.cupy().asarray(sin)
+
+
+def positions_of(pos0, T):
+    return pos0 + np.arange(T), G.cupy().asarray(pos0 + np.arange(T), dtype=np.int32)
+
+
+@pytest.mark.parametrize("T,pos0", [(1, 0), (3, 5), (7, 30), (16, 50)])
+def test_norm_rope_on_views(L, tables, T, pos0):
+    cp = G.cupy()
+    cos, sin, d_cos, d_sin = tables
+    rng = np.random.default_rng(T + pos0)
+    pos, d_pos = positions_of(pos0, T)
+    qg, w = G.f32(rng, T, H, 2 * D), 1 + G.f32(rng, D, scale=0.1)
+    want = ref.rope_neox(rms_norm(qg[..., :D], w, EPS), cos[pos], sin[pos])
+    d_qg = cp.asarray(qg)
+    G.check(L.norm_rope(d_qg[..., :D], cp.asarray(w), EPS, d_cos, d_sin, d_pos, out=G.nan_out((T, H, D))), want,
+            what="q from the attn_q view")
+    got = L.norm_rope(cp.ascontiguousarray(d_qg[..., :D]), cp.asarray(w), EPS, cp.asarray(cos[pos]),
+                      cp.asarray(sin[pos]), out=G.nan_out((T, H, D)))
+    G.check(got, want, what="q with per-row tables")
+
+
+def test_kv_append(L):
+    cp = G.cupy()
+    rng = np.random.default_rng(0)
+    k_cache, v_cache = G.f32(rng, N_CTX, HK, D), G.f32(rng, N_CTX, HK, D)
+    k, v = G.f32(rng, 7, HK, D), G.f32(rng, 7, HK, D)
+    pos, d_pos = positions_of(20, 7)
+    kc, vc = cp.asarray(k_cache), cp.asarray(v_cache)
+    L.kv_append(kc, vc, cp.asarray(k), cp.asarray(v), d_pos)
+    k_cache[pos], v_cache[pos] = k, v
+    G.exact(kc, k_cache, "k_cache")
+    G.exact(vc, v_cache, "v_cache")
+
+
+def test_indexer_windows_with_commits(L, tables):
+    cp = G.cupy()
+    _, _, d_cos, d_sin = tables
+    rng = np.random.default_rng(1)
+    k_norm_w = 1 + G.f32(rng, D, scale=0.1)
+    tail, pooled = np.zeros((RATIO, D), np.float32), np.zeros((NB, D), np.float32)
+    d_tail, d_pooled, d_knw = cp.asarray(tail), cp.asarray(pooled), cp.asarray(k_norm_w)
+    n_past = 0
+    for T, n_keep, device_count in [(7, 4, False), (16, 16, True), (3, 0, False), (5, 2, True), (1, 1, False)]:
+        raw = G.f32(rng, T, D)
+        pos, d_pos = positions_of(n_past, T)
+        snap = tail.copy()
+        ref.indexer_append(tail, pooled, raw, pos, k_norm_w, EPS, N_ROT, BASE)
+        d_snap, d_raw = G.nan_out((RATIO, D)), cp.asarray(raw)
+        L.indexer_append(d_tail, d_pooled, d_raw, d_pos, d_knw, EPS, d_cos, d_sin, snapshot=d_snap)
+        G.exact(d_snap, snap, "snapshot")
+        G.exact(d_tail, tail, "tail after the window")
+        G.check(d_pooled, pooled, what="pooled after the window")
+
+        tail = snap.copy()
+        ref.indexer_append(tail, pooled, raw[:n_keep], pos[:n_keep], k_norm_w, EPS, N_ROT, BASE)
+        if device_count:
+            n_dev = cp.asarray([n_keep], dtype=np.int32)
+            L.indexer_commit(d_tail, d_pooled, d_snap, d_raw, d_pos, None, d_knw, EPS, d_cos, d_sin, n_keep_dev=n_dev)
+        else:
+            L.indexer_commit(d_tail, d_pooled, d_snap, d_raw, d_pos, n_keep, d_knw, EPS, d_cos, d_sin)
+        G.exact(d_tail, tail, f"tail after commit({n_keep})")
+        G.check(d_pooled, pooled, what=f"pooled after commit({n_keep})")
+        n_past += n_keep
+
+
+def tie_rows(rng):
+    """(n_cells, budget, block scores) rows built to straddle the k-th place with exact ties."""
+    rows = []
+    for n_cells, budget in [(5, 9), (11, 9), (12, 9), (40, 9), (62, 15), (212, 3), (300, 3), (1000, 60), (50, 0)]:
+        nb = n_cells // RATIO
+        rows.append((n_cells, budget, rng.standard_normal(nb).astype(np.float32)))      # distinct
+        rows.append((n_cells, budget, np.zeros(nb, np.float32)))                         # one big tie
+        levels = rng.integers(0, 3, nb).astype(np.float32)                               # few levels, signed zeros
+        levels[rng.random(nb) < 0.3] = -0.0
+        rows.append((n_cells, budget, levels))
+        top = rng.random(nb).astype(np.float32)                                          # tied maxima
+        top[rng.choice(nb, size=min(nb, 5), replace=False)] = 2.0
+        rows.append((n_cells, budget, top))
+        tiny = np.where(rng.random(nb) < 0.5, np.float32(1e-40), np.float32(0)).astype(np.float32)  # denormals
+        rows.append((n_cells, budget, tiny))
+    return rows
+
+
+def test_select_cells_ties_exact(L):
+    cp = G.cupy()
+    rows = tie_rows(np.random.default_rng(2))
+    nb_max = max(len(r[2]) for r in rows) + 1
+    for budget in sorted({b for _, b, _ in rows}):
+        sel = [r for r in rows if r[1] == budget]
+        scores = np.full((len(sel), nb_max), np.nan, np.float32)   # past n_blocks nothing may be read
+        for i, (_, _, s) in enumerate(sel):
+            scores[i, :len(s)] = s
+        d_pos = cp.asarray([n - 1 for n, _, _ in sel], dtype=np.int32)
+        n, C = len(sel), L.cell_capacity(RATIO, budget)
+        cells, counts = L.select_cells(cp.asarray(scores), d_pos, RATIO, budget,
+                                       cells=G.nan_out((n, C), np.int32), counts=G.nan_out((n,), np.int32))
+        cells, counts = cells.get(), counts.get()
+        for i, (n_cells, _, s) in enumerate(sel):
+            want = ref.select_cells(s, n_cells, RATIO, budget)
+            G.exact(cells[i, :counts[i]], want, f"cells, {n_cells} cells, budget {budget}, scores {s[:12]}...")
+
+
+def window_inputs(rng, T, zero_rows=(0,)):
+    k, v, qg, raw, qi = (G.f32(rng, T, HK, D), G.f32(rng, T, HK, D), G.f32(rng, T, H, 2 * D), G.f32(rng, T, D),
+                         G.f32(rng, T, HI, D))
+    for r in zero_rows:
+        if r < T:
+            qi[r] = 0  # all block scores exactly 0: a full tie, the replay decides
+    return k, v, qg, raw, qi
+
+
+@pytest.mark.parametrize("ratio", [RATIO, 0])
+def test_attention_windows_with_commits(L, tables, ratio):
+    """Norm/rope, K/V append, indexer, scores, selection and attention over windows, as engine._qsa does."""
+    cp = G.cupy()
+    cos, sin, d_cos, d_sin = tables
+    rng = np.random.default_rng(3 + ratio)
+    w = {n: 1 + G.f32(rng, D, scale=0.1) for n in ("q", "k", "iq", "ik")}
+    kc, vc = np.zeros((N_CTX, HK, D), np.float32), np.zeros((N_CTX, HK, D), np.float32)
+    tail, pooled = np.zeros((max(ratio, 1), D), np.float32), np.zeros((NB, D), np.float32)
+    d = {n: cp.asarray(a) for n, a in dict(kc=kc, vc=vc, tail=tail, pooled=pooled, **w).items()}
+    n_past = 0
+    for T, n_keep in [(16, 16), (16, 9), (7, 3), (5, 5), (16, 2)]:
+        k_raw, v, qg, raw, qi_raw = window_inputs(rng, T, zero_rows=(0, T - 1))
+        pos, d_pos = positions_of(n_past, T)
+        kc[pos] = ref.rope_neox(rms_norm(k_raw, w["k"], EPS), cos[pos], sin[pos])
+        vc[pos] = v
+        q = ref.rope_neox(rms_norm(qg[..., :D], w["q"], EPS), cos[pos], sin[pos])
+        want = np.empty((T, H * D), np.float32)
+        if ratio:
+            snap = tail.copy()
+            ref.indexer_append(tail, pooled, raw, pos, w["ik"], EPS, N_ROT, BASE)
+            qi = ref.rope_neox(rms_norm(qi_raw, w["iq"], EPS), cos[pos], sin[pos])
+        for t, p in enumerate(pos):
+            cells = np.arange(p + 1)
+            if ratio:
+                cells = ref.select_cells(ref.block_scores(qi[t], pooled[:(p + 1) // ratio]), p + 1, ratio, BUDGET)
+            want[t] = ref.attend_selected(q[t], qg[t, :, D:], kc, vc, cells)
+
+        d_qg = cp.asarray(qg)
+        k_d = L.norm_rope(cp.asarray(k_raw), d["k"], EPS, d_cos, d_sin, d_pos)
+        L.kv_append(d["kc"], d["vc"], k_d, cp.asarray(v), d_pos)
+        q_d = L.norm_rope(d_qg[..., :D], d["q"], EPS, d_cos, d_sin, d_pos)
+        cells_d = counts_d = None
+        if ratio:
+            d_snap = G.nan_out((ratio, D))
+            L.indexer_append(d["tail"], d["pooled"], cp.asarray(raw), d_pos, d["ik"], EPS, d_cos, d_sin, d_snap)
+            qi_d = L.norm_rope(cp.asarray(qi_raw), d["iq"], EPS, d_cos, d_sin, d_pos)
+            scores = L.block_scores(qi_d, d["pooled"], d_pos, ratio, out=G.nan_out((T, NB)))
+            assert not np.isnan(scores.get()).any()
+            cells_d, counts_d = L.select_cells(scores, d_pos, ratio, BUDGET)
+        got = L.attend_selected(q_d, d_qg[..., D:], d["kc"], d["vc"], d_pos, cells_d, counts_d,
+                                out=G.nan_out((T, H * D)))
+        G.check(got, want, what=f"attention output, window of {T} at {n_past}")
+        G.check(d["kc"], kc, what="k_cache")
+
+        if ratio:
+            tail = snap.copy()
+            ref.indexer_append(tail, pooled, raw[:n_keep], pos[:n_keep], w["ik"], EPS, N_ROT, BASE)
+            L.indexer_commit(d["tail"], d["pooled"], d_snap, cp.asarray(raw), d_pos, n_keep, d["ik"], EPS, d_cos,
+                             d_sin)
+            G.exact(d["tail"], tail, "tail after commit")
+            G.check(d["pooled"], pooled, what="pooled after commit")
+        n_past += n_keep

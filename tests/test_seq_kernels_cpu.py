@@ -1,0 +1,99 @@
+"""CPU checks of the sequence-mixer GPU code: the topk replay port (kernels/topk_replay.cuh, built for the host)
+against strata_cli/ops/topk_ties.py, and the launchers' argument checks (they run before any device call)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from strata_cli.gpu import launch_gdn, launch_ple, launch_qsa
+from strata_cli.gpu.compile import kernels_dir
+from strata_cli.ops import topk_ties
+
+HARNESS = r"""
+#define __device__
+#include <cstdio>
+#include <vector>
+#include "topk_replay.cuh"
+int main() {
+    int n, k;
+    while (std::scanf("%d %d", &n, &k) == 2) {
+        std::vector<unsigned> key(n);
+        std::vector<int> idx(n);
+        for (int i = 0; i < n; ++i) { std::scanf("%u", &key[i]); idx[i] = i; }
+        tk_replay(TkPairs{key.data(), idx.data()}, n, k);
+        for (int i = 0; i < n; ++i) std::printf("%d ", idx[i]);
+        std::printf("\n");
+    }
+}
+"""
+
+
+def order_key(v: np.float32) -> int:
+    """kernels/qsa_select.cu order_key: order-preserving uint32 image, -0 == +0."""
+    u = int(np.float32(v).view(np.uint32))
+    u = 0 if u & 0x7FFFFFFF == 0 else u
+    return (~u & 0xFFFFFFFF) if u & 0x80000000 else u | 0x80000000
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to build the replay for the host")
+def test_topk_replay_port_matches_python(tmp_path):
+    src = tmp_path / "harness.cpp"
+    src.write_text(HARNESS)
+    exe = tmp_path / "harness"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{kernels_dir()}", str(src), "-o", str(exe)], check=True)
+    rng = np.random.default_rng(0)
+    cases = []
+    for trial in range(600):
+        n = int(rng.integers(2, 300))
+        k = max(1, n // 64 - int(rng.integers(0, 2))) if trial % 4 == 0 else int(rng.integers(1, n))  # both paths
+        vals = ((rng.integers(0, int(rng.integers(1, 6)), n) - 2) * 0.5).astype(np.float32)  # heavy ties
+        vals[rng.random(n) < 0.1] = -0.0
+        if trial % 5 == 0:
+            vals = np.sort(vals)[:: 1 if trial % 10 else -1].copy()
+        cases.append((vals, k))
+    stdin = "".join(f"{len(v)} {k} " + " ".join(str(order_key(x)) for x in v) + "\n" for v, k in cases)
+    lines = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(lines) == len(cases)
+    for (vals, k), line in zip(cases, lines):
+        q = [(float(x), i) for i, x in enumerate(vals)]
+        if k * 64 <= len(vals):
+            topk_ties._heap_select(q, 0, k, len(vals))
+        else:
+            topk_ties._nth_element(q, k - 1)
+        assert [int(x) for x in line.split()] == [i for _, i in q], (vals, k)  # the whole permutation
+
+
+def f32(*shape):
+    return np.zeros(shape, np.float32)
+
+
+@pytest.mark.parametrize("call, name", [
+    (lambda: launch_gdn.gdn_conv(f32(3, 10), f32(2, 9), f32(10, 3)), "conv_state"),
+    (lambda: launch_gdn.gdn_conv(f32(3, 10), f32(0, 10), f32(10, 1)), "conv_w"),
+    (lambda: launch_gdn.gdn_split(f32(3, 10), 1, 2, 1, 2), "h"),
+    (lambda: launch_gdn.gdn_recurrence(f32(2, 128, 512), f32(1, 1, 128), f32(1, 1, 128), f32(1, 2, 512), f32(1, 2),
+                                       f32(1, 2)), "state"),
+    (lambda: launch_gdn.gdn_commit_state(f32(2, 8, 8), f32(3, 1, 8), f32(3, 1, 8), f32(3, 2, 8), f32(3, 2),
+                                         f32(3, 2), 4), "n_keep"),
+    (lambda: launch_gdn.gdn_conv_commit(f32(2, 9), f32(3, 9), 0, n_keep_dev=np.zeros(1, np.int64)), "n_keep_dev"),
+    (lambda: launch_qsa.norm_rope(f32(2, 3, 80)[..., ::2], f32(40), 1e-6, f32(9, 8), f32(9, 8)), "x"),
+    (lambda: launch_qsa.norm_rope(f32(2, 3, 40), f32(40), 1e-6, f32(9, 7), f32(9, 7)), "cos"),
+    (lambda: launch_qsa.attend_selected(f32(2, 4, 40), f32(2, 4, 40), f32(9, 3, 40), f32(9, 3, 40),
+                                        np.zeros(2, np.int32)), "q"),
+    (lambda: launch_qsa.select_cells(f32(2, 5), np.zeros(2, np.int64), 3, 9), "positions"),
+    (lambda: launch_qsa.block_scores(f32(2, 1, 40), f32(5, 40), np.zeros(2, np.int32), 0), "ratio"),
+    (lambda: launch_qsa.indexer_commit(f32(3, 40), f32(5, 40), None, f32(2, 40), np.zeros(2, np.int32), 1,
+                                       f32(40), 1e-6, f32(9, 8), f32(9, 8)), "snapshot"),
+    (lambda: launch_ple.ngram_rows(np.zeros(3, np.int64), np.zeros(8, np.int64), 0, np.zeros(9, np.int64), 1,
+                                   np.zeros(8, np.int64), np.zeros(8, np.int64)), "prev"),
+    (lambda: launch_ple.gather_rows(np.zeros((2, 3), np.int32), f32(5, 24), 0, 24), "rows"),
+    (lambda: launch_ple.ple_mix(f32(2, 3, 8), f32(2, 16), f32(3, 24), f32(24, 16), f32(8, 16), f32(24), f32(24),
+                                f32(24), f32(24, 4), 3, 1e-6), "history"),
+])
+def test_launcher_checks_name_the_argument(call, name):
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        call()
