@@ -1,4 +1,4 @@
-// gemv.cu: multi-row GEMV over GGUF raw weights, with a fused epilogue.
+// gemv.cu: multi-row GEMV over GGUF raw weights, with a fused epilogue. Memory-bound: built to stream W once.
 //
 //   y[t, o] = act(sum_i W[o, i] * x[t, i] / div) * (mul ? mul[t * mul_st + o * mul_so] : 1)
 //
@@ -6,47 +6,93 @@
 //   W      raw rows of row_stride bytes: F32, F16 / BF16 (uint16 bits), Q8_0 (n_in/32 blocks of 34 bytes)
 //   x      [T, n_in] f32 (dense) or [J / x_div, n_in] f32 (expert: entry j reads row j / x_div)
 //   y      [T, n_out] or [J, n_out] f32
-//   mul    optional f32 multiplier; it may alias y (each element is read, then written, by the same thread),
+//   mul    optional f32 multiplier; it may alias y (the one thread that writes y[t, o] reads mul there first),
 //          which is how h = silu(gate . x) * (up . x) reuses the up buffer.
 //
-// One warp per output row; a block holds GEMV_WARPS rows. Dense: blockIdx.y picks a chunk of GEMV_MAXT window
-// rows, so each W row is read once per chunk for all its rows; x stays in L1/L2 (staging T x n_in in shared
-// memory would not fit at n_in = 10240). Accumulation is float32 per row.
+// Work split. The input axis is cut in steps (two Q8_0 blocks, or 32 elements of the float types); the lanes of a
+// warp read a step's weights and x coalesced, and d * q equals the numpy dequantization exactly. A warp owns GEMV_RPW output
+// rows: each x value it loads serves all of them (x is re-read from L1 once per GEMV_RPW rows, not per row).
+// The GEMV_WARPS warps of a block form GEMV_WARPS / ksplit row groups of ksplit warps; the warps of a group take
+// interleaved chunks (split-K, so a 1-row or 320-row matrix still fills the GPU) and add up in shared memory.
+// NT, the bucket of window rows (1, 2, 4, 8, 16), is a template parameter so accumulators stay in registers.
 #include "common.cuh"
 
 #define GEMV_WARPS 8
 #define GEMV_MAXT 16
+#ifndef GEMV_RPW  // rows per warp and loop unroll depth; bench/gemv_variants.py times other values
+#define GEMV_RPW 4
+#endif
+#ifndef GEMV_UNROLL
+#define GEMV_UNROLL 2
+#endif
+constexpr int kGemvUnroll = GEMV_UNROLL;
 
 template <int TYPE>
-__device__ __forceinline__ float load_weight(const u8* row, int i) {
-    if constexpr (TYPE == GGML_F32) return reinterpret_cast<const float*>(row)[i];
-    if constexpr (TYPE == GGML_F16) return f16_bits_to_float(reinterpret_cast<const u16*>(row)[i]);
-    if constexpr (TYPE == GGML_BF16) return bf16_bits_to_float(reinterpret_cast<const u16*>(row)[i]);
-    return 0.0f;
+__device__ __forceinline__ float weight_at(const u8* row, int c, int lane, int n_in) {
+    const int i = c * QK8_0 + lane;
+    if constexpr (TYPE == GGML_Q8_0) {
+        const u8* blk = row + (i64)c * Q8_0_BYTES;
+        return q8_0_scale(blk) * (float)(signed char)__ldg(blk + 2 + lane);
+    } else {
+        if (i >= n_in) return 0.0f;
+        if constexpr (TYPE == GGML_F32) return __ldg(reinterpret_cast<const float*>(row) + i);
+        if constexpr (TYPE == GGML_F16) return f16_bits_to_float(__ldg(reinterpret_cast<const u16*>(row) + i));
+        return bf16_bits_to_float(__ldg(reinterpret_cast<const u16*>(row) + i));
+    }
 }
 
-// acc[t] += (this lane's share of) W_row . x[t] for t < nt; x rows are n_in apart.
-template <int TYPE, int MAXT>
-__device__ __forceinline__ void row_dot(const u8* __restrict__ row, const float* __restrict__ x, int nt, int n_in,
-                                        float (&acc)[MAXT]) {
+// acc[r][t] = (this warp's K slice of) W[o0 + r] . x[t] for r < GEMV_RPW (rows >= n_out skipped), t < nt.
+// Q8_0: a step covers two blocks (64 elements): lane l reads quants 2*(l%16), +1 of block 2*step + l/16 as one
+// u16 (the 34-byte blocks keep quants 2-byte aligned), so a warp load moves 64 bytes; x comes as float2.
+// Other types: a step covers 32 elements, one per lane. Steps are dealt to the kstride warps of a row group.
+template <int TYPE, int NT>
+__device__ __forceinline__ void slice_dot(const u8* __restrict__ W, i64 row_stride, int o0, int n_out,
+                                          const float* __restrict__ x, int nt, int n_in, int kslice, int kstride,
+                                          float (&acc)[GEMV_RPW][NT]) {
     const int lane = threadIdx.x & (WARP - 1);
     if constexpr (TYPE == GGML_Q8_0) {
-        // Lane l takes element l of every block: its x reads are coalesced, d*q equals the numpy dequant exactly.
-        const int nb = n_in / QK8_0;
-        for (int b = 0; b < nb; ++b) {
-            const u8* blk = row + (i64)b * Q8_0_BYTES;
-            const float w = q8_0_scale(blk) * (float)(signed char)blk[2 + lane];
-            const float* xb = x + b * QK8_0 + lane;
+        const int n_blocks = n_in / QK8_0;
+        const int n_steps = (n_blocks + 1) / 2;
+        const int half = lane >> 4, pair = (lane & 15) * 2;
+#pragma unroll kGemvUnroll
+        for (int s = kslice; s < n_steps; s += kstride) {
+            const int c = 2 * s + half;
+            const bool live = c < n_blocks;  // an odd block count leaves the upper half-warp idle on the last step
+            const int i = c * QK8_0 + pair;
+            float2 xv[NT];
 #pragma unroll
-            for (int t = 0; t < MAXT; ++t)
-                if (t < nt) acc[t] += w * __ldg(xb + (i64)t * n_in);
+            for (int t = 0; t < NT; ++t)
+                xv[t] = (t < nt && live) ? __ldg(reinterpret_cast<const float2*>(x + (i64)t * n_in + i))
+                                         : make_float2(0.0f, 0.0f);
+#pragma unroll
+            for (int r = 0; r < GEMV_RPW; ++r) {
+                if (o0 + r < n_out && live) {
+                    const u8* blk = W + (i64)(o0 + r) * row_stride + (i64)c * Q8_0_BYTES;
+                    // the launcher checks 2-byte alignment, so the fp16 scale is one load
+                    const float d = f16_bits_to_float(__ldg(reinterpret_cast<const u16*>(blk)));
+                    const u16 q2 = __ldg(reinterpret_cast<const u16*>(blk + 2 + pair));
+                    const float w0 = d * (float)(signed char)(q2 & 0xff), w1 = d * (float)(signed char)(q2 >> 8);
+#pragma unroll
+                    for (int t = 0; t < NT; ++t) acc[r][t] += w0 * xv[t].x + w1 * xv[t].y;
+                }
+            }
         }
     } else {
-        for (int i = lane; i < n_in; i += WARP) {
-            const float w = load_weight<TYPE>(row, i);
+        const int n_chunks = (n_in + QK8_0 - 1) / QK8_0;
+#pragma unroll kGemvUnroll
+        for (int c = kslice; c < n_chunks; c += kstride) {
+            const int i = c * QK8_0 + lane;
+            float xv[NT];
 #pragma unroll
-            for (int t = 0; t < MAXT; ++t)
-                if (t < nt) acc[t] += w * __ldg(x + (i64)t * n_in + i);
+            for (int t = 0; t < NT; ++t) xv[t] = (t < nt && i < n_in) ? __ldg(x + (i64)t * n_in + i) : 0.0f;
+#pragma unroll
+            for (int r = 0; r < GEMV_RPW; ++r) {
+                if (o0 + r < n_out) {
+                    const float w = weight_at<TYPE>(W + (i64)(o0 + r) * row_stride, c, lane, n_in);
+#pragma unroll
+                    for (int t = 0; t < NT; ++t) acc[r][t] += w * xv[t];
+                }
+            }
         }
     }
 }
@@ -56,77 +102,142 @@ __device__ __forceinline__ float epilogue(float acc, int act, float div, const f
     return mul ? v * mul[mul_idx] : v;
 }
 
-template <int TYPE>
-__device__ __forceinline__ void gemv_dense(const u8* W, i64 row_stride, const float* x, int n_in, float* y,
-                                           int n_out, int T, int act, float div, const float* mul, int mul_st,
-                                           int mul_so) {
-    const int o = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
-    if (o >= n_out) return;  // whole warps leave; nothing below synchronises the block
+// Sum the ksplit warps of each row group, then the group's first warp writes its rows.
+// y_row(t) is the output row of window row t (dense: t0 + t; expert: the entry).
+template <int NT>
+__device__ __forceinline__ void reduce_store(float (&acc)[GEMV_RPW][NT], int o0, int n_out, int nt, int ksplit,
+                                             int kslice, int group, float* y, const int* y_rows, int act,
+                                             float div, const float* mul, int mul_st, int mul_so) {
+    __shared__ float part[GEMV_WARPS][GEMV_RPW][NT];
     const int lane = threadIdx.x & (WARP - 1);
-    const int t0 = blockIdx.y * GEMV_MAXT;
-    const int nt = min(GEMV_MAXT, T - t0);
-    float acc[GEMV_MAXT];
+    const int warp = threadIdx.x / WARP;
 #pragma unroll
-    for (int t = 0; t < GEMV_MAXT; ++t) acc[t] = 0.0f;
-    row_dot<TYPE, GEMV_MAXT>(W + (i64)o * row_stride, x + (i64)t0 * n_in, nt, n_in, acc);
+    for (int r = 0; r < GEMV_RPW; ++r)
 #pragma unroll
-    for (int t = 0; t < GEMV_MAXT; ++t) {
-        if (t < nt) {
-            const float s = warp_sum(acc[t]);  // every lane holds the sum; lane t stores row t
-            if (lane == t) {
-                const i64 row = t0 + t;
-                y[row * n_out + o] = epilogue(s, act, div, mul, row * mul_st + (i64)o * mul_so);
+        for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+    if (ksplit > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < GEMV_RPW; ++r)
+#pragma unroll
+                for (int t = 0; t < NT; ++t) part[warp][r][t] = acc[r][t];
+        }
+        __syncthreads();
+        if (kslice != 0) return;
+        for (int s = 1; s < ksplit; ++s)
+#pragma unroll
+            for (int r = 0; r < GEMV_RPW; ++r)
+#pragma unroll
+                for (int t = 0; t < NT; ++t) acc[r][t] += part[group * ksplit + s][r][t];
+    }
+#pragma unroll
+    for (int r = 0; r < GEMV_RPW; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const int o = o0 + r;
+            if (lane == (r * NT + t) % WARP && o < n_out && t < nt) {
+                const i64 row = y_rows[t];
+                y[row * n_out + o] = epilogue(acc[r][t], act, div, mul, row * mul_st + (i64)o * mul_so);
             }
         }
+}
+
+// grid (ceil(n_out / (GEMV_RPW * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit), block GEMV_WARPS * 32.
+// With zsplit > 1 the blocks along z take interleaved chunks too and write raw sums to partial[z][t][o];
+// gemv_reduce then adds the z slices and applies the epilogue (a 4-row x 10240 matrix needs many SMs).
+template <int TYPE, int NT>
+__device__ __forceinline__ void gemv_dense(const u8* W, i64 row_stride, const float* x, int n_in, float* y,
+                                           int n_out, int T, int ksplit, int act, float div, const float* mul,
+                                           int mul_st, int mul_so, float* partial) {
+    const int warp = threadIdx.x / WARP;
+    const int group = warp / ksplit;
+    const int kslice = warp % ksplit + blockIdx.z * ksplit, kstride = ksplit * gridDim.z;
+    const int o0 = (blockIdx.x * (GEMV_WARPS / ksplit) + group) * GEMV_RPW;
+    const int t0 = blockIdx.y * GEMV_MAXT;
+    const int nt = min(NT, T - t0);
+    float acc[GEMV_RPW][NT];
+#pragma unroll
+    for (int r = 0; r < GEMV_RPW; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    slice_dot<TYPE, NT>(W, row_stride, o0, n_out, x + (i64)t0 * n_in, nt, n_in, kslice, kstride, acc);
+    int rows[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) rows[t] = t0 + t;
+    if (gridDim.z > 1)  // raw partial sums of this z slice; the epilogue waits for gemv_reduce
+        reduce_store<NT>(acc, o0, n_out, nt, ksplit, warp % ksplit, group, partial + (i64)blockIdx.z * T * n_out,
+                         rows, ACT_NONE, 1.0f, nullptr, 0, 0);
+    else
+        reduce_store<NT>(acc, o0, n_out, nt, ksplit, warp % ksplit, group, y, rows, act, div, mul, mul_st, mul_so);
+}
+
+// y[t, o] = epilogue(sum_z partial[z][t][o]); grid-stride over T * n_out.
+extern "C" __global__ void __launch_bounds__(256) gemv_reduce(const float* __restrict__ partial, int zsplit, float* y,
+        int n_out, int T, int act, float div, const float* mul, int mul_st, int mul_so) {
+    const i64 n = (i64)T * n_out;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (int z = 0; z < zsplit; ++z) s += partial[(i64)z * n + i];
+        const i64 t = i / n_out, o = i % n_out;
+        y[i] = epilogue(s, act, div, mul, t * mul_st + o * mul_so);
     }
 }
 
-// Entry j multiplies expert ids[j]'s matrix (W + ids[j] * expert_stride) by x row j / x_div.
+// Entry j = blockIdx.y multiplies expert ids[j]'s matrix (W + ids[j] * expert_stride) by x row j / x_div.
 // Each entry re-reads its expert's rows: reading an expert once for all rows routed to it is a later optimisation.
 template <int TYPE>
 __device__ __forceinline__ void gemv_expert(const u8* W, i64 expert_stride, i64 row_stride, int n_expert,
                                             const int* ids, const float* x, int x_div, int n_in, float* y,
-                                            int n_out, int act, float div, const float* mul, int mul_st,
+                                            int n_out, int ksplit, int act, float div, const float* mul, int mul_st,
                                             int mul_so) {
-    const int o = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
-    if (o >= n_out) return;
-    const int lane = threadIdx.x & (WARP - 1);
+    const int warp = threadIdx.x / WARP;
+    const int group = warp / ksplit, kslice = warp % ksplit;
+    const int o0 = (blockIdx.x * (GEMV_WARPS / ksplit) + group) * GEMV_RPW;
     const int j = blockIdx.y;
     const int e = ids[j];
-    const i64 out_idx = (i64)j * n_out + o;
     if (e < 0 || e >= n_expert) {  // a bad id shows up as NaN in the output, never as a stray read
-        if (lane == 0) y[out_idx] = QNAN;
-        return;
+        if (kslice == 0 && (threadIdx.x & (WARP - 1)) < GEMV_RPW && o0 + (threadIdx.x & (WARP - 1)) < n_out)
+            y[(i64)j * n_out + o0 + (threadIdx.x & (WARP - 1))] = QNAN;
+        return;  // the whole block takes this branch (one entry per block row), so no barrier is left waiting
     }
-    float acc[1] = {0.0f};
-    row_dot<TYPE, 1>(W + (i64)e * expert_stride + (i64)o * row_stride, x + (i64)(j / x_div) * n_in, 1, n_in, acc);
-    const float s = warp_sum(acc[0]);
-    if (lane == 0) y[out_idx] = epilogue(s, act, div, mul, (i64)j * mul_st + (i64)o * mul_so);
+    float acc[GEMV_RPW][1];
+#pragma unroll
+    for (int r = 0; r < GEMV_RPW; ++r) acc[r][0] = 0.0f;
+    slice_dot<TYPE, 1>(W + (i64)e * expert_stride, row_stride, o0, n_out, x + (i64)(j / x_div) * n_in, 1, n_in,
+                       kslice, ksplit, acc);  // kslice < ksplit here: experts split K inside the block only
+    int rows[1] = {j};
+    reduce_store<1>(acc, o0, n_out, 1, ksplit, kslice, group, y, rows, act, div, mul, mul_st, mul_so);
 }
 
-#define GEMV_DENSE_KERNEL(NAME, TYPE)                                                                              \
+#define GEMV_DENSE_KERNEL(NAME, TYPE, NT)                                                                          \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
-        NAME(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int act,          \
-             float div, const float* mul, int mul_st, int mul_so) {                                                \
-        gemv_dense<TYPE>(W, row_stride, x, n_in, y, n_out, T, act, div, mul, mul_st, mul_so);                     \
+        NAME(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int ksplit,       \
+             int act, float div, const float* mul, int mul_st, int mul_so, float* partial) {                      \
+        gemv_dense<TYPE, NT>(W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial); \
     }
+
+#define GEMV_DENSE_FAMILY(SUFFIX, TYPE)                                                                            \
+    GEMV_DENSE_KERNEL(gemv_##SUFFIX##_t1, TYPE, 1)                                                                 \
+    GEMV_DENSE_KERNEL(gemv_##SUFFIX##_t2, TYPE, 2)                                                                 \
+    GEMV_DENSE_KERNEL(gemv_##SUFFIX##_t4, TYPE, 4)                                                                 \
+    GEMV_DENSE_KERNEL(gemv_##SUFFIX##_t8, TYPE, 8)                                                                 \
+    GEMV_DENSE_KERNEL(gemv_##SUFFIX##_t16, TYPE, 16)
 
 #define GEMV_EXPERT_KERNEL(NAME, TYPE)                                                                             \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
         NAME(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* ids, const float* x,        \
-             int x_div, int n_in, float* y, int n_out, int act, float div, const float* mul, int mul_st,          \
-             int mul_so) {                                                                                         \
-        gemv_expert<TYPE>(W, expert_stride, row_stride, n_expert, ids, x, x_div, n_in, y, n_out, act, div, mul,   \
-                          mul_st, mul_so);                                                                         \
+             int x_div, int n_in, float* y, int n_out, int ksplit, int act, float div, const float* mul,          \
+             int mul_st, int mul_so) {                                                                             \
+        gemv_expert<TYPE>(W, expert_stride, row_stride, n_expert, ids, x, x_div, n_in, y, n_out, ksplit, act,     \
+                          div, mul, mul_st, mul_so);                                                               \
     }
 
-// grid (ceil(n_out / GEMV_WARPS), ceil(T / GEMV_MAXT)), block GEMV_WARPS * 32
-GEMV_DENSE_KERNEL(gemv_f32, GGML_F32)
-GEMV_DENSE_KERNEL(gemv_f16, GGML_F16)
-GEMV_DENSE_KERNEL(gemv_bf16, GGML_BF16)
-GEMV_DENSE_KERNEL(gemv_q8_0, GGML_Q8_0)
+GEMV_DENSE_FAMILY(f32, GGML_F32)
+GEMV_DENSE_FAMILY(f16, GGML_F16)
+GEMV_DENSE_FAMILY(bf16, GGML_BF16)
+GEMV_DENSE_FAMILY(q8_0, GGML_Q8_0)
 
-// grid (ceil(n_out / GEMV_WARPS), J), block GEMV_WARPS * 32
+// grid (ceil(n_out / (GEMV_RPW * GEMV_WARPS / ksplit)), J), block GEMV_WARPS * 32
 GEMV_EXPERT_KERNEL(gemv_expert_f32, GGML_F32)
 GEMV_EXPERT_KERNEL(gemv_expert_f16, GGML_F16)
 GEMV_EXPERT_KERNEL(gemv_expert_bf16, GGML_BF16)

@@ -113,7 +113,7 @@ def test_hc_write_matches_reference_and_runs_in_place(T, C, D):
 
 
 @pytest.mark.parametrize("T", (1, 3, 7, 16))
-@pytest.mark.parametrize("V", (1, 257, 5000))
+@pytest.mark.parametrize("V", (1, 257, 5000, 300001))
 def test_argmax_rows_matches_reference_with_ties(T, V):
     from strata_cli.gpu import launch_dense
 

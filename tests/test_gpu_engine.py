@@ -125,6 +125,6 @@ def test_graph_summaries(fixture_dir):
     one, four = eng.graph(1).summary(), eng.graph(4).summary()
     assert one.nodes == four.nodes > 100 and one.edges > 0
     kinds = dict(four.kinds)
-    assert kinds["memcpy"] == 3 and kinds.get("gemv_q8_0", 0) > 0
+    assert kinds["memcpy"] == 3 and kinds.get("gemv_q8_0_t4", 0) > 0 and dict(one.kinds).get("gemv_q8_0_t1", 0) > 0
     commit = dict(eng.commit_graph_().summary().kinds)
     assert commit["gdn_recurrence"] == commit["gdn_conv_commit"] == len(eng.g.gdn_layers)

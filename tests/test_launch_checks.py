@@ -88,9 +88,16 @@ def test_out_and_scratch_buffers():
 
 
 def test_grid_math():
-    assert U.gemv_grid(257, 16) == ((33, 1, 1), (256, 1, 1))
+    # 8 warps x 4 rows per block without split-K; 4 rows per block with 8-way split-K; z slices on grid z
+    assert U.gemv_grid(257, 16) == ((9, 1, 1), (256, 1, 1))
+    assert U.gemv_grid(257, 16, ksplit=8, zsplit=4) == ((65, 1, 4), (256, 1, 1))
     assert U.gemv_grid(1, 17) == ((1, 2, 1), (256, 1, 1))
-    assert U.expert_grid(64, 40) == ((8, 40, 1), (256, 1, 1))
+    assert U.expert_grid(64, 40) == ((2, 40, 1), (256, 1, 1))
+    # a tall head is not split; a short matrix with a long input axis is split across warps and blocks
+    assert U.gemv_split(248320, 2560) == (1, 1)
+    assert U.gemv_split(320, 10240, max_z=8) == (8, 8)
+    assert U.gemv_split(4, 64, max_z=8) == (1, 1)
+    assert [U.nt_bucket(t) for t in (1, 2, 3, 5, 8, 9, 16, 40)] == [1, 2, 4, 8, 8, 16, 16, 16]
     with pytest.raises(ValueError, match=r"^ids:"):
         U.expert_grid(64, 70000)
     assert U.elementwise_grid(1) == ((1, 1, 1), (256, 1, 1))
@@ -118,16 +125,20 @@ def _source(name):
 
 
 def test_kernel_names_and_constants_match_the_sources():
-    names = {"gemv.cu": [f"gemv_{s}" for s in U.TYPE_SUFFIX.values()]
-             + [f"gemv_expert_{s}" for s in U.TYPE_SUFFIX.values()],
+    names = {"gemv.cu": [f"gemv_{s}_t{nt}" for s in U.TYPE_SUFFIX.values() for nt in (1, 2, 4, 8, 16)]
+             + [f"gemv_expert_{s}" for s in U.TYPE_SUFFIX.values()] + ["gemv_reduce"],
              "hyper.cu": ["hc_norm", "hc_mix", "hc_write"], "moe.cu": ["router_topk", "moe_combine"],
              "head.cu": ["argmax_rows"]}
     for file, kernels in names.items():
         text = _source(file)
         for k in kernels:
-            assert re.search(rf"\b{k}\s*\(|\({k},", text), f"{file} defines no kernel {k}"
+            family = re.sub(r"_t(\d+)$", "", k).replace("gemv_", "", 1)
+            nt = re.search(r"_t(\d+)$", k)
+            in_family = nt and "GEMV_DENSE_FAMILY" in text and re.search(rf"GEMV_DENSE_FAMILY\({family},", text)
+            assert re.search(rf"\b{k}\s*\(|\({k},", text) or in_family, f"{file} defines no kernel {k}"
     defines = dict(re.findall(r"#define (\w+) (\d+)", _source("common.cuh") + _source("gemv.cu") + _source("moe.cu")))
     assert int(defines["GEMV_WARPS"]) == U.GEMV_WARPS and int(defines["GEMV_MAXT"]) == U.GEMV_MAXT
+    assert int(defines["GEMV_RPW"]) == U.GEMV_RPW
     assert int(defines["ROUTER_MAXK"]) == U.ROUTER_MAXK
     assert [int(defines[k]) for k in ("ACT_NONE", "ACT_SILU", "ACT_SIGMOID", "ACT_2SIGMOID")] == [0, 1, 2, 3]
     assert {int(defines[f"GGML_{n}"]) for n in ("F32", "F16", "Q8_0", "BF16")} == set(TYPES)

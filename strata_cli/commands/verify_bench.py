@@ -11,6 +11,23 @@ COLUMNS = [("window", "T", None), ("ms_median", "ms/window", ".3f"), ("ms_p10", 
            ("accepted_tok_per_s", "accepted tok/s", ",.0f"), ("speedup_vs_t1", "speedup vs T=1", ".2f")]
 
 
+FLOOR_COLUMNS = [("read_gb", "GB read", ".3f"), ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f")]
+
+
+def _add_floor(records: list[dict], model) -> None:
+    """Bytes each window reads, and the time that takes at the measured device copy rate."""
+    from ..gpu.runtime import copy_bandwidth
+    from ..traffic import window_bytes
+
+    bandwidth = copy_bandwidth()
+    for rec in records:
+        traffic = window_bytes(model, rec["window"])
+        rec.update(read_gb=traffic["total"] / 1e9, dense_gb=traffic["dense"] / 1e9,
+                   expert_gb=traffic["experts"] / 1e9, copy_tb_s=bandwidth / 1e12,
+                   floor_ms=traffic["total"] / bandwidth * 1e3)
+        rec["x_floor"] = rec["ms_median"] / rec["floor_ms"]
+
+
 def _windows(text: str) -> list[int]:
     from ..errors import InputError
 
@@ -58,6 +75,10 @@ def command(model, window_list, n_windows, acceptance, context, seed, eager, fmt
     timer = engine.window_timer(eager=eager) if hasattr(engine, "window_timer") else None
     records = run_bench(engine, windows, n_windows, acceptance, context, seed, timer=timer)
     mode = "eager" if eager else ("graph" if engine.device == "gpu" else "numpy")
+    columns = [Column(k, h, f) for k, h, f in COLUMNS]
+    if engine.device == "gpu":
+        _add_floor(records, m)
+        columns += [Column(k, h, f) for k, h, f in FLOOR_COLUMNS]
     for rec in records:
         if getattr(engine, "capture_ms", None):
             rec["capture_ms"] = engine.capture_ms.get(rec["window"])
@@ -65,5 +86,5 @@ def command(model, window_list, n_windows, acceptance, context, seed, eager, fmt
                    **{k: v for k, v in env.items() if k != "device"})
     head = [header_line(env), f"model {m.path} | {mode} | context {context} | acceptance {acceptance} | "
             f"{n_windows} windows per T"]
-    emit(records, [Column(k, h, f) for k, h, f in COLUMNS], fmt, header_lines=head, title="verify windows",
+    emit(records, columns, fmt, header_lines=head, title="verify windows",
          meta={"env": env} if fmt == "json" else None)

@@ -29,14 +29,32 @@ def _empty(shape, dtype):
     return cupy().empty(shape, dtype=dtype)
 
 
+_PARTIAL = []
+
+
+def _partials():
+    """Raw split-K sums of the z slices: one buffer for every launch on this device (launches on one stream run
+    in order). Allocated on first use, which is an eager warm-up, never inside a capture."""
+    if not _PARTIAL:
+        _PARTIAL.append(_empty((U.GEMV_PARTIAL_FLOATS,), np.float32))
+    return _PARTIAL[0]
+
+
 def launch_gemv(w, ggml_type: int, n_in: int, x, y, *, act: int = U.ACT_NONE, div: float = 1.0, mul=None,
                 mul_strides: tuple[int, int] = (0, 0)) -> None:
     """y [T, n_out] = act(x [T, n_in] @ W^T / div) * mul[t*mul_st + o*mul_so]; arguments already checked."""
     T, n_out = y.shape
-    grid, block = U.gemv_grid(n_out, T)
-    _fn("gemv", f"gemv_{U.TYPE_SUFFIX[ggml_type]}")(grid, block, (
+    ksplit, zsplit = U.gemv_split(n_out, n_in, max_z=U.GEMV_MAX_ZSPLIT if T <= U.GEMV_MAXT else 1)
+    grid, block = U.gemv_grid(n_out, T, ksplit, zsplit)
+    partial = _partials() if zsplit > 1 else None
+    epilogue = (np.int32(act), np.float32(div), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1]))
+    _fn("gemv", f"gemv_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}")(grid, block, (
         w, np.int64(U.row_stride(ggml_type, n_in)), x, np.int32(n_in), y, np.int32(n_out), np.int32(T),
-        np.int32(act), np.float32(div), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
+        np.int32(ksplit), *epilogue, U.null_or(partial)))
+    if partial is not None:
+        grid, block = U.elementwise_grid(T * n_out)
+        _fn("gemv", "gemv_reduce")(grid, block, (partial, np.int32(zsplit), y, np.int32(n_out), np.int32(T),
+                                                 *epilogue))
 
 
 def gemv(w_raw, ggml_type: int, n_in: int, x, out=None, stream=None):
@@ -110,11 +128,33 @@ def hc_write(R, block_out, inj, out=None, stream=None):
     return out
 
 
+ARGMAX_CHUNK = 4096  # logits per stage-1 block
+ARGMAX_MAX_PARTS = 1024
+_ARGMAX = []
+
+
+def _argmax_parts():
+    """Stage-1 partials [GEMV_MAXT * ARGMAX_MAX_PARTS] (value, id): allocated on first (eager) use."""
+    if not _ARGMAX:
+        n = U.GEMV_MAXT * ARGMAX_MAX_PARTS
+        _ARGMAX.append((_empty((n,), np.float32), _empty((n,), np.int32)))
+    return _ARGMAX[0]
+
+
 def argmax_rows(logits, out=None, stream=None):
     """logits [T, V] f32 -> ids [T] int32, ties -> lower id (NaN logits are never picked)."""
     with U.on_stream(stream):
         U.check_array("logits", logits, np.float32, (None, None))
         T, V = logits.shape
         out = U.out_array("out", out, (T,), np.int32, _empty)
-        _fn("head", "argmax_rows")((T, 1, 1), (512, 1, 1), (logits, np.int32(V), out))
+        parts = -(-V // ARGMAX_CHUNK)
+        chunk = ARGMAX_CHUNK
+        if parts > ARGMAX_MAX_PARTS:
+            parts, chunk = ARGMAX_MAX_PARTS, -(-V // ARGMAX_MAX_PARTS)
+        if T > U.GEMV_MAXT:
+            raise ValueError(f"logits: {T} rows exceed {U.GEMV_MAXT}")
+        part_v, part_i = _argmax_parts()
+        _fn("head", "argmax_partial")((parts, T, 1), (256, 1, 1), (logits, np.int32(V), np.int32(chunk), part_v,
+                                                                    part_i))
+        _fn("head", "argmax_rows")((T, 1, 1), (256, 1, 1), (part_v, part_i, np.int32(parts), out))
     return out

@@ -37,10 +37,11 @@ def _launch_expert_gemv(w, ggml_type, expert_stride, n_expert, ids, x, x_div, n_
                         mul=None, mul_strides=(0, 0)) -> None:
     """y [J, n_out]: entry j = expert ids[j] applied to x row j // x_div; arguments already checked."""
     J, n_out = y.shape
-    grid, block = U.expert_grid(n_out, J)
+    ksplit = U.gemv_ksplit(n_out, n_in, J)
+    grid, block = U.expert_grid(n_out, J, ksplit)
     _fn("gemv", f"gemv_expert_{U.TYPE_SUFFIX[ggml_type]}")(grid, block, (
         w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), ids, x,
-        np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(act), np.float32(1.0), U.null_or(mul),
+        np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), np.int32(act), np.float32(1.0), U.null_or(mul),
         np.int32(mul_strides[0]), np.int32(mul_strides[1])))
 
 

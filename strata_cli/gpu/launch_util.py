@@ -14,8 +14,11 @@ from ..model import quants
 
 # Mirrors of the kernels' compile-time constants (kernels/common.cuh, kernels/gemv.cu).
 ACT_NONE, ACT_SILU, ACT_SIGMOID, ACT_2SIGMOID = 0, 1, 2, 3
-GEMV_WARPS = 8  # output rows per block (one warp each)
+GEMV_WARPS = 8  # warps per block (kernels/gemv.cu)
 GEMV_MAXT = 16  # window rows per block along grid y
+GEMV_RPW = 4  # output rows per warp
+GEMV_TARGET_WARPS = 4096  # split K until a launch has about this many warps (fills 132 SMs with loads in flight)
+GEMV_MIN_CHUNKS = 4  # ... but leave every warp at least this many 32-wide chunks of the input
 BLOCK = 256  # threads per block of the norm / elementwise / router kernels
 ELEMWISE_MAX_BLOCKS = 4096  # grid-stride kernels never need more
 MAX_GRID_Y = 65535
@@ -133,19 +136,52 @@ def scratch_rows(name: str, buf, rows: int, shape_tail: tuple, empty):
     return buf[:rows]
 
 
-def gemv_grid(n_out: int, T: int) -> tuple[tuple, tuple]:
-    """(grid, block) of the dense gemv_* kernels: a warp per output row, GEMV_MAXT window rows per grid y."""
+GEMV_MAX_ZSPLIT = 8  # blocks along grid z sharing one row group's input axis
+GEMV_PARTIAL_FLOATS = GEMV_MAX_ZSPLIT * GEMV_MAXT * 2048  # z splits happen only below 2048 output rows
+
+
+def gemv_split(n_out: int, n_in: int, n_matrices: int = 1, max_z: int = 1, rpw: int = GEMV_RPW) -> tuple[int, int]:
+    """(ksplit, zsplit): warps of a block and blocks along z that share one row group's input axis. Matrices with
+    few rows and a long input axis are split until the launch has about GEMV_TARGET_WARPS warps."""
+    groups = -(-n_out // rpw) * n_matrices
+    chunks = -(-n_in // 32)
+    split = 1
+    while (split < GEMV_WARPS * max_z and groups * split < GEMV_TARGET_WARPS
+           and chunks >= 2 * split * GEMV_MIN_CHUNKS):
+        split *= 2
+    ksplit = min(split, GEMV_WARPS)
+    zsplit = split // ksplit
+    if zsplit > 1 and n_out > 2048:
+        zsplit = 1
+    return ksplit, zsplit
+
+
+def gemv_ksplit(n_out: int, n_in: int, n_matrices: int = 1) -> int:
+    return gemv_split(n_out, n_in, n_matrices)[0]
+
+
+def nt_bucket(T: int) -> int:
+    """Window-row bucket compiled into the dense kernels (gemv_<type>_t<NT>)."""
+    rows = min(T, GEMV_MAXT)
+    return next(nt for nt in (1, 2, 4, 8, 16) if nt >= rows)
+
+
+def gemv_grid(n_out: int, T: int, ksplit: int = 1, zsplit: int = 1, rpw: int = GEMV_RPW) -> tuple[tuple, tuple]:
+    """(grid, block) of the dense gemv_* kernels: GEMV_WARPS/ksplit groups of GEMV_RPW rows per block, GEMV_MAXT
+    window rows per grid y."""
     grid_y = -(-T // GEMV_MAXT)
     if grid_y > MAX_GRID_Y:
         raise ValueError(f"x: {T} rows exceed the kernel's {MAX_GRID_Y * GEMV_MAXT}")
-    return (-(-n_out // GEMV_WARPS), grid_y, 1), (GEMV_WARPS * 32, 1, 1)
+    rows_per_block = rpw * (GEMV_WARPS // ksplit)
+    return (-(-n_out // rows_per_block), grid_y, zsplit), (GEMV_WARPS * 32, 1, 1)
 
 
-def expert_grid(n_out: int, n_entries: int) -> tuple[tuple, tuple]:
+def expert_grid(n_out: int, n_entries: int, ksplit: int = 1) -> tuple[tuple, tuple]:
     """(grid, block) of the gemv_expert_* kernels: grid y = one (row, slot) entry."""
     if n_entries > MAX_GRID_Y:
         raise ValueError(f"ids: {n_entries} (row, slot) entries exceed {MAX_GRID_Y}")
-    return (-(-n_out // GEMV_WARPS), n_entries, 1), (GEMV_WARPS * 32, 1, 1)
+    rows_per_block = GEMV_RPW * (GEMV_WARPS // ksplit)
+    return (-(-n_out // rows_per_block), n_entries, 1), (GEMV_WARPS * 32, 1, 1)
 
 
 def elementwise_grid(n: int) -> tuple[tuple, tuple]:

@@ -65,3 +65,21 @@ class MappedBuffer:
         if self.host_ptr:
             cudart().cudaFreeHost(self.host_ptr)
             self.host_ptr = 0
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> float:
+    """Device-to-device copy rate in bytes/s, counting bytes read plus bytes written (the usual STREAM copy
+    convention); the ceiling a weight-streaming window is held against."""
+    cp = cupy()
+    src = cp.ones(nbytes // 4, dtype=cp.float32)
+    dst = cp.empty_like(src)
+    dst[...] = src
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(repeats):
+        dst[...] = src
+    end.record()
+    end.synchronize()
+    seconds = cp.cuda.get_elapsed_time(start, end) / 1e3
+    del src, dst
+    return 2 * nbytes * repeats / seconds

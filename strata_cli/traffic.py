@@ -1,0 +1,33 @@
+"""How many bytes a verify window must read: the bandwidth floor a window's time is held against.
+
+Every dense weight is read once per window; the head's full matrix too; of the routed experts only the distinct
+ones the window's T rows pick. With uniform routing of k of E experts per row, a layer touches
+E * (1 - (1 - k/E)^T) distinct experts on average. Embedding and n-gram rows are gathered (T rows each), and the
+KV cache reads are small next to the weights at the contexts benchmarked, so both are left out.
+"""
+
+from __future__ import annotations
+
+from .model.gguf_file import GGUFModel
+from .model.names import PLE_TABLE
+
+EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
+GATHERED = ("token_embd.weight", PLE_TABLE)
+
+
+def expected_distinct_experts(n_expert: int, n_used: int, rows: int) -> float:
+    return n_expert * (1.0 - (1.0 - n_used / n_expert) ** rows)
+
+
+def window_bytes(model: GGUFModel, rows: int) -> dict:
+    """{'dense': bytes, 'experts': expected bytes, 'total': ...} for a window of `rows` tokens."""
+    g = model.geometry
+    dense = expert_bytes_per_layer = 0
+    for info in model.tensors.values():
+        if info.name.endswith(EXPERT_TENSORS):
+            expert_bytes_per_layer += info.n_bytes
+        elif info.name not in GATHERED:
+            dense += info.n_bytes
+    per_expert = expert_bytes_per_layer / g.n_layers / g.n_expert
+    experts = g.n_layers * expected_distinct_experts(g.n_expert, g.n_expert_used, rows) * per_expert
+    return {"dense": dense, "experts": experts, "total": dense + experts}
