@@ -4,7 +4,7 @@
 //
 // Legend: T window rows, n_in input width, n_out output rows, J = T*K (row, slot) entries of the MoE, E experts.
 //   W      raw rows of row_stride bytes: F32, F16 / BF16 (uint16 bits), Q8_0 (n_in/32 blocks of 34 bytes)
-//   x      [T, n_in] f32 (dense) or [J / x_div, n_in] f32 (expert: entry j reads row j / x_div)
+//   x      [T, n_in] f32 (dense) or [J / x_div, n_in] f32 (grouped experts: entry j reads row j / x_div)
 //   y      [T, n_out] or [J, n_out] f32
 //   mul    optional f32 multiplier; it may alias y (the one thread that writes y[t, o] reads mul there first),
 //          which is how h = silu(gate . x) * (up . x) reuses the up buffer.
@@ -45,10 +45,11 @@ __device__ __forceinline__ float weight_at(const u8* row, int c, int lane, int n
 // Q8_0: a step covers two blocks (64 elements): lane l reads quants 2*(l%16), +1 of block 2*step + l/16 as one
 // u16 (the 34-byte blocks keep quants 2-byte aligned), so a warp load moves 64 bytes; x comes as float2.
 // Other types: a step covers 32 elements, one per lane. Steps are dealt to the kstride warps of a row group.
+// x row of window row t is xr[t] (dense: t; grouped experts: the entry's token row).
 template <int TYPE, int NT>
 __device__ __forceinline__ void slice_dot(const u8* __restrict__ W, i64 row_stride, int o0, int n_out,
-                                          const float* __restrict__ x, int nt, int n_in, int kslice, int kstride,
-                                          float (&acc)[GEMV_RPW][NT]) {
+                                          const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in,
+                                          int kslice, int kstride, float (&acc)[GEMV_RPW][NT]) {
     const int lane = threadIdx.x & (WARP - 1);
     if constexpr (TYPE == GGML_Q8_0) {
         const int n_blocks = n_in / QK8_0;
@@ -62,7 +63,7 @@ __device__ __forceinline__ void slice_dot(const u8* __restrict__ W, i64 row_stri
             float2 xv[NT];
 #pragma unroll
             for (int t = 0; t < NT; ++t)
-                xv[t] = (t < nt && live) ? __ldg(reinterpret_cast<const float2*>(x + (i64)t * n_in + i))
+                xv[t] = (t < nt && live) ? __ldg(reinterpret_cast<const float2*>(x + (i64)xr[t] * n_in + i))
                                          : make_float2(0.0f, 0.0f);
 #pragma unroll
             for (int r = 0; r < GEMV_RPW; ++r) {
@@ -84,7 +85,7 @@ __device__ __forceinline__ void slice_dot(const u8* __restrict__ W, i64 row_stri
             const int i = c * QK8_0 + lane;
             float xv[NT];
 #pragma unroll
-            for (int t = 0; t < NT; ++t) xv[t] = (t < nt && i < n_in) ? __ldg(x + (i64)t * n_in + i) : 0.0f;
+            for (int t = 0; t < NT; ++t) xv[t] = (t < nt && i < n_in) ? __ldg(x + (i64)xr[t] * n_in + i) : 0.0f;
 #pragma unroll
             for (int r = 0; r < GEMV_RPW; ++r) {
                 if (o0 + r < n_out) {
@@ -160,10 +161,10 @@ __device__ __forceinline__ void gemv_dense(const u8* W, i64 row_stride, const fl
     for (int r = 0; r < GEMV_RPW; ++r)
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-    slice_dot<TYPE, NT>(W, row_stride, o0, n_out, x + (i64)t0 * n_in, nt, n_in, kslice, kstride, acc);
-    int rows[NT];
+    int rows[NT], xr[NT];
 #pragma unroll
-    for (int t = 0; t < NT; ++t) rows[t] = t0 + t;
+    for (int t = 0; t < NT; ++t) { rows[t] = t0 + t; xr[t] = t; }
+    slice_dot<TYPE, NT>(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xr, nt, n_in, kslice, kstride, acc);
     if (gridDim.z > 1)  // raw partial sums of this z slice; the epilogue waits for gemv_reduce
         reduce_store<NT>(acc, o0, n_out, nt, ksplit, warp % ksplit, group, partial + (i64)blockIdx.z * T * n_out,
                          rows, ACT_NONE, 1.0f, nullptr, 0, 0);
@@ -183,30 +184,40 @@ extern "C" __global__ void __launch_bounds__(256) gemv_reduce(const float* __res
     }
 }
 
-// Entry j = blockIdx.y multiplies expert ids[j]'s matrix (W + ids[j] * expert_stride) by x row j / x_div.
-// Each entry re-reads its expert's rows: reading an expert once for all rows routed to it is a later optimisation.
-template <int TYPE>
-__device__ __forceinline__ void gemv_expert(const u8* W, i64 expert_stride, i64 row_stride, int n_expert,
-                                            const int* ids, const float* x, int x_div, int n_in, float* y,
-                                            int n_out, int ksplit, int act, float div, const float* mul, int mul_st,
-                                            int mul_so) {
-    const int warp = threadIdx.x / WARP;
+// Grouped experts: group u = blockIdx.y holds up to GEMV_MAXT (row, slot) entries routed to one expert
+// (moe.cu's moe_group). The block reads that expert's rows (W + e * expert_stride) once for all its entries:
+// entry j reads x row j / x_div and writes y row j. Unused groups (count 0) leave at once; a group whose id is
+// outside 0..E-1 writes NaN to its entries' rows instead of reading stray memory.
+template <int TYPE, int NT>
+__device__ __forceinline__ void gemv_grouped(const u8* W, i64 expert_stride, i64 row_stride, int n_expert,
+                                             const int* g_expert, const int* g_count, const int* g_entries,
+                                             const float* x, int x_div, int n_in, float* y, int n_out, int ksplit,
+                                             int act, float div, const float* mul, int mul_st, int mul_so) {
+    const int u = blockIdx.y;
+    const int nt = min(g_count[u], NT);
+    if (nt == 0) return;  // the whole block leaves: no barrier is left waiting
+    const int e = g_expert[u];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
     const int group = warp / ksplit, kslice = warp % ksplit;
     const int o0 = (blockIdx.x * (GEMV_WARPS / ksplit) + group) * GEMV_RPW;
-    const int j = blockIdx.y;
-    const int e = ids[j];
-    if (e < 0 || e >= n_expert) {  // a bad id shows up as NaN in the output, never as a stray read
-        if (kslice == 0 && (threadIdx.x & (WARP - 1)) < GEMV_RPW && o0 + (threadIdx.x & (WARP - 1)) < n_out)
-            y[(i64)j * n_out + o0 + (threadIdx.x & (WARP - 1))] = QNAN;
-        return;  // the whole block takes this branch (one entry per block row), so no barrier is left waiting
-    }
-    float acc[GEMV_RPW][1];
+    int rows[NT], xr[NT];
 #pragma unroll
-    for (int r = 0; r < GEMV_RPW; ++r) acc[r][0] = 0.0f;
-    slice_dot<TYPE, 1>(W + (i64)e * expert_stride, row_stride, o0, n_out, x + (i64)(j / x_div) * n_in, 1, n_in,
-                       kslice, ksplit, acc);  // kslice < ksplit here: experts split K inside the block only
-    int rows[1] = {j};
-    reduce_store<1>(acc, o0, n_out, 1, ksplit, kslice, group, y, rows, act, div, mul, mul_st, mul_so);
+    for (int t = 0; t < NT; ++t) {
+        rows[t] = t < nt ? g_entries[u * GEMV_MAXT + t] : 0;
+        xr[t] = rows[t] / x_div;
+    }
+    if (e < 0 || e >= n_expert) {
+        if (kslice == 0 && lane < GEMV_RPW && o0 + lane < n_out)
+            for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + o0 + lane] = QNAN;
+        return;
+    }
+    float acc[GEMV_RPW][NT];
+#pragma unroll
+    for (int r = 0; r < GEMV_RPW; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    slice_dot<TYPE, NT>(W + (i64)e * expert_stride, row_stride, o0, n_out, x, xr, nt, n_in, kslice, ksplit, acc);
+    reduce_store<NT>(acc, o0, n_out, nt, ksplit, kslice, group, y, rows, act, div, mul, mul_st, mul_so);
 }
 
 #define GEMV_DENSE_KERNEL(NAME, TYPE, NT)                                                                          \
@@ -223,22 +234,29 @@ __device__ __forceinline__ void gemv_expert(const u8* W, i64 expert_stride, i64 
     GEMV_DENSE_KERNEL(gemv_##SUFFIX##_t8, TYPE, 8)                                                                 \
     GEMV_DENSE_KERNEL(gemv_##SUFFIX##_t16, TYPE, 16)
 
-#define GEMV_EXPERT_KERNEL(NAME, TYPE)                                                                             \
+#define GEMV_GROUPED_KERNEL(NAME, TYPE, NT)                                                                        \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
-        NAME(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* ids, const float* x,        \
-             int x_div, int n_in, float* y, int n_out, int ksplit, int act, float div, const float* mul,          \
-             int mul_st, int mul_so) {                                                                             \
-        gemv_expert<TYPE>(W, expert_stride, row_stride, n_expert, ids, x, x_div, n_in, y, n_out, ksplit, act,     \
-                          div, mul, mul_st, mul_so);                                                               \
+        NAME(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,                   \
+             const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, float* y, int n_out,  \
+             int ksplit, int act, float div, const float* mul, int mul_st, int mul_so) {                          \
+        gemv_grouped<TYPE, NT>(W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div,    \
+                               n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);                            \
     }
+
+#define GEMV_GROUPED_FAMILY(SUFFIX, TYPE)                                                                          \
+    GEMV_GROUPED_KERNEL(gemv_expert_##SUFFIX##_t1, TYPE, 1)                                                        \
+    GEMV_GROUPED_KERNEL(gemv_expert_##SUFFIX##_t2, TYPE, 2)                                                        \
+    GEMV_GROUPED_KERNEL(gemv_expert_##SUFFIX##_t4, TYPE, 4)                                                        \
+    GEMV_GROUPED_KERNEL(gemv_expert_##SUFFIX##_t8, TYPE, 8)                                                        \
+    GEMV_GROUPED_KERNEL(gemv_expert_##SUFFIX##_t16, TYPE, 16)
 
 GEMV_DENSE_FAMILY(f32, GGML_F32)
 GEMV_DENSE_FAMILY(f16, GGML_F16)
 GEMV_DENSE_FAMILY(bf16, GGML_BF16)
 GEMV_DENSE_FAMILY(q8_0, GGML_Q8_0)
 
-// grid (ceil(n_out / (GEMV_RPW * GEMV_WARPS / ksplit)), J), block GEMV_WARPS * 32
-GEMV_EXPERT_KERNEL(gemv_expert_f32, GGML_F32)
-GEMV_EXPERT_KERNEL(gemv_expert_f16, GGML_F16)
-GEMV_EXPERT_KERNEL(gemv_expert_bf16, GGML_BF16)
-GEMV_EXPERT_KERNEL(gemv_expert_q8_0, GGML_Q8_0)
+// grid (ceil(n_out / (GEMV_RPW * GEMV_WARPS / ksplit)), J groups), block GEMV_WARPS * 32
+GEMV_GROUPED_FAMILY(f32, GGML_F32)
+GEMV_GROUPED_FAMILY(f16, GGML_F16)
+GEMV_GROUPED_FAMILY(bf16, GGML_BF16)
+GEMV_GROUPED_FAMILY(q8_0, GGML_Q8_0)

@@ -1,5 +1,5 @@
 // moe.cu: softmax top-k router and the weighted combine of routed expert outputs (strata_cli/ops/moe.py).
-// The expert projections are gemv.cu launches (gemv_expert_* over the J = T*K (row, slot) entries):
+// The expert projections are gemv.cu launches (gemv_expert_* over moe_group's groups of the J = T*K entries):
 //   h     = silu(W_gate[e] . x[t]) * (W_up[e] . x[t])    [J, F]
 //   parts = W_down[e] . h[j]                             [J, D]
 //   out   = moe_combine(parts, w, shared)                [T, D]
@@ -62,5 +62,41 @@ extern "C" __global__ void __launch_bounds__(256)
         float acc = 0.0f;
         for (int k = 0; k < K; ++k) acc += w[t * K + k] * parts[(t * K + k) * D + d];
         out[idx] = shared ? acc + shared[idx] : acc;
+    }
+}
+
+// Group the J = T*K (row, slot) entries by expert so that each distinct expert's weights are read once per window.
+// ids [J] (row-major [T, K]) -> g_expert [J], g_count [J], g_entries [J, max_rows]: group u holds up to max_rows
+// entries (ascending) of expert g_expert[u]; groups past the last have count 0. An entry leads a group when the
+// number of earlier entries with its id is a multiple of max_rows (a row never repeats an id, so with T <=
+// max_rows each expert is one group). One block of >= J threads (J <= 1024).
+extern "C" __global__ void __launch_bounds__(1024)
+    moe_group(const int* __restrict__ ids, int J, int max_rows, int* __restrict__ g_expert,
+              int* __restrict__ g_count, int* __restrict__ g_entries) {
+    __shared__ int is_leader[1024];
+    const int j = threadIdx.x;
+    int e = 0, before = 0;
+    if (j < J) {
+        e = ids[j];
+        for (int i = 0; i < j; ++i) before += ids[i] == e;
+    }
+    const bool leader = j < J && before % max_rows == 0;
+    is_leader[j] = leader;
+    __syncthreads();
+    int rank = 0, total = 0;
+    for (int i = 0; i < J; ++i) {
+        rank += i < j ? is_leader[i] : 0;
+        total += is_leader[i];
+    }
+    if (leader) {
+        int n = 0;
+        for (int i = j; i < J && n < max_rows; ++i)
+            if (ids[i] == e) g_entries[rank * max_rows + n++] = i;
+        g_expert[rank] = e;
+        g_count[rank] = n;
+    }
+    if (j < J && j >= total) {
+        g_expert[j] = -1;
+        g_count[j] = 0;
     }
 }

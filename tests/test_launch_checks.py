@@ -126,15 +126,16 @@ def _source(name):
 
 def test_kernel_names_and_constants_match_the_sources():
     names = {"gemv.cu": [f"gemv_{s}_t{nt}" for s in U.TYPE_SUFFIX.values() for nt in (1, 2, 4, 8, 16)]
-             + [f"gemv_expert_{s}" for s in U.TYPE_SUFFIX.values()] + ["gemv_reduce"],
-             "hyper.cu": ["hc_norm", "hc_mix", "hc_write"], "moe.cu": ["router_topk", "moe_combine"],
+             + [f"gemv_expert_{s}_t{nt}" for s in U.TYPE_SUFFIX.values() for nt in (1, 2, 4, 8, 16)]
+             + ["gemv_reduce"],
+             "hyper.cu": ["hc_norm", "hc_mix", "hc_write"], "moe.cu": ["router_topk", "moe_combine", "moe_group"],
              "head.cu": ["argmax_rows"]}
     for file, kernels in names.items():
         text = _source(file)
         for k in kernels:
             family = re.sub(r"_t(\d+)$", "", k).replace("gemv_", "", 1)
             nt = re.search(r"_t(\d+)$", k)
-            in_family = nt and "GEMV_DENSE_FAMILY" in text and re.search(rf"GEMV_DENSE_FAMILY\({family},", text)
+            in_family = nt and re.search(rf"GEMV_(DENSE|GROUPED)_FAMILY\({family.replace('expert_', '')},", text)
             assert re.search(rf"\b{k}\s*\(|\({k},", text) or in_family, f"{file} defines no kernel {k}"
     defines = dict(re.findall(r"#define (\w+) (\d+)", _source("common.cuh") + _source("gemv.cu") + _source("moe.cu")))
     assert int(defines["GEMV_WARPS"]) == U.GEMV_WARPS and int(defines["GEMV_MAXT"]) == U.GEMV_MAXT

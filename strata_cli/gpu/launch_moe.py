@@ -33,28 +33,50 @@ def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None):
     return out_ids, out_w
 
 
-def _launch_expert_gemv(w, ggml_type, expert_stride, n_expert, ids, x, x_div, n_in, y, *, act=U.ACT_NONE,
+def _launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, T, x, x_div, n_in, y, *, act=U.ACT_NONE,
                         mul=None, mul_strides=(0, 0)) -> None:
-    """y [J, n_out]: entry j = expert ids[j] applied to x row j // x_div; arguments already checked."""
+    """y [J, n_out]: entry j = its group's expert applied to x row j // x_div, each expert's rows read once for
+    all its entries (groups from moe_group); arguments already checked."""
     J, n_out = y.shape
+    g_expert, g_count, g_entries = groups
     ksplit = U.gemv_ksplit(n_out, n_in, J)
     grid, block = U.expert_grid(n_out, J, ksplit)
-    _fn("gemv", f"gemv_expert_{U.TYPE_SUFFIX[ggml_type]}")(grid, block, (
-        w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), ids, x,
-        np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), np.int32(act), np.float32(1.0), U.null_or(mul),
-        np.int32(mul_strides[0]), np.int32(mul_strides[1])))
+    _fn("gemv", f"gemv_expert_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}")(grid, block, (
+        w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert, g_count,
+        g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), np.int32(act),
+        np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
 
 
 @dataclass
 class MoeScratch:
-    """Intermediates of routed_experts: h [J, F] (up, then silu(gate) * up), parts [J, D]; may hold more rows."""
+    """Intermediates of routed_experts: h [J, F] (up, then silu(gate) * up), parts [J, D], and the grouping of the
+    entries by expert: g_expert [J], g_count [J], g_entries [J, GEMV_MAXT] (int32); may hold more rows."""
 
     h: object
     parts: object
+    g_expert: object = None
+    g_count: object = None
+    g_entries: object = None
 
     @classmethod
     def empty(cls, J: int, F: int, D: int) -> "MoeScratch":
-        return cls(_empty((J, F), np.float32), _empty((J, D), np.float32))
+        return cls(_empty((J, F), np.float32), _empty((J, D), np.float32), _empty((J,), np.int32),
+                   _empty((J,), np.int32), _empty((J, U.GEMV_MAXT), np.int32))
+
+
+def _group_buffers(s: MoeScratch, J: int):
+    if J > 1024:
+        raise ValueError(f"ids: {J} (row, slot) entries exceed moe_group's 1024")
+    out = []
+    for name, buf, tail in (("g_expert", s.g_expert, ()), ("g_count", s.g_count, ()),
+                            ("g_entries", s.g_entries, (U.GEMV_MAXT,))):
+        if buf is None:
+            buf = _empty((J, *tail), np.int32)
+        U.check_array(f"scratch.{name}", buf, np.int32, (None, *tail))
+        if buf.shape[0] < J:
+            raise ValueError(f"scratch.{name}: {buf.shape[0]} rows, the window needs {J}")
+        out.append(buf[:J])
+    return out
 
 
 def _three_types(name: str, ggml_types, n: int = 3) -> tuple[int, ...]:
@@ -83,16 +105,21 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         if shared is not None:
             U.check_array("shared", shared, np.float32, (T, D))
         J = T * K
+        if T > U.GEMV_MAXT:
+            raise ValueError(f"x: {T} rows exceed {U.GEMV_MAXT} (an expert group holds at most that many entries)")
         s = scratch if scratch is not None else MoeScratch(None, None)
         h = U.scratch_rows("scratch.h", s.h, J, (F,), _empty)
         parts = U.scratch_rows("scratch.parts", s.parts, J, (D,), _empty)
+        groups = _group_buffers(s, J)
         out = U.out_array("out", out, (T, D), np.float32, _empty)
 
-        # entry j = t*K + k reads x row t = j // K; h and parts are indexed by entry
-        _launch_expert_gemv(up_raw, ut, up_stride, E, ids, x, K, D, h)
-        _launch_expert_gemv(gate_raw, gt, gate_stride, E, ids, x, K, D, h, act=U.ACT_SILU, mul=h,
+        # group the entries by expert; entry j = t*K + k reads x row t = j // K; h and parts are indexed by entry
+        _fn("moe", "moe_group")((1, 1, 1), (max(32, -(-J // 32) * 32), 1, 1), (ids, np.int32(J),
+                                                                              np.int32(U.GEMV_MAXT), *groups))
+        _launch_expert_gemv(up_raw, ut, up_stride, E, groups, T, x, K, D, h)
+        _launch_expert_gemv(gate_raw, gt, gate_stride, E, groups, T, x, K, D, h, act=U.ACT_SILU, mul=h,
                             mul_strides=(F, 1))
-        _launch_expert_gemv(down_raw, dt, down_stride, E, ids, h, 1, F, parts)
+        _launch_expert_gemv(down_raw, dt, down_stride, E, groups, T, h, 1, F, parts)
         grid, block = U.elementwise_grid(T * D)
         _fn("moe", "moe_combine")(grid, block, (parts, weights, U.null_or(shared), out, np.int32(T), np.int32(K),
                                                 np.int32(D)))

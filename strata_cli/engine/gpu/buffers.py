@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.runtime import MappedBuffer, cupy
 
 ALIGN = 256
@@ -66,6 +67,9 @@ def plan_buffers(g, n_ctx: int, M: int) -> Arena:
                         ("sh_h", (M, g.n_ff_shexp)), ("sh_sg", (M, 1)), ("logits", (M, g.n_vocab))]:
         a.add(name, shape)
     a.add("route_ids", (M, K), np.int32)
+    a.add("moe_gexp", (M * K,), np.int32)
+    a.add("moe_gcnt", (M * K,), np.int32)
+    a.add("moe_gent", (M * K, GEMV_MAXT), np.int32)  # entries of each expert group
     if g.gdn_layers:
         nv, nk, dk, dv = g.ssm_nv, g.ssm_nk, g.ssm_dk, g.ssm_dv
         for name, shape in [("gdn_h", (M, g.conv_dim)), ("gdn_alpha", (M, nv)), ("gdn_beta_in", (M, nv)),

@@ -14,6 +14,7 @@ import numpy as np
 from ...errors import InputError
 from ...gpu.compile import kernel
 from ...gpu.graphs import CapturedGraph, new_stream
+from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.runtime import cupy
 from ..state import WindowResult, check_n_keep, check_window
 from .buffers import Staging, plan_buffers
@@ -21,7 +22,7 @@ from .weights import DeviceWeights
 from .window import record_commit, record_window
 
 DEFAULT_CTX = 4096
-DEFAULT_MAX_T = 16
+DEFAULT_MAX_T = GEMV_MAXT
 
 
 class GPUEngine:
@@ -35,8 +36,8 @@ class GPUEngine:
         if not 1 <= self.n_ctx <= g.n_ctx:
             raise InputError(f"context {self.n_ctx} outside 1..{g.n_ctx} (the model's context_length)")
         self.max_t = DEFAULT_MAX_T if max_t is None else int(max_t)
-        if not 1 <= self.max_t <= 16:
-            raise InputError(f"max_t {self.max_t} outside 1..16 (the GPU kernels take up to 16 rows)")
+        if not 1 <= self.max_t <= GEMV_MAXT:
+            raise InputError(f"max_t {self.max_t} outside 1..{GEMV_MAXT} (the GPU kernels take up to {GEMV_MAXT} rows)")
         self.w = DeviceWeights(model)
         self.arena = plan_buffers(g, self.n_ctx, self.max_t)
         self.buf = self.arena.allocate()

@@ -116,7 +116,8 @@ def _moe(e, layer: int, x, T: int, stream):
     exps = [w.r(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
     moe.routed_experts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps],
                        out=b["block_out"][:T], shared=b["shared"][:T],
-                       scratch=moe.MoeScratch(b["moe_h"], b["moe_parts"]), stream=stream)
+                       scratch=moe.MoeScratch(b["moe_h"], b["moe_parts"], b["moe_gexp"], b["moe_gcnt"],
+                                              b["moe_gent"]), stream=stream)
 
 
 def _ple(e, T: int, stream):
