@@ -211,12 +211,21 @@ __device__ __forceinline__ void gemv_grouped(const u8* W, i64 expert_stride, i64
             for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + o0 + lane] = QNAN;
         return;
     }
+    const u8* We = W + (i64)e * expert_stride;
+    if (NT > 1 && nt == 1) {  // most groups hold one entry: skip the NT-row accumulators (uniform per block)
+        float acc1[GEMV_RPW][1] = {};
+        const int xr1[1] = {xr[0]};
+        int rows1[1] = {rows[0]};
+        slice_dot<TYPE, 1>(We, row_stride, o0, n_out, x, xr1, 1, n_in, kslice, ksplit, acc1);
+        reduce_store<1>(acc1, o0, n_out, 1, ksplit, kslice, group, y, rows1, act, div, mul, mul_st, mul_so);
+        return;
+    }
     float acc[GEMV_RPW][NT];
 #pragma unroll
     for (int r = 0; r < GEMV_RPW; ++r)
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-    slice_dot<TYPE, NT>(W + (i64)e * expert_stride, row_stride, o0, n_out, x, xr, nt, n_in, kslice, ksplit, acc);
+    slice_dot<TYPE, NT>(We, row_stride, o0, n_out, x, xr, nt, n_in, kslice, ksplit, acc);
     reduce_store<NT>(acc, o0, n_out, nt, ksplit, kslice, group, y, rows, act, div, mul, mul_st, mul_so);
 }
 
