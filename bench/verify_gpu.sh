@@ -4,7 +4,7 @@
 #   synthetic Qwen3.8-Flash-Next scaled to 8 layers (full width, 512 experts top-10, vocab 248320, Q8_0, ~22 GiB)
 #   after a 512-token context, with the bytes each window reads and the measured copy bandwidth.
 # Env: OUT (results dir), FIXTURE (a small GGUF; default the shared fixture's q8_0), BIG (where to write the
-# 22 GiB model), SKIP_BIG=1 to leave the big model out.
+# 22 GiB model), SKIP_BIG=1 to leave the big model out, STRATA_GIT_COMMIT (the commit, where the tree has no .git).
 set -euo pipefail
 OUT=${OUT:-/tmp/strata-bench}
 FIXTURE=${FIXTURE:-../shared/fixtures/qwen4exp-tiny/model-q8_0.gguf}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from importlib import metadata
@@ -31,8 +32,12 @@ def _git(*args: str) -> str | None:
 
 
 def git_commit() -> str | None:
-    """Short hash of the checkout strata runs from, + "-dirty" with uncommitted changes; None outside a checkout."""
+    """Short hash of the checkout strata runs from, + "-dirty" with uncommitted changes. A copy of the tree without
+    .git (a remote GPU machine) reports $STRATA_GIT_COMMIT, marked "(declared)"; otherwise None."""
+    declared = os.environ.get("STRATA_GIT_COMMIT")
     top = _git("rev-parse", "--show-toplevel")
+    if top is None and declared:
+        return f"{declared} (declared)"
     # an installed copy may sit inside some other repository (a venv in a project): that commit is not ours
     if top is None or Path(top).resolve() != _REPO:
         return None
