@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from spec_windows import speculative_run
 
 from strata_cli.engine.reference import ReferenceEngine
 from strata_cli.model.gguf_file import open_model
@@ -22,25 +23,6 @@ def _gpu(model, **kw):
     from strata_cli.engine.gpu import GPUEngine
 
     return GPUEngine(model, **kw)
-
-
-def _windows(engine, tokens, rng, max_t, allow_zero=False):
-    """Random windows with corrupted drafts after a random accepted prefix; returns the kept logits [N, V]."""
-    got = np.full((len(tokens), engine.g.n_vocab), np.nan, np.float32)
-    ids = np.full(len(tokens), -1, np.int32)
-    engine.reset()
-    while engine.n_past < len(tokens):
-        pos = engine.n_past
-        T = int(rng.integers(1, min(max_t, len(tokens) - pos) + 1))
-        keep = int(rng.integers(0 if allow_zero else 1, T + 1))
-        window = tokens[pos:pos + T].copy()
-        for j in range(max(keep, 1), T):
-            window[j] = (window[j] + 1 + rng.integers(engine.g.n_vocab - 1)) % engine.g.n_vocab
-        r = engine.run(window, pos)
-        got[pos:pos + keep] = r.logits[:keep]
-        ids[pos:pos + keep] = r.ids[:keep]
-        engine.commit(keep)
-    return got, ids
 
 
 def _synthetic(tmp_path, preset, seed, ggml_type, **overrides):
@@ -68,7 +50,7 @@ def test_gpu_matches_numpy_engine(fixture_dir, tmp_path):
         if model.geometry.eos_token_id is not None:
             tokens[N_TOKENS // 3] = model.geometry.eos_token_id
         ref = ReferenceEngine(model).run(tokens, 0)
-        gpu, gpu_ids = _windows(_gpu(model), tokens, np.random.default_rng(1), 16)
+        gpu, gpu_ids = speculative_run(_gpu(model), tokens, np.random.default_rng(1), 16)
         err = _rel_err(gpu, ref.logits)
         assert err <= 1e-3, f"{name}: max relative error {err:.2e}"
         np.testing.assert_array_equal(gpu_ids, ref.ids, err_msg=name)
@@ -94,15 +76,15 @@ def test_window_commit_property_on_gpu(fixture_dir, seed):
     model = open_model(fixture_dir / "model-f32.gguf")
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
     eng = _gpu(model)
-    base, _ = _windows(eng, tokens, np.random.default_rng(100), 1)            # one token per window
-    got, _ = _windows(eng, tokens, np.random.default_rng(seed), 16, allow_zero=True)
+    base, _ = speculative_run(eng, tokens, np.random.default_rng(100), 1)            # one token per window
+    got, _ = speculative_run(eng, tokens, np.random.default_rng(seed), 16, allow_zero=True)
     assert np.abs(got - base).max() <= 1e-4
 
 
 def test_fixture_transformers_logits_on_gpu(fixture_dir):
     ref = np.load(fixture_dir / "reference.npz")
     eng = _gpu(open_model(fixture_dir / "model-f32.gguf"))
-    got, ids = _windows(eng, ref["tokens"], np.random.default_rng(7), 8)
+    got, ids = speculative_run(eng, ref["tokens"], np.random.default_rng(7), 8)
     assert _rel_err(got, ref["logits"]) <= 1e-3
     np.testing.assert_array_equal(ids, ref["logits"].argmax(1))
 
@@ -126,5 +108,5 @@ def test_graph_summaries(fixture_dir):
     assert one.nodes == four.nodes > 100 and one.edges > 0
     kinds = dict(four.kinds)
     assert kinds["memcpy"] == 3 and kinds.get("gemv_q8_0_t4", 0) > 0 and dict(one.kinds).get("gemv_q8_0_t1", 0) > 0
-    commit = dict(eng.commit_graph_().summary().kinds)
+    commit = dict(eng.commit_graph().summary().kinds)
     assert commit["gdn_recurrence"] == commit["gdn_conv_commit"] == len(eng.g.gdn_layers)

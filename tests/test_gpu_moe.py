@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import TYPE_IDS, TYPES, assert_close, poisoned, raw_weight, to_dev
+from kernel_helpers import TYPES, assert_close, poisoned, raw_weight, to_dev
 
 from strata_cli.model import quants
 from strata_cli.ops import gemv as ref

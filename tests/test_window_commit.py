@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from spec_windows import speculative_run
 
 from strata_cli.engine.reference import ReferenceEngine
 from strata_cli.errors import InputError
@@ -15,29 +16,12 @@ def fixture_model(fixture_dir):
     return open_model(fixture_dir / "model-f32.gguf")
 
 
-def _speculative_logits(engine, tokens, rng, max_t, allow_zero):
-    """Run windows of random size; corrupt drafts after a random accepted prefix; keep only that prefix."""
-    got = np.full((len(tokens), engine.g.n_vocab), np.nan, dtype=np.float32)
-    engine.reset()
-    while engine.n_past < len(tokens):
-        pos = engine.n_past
-        T = int(rng.integers(1, min(max_t, len(tokens) - pos) + 1))
-        n_keep = int(rng.integers(0 if allow_zero else 1, T + 1))
-        window = tokens[pos:pos + T].copy()
-        for j in range(max(n_keep, 1), T):
-            window[j] = (window[j] + 1 + rng.integers(engine.g.n_vocab - 1)) % engine.g.n_vocab
-        result = engine.run(window, pos)
-        got[pos:pos + n_keep] = result.logits[:n_keep]
-        engine.commit(n_keep)
-    return got
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_any_windows_and_prefixes_give_one_pass_logits(fixture_model, fixture_dir, seed):
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
     one_pass = ReferenceEngine(fixture_model).run(tokens, 0).logits
     engine = ReferenceEngine(fixture_model)
-    got = _speculative_logits(engine, tokens, np.random.default_rng(seed), max_t=9, allow_zero=seed == 2)
+    got, _ = speculative_run(engine, tokens, np.random.default_rng(seed), max_t=9, allow_zero=seed == 2)
     assert np.abs(got - one_pass).max() <= 1e-5
 
 

@@ -22,7 +22,7 @@ def command(model, window, commit, fmt, n_ctx):
 
     m = load_model(model)
     engine = make_engine(m, "gpu", n_ctx=n_ctx)
-    graph = engine.commit_graph_() if commit else engine.graph(window)
+    graph = engine.commit_graph() if commit else engine.graph(window)
     summary = graph.summary()
     what = "commit graph" if commit else f"{window}-token window graph"
     env = environment_record("gpu")

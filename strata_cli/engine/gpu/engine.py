@@ -56,7 +56,7 @@ class GPUEngine:
             self.ple_offsets = cp.asarray(np.array(p.head_offsets, dtype=np.int64))
         self.graphs: dict[int, CapturedGraph] = {}
         self.capture_ms: dict[int, float] = {}
-        self.commit_graph: CapturedGraph | None = None
+        self._commit_graph: CapturedGraph | None = None
         self._warm_up()
 
     # ---- state
@@ -99,10 +99,10 @@ class GPUEngine:
             self.capture_ms[T] = (time.perf_counter() - t0) * 1e3
         return self.graphs[T]
 
-    def commit_graph_(self) -> CapturedGraph:
-        if self.commit_graph is None:
-            self.commit_graph = CapturedGraph(lambda s: record_commit(self, s), self.stream)
-        return self.commit_graph
+    def commit_graph(self) -> CapturedGraph:
+        if self._commit_graph is None:
+            self._commit_graph = CapturedGraph(lambda s: record_commit(self, s), self.stream)
+        return self._commit_graph
 
     # ---- the verify contract
     def stage_window(self, tokens: np.ndarray) -> int:
@@ -117,6 +117,15 @@ class GPUEngine:
                 record_window(self, T, self.stream)
         else:
             self.graph(T).launch(self.stream)
+
+    def launch_commit(self, n_keep: int, eager: bool = False) -> None:
+        """Stage n_keep and launch the commit (not synchronised); the caller advances n_past."""
+        self.stage.n_keep.host[0] = n_keep
+        if eager:
+            with self.stream:
+                record_commit(self, self.stream)
+        else:
+            self.commit_graph().launch(self.stream)
 
     def run(self, tokens, pos0: int | None = None, *, eager: bool = False, logits: bool = True) -> WindowResult:
         tokens = check_window(tokens, pos0, self.n_past, self.g.n_vocab, self.n_ctx, self.max_t)
@@ -134,18 +143,10 @@ class GPUEngine:
         if self._pending is None:
             raise InputError("commit without a window to commit (run a window first)")
         check_n_keep(n_keep, self._pending)
-        self.stage.n_keep.host[0] = n_keep
-        if eager:
-            with self.stream:
-                record_commit(self, self.stream)
-        else:
-            self.commit_graph_().launch(self.stream)
+        self.launch_commit(n_keep, eager)
         self.stream.synchronize()
         self.n_past += n_keep
         self._pending = None
-
-    def logits(self, T: int) -> np.ndarray:
-        return cupy().asnumpy(self.buf["logits"][:T])
 
     def sample(self, result: WindowResult, temperature: float, seed: int) -> np.ndarray:
         """Ids sampled from the device logits of the last window (ops/sampling.py draws the same numbers)."""
@@ -172,12 +173,7 @@ class GPUEngine:
             T = engine.stage_window(np.asarray(tokens, dtype=np.int64))
             start.record(engine.stream)
             engine.launch_window(T, eager)
-            engine.stage.n_keep.host[0] = n_keep
-            if eager:
-                with engine.stream:
-                    record_commit(engine, engine.stream)
-            else:
-                engine.commit_graph_().launch(engine.stream)
+            engine.launch_commit(n_keep, eager)
             end.record(engine.stream)
             host_ms = (time.perf_counter() - t0) * 1e3
             end.synchronize()
