@@ -11,11 +11,8 @@ import numpy as np
 from ..errors import InputError
 from ..model.gguf_file import GGUFModel
 from ..ops import basic, gdn, hyper, moe, ple, qsa
-from .state import GDNRecord, SequenceState, WindowRecord, WindowResult, check_n_keep, check_window
+from .state import GDNRecord, SequenceState, WindowRecord, WindowResult, check_n_keep, check_window, resolve_ctx
 from .weights import Weights
-
-DEFAULT_CTX = 4096
-
 
 class ReferenceEngine:
     device = "cpu"
@@ -24,9 +21,7 @@ class ReferenceEngine:
         self.model = model
         self.g = model.geometry
         self.w = Weights(model)
-        self.n_ctx = min(self.g.n_ctx, DEFAULT_CTX) if n_ctx is None else int(n_ctx)
-        if not 1 <= self.n_ctx <= self.g.n_ctx:
-            raise InputError(f"context {self.n_ctx} outside 1..{self.g.n_ctx} (the model's context_length)")
+        self.n_ctx = resolve_ctx(self.g, n_ctx)
         self.max_t = max_t
         self.reset()
 

@@ -83,6 +83,17 @@ class WindowResult:
     ids: np.ndarray          # [T] greedy ids (argmax of each row)
 
 
+DEFAULT_CTX = 4096
+
+
+def resolve_ctx(g: Geometry, n_ctx: int | None) -> int:
+    """Context cells an engine allocates: min(model context, DEFAULT_CTX) unless given, within the model's."""
+    n_ctx = min(g.n_ctx, DEFAULT_CTX) if n_ctx is None else int(n_ctx)
+    if not 1 <= n_ctx <= g.n_ctx:
+        raise InputError(f"context {n_ctx} outside 1..{g.n_ctx} (the model's context_length)")
+    return n_ctx
+
+
 def check_window(tokens, pos0: int | None, n_past: int, n_vocab: int, n_ctx: int, max_t: int | None) -> np.ndarray:
     """The verify contract's input checks, shared by every engine: one-line InputErrors."""
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)

@@ -16,12 +16,11 @@ from ...gpu.compile import kernel
 from ...gpu.graphs import CapturedGraph, new_stream
 from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.runtime import cupy
-from ..state import WindowResult, check_n_keep, check_window
+from ..state import WindowResult, check_n_keep, check_window, resolve_ctx
 from .buffers import Staging, plan_buffers
 from .weights import DeviceWeights
 from .window import record_commit, record_window
 
-DEFAULT_CTX = 4096
 DEFAULT_MAX_T = GEMV_MAXT
 
 
@@ -32,9 +31,7 @@ class GPUEngine:
         cp = cupy()
         self.model, self.g = model, model.geometry
         g = self.g
-        self.n_ctx = min(g.n_ctx, DEFAULT_CTX) if n_ctx is None else int(n_ctx)
-        if not 1 <= self.n_ctx <= g.n_ctx:
-            raise InputError(f"context {self.n_ctx} outside 1..{g.n_ctx} (the model's context_length)")
+        self.n_ctx = resolve_ctx(g, n_ctx)
         self.max_t = DEFAULT_MAX_T if max_t is None else int(max_t)
         if not 1 <= self.max_t <= GEMV_MAXT:
             raise InputError(f"max_t {self.max_t} outside 1..{GEMV_MAXT} (the GPU kernels take up to {GEMV_MAXT} rows)")
