@@ -250,3 +250,14 @@ def test_compare_dumps_of_different_windows(model, token_file, tmp_path):
     assert summary["mean_topk_overlap"] == 1.0
     table = ok("compare", a, b, "--max-delta", "1e-4")
     assert "top-1 agreement" in table.stdout and table.stderr == ""
+
+
+def test_graph_nodes_without_a_gpu_is_one_line(fixture_dir):
+    from strata_cli.engine import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is present: tests/test_gpu_engine.py covers graph-nodes there")
+    result = CliRunner().invoke(main, ["graph-nodes", str(fixture_dir / "model-q8_0.gguf"), "--window", "4"])
+    assert result.exit_code == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("strata: error:") and "GPU" in lines[0]

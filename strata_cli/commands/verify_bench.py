@@ -11,7 +11,8 @@ COLUMNS = [("window", "T", None), ("ms_median", "ms/window", ".3f"), ("ms_p10", 
            ("accepted_tok_per_s", "accepted tok/s", ",.0f"), ("speedup_vs_t1", "speedup vs T=1", ".2f")]
 
 
-FLOOR_COLUMNS = [("read_gb", "GB read", ".3f"), ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f")]
+FLOOR_COLUMNS = [("capture_ms", "capture ms", ".1f"), ("read_gb", "GB read", ".3f"), ("floor_ms", "floor ms", ".3f"),
+                 ("x_floor", "x floor", ".2f")]
 
 
 def _add_floor(records: list[dict], model) -> None:
