@@ -1,6 +1,6 @@
 """GPU time per kernel (and launch shape) of one eager verify window: where a window's time goes.
 
-    python3 bench/profile_kernels.py MODEL [--window T ...] [--context N]
+    python3 bench/profile_kernels.py MODEL [--window T ...] [--context N] [--no-pack]
 
 Every kernel launch is bracketed by CUDA events on the engine's stream; the table sums them per
 (kernel, grid) so that, e.g., the head GEMV stands apart from the layers' GEMVs.
@@ -57,12 +57,13 @@ def main() -> None:
     ap.add_argument("--window", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--no-pack", action="store_true", help="keep Q8_0 matrices raw (no Q8_0_R32 repacking)")
     args = ap.parse_args()
     patch()
     from strata_cli.engine.gpu import GPUEngine
     from strata_cli.model.gguf_file import open_model
 
-    eng = GPUEngine(open_model(args.model))
+    eng = GPUEngine(open_model(args.model), pack_q8=not args.no_pack)
     rng = np.random.default_rng(0)
     for T in args.window:
         eng.reset()

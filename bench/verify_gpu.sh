@@ -2,7 +2,8 @@
 # GPU verify-window benchmark (issue 3), one call on a GPU machine, from the repo root:
 #   graph vs eager on the fixture-sized and `small` models, graph-nodes for T = 1 and 4, and t_verify(T) on a
 #   synthetic Qwen3.8-Flash-Next scaled to 8 layers (full width, 512 experts top-10, vocab 248320, Q8_0, ~22 GiB)
-#   after a 512-token context, with the bytes each window reads and the measured copy bandwidth.
+#   after a 512-token context, with the bytes each window reads and the measured copy bandwidth, and where its
+#   window graph's time goes (bench/graph_costs.py).
 # Env: OUT (results dir), FIXTURE (a small GGUF; default the shared fixture's q8_0), BIG (where to write the
 # 22 GiB model), SKIP_BIG=1 to leave the big model out, STRATA_GIT_COMMIT (the commit, where the tree has no .git).
 set -euo pipefail
@@ -24,6 +25,7 @@ done
 if [ "${SKIP_BIG:-0}" != 1 ]; then
   [ -f "$BIG" ] || strata make-model "$BIG" --preset flash-next --layers 8 --type Q8_0 --ngram-vocab 1000 --seed 0 > /dev/null
   strata verify-bench "$BIG" --device gpu --window 1,2,4,8 --windows 50 --context 512 --format json > "$OUT/flash-next-8l-graph.json"
+  python3 bench/graph_costs.py "$BIG" --window 1 8 --context 512 > "$OUT/flash-next-8l-costs.txt"
 fi
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
@@ -40,3 +42,4 @@ for f in sorted(out.glob("*.json")):
         print(f"{f.stem:28s} T={r['window']:<2} {r['ms_median']:8.3f} ms (p10 {r['ms_p10']:.3f} p90 {r['ms_p90']:.3f})"
               f" host {r['host_ms']:.3f} ms capture {r.get('capture_ms') or 0:.1f} ms{extra}")
 PY
+[ -f "$OUT/flash-next-8l-costs.txt" ] && head -n 14 "$OUT/flash-next-8l-costs.txt" || true

@@ -56,6 +56,42 @@ __device__ __forceinline__ float apply_act(float v, int act) {
     }
 }
 
+// The GEMV epilogue of gemv.cu and gemv_q8r.cu: act(acc / div), times mul[mul_idx] when mul is given.
+__device__ __forceinline__ float gemv_epilogue(float acc, int act, float div, const float* mul, i64 mul_idx) {
+    const float v = apply_act(acc / div, act);
+    return mul ? v * mul[mul_idx] : v;
+}
+
+// Split-K across the blocks of grid z, finished inside the same launch (no reduce kernel, one graph node less).
+// Every block of a tile (blockIdx.x, blockIdx.y) has written raw sums of rows o0..o0+n_rows-1, window rows
+// t0..t0+nt-1 to partial[z][t][o] (slices of T * n_out). The block counted last in tile_done[tile] adds the z
+// slices in order (the same sum in every run: replays stay bit-identical), applies the epilogue and resets the
+// counter for the next launch. Every thread of the block calls it.
+__device__ __forceinline__ void zsplit_finish(const float* partial, unsigned* tile_done, float* y, int n_out, int T,
+                                              int t0, int nt, int o0, int n_rows, int act, float div,
+                                              const float* mul, int mul_st, int mul_so) {
+    __shared__ int last;
+    __threadfence();  // this block's partial sums are visible device-wide before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* counter = tile_done + blockIdx.y * gridDim.x + blockIdx.x;
+        last = atomicAdd(counter, 1u) == gridDim.z - 1;
+        if (last) atomicExch(counter, 0u);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const i64 slice = (i64)T * n_out;
+    for (int i = threadIdx.x; i < n_rows * nt; i += blockDim.x) {
+        const int t = t0 + i / n_rows, o = o0 + i % n_rows;
+        if (o >= n_out) continue;
+        const i64 at = (i64)t * n_out + o;
+        float s = 0.0f;
+        for (int z = 0; z < (int)gridDim.z; ++z) s += __ldcg(partial + z * slice + at);  // L2: other SMs wrote it
+        y[at] = gemv_epilogue(s, act, div, mul, (i64)t * mul_st + (i64)o * mul_so);
+    }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

@@ -98,11 +98,6 @@ __device__ __forceinline__ void slice_dot(const u8* __restrict__ W, i64 row_stri
     }
 }
 
-__device__ __forceinline__ float epilogue(float acc, int act, float div, const float* mul, i64 mul_idx) {
-    const float v = apply_act(acc / div, act);
-    return mul ? v * mul[mul_idx] : v;
-}
-
 // Sum the ksplit warps of each row group, then the group's first warp writes its rows.
 // y_row(t) is the output row of window row t (dense: t0 + t; expert: the entry).
 template <int NT>
@@ -138,22 +133,23 @@ __device__ __forceinline__ void reduce_store(float (&acc)[GEMV_RPW][NT], int o0,
             const int o = o0 + r;
             if (lane == (r * NT + t) % WARP && o < n_out && t < nt) {
                 const i64 row = y_rows[t];
-                y[row * n_out + o] = epilogue(acc[r][t], act, div, mul, row * mul_st + (i64)o * mul_so);
+                y[row * n_out + o] = gemv_epilogue(acc[r][t], act, div, mul, row * mul_st + (i64)o * mul_so);
             }
         }
 }
 
 // grid (ceil(n_out / (GEMV_RPW * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit), block GEMV_WARPS * 32.
-// With zsplit > 1 the blocks along z take interleaved chunks too and write raw sums to partial[z][t][o];
-// gemv_reduce then adds the z slices and applies the epilogue (a 4-row x 10240 matrix needs many SMs).
+// With zsplit > 1 the blocks along z take interleaved chunks too and write raw sums to partial[z][t][o]; the last
+// block of each tile adds them and applies the epilogue (zsplit_finish; a 4-row x 10240 matrix needs many SMs).
 template <int TYPE, int NT>
 __device__ __forceinline__ void gemv_dense(const u8* W, i64 row_stride, const float* x, int n_in, float* y,
                                            int n_out, int T, int ksplit, int act, float div, const float* mul,
-                                           int mul_st, int mul_so, float* partial) {
+                                           int mul_st, int mul_so, float* partial, unsigned* tile_done) {
     const int warp = threadIdx.x / WARP;
     const int group = warp / ksplit;
     const int kslice = warp % ksplit + blockIdx.z * ksplit, kstride = ksplit * gridDim.z;
-    const int o0 = (blockIdx.x * (GEMV_WARPS / ksplit) + group) * GEMV_RPW;
+    const int rows_per_block = GEMV_RPW * (GEMV_WARPS / ksplit);
+    const int o0 = blockIdx.x * rows_per_block + group * GEMV_RPW;
     const int t0 = blockIdx.y * GEMV_MAXT;
     const int nt = min(NT, T - t0);
     float acc[GEMV_RPW][NT];
@@ -165,22 +161,13 @@ __device__ __forceinline__ void gemv_dense(const u8* W, i64 row_stride, const fl
 #pragma unroll
     for (int t = 0; t < NT; ++t) { rows[t] = t0 + t; xr[t] = t; }
     slice_dot<TYPE, NT>(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xr, nt, n_in, kslice, kstride, acc);
-    if (gridDim.z > 1)  // raw partial sums of this z slice; the epilogue waits for gemv_reduce
+    if (gridDim.z > 1) {  // raw partial sums of this z slice, then the tile's last block finishes
         reduce_store<NT>(acc, o0, n_out, nt, ksplit, warp % ksplit, group, partial + (i64)blockIdx.z * T * n_out,
                          rows, ACT_NONE, 1.0f, nullptr, 0, 0);
-    else
+        zsplit_finish(partial, tile_done, y, n_out, T, t0, nt, blockIdx.x * rows_per_block, rows_per_block, act,
+                      div, mul, mul_st, mul_so);
+    } else {
         reduce_store<NT>(acc, o0, n_out, nt, ksplit, warp % ksplit, group, y, rows, act, div, mul, mul_st, mul_so);
-}
-
-// y[t, o] = epilogue(sum_z partial[z][t][o]); grid-stride over T * n_out.
-extern "C" __global__ void __launch_bounds__(256) gemv_reduce(const float* __restrict__ partial, int zsplit, float* y,
-        int n_out, int T, int act, float div, const float* mul, int mul_st, int mul_so) {
-    const i64 n = (i64)T * n_out;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
-        float s = 0.0f;
-        for (int z = 0; z < zsplit; ++z) s += partial[(i64)z * n + i];
-        const i64 t = i / n_out, o = i % n_out;
-        y[i] = epilogue(s, act, div, mul, t * mul_st + o * mul_so);
     }
 }
 
@@ -232,8 +219,9 @@ __device__ __forceinline__ void gemv_grouped(const u8* W, i64 expert_stride, i64
 #define GEMV_DENSE_KERNEL(NAME, TYPE, NT)                                                                          \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
         NAME(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int ksplit,       \
-             int act, float div, const float* mul, int mul_st, int mul_so, float* partial) {                      \
-        gemv_dense<TYPE, NT>(W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial); \
+             int act, float div, const float* mul, int mul_st, int mul_so, float* partial, unsigned* tile_done) {  \
+        gemv_dense<TYPE, NT>(W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial, \
+                             tile_done);                                                                           \
     }
 
 #define GEMV_DENSE_FAMILY(SUFFIX, TYPE)                                                                            \

@@ -74,11 +74,14 @@ extern "C" __global__ void __launch_bounds__(1024)
     moe_group(const int* __restrict__ ids, int J, int max_rows, int* __restrict__ g_expert,
               int* __restrict__ g_count, int* __restrict__ g_entries) {
     __shared__ int is_leader[1024];
+    __shared__ int sid[1024];  // the ids, read from shared memory by every thread's scans below
     const int j = threadIdx.x;
+    if (j < J) sid[j] = ids[j];
+    __syncthreads();
     int e = 0, before = 0;
     if (j < J) {
-        e = ids[j];
-        for (int i = 0; i < j; ++i) before += ids[i] == e;
+        e = sid[j];
+        for (int i = 0; i < j; ++i) before += sid[i] == e;
     }
     const bool leader = j < J && before % max_rows == 0;
     is_leader[j] = leader;
@@ -91,7 +94,7 @@ extern "C" __global__ void __launch_bounds__(1024)
     if (leader) {
         int n = 0;
         for (int i = j; i < J && n < max_rows; ++i)
-            if (ids[i] == e) g_entries[rank * max_rows + n++] = i;
+            if (sid[i] == e) g_entries[rank * max_rows + n++] = i;
         g_expert[rank] = e;
         g_count[rank] = n;
     }

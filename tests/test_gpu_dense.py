@@ -166,3 +166,26 @@ def test_hc_read_and_gemv_capture_into_a_graph_without_allocating():
     assert_close("graph logits", ref.gemv(head, quants.BF16, D, mixed.get()), logits)
     np.testing.assert_array_equal(ids.get(), ref.argmax_rows(logits.get()))
     graph.destroy()
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=TYPE_IDS)
+@pytest.mark.parametrize("n_out,T", [(3, 1), (33, 5), (320, 16)])
+def test_zsplit_gemv_finishes_in_the_launch_again_and_again(ggml_type, n_out, T):
+    """Split-K across blocks: the last block of each tile adds the slices and resets its counter, so back-to-back
+    launches (with an epilogue that reads y) all come out right."""
+    from strata_cli.gpu import launch_dense
+    from strata_cli.gpu import launch_util as U
+
+    n_in = 8192
+    assert U.gemv_split(n_out, n_in, max_z=U.GEMV_MAX_ZSPLIT)[1] > 1  # the path under test
+    rng = np.random.default_rng(n_out + T + ggml_type)
+    w = raw_weight(rng, (n_out, n_in), ggml_type, 0.05)
+    w_dev = to_dev(w)
+    for i in range(3):
+        x = rng.standard_normal((T, n_in)).astype(np.float32)
+        mul = rng.standard_normal((T, n_out)).astype(np.float32)
+        y = to_dev(mul)  # mul aliases y, as the shared expert's silu(gate) * up does
+        launch_dense.launch_gemv(w_dev, ggml_type, n_in, to_dev(x), y, act=U.ACT_SILU, mul=y, mul_strides=(n_out, 1))
+        want = ref.gemv(w, ggml_type, n_in, x)
+        want = want / (1.0 + np.exp(-want)) * mul
+        assert_close(f"z-split launch {i}", want.astype(np.float32), y, floor=1.0)

@@ -108,5 +108,19 @@ def test_graph_summaries(fixture_dir):
     assert one.nodes == four.nodes > 100 and one.edges > 0
     kinds = dict(four.kinds)
     assert kinds["memcpy"] == 3 and kinds.get("gemv_q8_0_t4", 0) > 0 and dict(one.kinds).get("gemv_q8_0_t1", 0) > 0
+    # repacked Q8_0 matrices (dense and experts) next to the raw ones that have no whole 32-row groups
+    assert kinds.get("gemv_q8r_t4", 0) > 0 and kinds.get("gemv_expert_q8r_t4", 0) > 0
     commit = dict(eng.commit_graph().summary().kinds)
     assert commit["gdn_recurrence"] == commit["gdn_conv_commit"] == len(eng.g.gdn_layers)
+
+
+def test_repacked_q8_0_matches_raw_q8_0(fixture_dir):
+    """The engine repacks Q8_0 GEMV matrices by default; raw and repacked weights give the same windows."""
+    model = open_model(fixture_dir / "model-q8_0.gguf")
+    tokens = np.load(fixture_dir / "reference.npz")["tokens"]
+    packed_eng, raw_eng = _gpu(model), _gpu(model, pack_q8=False)
+    assert packed_eng.w.packed > 0 and raw_eng.w.packed == 0
+    a, a_ids = speculative_run(packed_eng, tokens, np.random.default_rng(3), 8)
+    b, b_ids = speculative_run(raw_eng, tokens, np.random.default_rng(3), 8)
+    assert _rel_err(a, b) <= 1e-4
+    np.testing.assert_array_equal(a_ids, b_ids)

@@ -126,8 +126,7 @@ def _source(name):
 
 def test_kernel_names_and_constants_match_the_sources():
     names = {"gemv.cu": [f"gemv_{s}_t{nt}" for s in U.TYPE_SUFFIX.values() for nt in (1, 2, 4, 8, 16)]
-             + [f"gemv_expert_{s}_t{nt}" for s in U.TYPE_SUFFIX.values() for nt in (1, 2, 4, 8, 16)]
-             + ["gemv_reduce"],
+             + [f"gemv_expert_{s}_t{nt}" for s in U.TYPE_SUFFIX.values() for nt in (1, 2, 4, 8, 16)],
              "hyper.cu": ["hc_norm", "hc_mix", "hc_write"], "moe.cu": ["router_topk", "moe_combine", "moe_group"],
              "head.cu": ["argmax_rows"]}
     for file, kernels in names.items():
@@ -137,6 +136,13 @@ def test_kernel_names_and_constants_match_the_sources():
             nt = re.search(r"_t(\d+)$", k)
             in_family = nt and re.search(rf"GEMV_(DENSE|GROUPED)_FAMILY\({family.replace('expert_', '')},", text)
             assert re.search(rf"\b{k}\s*\(|\({k},", text) or in_family, f"{file} defines no kernel {k}"
+    q8r = _source("gemv_q8r.cu")
+    assert re.search(r"\bq8r_pack\s*\(", q8r)
+    for nt in (1, 2, 4, 8, 16):  # gemv_q8r_t<NT> and gemv_expert_q8r_t<NT> come from one macro each
+        assert f"Q8R_DENSE_KERNEL({nt})" in q8r and f"Q8R_GROUPED_KERNEL({nt})" in q8r
+    q8r_defines = dict(re.findall(r"#define (\w+) (\d+)", q8r))
+    assert int(q8r_defines["GEMV_WARPS"]) == U.GEMV_WARPS and int(q8r_defines["GEMV_MAXT"]) == U.GEMV_MAXT
+    assert int(q8r_defines["Q8R_GROUP"]) == U.Q8R_GROUP
     defines = dict(re.findall(r"#define (\w+) (\d+)", _source("common.cuh") + _source("gemv.cu") + _source("moe.cu")))
     assert int(defines["GEMV_WARPS"]) == U.GEMV_WARPS and int(defines["GEMV_MAXT"]) == U.GEMV_MAXT
     assert int(defines["GEMV_RPW"]) == U.GEMV_RPW

@@ -30,31 +30,49 @@ def _empty(shape, dtype):
 
 
 _PARTIAL = []
+ZSPLIT_TILES = 4096  # tiles (blocks along x times y) a z-split GEMV launch may have: n_out <= 16384, T <= 16
 
 
 def _partials():
-    """Raw split-K sums of the z slices: one buffer for every launch on this device (launches on one stream run
-    in order). Allocated on first use, which is an eager warm-up, never inside a capture."""
+    """(raw split-K sums of the z slices, per-tile arrival counters): one pair for every launch on this device
+    (launches on one stream run in order; the last block of a tile resets its counter). Allocated on first use,
+    which is an eager warm-up, never inside a capture."""
     if not _PARTIAL:
-        _PARTIAL.append(_empty((U.GEMV_PARTIAL_FLOATS,), np.float32))
+        cp = cupy()
+        _PARTIAL.append((_empty((U.GEMV_PARTIAL_FLOATS,), np.float32), cp.zeros((ZSPLIT_TILES,), np.uint32)))
     return _PARTIAL[0]
 
 
 def launch_gemv(w, ggml_type: int, n_in: int, x, y, *, act: int = U.ACT_NONE, div: float = 1.0, mul=None,
                 mul_strides: tuple[int, int] = (0, 0)) -> None:
-    """y [T, n_out] = act(x [T, n_in] @ W^T / div) * mul[t*mul_st + o*mul_so]; arguments already checked."""
+    """y [T, n_out] = act(x [T, n_in] @ W^T / div) * mul[t*mul_st + o*mul_so]; arguments already checked.
+    Split-K over grid z finishes inside the launch (the last block of each tile), so every GEMV is one node."""
     T, n_out = y.shape
-    ksplit, zsplit = U.gemv_split(n_out, n_in, max_z=U.GEMV_MAX_ZSPLIT if T <= U.GEMV_MAXT else 1)
-    grid, block = U.gemv_grid(n_out, T, ksplit, zsplit)
-    partial = _partials() if zsplit > 1 else None
-    epilogue = (np.int32(act), np.float32(div), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1]))
-    _fn("gemv", f"gemv_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}")(grid, block, (
-        w, np.int64(U.row_stride(ggml_type, n_in)), x, np.int32(n_in), y, np.int32(n_out), np.int32(T),
-        np.int32(ksplit), *epilogue, U.null_or(partial)))
-    if partial is not None:
-        grid, block = U.elementwise_grid(T * n_out)
-        _fn("gemv", "gemv_reduce")(grid, block, (partial, np.int32(zsplit), y, np.int32(n_out), np.int32(T),
-                                                 *epilogue))
+    max_z = U.GEMV_MAX_ZSPLIT if T <= U.GEMV_MAXT else 1
+    if ggml_type == U.Q8_0_R32:
+        check_vector_rows("x", x)
+        ksplit, zsplit = U.q8r_split(n_out, n_in, T, max_z=max_z)
+        grid, block = U.gemv_grid(n_out, T, ksplit, zsplit, rpw=U.q8r_rows_per_warp(T))
+        name, geometry = f"gemv_q8r_t{U.nt_bucket(T)}", (np.int32(n_in // 32),)
+        module = "gemv_q8r"
+    else:
+        ksplit, zsplit = U.gemv_split(n_out, n_in, max_z=max_z)
+        grid, block = U.gemv_grid(n_out, T, ksplit, zsplit)
+        name, geometry = f"gemv_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}", (np.int64(U.row_stride(ggml_type, n_in)),)
+        module = "gemv"
+    partial, tile_done = _partials() if zsplit > 1 else (None, None)
+    if zsplit > 1 and grid[0] * grid[1] > ZSPLIT_TILES:
+        raise ValueError(f"y: a z-split launch of {grid[0] * grid[1]} tiles exceeds {ZSPLIT_TILES}")
+    _fn(module, name)(grid, block, (
+        w, *geometry, x, np.int32(n_in), y, np.int32(n_out), np.int32(T), np.int32(ksplit), np.int32(act),
+        np.float32(div), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1]), U.null_or(partial),
+        U.null_or(tile_done)))
+
+
+def check_vector_rows(name: str, x) -> None:
+    """The repacked Q8_0 kernels read x rows as float4: the rows must start 16-byte aligned."""
+    if U.data_ptr(x) % 16:
+        raise ValueError(f"{name}: data not 16-byte aligned (the Q8_0_R32 GEMVs read x as float4)")
 
 
 def gemv(w_raw, ggml_type: int, n_in: int, x, out=None, stream=None):

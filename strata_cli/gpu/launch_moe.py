@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import launch_util as U
-from .launch_dense import _empty, _fn, launch_gemv
+from .launch_dense import _empty, _fn, check_vector_rows, launch_gemv
 
 
 def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None):
@@ -39,12 +39,20 @@ def _launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, T, x, x_d
     all its entries (groups from moe_group); arguments already checked."""
     J, n_out = y.shape
     g_expert, g_count, g_entries = groups
+    epilogue = (np.int32(act), np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1]))
+    if ggml_type == U.Q8_0_R32:
+        check_vector_rows("x", x)
+        ksplit, _ = U.q8r_split(n_out, n_in, T, n_matrices=J)
+        grid, block = U.expert_grid(n_out, J, ksplit, rpw=U.q8r_rows_per_warp(T))
+        _fn("gemv_q8r", f"gemv_expert_q8r_t{U.nt_bucket(T)}")(grid, block, (
+            w, np.int64(expert_stride), np.int32(n_expert), g_expert, g_count, g_entries, x, np.int32(x_div),
+            np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), *epilogue))
+        return
     ksplit = U.gemv_ksplit(n_out, n_in, J)
     grid, block = U.expert_grid(n_out, J, ksplit)
     _fn("gemv", f"gemv_expert_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}")(grid, block, (
         w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert, g_count,
-        g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), np.int32(act),
-        np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
+        g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), *epilogue))
 
 
 @dataclass

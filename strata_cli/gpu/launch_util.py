@@ -10,7 +10,7 @@ import contextlib
 
 import numpy as np
 
-from ..model import quants
+from ..model import packed, quants
 
 # Mirrors of the kernels' compile-time constants (kernels/common.cuh, kernels/gemv.cu).
 ACT_NONE, ACT_SILU, ACT_SIGMOID, ACT_2SIGMOID = 0, 1, 2, 3
@@ -25,16 +25,24 @@ MAX_GRID_Y = 65535
 ROUTER_MAXK = 16
 ROUTER_MAX_E = 48 * 1024 // 4  # p[E] lives in the default 48 KiB of dynamic shared memory
 
+Q8_0_R32 = packed.Q8_0_R32  # Q8_0 repacked by 32-row groups (model/packed.py): kernels/gemv_q8r.cu only
 # dtypes a raw weight may arrive in (GGUF memmaps give typed F32/F16 and uint8 byte rows otherwise).
 WEIGHT_DTYPES = {
     quants.F32: (np.float32, np.uint8),
     quants.F16: (np.float16, np.uint8),
     quants.BF16: (np.uint8, np.uint16),
     quants.Q8_0: (np.uint8,),
+    Q8_0_R32: (np.uint8,),
 }
-# The kernels load F32 as float and F16/BF16 as uint16; Q8_0 is read byte-wise but its rows assume even offsets.
-WEIGHT_ALIGN = {quants.F32: 4, quants.F16: 2, quants.BF16: 2, quants.Q8_0: 2}
+# The kernels load F32 as float and F16/BF16 as uint16; Q8_0 is read byte-wise but its rows assume even offsets;
+# repacked Q8_0 is read in 16-byte vectors.
+WEIGHT_ALIGN = {quants.F32: 4, quants.F16: 2, quants.BF16: 2, quants.Q8_0: 2, Q8_0_R32: 16}
+# kernels/gemv.cu families (the repacked type has its own file)
 TYPE_SUFFIX = {quants.F32: "f32", quants.F16: "f16", quants.BF16: "bf16", quants.Q8_0: "q8_0"}
+
+
+def type_name(ggml_type: int) -> str:
+    return quants.TYPE_NAMES.get(ggml_type) or packed.NAMES.get(ggml_type) or str(ggml_type)
 
 
 def data_ptr(a) -> int:
@@ -63,13 +71,13 @@ def check_array(name: str, a, dtype, shape: tuple) -> object:
 def check_type(name: str, ggml_type: int) -> int:
     if ggml_type not in WEIGHT_DTYPES:
         raise ValueError(f"{name}: GGML type {ggml_type} has no GPU kernel (supported: "
-                         f"{', '.join(quants.TYPE_NAMES[t] for t in WEIGHT_DTYPES)})")
+                         f"{', '.join(type_name(t) for t in WEIGHT_DTYPES)})")
     return int(ggml_type)
 
 
 def row_stride(ggml_type: int, n_in: int) -> int:
-    """Bytes of one raw weight row of n_in values."""
-    return quants.row_bytes(ggml_type, n_in)
+    """Bytes of one raw weight row of n_in values (a repacked Q8_0 row takes as many bytes as a raw one)."""
+    return quants.row_bytes(quants.Q8_0 if ggml_type == Q8_0_R32 else ggml_type, n_in)
 
 
 def _check_raw(name: str, w, ggml_type: int, n_in: int) -> int:
@@ -77,12 +85,13 @@ def _check_raw(name: str, w, ggml_type: int, n_in: int) -> int:
     if w is None or not hasattr(w, "dtype"):
         raise ValueError(f"{name}: expected an array, got {type(w).__name__}")
     if np.dtype(w.dtype) not in [np.dtype(d) for d in WEIGHT_DTYPES[ggml_type]]:
-        raise ValueError(f"{name}: dtype {np.dtype(w.dtype)} cannot hold {quants.TYPE_NAMES[ggml_type]} weights")
+        raise ValueError(f"{name}: dtype {np.dtype(w.dtype)} cannot hold {type_name(ggml_type)} weights")
     if not w.flags.c_contiguous:
         raise ValueError(f"{name}: not C-contiguous")
-    if n_in < 1 or (ggml_type == quants.Q8_0 and n_in % quants.QK8_0):
+    block = quants.QK8_0 if ggml_type == Q8_0_R32 else quants.BLOCK[ggml_type][0]
+    if n_in < 1 or n_in % block:
         raise ValueError(f"{name}: input width {n_in} is not a positive multiple of the "
-                         f"{quants.TYPE_NAMES[ggml_type]} block ({quants.BLOCK[ggml_type][0]})")
+                         f"{type_name(ggml_type)} block ({block})")
     if data_ptr(w) % WEIGHT_ALIGN[ggml_type]:
         raise ValueError(f"{name}: data not {WEIGHT_ALIGN[ggml_type]}-byte aligned")
     return row_stride(ggml_type, n_in)
@@ -93,8 +102,9 @@ def weight_rows(name: str, w, ggml_type: int, n_in: int, n_out: int | None = Non
     rb = _check_raw(name, w, ggml_type, n_in)
     if w.nbytes == 0 or w.nbytes % rb:
         raise ValueError(f"{name}: {w.nbytes} bytes is not a whole number of {n_in}-wide "
-                         f"{quants.TYPE_NAMES[ggml_type]} rows ({rb} bytes each)")
+                         f"{type_name(ggml_type)} rows ({rb} bytes each)")
     rows = w.nbytes // rb
+    _check_groups(name, ggml_type, rows)
     if n_out is not None and rows != n_out:
         raise ValueError(f"{name}: {rows} rows of width {n_in}, expected {n_out}")
     return rows
@@ -110,13 +120,19 @@ def expert_geometry(name: str, w, ggml_type: int, n_in: int, n_out: int | None =
     per_expert = w.nbytes // E
     if per_expert == 0 or per_expert % rb:
         raise ValueError(f"{name}: {per_expert} bytes per expert is not a whole number of {n_in}-wide "
-                         f"{quants.TYPE_NAMES[ggml_type]} rows ({rb} bytes each)")
+                         f"{type_name(ggml_type)} rows ({rb} bytes each)")
     rows = per_expert // rb
+    _check_groups(name, ggml_type, rows, "rows per expert")
     if n_out is not None and rows != n_out:
         raise ValueError(f"{name}: {rows} rows per expert of width {n_in}, expected {n_out}")
     if n_expert is not None and E != n_expert:
         raise ValueError(f"{name}: {E} experts, expected {n_expert}")
     return E, rows, per_expert
+
+
+def _check_groups(name: str, ggml_type: int, rows: int, what: str = "rows") -> None:
+    if ggml_type == Q8_0_R32 and rows % packed.GROUP:
+        raise ValueError(f"{name}: {rows} {what} is not a whole number of {packed.GROUP}-row Q8_0_R32 groups")
 
 
 def out_array(name: str, out, shape: tuple, dtype, empty):
@@ -137,7 +153,7 @@ def scratch_rows(name: str, buf, rows: int, shape_tail: tuple, empty):
 
 
 GEMV_MAX_ZSPLIT = 8  # blocks along grid z sharing one row group's input axis
-GEMV_PARTIAL_FLOATS = GEMV_MAX_ZSPLIT * GEMV_MAXT * 2048  # z splits happen only below 2048 output rows
+GEMV_PARTIAL_FLOATS = GEMV_MAX_ZSPLIT * GEMV_MAXT * 16384  # z splits happen only up to 16384 output rows
 
 
 def gemv_split(n_out: int, n_in: int, n_matrices: int = 1, max_z: int = 1, rpw: int = GEMV_RPW) -> tuple[int, int]:
@@ -152,6 +168,34 @@ def gemv_split(n_out: int, n_in: int, n_matrices: int = 1, max_z: int = 1, rpw: 
     ksplit = min(split, GEMV_WARPS)
     zsplit = split // ksplit
     if zsplit > 1 and n_out > 2048:
+        zsplit = 1
+    return ksplit, zsplit
+
+
+Q8R_GROUP = packed.GROUP  # output rows per lane-row of kernels/gemv_q8r.cu
+Q8R_LANE_ROWS = {1: 1, 2: 2, 4: 4, 8: 4, 16: 2}  # row groups per warp by window bucket (q8r_rows in the kernel)
+Q8R_TARGET_WARPS = 2048  # split K until a launch has about this many warps ...
+Q8R_MAX_CHAIN = 40  # ... or while a warp would stream more than this many blocks in a row (the head) ...
+Q8R_MIN_BLOCKS = 2  # ... but leave every warp at least this many Q8_0 blocks to stream
+Q8R_MAX_ZROWS = 16384  # z splits (raw sums in the shared partial buffer) only up to this many output rows
+
+
+def q8r_rows_per_warp(T: int) -> int:
+    return Q8R_GROUP * Q8R_LANE_ROWS[nt_bucket(T)]
+
+
+def q8r_split(n_out: int, n_in: int, T: int = 1, n_matrices: int = 1, max_z: int = 1) -> tuple[int, int]:
+    """(ksplit, zsplit) of the repacked Q8_0 GEMVs: as gemv_split, over warps of q8r_rows_per_warp(T) rows.
+    The constants come from bench/gemv_bench.py on the H200 (docs/BENCHMARKS.md)."""
+    warps = -(-n_out // q8r_rows_per_warp(T)) * n_matrices
+    blocks = n_in // quants.QK8_0
+    split = 1
+    while (split < GEMV_WARPS * max_z and blocks >= 2 * split * Q8R_MIN_BLOCKS
+           and (warps * split < Q8R_TARGET_WARPS or blocks > Q8R_MAX_CHAIN * split)):
+        split *= 2
+    ksplit = min(split, GEMV_WARPS)
+    zsplit = split // ksplit
+    if zsplit > 1 and n_out > Q8R_MAX_ZROWS:
         zsplit = 1
     return ksplit, zsplit
 
@@ -176,11 +220,11 @@ def gemv_grid(n_out: int, T: int, ksplit: int = 1, zsplit: int = 1, rpw: int = G
     return (-(-n_out // rows_per_block), grid_y, zsplit), (GEMV_WARPS * 32, 1, 1)
 
 
-def expert_grid(n_out: int, n_entries: int, ksplit: int = 1) -> tuple[tuple, tuple]:
+def expert_grid(n_out: int, n_entries: int, ksplit: int = 1, rpw: int = GEMV_RPW) -> tuple[tuple, tuple]:
     """(grid, block) of the gemv_expert_* kernels: grid y = one (row, slot) entry."""
     if n_entries > MAX_GRID_Y:
         raise ValueError(f"ids: {n_entries} (row, slot) entries exceed {MAX_GRID_Y}")
-    rows_per_block = GEMV_RPW * (GEMV_WARPS // ksplit)
+    rows_per_block = rpw * (GEMV_WARPS // ksplit)
     return (-(-n_out // rows_per_block), n_entries, 1), (GEMV_WARPS * 32, 1, 1)
 
 

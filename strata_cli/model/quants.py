@@ -14,6 +14,7 @@ SUPPORTED = frozenset(TYPE_NAMES)
 # (elements per block, bytes per block)
 BLOCK = {F32: (1, 4), F16: (1, 2), Q8_0: (32, 34), BF16: (1, 2)}
 QK8_0 = 32
+Q8_0_BLOCK_BYTES = 34
 
 
 def row_bytes(ggml_type: int, n: int) -> int:

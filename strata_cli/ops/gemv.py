@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model import quants
+from ..model import packed, quants
 from . import hyper, moe
 from .basic import linear
 
@@ -21,6 +21,8 @@ _TYPED = {quants.F32: np.float32, quants.F16: np.float16}
 def dequant_rows(w_raw: np.ndarray, ggml_type: int, n_in: int) -> np.ndarray:
     """Raw weight holding whole rows of n_in values -> float64 [rows, n_in]."""
     raw = np.ascontiguousarray(w_raw)
+    if ggml_type == packed.Q8_0_R32:  # the GPU's repacked Q8_0: same bytes, rows grouped by 32
+        raw, ggml_type = packed.unpack_q8_0(raw, n_in), quants.Q8_0
     if ggml_type in _TYPED and raw.dtype == np.uint8:
         raw = raw.view(_TYPED[ggml_type])
     if ggml_type == quants.BF16 and raw.dtype == np.uint16:

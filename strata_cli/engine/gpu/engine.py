@@ -27,7 +27,7 @@ DEFAULT_MAX_T = GEMV_MAXT
 class GPUEngine:
     device = "gpu"
 
-    def __init__(self, model, n_ctx: int | None = None, max_t: int | None = None):
+    def __init__(self, model, n_ctx: int | None = None, max_t: int | None = None, pack_q8: bool = True):
         cp = cupy()
         self.model, self.g = model, model.geometry
         g = self.g
@@ -35,7 +35,7 @@ class GPUEngine:
         self.max_t = DEFAULT_MAX_T if max_t is None else int(max_t)
         if not 1 <= self.max_t <= GEMV_MAXT:
             raise InputError(f"max_t {self.max_t} outside 1..{GEMV_MAXT} (the GPU kernels take up to {GEMV_MAXT} rows)")
-        self.w = DeviceWeights(model)
+        self.w = DeviceWeights(model, pack_q8=pack_q8)  # pack_q8=False keeps raw Q8_0 (for comparisons)
         self.arena = plan_buffers(g, self.n_ctx, self.max_t)
         self.buf = self.arena.allocate()
         self.stage = Staging(self.max_t)

@@ -1,0 +1,92 @@
+"""model/packed.py (the Q8_0_R32 layout) and its use by the references and launch checks, on CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_helpers import raw_weight
+
+from strata_cli.gpu import launch_dense
+from strata_cli.gpu import launch_util as U
+from strata_cli.model import packed, quants
+from strata_cli.ops import gemv as ref
+
+Q8_0, R32 = quants.Q8_0, packed.Q8_0_R32
+
+
+@pytest.mark.parametrize("shape", [(32, 32), (96, 160), (3, 64, 96), (1, 32, 2592)])
+def test_pack_round_trips_and_places_each_block(shape):
+    rng = np.random.default_rng(sum(shape))
+    raw = raw_weight(rng, shape, Q8_0)
+    got = packed.pack_q8_0(raw, shape[-1])
+    assert got.shape == raw.shape and got.dtype == np.uint8
+    np.testing.assert_array_equal(packed.unpack_q8_0(got, shape[-1]), raw)
+    nb = shape[-1] // 32
+    rows = raw.reshape(-1, nb * 34)
+    groups = got.reshape(-1, nb * 1088)
+    for row in (0, 31, rows.shape[0] - 1):  # first and last lane of the first group, and the very last row
+        g, lane = divmod(row, 32)
+        for b in (0, nb - 1):
+            for h in (0, 1):
+                q = groups[g, ((b * 2 + h) * 32 + lane) * 16:][:16]
+                np.testing.assert_array_equal(q, rows[row, b * 34 + 2 + 16 * h:][:16])
+            np.testing.assert_array_equal(groups[g, nb * 1024 + (b * 32 + lane) * 2:][:2], rows[row, b * 34:][:2])
+
+
+def test_references_read_packed_weights_as_the_raw_ones():
+    rng = np.random.default_rng(3)
+    raw = raw_weight(rng, (64, 96), Q8_0)
+    x = rng.standard_normal((5, 96)).astype(np.float32)
+    np.testing.assert_array_equal(ref.gemv(packed.pack_q8_0(raw, 96), R32, 96, x), ref.gemv(raw, Q8_0, 96, x))
+    E, F, D = 3, 32, 64
+    gate, up, down = (raw_weight(rng, s, Q8_0) for s in ((E, F, D), (E, F, D), (E, D, F)))
+    ids, w = np.array([[0, 2], [1, 0]], np.int32), np.full((2, 2), 0.5, np.float32)
+    xs = rng.standard_normal((2, D)).astype(np.float32)
+    want = ref.routed_experts_raw(xs, ids, w, gate, up, down, (Q8_0,) * 3)
+    got = ref.routed_experts_raw(xs, ids, w, packed.pack_q8_0(gate, D), packed.pack_q8_0(up, D),
+                                 packed.pack_q8_0(down, F), (R32,) * 3)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_packable_needs_whole_row_groups_of_q8_0():
+    assert packed.packable((64, 34), Q8_0) and packed.packable((5, 640, 85), Q8_0)
+    assert not packed.packable((48, 34), Q8_0)  # 48 rows: one and a half groups
+    assert not packed.packable((64, 64), quants.BF16) and not packed.packable((64,), Q8_0)
+
+
+def test_pack_rejects_partial_groups_and_bad_widths():
+    raw = raw_weight(np.random.default_rng(0), (48, 64), Q8_0)
+    with pytest.raises(ValueError, match="not a whole number of 32-row groups"):
+        packed.pack_q8_0(raw, 64)
+    with pytest.raises(ValueError, match="n_in: 40 is not a positive multiple"):
+        packed.pack_q8_0(raw, 40)
+
+
+def test_launch_checks_refuse_bad_packed_weights_and_unaligned_x():
+    rng = np.random.default_rng(1)
+    good = packed.pack_q8_0(raw_weight(rng, (64, 96), Q8_0), 96)
+    x = np.zeros((2, 96), np.float32)
+    with pytest.raises(ValueError, match=r"^w_raw: 48 rows is not a whole number of 32-row Q8_0_R32 groups"):
+        launch_dense.gemv(raw_weight(rng, (48, 96), Q8_0), R32, 96, x)
+    with pytest.raises(ValueError, match=r"^w_raw: data not 16-byte aligned"):
+        launch_dense.gemv(np.zeros(good.nbytes + 2, np.uint8)[2:], R32, 96, x)
+    with pytest.raises(ValueError, match=r"^w_raw: input width 40 is not a positive multiple of the Q8_0_R32"):
+        launch_dense.gemv(good, R32, 40, x)
+    buf = np.zeros(2 * 96 + 4, np.float32)
+    start = next(i for i in range(4) if (buf[i:].ctypes.data % 16) == 4)
+    unaligned = buf[start:start + 2 * 96].reshape(2, 96)
+    with pytest.raises(ValueError, match=r"^x: data not 16-byte aligned"):
+        launch_dense.gemv(good, R32, 96, unaligned, out=np.zeros((2, 64), np.float32))
+    with pytest.raises(ValueError, match=r"^gate_raw: 48 rows per expert is not a whole number"):
+        U.expert_geometry("gate_raw", raw_weight(rng, (2, 48, 64), Q8_0), R32, 64)
+
+
+@pytest.mark.parametrize("n_out,n_in,T,max_z,want", [
+    (248320, 2560, 1, 8, (2, 1)),  # the head: thousands of row groups, split once to shorten each warp's chain
+    (320, 10240, 1, 8, (8, 8)),  # hyper-connection down: 10 groups, a long input axis
+    (2560, 6144, 1, 8, (8, 4)),  # 2560 rows, split across blocks too: 6 blocks per warp
+    (2560, 640, 8, 1, (8, 1)),  # T = 8: 4 row groups per warp
+    (32, 64, 1, 8, (1, 1)),  # too short to split
+])
+def test_q8r_split(n_out, n_in, T, max_z, want):
+    assert U.q8r_split(n_out, n_in, T, max_z=max_z) == want
