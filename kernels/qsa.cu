@@ -9,7 +9,7 @@
 #include "seq_common.cuh"
 
 #define QSA_BLOCK 128
-#define ATT_WARPS 4
+#define ATT_WARPS 16  // warps per (row, head): a head's cells are spread over them (latency, not bandwidth)
 #define ATT_MAXR 8  // attention: d <= 32 * ATT_MAXR values per lane
 
 // out[t, h] = rope_{row}(rms_norm(x[t, h]) * w), row = rows ? rows[t] : t (rows = positions with full tables).
@@ -131,17 +131,19 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
         const i64 cell = cells ? cells[t * C + s] : s;
         const float* kr = k_cache + (cell * Hk + kvh) * d;
         const float* vr = v_cache + (cell * Hk + kvh) * d;
-        float part = 0.0f;
+        float part = 0.0f, vv[ATT_MAXR];
 #pragma unroll
-        for (int r = 0; r < ATT_MAXR; ++r)
+        for (int r = 0; r < ATT_MAXR; ++r) {
+            vv[r] = lane + WARP * r < d ? vr[lane + WARP * r] : 0.0f;  // issued with k, before the reduction waits
             if (lane + WARP * r < d) part += sq[lane + WARP * r] * kr[lane + WARP * r];
+        }
         const float sc = warp_sum(part) / sqrt_d;  // the same value in every lane
         const float m_new = fmaxf(m, sc);
         const float corr = expf(m - m_new), p = expf(sc - m_new);  // corr is 0 on the warp's first cell
         l = l * corr + p;
 #pragma unroll
         for (int r = 0; r < ATT_MAXR; ++r)
-            if (lane + WARP * r < d) acc[r] = acc[r] * corr + p * vr[lane + WARP * r];
+            if (lane + WARP * r < d) acc[r] = acc[r] * corr + p * vv[r];
         m = m_new;
     }
     if (lane == 0) {

@@ -20,8 +20,8 @@ __device__ __forceinline__ u32 order_key(float x) {
 }
 
 // scores[t, b] = sum_h relu(q_idx[t, h] . pooled[b]) / sqrt_d for b < n_blocks(t), -inf for the rest.
-// q_idx [T, Hi, d] (normed, rotated); pooled [NB, d]. grid (T, ceil(NB / SEL_BLOCK)), block SEL_BLOCK,
-// dynamic shared Hi*d floats (the row's query).
+// q_idx [T, Hi, d] (normed, rotated); pooled [NB, d]. grid (T, ceil(NB / (SEL_BLOCK / 32))), block SEL_BLOCK:
+// one warp per pooled block, lanes over d (coalesced reads of the block's key), dynamic shared Hi*d floats.
 extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
     qsa_block_scores(const float* __restrict__ q_idx, const float* __restrict__ pooled,
                      const int* __restrict__ positions, float* __restrict__ scores, int Hi, int d, int NB, int ratio,
@@ -30,21 +30,22 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
     const i64 t = blockIdx.x;
     for (int i = threadIdx.x; i < Hi * d; i += blockDim.x) sq[i] = q_idx[t * Hi * d + i];
     __syncthreads();
-    const int b = blockIdx.y * blockDim.x + threadIdx.x;
-    if (b >= NB) return;
+    const int lane = threadIdx.x & (WARP - 1);
+    const int b = blockIdx.y * (blockDim.x / WARP) + threadIdx.x / WARP;
+    if (b >= NB) return;  // whole warps leave; no barrier follows
     const int n_blocks = (positions[t] + 1) / ratio;
     if (b >= n_blocks) {
-        scores[t * NB + b] = NEG_INF;
+        if (lane == 0) scores[t * NB + b] = NEG_INF;
         return;
     }
     const float* kb = pooled + (i64)b * d;
     float acc = 0.0f;
     for (int h = 0; h < Hi; ++h) {
         float dot = 0.0f;
-        for (int i = 0; i < d; ++i) dot += sq[h * d + i] * kb[i];
-        acc += fmaxf(dot, 0.0f);
+        for (int i = lane; i < d; i += WARP) dot += sq[h * d + i] * kb[i];
+        acc += fmaxf(warp_sum(dot), 0.0f);  // every lane holds the head's dot
     }
-    scores[t * NB + b] = acc / sqrt_d;
+    if (lane == 0) scores[t * NB + b] = acc / sqrt_d;
 }
 
 // cells[t] = the cells row t attends to, ascending: every cell when n_blocks <= keep, else the cells of the

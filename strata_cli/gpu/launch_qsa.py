@@ -23,7 +23,7 @@ from .compile import kernel
 from .runtime import cupy
 
 QSA_BLOCK = 128  # kernels/qsa.cu
-ATT_WARPS, ATT_MAXR = 4, 8
+ATT_WARPS, ATT_MAXR = 16, 8  # kernels/qsa.cu
 SEL_BLOCK = 256  # kernels/qsa_select.cu
 MAX_SHARED = 48 * 1024
 
@@ -137,7 +137,7 @@ def block_scores(q_idx, pooled, positions, ratio: int, out=None, stream=None):
         if Hi * d * 4 > MAX_SHARED:
             raise ValueError(f"q_idx: {Hi} x {d} floats exceed the kernel's {MAX_SHARED} bytes of shared memory")
         out = U.out_array("out", out, (T, NB), np.float32, _empty)
-        _fn("qsa_select", "qsa_block_scores")((T, -(-NB // SEL_BLOCK), 1), (SEL_BLOCK, 1, 1), (
+        _fn("qsa_select", "qsa_block_scores")((T, -(-NB // (SEL_BLOCK // 32)), 1), (SEL_BLOCK, 1, 1), (
             q_idx, pooled, positions, out, np.int32(Hi), np.int32(d), np.int32(NB), np.int32(ratio),
             np.float32(np.sqrt(d))), shared_mem=Hi * d * 4)
     return out
