@@ -32,12 +32,13 @@ def _git(*args: str) -> str | None:
 
 
 def git_commit() -> str | None:
-    """Short hash of the checkout strata runs from, + "-dirty" with uncommitted changes. A copy of the tree without
-    .git (a remote GPU machine) reports $STRATA_GIT_COMMIT, marked "(declared)"; otherwise None."""
+    """Short hash of the checkout strata runs from, + "-dirty" with uncommitted changes, or None outside one.
+    $STRATA_GIT_COMMIT, when set, wins and is marked "(declared)": a copy of the tree on a remote GPU machine may
+    carry no .git, or a stale one whose HEAD is not the commit being measured."""
     declared = os.environ.get("STRATA_GIT_COMMIT")
-    top = _git("rev-parse", "--show-toplevel")
-    if top is None and declared:
+    if declared:
         return f"{declared} (declared)"
+    top = _git("rev-parse", "--show-toplevel")
     # an installed copy may sit inside some other repository (a venv in a project): that commit is not ours
     if top is None or Path(top).resolve() != _REPO:
         return None
