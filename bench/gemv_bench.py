@@ -45,7 +45,7 @@ def _module(name: str, defines: tuple):
 def use_defines(defines: list[str]) -> None:
     DEFINES[:] = defines
     compile_mod.module = lambda name: _module(name, tuple(DEFINES))
-    launch_dense._fn.cache_clear()
+    compile_mod.kernel.cache_clear()  # kernel() looks functions up once; look them up in the new module
 
 
 def graph_ms(record, launches: int, stream) -> float:

@@ -13,33 +13,18 @@ import argparse
 
 import numpy as np
 
-import strata_cli.gpu.compile as compile_mod
+from benchlib import fill_context, patch_kernels
 from strata_cli.gpu.runtime import cupy
 
 SKIP: set[str] = set()
 
 
-def patch() -> None:
-    """Route every kernel lookup through a wrapper that turns the functions in SKIP into no-ops."""
-    import strata_cli.engine.gpu.engine as engine_mod
-    import strata_cli.engine.gpu.window as window_mod
-    from strata_cli.gpu import launch_dense, launch_gdn, launch_moe, launch_ple, launch_qsa
-
-    original = compile_mod.kernel
-
-    def maybe_skipped(module, function):
-        k = original(module, function)
-
-        def launch(grid, block, args, **kw):
-            if function not in SKIP:
-                k(grid, block, args, **kw)
-        return launch
-
-    for mod in (launch_dense, launch_gdn, launch_moe, launch_ple, launch_qsa, window_mod, engine_mod):
-        if hasattr(mod, "kernel"):
-            mod.kernel = maybe_skipped
-        if hasattr(mod, "_fn"):
-            mod._fn.cache_clear()
+def skippable(module, function, k):
+    """The kernel, or a no-op while its function is in SKIP."""
+    def launch(grid, block, args, **kw):
+        if function not in SKIP:
+            k(grid, block, args, **kw)
+    return launch
 
 
 def replay_ms(eng, T: int, reps: int) -> float:
@@ -68,18 +53,14 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--no-pack", action="store_true")
     args = ap.parse_args()
-    patch()
+    patch_kernels(skippable)
     from strata_cli.engine.gpu import GPUEngine
     from strata_cli.model.gguf_file import open_model
 
     eng = GPUEngine(open_model(args.model), pack_q8=not args.no_pack)
     rng = np.random.default_rng(0)
     for T in args.window:
-        eng.reset()
-        while eng.n_past < args.context:
-            n = min(16, args.context - eng.n_past)
-            eng.run(rng.integers(0, eng.g.n_vocab, n), eng.n_past, logits=False)
-            eng.commit(n)
+        fill_context(eng, args.context, rng)
         eng.run(rng.integers(0, eng.g.n_vocab, T), eng.n_past, logits=False)
         summary = eng.graph(T).summary()
         base = replay_ms(eng, T, args.reps)

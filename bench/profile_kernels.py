@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import numpy as np
 
-import strata_cli.gpu.compile as compile_mod
+from benchlib import fill_context, patch_kernels
 from strata_cli.gpu.runtime import cupy
 
 RECORDS: list = []
@@ -34,23 +34,6 @@ class TimedKernel:
         RECORDS.append((self.name, tuple(grid), start, end))
 
 
-def patch() -> None:
-    import strata_cli.engine.gpu.engine as engine_mod
-    import strata_cli.engine.gpu.window as window_mod
-    from strata_cli.gpu import launch_dense, launch_gdn, launch_moe, launch_ple, launch_qsa
-
-    original = compile_mod.kernel
-
-    def timed(module, function):
-        return TimedKernel(function, original(module, function))
-
-    for mod in (launch_dense, launch_gdn, launch_moe, launch_ple, launch_qsa, window_mod, engine_mod):
-        if hasattr(mod, "kernel"):
-            mod.kernel = timed
-        if hasattr(mod, "_fn"):
-            mod._fn.cache_clear()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -59,18 +42,14 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--no-pack", action="store_true", help="keep Q8_0 matrices raw (no Q8_0_R32 repacking)")
     args = ap.parse_args()
-    patch()
+    patch_kernels(lambda module, function, k: TimedKernel(function, k))
     from strata_cli.engine.gpu import GPUEngine
     from strata_cli.model.gguf_file import open_model
 
     eng = GPUEngine(open_model(args.model), pack_q8=not args.no_pack)
     rng = np.random.default_rng(0)
     for T in args.window:
-        eng.reset()
-        while eng.n_past < args.context:
-            n = min(16, args.context - eng.n_past)
-            eng.run(rng.integers(0, eng.g.n_vocab, n), eng.n_past, logits=False)
-            eng.commit(n)
+        fill_context(eng, args.context, rng)
         for _ in range(2):  # warm, then measure
             RECORDS.clear()
             eng.run(rng.integers(0, eng.g.n_vocab, T), eng.n_past, eager=True, logits=False)

@@ -23,6 +23,11 @@ typedef long long i64;
 #define QNAN __int_as_float(0x7fc00000)
 #define BIG_ID 0x7fffffff
 
+// GEMV launch geometry shared by gemv.cu and gemv_q8r.cu (strata_cli/gpu/launch_util.py mirrors it): warps per
+// block, and window rows per block along grid y (also the most entries an expert group holds).
+#define GEMV_WARPS 8
+#define GEMV_MAXT 16
+
 // GEMV epilogues (strata_cli/gpu/launch_util.py mirrors these ids).
 #define ACT_NONE 0
 #define ACT_SILU 1
@@ -60,6 +65,18 @@ __device__ __forceinline__ float apply_act(float v, int act) {
 __device__ __forceinline__ float gemv_epilogue(float acc, int act, float div, const float* mul, i64 mul_idx) {
     const float v = apply_act(acc / div, act);
     return mul ? v * mul[mul_idx] : v;
+}
+
+// The entries of expert group u (moe.cu's moe_group): output rows[t] and input rows xr[t] = rows[t] / x_div for
+// t < nt; the rest 0.
+template <int NT>
+__device__ __forceinline__ void expert_group_rows(const int* g_entries, int u, int nt, int x_div, int (&rows)[NT],
+                                                  int (&xr)[NT]) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        rows[t] = t < nt ? g_entries[u * GEMV_MAXT + t] : 0;
+        xr[t] = rows[t] / x_div;
+    }
 }
 
 // Split-K across the blocks of grid z, finished inside the same launch (no reduce kernel, one graph node less).

@@ -17,14 +17,8 @@
 // NT, the bucket of window rows (1, 2, 4, 8, 16), is a template parameter so accumulators stay in registers.
 #include "common.cuh"
 
-#define GEMV_WARPS 8
-#define GEMV_MAXT 16
-#ifndef GEMV_RPW  // rows per warp and loop unroll depth; bench/gemv_variants.py times other values
-#define GEMV_RPW 4
-#endif
-#ifndef GEMV_UNROLL
-#define GEMV_UNROLL 2
-#endif
+#define GEMV_RPW 4  // output rows per warp (launch_util.GEMV_RPW mirrors it)
+#define GEMV_UNROLL 2  // loop unroll depth of the K steps
 constexpr int kGemvUnroll = GEMV_UNROLL;
 
 template <int TYPE>
@@ -188,11 +182,7 @@ __device__ __forceinline__ void gemv_grouped(const u8* W, i64 expert_stride, i64
     const int group = warp / ksplit, kslice = warp % ksplit;
     const int o0 = (blockIdx.x * (GEMV_WARPS / ksplit) + group) * GEMV_RPW;
     int rows[NT], xr[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        rows[t] = t < nt ? g_entries[u * GEMV_MAXT + t] : 0;
-        xr[t] = rows[t] / x_div;
-    }
+    expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
     if (e < 0 || e >= n_expert) {
         if (kslice == 0 && lane < GEMV_RPW && o0 + lane < n_out)
             for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + o0 + lane] = QNAN;

@@ -20,8 +20,6 @@
 // common.cuh's zsplit_finish). Weights are d * q exactly as numpy dequantizes them; float32 accumulation.
 #include "common.cuh"
 
-#define GEMV_WARPS 8
-#define GEMV_MAXT 16
 #define Q8R_GROUP 32
 #define Q8R_BLOCK_BYTES 1088  // one Q8_0 block of 32 rows: 1024 quant bytes + 32 fp16 scales
 #ifndef Q8R_INFLIGHT  // group-blocks of loads in flight per warp (a ring in registers); bench/gemv_bench.py
@@ -228,11 +226,7 @@ __device__ __forceinline__ void q8r_grouped(const u8* W, i64 expert_stride, int 
     const int live = min(R, n_out / Q8R_GROUP - g0);
     const int nb = n_in / QK8_0;
     int rows[NT], xr[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        rows[t] = t < nt ? g_entries[u * GEMV_MAXT + t] : 0;
-        xr[t] = rows[t] / x_div;
-    }
+    expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
     if (e < 0 || e >= n_expert) {
         if (kslice == 0)
             for (int r = 0; r < live; ++r)

@@ -141,7 +141,7 @@ def test_kernel_names_and_constants_match_the_sources():
     for nt in (1, 2, 4, 8, 16):  # gemv_q8r_t<NT> and gemv_expert_q8r_t<NT> come from one macro each
         assert f"Q8R_DENSE_KERNEL({nt})" in q8r and f"Q8R_GROUPED_KERNEL({nt})" in q8r
     q8r_defines = dict(re.findall(r"#define (\w+) (\d+)", q8r))
-    assert int(q8r_defines["GEMV_WARPS"]) == U.GEMV_WARPS and int(q8r_defines["GEMV_MAXT"]) == U.GEMV_MAXT
+    assert "#define GEMV_WARPS" not in q8r and "#define GEMV_MAXT" not in q8r  # one definition, in common.cuh
     assert int(q8r_defines["Q8R_GROUP"]) == U.Q8R_GROUP
     defines = dict(re.findall(r"#define (\w+) (\d+)", _source("common.cuh") + _source("gemv.cu") + _source("moe.cu")))
     assert int(defines["GEMV_WARPS"]) == U.GEMV_WARPS and int(defines["GEMV_MAXT"]) == U.GEMV_MAXT

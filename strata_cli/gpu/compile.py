@@ -28,7 +28,9 @@ def module(name: str):
     return mod
 
 
+@lru_cache(maxsize=None)
 def kernel(module_name: str, function: str):
+    """One kernel of kernels/<module_name>.cu (looked up once: launchers call this on every launch)."""
     return module(module_name).get_function(function)
 
 

@@ -11,22 +11,12 @@ Legend: T window rows, C streams, D hidden, L low rank, V vocabulary, n_in / n_o
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from . import launch_util as U
 from .compile import kernel
-from .runtime import cupy
-
-
-@lru_cache(maxsize=None)
-def _fn(module: str, name: str):
-    return kernel(module, name)
-
-
-def _empty(shape, dtype):
-    return cupy().empty(shape, dtype=dtype)
+from .runtime import cupy, empty
 
 
 _PARTIAL = []
@@ -39,7 +29,7 @@ def _partials():
     which is an eager warm-up, never inside a capture."""
     if not _PARTIAL:
         cp = cupy()
-        _PARTIAL.append((_empty((U.GEMV_PARTIAL_FLOATS,), np.float32), cp.zeros((ZSPLIT_TILES,), np.uint32)))
+        _PARTIAL.append((empty((U.GEMV_PARTIAL_FLOATS,), np.float32), cp.zeros((ZSPLIT_TILES,), np.uint32)))
     return _PARTIAL[0]
 
 
@@ -58,12 +48,12 @@ def launch_gemv(w, ggml_type: int, n_in: int, x, y, *, act: int = U.ACT_NONE, di
     else:
         ksplit, zsplit = U.gemv_split(n_out, n_in, max_z=max_z)
         grid, block = U.gemv_grid(n_out, T, ksplit, zsplit)
-        name, geometry = f"gemv_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}", (np.int64(U.row_stride(ggml_type, n_in)),)
-        module = "gemv"
+        name = f"gemv_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}"
+        geometry, module = (np.int64(U.row_stride(ggml_type, n_in)),), "gemv"
     partial, tile_done = _partials() if zsplit > 1 else (None, None)
     if zsplit > 1 and grid[0] * grid[1] > ZSPLIT_TILES:
         raise ValueError(f"y: a z-split launch of {grid[0] * grid[1]} tiles exceeds {ZSPLIT_TILES}")
-    _fn(module, name)(grid, block, (
+    kernel(module, name)(grid, block, (
         w, *geometry, x, np.int32(n_in), y, np.int32(n_out), np.int32(T), np.int32(ksplit), np.int32(act),
         np.float32(div), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1]), U.null_or(partial),
         U.null_or(tile_done)))
@@ -80,7 +70,7 @@ def gemv(w_raw, ggml_type: int, n_in: int, x, out=None, stream=None):
     with U.on_stream(stream):
         n_out = U.weight_rows("w_raw", w_raw, ggml_type, n_in)
         U.check_array("x", x, np.float32, (None, n_in))
-        out = U.out_array("out", out, (x.shape[0], n_out), np.float32, _empty)
+        out = U.out_array("out", out, (x.shape[0], n_out), np.float32, empty)
         launch_gemv(w_raw, ggml_type, n_in, x, out)
     return out
 
@@ -95,7 +85,7 @@ class HcScratch:
 
     @classmethod
     def empty(cls, T: int, C: int, D: int, L: int) -> "HcScratch":
-        return cls(_empty((T, C * D), np.float32), _empty((T, L), np.float32), _empty((T, C * D), np.float32))
+        return cls(empty((T, C * D), np.float32), empty((T, L), np.float32), empty((T, C * D), np.float32))
 
 
 def hc_read(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_raw, inject_type: int | None,
@@ -115,19 +105,19 @@ def hc_read(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_ra
         elif out_inj is not None:
             raise ValueError("out_inj: given, but inject_raw is None (no inject gates to write)")
         s = scratch if scratch is not None else HcScratch(None, None, None)
-        xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), _empty)
-        low = U.scratch_rows("scratch.low", s.low, T, (L,), _empty)
-        gates = U.scratch_rows("scratch.gates", s.gates, T, (CD,), _empty)
-        out_mixed = U.out_array("out_mixed", out_mixed, (T, D), np.float32, _empty)
+        xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), empty)
+        low = U.scratch_rows("scratch.low", s.low, T, (L,), empty)
+        gates = U.scratch_rows("scratch.gates", s.gates, T, (CD,), empty)
+        out_mixed = U.out_array("out_mixed", out_mixed, (T, D), np.float32, empty)
         if inject_raw is not None:
-            out_inj = U.out_array("out_inj", out_inj, (T, C), np.float32, _empty)
+            out_inj = U.out_array("out_inj", out_inj, (T, C), np.float32, empty)
 
-        _fn("hyper", "hc_norm")((T * C, 1, 1), (U.BLOCK, 1, 1),
+        kernel("hyper", "hc_norm")((T * C, 1, 1), (U.BLOCK, 1, 1),
                                 (R, norm_w, xn, np.int32(C), np.int32(D), np.float32(eps)))
         launch_gemv(down_raw, down_type, CD, xn, low, act=U.ACT_SILU, div=float(C))
         launch_gemv(up_raw, up_type, L, low, gates, act=U.ACT_SIGMOID)
         grid, block = U.elementwise_grid(T * D)
-        _fn("hyper", "hc_mix")(grid, block, (xn, gates, out_mixed, np.int32(T), np.int32(C), np.int32(D)))
+        kernel("hyper", "hc_mix")(grid, block, (xn, gates, out_mixed, np.int32(T), np.int32(C), np.int32(D)))
         if inject_raw is not None:
             launch_gemv(inject_raw, inject_type, CD, xn, out_inj, act=U.ACT_2SIGMOID, div=float(C))
     return out_mixed, (out_inj if inject_raw is not None else None)
@@ -140,9 +130,9 @@ def hc_write(R, block_out, inj, out=None, stream=None):
         T, C, D = R.shape
         U.check_array("block_out", block_out, np.float32, (T, D))
         U.check_array("inj", inj, np.float32, (T, C))
-        out = U.out_array("out", out, (T, C, D), np.float32, _empty)
+        out = U.out_array("out", out, (T, C, D), np.float32, empty)
         grid, block = U.elementwise_grid(T * C * D)
-        _fn("hyper", "hc_write")(grid, block, (R, block_out, inj, out, np.int32(T), np.int32(C), np.int32(D)))
+        kernel("hyper", "hc_write")(grid, block, (R, block_out, inj, out, np.int32(T), np.int32(C), np.int32(D)))
     return out
 
 
@@ -155,7 +145,7 @@ def _argmax_parts():
     """Stage-1 partials [GEMV_MAXT * ARGMAX_MAX_PARTS] (value, id): allocated on first (eager) use."""
     if not _ARGMAX:
         n = U.GEMV_MAXT * ARGMAX_MAX_PARTS
-        _ARGMAX.append((_empty((n,), np.float32), _empty((n,), np.int32)))
+        _ARGMAX.append((empty((n,), np.float32), empty((n,), np.int32)))
     return _ARGMAX[0]
 
 
@@ -164,7 +154,7 @@ def argmax_rows(logits, out=None, stream=None):
     with U.on_stream(stream):
         U.check_array("logits", logits, np.float32, (None, None))
         T, V = logits.shape
-        out = U.out_array("out", out, (T,), np.int32, _empty)
+        out = U.out_array("out", out, (T,), np.int32, empty)
         parts = -(-V // ARGMAX_CHUNK)
         chunk = ARGMAX_CHUNK
         if parts > ARGMAX_MAX_PARTS:
@@ -172,7 +162,7 @@ def argmax_rows(logits, out=None, stream=None):
         if T > U.GEMV_MAXT:
             raise ValueError(f"logits: {T} rows exceed {U.GEMV_MAXT}")
         part_v, part_i = _argmax_parts()
-        _fn("head", "argmax_partial")((parts, T, 1), (256, 1, 1), (logits, np.int32(V), np.int32(chunk), part_v,
+        kernel("head", "argmax_partial")((parts, T, 1), (256, 1, 1), (logits, np.int32(V), np.int32(chunk), part_v,
                                                                     part_i))
-        _fn("head", "argmax_rows")((T, 1, 1), (256, 1, 1), (part_v, part_i, np.int32(parts), out))
+        kernel("head", "argmax_rows")((T, 1, 1), (256, 1, 1), (part_v, part_i, np.int32(parts), out))
     return out

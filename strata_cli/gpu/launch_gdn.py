@@ -11,27 +11,16 @@ Legend: T window rows, Ch conv channels, K conv taps, Hk key heads, Hv value hea
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 
 from . import launch_util as U
 from . import seq_util as S
 from .compile import kernel
-from .runtime import cupy
+from .runtime import empty
 
 GDN_BLOCK = 256  # kernels/gdn.cu
 GDN_RPT = 32
 GDN_REC_THREADS = 512
-
-
-@lru_cache(maxsize=None)
-def _fn(name: str):
-    return kernel("gdn", name)
-
-
-def _empty(shape, dtype):
-    return cupy().empty(shape, dtype=dtype)
 
 
 def gdn_conv(qkv, conv_state, conv_w, out=None, stream=None):
@@ -47,9 +36,9 @@ def gdn_conv(qkv, conv_state, conv_w, out=None, stream=None):
         if K < 2:
             raise ValueError(f"conv_w: {K} taps, expected >= 2 (the state holds K-1 rows)")
         U.check_array("conv_state", conv_state, np.float32, (K - 1, Ch))
-        out = U.out_array("out", out, (T, Ch), np.float32, _empty)
+        out = U.out_array("out", out, (T, Ch), np.float32, empty)
         grid, block = S.grid_1d(T * Ch, GDN_BLOCK)
-        _fn("gdn_conv")(grid, block, (qkv, conv_state, conv_w, out, np.int32(T), np.int32(Ch), np.int32(K)))
+        kernel("gdn", "gdn_conv")(grid, block, (qkv, conv_state, conv_w, out, np.int32(T), np.int32(Ch), np.int32(K)))
     return out
 
 
@@ -62,7 +51,8 @@ def gdn_conv_commit(conv_state, qkv, n_keep, n_keep_dev=None, stream=None):
         T = qkv.shape[0]
         n, n_dev = S.commit_count(n_keep, n_keep_dev, T)
         grid, block = S.grid_1d(Ch, GDN_BLOCK)
-        _fn("gdn_conv_commit")(grid, block, (conv_state, qkv, np.int32(T), np.int32(Ch), np.int32(K1 + 1), n, n_dev))
+        kernel("gdn", "gdn_conv_commit")(grid, block, (conv_state, qkv, np.int32(T), np.int32(Ch), np.int32(K1 + 1),
+                                                       n, n_dev))
     return conv_state
 
 
@@ -71,10 +61,10 @@ def gdn_split(h, nk: int, dk: int, nv: int, dv: int, q=None, k=None, v=None, str
     with U.on_stream(stream):
         U.check_array("h", h, np.float32, (None, 2 * nk * dk + nv * dv))
         T, Ch = h.shape
-        q = U.out_array("q", q, (T, nk, dk), np.float32, _empty)
-        k = U.out_array("k", k, (T, nk, dk), np.float32, _empty)
-        v = U.out_array("v", v, (T, nv, dv), np.float32, _empty)
-        _fn("gdn_split")((T, 2 * nk + nv, 1), (GDN_BLOCK, 1, 1), (
+        q = U.out_array("q", q, (T, nk, dk), np.float32, empty)
+        k = U.out_array("k", k, (T, nk, dk), np.float32, empty)
+        v = U.out_array("v", v, (T, nv, dv), np.float32, empty)
+        kernel("gdn", "gdn_split")((T, 2 * nk + nv, 1), (GDN_BLOCK, 1, 1), (
             h, q, k, v, np.int32(Ch), np.int32(nk), np.int32(dk), np.int32(nv), np.int32(dv),
             np.float32(dk ** -0.5), np.float32(1e-6)))
     return q, k, v
@@ -88,10 +78,10 @@ def gdn_gates(alpha, beta_in, dt_bias, ssm_a, g=None, beta=None, stream=None):
         U.check_array("beta_in", beta_in, np.float32, (T, nv))
         U.check_array("dt_bias", dt_bias, np.float32, (nv,))
         U.check_array("ssm_a", ssm_a, np.float32, (nv,))
-        g = U.out_array("g", g, (T, nv), np.float32, _empty)
-        beta = U.out_array("beta", beta, (T, nv), np.float32, _empty)
+        g = U.out_array("g", g, (T, nv), np.float32, empty)
+        beta = U.out_array("beta", beta, (T, nv), np.float32, empty)
         grid, block = S.grid_1d(T * nv, GDN_BLOCK)
-        _fn("gdn_gates")(grid, block, (alpha, beta_in, dt_bias, ssm_a, g, beta, np.int32(T), np.int32(nv)))
+        kernel("gdn", "gdn_gates")(grid, block, (alpha, beta_in, dt_bias, ssm_a, g, beta, np.int32(T), np.int32(nv)))
     return g, beta
 
 
@@ -113,7 +103,7 @@ def _check_recurrence(state, q, k, v, g, beta):
 
 def _launch_recurrence(state, q, k, v, g, beta, o, state_out, n, n_dev, dims):
     T, nk, nv, dk, dv, P = dims
-    _fn("gdn_recurrence")((nv, 1, 1), (dv, P, 1), (
+    kernel("gdn", "gdn_recurrence")((nv, 1, 1), (dv, P, 1), (
         state, q, k, v, g, beta, U.null_or(o), U.null_or(state_out), np.int32(T), n, n_dev, np.int32(nk),
         np.int32(nv), np.int32(dk), np.int32(dv)), shared_mem=(2 * dk + P * dv) * 4)
 
@@ -125,9 +115,9 @@ def gdn_recurrence(state, q, k, v, g, beta, out=None, state_out=None, n_state: i
     with U.on_stream(stream):
         dims = _check_recurrence(state, q, k, v, g, beta)
         T, nk, nv, dk, dv, _ = dims
-        out = U.out_array("out", out, (T, nv, dv), np.float32, _empty)
+        out = U.out_array("out", out, (T, nv, dv), np.float32, empty)
         if with_state:
-            state_out = U.out_array("state_out", state_out, (nv, dk, dv), np.float32, _empty)
+            state_out = U.out_array("state_out", state_out, (nv, dk, dv), np.float32, empty)
             n_state = T if n_state is None else int(n_state)
             if not 0 <= n_state <= T:
                 raise ValueError(f"n_state: {n_state} outside 0..{T} (the window's rows)")
@@ -154,6 +144,7 @@ def gdn_gated_norm(o, z, norm_w, eps: float, out=None, stream=None):
         T, nv, dv = o.shape
         U.check_array("z", z, np.float32, (T, nv, dv))
         U.check_array("norm_w", norm_w, np.float32, (dv,))
-        out = U.out_array("out", out, (T, nv, dv), np.float32, _empty)
-        _fn("gdn_gated_norm")((T * nv, 1, 1), (GDN_BLOCK, 1, 1), (o, z, norm_w, out, np.int32(dv), np.float32(eps)))
+        out = U.out_array("out", out, (T, nv, dv), np.float32, empty)
+        kernel("gdn", "gdn_gated_norm")((T * nv, 1, 1), (GDN_BLOCK, 1, 1), (o, z, norm_w, out, np.int32(dv),
+                                                                             np.float32(eps)))
     return out

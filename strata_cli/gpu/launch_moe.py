@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import launch_util as U
-from .launch_dense import _empty, _fn, check_vector_rows, launch_gemv
+from .compile import kernel
+from .launch_dense import check_vector_rows, launch_gemv
+from .runtime import empty
 
 
 def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None):
@@ -26,9 +28,9 @@ def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None):
             raise ValueError(f"k: {k} outside 1..{min(E, U.ROUTER_MAXK)} (E = {E}, kernel limit {U.ROUTER_MAXK})")
         if E > U.ROUTER_MAX_E:
             raise ValueError(f"logits: {E} experts exceed the router kernel's {U.ROUTER_MAX_E}")
-        out_ids = U.out_array("out_ids", out_ids, (T, k), np.int32, _empty)
-        out_w = U.out_array("out_w", out_w, (T, k), np.float32, _empty)
-        _fn("moe", "router_topk")((T, 1, 1), (U.BLOCK, 1, 1), (logits, np.int32(E), np.int32(k), out_ids, out_w),
+        out_ids = U.out_array("out_ids", out_ids, (T, k), np.int32, empty)
+        out_w = U.out_array("out_w", out_w, (T, k), np.float32, empty)
+        kernel("moe", "router_topk")((T, 1, 1), (U.BLOCK, 1, 1), (logits, np.int32(E), np.int32(k), out_ids, out_w),
                                   shared_mem=4 * E)
     return out_ids, out_w
 
@@ -44,13 +46,13 @@ def _launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, T, x, x_d
         check_vector_rows("x", x)
         ksplit, _ = U.q8r_split(n_out, n_in, T, n_matrices=J)
         grid, block = U.expert_grid(n_out, J, ksplit, rpw=U.q8r_rows_per_warp(T))
-        _fn("gemv_q8r", f"gemv_expert_q8r_t{U.nt_bucket(T)}")(grid, block, (
+        kernel("gemv_q8r", f"gemv_expert_q8r_t{U.nt_bucket(T)}")(grid, block, (
             w, np.int64(expert_stride), np.int32(n_expert), g_expert, g_count, g_entries, x, np.int32(x_div),
             np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), *epilogue))
         return
     ksplit = U.gemv_ksplit(n_out, n_in, J)
     grid, block = U.expert_grid(n_out, J, ksplit)
-    _fn("gemv", f"gemv_expert_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}")(grid, block, (
+    kernel("gemv", f"gemv_expert_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}")(grid, block, (
         w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert, g_count,
         g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), *epilogue))
 
@@ -68,8 +70,8 @@ class MoeScratch:
 
     @classmethod
     def empty(cls, J: int, F: int, D: int) -> "MoeScratch":
-        return cls(_empty((J, F), np.float32), _empty((J, D), np.float32), _empty((J,), np.int32),
-                   _empty((J,), np.int32), _empty((J, U.GEMV_MAXT), np.int32))
+        return cls(empty((J, F), np.float32), empty((J, D), np.float32), empty((J,), np.int32),
+                   empty((J,), np.int32), empty((J, U.GEMV_MAXT), np.int32))
 
 
 def _group_buffers(s: MoeScratch, J: int):
@@ -79,7 +81,7 @@ def _group_buffers(s: MoeScratch, J: int):
     for name, buf, tail in (("g_expert", s.g_expert, ()), ("g_count", s.g_count, ()),
                             ("g_entries", s.g_entries, (U.GEMV_MAXT,))):
         if buf is None:
-            buf = _empty((J, *tail), np.int32)
+            buf = empty((J, *tail), np.int32)
         U.check_array(f"scratch.{name}", buf, np.int32, (None, *tail))
         if buf.shape[0] < J:
             raise ValueError(f"scratch.{name}: {buf.shape[0]} rows, the window needs {J}")
@@ -116,20 +118,20 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         if T > U.GEMV_MAXT:
             raise ValueError(f"x: {T} rows exceed {U.GEMV_MAXT} (an expert group holds at most that many entries)")
         s = scratch if scratch is not None else MoeScratch(None, None)
-        h = U.scratch_rows("scratch.h", s.h, J, (F,), _empty)
-        parts = U.scratch_rows("scratch.parts", s.parts, J, (D,), _empty)
+        h = U.scratch_rows("scratch.h", s.h, J, (F,), empty)
+        parts = U.scratch_rows("scratch.parts", s.parts, J, (D,), empty)
         groups = _group_buffers(s, J)
-        out = U.out_array("out", out, (T, D), np.float32, _empty)
+        out = U.out_array("out", out, (T, D), np.float32, empty)
 
         # group the entries by expert; entry j = t*K + k reads x row t = j // K; h and parts are indexed by entry
-        _fn("moe", "moe_group")((1, 1, 1), (max(32, -(-J // 32) * 32), 1, 1), (ids, np.int32(J),
+        kernel("moe", "moe_group")((1, 1, 1), (max(32, -(-J // 32) * 32), 1, 1), (ids, np.int32(J),
                                                                               np.int32(U.GEMV_MAXT), *groups))
         _launch_expert_gemv(up_raw, ut, up_stride, E, groups, T, x, K, D, h)
         _launch_expert_gemv(gate_raw, gt, gate_stride, E, groups, T, x, K, D, h, act=U.ACT_SILU, mul=h,
                             mul_strides=(F, 1))
         _launch_expert_gemv(down_raw, dt, down_stride, E, groups, T, h, 1, F, parts)
         grid, block = U.elementwise_grid(T * D)
-        _fn("moe", "moe_combine")(grid, block, (parts, weights, U.null_or(shared), out, np.int32(T), np.int32(K),
+        kernel("moe", "moe_combine")(grid, block, (parts, weights, U.null_or(shared), out, np.int32(T), np.int32(K),
                                                 np.int32(D)))
     return out
 
@@ -143,7 +145,7 @@ class SharedScratch:
 
     @classmethod
     def empty(cls, T: int, F: int) -> "SharedScratch":
-        return cls(_empty((T, F), np.float32), _empty((T, 1), np.float32))
+        return cls(empty((T, F), np.float32), empty((T, 1), np.float32))
 
 
 def shared_expert(x, gate_raw, up_raw, down_raw, scalar_gate_raw, ggml_types, out=None,
@@ -161,9 +163,9 @@ def shared_expert(x, gate_raw, up_raw, down_raw, scalar_gate_raw, ggml_types, ou
         U.weight_rows("down_raw", down_raw, dt, F, n_out=D)
         U.weight_rows("scalar_gate_raw", scalar_gate_raw, st, D, n_out=1)
         s = scratch if scratch is not None else SharedScratch(None, None)
-        h = U.scratch_rows("scratch.h", s.h, T, (F,), _empty)
-        sg = U.scratch_rows("scratch.sg", s.sg, T, (1,), _empty)
-        out = U.out_array("out", out, (T, D), np.float32, _empty)
+        h = U.scratch_rows("scratch.h", s.h, T, (F,), empty)
+        sg = U.scratch_rows("scratch.sg", s.sg, T, (1,), empty)
+        out = U.out_array("out", out, (T, D), np.float32, empty)
 
         launch_gemv(up_raw, ut, D, x, h)
         launch_gemv(gate_raw, gt, D, x, h, act=U.ACT_SILU, mul=h, mul_strides=(F, 1))

@@ -6,7 +6,8 @@ import numpy as np
 
 from ..model import packed, quants
 from . import launch_util as U
-from .launch_dense import _empty, _fn
+from .compile import kernel
+from .runtime import empty
 
 
 def pack_q8_0(raw, n_in: int, out=None, stream=None):
@@ -19,9 +20,9 @@ def pack_q8_0(raw, n_in: int, out=None, stream=None):
         rows = U.weight_rows("raw", raw.reshape(-1), quants.Q8_0, n_in)
         if rows % packed.GROUP:
             raise ValueError(f"raw: {rows} rows is not a whole number of {packed.GROUP}-row groups")
-        out = U.out_array("out", out, raw.shape, np.uint8, _empty)
+        out = U.out_array("out", out, raw.shape, np.uint8, empty)
         if U.data_ptr(out) % 16:
             raise ValueError("out: data not 16-byte aligned")
         grid, block = U.elementwise_grid(rows * (n_in // 32))
-        _fn("gemv_q8r", "q8r_pack")(grid, block, (raw, np.int64(rows), np.int32(n_in // 32), out))
+        kernel("gemv_q8r", "q8r_pack")(grid, block, (raw, np.int64(rows), np.int32(n_in // 32), out))
     return out

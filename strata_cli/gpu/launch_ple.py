@@ -12,7 +12,6 @@ P = Hn*hd embedding width, C streams, D hidden, CD = C*D, Kc conv taps, Hh = (Kc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -21,19 +20,10 @@ from . import launch_dense
 from . import launch_util as U
 from . import seq_util as S
 from .compile import kernel
-from .runtime import cupy
+from .runtime import empty
 
 PLE_BLOCK = 256  # kernels/ple.cu
 PLE_MAXN = 8
-
-
-@lru_cache(maxsize=None)
-def _fn(name: str):
-    return kernel("ple", name)
-
-
-def _empty(shape, dtype):
-    return cupy().empty(shape, dtype=dtype)
 
 
 def ngram_rows(tokens, prev, eos: int, multipliers, heads_per_ngram: int, vocab_sizes, offsets, out=None,
@@ -51,9 +41,9 @@ def ngram_rows(tokens, prev, eos: int, multipliers, heads_per_ngram: int, vocab_
         Hn = (n - 1) * heads_per_ngram
         U.check_array("vocab_sizes", vocab_sizes, np.int64, (Hn,))
         U.check_array("offsets", offsets, np.int64, (Hn,))
-        out = U.out_array("out", out, (T, Hn), np.int64, _empty)
+        out = U.out_array("out", out, (T, Hn), np.int64, empty)
         grid, block = S.grid_1d(T, PLE_BLOCK)
-        _fn("ple_ngram_rows")(grid, block, (tokens, prev, multipliers, vocab_sizes, offsets, out, np.int32(T),
+        kernel("ple", "ple_ngram_rows")(grid, block, (tokens, prev, multipliers, vocab_sizes, offsets, out, np.int32(T),
                                             np.int32(n), np.int32(heads_per_ngram), np.int64(eos)))
     return out
 
@@ -65,8 +55,8 @@ def gather_rows(rows, table, ggml_type: int, row_len: int, out=None, stream=None
         U.check_array("rows", rows, np.int64, (None, None))
         T, Hn = rows.shape
         U.weight_rows("table", table, ggml_type, row_len)
-        out = U.out_array("out", out, (T, Hn * row_len), np.float32, _empty)
-        _fn("ple_gather")((T * Hn, 1, 1), (PLE_BLOCK, 1, 1), (
+        out = U.out_array("out", out, (T, Hn * row_len), np.float32, empty)
+        kernel("ple", "ple_gather")((T * Hn, 1, 1), (PLE_BLOCK, 1, 1), (
             rows, table, np.int64(U.row_stride(ggml_type, row_len)), np.int32(ggml_type), out, np.int32(row_len)))
     return out
 
@@ -81,7 +71,7 @@ class PLEWork:
 
     @classmethod
     def empty(cls, T: int, C: int, D: int) -> "PLEWork":
-        return cls(_empty((T, C * D), np.float32), _empty((T, D), np.float32), _empty((T, C * D), np.float32))
+        return cls(empty((T, C * D), np.float32), empty((T, D), np.float32), empty((T, C * D), np.float32))
 
 
 def ple_mix(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, conv_w, dilation: int, eps: float,
@@ -108,19 +98,19 @@ def ple_mix(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, co
         U.weight_rows("w_key", w_key, key_type, P, n_out=CD)
         U.weight_rows("w_value", w_value, value_type, P, n_out=D)
         w = work if work is not None else PLEWork(None, None, None)
-        key = U.scratch_rows("work.key", w.key, T, (CD,), _empty)
-        value = U.scratch_rows("work.value", w.value, T, (D,), _empty)
-        gated = U.scratch_rows("work.gated", w.gated, T, (CD,), _empty)
-        normed = U.out_array("normed", normed, (T, CD), np.float32, _empty)
-        out = U.out_array("out", out, (T, C, D), np.float32, _empty)
+        key = U.scratch_rows("work.key", w.key, T, (CD,), empty)
+        value = U.scratch_rows("work.value", w.value, T, (D,), empty)
+        gated = U.scratch_rows("work.gated", w.gated, T, (CD,), empty)
+        normed = U.out_array("normed", normed, (T, CD), np.float32, empty)
+        out = U.out_array("out", out, (T, C, D), np.float32, empty)
 
         launch_dense.gemv(w_key, key_type, P, emb, out=key)
         launch_dense.gemv(w_value, value_type, P, emb, out=value)
-        _fn("ple_gate")((T * C, 1, 1), (PLE_BLOCK, 1, 1), (
+        kernel("ple", "ple_gate")((T * C, 1, 1), (PLE_BLOCK, 1, 1), (
             key, value, R, norm_key, norm_query, norm_conv, gated, normed, np.int32(C), np.int32(D),
             np.float32(np.sqrt(D)), np.float32(eps)))
         grid, block = S.grid_1d(T * CD, PLE_BLOCK)
-        _fn("ple_conv_out")(grid, block, (R, gated, history, normed, conv_w, out, np.int32(T), np.int32(CD),
+        kernel("ple", "ple_conv_out")(grid, block, (R, gated, history, normed, conv_w, out, np.int32(T), np.int32(CD),
                                           np.int32(Kc), np.int32(dilation)))
     return out, normed
 
@@ -134,7 +124,8 @@ def ple_history_commit(history, normed, n_keep, n_keep_dev=None, stream=None):
         T = normed.shape[0]
         n, n_dev = S.commit_count(n_keep, n_keep_dev, T)
         grid, block = S.grid_1d(CD, PLE_BLOCK)
-        _fn("ple_history_commit")(grid, block, (history, normed, np.int32(T), np.int32(Hh), np.int32(CD), n, n_dev))
+        kernel("ple", "ple_history_commit")(grid, block, (history, normed, np.int32(T), np.int32(Hh), np.int32(CD),
+                                                          n, n_dev))
     return history
 
 
@@ -145,5 +136,6 @@ def ple_prev_commit(prev, tokens, n_keep, n_keep_dev=None, stream=None):
         U.check_array("tokens", tokens, np.int64, (None,))
         T = tokens.shape[0]
         n, n_dev = S.commit_count(n_keep, n_keep_dev, T)
-        _fn("ple_prev_commit")((1, 1, 1), (32, 1, 1), (prev, tokens, np.int32(T), np.int32(prev.shape[0]), n, n_dev))
+        kernel("ple", "ple_prev_commit")((1, 1, 1), (32, 1, 1), (prev, tokens, np.int32(T), np.int32(prev.shape[0]),
+                                                                 n, n_dev))
     return prev

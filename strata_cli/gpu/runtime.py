@@ -15,6 +15,11 @@ def cupy():
     return cp
 
 
+def empty(shape, dtype):
+    """An uninitialised CuPy array (the launchers' outputs and scratch when the caller gives none)."""
+    return cupy().empty(shape, dtype=dtype)
+
+
 @lru_cache(maxsize=None)
 def cudart():
     from cuda.bindings import runtime

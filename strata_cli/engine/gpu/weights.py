@@ -38,7 +38,7 @@ class DeviceWeights:
             else:
                 arr = cp.asarray(np.ascontiguousarray(info.raw))
                 ggml_type = info.ggml_type
-                if pack_q8 and name not in GATHERED and packable(arr.shape, ggml_type):
+                if pack_q8 and name not in GATHERED and packed.packable(tuple(arr.shape), ggml_type):
                     from ...gpu.launch_pack import pack_q8_0
 
                     arr = pack_q8_0(arr, _n_in(info), out=cp.empty_like(arr))
@@ -62,10 +62,6 @@ class DeviceWeights:
     def blk_v(self, layer: int, role: str):
         suffix = "" if role in ("ssm_a", "ssm_dt.bias") else ".weight"
         return self.vec[f"blk.{layer}.{role}{suffix}"]
-
-
-def packable(shape, ggml_type: int) -> bool:
-    return packed.packable(tuple(shape), ggml_type)
 
 
 def _n_in(info) -> int:
