@@ -24,3 +24,75 @@ def speculative_run(engine, tokens, rng, max_t: int, allow_zero: bool = False):
         ids[pos:pos + keep] = result.ids[:keep]
         engine.commit(keep)
     return logits, ids
+
+
+def committed_state(engine) -> dict[str, np.ndarray]:
+    """Host copies of an engine's committed state (engine/state.py): what any later window may read.
+
+    Keys name the part and layer: n_past, S/conv (GDN), k/v (KV cells below n_past), tail, pooled (blocks
+    below n_past // ratio), ple_history, ple_prev. Works on the numpy engine and the GPU engine alike."""
+    g, n = engine.g, engine.n_past
+    if getattr(engine, "device", "cpu") == "gpu":
+        from strata_cli.gpu.runtime import cupy
+
+        def part(kind, layer=None):
+            name = {"S": "S", "conv": "conv", "k": "kc", "v": "vc", "tail": "tail", "pooled": "pooled",
+                    "ple_history": "ple_history", "ple_prev": "ple_prev"}[kind]
+            return cupy().asnumpy(engine.buf[name if layer is None else f"{name}.{layer}"])
+    else:
+        st = engine.state
+
+        def part(kind, layer=None):
+            table = {"S": st.gdn_state, "conv": st.gdn_conv, "k": st.k_cache, "v": st.v_cache, "tail": st.idx_tail,
+                     "pooled": st.idx_pooled}
+            if kind in table:
+                return table[kind][layer].copy()
+            return getattr(st, kind).copy()
+
+    out = {"n_past": np.array(n)}
+    for layer in g.gdn_layers:
+        out[f"S.{layer}"], out[f"conv.{layer}"] = part("S", layer), part("conv", layer)
+    for layer in g.attn_layers:
+        out[f"k.{layer}"], out[f"v.{layer}"] = part("k", layer)[:n], part("v", layer)[:n]
+        ratio = g.compress_ratios[layer]
+        if ratio:
+            out[f"tail.{layer}"] = part("tail", layer)
+            out[f"pooled.{layer}"] = part("pooled", layer)[:n // ratio]
+    if g.ple is not None:
+        out["ple_history"], out["ple_prev"] = part("ple_history"), part("ple_prev")
+    return out
+
+
+def assert_same_state(a: dict, b: dict, atol: float = 0.0, rtol: float = 0.0, what: str = "") -> None:
+    """Every part of two committed_state() dicts equal (exactly, or within atol + rtol * max|b|)."""
+    assert a.keys() == b.keys(), what
+    for key in a:
+        x, y = a[key], b[key]
+        assert x.shape == y.shape, f"{what} {key}: shape {x.shape} vs {y.shape}"
+        if x.size == 0:
+            continue
+        bound = atol + rtol * float(np.abs(y).max())
+        err = float(np.abs(x.astype(np.float64) - y.astype(np.float64)).max())
+        assert err <= bound, f"{what} {key}: max |diff| {err:.3e} > {bound:.3e}"
+
+
+def dropped_window_cases(g, tokens, rng):
+    """(prefix, dropped windows, T, n_keep) for the dropped-window contract on geometry g (QSA + PLE).
+
+    Prefixes sit before, at and after indexer block boundaries, one in the sparse-selection range and 0; the
+    first dropped window always wraps the indexer tail over the committed slots of the block being filled and
+    completes a block; the windows carry an EOS (PLE n-gram reset) and are long enough to cross the conv rows.
+    Every window fits in 16 rows and every case in len(tokens) >= 48 tokens."""
+    ratio = max(g.compress_ratios)
+    sparse = g.idx_budget + ratio + ratio - 1        # one slot short of a block end, selection already sparse
+    prefixes = [min(sparse, 26), 3 * ratio + 1, 2 * ratio, 0]
+    eos = g.eos_token_id if g.eos_token_id is not None else 0
+    for prefix in prefixes:
+        wrap = ratio - prefix % ratio + 1 + int(rng.integers(ratio))
+        first = rng.integers(0, g.n_vocab, wrap)
+        first[int(rng.integers(wrap))] = eos
+        dropped = [first]
+        if rng.random() < 0.5:
+            dropped.append(rng.integers(0, g.n_vocab, int(rng.integers(1, 13))))
+        T = int(rng.integers(1, 12))
+        yield prefix, dropped, T, int(rng.integers(0, T + 1))

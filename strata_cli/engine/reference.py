@@ -36,7 +36,7 @@ class ReferenceEngine:
     # ---- the verify contract
     def run(self, tokens, pos0: int | None = None) -> WindowResult:
         tokens = check_window(tokens, pos0, self.n_past, self.g.n_vocab, self.n_ctx, self.max_t)
-        self._pending = None  # an uncommitted window is dropped: its live writes are harmless (state.py)
+        self._pending = None  # an uncommitted window is dropped: it wrote no committed state (state.py)
         rec = WindowRecord(pos0=self.n_past, tokens=tokens)
         positions = self.n_past + np.arange(len(tokens))
         R = np.repeat(self.w.embed_rows(tokens)[:, None, :], self.g.hc, axis=1)     # [T, C, D]
@@ -59,9 +59,8 @@ class ReferenceEngine:
                 _, st.gdn_state[layer] = gdn.gdn_recurrence(st.gdn_state[layer], r.q[:n_keep], r.k[:n_keep],
                                                             r.v[:n_keep], r.g[:n_keep], r.beta[:n_keep])
         positions = rec.pos0 + np.arange(n_keep)
-        for layer, snap in rec.idx_tail_snapshot.items():
-            st.idx_tail[layer] = snap
-            qsa.indexer_append(snap, st.idx_pooled[layer], rec.idx_raw[layer][:n_keep], positions,
+        for layer, raw in rec.idx_raw.items():
+            qsa.indexer_append(st.idx_tail[layer], st.idx_pooled[layer], raw[:n_keep], positions,
                                self.w.blk(layer, "indexer.k_norm"), g.eps, g.n_rot, g.rope_base)
         if rec.ple_seq is not None:
             st.ple_history = rec.ple_seq[n_keep:n_keep + g.ple.history].copy()
@@ -113,9 +112,10 @@ class ReferenceEngine:
         ratio = g.compress_ratios[layer]
         if ratio:
             raw = basic.linear(x, w.blk(layer, "indexer.k_proj"))
-            rec.idx_tail_snapshot[layer] = st.idx_tail[layer].copy()
             rec.idx_raw[layer] = raw
-            qsa.indexer_append(st.idx_tail[layer], st.idx_pooled[layer], raw, positions,
+            # the window fills a copy of the tail: the committed tail holds keys of committed positions that
+            # a window of more than ratio - n_past % ratio rows would wrap over (commit re-appends kept rows)
+            qsa.indexer_append(st.idx_tail[layer].copy(), st.idx_pooled[layer], raw, positions,
                                w.blk(layer, "indexer.k_norm"), g.eps, g.n_rot, g.rope_base)
             qi = basic.linear(x, w.blk(layer, "indexer.q_proj")).reshape(T, g.idx_heads, g.idx_dim)
             qi = qsa.rope_neox(basic.rms_norm(qi, w.blk(layer, "indexer.q_norm"), g.eps), cos, sin)

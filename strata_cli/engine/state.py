@@ -1,10 +1,20 @@
 """Sequence state of the verify engine and the per-window record that commit(n_keep) consumes.
 
-What a window may and may not touch (spec §3.3):
-- GDN recurrent and conv state: read, never written by run(); commit replays the kept rows.
-- KV cells and pooled indexer blocks: written live; rejected rows' cells are overwritten before any
-  query can see them again.
-- indexer tail and PLE history / n-gram predecessors: snapshotted by run(), rebuilt by commit().
+The window contract, the same for every engine:
+- run(tokens) reads the committed state and writes none of it; commit(n_keep) is its only writer and leaves
+  exactly the state of a sequence that fed the window's first n_keep tokens and nothing else.
+- A run that is never committed leaves no trace, whatever comes next: another run (which drops it), a commit
+  of a later window, or nothing at all. Logits, greedy ids and the committed state afterwards equal those of an
+  engine that never ran it.
+- Committed state: n_past, GDN recurrent and conv state, KV cells and pooled indexer blocks of positions below
+  n_past, the indexer tail (raw keys of the block being filled), PLE history and n-gram predecessors.
+
+What a window writes beyond that (spec §3.3):
+- KV cells and pooled blocks of its own positions (>= n_past), live: a query never reads a cell or block past
+  its own position, and the next window rewrites them before any of its queries can see them.
+- The indexer tail it fills is a copy (numpy) or is restored from a snapshot in the same window (GPU): a window
+  of more than ratio - n_past % ratio rows wraps over the slots of committed positions.
+- GDN state/conv and PLE history/predecessors are only read; commit replays or shifts in the kept rows.
 """
 
 from __future__ import annotations
@@ -66,7 +76,6 @@ class WindowRecord:
     pos0: int
     tokens: np.ndarray
     gdn: dict[int, GDNRecord] = field(default_factory=dict)
-    idx_tail_snapshot: dict[int, np.ndarray] = field(default_factory=dict)
     idx_raw: dict[int, np.ndarray] = field(default_factory=dict)   # layer -> raw indexer keys [T, d]
     ple_seq: np.ndarray | None = None                               # [Hh+T, C*D]
 

@@ -126,8 +126,7 @@ class GPUEngine:
 
     def run(self, tokens, pos0: int | None = None, *, eager: bool = False, logits: bool = True) -> WindowResult:
         tokens = check_window(tokens, pos0, self.n_past, self.g.n_vocab, self.n_ctx, self.max_t)
-        if self._pending is not None:
-            self.commit(0)  # restores the indexer tail and PLE history the dropped window touched
+        self._pending = None  # an uncommitted window is dropped: it wrote no committed state (state.py)
         T = self.stage_window(tokens)
         self.launch_window(T, eager)
         self.stream.synchronize()
@@ -164,8 +163,7 @@ class GPUEngine:
         start, end = cp.cuda.Event(), cp.cuda.Event()
 
         def timer(engine, tokens, pos, n_keep):
-            if engine._pending is not None:
-                engine.commit(0)
+            engine._pending = None  # a window run before is dropped (it wrote no committed state)
             t0 = time.perf_counter()
             T = engine.stage_window(np.asarray(tokens, dtype=np.int64))
             start.record(engine.stream)

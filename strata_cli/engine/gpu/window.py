@@ -78,8 +78,12 @@ def _qsa(e, layer: int, x, T: int, stream):
     if ratio:
         raw = b[f"idx_raw.{layer}"][:T]
         _gemv(e, blk + "indexer.k_proj.weight", x, raw, stream)
-        qsa.indexer_append(b[f"tail.{layer}"], b[f"pooled.{layer}"], raw, pos, w.blk_v(layer, "indexer.k_norm"),
-                           g.eps, cos, sin, snapshot=b[f"snap.{layer}"], stream=stream)
+        tail, snap = b[f"tail.{layer}"], b[f"snap.{layer}"]
+        qsa.indexer_append(tail, b[f"pooled.{layer}"], raw, pos, w.blk_v(layer, "indexer.k_norm"), g.eps, cos, sin,
+                           snapshot=snap, stream=stream)
+        # a run writes no committed state (engine/state.py): the tail goes back to its snapshot at once, since a
+        # window longer than ratio - n_past % ratio rows wraps over slots of committed positions
+        _copy(tail, snap, snap.nbytes, stream)
         qi_raw = b["qi_raw"][:T]
         _gemv(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
         qi = qsa.norm_rope(qi_raw.reshape(T, g.idx_heads, g.idx_dim), w.blk_v(layer, "indexer.q_norm"), g.eps,
