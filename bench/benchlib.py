@@ -4,19 +4,16 @@ from __future__ import annotations
 
 
 def patch_kernels(wrap) -> None:
-    """Route every launcher's kernel lookup through wrap(module, function, kernel) -> the callable launched."""
-    import strata_cli.engine.gpu.engine as engine_mod
-    import strata_cli.engine.gpu.window as window_mod
+    """Route every kernel lookup through wrap(module, function, kernel) -> the callable launched: the launchers
+    look kernels up through strata_cli.gpu.compile.kernel at each launch, so this one patch covers them all."""
     import strata_cli.gpu.compile as compile_mod
-    from strata_cli.gpu import launch_dense, launch_gdn, launch_moe, launch_pack, launch_ple, launch_qsa
 
     original = compile_mod.kernel
 
     def lookup(module, function):
         return wrap(module, function, original(module, function))
 
-    for mod in (launch_dense, launch_gdn, launch_moe, launch_pack, launch_ple, launch_qsa, window_mod, engine_mod):
-        mod.kernel = lookup
+    compile_mod.kernel = lookup
 
 
 def fill_context(eng, context: int, rng) -> None:

@@ -6,6 +6,7 @@
 //   mixed = hc_mix(gates, xn)                           [T, D]
 //   inj   = 2 * sigmoid((W_inject . xn) / C)            [T, C]      gemv, ACT_2SIGMOID, div C
 //   R'    = hc_write(R, bo, inj)                        [T, C, D]
+// A window's residual stack starts as C copies of its embedding rows (broadcast_streams).
 // Legend: T window rows, C streams, D hidden, L low rank. All f32, C-contiguous.
 #include "common.cuh"
 
@@ -50,4 +51,15 @@ extern "C" __global__ void __launch_bounds__(256)
         const i64 t = tc / C;
         out[idx] = R[idx] + __fmul_rn(bo[t * D + d], inj[tc]);
     }
+}
+
+// R [T, C, D] <- emb [T, D] on every stream. One thread per element: grid ceil(T*C*D / 256), block 256.
+extern "C" __global__ void broadcast_streams(const float* __restrict__ emb, float* __restrict__ R,
+                                             int T, int C, int D) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long n = (long)T * C * D;
+    if (i >= n) return;
+    int d = (int)(i % D);
+    int t = (int)(i / ((long)C * D));
+    R[i] = emb[(long)t * D + d];
 }

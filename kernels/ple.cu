@@ -1,5 +1,6 @@
-// ple.cu: the PLE block over a verify window (strata_cli/ops/ple.py): n-gram hash rows, table row gather, and
-// the per-stream gate, grouped norms and dilated conv of ple_mix. The key/value projections are gemv.cu launches.
+// ple.cu: the PLE block over a verify window (strata_cli/ops/ple.py): n-gram hash rows, and the per-stream gate,
+// grouped norms and dilated conv of ple_mix. The table rows are gathered by embed.cu, the key/value projections
+// are gemv.cu launches.
 //
 // Legend: T window rows, n n-gram size, hpn heads per n-gram order, Hn = (n-1)*hpn table rows per token,
 // hd table row length, C streams, D hidden, CD = C*D, Kc conv taps, dil dilation, Hh = (Kc-1)*dil history rows.
@@ -40,27 +41,6 @@ extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
             if (r < 0) r += sizes[head];
             rows[(i64)t * Hn + head] = r + offsets[head];
         }
-    }
-}
-
-// emb[e, :] = dequantized table row rows[e] (e over T*Hn, emb [T*Hn, hd] = [T, Hn*hd]); table rows are row_bytes
-// apart, of GGML type F32, F16, BF16 or Q8_0, decoded exactly as strata_cli/model/quants.py. The table may be
-// mapped host memory. grid T*Hn, block PLE_BLOCK.
-extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
-    ple_gather(const i64* __restrict__ rows, const u8* __restrict__ table, i64 row_bytes, int type,
-               float* __restrict__ emb, int hd) {
-    const u8* src = table + rows[blockIdx.x] * row_bytes;
-    float* dst = emb + (i64)blockIdx.x * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float val;
-        if (type == GGML_F32) val = reinterpret_cast<const float*>(src)[i];
-        else if (type == GGML_F16) val = f16_bits_to_float(reinterpret_cast<const u16*>(src)[i]);
-        else if (type == GGML_BF16) val = bf16_bits_to_float(reinterpret_cast<const u16*>(src)[i]);
-        else {  // GGML_Q8_0
-            const u8* blk = src + (i64)(i / QK8_0) * Q8_0_BYTES;
-            val = q8_0_scale(blk) * (float)(signed char)blk[2 + i % QK8_0];
-        }
-        dst[i] = val;
     }
 }
 

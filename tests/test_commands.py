@@ -253,9 +253,9 @@ def test_compare_dumps_of_different_windows(model, token_file, tmp_path):
 
 
 def test_graph_nodes_without_a_gpu_is_one_line(fixture_dir):
-    from strata_cli.engine import gpu_available
+    from strata_cli.engine import gpu_probe
 
-    if gpu_available():
+    if gpu_probe()[1] is None:
         pytest.skip("a GPU is present: tests/test_gpu_engine.py covers graph-nodes there")
     result = CliRunner().invoke(main, ["graph-nodes", str(fixture_dir / "model-q8_0.gguf"), "--window", "4"])
     assert result.exit_code == 1

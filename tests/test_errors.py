@@ -391,9 +391,9 @@ def test_unwritable_output(q8, tmp_path):
 
 
 def test_device_gpu_without_gpu(q8):
-    from strata_cli.engine import _gpu_engine_present, gpu_available, make_engine
+    from strata_cli.engine import gpu_probe, make_engine
 
-    if gpu_available() and _gpu_engine_present():
+    if gpu_probe()[1] is None:
         pytest.skip("a usable GPU engine is here: --device gpu is not an error")
     library_error(DeviceUnavailable, lambda: make_engine(open_model(q8), "gpu"), "--device cpu")
     assert issubclass(DeviceUnavailable, StrataError)

@@ -10,7 +10,6 @@ import pytest
 from kernel_helpers import TYPES, assert_close, poisoned, raw_weight, to_dev
 
 from strata_cli.model import quants
-from strata_cli.ops import gemv as ref
 from strata_cli.ops import moe
 
 pytestmark = pytest.mark.gpu
@@ -60,7 +59,7 @@ def test_routed_experts_match_reference(types, T, K):
     gate, up, down = _experts(rng, E, F, D, types)
     x = rng.standard_normal((T, D)).astype(np.float32)
     ids, w = _routing(rng, T, E, K)
-    want = ref.routed_experts_raw(x, ids, w, gate, up, down, types)
+    want = moe.routed_experts_raw(x, ids, w, gate, up, down, types)
     out = poisoned((T, D))
     got = launch_moe.routed_experts(to_dev(x), to_dev(ids), to_dev(w), to_dev(gate), to_dev(up), to_dev(down),
                                     types, out=out)
@@ -81,7 +80,7 @@ def test_routed_experts_fuse_shared_add_and_reuse_scratch():
     scratch = launch_moe.MoeScratch.empty(16 * K, F, D)  # sized for a larger window
     got = launch_moe.routed_experts(to_dev(x), to_dev(ids), to_dev(w), to_dev(gate), to_dev(up), to_dev(down),
                                     types, out=poisoned((T, D)), shared=to_dev(shared), scratch=scratch)
-    want = ref.routed_experts_raw(x, ids, w, gate, up, down, types) + shared
+    want = moe.routed_experts_raw(x, ids, w, gate, up, down, types) + shared
     assert_close("routed + shared", want, got)
 
 
@@ -98,7 +97,7 @@ def test_routed_experts_bad_id_poisons_only_its_row():
     got = launch_moe.routed_experts(to_dev(x), to_dev(bad), to_dev(w), to_dev(gate), to_dev(up), to_dev(down),
                                     (F32, F32, F32)).get()
     assert np.isnan(got[1]).all()
-    want = ref.routed_experts_raw(x, ids, w, gate, up, down, (F32, F32, F32))
+    want = moe.routed_experts_raw(x, ids, w, gate, up, down, (F32, F32, F32))
     assert_close("good rows", want[[0, 2]], got[[0, 2]])
 
 
@@ -115,7 +114,7 @@ def test_shared_expert_matches_reference(types, sg_type, T):
     sg = raw_weight(rng, (D,), sg_type, 0.2)
     x = rng.standard_normal((T, D)).astype(np.float32)
     all_types = (*types, sg_type)
-    want = ref.shared_expert_raw(x, gate, up, down, sg, all_types)
+    want = moe.shared_expert_raw(x, gate, up, down, sg, all_types)
     out = poisoned((T, D))
     got = launch_moe.shared_expert(to_dev(x), to_dev(gate), to_dev(up), to_dev(down), to_dev(sg), all_types,
                                    out=out)
@@ -163,7 +162,7 @@ def test_moe_block_captures_into_a_graph_without_allocating():
     stream.synchronize()
     want_ids, want_w = moe.router_topk(logits, K)
     np.testing.assert_array_equal(ids.get(), want_ids)
-    want = (ref.routed_experts_raw(x, want_ids, want_w, gate, up, down, types)
-            + ref.shared_expert_raw(x, *sh, sh_types))
+    want = (moe.routed_experts_raw(x, want_ids, want_w, gate, up, down, types)
+            + moe.shared_expert_raw(x, *sh, sh_types))
     assert_close("graph moe", want, out)
     graph.destroy()

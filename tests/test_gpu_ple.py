@@ -1,5 +1,5 @@
-"""kernels/ple.cu against strata_cli/ops/ple.py: the n-gram hash with EOS cuts and int64 wrapping, table row
-gathers of every supported type, and ple_mix with its conv history carried across windows and commits."""
+"""kernels/ple.cu against strata_cli/ops/ple.py: the n-gram hash with EOS cuts and int64 wrapping, and ple_mix with
+its conv history carried across windows and commits (the table row gathers: tests/test_gpu_embed.py)."""
 
 from __future__ import annotations
 
@@ -58,20 +58,6 @@ def test_ngram_rows_windows_with_commits(L, n, hpn):
         prev = np.concatenate([prev, tokens[:n_keep]])[-(n - 1):]
         L.ple_prev_commit(d_prev, d_tok, n_keep)
         G.exact(d_prev, prev, f"predecessors after commit({n_keep})")
-
-
-@pytest.mark.parametrize("ggml_type,row_len", [(quants.F32, 24), (quants.F16, 24), (quants.BF16, 24),
-                                               (quants.Q8_0, 64)])
-def test_gather_rows_bit_exact(L, ggml_type, row_len):
-    cp = G.cupy()
-    rng = np.random.default_rng(ggml_type)
-    table = G.f32(rng, 50, row_len)
-    table[3, :4] = [1e-6, -3e-8, 6e-5, 0.0]  # f16 subnormals
-    raw = quants.quantize(table, ggml_type)
-    rows = rng.integers(0, 50, (7, 5)).astype(np.int64)
-    want = quants.dequantize(raw[rows.reshape(-1)], ggml_type).reshape(7, -1)
-    got = L.gather_rows(cp.asarray(rows), cp.asarray(raw), ggml_type, row_len, out=G.nan_out((7, 5 * row_len)))
-    G.exact(got, want, f"{quants.TYPE_NAMES[ggml_type]} rows")
 
 
 @pytest.mark.parametrize("key_type", [quants.F32, quants.BF16])

@@ -9,6 +9,7 @@ from kernel_helpers import assert_close, poisoned, raw_weight, to_dev
 
 from strata_cli.model import packed, quants
 from strata_cli.ops import gemv as ref
+from strata_cli.ops import hyper, moe
 
 pytestmark = pytest.mark.gpu
 
@@ -37,13 +38,13 @@ def test_pack_kernel_matches_numpy_bit_for_bit(shape):
 @pytest.mark.parametrize("n_out,n_in", [(32, 32), (96, 160), (288, 2592), (32, 10240), (4096, 256), (2560, 6144)])
 @pytest.mark.parametrize("T", (1, 2, 3, 7, 16, 19))  # every bucket (rows per lane 1, 2, 4, 4, 2) and two chunks
 def test_gemv_matches_reference(n_out, n_in, T):
-    from strata_cli.gpu import launch_dense
+    from strata_cli.gpu import launch_gemv
 
     rng = np.random.default_rng(n_out + n_in + T)
     raw = raw_weight(rng, (n_out, n_in), Q8_0)
     w = packed.pack_q8_0(raw, n_in)
     x = rng.standard_normal((T, n_in)).astype(np.float32)
-    got = launch_dense.gemv(to_dev(w), R32, n_in, to_dev(x), out=poisoned((T, n_out)))
+    got = launch_gemv.gemv(to_dev(w), R32, n_in, to_dev(x), out=poisoned((T, n_out)))
     assert_close(f"gemv q8r {n_out}x{n_in}", ref.gemv(raw, Q8_0, n_in, x), got, floor=1.0)
 
 
@@ -51,7 +52,7 @@ def test_gemv_matches_reference(n_out, n_in, T):
 @pytest.mark.parametrize("inject", (True, False), ids=("inject", "head"))
 def test_hc_read_with_packed_down_and_up(T, inject):
     """Epilogues (silu / div, sigmoid) on the packed path; the 4-row inject stays raw Q8_0 as in the engine."""
-    from strata_cli.gpu import launch_dense
+    from strata_cli.gpu import launch_hyper
 
     rng = np.random.default_rng(T + 50 * inject)
     C, D, L = 4, 40, 32
@@ -60,8 +61,8 @@ def test_hc_read_with_packed_down_and_up(T, inject):
     down, down_p = _packed(rng, (L, C * D), 0.2)
     up, up_p = _packed(rng, (C * D, L), 0.3)
     inj = raw_weight(rng, (C, C * D), Q8_0, 0.2) if inject else None
-    want_mixed, want_inj = ref.hc_read_raw(R, norm_w, down, Q8_0, up, Q8_0, inj, Q8_0, 1e-6)
-    mixed, got_inj = launch_dense.hc_read(to_dev(R), to_dev(norm_w), to_dev(down_p), R32, to_dev(up_p), R32,
+    want_mixed, want_inj = hyper.hc_read_raw(R, norm_w, down, Q8_0, up, Q8_0, inj, Q8_0, 1e-6)
+    mixed, got_inj = launch_hyper.hc_read(to_dev(R), to_dev(norm_w), to_dev(down_p), R32, to_dev(up_p), R32,
                                           None if inj is None else to_dev(inj), Q8_0, 1e-6,
                                           out_mixed=poisoned((T, D)), out_inj=poisoned((T, C)) if inject else None)
     assert_close("hc_read mixed", want_mixed, mixed)
@@ -73,7 +74,6 @@ def test_hc_read_with_packed_down_and_up(T, inject):
 @pytest.mark.parametrize("K", (1, 4))
 def test_routed_experts_match_reference(T, K):
     from strata_cli.gpu import launch_moe
-    from strata_cli.ops import moe
 
     rng = np.random.default_rng(T * 10 + K)
     E, F, D = 7, 64, 96
@@ -84,7 +84,7 @@ def test_routed_experts_match_reference(T, K):
     ids, w = moe.router_topk(rng.standard_normal((T, E)).astype(np.float32), K)
     if T == 7:  # several rows on one expert: groups with several entries
         ids[:, 0] = 2
-    want = ref.routed_experts_raw(x, ids, w, gate, up, down, (Q8_0,) * 3)
+    want = moe.routed_experts_raw(x, ids, w, gate, up, down, (Q8_0,) * 3)
     got = launch_moe.routed_experts(to_dev(x), to_dev(ids), to_dev(w), to_dev(gate_p), to_dev(up_p),
                                     to_dev(down_p), (R32,) * 3, out=poisoned((T, D)))
     assert_close("routed_experts q8r", want, got)
@@ -108,7 +108,7 @@ def test_shared_expert_matches_reference(T):
     down, down_p = _packed(rng, (D, F), 0.3)
     sg = raw_weight(rng, (D,), F32, 0.2)
     x = rng.standard_normal((T, D)).astype(np.float32)
-    want = ref.shared_expert_raw(x, gate, up, down, sg, (Q8_0, Q8_0, Q8_0, F32))
+    want = moe.shared_expert_raw(x, gate, up, down, sg, (Q8_0, Q8_0, Q8_0, F32))
     got = launch_moe.shared_expert(to_dev(x), to_dev(gate_p), to_dev(up_p), to_dev(down_p), to_dev(sg),
                                    (R32, R32, R32, F32), out=poisoned((T, D)))
     assert_close("shared_expert q8r", want, got)
@@ -118,10 +118,9 @@ def test_graph_replay_is_bit_identical_to_eager():
     """Dense (with the z-split reduce) and grouped packed GEMVs captured in one graph replay to the same bits."""
     import cupy as cp
 
-    from strata_cli.gpu import launch_dense, launch_moe
+    from strata_cli.gpu import launch_gemv, launch_moe
     from strata_cli.gpu import launch_util as U
     from strata_cli.gpu.graphs import CapturedGraph, new_stream
-    from strata_cli.ops import moe
 
     rng = np.random.default_rng(9)
     T, K, E, F, D = 5, 3, 6, 64, 10240
@@ -132,9 +131,10 @@ def test_graph_replay_is_bit_identical_to_eager():
     dev = [to_dev(a) for a in (w_p, gate_p, up_p, down_p)]
     y, out = cp.empty((T, 32), cp.float32), cp.empty((T, D), cp.float32)
     scratch = launch_moe.MoeScratch.empty(T * K, F, D)
+    split = launch_gemv.SplitK.empty()  # the z-split workspace, allocated before the capture
 
     def record(stream):
-        launch_dense.gemv(dev[0], R32, D, x, out=y, stream=stream)
+        launch_gemv.gemv(dev[0], R32, D, x, out=y, split=split, stream=stream)
         launch_moe.routed_experts(x, ids, w, dev[1], dev[2], dev[3], (R32,) * 3, out=out, scratch=scratch,
                                   stream=stream)
 

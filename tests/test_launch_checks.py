@@ -106,18 +106,26 @@ def test_grid_math():
 
 
 def test_launchers_reject_bad_arguments_before_touching_the_device():
-    from strata_cli.gpu import launch_dense, launch_moe
+    from strata_cli.gpu import launch_gemv, launch_hyper, launch_moe, launch_sampling
 
     x = np.zeros((3, 64), np.float32)
     with pytest.raises(ValueError, match=r"^x: shape"):
-        launch_dense.gemv(_raw((4, 96), Q8_0), Q8_0, 96, x)
+        launch_gemv.gemv(_raw((4, 96), Q8_0), Q8_0, 96, x)
     with pytest.raises(ValueError, match=r"^k: 9 outside 1..8"):
         launch_moe.router_topk(np.zeros((2, 8), np.float32), 9)
     with pytest.raises(ValueError, match=r"^ggml_types: 2 types, expected 3"):
         launch_moe.routed_experts(x, None, None, None, None, None, (F32, F32))
     with pytest.raises(ValueError, match=r"^out_inj: given, but inject_raw is None"):
-        launch_dense.hc_read(np.zeros((1, 2, 32), np.float32), np.ones(64, np.float32), _raw((32, 64), BF16), BF16,
+        launch_hyper.hc_read(np.zeros((1, 2, 32), np.float32), np.ones(64, np.float32), _raw((32, 64), BF16), BF16,
                              _raw((64, 32), BF16), BF16, None, None, 1e-6, out_inj=np.zeros((1, 2), np.float32))
+    with pytest.raises(ValueError, match=r"^split.tile_done: dtype int32"):
+        split = launch_gemv.SplitK(np.zeros(U.GEMV_PARTIAL_FLOATS, np.float32),
+                                   np.zeros(launch_gemv.ZSPLIT_TILES, np.int32))
+        launch_gemv.launch_gemv(_raw((3, 8192), F32), F32, 8192, np.zeros((1, 8192), np.float32),
+                                np.zeros((1, 3), np.float32), split)
+    with pytest.raises(ValueError, match=r"^scratch.values: shape"):
+        launch_sampling.argmax_rows(np.zeros((2, 9), np.float32), out=np.zeros(2, np.int32),
+                                    scratch=launch_sampling.ArgmaxScratch(np.zeros(3, np.float32), np.zeros(3, np.int32)))
 
 
 def _source(name):
@@ -128,7 +136,8 @@ def test_kernel_names_and_constants_match_the_sources():
     names = {"gemv.cu": [f"gemv_{s}_t{nt}" for s in U.TYPE_SUFFIX.values() for nt in (1, 2, 4, 8, 16)]
              + [f"gemv_expert_{s}_t{nt}" for s in U.TYPE_SUFFIX.values() for nt in (1, 2, 4, 8, 16)],
              "hyper.cu": ["hc_norm", "hc_mix", "hc_write"], "moe.cu": ["router_topk", "moe_combine", "moe_group"],
-             "head.cu": ["argmax_rows"]}
+             "sampling.cu": ["argmax_partial", "argmax_rows", "sample_rows"], "embed.cu": ["gather_rows"]}
+    names["hyper.cu"].append("broadcast_streams")
     for file, kernels in names.items():
         text = _source(file)
         for k in kernels:

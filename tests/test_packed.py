@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from kernel_helpers import raw_weight
 
-from strata_cli.gpu import launch_dense
+from strata_cli.gpu import launch_gemv
 from strata_cli.gpu import launch_util as U
 from strata_cli.model import packed, quants
 from strata_cli.ops import gemv as ref
+from strata_cli.ops import moe
 
 Q8_0, R32 = quants.Q8_0, packed.Q8_0_R32
 
@@ -42,8 +43,8 @@ def test_references_read_packed_weights_as_the_raw_ones():
     gate, up, down = (raw_weight(rng, s, Q8_0) for s in ((E, F, D), (E, F, D), (E, D, F)))
     ids, w = np.array([[0, 2], [1, 0]], np.int32), np.full((2, 2), 0.5, np.float32)
     xs = rng.standard_normal((2, D)).astype(np.float32)
-    want = ref.routed_experts_raw(xs, ids, w, gate, up, down, (Q8_0,) * 3)
-    got = ref.routed_experts_raw(xs, ids, w, packed.pack_q8_0(gate, D), packed.pack_q8_0(up, D),
+    want = moe.routed_experts_raw(xs, ids, w, gate, up, down, (Q8_0,) * 3)
+    got = moe.routed_experts_raw(xs, ids, w, packed.pack_q8_0(gate, D), packed.pack_q8_0(up, D),
                                  packed.pack_q8_0(down, F), (R32,) * 3)
     np.testing.assert_array_equal(got, want)
 
@@ -67,16 +68,16 @@ def test_launch_checks_refuse_bad_packed_weights_and_unaligned_x():
     good = packed.pack_q8_0(raw_weight(rng, (64, 96), Q8_0), 96)
     x = np.zeros((2, 96), np.float32)
     with pytest.raises(ValueError, match=r"^w_raw: 48 rows is not a whole number of 32-row Q8_0_R32 groups"):
-        launch_dense.gemv(raw_weight(rng, (48, 96), Q8_0), R32, 96, x)
+        launch_gemv.gemv(raw_weight(rng, (48, 96), Q8_0), R32, 96, x)
     with pytest.raises(ValueError, match=r"^w_raw: data not 16-byte aligned"):
-        launch_dense.gemv(np.zeros(good.nbytes + 2, np.uint8)[2:], R32, 96, x)
+        launch_gemv.gemv(np.zeros(good.nbytes + 2, np.uint8)[2:], R32, 96, x)
     with pytest.raises(ValueError, match=r"^w_raw: input width 40 is not a positive multiple of the Q8_0_R32"):
-        launch_dense.gemv(good, R32, 40, x)
+        launch_gemv.gemv(good, R32, 40, x)
     buf = np.zeros(2 * 96 + 4, np.float32)
     start = next(i for i in range(4) if (buf[i:].ctypes.data % 16) == 4)
     unaligned = buf[start:start + 2 * 96].reshape(2, 96)
     with pytest.raises(ValueError, match=r"^x: data not 16-byte aligned"):
-        launch_dense.gemv(good, R32, 96, unaligned, out=np.zeros((2, 64), np.float32))
+        launch_gemv.gemv(good, R32, 96, unaligned, out=np.zeros((2, 64), np.float32))
     with pytest.raises(ValueError, match=r"^gate_raw: 48 rows per expert is not a whole number"):
         U.expert_geometry("gate_raw", raw_weight(rng, (2, 48, 64), Q8_0), R32, 64)
 

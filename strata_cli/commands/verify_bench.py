@@ -66,22 +66,21 @@ def command(model, window_list, n_windows, acceptance, context, seed, eager, fmt
     windows = _windows(window_list)
     m = load_model(model)
     engine = make_engine(m, device, n_ctx=n_ctx)
-    if eager and engine.device != "gpu":
+    if eager and not engine.capabilities.eager:
         raise InputError("--eager compares graph replay with eager launches: it needs --device gpu")
     if engine.max_t is not None and max(windows) > engine.max_t:
         raise InputError(f"--window {max(windows)} exceeds the engine's max_t {engine.max_t}")
     if context + max(windows) > engine.n_ctx:
         raise InputError(f"--context {context} + window {max(windows)} past the context {engine.n_ctx}")
     env = environment_record(engine.device)
-    timer = engine.window_timer(eager=eager) if hasattr(engine, "window_timer") else None
-    records = run_bench(engine, windows, n_windows, acceptance, context, seed, timer=timer)
-    mode = "eager" if eager else ("graph" if engine.device == "gpu" else "numpy")
+    records = run_bench(engine, windows, n_windows, acceptance, context, seed, timer=engine.window_timer(eager))
+    mode = "eager" if eager else ("graph" if engine.capabilities.graphs else "numpy")
     columns = [Column(k, h, f) for k, h, f in COLUMNS]
     if engine.device == "gpu":
         _add_floor(records, m)
         columns += [Column(k, h, f) for k, h, f in FLOOR_COLUMNS]
     for rec in records:
-        if getattr(engine, "capture_ms", None):
+        if engine.capabilities.graphs:
             rec["capture_ms"] = engine.capture_ms.get(rec["window"])
         rec.update(device=engine.device, mode=mode, acceptance=acceptance, context=context, model=m.path,
                    **{k: v for k, v in env.items() if k != "device"})

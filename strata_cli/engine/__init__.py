@@ -1,46 +1,67 @@
-"""Verify engines: `ReferenceEngine` (numpy, CPU) and the GPU engine. `make_engine` picks one by device."""
+"""Verify engines behind one contract (engine/contract.py): `ReferenceEngine` (numpy, CPU, engine/reference.py)
+and `GPUEngine` (CuPy, engine/gpu/). `make_engine` picks one by device."""
 
 from __future__ import annotations
 
+import importlib.util
+
 from ..errors import DeviceUnavailable, InputError
+from .contract import Capabilities, Engine, WindowResult
+
+__all__ = ["DEVICES", "Capabilities", "Engine", "WindowResult", "gpu_probe", "make_engine", "resolve_device"]
 
 DEVICES = ("cpu", "gpu", "auto")
+INSTALL_HINT = 'pip install -e ".[gpu]"'
 
 
-def gpu_available() -> bool:
-    """True when CuPy imports and sees a CUDA device (never raises)."""
+def gpu_probe() -> tuple[bool, str | None]:
+    """(installed, why not usable): installed is False when CuPy is not installed at all; why is None when the GPU
+    engine can run here, else one line saying what is wrong (never raises)."""
+    if importlib.util.find_spec("cupy") is None:
+        return False, f"CuPy is not installed ({INSTALL_HINT})"
     try:
         import cupy
 
-        return bool(cupy.is_available())
-    except Exception:
-        return False
+        n_devices = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # a broken CUDA stack raises anything from ImportError to CUDARuntimeError
+        return True, f"CuPy is installed but unusable: {type(exc).__name__}: {_first_line(exc)}"
+    if n_devices < 1:
+        return True, "CuPy is installed but sees no CUDA device"
+    try:
+        from .gpu import GPUEngine  # noqa: F401  (cuda-bindings and the engine's own imports)
+    except Exception as exc:
+        return True, f"the GPU engine does not import: {type(exc).__name__}: {_first_line(exc)} ({INSTALL_HINT})"
+    return True, None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "(no message)"
 
 
 def resolve_device(device: str) -> str:
+    """cpu or gpu. auto is the GPU when usable; when the GPU stack is installed but broken, auto says why in one
+    warning line on stderr before it runs the numpy engine."""
     if device not in DEVICES:
         raise InputError(f"unknown device '{device}' (choose from {', '.join(DEVICES)})")
-    if device == "auto":
-        return "gpu" if gpu_available() and _gpu_engine_present() else "cpu"
-    return device
+    if device != "auto":
+        return device
+    installed, why = gpu_probe()
+    if why is None:
+        return "gpu"
+    if installed:
+        from ..present import warn
+
+        warn(f"--device auto: {why}; running the numpy engine (--device cpu)")
+    return "cpu"
 
 
-def _gpu_engine_present() -> bool:
-    try:
-        from . import gpu  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def make_engine(model, device: str = "cpu", n_ctx: int | None = None, max_t: int | None = None):
+def make_engine(model, device: str = "cpu", n_ctx: int | None = None, max_t: int | None = None) -> Engine:
     device = resolve_device(device)
     if device == "gpu":
-        if not _gpu_engine_present():
-            raise DeviceUnavailable("the GPU verify engine is not part of this build yet: use --device cpu")
-        if not gpu_available():
-            raise DeviceUnavailable("no CUDA GPU visible to CuPy here: the GPU engine needs one "
-                                    "(--device cpu runs the numpy engine)")
+        _, why = gpu_probe()
+        if why is not None:
+            raise DeviceUnavailable(f"the GPU engine cannot run here: {why} (--device cpu runs the numpy engine)")
         from .gpu import GPUEngine
 
         return GPUEngine(model, n_ctx=n_ctx, max_t=max_t)

@@ -6,16 +6,22 @@ commit(n_keep) advances the sequence to exactly the first n_keep of those rows (
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ..errors import InputError
 from ..model.gguf_file import GGUFModel
-from ..ops import basic, gdn, hyper, moe, ple, qsa
-from .state import GDNRecord, SequenceState, WindowRecord, WindowResult, check_n_keep, check_window, resolve_ctx
+from ..ops import basic, gdn, hyper, moe, ple, qsa, sampling
+from .contract import Capabilities, WindowResult, WindowTimer
+from .state import GDNRecord, SequenceState, WindowRecord, check_n_keep, check_window, resolve_ctx
 from .weights import Weights
 
 class ReferenceEngine:
+    """The numpy engine of the contract (engine/contract.py): no graphs, no eager mode, host-clock timing."""
+
     device = "cpu"
+    capabilities = Capabilities(graphs=False, eager=False, device_timer=False)
 
     def __init__(self, model: GGUFModel, n_ctx: int | None = None, max_t: int | None = None):
         self.model = model
@@ -23,6 +29,7 @@ class ReferenceEngine:
         self.w = Weights(model)
         self.n_ctx = resolve_ctx(self.g, n_ctx)
         self.max_t = max_t
+        self.capture_ms: dict[int, float] = {}  # no graphs: nothing is captured
         self.reset()
 
     def reset(self) -> None:
@@ -67,6 +74,24 @@ class ReferenceEngine:
             st.ple_prev = np.concatenate([st.ple_prev, rec.tokens[:n_keep]])[-(g.ple.ngram_size - 1):]
         st.n_past += n_keep
         self._pending = None
+
+    def sample(self, result: WindowResult, temperature: float, seed: int) -> np.ndarray:
+        """Ids drawn from the window's logits (ops/sampling.py; greedy when temperature <= 0)."""
+        return sampling.sample_rows(result.logits, result.pos0 + np.arange(len(result.tokens)), temperature, seed)
+
+    def window_timer(self, eager: bool = False) -> WindowTimer:
+        """timer(engine, tokens, pos, n_keep) -> (host ms of run + commit, the same host ms)."""
+        if eager:
+            raise InputError("eager launches need the GPU engine (--device gpu): the numpy engine has no graphs")
+
+        def timer(engine, tokens, pos, n_keep):
+            t0 = time.perf_counter()
+            engine.run(tokens, pos)
+            engine.commit(n_keep)
+            ms = (time.perf_counter() - t0) * 1e3
+            return ms, ms
+
+        return timer
 
     # ---- one layer over the window's rows
     def _layer(self, layer, R, tokens, positions, rec):

@@ -84,14 +84,6 @@ class WindowRecord:
         return len(self.tokens)
 
 
-@dataclass
-class WindowResult:
-    pos0: int
-    tokens: np.ndarray       # [T] fed tokens
-    logits: np.ndarray       # [T, V] float32: row t = distribution after tokens[t]
-    ids: np.ndarray          # [T] greedy ids (argmax of each row)
-
-
 DEFAULT_CTX = 4096
 
 

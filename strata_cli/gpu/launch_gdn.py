@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import compile as nvrtc
 from . import launch_util as U
 from . import seq_util as S
-from .compile import kernel
 from .runtime import empty
 
 GDN_BLOCK = 256  # kernels/gdn.cu
@@ -38,7 +38,8 @@ def gdn_conv(qkv, conv_state, conv_w, out=None, stream=None):
         U.check_array("conv_state", conv_state, np.float32, (K - 1, Ch))
         out = U.out_array("out", out, (T, Ch), np.float32, empty)
         grid, block = S.grid_1d(T * Ch, GDN_BLOCK)
-        kernel("gdn", "gdn_conv")(grid, block, (qkv, conv_state, conv_w, out, np.int32(T), np.int32(Ch), np.int32(K)))
+        nvrtc.kernel("gdn", "gdn_conv")(grid, block, (
+            qkv, conv_state, conv_w, out, np.int32(T), np.int32(Ch), np.int32(K)))
     return out
 
 
@@ -51,8 +52,8 @@ def gdn_conv_commit(conv_state, qkv, n_keep, n_keep_dev=None, stream=None):
         T = qkv.shape[0]
         n, n_dev = S.commit_count(n_keep, n_keep_dev, T)
         grid, block = S.grid_1d(Ch, GDN_BLOCK)
-        kernel("gdn", "gdn_conv_commit")(grid, block, (conv_state, qkv, np.int32(T), np.int32(Ch), np.int32(K1 + 1),
-                                                       n, n_dev))
+        nvrtc.kernel("gdn", "gdn_conv_commit")(grid, block, (
+            conv_state, qkv, np.int32(T), np.int32(Ch), np.int32(K1 + 1), n, n_dev))
     return conv_state
 
 
@@ -64,7 +65,7 @@ def gdn_split(h, nk: int, dk: int, nv: int, dv: int, q=None, k=None, v=None, str
         q = U.out_array("q", q, (T, nk, dk), np.float32, empty)
         k = U.out_array("k", k, (T, nk, dk), np.float32, empty)
         v = U.out_array("v", v, (T, nv, dv), np.float32, empty)
-        kernel("gdn", "gdn_split")((T, 2 * nk + nv, 1), (GDN_BLOCK, 1, 1), (
+        nvrtc.kernel("gdn", "gdn_split")((T, 2 * nk + nv, 1), (GDN_BLOCK, 1, 1), (
             h, q, k, v, np.int32(Ch), np.int32(nk), np.int32(dk), np.int32(nv), np.int32(dv),
             np.float32(dk ** -0.5), np.float32(1e-6)))
     return q, k, v
@@ -81,7 +82,8 @@ def gdn_gates(alpha, beta_in, dt_bias, ssm_a, g=None, beta=None, stream=None):
         g = U.out_array("g", g, (T, nv), np.float32, empty)
         beta = U.out_array("beta", beta, (T, nv), np.float32, empty)
         grid, block = S.grid_1d(T * nv, GDN_BLOCK)
-        kernel("gdn", "gdn_gates")(grid, block, (alpha, beta_in, dt_bias, ssm_a, g, beta, np.int32(T), np.int32(nv)))
+        nvrtc.kernel("gdn", "gdn_gates")(grid, block, (
+            alpha, beta_in, dt_bias, ssm_a, g, beta, np.int32(T), np.int32(nv)))
     return g, beta
 
 
@@ -103,7 +105,7 @@ def _check_recurrence(state, q, k, v, g, beta):
 
 def _launch_recurrence(state, q, k, v, g, beta, o, state_out, n, n_dev, dims):
     T, nk, nv, dk, dv, P = dims
-    kernel("gdn", "gdn_recurrence")((nv, 1, 1), (dv, P, 1), (
+    nvrtc.kernel("gdn", "gdn_recurrence")((nv, 1, 1), (dv, P, 1), (
         state, q, k, v, g, beta, U.null_or(o), U.null_or(state_out), np.int32(T), n, n_dev, np.int32(nk),
         np.int32(nv), np.int32(dk), np.int32(dv)), shared_mem=(2 * dk + P * dv) * 4)
 
@@ -145,6 +147,6 @@ def gdn_gated_norm(o, z, norm_w, eps: float, out=None, stream=None):
         U.check_array("z", z, np.float32, (T, nv, dv))
         U.check_array("norm_w", norm_w, np.float32, (dv,))
         out = U.out_array("out", out, (T, nv, dv), np.float32, empty)
-        kernel("gdn", "gdn_gated_norm")((T * nv, 1, 1), (GDN_BLOCK, 1, 1), (o, z, norm_w, out, np.int32(dv),
-                                                                             np.float32(eps)))
+        nvrtc.kernel("gdn", "gdn_gated_norm")((T * nv, 1, 1), (GDN_BLOCK, 1, 1), (
+            o, z, norm_w, out, np.int32(dv), np.float32(eps)))
     return out

@@ -1,7 +1,7 @@
 """CuPy launchers of kernels/moe.cu (router, combine) and the expert GEMVs of kernels/gemv.cu.
 
-References with the same signatures: strata_cli/ops/moe.py (router_topk) and strata_cli/ops/gemv.py
-(routed_experts_raw, shared_expert_raw). Same conventions as launch_dense: CuPy arrays, f32 / int32,
+References with the same signatures: strata_cli/ops/moe.py (router_topk, routed_experts_raw,
+shared_expert_raw). Same conventions as launch_gemv: CuPy arrays, f32 / int32,
 C-contiguous, `out=` and scratch preallocated for graph capture, `stream=` None for the current stream.
 
 Legend: T window rows, E experts, K experts per row, J = T*K (row, slot) entries, F expert width, D hidden.
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import launch_util as U
-from .compile import kernel
-from .launch_dense import check_vector_rows, launch_gemv
+from . import compile as nvrtc
+from .launch_gemv import SplitK, check_vector_rows, launch_gemv
 from .runtime import empty
 
 
@@ -30,8 +30,8 @@ def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None):
             raise ValueError(f"logits: {E} experts exceed the router kernel's {U.ROUTER_MAX_E}")
         out_ids = U.out_array("out_ids", out_ids, (T, k), np.int32, empty)
         out_w = U.out_array("out_w", out_w, (T, k), np.float32, empty)
-        kernel("moe", "router_topk")((T, 1, 1), (U.BLOCK, 1, 1), (logits, np.int32(E), np.int32(k), out_ids, out_w),
-                                  shared_mem=4 * E)
+        nvrtc.kernel("moe", "router_topk")((T, 1, 1), (U.BLOCK, 1, 1), (
+            logits, np.int32(E), np.int32(k), out_ids, out_w), shared_mem=4 * E)
     return out_ids, out_w
 
 
@@ -46,13 +46,13 @@ def _launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, T, x, x_d
         check_vector_rows("x", x)
         ksplit, _ = U.q8r_split(n_out, n_in, T, n_matrices=J)
         grid, block = U.expert_grid(n_out, J, ksplit, rpw=U.q8r_rows_per_warp(T))
-        kernel("gemv_q8r", f"gemv_expert_q8r_t{U.nt_bucket(T)}")(grid, block, (
+        nvrtc.kernel("gemv_q8r", f"gemv_expert_q8r_t{U.nt_bucket(T)}")(grid, block, (
             w, np.int64(expert_stride), np.int32(n_expert), g_expert, g_count, g_entries, x, np.int32(x_div),
             np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), *epilogue))
         return
     ksplit = U.gemv_ksplit(n_out, n_in, J)
     grid, block = U.expert_grid(n_out, J, ksplit)
-    kernel("gemv", f"gemv_expert_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}")(grid, block, (
+    nvrtc.kernel("gemv", f"gemv_expert_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}")(grid, block, (
         w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert, g_count,
         g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), *epilogue))
 
@@ -89,7 +89,7 @@ def _group_buffers(s: MoeScratch, J: int):
     return out
 
 
-def _three_types(name: str, ggml_types, n: int = 3) -> tuple[int, ...]:
+def _check_types(name: str, ggml_types, n: int) -> tuple[int, ...]:
     types = tuple(ggml_types)
     if len(types) != n:
         raise ValueError(f"{name}: {len(types)} types, expected {n}")
@@ -102,7 +102,7 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
 
     x [T, D]; ids [T, K] int32; weights [T, K] f32; gate_raw, up_raw [E, F, D] and down_raw [E, D, F] raw
     tensors in numpy order; ggml_types = (gate, up, down). An id outside 0..E-1 turns its row's output NaN."""
-    gt, ut, dt = _three_types("ggml_types", ggml_types)
+    gt, ut, dt = _check_types("ggml_types", ggml_types, 3)
     with U.on_stream(stream):
         U.check_array("x", x, np.float32, (None, None))
         T, D = x.shape
@@ -124,15 +124,15 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         out = U.out_array("out", out, (T, D), np.float32, empty)
 
         # group the entries by expert; entry j = t*K + k reads x row t = j // K; h and parts are indexed by entry
-        kernel("moe", "moe_group")((1, 1, 1), (max(32, -(-J // 32) * 32), 1, 1), (ids, np.int32(J),
-                                                                              np.int32(U.GEMV_MAXT), *groups))
+        nvrtc.kernel("moe", "moe_group")((1, 1, 1), (max(32, -(-J // 32) * 32), 1, 1), (
+            ids, np.int32(J), np.int32(U.GEMV_MAXT), *groups))
         _launch_expert_gemv(up_raw, ut, up_stride, E, groups, T, x, K, D, h)
         _launch_expert_gemv(gate_raw, gt, gate_stride, E, groups, T, x, K, D, h, act=U.ACT_SILU, mul=h,
                             mul_strides=(F, 1))
         _launch_expert_gemv(down_raw, dt, down_stride, E, groups, T, h, 1, F, parts)
         grid, block = U.elementwise_grid(T * D)
-        kernel("moe", "moe_combine")(grid, block, (parts, weights, U.null_or(shared), out, np.int32(T), np.int32(K),
-                                                np.int32(D)))
+        nvrtc.kernel("moe", "moe_combine")(grid, block, (
+            parts, weights, U.null_or(shared), out, np.int32(T), np.int32(K), np.int32(D)))
     return out
 
 
@@ -149,12 +149,12 @@ class SharedScratch:
 
 
 def shared_expert(x, gate_raw, up_raw, down_raw, scalar_gate_raw, ggml_types, out=None,
-                  scratch: SharedScratch | None = None, stream=None):
+                  scratch: SharedScratch | None = None, split: SplitK | None = None, stream=None):
     """SwiGLU(x) * sigmoid(w_sg . x) -> out [T, D].
 
     x [T, D]; gate_raw, up_raw [F, D], down_raw [D, F], scalar_gate_raw [D] raw rows;
     ggml_types = (gate, up, down, scalar_gate)."""
-    gt, ut, dt, st = _three_types("ggml_types", ggml_types, 4)
+    gt, ut, dt, st = _check_types("ggml_types", ggml_types, 4)
     with U.on_stream(stream):
         U.check_array("x", x, np.float32, (None, None))
         T, D = x.shape
@@ -167,8 +167,8 @@ def shared_expert(x, gate_raw, up_raw, down_raw, scalar_gate_raw, ggml_types, ou
         sg = U.scratch_rows("scratch.sg", s.sg, T, (1,), empty)
         out = U.out_array("out", out, (T, D), np.float32, empty)
 
-        launch_gemv(up_raw, ut, D, x, h)
-        launch_gemv(gate_raw, gt, D, x, h, act=U.ACT_SILU, mul=h, mul_strides=(F, 1))
-        launch_gemv(scalar_gate_raw, st, D, x, sg, act=U.ACT_SIGMOID)
-        launch_gemv(down_raw, dt, F, h, out, mul=sg, mul_strides=(1, 0))  # out[t, :] *= sg[t]
+        launch_gemv(up_raw, ut, D, x, h, split)
+        launch_gemv(gate_raw, gt, D, x, h, split, act=U.ACT_SILU, mul=h, mul_strides=(F, 1))
+        launch_gemv(scalar_gate_raw, st, D, x, sg, split, act=U.ACT_SIGMOID)
+        launch_gemv(down_raw, dt, F, h, out, split, mul=sg, mul_strides=(1, 0))  # out[t, :] *= sg[t]
     return out

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..model import packed, quants
+from . import compile as nvrtc
 from . import launch_util as U
-from .compile import kernel
 from .runtime import empty
 
 
@@ -24,5 +24,5 @@ def pack_q8_0(raw, n_in: int, out=None, stream=None):
         if U.data_ptr(out) % 16:
             raise ValueError("out: data not 16-byte aligned")
         grid, block = U.elementwise_grid(rows * (n_in // 32))
-        kernel("gemv_q8r", "q8r_pack")(grid, block, (raw, np.int64(rows), np.int32(n_in // 32), out))
+        nvrtc.kernel("gemv_q8r", "q8r_pack")(grid, block, (raw, np.int64(rows), np.int32(n_in // 32), out))
     return out

@@ -3,7 +3,8 @@
 Arrays are CuPy, C-contiguous: float32 activations, int64 tokens / table rows / hash constants. `out=`-style
 buffers are checked, never reallocated (graph capture); `stream=None` is the current stream. A window never
 writes the conv history or the n-gram predecessors; ple_history_commit / ple_prev_commit advance them in place.
-The key and value projections are launch_dense.gemv launches over raw GGUF rows.
+The key and value projections are launch_gemv.gemv launches over raw GGUF rows; the table rows are
+gathered by launch_embed.gather_rows.
 
 Legend: T window rows, n n-gram size, Hn = (n-1)*heads_per_ngram table rows per token, hd table row length,
 P = Hn*hd embedding width, C streams, D hidden, CD = C*D, Kc conv taps, Hh = (Kc-1)*dilation history rows.
@@ -16,10 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import quants
-from . import launch_dense
+from . import compile as nvrtc
 from . import launch_util as U
 from . import seq_util as S
-from .compile import kernel
+from .launch_gemv import SplitK, gemv
 from .runtime import empty
 
 PLE_BLOCK = 256  # kernels/ple.cu
@@ -43,21 +44,9 @@ def ngram_rows(tokens, prev, eos: int, multipliers, heads_per_ngram: int, vocab_
         U.check_array("offsets", offsets, np.int64, (Hn,))
         out = U.out_array("out", out, (T, Hn), np.int64, empty)
         grid, block = S.grid_1d(T, PLE_BLOCK)
-        kernel("ple", "ple_ngram_rows")(grid, block, (tokens, prev, multipliers, vocab_sizes, offsets, out, np.int32(T),
-                                            np.int32(n), np.int32(heads_per_ngram), np.int64(eos)))
-    return out
-
-
-def gather_rows(rows, table, ggml_type: int, row_len: int, out=None, stream=None):
-    """emb [T, Hn*row_len] f32: the table rows rows [T, Hn] (int64) dequantized and concatenated per token.
-    table holds raw rows of ggml_type (F32, F16, BF16, Q8_0), on the device or in mapped host memory."""
-    with U.on_stream(stream):
-        U.check_array("rows", rows, np.int64, (None, None))
-        T, Hn = rows.shape
-        U.weight_rows("table", table, ggml_type, row_len)
-        out = U.out_array("out", out, (T, Hn * row_len), np.float32, empty)
-        kernel("ple", "ple_gather")((T * Hn, 1, 1), (PLE_BLOCK, 1, 1), (
-            rows, table, np.int64(U.row_stride(ggml_type, row_len)), np.int32(ggml_type), out, np.int32(row_len)))
+        nvrtc.kernel("ple", "ple_ngram_rows")(grid, block, (
+            tokens, prev, multipliers, vocab_sizes, offsets, out, np.int32(T), np.int32(n), np.int32(heads_per_ngram),
+            np.int64(eos)))
     return out
 
 
@@ -76,7 +65,7 @@ class PLEWork:
 
 def ple_mix(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, conv_w, dilation: int, eps: float,
             *, key_type: int = quants.F32, value_type: int = quants.F32, out=None, normed=None,
-            work: PLEWork | None = None, stream=None):
+            work: PLEWork | None = None, split: SplitK | None = None, stream=None):
     """Add the PLE block to R [T, C, D]: returns (R_new [T, C, D], normed [T, CD]).
 
     emb [T, P]; history [Hh, CD]; w_key raw [CD, P] and w_value raw [D, P] of key_type / value_type;
@@ -104,14 +93,14 @@ def ple_mix(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, co
         normed = U.out_array("normed", normed, (T, CD), np.float32, empty)
         out = U.out_array("out", out, (T, C, D), np.float32, empty)
 
-        launch_dense.gemv(w_key, key_type, P, emb, out=key)
-        launch_dense.gemv(w_value, value_type, P, emb, out=value)
-        kernel("ple", "ple_gate")((T * C, 1, 1), (PLE_BLOCK, 1, 1), (
+        gemv(w_key, key_type, P, emb, out=key, split=split)
+        gemv(w_value, value_type, P, emb, out=value, split=split)
+        nvrtc.kernel("ple", "ple_gate")((T * C, 1, 1), (PLE_BLOCK, 1, 1), (
             key, value, R, norm_key, norm_query, norm_conv, gated, normed, np.int32(C), np.int32(D),
             np.float32(np.sqrt(D)), np.float32(eps)))
         grid, block = S.grid_1d(T * CD, PLE_BLOCK)
-        kernel("ple", "ple_conv_out")(grid, block, (R, gated, history, normed, conv_w, out, np.int32(T), np.int32(CD),
-                                          np.int32(Kc), np.int32(dilation)))
+        nvrtc.kernel("ple", "ple_conv_out")(grid, block, (
+            R, gated, history, normed, conv_w, out, np.int32(T), np.int32(CD), np.int32(Kc), np.int32(dilation)))
     return out, normed
 
 
@@ -124,8 +113,8 @@ def ple_history_commit(history, normed, n_keep, n_keep_dev=None, stream=None):
         T = normed.shape[0]
         n, n_dev = S.commit_count(n_keep, n_keep_dev, T)
         grid, block = S.grid_1d(CD, PLE_BLOCK)
-        kernel("ple", "ple_history_commit")(grid, block, (history, normed, np.int32(T), np.int32(Hh), np.int32(CD),
-                                                          n, n_dev))
+        nvrtc.kernel("ple", "ple_history_commit")(grid, block, (
+            history, normed, np.int32(T), np.int32(Hh), np.int32(CD), n, n_dev))
     return history
 
 
@@ -136,6 +125,6 @@ def ple_prev_commit(prev, tokens, n_keep, n_keep_dev=None, stream=None):
         U.check_array("tokens", tokens, np.int64, (None,))
         T = tokens.shape[0]
         n, n_dev = S.commit_count(n_keep, n_keep_dev, T)
-        kernel("ple", "ple_prev_commit")((1, 1, 1), (32, 1, 1), (prev, tokens, np.int32(T), np.int32(prev.shape[0]),
-                                                                 n, n_dev))
+        nvrtc.kernel("ple", "ple_prev_commit")((1, 1, 1), (32, 1, 1), (
+            prev, tokens, np.int32(T), np.int32(prev.shape[0]), n, n_dev))
     return prev

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..ops import qsa as ops_qsa
+from . import compile as nvrtc
 from . import launch_util as U
 from . import seq_util as S
-from .compile import kernel
 from .runtime import cupy, empty
 
 QSA_BLOCK = 128  # kernels/qsa.cu
@@ -57,7 +57,7 @@ def norm_rope(x, w, eps: float, cos, sin, positions=None, out=None, stream=None)
         else:
             S.check_positions("positions", positions, T)
         out = U.out_array("out", out, (T, H, d), np.float32, empty)
-        kernel("qsa", "qsa_norm_rope")((T * H, 1, 1), (QSA_BLOCK, 1, 1), (
+        nvrtc.kernel("qsa", "qsa_norm_rope")((T * H, 1, 1), (QSA_BLOCK, 1, 1), (
             x, xs_t, xs_h, w, cos, sin, U.null_or(positions), out, np.int32(H), np.int32(d), np.int32(n_rot),
             np.float32(eps)), shared_mem=d * 4)
     return out
@@ -74,7 +74,8 @@ def kv_append(k_cache, v_cache, k, v, positions, stream=None):
         U.check_array("v", v, np.float32, (T, Hk, d))
         S.check_positions("positions", positions, T)
         grid, block = S.grid_1d(T * Hk * d, QSA_BLOCK)
-        kernel("qsa", "qsa_kv_append")(grid, block, (k_cache, v_cache, k, v, positions, np.int32(T), np.int32(Hk * d)))
+        nvrtc.kernel("qsa", "qsa_kv_append")(grid, block, (
+            k_cache, v_cache, k, v, positions, np.int32(T), np.int32(Hk * d)))
 
 
 def _indexer(tail, pooled, raw_keys, positions, k_norm_w, eps, cos, sin, n_keep, n_keep_dev, save, restore):
@@ -91,7 +92,7 @@ def _indexer(tail, pooled, raw_keys, positions, k_norm_w, eps, cos, sin, n_keep,
         if snap is not None:
             U.check_array("snapshot", snap, np.float32, (ratio, d))
     n, n_dev = S.commit_count(T if n_keep is None else n_keep, n_keep_dev, T)
-    kernel("qsa", "qsa_indexer_append")((1, 1, 1), (QSA_BLOCK, 1, 1), (
+    nvrtc.kernel("qsa", "qsa_indexer_append")((1, 1, 1), (QSA_BLOCK, 1, 1), (
         tail, pooled, raw_keys, positions, np.int32(T), n, n_dev, U.null_or(save), U.null_or(restore), k_norm_w,
         cos, sin, np.int32(ratio), np.int32(d), np.int32(n_rot), np.float32(eps)), shared_mem=d * 4)
 
@@ -127,7 +128,7 @@ def block_scores(q_idx, pooled, positions, ratio: int, out=None, stream=None):
         if Hi * d * 4 > MAX_SHARED:
             raise ValueError(f"q_idx: {Hi} x {d} floats exceed the kernel's {MAX_SHARED} bytes of shared memory")
         out = U.out_array("out", out, (T, NB), np.float32, empty)
-        kernel("qsa_select", "qsa_block_scores")((T, -(-NB // (SEL_BLOCK // 32)), 1), (SEL_BLOCK, 1, 1), (
+        nvrtc.kernel("qsa_select", "qsa_block_scores")((T, -(-NB // (SEL_BLOCK // 32)), 1), (SEL_BLOCK, 1, 1), (
             q_idx, pooled, positions, out, np.int32(Hi), np.int32(d), np.int32(NB), np.int32(ratio),
             np.float32(np.sqrt(d))), shared_mem=Hi * d * 4)
     return out
@@ -168,7 +169,7 @@ def select_cells(scores, positions, ratio: int, budget: int, cells=None, counts=
         U.check_array("scratch.keys", s.keys, np.uint32, (T, NB))
         U.check_array("scratch.idx", s.idx, np.int32, (T, NB))
         U.check_array("scratch.flags", s.flags, np.int32, (T, NB))
-        kernel("qsa_select", "qsa_select")((T, 1, 1), (SEL_BLOCK, 1, 1), (
+        nvrtc.kernel("qsa_select", "qsa_select")((T, 1, 1), (SEL_BLOCK, 1, 1), (
             scores, positions, cells, counts, s.keys, s.idx, s.flags, np.int32(NB), np.int32(C), np.int32(ratio),
             np.int32(budget)))
     return cells, counts
@@ -198,7 +199,7 @@ def attend_selected(q, gate, k_cache, v_cache, positions, cells=None, counts=Non
         elif counts is not None:
             raise ValueError("counts: given without cells")
         out = U.out_array("out", out, (T, H * d), np.float32, empty)
-        kernel("qsa", "qsa_attend")((T * H, 1, 1), (ATT_WARPS * 32, 1, 1), (
+        nvrtc.kernel("qsa", "qsa_attend")((T * H, 1, 1), (ATT_WARPS * 32, 1, 1), (
             q, gate, gs_t, gs_h, k_cache, v_cache, U.null_or(cells), U.null_or(counts), positions, out, np.int32(H),
             np.int32(Hk), np.int32(d), np.int32(C), np.float32(np.sqrt(d))), shared_mem=(d + ATT_WARPS * (d + 2)) * 4)
     return out

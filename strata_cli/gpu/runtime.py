@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import weakref
 from functools import lru_cache
 
 import numpy as np
@@ -65,11 +66,8 @@ class MappedBuffer:
         self.host = np.frombuffer(raw, dtype=self.dtype, count=int(np.prod(shape))).reshape(shape)
         mem = cp.cuda.UnownedMemory(self.dev_ptr, max(self.nbytes, 1), owner=self, device_id=0)
         self.device = cp.ndarray(shape, self.dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
-
-    def free(self) -> None:
-        if self.host_ptr:
-            cudart().cudaFreeHost(self.host_ptr)
-            self.host_ptr = 0
+        # freed when the last view goes (the device view keeps this object alive through its owner)
+        weakref.finalize(self, rt.cudaFreeHost, self.host_ptr)
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> float:

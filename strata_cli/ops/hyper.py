@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .basic import grouped_rms_norm, linear, sigmoid, silu
+from .gemv import dequant_rows
 
 
 def hc_read(R: np.ndarray, norm_w: np.ndarray, w_down: np.ndarray, w_up: np.ndarray,
@@ -28,3 +29,18 @@ def hc_read(R: np.ndarray, norm_w: np.ndarray, w_down: np.ndarray, w_up: np.ndar
 def hc_write(R: np.ndarray, block_out: np.ndarray, inj: np.ndarray) -> np.ndarray:
     """R [T, C, D] + block_out [T, D] weighted per stream by inj [T, C]."""
     return (R + block_out[:, None, :] * inj[:, :, None]).astype(np.float32)
+
+
+def hc_read_raw(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, eps):
+    """hc_read over raw weights (gpu/launch_hyper.hc_read's signature): down [L, C*D], up [C*D, L], inject [C, C*D]
+    or None."""
+    T, C, D = R.shape
+    w_down = dequant_rows(down_raw, down_type, C * D)
+    w_up = dequant_rows(up_raw, up_type, w_down.shape[0])
+    w_inject = None if inject_raw is None else dequant_rows(inject_raw, inject_type, C * D)
+    return hc_read(R, norm_w, w_down, w_up, w_inject, eps)
+
+
+def broadcast_streams(emb: np.ndarray, C: int) -> np.ndarray:
+    """emb [T, D] -> R [T, C, D]: a window's residual stack starts as C copies of its embedding rows."""
+    return np.repeat(emb[:, None, :], C, axis=1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .basic import linear, sigmoid, silu
+from .gemv import dequant_rows
 
 
 def router_topk(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -37,3 +38,24 @@ def shared_expert(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: n
                   w_scalar_gate: np.ndarray) -> np.ndarray:
     """SwiGLU shared expert scaled by sigmoid(w_scalar_gate . x); w_scalar_gate [D]."""
     return swiglu(x, w_gate, w_up, w_down) * sigmoid(x @ w_scalar_gate)[:, None]
+
+
+def routed_experts_raw(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types):
+    """routed_experts over raw [E, F, D] gate/up and [E, D, F] down tensors (gpu/launch_moe's signature);
+    ggml_types = (gate, up, down)."""
+    gt, ut, dt = ggml_types
+    E, D = gate_raw.shape[0], x.shape[1]
+    w_gate = dequant_rows(gate_raw, gt, D).reshape(E, -1, D)
+    w_up = dequant_rows(up_raw, ut, D).reshape(E, -1, D)
+    w_down = dequant_rows(down_raw, dt, w_gate.shape[1]).reshape(E, D, -1)
+    return routed_experts(x, ids, weights, lambda e: (w_gate[e], w_up[e], w_down[e]))
+
+
+def shared_expert_raw(x, gate_raw, up_raw, down_raw, scalar_gate_raw, ggml_types):
+    """shared_expert over raw gate/up [F, D], down [D, F], scalar gate [D]; types (gate, up, down, sg)."""
+    gt, ut, dt, st = ggml_types
+    D = x.shape[1]
+    w_gate = dequant_rows(gate_raw, gt, D)
+    w_down = dequant_rows(down_raw, dt, w_gate.shape[0])
+    w_sg = dequant_rows(scalar_gate_raw, st, D).reshape(-1).astype(np.float32)  # 1-D weights stay float32
+    return shared_expert(x, w_gate, dequant_rows(up_raw, ut, D), w_down, w_sg)

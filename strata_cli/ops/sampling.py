@@ -1,7 +1,8 @@
-"""Temperature sampling keyed by absolute position: Gumbel-max over Philox4x32-10 draws.
+"""Ids from logits: greedy (argmax_rows) and temperature sampling keyed by absolute position (Gumbel-max over
+Philox4x32-10 draws); the references of gpu/launch_sampling.py.
 
 Row t of a window at pos0 draws with counter (token id, pos0 + t) under key `seed`, so a sampled text does not
-depend on how drafts cut the windows, and the GPU kernel (kernels/window.cu) draws the very same numbers.
+depend on how drafts cut the windows, and the GPU kernel (kernels/sampling.cu) draws the very same numbers.
 """
 
 from __future__ import annotations
@@ -37,10 +38,15 @@ def gumbel(seed: int, position: int, vocab: int) -> np.ndarray:
     return -np.log(-np.log(u))
 
 
+def argmax_rows(logits: np.ndarray) -> np.ndarray:
+    """logits [T, V] -> greedy ids [T] int32, ties -> lower id."""
+    return logits.argmax(axis=1).astype(np.int32)
+
+
 def sample_rows(logits: np.ndarray, positions: np.ndarray, temperature: float, seed: int) -> np.ndarray:
     """logits [T, V] -> ids [T]: argmax(logits / temperature + gumbel(seed, pos)); greedy when temperature <= 0."""
     if temperature <= 0:
-        return logits.argmax(axis=1).astype(np.int32)
+        return argmax_rows(logits)
     out = np.empty(len(logits), dtype=np.int32)
     for t, pos in enumerate(positions):
         score = logits[t].astype(np.float64) / temperature + gumbel(seed, int(pos), logits.shape[1])

@@ -1,14 +1,18 @@
 """Every buffer a window or commit touches, carved from one device arena before any capture.
 
 Window buffers hold max_t rows; a window of T rows uses the leading [:T] views, so one set of buffers (and one
-commit graph) serves every T. Inputs are staged by the host in mapped pinned memory and copied in by the graph.
+commit graph) serves every T. Launcher workspaces (split-K partials and tile counters, argmax partials) come from
+the arena too: each engine owns its own, so engines on different streams never share one. Inputs are staged by the
+host in mapped pinned memory and copied in by the graph.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ...gpu.launch_util import GEMV_MAXT
+from ...gpu.launch_gemv import ZSPLIT_TILES, SplitK
+from ...gpu.launch_sampling import ARGMAX_MAX_PARTS, ArgmaxScratch
+from ...gpu.launch_util import GEMV_MAXT, GEMV_PARTIAL_FLOATS
 from ...gpu.runtime import MappedBuffer, cupy
 
 ALIGN = 256
@@ -26,6 +30,7 @@ class Arena:
         self.specs.append((name, tuple(int(s) for s in shape), np.dtype(dtype)))
 
     def allocate(self) -> dict:
+        """Views of one zeroed allocation (zero matters: the split-K tile counters must start at zero)."""
         cp = cupy()
         offsets, total = [], 0
         for _, shape, dtype in self.specs:
@@ -47,10 +52,6 @@ class Staging:
         self.n_keep = MappedBuffer((1,), np.int32)
         self.out_ids = MappedBuffer((max_t,), np.int32)
 
-    def free(self) -> None:
-        for buf in (self.tokens, self.positions, self.n_keep, self.out_ids):
-            buf.free()
-
 
 def plan_buffers(g, n_ctx: int, M: int) -> Arena:
     """Shapes of every state and window buffer for geometry g, context n_ctx and windows of up to M rows."""
@@ -70,6 +71,10 @@ def plan_buffers(g, n_ctx: int, M: int) -> Arena:
     a.add("moe_gexp", (M * K,), np.int32)
     a.add("moe_gcnt", (M * K,), np.int32)
     a.add("moe_gent", (M * K, GEMV_MAXT), np.int32)  # entries of each expert group
+    a.add("gemv_partial", (GEMV_PARTIAL_FLOATS,))
+    a.add("gemv_tiles", (ZSPLIT_TILES,), np.uint32)
+    a.add("argmax_values", (GEMV_MAXT * ARGMAX_MAX_PARTS,))
+    a.add("argmax_ids", (GEMV_MAXT * ARGMAX_MAX_PARTS,), np.int32)
     if g.gdn_layers:
         nv, nk, dk, dv = g.ssm_nv, g.ssm_nk, g.ssm_dk, g.ssm_dv
         for name, shape in [("gdn_h", (M, g.conv_dim)), ("gdn_alpha", (M, nv)), ("gdn_beta_in", (M, nv)),
@@ -115,3 +120,12 @@ def plan_buffers(g, n_ctx: int, M: int) -> Arena:
                             ("ple_history", (p.history, C * D))]:
             a.add(name, shape)
     return a
+
+
+def split_k(buf: dict) -> SplitK:
+    """The engine's split-K workspace (launch_gemv.SplitK) in its arena."""
+    return SplitK(buf["gemv_partial"], buf["gemv_tiles"])
+
+
+def argmax_scratch(buf: dict) -> ArgmaxScratch:
+    return ArgmaxScratch(buf["argmax_values"], buf["argmax_ids"])

@@ -1,6 +1,6 @@
 """The GPU verify engine: one CUDA graph per window size T (captured on first use), one commit graph.
 
-Same contract as ReferenceEngine (run/commit, n_past, reset). run() stages tokens and positions in mapped
+The contract of engine/contract.py, as ReferenceEngine, plus eager launches. run() stages tokens and positions in mapped
 memory, launches the T graph and reads the greedy ids back from mapped memory; logits stay on the device
 until asked for. Sampling runs after the replay (a graph never bakes in its parameters).
 """
@@ -12,11 +12,12 @@ import time
 import numpy as np
 
 from ...errors import InputError
-from ...gpu.compile import kernel
+from ...gpu import launch_sampling
 from ...gpu.graphs import CapturedGraph, new_stream
 from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.runtime import cupy
-from ..state import WindowResult, check_n_keep, check_window, resolve_ctx
+from ..contract import Capabilities, WindowResult, WindowTimer
+from ..state import check_n_keep, check_window, resolve_ctx
 from .buffers import Staging, plan_buffers
 from .weights import DeviceWeights
 from .window import record_commit, record_window
@@ -26,6 +27,7 @@ DEFAULT_MAX_T = GEMV_MAXT
 
 class GPUEngine:
     device = "gpu"
+    capabilities = Capabilities(graphs=True, eager=True, device_timer=True)
 
     def __init__(self, model, n_ctx: int | None = None, max_t: int | None = None, pack_q8: bool = True):
         cp = cupy()
@@ -84,7 +86,8 @@ class GPUEngine:
         with self.stream:
             record_window(self, 1, self.stream)
             record_commit(self, self.stream)
-            kernel("window", "sample_rows")
+            launch_sampling.sample_rows(self.buf["logits"][:1], self.buf["positions"][:1], 1.0, 0,
+                                        out=self.buf["ids"][:1])
         self.stream.synchronize()
         self.reset()
 
@@ -149,15 +152,13 @@ class GPUEngine:
         T = len(result.tokens)
         if temperature <= 0:
             return result.ids.copy()
-        out = self.buf["ids"]
-        kernel("window", "sample_rows")((T,), (256,), (
-            self.buf["logits"], np.int32(self.g.n_vocab), self.buf["positions"], np.float64(1.0 / temperature),
-            np.uint64(seed), out), stream=self.stream)
+        out = launch_sampling.sample_rows(self.buf["logits"][:T], self.buf["positions"][:T], temperature, seed,
+                                          out=self.buf["ids"][:T], stream=self.stream)
         self.stream.synchronize()
-        return cupy().asnumpy(out[:T])
+        return cupy().asnumpy(out)
 
     # ---- benchmark hook
-    def window_timer(self, eager: bool = False):
+    def window_timer(self, eager: bool = False) -> WindowTimer:
         """timer(engine, tokens, pos, n_keep) -> (GPU ms of window + commit from CUDA events, host ms)."""
         cp = cupy()
         start, end = cp.cuda.Event(), cp.cuda.Event()

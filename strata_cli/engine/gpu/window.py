@@ -7,15 +7,16 @@ graph fills from mapped staging first; nothing window-specific is baked into a g
 
 from __future__ import annotations
 
-import numpy as np
-
-from ...gpu import launch_dense as dense
+from ...gpu import launch_embed as embed
 from ...gpu import launch_gdn as gdn
+from ...gpu import launch_gemv
+from ...gpu import launch_hyper as hyper
 from ...gpu import launch_moe as moe
 from ...gpu import launch_ple as ple
 from ...gpu import launch_qsa as qsa
-from ...gpu.compile import kernel
+from ...gpu import launch_sampling as sampling
 from ...gpu.runtime import check, cudart
+from .buffers import argmax_scratch, split_k
 
 
 def _copy(dst, src, nbytes: int, stream) -> None:
@@ -28,15 +29,15 @@ def _hc(e, prefix: str, T: int, inject: bool, stream):
     b, w = e.buf, e.w
     down, up = w.r(f"{prefix}_down.weight"), w.r(f"{prefix}_up.weight")
     inj = w.r(f"{prefix}_inject.weight") if inject else (None, None)
-    scratch = dense.HcScratch(b["hc_xn"], b["hc_low"], b["hc_gates"])
-    return dense.hc_read(b["R"][:T], w.v(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
+    scratch = hyper.HcScratch(b["hc_xn"], b["hc_low"], b["hc_gates"])
+    return hyper.hc_read(b["R"][:T], w.v(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
                          out_mixed=b["mixed"][:T], out_inj=b["inj"][:T] if inject else None, scratch=scratch,
-                         stream=stream)
+                         split=split_k(b), stream=stream)
 
 
 def _gemv(e, name: str, x, out, stream):
     raw, ggml_type = e.w.r(name)
-    return dense.gemv(raw, ggml_type, x.shape[1], x, out=out, stream=stream)
+    return launch_gemv.gemv(raw, ggml_type, x.shape[1], x, out=out, split=split_k(e.buf), stream=stream)
 
 
 def _gdn(e, layer: int, x, T: int, stream):
@@ -116,7 +117,8 @@ def _moe(e, layer: int, x, T: int, stream):
     names = [blk + f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")] + [blk + "ffn_gate_inp_shexp.weight"]
     raws = [w.r(n) for n in names]
     moe.shared_expert(x, raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
-                      out=b["shared"][:T], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), stream=stream)
+                      out=b["shared"][:T], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), split=split_k(b),
+                      stream=stream)
     exps = [w.r(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
     moe.routed_experts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps],
                        out=b["block_out"][:T], shared=b["shared"][:T],
@@ -130,13 +132,13 @@ def _ple(e, T: int, stream):
     rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, e.ple_mult, p.heads_per_ngram,
                           e.ple_sizes, e.ple_offsets, out=b["ple_rows"][:T], stream=stream)
     table, table_type = w.r("per_layer_token_embd.weight")
-    emb = ple.gather_rows(rows, table, table_type, p.head_dim, out=b["ple_emb"][:T], stream=stream)
+    emb = embed.gather_rows(rows, table, table_type, p.head_dim, out=b["ple_emb"][:T], stream=stream)
     wk, kt = w.blk_r(layer, "ple_key")
     wv, vt = w.blk_r(layer, "ple_value")
     ple.ple_mix(b["R"][:T], emb, b["ple_history"], wk, wv, w.blk_v(layer, "ple_norm_key"),
                 w.blk_v(layer, "ple_norm_query"), w.blk_v(layer, "ple_norm_conv"), w.blk_v(layer, "ple_conv1d"),
                 p.dilation, g.eps, key_type=kt, value_type=vt, out=b["R"][:T], normed=b["ple_normed"][:T],
-                work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), stream=stream)
+                work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), split=split_k(b), stream=stream)
 
 
 def record_window(e, T: int, stream) -> None:
@@ -144,22 +146,20 @@ def record_window(e, T: int, stream) -> None:
     _copy(b["tokens"], e.stage.tokens.device, T * 8, stream)
     _copy(b["positions"], e.stage.positions.device, T * 4, stream)
     table, table_type = e.w.r("token_embd.weight")
-    ple.gather_rows(b["tokens"][:T].reshape(T, 1), table, table_type, g.n_embd, out=b["emb"][:T], stream=stream)
-    n = T * g.hc * g.n_embd
-    kernel("window", "broadcast_streams")(((n + 255) // 256,), (256,), (
-        b["emb"], b["R"], np.int32(T), np.int32(g.hc), np.int32(g.n_embd)), stream=stream)
+    embed.gather_rows(b["tokens"][:T].reshape(T, 1), table, table_type, g.n_embd, out=b["emb"][:T], stream=stream)
+    hyper.broadcast_streams(b["emb"][:T], g.hc, out=b["R"][:T], stream=stream)
     for layer in range(g.n_layers):
         if g.ple is not None and g.ple.layer == layer:
             _ple(e, T, stream)
         mixed, inj = _hc(e, f"blk.{layer}.hc_attn", T, True, stream)
         (_qsa if g.layer_is_attn[layer] else _gdn)(e, layer, mixed, T, stream)
-        dense.hc_write(b["R"][:T], b["block_out"][:T], inj, out=b["R"][:T], stream=stream)
+        hyper.hc_write(b["R"][:T], b["block_out"][:T], inj, out=b["R"][:T], stream=stream)
         mixed, inj = _hc(e, f"blk.{layer}.hc_ffn", T, True, stream)
         _moe(e, layer, mixed, T, stream)
-        dense.hc_write(b["R"][:T], b["block_out"][:T], inj, out=b["R"][:T], stream=stream)
+        hyper.hc_write(b["R"][:T], b["block_out"][:T], inj, out=b["R"][:T], stream=stream)
     mixed, _ = _hc(e, "output_hc", T, False, stream)
     _gemv(e, "output.weight", mixed, b["logits"][:T], stream)
-    dense.argmax_rows(b["logits"][:T], out=b["ids"][:T], stream=stream)
+    sampling.argmax_rows(b["logits"][:T], out=b["ids"][:T], scratch=argmax_scratch(b), stream=stream)
     _copy(e.stage.out_ids.device, b["ids"], T * 4, stream)
 
 

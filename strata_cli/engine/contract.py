@@ -1,0 +1,62 @@
+"""The verify-engine contract that ReferenceEngine (numpy) and GPUEngine (CuPy) both implement, and that commands
+call: they ask `capabilities`, never probe for attributes.
+
+A window: run(tokens, pos0) feeds T tokens at positions n_past..n_past+T-1 and returns a WindowResult (T rows of
+logits and greedy ids); commit(n_keep) advances the sequence to exactly the first n_keep of those rows. A second
+run() without a commit drops the first window. sample() draws ids from the last window's logits (temperature,
+Philox keyed by absolute position: ops/sampling.py); window_timer() times run + commit for benchmarks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from ..model.geometry import Geometry
+
+
+@dataclass
+class WindowResult:
+    pos0: int
+    tokens: np.ndarray       # [T] fed tokens
+    logits: np.ndarray       # [T, V] float32: row t = distribution after tokens[t] (None when not read back)
+    ids: np.ndarray          # [T] greedy ids (argmax of each row)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do beyond the contract's common part."""
+
+    graphs: bool        # windows replay captured CUDA graphs; capture_ms holds each window size's capture time
+    eager: bool         # run/commit/window_timer take eager=True: kernels launched one by one, no graph
+    device_timer: bool  # window_timer measures on the device clock (CUDA events), not the host's
+
+
+# timer(engine, tokens, pos, n_keep) -> (ms of run + commit, host ms): one timed window, committed
+WindowTimer = Callable[[object, np.ndarray, int, int], tuple[float, float]]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    device: str                     # "cpu" or "gpu"
+    capabilities: Capabilities
+    g: Geometry
+    n_ctx: int                      # context cells allocated
+    max_t: int | None               # largest window (None: any)
+    capture_ms: Mapping[int, float]  # window size -> graph capture ms (empty without graphs)
+
+    @property
+    def n_past(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def run(self, tokens, pos0: int | None = None) -> WindowResult: ...
+
+    def commit(self, n_keep: int) -> None: ...
+
+    def sample(self, result: WindowResult, temperature: float, seed: int) -> np.ndarray: ...
+
+    def window_timer(self, eager: bool = False) -> WindowTimer: ...

@@ -1,0 +1,86 @@
+"""CuPy launchers of kernels/gemv.cu and kernels/gemv_q8r.cu (dense GEMVs), mirroring strata_cli/ops/gemv.py.
+
+Arrays are CuPy, float32, C-contiguous. `gemv` takes `out=` (checked, never reallocated) and `split=`, the split-K
+workspace (with both given nothing is allocated, so the call can be captured in a CUDA graph), and `stream=`
+(None: the current stream). The expert GEMVs of the same kernel files are launched by launch_moe.
+
+Legend: T window rows, n_in / n_out GEMV widths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import compile as nvrtc
+from . import launch_util as U
+from .runtime import cupy, empty
+
+ZSPLIT_TILES = 4096  # tiles (blocks along x times y) a z-split GEMV launch may have: n_out <= 16384, T <= 16
+
+
+@dataclass
+class SplitK:
+    """The workspace of split-K GEMVs split over grid z: partial [GEMV_PARTIAL_FLOATS] f32 (raw sums of the z
+    slices) and tile_done [ZSPLIT_TILES] uint32 arrival counters, which must start at zero (the last block of a tile
+    resets its counter). Launches sharing one SplitK must run in order (one stream): an engine carves its own from
+    its arena, so two engines on two streams never share one."""
+
+    partial: object
+    tile_done: object
+
+    @classmethod
+    def empty(cls) -> "SplitK":
+        return cls(empty((U.GEMV_PARTIAL_FLOATS,), np.float32), cupy().zeros((ZSPLIT_TILES,), np.uint32))
+
+    def check(self) -> "SplitK":
+        U.check_array("split.partial", self.partial, np.float32, (U.GEMV_PARTIAL_FLOATS,))
+        U.check_array("split.tile_done", self.tile_done, np.uint32, (ZSPLIT_TILES,))
+        return self
+
+
+def launch_gemv(w, ggml_type: int, n_in: int, x, y, split: SplitK | None, *, act: int = U.ACT_NONE,
+                div: float = 1.0, mul=None, mul_strides: tuple[int, int] = (0, 0)) -> None:
+    """y [T, n_out] = act(x [T, n_in] @ W^T / div) * mul[t*mul_st + o*mul_so]; arguments already checked.
+    Split-K over grid z finishes inside the launch (the last block of each tile), so every GEMV is one node; a
+    launch that splits over z needs `split` (None: a fresh one, outside a capture only)."""
+    T, n_out = y.shape
+    max_z = U.GEMV_MAX_ZSPLIT if T <= U.GEMV_MAXT else 1
+    if ggml_type == U.Q8_0_R32:
+        check_vector_rows("x", x)
+        ksplit, zsplit = U.q8r_split(n_out, n_in, T, max_z=max_z)
+        grid, block = U.gemv_grid(n_out, T, ksplit, zsplit, rpw=U.q8r_rows_per_warp(T))
+        name, geometry = f"gemv_q8r_t{U.nt_bucket(T)}", (np.int32(n_in // 32),)
+        module = "gemv_q8r"
+    else:
+        ksplit, zsplit = U.gemv_split(n_out, n_in, max_z=max_z)
+        grid, block = U.gemv_grid(n_out, T, ksplit, zsplit)
+        name = f"gemv_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}"
+        geometry, module = (np.int64(U.row_stride(ggml_type, n_in)),), "gemv"
+    partial = tile_done = None
+    if zsplit > 1:
+        if grid[0] * grid[1] > ZSPLIT_TILES:
+            raise ValueError(f"y: a z-split launch of {grid[0] * grid[1]} tiles exceeds {ZSPLIT_TILES}")
+        work = (split or SplitK.empty()).check()
+        partial, tile_done = work.partial, work.tile_done
+    nvrtc.kernel(module, name)(grid, block, (
+        w, *geometry, x, np.int32(n_in), y, np.int32(n_out), np.int32(T), np.int32(ksplit), np.int32(act),
+        np.float32(div), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1]), U.null_or(partial),
+        U.null_or(tile_done)))
+
+
+def check_vector_rows(name: str, x) -> None:
+    """The repacked Q8_0 kernels read x rows as float4: the rows must start 16-byte aligned."""
+    if U.data_ptr(x) % 16:
+        raise ValueError(f"{name}: data not 16-byte aligned (the Q8_0_R32 GEMVs read x as float4)")
+
+
+def gemv(w_raw, ggml_type: int, n_in: int, x, out=None, split: SplitK | None = None, stream=None):
+    """y [T, n_out] = x [T, n_in] @ dequantize(w_raw).T; w_raw holds n_out raw rows of ggml_type."""
+    with U.on_stream(stream):
+        n_out = U.weight_rows("w_raw", w_raw, ggml_type, n_in)
+        U.check_array("x", x, np.float32, (None, n_in))
+        out = U.out_array("out", out, (x.shape[0], n_out), np.float32, empty)
+        launch_gemv(w_raw, ggml_type, n_in, x, out, split)
+    return out

@@ -1,0 +1,93 @@
+"""CuPy launchers of kernels/hyper.cu, mirroring strata_cli/ops/hyper.py (hc_read_raw, hc_write,
+broadcast_streams). Same conventions as launch_gemv: CuPy arrays, float32, C-contiguous, `out=` and scratch
+preallocated for graph capture, `stream=` None for the current stream. The down, up and inject projections are
+launch_gemv launches with fused epilogues.
+
+Legend: T window rows, C streams, D hidden, L low rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import compile as nvrtc
+from . import launch_util as U
+from .launch_gemv import SplitK, launch_gemv
+from .runtime import empty
+
+
+@dataclass
+class HcScratch:
+    """Intermediates of hc_read: xn [T, C*D], low [T, L], gates [T, C*D]; may hold more rows than the window."""
+
+    xn: object
+    low: object
+    gates: object
+
+    @classmethod
+    def empty(cls, T: int, C: int, D: int, L: int) -> "HcScratch":
+        return cls(empty((T, C * D), np.float32), empty((T, L), np.float32), empty((T, C * D), np.float32))
+
+
+def hc_read(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_raw, inject_type: int | None,
+            eps: float, out_mixed=None, out_inj=None, scratch: HcScratch | None = None, split: SplitK | None = None,
+            stream=None):
+    """R [T, C, D] -> (mixed [T, D], inj [T, C] or None when inject_raw is None); see kernels/hyper.cu.
+
+    norm_w [C*D] f32; down_raw [L, C*D], up_raw [C*D, L], inject_raw [C, C*D] raw rows of their GGML types."""
+    with U.on_stream(stream):
+        U.check_array("R", R, np.float32, (None, None, None))
+        T, C, D = R.shape
+        CD = C * D
+        U.check_array("norm_w", norm_w, np.float32, (CD,))
+        L = U.weight_rows("down_raw", down_raw, down_type, CD)
+        U.weight_rows("up_raw", up_raw, up_type, L, n_out=CD)
+        if inject_raw is not None:
+            U.weight_rows("inject_raw", inject_raw, inject_type, CD, n_out=C)
+        elif out_inj is not None:
+            raise ValueError("out_inj: given, but inject_raw is None (no inject gates to write)")
+        s = scratch if scratch is not None else HcScratch(None, None, None)
+        xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), empty)
+        low = U.scratch_rows("scratch.low", s.low, T, (L,), empty)
+        gates = U.scratch_rows("scratch.gates", s.gates, T, (CD,), empty)
+        out_mixed = U.out_array("out_mixed", out_mixed, (T, D), np.float32, empty)
+        if inject_raw is not None:
+            out_inj = U.out_array("out_inj", out_inj, (T, C), np.float32, empty)
+
+        nvrtc.kernel("hyper", "hc_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
+            R, norm_w, xn, np.int32(C), np.int32(D), np.float32(eps)))
+        launch_gemv(down_raw, down_type, CD, xn, low, split, act=U.ACT_SILU, div=float(C))
+        launch_gemv(up_raw, up_type, L, low, gates, split, act=U.ACT_SIGMOID)
+        grid, block = U.elementwise_grid(T * D)
+        nvrtc.kernel("hyper", "hc_mix")(grid, block, (xn, gates, out_mixed, np.int32(T), np.int32(C), np.int32(D)))
+        if inject_raw is not None:
+            launch_gemv(inject_raw, inject_type, CD, xn, out_inj, split, act=U.ACT_2SIGMOID, div=float(C))
+    return out_mixed, (out_inj if inject_raw is not None else None)
+
+
+def hc_write(R, block_out, inj, out=None, stream=None):
+    """R [T, C, D] + block_out [T, D] * inj [T, C] per stream -> out [T, C, D] (pass out=R to update in place)."""
+    with U.on_stream(stream):
+        U.check_array("R", R, np.float32, (None, None, None))
+        T, C, D = R.shape
+        U.check_array("block_out", block_out, np.float32, (T, D))
+        U.check_array("inj", inj, np.float32, (T, C))
+        out = U.out_array("out", out, (T, C, D), np.float32, empty)
+        grid, block = U.elementwise_grid(T * C * D)
+        nvrtc.kernel("hyper", "hc_write")(grid, block, (
+            R, block_out, inj, out, np.int32(T), np.int32(C), np.int32(D)))
+    return out
+
+
+def broadcast_streams(emb, C: int, out=None, stream=None):
+    """emb [T, D] -> R [T, C, D]: the residual stack of a window starts as C copies of its embedding rows."""
+    with U.on_stream(stream):
+        U.check_array("emb", emb, np.float32, (None, None))
+        T, D = emb.shape
+        out = U.out_array("out", out, (T, C, D), np.float32, empty)
+        n = T * C * D
+        nvrtc.kernel("hyper", "broadcast_streams")((-(-n // U.BLOCK), 1, 1), (U.BLOCK, 1, 1), (
+            emb, out, np.int32(T), np.int32(C), np.int32(D)))
+    return out
