@@ -19,12 +19,12 @@ strata graph-nodes "$FIXTURE" --commit --format json > "$OUT/nodes-commit.json"
 [ -f "$SMALL" ] || strata make-model "$SMALL" --preset small --type Q8_0 --seed 1 > /dev/null
 for model in "$FIXTURE" "$SMALL"; do
   name=$(basename "$model" .gguf)
-  strata verify-bench "$model" --device gpu --window 1,2,4,8 --windows 200 --context 64 --format json > "$OUT/$name-graph.json"
-  strata verify-bench "$model" --device gpu --window 1,2,4,8 --windows 50 --context 64 --eager --format json > "$OUT/$name-eager.json"
+  strata verify-bench "$model" --device gpu --window 1,2,4,8 -r 200 -d 64 --format json > "$OUT/$name-graph.json"
+  strata verify-bench "$model" --device gpu --window 1,2,4,8 -r 50 -d 64 --eager --format json > "$OUT/$name-eager.json"
 done
 if [ "${SKIP_BIG:-0}" != 1 ]; then
   [ -f "$BIG" ] || strata make-model "$BIG" --preset flash-next --layers 8 --type Q8_0 --ngram-vocab 1000 --seed 0 > /dev/null
-  strata verify-bench "$BIG" --device gpu --window 1,2,4,8 --windows 50 --context 512 --format json > "$OUT/flash-next-8l-graph.json"
+  strata verify-bench "$BIG" --device gpu --window 1,2,4,8 -r 50 -d 512 --format json > "$OUT/flash-next-8l-graph.json"
   python3 bench/graph_costs.py "$BIG" --window 1 8 --context 512 > "$OUT/flash-next-8l-costs.txt"
 fi
 python3 - "$OUT" <<'PY'
@@ -38,7 +38,7 @@ for f in sorted(out.glob("*.json")):
               ", ".join(f"{r['count']}x {r['node']}" for r in doc["rows"]))
         continue
     for r in doc["rows"]:
-        extra = f" | read {r['read_gb']:.3f} GB floor {r['floor_ms']:.3f} ms x{r['x_floor']:.2f}" if "floor_ms" in r else ""
+        extra = f" | read {r['read_bytes'] / 1e9:.3f} GB floor {r['floor_ms']:.3f} ms x{r['x_floor']:.2f}" if r.get("floor_ms") else ""
         print(f"{f.stem:28s} T={r['window']:<2} {r['ms_median']:8.3f} ms (p10 {r['ms_p10']:.3f} p90 {r['ms_p90']:.3f})"
               f" host {r['host_ms']:.3f} ms capture {r.get('capture_ms') or 0:.1f} ms{extra}")
 PY

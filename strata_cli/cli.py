@@ -48,6 +48,10 @@ class LazyGroup(click.Group):
         super().__init__(*args, **kwargs)
         self.lazy_commands = lazy_commands if lazy_commands is not None else {}
 
+    def parse_args(self, ctx, args):
+        ctx.meta["strata.argv"] = list(args)  # records.command_line: what the user typed, for provenance
+        return super().parse_args(ctx, args)
+
     def list_commands(self, ctx):
         return list(self.lazy_commands) + sorted(set(self.commands) - set(self.lazy_commands))
 

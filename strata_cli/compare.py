@@ -1,4 +1,7 @@
-"""Compare two logprob dumps of the same tokens: per-position deltas, top-1 agreement, top-k overlap."""
+"""Compare two logprob dumps of the same tokens: per-position deltas, top-1 agreement, top-k overlap, and the
+llama-perplexity statistics (divergence.DivergenceStats) the dumps hold: PPL of each and their ratio, Δp and top-1
+agreement from any dump, KLD where both dumps carry full distributions (`strata logprobs --format json --full-dist`).
+A is the base."""
 
 from __future__ import annotations
 
@@ -7,7 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .dumps import LogprobRow, read_tsv
+from .divergence import DivergenceStats, PositionArrays
+from .dumps import LogprobRow, read_dump
 from .errors import InputError
 
 
@@ -35,9 +39,12 @@ class Summary:
     mean_topk_overlap: float | None
     match_rate_a: float
     match_rate_b: float
+    divergence: DivergenceStats
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out["divergence"] = self.divergence.flat()
+        return out
 
 
 def _by_pos(rows: list[LogprobRow], label: str) -> dict[int, LogprobRow]:
@@ -78,10 +85,29 @@ def compare_rows(a: list[LogprobRow], b: list[LogprobRow], *, label_a: str = "A"
         delta = 0.0 if ra.lp_target == rb.lp_target else abs(ra.lp_target - rb.lp_target)
         diffs.append(PositionDiff(p, ra.target, ra.lp_target, rb.lp_target, delta, ra.top_id, rb.top_id,
                                   ra.top_id == rb.top_id, _topk_overlap(ra, rb)))
-    return summarize(diffs, a, b), diffs
+    return summarize(diffs, a, b, divergence_arrays([by_a[p] for p in sorted(by_a)], [by_b[p] for p in sorted(by_b)],
+                                                   label_a, label_b)), diffs
 
 
-def summarize(diffs: list[PositionDiff], a: list[LogprobRow], b: list[LogprobRow]) -> Summary:
+def divergence_arrays(a: list[LogprobRow], b: list[LogprobRow], label_a: str = "A",
+                      label_b: str = "B") -> PositionArrays:
+    """Per-position values for DivergenceStats from aligned rows; KLD only when every row of both has `dist`."""
+    kld = None
+    if all(r.dist is not None for r in a) and all(r.dist is not None for r in b):
+        lp_a = np.array([r.dist for r in a], dtype=np.float64)
+        lp_b = np.array([r.dist for r in b], dtype=np.float64)
+        if lp_a.shape != lp_b.shape:
+            raise InputError(f"full distributions differ in size: {lp_a.shape[1]} in {label_a}, "
+                             f"{lp_b.shape[1]} in {label_b}")
+        kld = np.maximum(np.sum(np.exp(lp_a) * (lp_a - lp_b), axis=-1), 0.0)
+    return PositionArrays(np.array([r.pos for r in a]), np.array([r.target for r in a]),
+                          np.array([r.lp_target for r in a], dtype=np.float64),
+                          np.array([r.lp_target for r in b], dtype=np.float64),
+                          np.array([r.top_id for r in a]), np.array([r.top_id for r in b]), kld)
+
+
+def summarize(diffs: list[PositionDiff], a: list[LogprobRow], b: list[LogprobRow],
+              divergence: PositionArrays) -> Summary:
     d = np.array([x.abs_delta for x in diffs], dtype=np.float64)
     worst = int(np.argmax(np.where(np.isnan(d), np.inf, d)))  # a nan delta is the worst position
     overlaps = [x.topk_overlap for x in diffs if x.topk_overlap is not None]
@@ -95,11 +121,12 @@ def summarize(diffs: list[PositionDiff], a: list[LogprobRow], b: list[LogprobRow
         mean_topk_overlap=float(np.mean(overlaps)) if overlaps else None,
         match_rate_a=sum(r.match for r in a) / len(a),
         match_rate_b=sum(r.match for r in b) / len(b),
+        divergence=DivergenceStats.of(divergence),
     )
 
 
 def compare_files(path_a: str | Path, path_b: str | Path) -> tuple[Summary, list[PositionDiff]]:
-    return compare_rows(read_tsv(path_a), read_tsv(path_b), label_a=str(path_a), label_b=str(path_b))
+    return compare_rows(read_dump(path_a), read_dump(path_b), label_a=str(path_a), label_b=str(path_b))
 
 
 def threshold_failures(summary: Summary, *, max_delta: float | None = None,

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from .synth import estimate_size, load_preset, write_model
-from .synth.progress import byte_progress
+from .progress import byte_progress
 
 DEFAULT_PRESET, DEFAULT_TYPE, DEFAULT_SEED = "tiny", "F32", 0
 DEFAULT_NAME = f"qwen4exp-{DEFAULT_PRESET}-{DEFAULT_TYPE.lower()}-seed{DEFAULT_SEED}.gguf"

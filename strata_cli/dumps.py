@@ -6,10 +6,15 @@
 Row p is the distribution after tokens[0..p]; its target is tokens[p+1]. Floats have 9 decimals, top-K logprobs 6;
 the last two fixed fields are nan where there is no extra id (or it is the target). No header row; `#` lines are
 comments.
+
+The JSON dump (`strata logprobs --format json`) holds the same rows as objects under "rows" (topk as [[id, logprob],
+...], nan as null) and, with `--full-dist`, each row's whole log-prob distribution under "dist". `read_dump` reads
+either kind.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +37,7 @@ class LogprobRow:
     lp_extra: float
     lp_target_renorm: float
     topk: list[tuple[int, float]] = field(default_factory=list)
+    dist: list[float] | None = None  # the full log-prob distribution over the vocabulary (JSON dumps only)
 
 
 def _f(x: float, decimals: int) -> str:
@@ -77,21 +83,81 @@ def _parse_line(fields: list[str], where: str) -> LogprobRow:
     return LogprobRow(*values, topk=topk)
 
 
-def read_tsv(path: str | Path) -> list[LogprobRow]:
-    """Rows of a dump file; `#` and blank lines skipped. A malformed line is an InputError naming file:line."""
+def _read_text(path: str | Path) -> str:
     try:
         with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
+            return fh.read()
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: cannot read logprob dump: {exc}") from None
+
+
+def read_tsv(path: str | Path, text: str | None = None) -> list[LogprobRow]:
+    """Rows of a dump file; `#` and blank lines skipped. A malformed line is an InputError naming file:line."""
+    lines = (_read_text(path) if text is None else text).splitlines()
     rows = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip() or line.startswith("#"):
             continue
         rows.append(_parse_line(line.split("\t"), f"{path}:{lineno}"))
     return rows
+
+
+def _json_number(value, where: str, name: str) -> float:
+    if value is None:
+        return float("nan")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(f"{where}: '{name}' is not a number: {value!r}")
+    return float(value)
+
+
+def _json_int(value, where: str, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(f"{where}: '{name}' is not an integer: {value!r}")
+    return value
+
+
+def _row_from_json(obj, where: str) -> LogprobRow:
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}: expected an object, got {type(obj).__name__}")
+    missing = [k for k in _FIELDS if k not in obj]
+    if missing:
+        raise InputError(f"{where}: missing {', '.join(missing)}")
+    values = [_json_number(obj[k], where, k) if k.startswith("lp_") else _json_int(obj[k], where, k)
+              for k in _FIELDS]
+    if values[5] not in (0, 1):
+        raise InputError(f"{where}: 'match' must be 0 or 1, got {obj['match']!r}")
+    topk = []
+    for pair in obj.get("topk") or []:
+        if not (isinstance(pair, list) and len(pair) == 2):
+            raise InputError(f"{where}: 'topk' entries must be [id, logprob] pairs, got {pair!r}")
+        topk.append((_json_int(pair[0], where, "topk id"), _json_number(pair[1], where, "topk logprob")))
+    dist = obj.get("dist")
+    if dist is not None:
+        if not isinstance(dist, list) or not dist:
+            raise InputError(f"{where}: 'dist' must be a list of log-probs")
+        dist = [_json_number(x, where, "dist") for x in dist]
+    return LogprobRow(*values, topk=topk, dist=dist)
+
+
+def read_json(path: str | Path, text: str | None = None) -> list[LogprobRow]:
+    """Rows of a JSON dump ({"meta": ..., "rows": [...]}, as `strata logprobs --format json` writes it)."""
+    text = _read_text(path) if text is None else text
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    rows = doc.get("rows") if isinstance(doc, dict) else None
+    if not isinstance(rows, list):
+        raise InputError(f"{path}: a JSON dump needs a 'rows' list (strata logprobs --format json)")
+    return [_row_from_json(obj, f"{path}: row {i}") for i, obj in enumerate(rows)]
+
+
+def read_dump(path: str | Path) -> list[LogprobRow]:
+    """A TSV or JSON logprob dump, told apart by its first non-blank character."""
+    text = _read_text(path)
+    return read_json(path, text) if text.lstrip().startswith("{") else read_tsv(path, text)
 
 
 def rows_to_json(rows: Iterable[LogprobRow]) -> list[dict]:
@@ -105,4 +171,6 @@ def rows_to_json(rows: Iterable[LogprobRow]) -> list[dict]:
         out.append({"pos": r.pos, "target": r.target, "lp_target": num(r.lp_target), "top_id": r.top_id,
                     "lp_top": num(r.lp_top), "match": r.match, "lp_extra": num(r.lp_extra),
                     "lp_target_renorm": num(r.lp_target_renorm), "topk": [[tid, num(lp)] for tid, lp in r.topk]})
+        if r.dist is not None:
+            out[-1]["dist"] = [num(lp) for lp in r.dist]
     return out

@@ -8,30 +8,19 @@ the accepted prefix. A correct engine gives the same dump for every T and P.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
 from .dumps import LogprobRow
 from .ops.basic import log_softmax64
-
-
-@dataclass
-class LoopStats:
-    windows: int = 0
-    rows_fed: int = 0
-    rows_kept: int = 0
-
-    @property
-    def acceptance(self) -> float:
-        """Fraction of fed drafts that were accepted."""
-        drafts = self.rows_fed - self.windows
-        return (self.rows_kept - self.windows) / drafts if drafts else float("nan")
+from .speculation import LoopStats
 
 
 def logprob_rows(logits: np.ndarray, positions: np.ndarray, targets: np.ndarray, topk: int,
-                 extra_id: int | None) -> list[LogprobRow]:
-    """logits [n, V] at `positions` with their targets -> dump rows (log-softmax in float64)."""
+                 extra_id: int | None, full_dist: bool = False) -> list[LogprobRow]:
+    """logits [n, V] at `positions` with their targets -> dump rows (log-softmax in float64); with `full_dist`
+    each row keeps its whole distribution."""
     lp = log_softmax64(logits)
     rows = []
     for i in range(len(lp)):
@@ -44,8 +33,25 @@ def logprob_rows(logits: np.ndarray, positions: np.ndarray, targets: np.ndarray,
                 renorm = float(row[target] - np.log1p(-np.exp(lp_extra))) if lp_extra < 0 else float("nan")
         order = np.argsort(-row, kind="stable")[:topk] if topk > 0 else []
         rows.append(LogprobRow(int(positions[i]), target, float(row[target]), top, float(row[top]),
-                               int(top == target), lp_extra, renorm, [(int(j), float(row[j])) for j in order]))
+                               int(top == target), lp_extra, renorm, [(int(j), float(row[j])) for j in order],
+                               dist=row.tolist() if full_dist else None))
     return rows
+
+
+def window_logits(engine, tokens: np.ndarray, window: int, progress=None) -> Iterator[tuple]:
+    """Feed tokens[0..N-2] as windows of `window` tokens, committing each whole; yield (positions, logits [T, V],
+    targets) per window. Row p is the distribution after tokens[0..p] with target tokens[p+1]."""
+    n = len(tokens)
+    engine.reset()
+    while engine.n_past < n - 1:
+        pos = engine.n_past
+        T = min(window, n - 1 - pos)
+        result = engine.run(tokens[pos:pos + T], pos)
+        logits = np.asarray(result.logits[:T])
+        engine.commit(T)
+        if progress is not None:
+            progress(engine.n_past, n - 1)
+        yield pos + np.arange(T), logits, tokens[pos + 1:pos + 1 + T]
 
 
 def _wrong_token(rng: np.random.Generator, true_id: int, vocab: int) -> int:
@@ -53,13 +59,15 @@ def _wrong_token(rng: np.random.Generator, true_id: int, vocab: int) -> int:
 
 
 def speculative_dump(engine, tokens: np.ndarray, window: int, *, draft_noise: float = 0.0, seed: int = 0,
-                     topk: int = 0, extra_id: int | None = None, progress=None) -> tuple[list[LogprobRow], LoopStats]:
-    """Feed tokens[0..N-2] through verify windows of `window` tokens; return the N-1 dump rows."""
+                     topk: int = 0, extra_id: int | None = None, full_dist: bool = False,
+                     progress=None) -> tuple[list[LogprobRow], LoopStats]:
+    """Feed tokens[0..N-2] through verify windows of `window` tokens; return the N-1 dump rows and what the loop
+    accepted (a draft is accepted when it is the sequence's token: the noise did not replace it)."""
     n = len(tokens)
     vocab = engine.g.n_vocab
     rng = np.random.default_rng(seed)
     rows: list[LogprobRow] = []
-    stats = LoopStats()
+    stats = LoopStats(window)
     engine.reset()
     while engine.n_past < n - 1:
         pos = engine.n_past
@@ -72,12 +80,10 @@ def speculative_dump(engine, tokens: np.ndarray, window: int, *, draft_noise: fl
                 n_keep = j
                 break
         result = engine.run(fed, pos)
-        rows += logprob_rows(result.logits[:n_keep], pos + np.arange(n_keep), tokens[pos + 1:pos + 1 + n_keep],
-                             topk, extra_id)
+        rows += logprob_rows(np.asarray(result.logits[:n_keep]), pos + np.arange(n_keep),
+                             tokens[pos + 1:pos + 1 + n_keep], topk, extra_id, full_dist)
         engine.commit(n_keep)
-        stats.windows += 1
-        stats.rows_fed += T
-        stats.rows_kept += n_keep
+        stats.record(T, n_keep)
         if progress is not None:
             progress(engine.n_past, n - 1)
     return rows, stats

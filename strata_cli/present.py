@@ -1,6 +1,9 @@
-"""Shared presenters: one list of row dicts, printed as a rich table, TSV, CSV or JSON.
+"""Shared presenters: one list of row dicts, printed as a table, Markdown, TSV, CSV, JSON or JSON lines.
 
-Data goes to stdout; diagnostics (`warn`, `err_console`) go to stderr.
+table and md are for reading (each column's display format applies); csv, tsv, json and jsonl carry raw values
+(a count stays 1090, never "1,090"; floats keep every digit), so scripts parse them back. A table on a terminal is
+drawn by rich; piped or redirected it is plain ASCII, no colour. Data goes to stdout; diagnostics (`warn`,
+`err_console`) go to stderr.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 from .errors import InputError
 
-FORMATS = ("table", "tsv", "json", "csv")
+FORMATS = ("table", "json", "jsonl", "csv", "md", "tsv")
+# what every command's --format offers (tsv only where a command has a dump format of its own)
+RECORD_FORMATS = ("table", "json", "jsonl", "csv", "md")
 
 
 @dataclass(frozen=True)
@@ -86,53 +91,92 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _cell(column: Column, row: dict) -> str:
-    # tabs and newlines would break a TSV line
-    return column.render(row.get(column.key)).replace("\t", " ").replace("\n", " ")
+def raw(value: Any) -> str:
+    """A value as csv/tsv write it: the number itself (repr precision), a list as space-separated values, a dict
+    as space-separated key:value pairs, None and non-finite floats as the empty field."""
+    if value is None:
+        return ""
+    if isinstance(value, dict):
+        return " ".join(f"{k}:{raw(v)}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return " ".join(raw(v) for v in value)
+    if hasattr(value, "tolist") and hasattr(value, "dtype"):
+        return raw(value.tolist())
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else ""
+    return str(value).replace("\t", " ").replace("\n", " ")
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _table(rows: list[dict], cols: list[Column], title: str | None, header_lines: Iterable[str], out) -> None:
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(file=out) if out is not None else console()
+    plain = not con.is_terminal
+    if plain:  # piped or redirected: ASCII borders, no colour, and the table's own width (rich assumes 80)
+        con = Console(file=con.file, no_color=True, highlight=False, width=1 << 14, legacy_windows=False)
+    for line in header_lines:
+        con.print(line, style=None if plain else "dim", markup=False, highlight=False, soft_wrap=True)
+    table = Table(title=title, box=box.ASCII if plain else box.HEAVY_HEAD, title_style=None if plain else "italic")
+    for c in cols:
+        table.add_column(c.title, justify=c.justify)
+    for row in rows:
+        table.add_row(*(c.render(row.get(c.key)) for c in cols))
+    if plain:
+        width = con.measure(table).maximum
+        con = Console(file=con.file, no_color=True, highlight=False, width=width)
+    con.print(table)
 
 
 def emit(rows: list[dict], columns: Sequence[Column | str] | None, fmt: str, *, title: str | None = None,
          header_lines: Iterable[str] = (), out=None, meta: dict | None = None) -> None:
     """Print `rows` in `fmt` (one of FORMATS) to `out` (default stdout).
 
-    table: rich Table, `header_lines` above it (dim), `title` on top.  tsv: `# ` + each header line, a header row
-    of keys, then the rows.  csv: header row of keys, then the rows.  json: {"meta": meta, "rows": rows} with every
-    key of every row and raw (unformatted) values.  No columns given: every key of the rows, in first-seen order.
+    table: `header_lines` above a table titled `title`.  md: `header_lines` as text, `### title`, a Markdown table.
+    tsv: `# ` + each header line, a header row of keys, then the rows.  csv: a header row of keys, then the rows.
+    json: {"meta": meta, "rows": rows} with every key of every row.  jsonl: one JSON object per row, every key.
+    csv/tsv/json/jsonl hold raw values; table/md apply each column's format. No columns given: every key of the
+    rows, in first-seen order.
     """
     if fmt not in FORMATS:
         raise InputError(f"unknown output format '{fmt}' (choose from {', '.join(FORMATS)})")
     cols = _columns(columns, rows)
     if fmt == "table":
-        from rich.console import Console
-        from rich.table import Table
-
-        con = Console(file=out) if out is not None else console()
-        for line in header_lines:
-            con.print(line, style="dim", markup=False, highlight=False, soft_wrap=True)
-        table = Table(title=title)
-        for c in cols:
-            table.add_column(c.title, justify=c.justify)
-        for row in rows:
-            table.add_row(*(c.render(row.get(c.key)) for c in cols))
-        if not con.is_terminal:  # rich assumes 80 columns for a pipe or file and would cut cells: use the table's width
-            natural = con.measure(table, options=con.options.update(max_width=1 << 14)).maximum
-            if natural > con.width:
-                con = Console(file=con.file, width=natural)
-        con.print(table)
+        _table(rows, cols, title, header_lines, out)
         return
     fh = out if out is not None else sys.stdout
     if fmt == "json":
         doc = {"meta": meta, "rows": rows}
         fh.write(json.dumps(_jsonable(doc), indent=2, default=str) + "\n")
+    elif fmt == "jsonl":
+        for row in rows:
+            fh.write(json.dumps(_jsonable(row), default=str) + "\n")
+    elif fmt == "md":
+        for line in header_lines:
+            fh.write(f"{line}\n\n")
+        if title:
+            fh.write(f"### {title}\n\n")
+        fh.write("| " + " | ".join(_md_cell(c.title) for c in cols) + " |\n")
+        fh.write("|" + "|".join("---:" if c.justify == "right" else ":---" for c in cols) + "|\n")
+        for row in rows:
+            fh.write("| " + " | ".join(_md_cell(c.render(row.get(c.key))) for c in cols) + " |\n")
+        fh.write("\n")
     elif fmt == "tsv":
         for line in header_lines:
             fh.write(f"# {line}\n")
         fh.write("\t".join(c.key for c in cols) + "\n")
         for row in rows:
-            fh.write("\t".join(_cell(c, row) for c in cols) + "\n")
+            fh.write("\t".join(raw(row.get(c.key)) for c in cols) + "\n")
     else:
         writer = csv.writer(fh, lineterminator="\n")
         writer.writerow([c.key for c in cols])
         for row in rows:
-            writer.writerow([c.render(row.get(c.key)) for c in cols])
+            writer.writerow([raw(row.get(c.key)) for c in cols])
     fh.flush()

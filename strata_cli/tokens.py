@@ -41,3 +41,34 @@ def check_range(tokens: np.ndarray, vocab: int, source: str) -> None:
     if bad.size:
         i = int(bad[0])
         raise InputError(f"{source}: token id {int(tokens[i])} at index {i} out of range 0..{vocab - 1}")
+
+
+def tokens_from_options(model, *, token_file: str | None = None, n_random: int | None = None,
+                        text: str | None = None, text_file: str | None = None, seed: int = 0) -> tuple[np.ndarray, str]:
+    """The token ids one of --tokens FILE, --random N, --text STR, --text-file FILE gives, and a label naming the
+    source; text goes through the model's own tokenizer (strata_cli.tokenizer). Exactly one must be given."""
+    given = [name for name, value in (("--tokens", token_file), ("--random", n_random), ("--text", text),
+                                      ("--text-file", text_file)) if value is not None]
+    if len(given) != 1:
+        raise InputError(f"give exactly one of --tokens FILE, --random N, --text STR or --text-file FILE"
+                         f"{' (got ' + ', '.join(given) + ')' if given else ''}")
+    if token_file is not None:
+        return read_token_file(token_file), str(token_file)
+    if n_random is not None:
+        return random_tokens(n_random, model.geometry.n_vocab, seed), f"--random {n_random}"
+    from .tokenizer import encode
+
+    if text_file is not None:
+        try:
+            text = Path(text_file).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"{text_file}: cannot read the text file ({exc.strerror or exc})") from None
+        except UnicodeDecodeError:
+            raise InputError(f"{text_file}: not UTF-8 text") from None
+        source = str(text_file)
+    else:
+        source = "--text"
+    ids = encode(model.metadata, text, f"{model.path}")
+    if not ids:
+        raise InputError(f"{source}: the text gives no tokens")
+    return np.array(ids, dtype=np.int64), source

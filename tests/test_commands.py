@@ -91,7 +91,8 @@ def test_info_table(model):
     assert model in out
     assert "214 tensors" in out
     assert "GGGAGGGA" in out
-    cells = [[c.strip() for c in line.split("\u2502") if c.strip()] for line in out.splitlines()]  # rich's │
+    assert not any(ord(ch) > 127 for ch in out)  # not a terminal: a plain ASCII table
+    cells = [[c.strip() for c in line.split("|") if c.strip()] for line in out.splitlines()]
     for key, value in (("layers", "8"), ("hidden", "128"), ("vocab", "512"), ("context", "4096"),
                        ("layout", "GGGAGGGA"), ("eos", "509")):
         assert [key, value] in cells, key
@@ -101,7 +102,7 @@ def test_info_table(model):
 
 
 def test_info_json_matches_the_fixture_config(model, config):
-    doc = json.loads(ok("info", model, "--json").stdout)["meta"]
+    doc = json.loads(ok("info", model, "--format", "json").stdout)["meta"]
     g = doc["geometry"]
     assert g["layers"] == config["num_hidden_layers"] == 8
     assert g["hidden"] == config["hidden_size"] == 128
@@ -203,34 +204,32 @@ def test_logprobs_table(model, token_file):
 # ---------------------------------------------------------------- verify-bench
 
 def test_verify_bench_json(model):
-    result = ok("verify-bench", model, "--device", "cpu", "--context", 8, "--windows", 3, "--window", "1,2",
-                "--format", "json")
+    result = ok("verify-bench", model, "--device", "cpu", "-d", 8, "-r", 3, "--window", "1,2", "--format", "json")
     doc = json.loads(result.stdout)
     records = doc["rows"]
     assert [r["window"] for r in records] == [1, 2]
     for r in records:
         assert r["ms_median"] > 0 and r["ms_p10"] > 0 and r["ms_p90"] >= r["ms_p10"]
-        assert r["windows"] == 3 and r["device"] == "cpu" and r["mode"] == "numpy"
-        assert r["model"] == model
-    env = doc["meta"]["env"]
+        assert r["repetitions"] == 3 and r["device"] == "cpu" and r["mode"] == "numpy"
+        assert r["model"] == model and r["depth"] == 8
+    env = doc["meta"]["provenance"]
     for key in ("strata", "git_commit", "numpy"):
         assert key in env
     assert env["strata"] and env["numpy"] and env["device"] == "cpu"
 
 
 def test_verify_bench_csv(model):
-    result = ok("verify-bench", model, "--device", "cpu", "--context", 8, "--windows", 3, "--window", "1,2",
-                "--format", "csv")
+    result = ok("verify-bench", model, "--device", "cpu", "-d", 8, "-r", 3, "--window", "1,2", "--format", "csv")
     rows = list(csv.reader(io.StringIO(result.stdout)))
     assert len(rows) == 3
     header = rows[0]
-    assert header[:2] == ["window", "ms_median"]
+    assert header[:3] == ["window", "repetitions", "ms_median"]
     assert [r[0] for r in rows[1:]] == ["1", "2"]
     assert all(float(r[1]) > 0 for r in rows[1:])
 
 
 def test_verify_bench_table(model):
-    out = ok("verify-bench", model, "--device", "cpu", "--context", 8, "--windows", 2, "--window", "2").stdout
+    out = ok("verify-bench", model, "--device", "cpu", "-d", 8, "-r", 2, "--window", "2").stdout
     assert "ms/window" in out and "device cpu" in out
 
 

@@ -199,7 +199,7 @@ def test_bad_model_file_logprobs_and_bench(case, q8, tmp_path):
     edits, needles = MODEL_CASES[case]
     bad = rewrite_gguf(q8, tmp_path / f"{case}.gguf", **edits)
     assert_one_line_error(cli("logprobs", bad, "--random", 5, "--device", "cpu"), str(bad), *needles)
-    assert_one_line_error(cli("verify-bench", bad, "--windows", 1, "--window", 1, "--device", "cpu"),
+    assert_one_line_error(cli("verify-bench", bad, "-r", 1, "--window", 1, "--device", "cpu"),
                           str(bad), *needles)
 
 
@@ -334,7 +334,7 @@ def test_window_past_the_context(q8):
     library_error(InputError, lambda: engine.run(np.arange(9), 0), "context 8")
     library_error(InputError, lambda: ReferenceEngine(open_model(q8), n_ctx=5000), "5000", "4096")
     assert_one_line_error(cli("logprobs", q8, "--ctx", 8, "--random", 20, "--device", "cpu"), "context 8", "--ctx")
-    assert_one_line_error(cli("verify-bench", q8, "--ctx", 8, "--window", 4, "--windows", 1, "--device", "cpu"),
+    assert_one_line_error(cli("verify-bench", q8, "--ctx", 8, "--window", 4, "-r", 1, "--device", "cpu"),
                           "context 8")
 
 
@@ -376,7 +376,7 @@ def test_verify_bench_bad_window_list(spec, needle, q8):
     from strata_cli.commands.verify_bench import _windows
 
     library_error(InputError, lambda: _windows(spec), needle)
-    assert_one_line_error(cli("verify-bench", q8, "--window", spec, "--windows", 1, "--device", "cpu"), needle)
+    assert_one_line_error(cli("verify-bench", q8, "--window", spec, "-r", 1, "--device", "cpu"), needle)
 
 
 @pytest.mark.parametrize("extra", [99999, 512, -1])
@@ -398,12 +398,12 @@ def test_device_gpu_without_gpu(q8):
     library_error(DeviceUnavailable, lambda: make_engine(open_model(q8), "gpu"), "--device cpu")
     assert issubclass(DeviceUnavailable, StrataError)
     assert_one_line_error(cli("logprobs", q8, "--random", 5, "--device", "gpu"), "GPU", "--device cpu")
-    assert_one_line_error(cli("verify-bench", q8, "--windows", 1, "--window", 1, "--device", "gpu"),
+    assert_one_line_error(cli("verify-bench", q8, "-r", 1, "--window", 1, "--device", "gpu"),
                           "GPU", "--device cpu")
 
 
 def test_info_json_on_a_good_file_parses(q8):
-    result = cli("info", q8, "--json")
+    result = cli("info", q8, "--format", "json")
     assert result.exit_code == 0, result.output
     assert result.stderr == ""
     doc = json.loads(result.stdout)

@@ -1,8 +1,10 @@
-"""Options and loading shared by the commands that run a model."""
+"""Options and loading shared by the commands: MODEL, --device, --ctx, --format, deprecated spellings."""
 
 from __future__ import annotations
 
 import click
+
+from ..present import RECORD_FORMATS
 
 model_argument = click.argument("model", required=False, metavar="[MODEL]")
 device_option = click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="auto",
@@ -10,6 +12,29 @@ device_option = click.option("--device", type=click.Choice(["cpu", "gpu", "auto"
                              "one is usable, else cpu.")
 ctx_option = click.option("--ctx", "n_ctx", type=click.IntRange(min=1), default=None,
                           help="Context cells to allocate (default: min(model context, 4096)).")
+
+
+def format_option(formats=RECORD_FORMATS, default: str = "table"):
+    """--format: table/md for reading, csv/json/jsonl for scripts (raw numbers)."""
+    return click.option("--format", "fmt", type=click.Choice(list(formats)), default=default, show_default=True,
+                        help="table and md for reading; csv, json, jsonl hold raw numbers for scripts.")
+
+
+def deprecated_alias(old: str, new: str, dest: str, type=None, flag_value=None):
+    """A hidden old spelling that keeps working: given, it fills `dest` (with its value, or `flag_value` for a
+    flag) and says on stderr what replaces it."""
+
+    def fill(ctx, param, value):
+        if value is None or value is False:
+            return
+        from ..present import warn
+
+        warn(f"{old} is deprecated: use {new}")
+        ctx.params[dest] = flag_value if flag_value is not None else value
+
+    extra = {"is_flag": True, "default": False} if flag_value is not None else {"type": type, "default": None}
+    return click.option(old, f"deprecated_{dest}", hidden=True, expose_value=False, callback=fill,
+                        help=f"Deprecated spelling of {new}.", **extra)
 
 
 def load_model(model_arg: str | None):
@@ -22,3 +47,12 @@ def load_model(model_arg: str | None):
     for message in model.geometry.warnings:
         warn(f"{model.path}: {message}")
     return model
+
+
+def load_engine(model, device: str, n_ctx: int | None = None):
+    """The verify engine for `model` on `device`, behind a spinner (the GPU engine uploads every weight)."""
+    from ..engine import make_engine
+    from ..progress import step_progress
+
+    with step_progress(f"loading {model.path} (--device {device})"):
+        return make_engine(model, device, n_ctx=n_ctx)

@@ -1,4 +1,4 @@
-"""`strata compare A.tsv B.tsv`: how far two logprob dumps of the same tokens are apart, with optional gates."""
+"""`strata compare A B`: how far two logprob dumps of the same tokens are apart, with optional gates."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
+
+from ._common import format_option
 
 EXIT_THRESHOLD = 3
 
@@ -30,7 +32,14 @@ def _summary_rows(s) -> list[dict]:
         {"metric": "mean top-k overlap", "value": opt(s.mean_topk_overlap, ".4f")},
         {"metric": "target-match rate A", "value": f"{s.match_rate_a:.4f}"},
         {"metric": "target-match rate B", "value": f"{s.match_rate_b:.4f}"},
-    ]
+    ] + s.divergence.table_rows()
+
+
+def summary_row(s) -> dict:
+    """The summary as one flat row of raw numbers (csv/jsonl without --per-position)."""
+    row = {k: v for k, v in asdict(s).items() if k != "divergence"}
+    row.update(s.divergence.flat())
+    return row
 
 
 @click.command(short_help="Compare two logprob dumps of the same tokens.")
@@ -40,14 +49,18 @@ def _summary_rows(s) -> list[dict]:
               help="Fail (exit 3) if max |Δ logprob(target)| exceeds this.")
 @click.option("--min-top1", type=click.FloatRange(0, 1), default=None,
               help="Fail (exit 3) if the top-1 agreement fraction is below this.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--per-position", is_flag=True, help="Also list every position.")
+@format_option()
+@click.option("--per-position", is_flag=True,
+              help="Also list every position (csv/jsonl: the positions instead of the summary row).")
 @click.pass_context
 def command(ctx, dump_a, dump_b, max_delta, min_top1, fmt, per_position):
-    """Compare two logprob dumps (from `strata logprobs` or the seed engine's STRATA_LOGPOS) of the same tokens.
+    """Compare two logprob dumps (TSV or JSON from `strata logprobs`, or the seed engine's STRATA_LOGPOS) of the
+    same tokens; A is the base.
 
     Rows are aligned by position; the positions and targets must match. Reports |Δ logprob(target)| (max, mean,
-    p99), top-1 agreement, top-k overlap and each dump's target-match rate. Thresholds apply only when given.
+    p99), top-1 agreement, top-k overlap, each dump's target-match rate, PPL of each and their ratio, Δp (mean,
+    RMS, percentiles), and KLD (mean ± error, percentiles) when both are JSON dumps written with --full-dist.
+    Thresholds apply only when given.
     """
     from ..compare import compare_files, threshold_failures
     from ..present import Column, emit
@@ -56,15 +69,21 @@ def command(ctx, dump_a, dump_b, max_delta, min_top1, fmt, per_position):
     failures = threshold_failures(summary, max_delta=max_delta, min_top1=min_top1)
     columns = [Column(key, header, spec) for key, header, spec in POSITION_COLUMNS]
     positions = [asdict(d) for d in diffs]
+    head = [f"A: {dump_a}", f"B: {dump_b}"]
     if fmt == "json":
         meta = {"a": str(dump_a), "b": str(dump_b), "summary": summary.as_dict(),
                 "thresholds": {"max_delta": max_delta, "min_top1": min_top1}, "passed": not failures}
         emit(positions if per_position else [], columns, "json", meta=meta)
+    elif fmt in ("csv", "jsonl"):
+        if per_position:
+            emit(positions, columns, fmt)
+        else:
+            emit([dict(summary_row(summary), a=str(dump_a), b=str(dump_b), passed=not failures)], None, fmt)
     else:
         if per_position:
-            emit(positions, columns, "table", title="per position")
-        emit(_summary_rows(summary), [Column("metric", justify="left"), Column("value")], "table",
-             title="compare", header_lines=[f"A: {dump_a}", f"B: {dump_b}"])
+            emit(positions, columns, fmt, title="per position")
+        emit(_summary_rows(summary), [Column("metric", justify="left"), Column("value")], fmt,
+             title="compare", header_lines=head)
     if failures:
         click.echo(f"strata: compare failed: {'; '.join(failures)}", err=True)
         ctx.exit(EXIT_THRESHOLD)

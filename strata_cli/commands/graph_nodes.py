@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import click
 
-from ._common import ctx_option, load_model, model_argument
+from ._common import ctx_option, format_option, load_engine, load_model, model_argument
 
 
 @click.command(short_help="Count and list the nodes of a captured window graph (GPU).")
 @model_argument
 @click.option("--window", "window", type=click.IntRange(1, 16), default=4, show_default=True, help="Window size T.")
 @click.option("--commit", "commit", is_flag=True, help="Describe the commit graph instead of the window graph.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@format_option()
 @ctx_option
 def command(model, window, commit, fmt, n_ctx):
     """Node count, edge count, and one row per node kind (kernel function names via the driver API, memcpy,
     memset, host), most frequent first. Needs a CUDA GPU."""
-    from ..engine import make_engine
     from ..envinfo import environment_record, header_line
     from ..present import Column, emit
+    from ..progress import step_progress
 
     m = load_model(model)
-    engine = make_engine(m, "gpu", n_ctx=n_ctx)
-    graph = engine.commit_graph() if commit else engine.graph(window)
+    engine = load_engine(m, "gpu", n_ctx)
+    with step_progress("capturing the commit graph" if commit else f"capturing the T = {window} window graph"):
+        graph = engine.commit_graph() if commit else engine.graph(window)
     summary = graph.summary()
     what = "commit graph" if commit else f"{window}-token window graph"
     env = environment_record("gpu")

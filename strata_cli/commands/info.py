@@ -4,31 +4,43 @@ from __future__ import annotations
 
 import click
 
-from ._common import load_model, model_argument
+from ._common import deprecated_alias, format_option, load_model, model_argument
+
+TENSOR_COLUMNS = [("name", "name", None, "left"), ("layer", "layer", None, "right"),
+                  ("shape", "shape", lambda s: " x ".join(map(str, s)), "left"), ("type", "type", None, "left"),
+                  ("bytes", "bytes", ",", "right")]
 
 
 @click.command(short_help="Show a model's geometry, layer layout, tensor types and sizes.")
 @model_argument
-@click.option("--json", "as_json", is_flag=True, help="One JSON document instead of tables.")
-@click.option("--tensors", "list_tensors", is_flag=True, help="Also list every tensor.")
-def command(model, as_json, list_tensors):
-    """Show MODEL's geometry (from its GGUF metadata), layer layout, tensor types and sizes."""
-    from ..model.info import describe
+@format_option()
+@deprecated_alias("--json", "--format json", "fmt", flag_value="json")
+@click.option("--tensors", "list_tensors", is_flag=True, help="table/md: also list every tensor.")
+def command(model, fmt, list_tensors):
+    """Show MODEL's geometry (from its GGUF metadata), layer layout, tensor types and sizes.
+
+    table and md print the geometry, the layers, the tensor types (and with --tensors every tensor); json is one
+    document of numbers (geometry, layers, types, tensors, warnings); csv and jsonl list one row per tensor."""
+    from ..model.info import describe, layer_extras
     from ..present import Column, emit
 
     m = load_model(model)
     d = describe(m)
-    if as_json:
+    tensor_columns = [Column(k, h, f, j) for k, h, f, j in TENSOR_COLUMNS]
+    if fmt == "json":
         emit([], None, "json", meta=d)
         return
+    if fmt in ("csv", "jsonl"):
+        emit(d["tensors"], [c.key for c in tensor_columns], fmt)
+        return
     head = [f"{d['path']}: {d['file_bytes'] / 2**20:.1f} MiB, {d['tensor_count']} tensors"]
-    emit([{"key": k, "value": str(v)} for k, v in d["geometry"].items()],
-         [Column("key", justify="left"), Column("value", justify="left")], "table", title="geometry",
+    emit([{"key": k, "value": str(v)} for k, v in m.geometry.summary().items()],
+         [Column("key", justify="left"), Column("value", justify="left")], fmt, title="geometry",
          header_lines=head)
-    emit(d["layers"], [Column("layer"), Column("kind", justify="left"), Column("extras", justify="left"),
-                       Column("bytes", fmt=",")], "table", title="layers")
-    emit(d["types"], [Column("type", justify="left"), Column("tensors"), Column("bytes", fmt=",")], "table",
+    layers = [dict(row, extras=layer_extras(row)) for row in d["layers"]]
+    emit(layers, [Column("layer"), Column("kind", justify="left"), Column("extras", justify="left"),
+                  Column("bytes", fmt=",")], fmt, title="layers")
+    emit(d["types"], [Column("type", justify="left"), Column("tensors"), Column("bytes", fmt=",")], fmt,
          title="tensor types")
     if list_tensors:
-        emit(d["tensors"], [Column("name", justify="left"), Column("shape", justify="left"),
-                            Column("type", justify="left"), Column("bytes", fmt=",")], "table", title="tensors")
+        emit(d["tensors"], tensor_columns, fmt, title="tensors")

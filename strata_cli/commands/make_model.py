@@ -10,10 +10,11 @@ import click
 from rich.console import Console
 
 from ..errors import InputError
+from ..progress import byte_progress
 from ..synth import estimate_size, load_preset, write_model
 from ..synth.fill import FILE_TYPES
 from ..synth.presets import PRESET_NAMES
-from ..synth.progress import byte_progress
+from ._common import format_option
 
 GIB = 1 << 30
 DISK_MARGIN = 1 * GIB
@@ -22,8 +23,8 @@ BAR_MIN_BYTES = 64 << 20  # below this the write takes well under a second
 
 @click.command("make-model")
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--preset", type=click.Choice(PRESET_NAMES), default="tiny", show_default=True,
-              help="Model geometry (profiles/presets/<name>.yaml).")
+@click.option("--preset", default="tiny", show_default=True, metavar="|".join(PRESET_NAMES) + "|PATH.yaml",
+              help="Model geometry: a preset name (profiles/presets/<name>.yaml) or the path of a preset YAML file.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights.")
 @click.option("--type", "ggml_type", type=click.Choice(list(FILE_TYPES), case_sensitive=False),
               help="Output type, as the converter's --outtype  [default: Q8_0 for flash-next, else F32]")
@@ -33,15 +34,24 @@ BAR_MIN_BYTES = 64 << 20  # below this the write takes well under a second
 @click.option("--ngram-vocab", type=int,
               help="PLE n-gram vocab base per head; flash-next's 20000000 makes a 320M-row table (~54 GB at Q8_0).")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
+@format_option()
 def command(out: Path, preset: str, seed: int, ggml_type: str | None, layers: int | None, experts: int | None,
-            vocab: int | None, ngram_vocab: int | None, force: bool) -> None:
-    """Write a random-weight qwen4exp model to OUT (a GGUF that strata loads like a converted one)."""
+            vocab: int | None, ngram_vocab: int | None, force: bool, fmt: str) -> None:
+    """Write a random-weight qwen4exp model to OUT (a GGUF that strata loads like a converted one), then print
+    what was written (path, bytes, preset, type, seed)."""
+    from ..present import emit, warn
+
+    if preset not in PRESET_NAMES and not preset.endswith((".yaml", ".yml")):
+        raise InputError(f"--preset '{preset}': expected one of {', '.join(PRESET_NAMES)} or a path ending in .yaml")
     geometry = load_preset(preset).with_overrides(layers=layers, experts=experts, vocab=vocab,
                                                   ngram_vocab=ngram_vocab)
-    ggml_type = (ggml_type or ("Q8_0" if preset == "flash-next" else "F32")).upper()
+    ggml_type = (ggml_type or ("Q8_0" if geometry.name.startswith("flash-next") else "F32")).upper()
     size = estimate_size(geometry, ggml_type)
     err = Console(stderr=True, highlight=False)
     err.print(f"{geometry.summary_line()}, {ggml_type}", soft_wrap=True)
+    if not any(geometry.layer_is_attn):
+        warn(f"{geometry.name}: no attention layer in {geometry.num_hidden_layers} layers (full attention every "
+             f"{geometry.full_attention_interval}): the model has no QSA/attention path to run or test")
     err.print(f"will write {size / GIB:.2f} GiB ({size} bytes) to {out}", soft_wrap=True)
 
     if out.exists() and not force:
@@ -57,4 +67,7 @@ def command(out: Path, preset: str, seed: int, ggml_type: str | None, layers: in
     bar = byte_progress(f"writing {out.name}", err) if size >= BAR_MIN_BYTES else nullcontext(None)
     with bar as progress:
         path = write_model(out, geometry, seed=seed, ggml_type=ggml_type, progress=progress)
-    click.echo(f"{path}\t{path.stat().st_size} bytes ({path.stat().st_size / GIB:.2f} GiB)")
+    written = path.stat().st_size
+    row = {"path": str(path), "bytes": written, "preset": geometry.name, "type": ggml_type, "seed": seed,
+           "layers": geometry.num_hidden_layers, "experts": geometry.num_experts, "vocab": geometry.vocab_size}
+    emit([row], None, fmt, title="make-model", meta=row)

@@ -1,32 +1,20 @@
-"""`strata verify-bench`: what a verify window of T tokens costs, per T."""
+"""`strata verify-bench`: what a verify window of T tokens costs, per T (options named as llama-bench names them)."""
 
 from __future__ import annotations
 
 import click
 
-from ._common import ctx_option, device_option, load_model, model_argument
+from ._common import (ctx_option, deprecated_alias, device_option, format_option, load_engine, load_model,
+                      model_argument)
 
+# (key, table header, display format): the table/md columns; csv/json/jsonl print every key of the record, raw
 COLUMNS = [("window", "T", None), ("ms_median", "ms/window", ".3f"), ("ms_p10", "p10", ".3f"),
-           ("ms_p90", "p90", ".3f"), ("host_ms", "host ms", ".3f"), ("rows_per_s", "rows/s", ",.0f"), ("expected_tokens", "E tokens", ".2f"),
+           ("ms_p90", "p90", ".3f"), ("ms_stddev", "stddev", ".3f"), ("host_ms", "host ms", ".3f"),
+           ("rows_per_s", "rows/s", ",.0f"), ("expected_tokens", "E tokens", ".2f"),
            ("accepted_tok_per_s", "accepted tok/s", ",.0f"), ("speedup_vs_t1", "speedup vs T=1", ".2f")]
-
-
-FLOOR_COLUMNS = [("capture_ms", "capture ms", ".1f"), ("read_gb", "GB read", ".3f"), ("floor_ms", "floor ms", ".3f"),
-                 ("x_floor", "x floor", ".2f")]
-
-
-def _add_floor(records: list[dict], model) -> None:
-    """Bytes each window reads, and the time that takes at the measured device copy rate."""
-    from ..gpu.runtime import copy_bandwidth
-    from ..traffic import window_bytes
-
-    bandwidth = copy_bandwidth()
-    for rec in records:
-        traffic = window_bytes(model, rec["window"])
-        rec.update(read_gb=traffic["total"] / 1e9, dense_gb=traffic["dense"] / 1e9,
-                   expert_gb=traffic["experts"] / 1e9, copy_tb_s=bandwidth / 1e12,
-                   floor_ms=traffic["total"] / bandwidth * 1e3)
-        rec["x_floor"] = rec["ms_median"] / rec["floor_ms"]
+GPU_COLUMNS = [("capture_ms", "capture ms", ".1f"), ("read_bytes", "GB read", lambda v: f"{v / 1e9:.3f}"),
+               ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f")]
+DEFAULT_ACCEPTANCE = 0.7
 
 
 def _windows(text: str) -> list[int]:
@@ -41,50 +29,91 @@ def _windows(text: str) -> list[int]:
     return values
 
 
+def _add_floor(records, model) -> None:
+    """Bytes each window reads, and the measured device copy rate (the floor follows from both)."""
+    from ..gpu.runtime import copy_bandwidth
+    from ..traffic import window_bytes
+
+    bandwidth = copy_bandwidth()
+    for rec in records:
+        traffic = window_bytes(model, rec.window)
+        rec.read_bytes, rec.dense_bytes = int(round(traffic["total"])), int(traffic["dense"])
+        rec.expert_bytes, rec.copy_bytes_per_s = int(round(traffic["experts"])), float(bandwidth)
+
+
 @click.command(short_help="Time verify windows per window size.")
 @model_argument
 @click.option("--window", "window_list", default="1,2,4,8", show_default=True, help="Window sizes T, comma-separated.")
-@click.option("--windows", "n_windows", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Timed windows per T (after a warm-up).")
-@click.option("--acceptance", type=click.FloatRange(0, 1), default=0.7, show_default=True,
-              help="Per-draft acceptance probability for accepted tok/s and n_keep.")
-@click.option("--context", type=click.IntRange(min=0), default=32, show_default=True,
-              help="Tokens in the sequence before the timed windows.")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("-r", "--repetitions", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Timed windows per T (after --warmup untimed ones).")
+@deprecated_alias("--windows", "-r/--repetitions", "repetitions", type=click.IntRange(min=1))
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed windows per T before the timed ones.")
+@click.option("-d", "--depth", type=click.IntRange(min=0), default=32, show_default=True,
+              help="Tokens of context committed before the timed windows (--ctx is the cells allocated).")
+@deprecated_alias("--context", "-d/--depth", "depth", type=click.IntRange(min=0))
+@click.option("--acceptance", type=click.FloatRange(0, 1), default=None,
+              help=f"Assumed per-draft acceptance for n_keep, E(T) and the speedup  [default: {DEFAULT_ACCEPTANCE}]")
+@click.option("--acceptance-from", "acceptance_dump", type=click.Path(dir_okay=False),
+              help="Use the per-position acceptance a `strata logprobs --draft-noise` loop measured (its dump).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the tokens and the drawn n_keep.")
 @click.option("--eager", is_flag=True, help="GPU: launch the kernels one by one instead of replaying the graph.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@format_option()
 @device_option
 @ctx_option
-def command(model, window_list, n_windows, acceptance, context, seed, eager, fmt, device, n_ctx):
-    """Per window size T: ms per window (median, p10, p90), rows/s, and accepted tokens/s at --acceptance."""
-    from ..bench import run_bench
-    from ..engine import make_engine
+def command(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, fmt, device,
+            n_ctx):
+    """Per window size T: ms per window (median, p10, p90, stddev over -r timed windows), rows/s, E(T) tokens per
+    window and the speedup over T = 1 at the assumed or measured acceptance, under the run's provenance."""
     from ..envinfo import environment_record, header_line
     from ..errors import InputError
     from ..present import Column, emit
+    from ..progress import step_progress
+    from ..records import ModelIdentity, Provenance, command_line, utc_timestamp
+    from ..speculation import Acceptance, acceptance_from_dump
+    from ..window_timing import run_bench
 
     windows = _windows(window_list)
+    if acceptance is not None and acceptance_dump:
+        raise InputError("give --acceptance A or --acceptance-from DUMP, not both")
+    accept = acceptance_from_dump(acceptance_dump) if acceptance_dump else \
+        Acceptance.assumed(DEFAULT_ACCEPTANCE if acceptance is None else acceptance)
+    if accept.max_window() is not None and max(windows) > accept.max_window():
+        raise InputError(f"--window {max(windows)}: {acceptance_dump} measured acceptance up to T = "
+                         f"{accept.max_window()} only")
     m = load_model(model)
-    engine = make_engine(m, device, n_ctx=n_ctx)
+    engine = load_engine(m, device, n_ctx)
     if eager and not engine.capabilities.eager:
         raise InputError("--eager compares graph replay with eager launches: it needs --device gpu")
     if engine.max_t is not None and max(windows) > engine.max_t:
         raise InputError(f"--window {max(windows)} exceeds the engine's max_t {engine.max_t}")
-    if context + max(windows) > engine.n_ctx:
-        raise InputError(f"--context {context} + window {max(windows)} past the context {engine.n_ctx}")
+    if depth + max(windows) > engine.n_ctx:
+        raise InputError(f"--depth {depth} + window {max(windows)} past the context {engine.n_ctx} (raise --ctx)")
     env = environment_record(engine.device)
-    records = run_bench(engine, windows, n_windows, acceptance, context, seed, timer=engine.window_timer(eager))
     mode = "eager" if eager else ("graph" if engine.capabilities.graphs else "numpy")
+    timer = engine.window_timer(eager)
+    sizes = sorted(set(windows) | {1})
+    with step_progress("timing windows", total=len(sizes)) as progress:
+        def step(T):
+            progress(sizes.index(T), description=f"T = {T}: {repetitions} windows")
+
+        records = run_bench(engine, windows, repetitions, accept, depth, seed, warmup=warmup, timer=timer,
+                            progress=step)
     columns = [Column(k, h, f) for k, h, f in COLUMNS]
     if engine.device == "gpu":
         _add_floor(records, m)
-        columns += [Column(k, h, f) for k, h, f in FLOOR_COLUMNS]
+        columns += [Column(k, h, f) for k, h, f in GPU_COLUMNS]
+    if engine.capabilities.graphs:
+        for rec in records:
+            rec.capture_ms = engine.capture_ms.get(rec.window)
+    prov = Provenance(timestamp=utc_timestamp(), command=command_line(), seed=seed, depth=depth,
+                      n_ctx=engine.n_ctx, warmup=warmup, repetitions=repetitions,
+                      acceptance=accept.rates[0] if accept.constant else None,
+                      acceptance_per_position=None if accept.constant else list(accept.rates),
+                      acceptance_source=accept.source, mode=mode, model=ModelIdentity.of(m), env=env)
     for rec in records:
-        if engine.capabilities.graphs:
-            rec["capture_ms"] = engine.capture_ms.get(rec["window"])
-        rec.update(device=engine.device, mode=mode, acceptance=acceptance, context=context, model=m.path,
-                   **{k: v for k, v in env.items() if k != "device"})
-    head = [header_line(env), f"model {m.path} | {mode} | context {context} | acceptance {acceptance} | "
-            f"{n_windows} windows per T"]
-    emit(records, columns, fmt, header_lines=head, title="verify windows",
-         meta={"env": env} if fmt == "json" else None)
+        rec.provenance = prov
+    head = [header_line(env), f"model {m.path} | {mode} | depth {depth} | ctx {engine.n_ctx} | acceptance "
+            f"{accept.describe()} | {repetitions} windows per T after {warmup} warm-up"]
+    emit([rec.flat() for rec in records], columns if fmt in ("table", "md") else None, fmt, header_lines=head,
+         title="verify windows", meta={"provenance": prov.flat()})

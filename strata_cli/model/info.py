@@ -1,10 +1,50 @@
-"""A plain-data description of a loaded model for `strata info` (tables or JSON)."""
+"""A plain-data description of a loaded model for `strata info`: numbers, not prose (tables render the prose)."""
 
 from __future__ import annotations
 
 import re
 
 from .gguf_file import GGUFModel
+from .geometry import Geometry
+
+
+def geometry_numbers(g: Geometry) -> dict:
+    """Every geometry value as a number (or a list of numbers), grouped by block."""
+    ple = None
+    if g.ple is not None:
+        p = g.ple
+        ple = {"layer": p.layer, "ngram_size": p.ngram_size, "heads_per_ngram": p.heads_per_ngram,
+               "head_dim": p.head_dim, "conv_kernel": p.conv_kernel, "dilation": p.dilation,
+               "eos": p.eos_token_id}
+    return {
+        "layers": g.n_layers, "context": g.n_ctx, "hidden": g.n_embd, "vocab": g.n_vocab,
+        "layout": "".join("A" if a else "G" for a in g.layer_is_attn), "eps": g.eps, "eos": g.eos_token_id,
+        "attention": {"heads_q": g.n_head, "heads_kv": g.n_head_kv, "head_dim": g.head_dim, "rope_dims": g.n_rot,
+                      "rope_base": g.rope_base},
+        "qsa": {"indexer_heads": g.idx_heads, "indexer_dim": g.idx_dim, "budget_tokens": g.idx_budget,
+                "compress_ratios": list(g.compress_ratios)},
+        "gdn": {"k_heads": g.ssm_nk, "k_dim": g.ssm_dk, "v_heads": g.ssm_nv, "v_dim": g.ssm_dv,
+                "conv_kernel": g.conv_kernel},
+        "hyper_connections": {"streams": g.hc, "rank": g.hc_lowrank},
+        "moe": {"experts": g.n_expert, "experts_used": g.n_expert_used, "ff": g.n_ff_exp, "shared_ff": g.n_ff_shexp},
+        "ple": ple,
+    }
+
+
+def layer_extras(layer: dict) -> str:
+    """The table's prose for one layer row of describe()."""
+    extras = []
+    if layer["kind"] == "attention":
+        ratio = layer["qsa_ratio"]
+        extras.append(f"QSA ratio {ratio}" if ratio else "dense (ratio 0)")
+    if layer["ple"]:
+        extras.append("PLE")
+    return ", ".join(extras)
+
+
+def _layer_of(name: str) -> int | None:
+    match = re.match(r"blk\.(\d+)\.", name)
+    return int(match.group(1)) if match else None
 
 
 def describe(m: GGUFModel) -> dict:
@@ -13,27 +53,23 @@ def describe(m: GGUFModel) -> dict:
     by_type: dict[str, list[int]] = {}
     tensors = []
     for info in m.tensors.values():
-        match = re.match(r"blk\.(\d+)\.", info.name)
-        if match:
-            layer = int(match.group(1))
+        layer = _layer_of(info.name)
+        if layer is not None:
             per_layer[layer] = per_layer.get(layer, 0) + info.n_bytes
         count = by_type.setdefault(info.type_name, [0, 0])
         count[0] += 1
         count[1] += info.n_bytes
-        tensors.append({"name": info.name, "shape": list(info.shape), "type": info.type_name, "bytes": info.n_bytes})
+        tensors.append({"name": info.name, "layer": layer, "shape": list(info.shape), "type": info.type_name,
+                        "bytes": info.n_bytes})
     layers = []
     for layer in range(g.n_layers):
-        extras = []
-        if g.layer_is_attn[layer]:
-            ratio = g.compress_ratios[layer]
-            extras.append(f"QSA ratio {ratio}" if ratio else "dense (ratio 0)")
-        if g.ple is not None and g.ple.layer == layer:
-            extras.append("PLE")
-        layers.append({"layer": layer, "kind": "attention" if g.layer_is_attn[layer] else "gated deltanet",
-                       "extras": ", ".join(extras), "bytes": per_layer.get(layer, 0)})
+        attn = bool(g.layer_is_attn[layer])
+        layers.append({"layer": layer, "kind": "attention" if attn else "gated deltanet",
+                       "qsa_ratio": g.compress_ratios[layer] if attn else None,
+                       "ple": g.ple is not None and g.ple.layer == layer, "bytes": per_layer.get(layer, 0)})
     return {
         "path": m.path, "file_bytes": m.file_size, "tensor_count": len(m.tensors),
-        "geometry": g.summary(), "layers": layers,
+        "geometry": geometry_numbers(g), "layers": layers,
         "types": [{"type": t, "tensors": c, "bytes": b} for t, (c, b) in sorted(by_type.items())],
         "tensors": tensors, "warnings": list(g.warnings),
     }

@@ -1,0 +1,56 @@
+"""Progress on stderr for the long steps (model load, graph capture, logprobs, each T of verify-bench, writes).
+
+Bars are drawn only when stderr is a terminal; piped or redirected, stderr gets no progress at all (the callbacks
+still work, they draw nothing). Bars are transient: they disappear when the step ends.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
+
+
+def _stderr(console: Console | None) -> Console:
+    if console is not None:
+        return console
+    from .present import err_console
+
+    return err_console()
+
+
+@contextmanager
+def byte_progress(description: str, console: Console | None = None):
+    """Yields a callback(bytes_done, bytes_total) that drives one bar."""
+    console = _stderr(console)
+    columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+               TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task(description, total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+@contextmanager
+def step_progress(description: str, total: int | None = None, console: Console | None = None):
+    """Yields a callback(done, total=None, description=None) for a step of `total` units (None: a spinner)."""
+    console = _stderr(console)
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task(description, total=total)
+
+        def update(done: int, total: int | None = None, description: str | None = None) -> None:
+            fields = {"completed": done}
+            if total is not None:
+                fields["total"] = total
+            if description is not None:
+                fields["description"] = description
+            bar.update(task, **fields)
+
+        yield update

@@ -1,0 +1,68 @@
+"""Timing of verify windows (`strata verify-bench`): run()+commit() per window size, one BenchRecord per size.
+
+Each timed window commits the rows an acceptance model draws (speculation.Acceptance: an assumed constant rate or
+the per-position rates a loop measured), so commit costs what it would in a speculative loop. The speedup over
+T = 1 decode is E(T) * t(1) / t(T), drafting cost excluded (Leviathan et al. 2023).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .records import BenchRecord
+from .speculation import Acceptance
+
+
+def prefill(engine, depth: int, rng, chunk: int) -> None:
+    """Reset the engine and commit `depth` random tokens in windows of at most `chunk`."""
+    engine.reset()
+    vocab = engine.g.n_vocab
+    while engine.n_past < depth:
+        T = min(chunk, depth - engine.n_past)
+        engine.run(rng.integers(0, vocab, T), engine.n_past)
+        engine.commit(T)
+
+
+def time_window(engine, window: int, repetitions: int, acceptance: Acceptance, depth: int, seed: int, timer,
+                warmup: int = 2) -> BenchRecord:
+    """`repetitions` timed windows of `window` tokens after `depth` tokens of context, after `warmup` untimed ones.
+
+    `timer(engine, tokens, pos, n_keep) -> (ms, host_ms)` (the engine's window_timer) measures one window: the
+    numpy engine on the host clock (host_ms = ms), the GPU engine with CUDA events, host_ms the host's share
+    (staging + launches)."""
+    rng = np.random.default_rng(seed)
+    chunk = engine.max_t or 64
+    prefill(engine, depth, rng, chunk)
+    vocab = engine.g.n_vocab
+    samples, host, kept = [], [], []
+    for i in range(warmup + repetitions):
+        if engine.n_past + window > engine.n_ctx:
+            prefill(engine, depth, rng, chunk)
+        tokens = rng.integers(0, vocab, window)
+        n_keep = acceptance.draw_keep(rng, window)
+        ms, host_ms = timer(engine, tokens, engine.n_past, n_keep)
+        if i >= warmup:
+            samples.append(float(ms))
+            host.append(float(host_ms))
+            kept.append(int(n_keep))
+    return BenchRecord(window=window, samples_ms=samples, host_samples_ms=host, kept=kept,
+                       expected_tokens=acceptance.expected_tokens(window))
+
+
+def run_bench(engine, windows: list[int], repetitions: int, acceptance: Acceptance, depth: int, seed: int, timer,
+              warmup: int = 2, progress=None) -> list[BenchRecord]:
+    """One record per window size, with the speedup over T = 1 (measured as the baseline if not asked).
+
+    `progress(T)` is called before each window size is timed."""
+    records: dict[int, BenchRecord] = {}
+    for T in sorted(set(windows) | {1}):
+        if progress is not None:
+            progress(T)
+        records[T] = time_window(engine, T, repetitions, acceptance, depth, seed, timer, warmup=warmup)
+    base = records[1].ms_median
+    out = []
+    for T in windows:
+        rec = records[T]
+        rec.speedup_vs_t1 = rec.expected_tokens * base / rec.ms_median
+        out.append(rec)
+    return out
