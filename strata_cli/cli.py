@@ -18,6 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make-model": ("make_model", "Write a synthetic random-weight qwen4exp GGUF."),
     "logprobs": ("logprobs", "Dump per-position logprobs of a token sequence."),
     "compare": ("compare", "Compare two logprob dumps of the same tokens."),
+    "compare-models": ("compare_models", "KL divergence, PPL ratio, Δp and top-1 agreement of one model against "
+                       "another."),
     "verify-bench": ("verify_bench", "Time verify windows per window size."),
     "graph-nodes": ("graph_nodes", "Count and list the nodes of a captured window graph (GPU)."),
 }

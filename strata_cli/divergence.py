@@ -159,3 +159,16 @@ class DivergenceStats:
                   f"{100 * v:.4f} %") for k, v in self.dp_percentiles.items()]
         rows.append(("Δp max", f"{100 * self.dp_max:.4f} %"))
         return [{"metric": m, "value": v} for m, v in rows]
+
+
+def compare_engines(base, other, tokens: np.ndarray, window: int, progress=None) -> PositionArrays:
+    """Run both engines over `tokens` in lockstep, window by window (no [N, V] array of either model is kept), and
+    return the per-position values of `other` against `base`."""
+    from .logprobs import window_logits
+
+    parts = []
+    for (pos, lb, targets), (pos_o, lo, _) in zip(window_logits(base, tokens, window, progress),
+                                                 window_logits(other, tokens, window)):
+        assert np.array_equal(pos, pos_o)  # same tokens, same window: same positions
+        parts.append(position_arrays(lb, lo, pos, targets))
+    return concat(parts)
