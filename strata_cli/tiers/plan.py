@@ -1,0 +1,208 @@
+"""The per-(layer, group) expert plan (spec §3.6) and its int32 plan block.
+
+An *entry* is one routed pick: token row t, pick j (0..k-1), expert ids[t, j]; its output row in `parts` / `ymiss`
+is dst = t·k + j. A *group* is the entries sharing one expert, in routing order (row-major over ids), groups ordered
+by their expert's first pick. Entries of VRAM-resident experts go to the GPU's grouped kernel; of the distinct
+misses, the LAST ⌊nmiss·pcie_frac⌋ in routing order are copied over PCIe into staging slots, the rest are computed
+once per expert by the CPU pool.
+
+Plan block (int32 words, cap = max_t·k):
+    counts[4]      [0] VRAM groups, [1] GPU entries (VRAM + PCIe), [2] PCIe groups, [3] 0
+    start[cap+1]   VRAM group -> its first entry (start[n] = VRAM entries)
+    dst[cap]       entry -> parts row t·k + j; VRAM entries first, then PCIe entries
+    tok[cap]       entry -> token row t
+    (one pad word when needed: ptr starts 8-byte aligned)
+    ptr[cap]       u64 device address of VRAM group g's expert blob (its slot)
+    ptr2[cap]      u64 device address of PCIe group g's staging slot
+    start2[cap+1]  PCIe group -> its first entry, counted from entry 0 (start2[0] = VRAM entries)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+EMPTY_I32 = np.zeros(0, dtype=np.int32)
+
+
+@dataclass
+class ExpertEntries:
+    """Entries grouped by expert: group i is expert experts[i], its entries start[i]:start[i+1] of tok/dst."""
+
+    experts: np.ndarray  # int32 [G]
+    start: np.ndarray    # int32 [G+1]
+    tok: np.ndarray      # int32 [N] token row (window row)
+    dst: np.ndarray      # int32 [N] output row tok·k + j
+
+    @classmethod
+    def empty(cls) -> "ExpertEntries":
+        return cls(EMPTY_I32, np.zeros(1, dtype=np.int32), EMPTY_I32, EMPTY_I32)
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.experts)
+
+    @property
+    def n_entries(self) -> int:
+        return len(self.tok)
+
+    def entries(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = int(self.start[i]), int(self.start[i + 1])
+        return self.tok[lo:hi], self.dst[lo:hi]
+
+
+@dataclass
+class LayerPlan:
+    layer: int
+    vram: ExpertEntries
+    vram_slots: np.ndarray  # int32 [Gv] cache slot of each VRAM group
+    pcie: ExpertEntries
+    cpu: ExpertEntries
+
+    @property
+    def n_gpu_entries(self) -> int:
+        return self.vram.n_entries + self.pcie.n_entries
+
+    @property
+    def n_misses(self) -> int:
+        return self.pcie.n_groups + self.cpu.n_groups
+
+
+def _group(experts_in_order: np.ndarray, entry_expert: np.ndarray, entry_tok: np.ndarray,
+           entry_dst: np.ndarray) -> ExpertEntries:
+    """Entries (already in routing order) of the given experts, grouped in the order of `experts_in_order`."""
+    if len(experts_in_order) == 0:
+        return ExpertEntries.empty()
+    rank = np.full(int(max(experts_in_order.max(), entry_expert.max())) + 1, -1, dtype=np.int64)
+    rank[experts_in_order] = np.arange(len(experts_in_order))
+    r = rank[entry_expert]
+    keep = np.nonzero(r >= 0)[0]
+    order = keep[np.argsort(r[keep], kind="stable")]
+    sizes = np.bincount(r[keep], minlength=len(experts_in_order))
+    start = np.zeros(len(experts_in_order) + 1, dtype=np.int32)
+    np.cumsum(sizes, out=start[1:])
+    return ExpertEntries(experts_in_order.astype(np.int32), start, entry_tok[order].astype(np.int32),
+                         entry_dst[order].astype(np.int32))
+
+
+def n_pcie(n_miss: int, pcie_frac: float, pcie_slots: int | None = None) -> int:
+    """⌊nmiss·pcie_frac⌋ (the tiny epsilon keeps 0.29·100 at 29), at most the staging slots."""
+    n = int(np.floor(n_miss * float(pcie_frac) + 1e-9))
+    n = max(0, min(n, n_miss))
+    return n if pcie_slots is None else min(n, int(pcie_slots))
+
+
+def build_plan(layer: int, ids: np.ndarray, table_row: np.ndarray, pcie_frac: float = 0.0, row0: int = 0,
+               pcie_slots: int | None = None) -> LayerPlan:
+    """ids [n, k]: the routed experts of window rows row0..row0+n-1; table_row [E]: slot or -1 (residency row)."""
+    ids = np.asarray(ids)
+    n, k = ids.shape
+    flat = ids.reshape(-1).astype(np.int64)
+    tok = (row0 + np.arange(n, dtype=np.int64)).repeat(k)
+    dst = tok * k + np.tile(np.arange(k, dtype=np.int64), n)
+    _, first = np.unique(flat, return_index=True)
+    distinct = flat[np.sort(first)]                      # experts in routing order of their first pick
+    slot = np.asarray(table_row)[distinct]
+    hits, misses = distinct[slot >= 0], distinct[slot < 0]
+    n_dma = n_pcie(len(misses), pcie_frac, pcie_slots)
+    cpu_experts, pcie_experts = misses[: len(misses) - n_dma], misses[len(misses) - n_dma:]
+    vram = _group(hits, flat, tok, dst)
+    return LayerPlan(layer=layer, vram=vram, vram_slots=np.asarray(table_row)[hits].astype(np.int32),
+                     pcie=_group(pcie_experts, flat, tok, dst), cpu=_group(cpu_experts, flat, tok, dst))
+
+
+@dataclass(frozen=True)
+class PlanLayout:
+    """Word offsets of one plan block (int32 words; the u64 arrays take two words per element)."""
+
+    cap: int
+
+    @property
+    def counts(self) -> int:
+        return 0
+
+    @property
+    def start(self) -> int:
+        return 4
+
+    @property
+    def dst(self) -> int:
+        return self.start + self.cap + 1
+
+    @property
+    def tok(self) -> int:
+        return self.dst + self.cap
+
+    @property
+    def ptr(self) -> int:
+        end = self.tok + self.cap
+        return end + (end & 1)
+
+    @property
+    def ptr2(self) -> int:
+        return self.ptr + 2 * self.cap
+
+    @property
+    def start2(self) -> int:
+        return self.ptr2 + 2 * self.cap
+
+    @property
+    def words(self) -> int:
+        return self.start2 + self.cap + 1
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * self.words
+
+
+@dataclass
+class PlanView:
+    counts: np.ndarray
+    start: np.ndarray
+    dst: np.ndarray
+    tok: np.ndarray
+    ptr: np.ndarray
+    ptr2: np.ndarray
+    start2: np.ndarray
+
+
+def _u64(block: np.ndarray, offset: int, n: int) -> np.ndarray:
+    return block[offset:offset + 2 * n].view(np.uint64)
+
+
+def write_plan(block: np.ndarray, layout: PlanLayout, plan: LayerPlan | None, slot_ptrs: np.ndarray | None = None,
+               staging_ptrs: np.ndarray | None = None) -> None:
+    """Fill an int32 plan block (a mapped pinned view on the GPU). plan None = the empty plan (counts 0).
+    slot_ptrs [n_slots] / staging_ptrs [n_staging]: u64 device addresses of cache slots / PCIe staging slots."""
+    L = layout
+    block[:4] = 0
+    if plan is None:
+        block[L.start] = 0
+        block[L.start2] = 0
+        return
+    nv, npc = plan.vram.n_entries, plan.pcie.n_entries
+    gv, gp = plan.vram.n_groups, plan.pcie.n_groups
+    if nv + npc > L.cap:
+        raise ValueError(f"plan of layer {plan.layer} has {nv + npc} GPU entries, the block holds {L.cap}")
+    block[L.start:L.start + gv + 1] = plan.vram.start
+    block[L.dst:L.dst + nv] = plan.vram.dst
+    block[L.dst + nv:L.dst + nv + npc] = plan.pcie.dst
+    block[L.tok:L.tok + nv] = plan.vram.tok
+    block[L.tok + nv:L.tok + nv + npc] = plan.pcie.tok
+    if gv:
+        _u64(block, L.ptr, gv)[:] = np.asarray(slot_ptrs, dtype=np.uint64)[plan.vram_slots]
+    if gp:
+        _u64(block, L.ptr2, gp)[:] = np.asarray(staging_ptrs, dtype=np.uint64)[:gp]
+    block[L.start2:L.start2 + gp + 1] = plan.pcie.start + nv
+    block[:4] = (gv, nv + npc, gp, 0)
+
+
+def read_plan(block: np.ndarray, layout: PlanLayout) -> PlanView:
+    """Copies of the live parts of a plan block (what the GPU side reads)."""
+    L = layout
+    gv, n_gpu, gp = (int(v) for v in block[:3])
+    return PlanView(counts=block[:4].copy(), start=block[L.start:L.start + gv + 1].copy(),
+                    dst=block[L.dst:L.dst + n_gpu].copy(), tok=block[L.tok:L.tok + n_gpu].copy(),
+                    ptr=_u64(block, L.ptr, gv).copy(), ptr2=_u64(block, L.ptr2, gp).copy(),
+                    start2=block[L.start2:L.start2 + gp + 1].copy())

@@ -1,0 +1,118 @@
+"""The CPU expert pool: the missed routed experts of one layer, each computed once for all rows routed to it,
+straight from the memory-mapped GGUF blocks.
+
+y = down · (silu(gate · x) ⊙ (up · x)), unweighted (the GPU applies the router weights when it combines).
+The native path (kernels/expert_pool.c, built on first use, see tiers/native.py) runs the whole layer in one
+ctypes call (the GIL is released) over an OpenMP team: float32 arithmetic on the exactly dequantized weights,
+8-wide FMA dot products. The numpy path, used when no C compiler is found or a type has no kernel, computes exactly
+what the numpy reference engine computes (float64 weights, ops.moe.swiglu).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+
+from ..model import quants
+from ..ops import moe
+from . import native
+from .plan import ExpertEntries
+from .residency import EXPERT_ROLES
+
+_ptr = ctypes.c_void_p
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class _LayerTensors:
+    """gate / up / down of one layer: raw memmap views [E, rows, row bytes|elems] and their byte strides."""
+
+    def __init__(self, model, layer: int):
+        infos = [model.info(f"blk.{layer}.{role}.weight") for role in EXPERT_ROLES]
+        self.raw = [np.asarray(i.raw) if not isinstance(i.raw, np.memmap) else i.raw for i in infos]
+        self.types = [i.ggml_type for i in infos]
+        self.base = np.array([r.ctypes.data for r in self.raw], dtype=np.uint64)
+        self.expert_stride = np.array([r.strides[0] for r in self.raw], dtype=np.uint64)
+        self.row_stride = [int(r.strides[1]) for r in self.raw]
+        self.expert_bytes = sum(int(i.n_bytes) // i.shape[-1] for i in infos)
+
+    def pointers(self, experts: np.ndarray) -> list[np.ndarray]:
+        e = experts.astype(np.uint64)
+        return [np.ascontiguousarray(self.base[m] + e * self.expert_stride[m]) for m in range(3)]
+
+
+class ExpertPool:
+    def __init__(self, model, n_threads: int | None = None, use_native: bool = True):
+        self.model = model
+        g = model.geometry
+        self.n_embd, self.n_ff, self.k = g.n_embd, g.n_ff_exp, g.n_expert_used
+        self.n_threads = int(n_threads or default_threads())
+        self.layers = [_LayerTensors(model, layer) for layer in range(g.n_layers)]
+        self.lib = native.load() if use_native else None
+        supported = native.native_types() if self.lib is not None else frozenset()
+        # per layer: native kernels for all three tensors, or the numpy path
+        self.native_layers = [all(t in supported for t in lt.types) for lt in self.layers]
+        self._h = np.zeros(0, dtype=np.float32)
+        self._f64: dict[tuple[int, int], tuple] = {}
+
+    @property
+    def backend(self) -> str:
+        n = sum(self.native_layers)
+        if n == len(self.layers):
+            return f"native ({self.n_threads} threads)"
+        return "numpy" if n == 0 else f"native on {n} of {len(self.layers)} layers, numpy on the rest"
+
+    def expert_bytes(self, layer: int) -> int:
+        return self.layers[layer].expert_bytes
+
+    def compute(self, layer: int, x: np.ndarray, cpu: ExpertEntries, out: np.ndarray | None = None) -> np.ndarray:
+        """x [rows, H] f32 (indexed by the entries' tok); writes out[dst] = expert(x[tok]) for every entry of
+        `cpu`; out [rows·k, H] f32 (allocated zeroed when None). Returns out."""
+        if out is None:
+            out = np.zeros((x.shape[0] * self.k, self.n_embd), dtype=np.float32)
+        if cpu.n_groups == 0:
+            return out
+        if self.native_layers[layer] and x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous:
+            self._native(layer, x, cpu, out)
+        else:
+            for i, expert in enumerate(cpu.experts):
+                tok, dst = cpu.entries(i)
+                out[dst] = moe.swiglu(x[tok], *self._expert_f64(layer, int(expert)))
+        return out
+
+    def _native(self, layer: int, x: np.ndarray, cpu: ExpertEntries, out: np.ndarray) -> None:
+        lt = self.layers[layer]
+        gate, up, down = lt.pointers(cpu.experts)
+        need = cpu.n_entries * self.n_ff
+        if self._h.size < need:
+            self._h = np.empty(need, dtype=np.float32)
+        start = np.ascontiguousarray(cpu.start, dtype=np.int32)
+        tok = np.ascontiguousarray(cpu.tok, dtype=np.int32)
+        dst = np.ascontiguousarray(cpu.dst, dtype=np.int32)
+        rc = self.lib.strata_pool_swiglu(
+            self.n_threads, self.n_embd, self.n_ff, cpu.n_groups,
+            _ptr(gate.ctypes.data), _ptr(up.ctypes.data), _ptr(down.ctypes.data),
+            lt.row_stride[0], lt.row_stride[1], lt.row_stride[2], lt.types[0], lt.types[1], lt.types[2],
+            _ptr(start.ctypes.data), _ptr(tok.ctypes.data), _ptr(dst.ctypes.data),
+            _ptr(x.ctypes.data), _ptr(out.ctypes.data), _ptr(self._h.ctypes.data))
+        if rc != 0:
+            raise RuntimeError(f"expert pool kernel failed on layer {layer} (code {rc})")
+
+    def _expert_f64(self, layer: int, expert: int):
+        key = (layer, expert)
+        w = self._f64.get(key)
+        if w is None:
+            lt = self.layers[layer]
+            w = tuple(quants.dequantize(np.asarray(lt.raw[m][expert]), lt.types[m]).astype(np.float64)
+                      for m in range(3))
+            if len(self._f64) > 64:  # the fallback is for small models and tests: keep a few experts, not all
+                self._f64.clear()
+            self._f64[key] = w
+        return w
