@@ -430,7 +430,7 @@ void strata_store(uint32_t *word, uint32_t value) {
     __atomic_store_n(word, value, __ATOMIC_SEQ_CST);
 }
 
-/* ---- the plain parallel read the pool is measured against: sums every 8-byte word of n buffers */
+/* ---- the plain parallel read the pool is measured against: the sum of every byte of n buffers */
 double strata_stream_read(int n_threads, int n, const uint64_t *ptrs, const int64_t *sizes) {
     const int64_t chunk = 1 << 20;
     int64_t total_chunks = 0;
@@ -447,7 +447,8 @@ double strata_stream_read(int n_threads, int n, const uint64_t *ptrs, const int6
 #ifdef STRATA_AVX2
         __m256i a = _mm256_setzero_si256();
         int64_t j = 0;
-        for (; j + 32 <= len; j += 32) a = _mm256_add_epi64(a, _mm256_loadu_si256((const __m256i *)(p + j)));
+        for (; j + 32 <= len; j += 32)
+            a = _mm256_add_epi64(a, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(p + j)), _mm256_setzero_si256()));
         uint64_t lanes[4];
         _mm256_storeu_si256((__m256i *)lanes, a);
         s = lanes[0] + lanes[1] + lanes[2] + lanes[3];

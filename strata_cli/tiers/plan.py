@@ -174,7 +174,8 @@ def _u64(block: np.ndarray, offset: int, n: int) -> np.ndarray:
 def write_plan(block: np.ndarray, layout: PlanLayout, plan: LayerPlan | None, slot_ptrs: np.ndarray | None = None,
                staging_ptrs: np.ndarray | None = None) -> None:
     """Fill an int32 plan block (a mapped pinned view on the GPU). plan None = the empty plan (counts 0).
-    slot_ptrs [n_slots] / staging_ptrs [n_staging]: u64 device addresses of cache slots / PCIe staging slots."""
+    slot_ptrs [n_slots] / staging_ptrs [n_staging]: u64 device addresses of cache slots / PCIe staging slots;
+    None = ptr / ptr2 hold the slot / staging index itself (for a GPU side that adds its own base)."""
     L = layout
     block[:4] = 0
     if plan is None:
@@ -191,9 +192,11 @@ def write_plan(block: np.ndarray, layout: PlanLayout, plan: LayerPlan | None, sl
     block[L.tok:L.tok + nv] = plan.vram.tok
     block[L.tok + nv:L.tok + nv + npc] = plan.pcie.tok
     if gv:
-        _u64(block, L.ptr, gv)[:] = np.asarray(slot_ptrs, dtype=np.uint64)[plan.vram_slots]
+        slots = plan.vram_slots.astype(np.uint64)
+        _u64(block, L.ptr, gv)[:] = slots if slot_ptrs is None else np.asarray(slot_ptrs, np.uint64)[plan.vram_slots]
     if gp:
-        _u64(block, L.ptr2, gp)[:] = np.asarray(staging_ptrs, dtype=np.uint64)[:gp]
+        staging = np.arange(gp, dtype=np.uint64)
+        _u64(block, L.ptr2, gp)[:] = staging if staging_ptrs is None else np.asarray(staging_ptrs, np.uint64)[:gp]
     block[L.start2:L.start2 + gp + 1] = plan.pcie.start + nv
     block[:4] = (gv, nv + npc, gp, 0)
 

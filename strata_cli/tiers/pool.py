@@ -110,9 +110,17 @@ class ExpertPool:
         w = self._f64.get(key)
         if w is None:
             lt = self.layers[layer]
-            w = tuple(quants.dequantize(np.asarray(lt.raw[m][expert]), lt.types[m]).astype(np.float64)
-                      for m in range(3))
+            w = tuple(_dequantize(np.asarray(lt.raw[m][expert]), lt.types[m]).astype(np.float64) for m in range(3))
             if len(self._f64) > 64:  # the fallback is for small models and tests: keep a few experts, not all
                 self._f64.clear()
             self._f64[key] = w
         return w
+
+
+def _dequantize(raw: np.ndarray, ggml_type: int) -> np.ndarray:
+    """strata's dequantizer where it has the type, else gguf's (the format reference strata's matches bit for bit)."""
+    if ggml_type in quants.SUPPORTED:
+        return quants.dequantize(raw, ggml_type)
+    from gguf import GGMLQuantizationType, quants as gguf_quants
+
+    return gguf_quants.dequantize(raw, GGMLQuantizationType(ggml_type))

@@ -1,0 +1,184 @@
+"""The CPU expert pool against the numpy reference on every weight type it has a kernel for: the C dequantizers
+bit for bit against gguf-py, the pooled SwiGLU experts against float64 numpy on odd row counts, several rows per
+expert and more rows than one pass serves; untouched output rows stay as they were (NaN-poisoned)."""
+
+from __future__ import annotations
+
+import ctypes
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as GT
+from gguf import quants as gq
+
+from strata_cli.ops import moe
+from strata_cli.tiers import native
+from strata_cli.tiers.plan import build_plan
+from strata_cli.tiers.pool import ExpertPool
+
+# (f16 scale fields' byte offsets in a block) for random valid blocks
+SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "IQ4_NL": (0,),
+          "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,)}
+ALL_TYPES = sorted(native.NATIVE_TYPES, key=native.NATIVE_TYPES.get)
+needs_native = pytest.mark.skipif(native.load() is None, reason="no C compiler: the pool runs on numpy here")
+
+
+def random_raw(type_name: str, rows: int, n: int, rng) -> np.ndarray:
+    """[rows, row bytes | n] raw data of a valid tensor: random codes, finite scales of both signs (some zero)."""
+    if type_name == "F32":
+        return rng.standard_normal((rows, n)).astype(np.float32) * 0.1
+    if type_name == "F16":
+        return (rng.standard_normal((rows, n)) * 0.1).astype(np.float16)
+    if type_name == "BF16":
+        return gq.quantize(rng.standard_normal((rows, n)).astype(np.float32) * 0.1, GT.BF16)
+    block, size = GGML_QUANT_SIZES[GT[type_name]]
+    raw = rng.integers(0, 256, size=(rows, n // block, size), dtype=np.uint8)
+    for off in SCALES[type_name]:
+        d = (rng.uniform(0.0002, 0.002, size=raw.shape[:2]) * rng.choice([-1, 1, 1, 1], size=raw.shape[:2]))
+        d.reshape(-1)[::17] = 0.0
+        raw[:, :, off:off + 2] = d.astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
+    return raw.reshape(rows, -1)
+
+
+def dequant_ref(raw: np.ndarray, type_name: str) -> np.ndarray:
+    if type_name in ("F32", "F16"):
+        return raw.astype(np.float32)
+    return gq.dequantize(raw, GT[type_name])
+
+
+@needs_native
+@pytest.mark.parametrize("type_name", ALL_TYPES)
+def test_dequant_row_is_bit_identical_to_gguf(type_name):
+    rng = np.random.default_rng(native.NATIVE_TYPES[type_name])
+    n = 512 if type_name.endswith("_K") or type_name == "IQ4_XS" else 96
+    raw = np.ascontiguousarray(random_raw(type_name, 6, n, rng))
+    lib = native.load()
+    out = np.full(n, np.nan, dtype=np.float32)
+    for r in range(raw.shape[0]):
+        assert lib.strata_dequant_row(native.NATIVE_TYPES[type_name], raw[r].ctypes.data, n, out.ctypes.data) == 0
+        np.testing.assert_array_equal(out.view(np.uint32), dequant_ref(raw[r:r + 1], type_name)[0].view(np.uint32))
+    assert lib.strata_dequant_row(native.NATIVE_TYPES[type_name], raw[0].ctypes.data, n - 1, out.ctypes.data) in (
+        0 if type_name in ("F32", "F16", "BF16") else -1,)
+
+
+class FakeModel:
+    """What ExpertPool reads from a GGUFModel: geometry and blk.L.ffn_{gate,up,down}_exps infos."""
+
+    def __init__(self, types, n_layers=2, E=6, H=64, F=96, k=3, seed=0):
+        rng = np.random.default_rng(seed)
+        self.geometry = SimpleNamespace(n_layers=n_layers, n_expert=E, n_embd=H, n_ff_exp=F, n_expert_used=k)
+        self.tensors = {}
+        for layer in range(n_layers):
+            for role, t, rows, n in (("gate", types[0], F, H), ("up", types[1], F, H), ("down", types[2], H, F)):
+                raw = random_raw(t, E * rows, n, rng)
+                raw = raw.reshape(E, rows, raw.shape[-1])
+                self.tensors[f"blk.{layer}.ffn_{role}_exps.weight"] = SimpleNamespace(
+                    raw=raw, ggml_type=native.NATIVE_TYPES[t], n_bytes=raw.nbytes, shape=(n, rows, E))
+
+    def info(self, name):
+        return self.tensors[name]
+
+
+def reference(model, layer, x, plan_cpu, types):
+    """float64 numpy SwiGLU on gguf-dequantized weights, per entry."""
+    out = {}
+    for i, e in enumerate(plan_cpu.experts):
+        w = []
+        for role, t in zip(("gate", "up", "down"), types):
+            info = model.info(f"blk.{layer}.ffn_{role}_exps.weight")
+            w.append(dequant_ref(info.raw[e], t).astype(np.float64))
+        tok, dst = plan_cpu.entries(i)
+        y = moe.swiglu(x[tok], *w)
+        out.update({int(d): y[j] for j, d in enumerate(dst)})
+    return out
+
+
+def check_pool(model, pool, types, ids, layer=1, table=None, seed=1):
+    g = model.geometry
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((ids.shape[0], g.n_embd)).astype(np.float32)
+    table = np.full(g.n_expert, -1, np.int32) if table is None else table
+    plan = build_plan(layer, ids, table)
+    out = np.full((ids.shape[0] * g.n_expert_used, g.n_embd), np.nan, dtype=np.float32)
+    pool.compute(layer, x, plan.cpu, out=out)
+    ref = reference(model, layer, x, plan.cpu, types)
+    scale = max(np.abs(np.stack(list(ref.values()))).max(), 1e-6)
+    for dst, y in ref.items():
+        np.testing.assert_allclose(out[dst], y, rtol=1e-4, atol=2e-5 * scale, err_msg=f"row {dst}")
+    untouched = sorted(set(range(out.shape[0])) - set(ref))
+    assert np.isnan(out[untouched]).all()
+    return plan
+
+
+def routed(n, E, k, rng):
+    return np.stack([rng.choice(E, k, replace=False) for _ in range(n)])
+
+
+@needs_native
+@pytest.mark.parametrize("type_name", ALL_TYPES)
+def test_native_pool_matches_numpy(type_name):
+    big = type_name.endswith("_K") or type_name == "IQ4_XS"
+    model = FakeModel((type_name,) * 3, H=256 if big else 64, F=256 if big else 96)
+    pool = ExpertPool(model, n_threads=3)
+    assert pool.native_layers == [True, True]
+    rng = np.random.default_rng(3)
+    table = np.full(6, -1, np.int32)
+    table[4] = 0  # one resident expert: its rows are not the pool's
+    for n in (1, 5):
+        plan = check_pool(model, pool, (type_name,) * 3, routed(n, 6, 3, rng), table=table)
+        assert 4 not in plan.cpu.experts
+
+
+@needs_native
+def test_mixed_types_and_more_rows_than_one_pass():
+    types = ("Q8_0", "BF16", "F16")
+    model = FakeModel(types, E=4, k=2)
+    pool = ExpertPool(model, n_threads=2)
+    ids = np.stack([[0, 1 + i % 3] for i in range(11)])  # expert 0 on 11 rows: two passes of 8
+    check_pool(model, pool, types, ids, layer=0)
+
+
+def test_numpy_fallback_is_the_reference_engine_arithmetic(monkeypatch):
+    model = FakeModel(("Q8_0", "F32", "BF16"))
+    pool = ExpertPool(model, use_native=False)
+    assert pool.backend == "numpy"
+    rng = np.random.default_rng(5)
+    ids = routed(3, 6, 3, rng)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    plan = build_plan(0, ids, np.full(6, -1, np.int32))
+    out = pool.compute(0, x, plan.cpu)
+    for i, e in enumerate(plan.cpu.experts):
+        w = [dequant_ref(model.info(f"blk.0.ffn_{r}_exps.weight").raw[e], t).astype(np.float64)
+             for r, t in zip(("gate", "up", "down"), ("Q8_0", "F32", "BF16"))]
+        tok, dst = plan.cpu.entries(i)
+        np.testing.assert_array_equal(out[dst], moe.swiglu(x[tok], *w))
+
+
+def test_unsupported_type_falls_back_per_layer():
+    model = FakeModel(("Q8_0",) * 3)
+    model.tensors["blk.0.ffn_up_exps.weight"].ggml_type = 99  # no kernel (and no dequantizer) for it
+    pool = ExpertPool(model)
+    assert pool.native_layers[0] is False
+    if native.load() is not None:
+        assert pool.native_layers[1] is True and "numpy on the rest" in pool.backend
+
+
+@needs_native
+def test_word_primitives():
+    lib = native.load()
+    words = np.zeros(2, dtype=np.uint32)
+    addr = words.ctypes.data
+    lib.strata_raise(addr, 5)
+    lib.strata_raise(addr, 3)
+    assert words[0] == 5
+    lib.strata_store(addr, 2)
+    assert words[0] == 2
+    assert lib.strata_wait_geq(addr, 2, 0) == 2
+    assert lib.strata_wait_geq(addr, 9, 200_000) == 2  # times out after 0.2 ms, returns what it saw
+    data = np.arange(3 << 20, dtype=np.uint8)
+    ptrs = np.array([data.ctypes.data, data[5:].ctypes.data], dtype=np.uint64)
+    sizes = np.array([data.nbytes, 1000], dtype=np.int64)
+    total = lib.strata_stream_read(2, 2, ptrs.ctypes.data, sizes.ctypes.data)
+    assert total == float(data.astype(np.uint64).sum() + data[5:1005].astype(np.uint64).sum())
+    assert isinstance(ctypes.c_double(total).value, float)
