@@ -43,6 +43,15 @@ def fixture_dir() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def fixture_c_dir() -> Path:
+    """The shared qwen4exp-tiny-c fixture (llama-quantize K-quant / i-quant files): beside the tiny fixture."""
+    path = Path(os.environ.get("STRATA_FIXTURES") or DEFAULT_FIXTURES).parent / "qwen4exp-tiny-c"
+    if not path.is_dir():
+        pytest.skip(f"qwen4exp-tiny-c fixture not found at {path} (set STRATA_FIXTURES to its sibling)")
+    return path
+
+
 @pytest.fixture
 def tmp_cache(tmp_path, monkeypatch) -> Path:
     """A private, empty $STRATA_CACHE for one test."""

@@ -113,7 +113,11 @@ def test_info_json_matches_the_fixture_config(model, config):
     assert doc["tensor_count"] == 214
     assert [layer["kind"] for layer in doc["layers"]] == ["attention" if c == "A" else "gated deltanet"
                                                          for c in g["layout"]]
-    assert doc["types"] == [{"type": "F32", "tensors": 214, "bytes": sum(t["bytes"] for t in doc["tensors"])}]
+    assert doc["types"] == [{"type": "F32", "tensors": 214, "bytes": sum(t["bytes"] for t in doc["tensors"]),
+                             "bits_per_weight": 32.0}]
+    assert doc["bits_per_weight"] == 32.0
+    experts = next(r for r in doc["roles"] if r["role"] == "blk.*.ffn_gate_exps.weight")
+    assert experts["types"] == "F32 x8" and experts["mix"] == {"F32": 8}
     assert doc["warnings"] == []
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 
-import gguf
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -129,10 +128,12 @@ def test_rewrite_keeps_key_types_and_sets_new_ones(tmp_path, q8):
 
 # ---------------------------------------------------------------- bad model files
 
-def _q4_0_attn_q(q8):
+def _q8_1_attn_q(q8):
+    """attn_q as Q8_1 (ggml's activation type: never a weight in a file, and strata reads no such tensor)."""
     t = next(t for t in GGUFReader(str(q8)).tensors if t.name == "blk.3.attn_q.weight")
-    x = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type)
-    return dict(replace_tensors={"blk.3.attn_q.weight": (gguf.quants.quantize(x, QT.Q4_0), QT.Q4_0)})
+    rows, n_in = int(t.shape[1]), int(t.shape[0])
+    raw = np.zeros((rows, n_in // 32 * 40), np.uint8)
+    return dict(replace_tensors={"blk.3.attn_q.weight": (raw, QT.Q8_1)})
 
 
 # id -> (rewrite_gguf kwargs, or a callable of the q8 path returning them; substrings the message must contain)
@@ -165,7 +166,7 @@ MODEL_CASES = {
     "missing-key-embedding_length": (dict(drop_keys=[P + "embedding_length"]),
                                      ["missing metadata key 'qwen4exp.embedding_length'"]),
     "missing-key-block_count": (dict(drop_keys=[P + "block_count"]), ["missing metadata key 'qwen4exp.block_count'"]),
-    "unsupported-type-q4_0": (_q4_0_attn_q, ["tensor 'blk.3.attn_q.weight'", "Q4_0"]),
+    "unsupported-type-q8_1": (_q8_1_attn_q, ["tensor 'blk.3.attn_q.weight'", "Q8_1"]),
     "unsupported-type-i32": (dict(replace_tensors={"blk.0.ssm_a": (np.zeros(4, np.int32), QT.I32)}),
                              ["tensor 'blk.0.ssm_a'", "I32"]),
     # wrong value types used to escape as a bare ValueError (traceback)

@@ -33,14 +33,18 @@ def command(model, fmt, list_tensors):
     if fmt in ("csv", "jsonl"):
         emit(d["tensors"], [c.key for c in tensor_columns], fmt)
         return
-    head = [f"{d['path']}: {d['file_bytes'] / 2**20:.1f} MiB, {d['tensor_count']} tensors"]
+    head = [f"{d['path']}: {d['file_bytes'] / 2**20:.1f} MiB, {d['tensor_count']} tensors, "
+            f"{d['bits_per_weight']:.3f} bits per weight"]
     emit([{"key": k, "value": str(v)} for k, v in m.geometry.summary().items()],
          [Column("key", justify="left"), Column("value", justify="left")], fmt, title="geometry",
          header_lines=head)
     layers = [dict(row, extras=layer_extras(row)) for row in d["layers"]]
     emit(layers, [Column("layer"), Column("kind", justify="left"), Column("extras", justify="left"),
                   Column("bytes", fmt=",")], fmt, title="layers")
-    emit(d["types"], [Column("type", justify="left"), Column("tensors"), Column("bytes", fmt=",")], fmt,
-         title="tensor types")
+    emit(d["types"], [Column("type", justify="left"), Column("tensors"), Column("bytes", fmt=","),
+                      Column("bits_per_weight", fmt=".3f")], fmt, title="tensor types")
+    emit(d["roles"], [Column("role", justify="left"), Column("types", justify="left"), Column("params", fmt=","),
+                      Column("bytes", fmt=","), Column("bits_per_weight", fmt=".3f")], fmt,
+         title="tensor roles (type mix)")
     if list_tensors:
         emit(d["tensors"], tensor_columns, fmt, title="tensors")

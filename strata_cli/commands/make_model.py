@@ -12,8 +12,8 @@ from rich.console import Console
 from ..errors import InputError
 from ..progress import byte_progress
 from ..synth import estimate_size, load_preset, write_model
-from ..synth.fill import FILE_TYPES
 from ..synth.presets import PRESET_NAMES
+from ..synth.recipes import FILE_TYPES, RECIPE_NAMES
 from ._common import format_option
 
 GIB = 1 << 30
@@ -27,7 +27,11 @@ BAR_MIN_BYTES = 64 << 20  # below this the write takes well under a second
               help="Model geometry: a preset name (profiles/presets/<name>.yaml) or the path of a preset YAML file.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random weights.")
 @click.option("--type", "ggml_type", type=click.Choice(list(FILE_TYPES), case_sensitive=False),
-              help="Output type, as the converter's --outtype  [default: Q8_0 for flash-next, else F32]")
+              help="Output type of every matrix, as the converter's --outtype or llama-quantize's type "
+                   "[default: Q8_0 for flash-next, else F32]")
+@click.option("--recipe", metavar="NAME|PATH",
+              help=f"Per-tensor type mix instead of --type: {', '.join(RECIPE_NAMES)} (profiles/recipes/) or a "
+                   "YAML file of your own.")
 @click.option("--layers", type=int, help="Fewer layers (the attention interval is kept).")
 @click.option("--experts", type=int, help="Fewer routed experts (experts used is clamped to it).")
 @click.option("--vocab", type=int, help="Smaller token vocabulary.")
@@ -35,20 +39,29 @@ BAR_MIN_BYTES = 64 << 20  # below this the write takes well under a second
               help="PLE n-gram vocab base per head; flash-next's 20000000 makes a 320M-row table (~54 GB at Q8_0).")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 @format_option()
-def command(out: Path, preset: str, seed: int, ggml_type: str | None, layers: int | None, experts: int | None,
-            vocab: int | None, ngram_vocab: int | None, force: bool, fmt: str) -> None:
+def command(out: Path, preset: str, seed: int, ggml_type: str | None, recipe: str | None, layers: int | None,
+            experts: int | None, vocab: int | None, ngram_vocab: int | None, force: bool, fmt: str) -> None:
     """Write a random-weight qwen4exp model to OUT (a GGUF that strata loads like a converted one), then print
     what was written (path, bytes, preset, type, seed)."""
     from ..present import emit, warn
+    from ..synth.plan import fallbacks
+    from ..synth.recipes import load_recipe
 
     if preset not in PRESET_NAMES and not preset.endswith((".yaml", ".yml")):
         raise InputError(f"--preset '{preset}': expected one of {', '.join(PRESET_NAMES)} or a path ending in .yaml")
     geometry = load_preset(preset).with_overrides(layers=layers, experts=experts, vocab=vocab,
                                                   ngram_vocab=ngram_vocab)
-    ggml_type = (ggml_type or ("Q8_0" if geometry.name.startswith("flash-next") else "F32")).upper()
-    size = estimate_size(geometry, ggml_type)
+    if recipe is not None and ggml_type is not None:
+        raise InputError("--type and --recipe: give one of them")
+    choice = load_recipe(recipe) if recipe is not None else \
+        (ggml_type or ("Q8_0" if geometry.name.startswith("flash-next") else "F32")).upper()
+    type_label = choice.name if recipe is not None else choice
+    size = estimate_size(geometry, choice)
     err = Console(stderr=True, highlight=False)
-    err.print(f"{geometry.summary_line()}, {ggml_type}", soft_wrap=True)
+    err.print(f"{geometry.summary_line()}, {type_label}", soft_wrap=True)
+    for role, wanted, got, ne0, count in fallbacks(geometry, choice if recipe is not None else FILE_TYPES[choice]):
+        err.print(f"fallback: {role} ({count}x) {wanted} -> {got}: rows of {ne0} do not hold whole {wanted} blocks "
+                  "(as llama-quantize does)", soft_wrap=True)
     if not any(geometry.layer_is_attn):
         warn(f"{geometry.name}: no attention layer in {geometry.num_hidden_layers} layers (full attention every "
              f"{geometry.full_attention_interval}): the model has no QSA/attention path to run or test")
@@ -66,8 +79,8 @@ def command(out: Path, preset: str, seed: int, ggml_type: str | None, layers: in
 
     bar = byte_progress(f"writing {out.name}", err) if size >= BAR_MIN_BYTES else nullcontext(None)
     with bar as progress:
-        path = write_model(out, geometry, seed=seed, ggml_type=ggml_type, progress=progress)
+        path = write_model(out, geometry, seed=seed, ggml_type=choice, progress=progress)
     written = path.stat().st_size
-    row = {"path": str(path), "bytes": written, "preset": geometry.name, "type": ggml_type, "seed": seed,
+    row = {"path": str(path), "bytes": written, "preset": geometry.name, "type": type_label, "seed": seed,
            "layers": geometry.num_hidden_layers, "experts": geometry.num_experts, "vocab": geometry.vocab_size}
     emit([row], None, fmt, title="make-model", meta=row)

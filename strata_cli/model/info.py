@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from .gguf_file import GGUFModel
@@ -47,6 +48,24 @@ def _layer_of(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _roles(m: GGUFModel) -> list[dict]:
+    """Per tensor role (the name with its layer index dropped): the type mix, parameters, bytes, bits per weight."""
+    roles: dict[str, dict] = {}
+    for info in m.tensors.values():
+        role = re.sub(r"^blk\.\d+\.", "blk.*.", info.name)
+        r = roles.setdefault(role, {"role": role, "mix": {}, "params": 0, "bytes": 0})
+        r["mix"][info.type_name] = r["mix"].get(info.type_name, 0) + 1
+        r["params"] += math.prod(info.shape)
+        r["bytes"] += info.n_bytes
+    out = []
+    for r in roles.values():
+        mix = sorted(r["mix"].items(), key=lambda kv: (-kv[1], kv[0]))
+        r["types"] = ", ".join(f"{t} x{n}" if n > 1 else t for t, n in mix)
+        r["bits_per_weight"] = round(8.0 * r["bytes"] / max(r["params"], 1), 3)
+        out.append(r)
+    return sorted(out, key=lambda r: -r["bytes"])
+
+
 def describe(m: GGUFModel) -> dict:
     g = m.geometry
     per_layer: dict[int, int] = {}
@@ -56,9 +75,10 @@ def describe(m: GGUFModel) -> dict:
         layer = _layer_of(info.name)
         if layer is not None:
             per_layer[layer] = per_layer.get(layer, 0) + info.n_bytes
-        count = by_type.setdefault(info.type_name, [0, 0])
+        count = by_type.setdefault(info.type_name, [0, 0, 0])
         count[0] += 1
         count[1] += info.n_bytes
+        count[2] += math.prod(info.shape)
         tensors.append({"name": info.name, "layer": layer, "shape": list(info.shape), "type": info.type_name,
                         "bytes": info.n_bytes})
     layers = []
@@ -70,6 +90,10 @@ def describe(m: GGUFModel) -> dict:
     return {
         "path": m.path, "file_bytes": m.file_size, "tensor_count": len(m.tensors),
         "geometry": geometry_numbers(g), "layers": layers,
-        "types": [{"type": t, "tensors": c, "bytes": b} for t, (c, b) in sorted(by_type.items())],
+        "types": [{"type": t, "tensors": c, "bytes": b, "bits_per_weight": round(8.0 * b / max(n, 1), 3)}
+                  for t, (c, b, n) in sorted(by_type.items())],
+        "roles": _roles(m),
+        "bits_per_weight": round(8.0 * sum(i.n_bytes for i in m.tensors.values())
+                                 / max(sum(math.prod(i.shape) for i in m.tensors.values()), 1), 3),
         "tensors": tensors, "warnings": list(g.warnings),
     }

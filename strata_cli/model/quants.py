@@ -1,18 +1,90 @@
-"""Dequantization of the tensor types strata reads, bit-identical to gguf.quants.dequantize.
+"""GGUF tensor types strata reads: the one table of block layouts, and dequantization bit-identical to
+gguf.quants.dequantize (the format reference, itself bit-identical to ggml's dequantization).
 
-Raw tensors arrive as numpy arrays in numpy order: typed for F32/F16, uint8 byte rows for BF16/Q8_0.
+Raw tensors arrive as numpy arrays in numpy order: typed for F32/F16, uint8 byte rows for every other type
+(row = n / block elements * block bytes). F32/F16/BF16/Q8_0 are decoded here (the hot path of the float files);
+every other type is decoded by gguf.quants' own numpy code, imported on first use (tests/test_quants.py holds
+the table and the decoders to gguf.quants on random blocks of every type).
+
+Block layouts (offsets in bytes inside one block; "d" fp16 little endian unless said; QK_K = 256):
+  Q4_0   32 / 18   d, qs[16]: element j<16 = low nibble of qs[j], j>=16 = high nibble of qs[j-16]; w = d*(q-8)
+  Q4_1   32 / 20   d, m, qs[16] as Q4_0; w = d*q + m
+  Q5_0   32 / 22   d, qh u32 (bit j = 5th bit of element j), qs[16] as Q4_0; w = d*(q-16)
+  Q5_1   32 / 24   d, m, qh u32, qs[16]; w = d*q + m
+  Q8_0   32 / 34   d, int8 q[32]; w = d*q
+  Q2_K  256 / 84   scales[16] (lo nibble scale, hi nibble min, per 16), qs[64] (2-bit, 4 planes of 32 per 128),
+                   d, dmin; w = d*sc*q - dmin*m
+  Q3_K  256 / 110  hmask[32], qs[64] (2-bit as Q2_K), scales[12] (16 x 6-bit, -32), d; w = d*sc*(q - 4*!hbit)
+  Q4_K  256 / 144  d, dmin, scales[12] (8 x 6-bit scale + 8 x 6-bit min), qs[128] (per 64: 32 bytes, lo nibbles
+                   = first 32, hi = next 32); w = d*sc*q - dmin*m
+  Q5_K  256 / 176  d, dmin, scales[12], qh[32] (bit j of byte i = 5th bit of element 32j+i), qs[128] as Q4_K
+  Q6_K  256 / 210  ql[128], qh[64], int8 scales[16], d; w = d*sc*(q-32)
+  IQ2_XXS 256 / 66   d, per 32: u32 grid bytes (4 x 8-value grid ids), u32 (4 x 7-bit sign ids, 4-bit scale)
+  IQ2_XS  256 / 74   d, qs u16[32] (9-bit grid id, 7-bit sign id), scales[8] (two 4-bit per 32)
+  IQ2_S   256 / 82   d, qs[32] (grid id low 8 bits), signs[32] (bits), qh[8] (2 high bits per id), scales[8]
+  IQ3_XXS 256 / 98   d, qs[64] (4-value grid ids), per 32: u32 (4 x 7-bit sign ids, 4-bit scale)
+  IQ3_S   256 / 110  d, qs[64], qh[8] (9th id bit), signs[32], scales[4] (4-bit, w scale 1 + 2s)
+  IQ1_S   256 / 50   d, qs[32] (grid id low 8 bits), qh u16[8] (3 high bits x4, 3-bit scale, delta sign)
+  IQ1_M   256 / 56   qs[32], qh[16] (3 high id bits + delta sign per 8), scales u16[4] (3-bit scales; the fp16 d
+                     is the top nibbles of the four u16)
+  IQ4_NL  32 / 18    d, qs[16] nibbles as Q4_0 into the 16-entry non-linear table
+  IQ4_XS 256 / 136   d, scales_h u16, scales_l[4], qs[128] (per 32: 16 bytes as IQ4_NL); w = d*(s-32)*table[q]
+  TQ1_0  256 / 54    qs[48] (5 base-3 digits per byte), qh[4] (4 digits per byte), d; w = d*(digit-1)
+  TQ2_0  256 / 66    qs[64] (2-bit, 4 planes of 32), d; w = d*(q-1)
+  MXFP4   32 / 17    e8m0 exponent e, qs[16] nibbles as Q4_0 into the doubled e2m1 table; w = 2^(e-128) * k[q]
+  NVFP4   64 / 36    4 ue4m3 scales (one per 16), qs[32] (per 16: 8 bytes, lo nibbles first 8, hi next 8)
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 # GGML type ids (gguf.GGMLQuantizationType values), kept here so the hot path needs no gguf import.
-F32, F16, Q8_0, BF16 = 0, 1, 8, 30
-TYPE_NAMES = {F32: "F32", F16: "F16", Q8_0: "Q8_0", BF16: "BF16"}
-SUPPORTED = frozenset(TYPE_NAMES)
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = 10, 11, 12, 13, 14
+IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS = 16, 17, 18, 19, 20, 21, 22, 23
+IQ1_M, BF16, TQ1_0, TQ2_0, MXFP4, NVFP4 = 29, 30, 34, 35, 39, 40
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """One GGUF tensor type: `block` elements stored in `nbytes` bytes (layouts in the module docstring)."""
+
+    id: int
+    name: str
+    block: int
+    nbytes: int
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.nbytes / self.block
+
+
+# Every type strata reads, in GGML id order. The sizes are gguf.constants.GGML_QUANT_SIZES' (a test checks).
+QUANT_TYPES: dict[int, QuantType] = {t.id: t for t in (
+    QuantType(F32, "F32", 1, 4), QuantType(F16, "F16", 1, 2),
+    QuantType(Q4_0, "Q4_0", 32, 18), QuantType(Q4_1, "Q4_1", 32, 20),
+    QuantType(Q5_0, "Q5_0", 32, 22), QuantType(Q5_1, "Q5_1", 32, 24), QuantType(Q8_0, "Q8_0", 32, 34),
+    QuantType(Q2_K, "Q2_K", 256, 84), QuantType(Q3_K, "Q3_K", 256, 110), QuantType(Q4_K, "Q4_K", 256, 144),
+    QuantType(Q5_K, "Q5_K", 256, 176), QuantType(Q6_K, "Q6_K", 256, 210),
+    QuantType(IQ2_XXS, "IQ2_XXS", 256, 66), QuantType(IQ2_XS, "IQ2_XS", 256, 74),
+    QuantType(IQ3_XXS, "IQ3_XXS", 256, 98), QuantType(IQ1_S, "IQ1_S", 256, 50),
+    QuantType(IQ4_NL, "IQ4_NL", 32, 18), QuantType(IQ3_S, "IQ3_S", 256, 110), QuantType(IQ2_S, "IQ2_S", 256, 82),
+    QuantType(IQ4_XS, "IQ4_XS", 256, 136), QuantType(IQ1_M, "IQ1_M", 256, 56), QuantType(BF16, "BF16", 1, 2),
+    QuantType(TQ1_0, "TQ1_0", 256, 54), QuantType(TQ2_0, "TQ2_0", 256, 66),
+    QuantType(MXFP4, "MXFP4", 32, 17), QuantType(NVFP4, "NVFP4", 64, 36),
+)}
+TYPE_NAMES = {t.id: t.name for t in QUANT_TYPES.values()}
+TYPE_IDS = {t.name: t.id for t in QUANT_TYPES.values()}
+SUPPORTED = frozenset(QUANT_TYPES)
+FLOAT_TYPES = frozenset((F32, F16, BF16))
+# Block types (every type but the three float ones), the ones kernels/gemv_quant.cu reads.
+BLOCK_TYPES = tuple(t for t in QUANT_TYPES if t not in FLOAT_TYPES)
 # (elements per block, bytes per block)
-BLOCK = {F32: (1, 4), F16: (1, 2), Q8_0: (32, 34), BF16: (1, 2)}
+BLOCK = {t.id: (t.block, t.nbytes) for t in QUANT_TYPES.values()}
+QK_K = 256
 QK8_0 = 32
 Q8_0_BLOCK_BYTES = 34
 
@@ -20,6 +92,11 @@ Q8_0_BLOCK_BYTES = 34
 def row_bytes(ggml_type: int, n: int) -> int:
     elems, size = BLOCK[ggml_type]
     return n // elems * size
+
+
+def fits(ggml_type: int, n: int) -> bool:
+    """Rows of n elements hold whole blocks of this type."""
+    return n % BLOCK[ggml_type][0] == 0
 
 
 def dequant_bf16(raw: np.ndarray) -> np.ndarray:
@@ -47,7 +124,21 @@ def dequantize(raw: np.ndarray, ggml_type: int) -> np.ndarray:
         return dequant_bf16(raw)
     if ggml_type == Q8_0:
         return dequant_q8_0(raw)
-    raise ValueError(f"unsupported GGML type {ggml_type}")
+    if ggml_type not in QUANT_TYPES:
+        raise ValueError(f"unsupported GGML type {ggml_type}")
+    return dequant_gguf(raw, ggml_type)
+
+
+def dequant_gguf(raw: np.ndarray, ggml_type: int) -> np.ndarray:
+    """uint8 (..., row bytes) -> float32 (..., n) through gguf.quants (the reference decoder of the type)."""
+    from gguf import GGMLQuantizationType
+    from gguf import quants as gq
+
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if raw.size == 0:
+        elems, size = BLOCK[ggml_type]
+        return np.zeros((*raw.shape[:-1], raw.shape[-1] // size * elems), np.float32)
+    return gq.dequantize(raw, GGMLQuantizationType(ggml_type))
 
 
 def quantize_q8_0(x: np.ndarray) -> np.ndarray:

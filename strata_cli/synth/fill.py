@@ -12,22 +12,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import quants
+from . import blocks, recipes
+from .recipes import ALWAYS_F32, FILE_TYPES, LLAMA_FTYPE, Recipe  # noqa: F401  (the type rules live there)
 
-CHUNK_ELEMENTS = 1 << 22  # a multiple of the Q8_0 block (32)
-# Kept F32 by the converter whatever the output type (llama.cpp's quantization exceptions).
-ALWAYS_F32 = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight")
-FILE_TYPES = {"F32": quants.F32, "F16": quants.F16, "BF16": quants.BF16, "Q8_0": quants.Q8_0}
-# general.file_type (llama_ftype) per output type
-LLAMA_FTYPE = {quants.F32: 0, quants.F16: 1, quants.Q8_0: 7, quants.BF16: 32}
+CHUNK_ELEMENTS = 1 << 22  # a multiple of every block (32, 64, 256)
 
 
-def tensor_type(name: str, shape: tuple[int, ...], file_type: int) -> int:
-    """The GGML type llama.cpp's converter gives this tensor for a given --outtype."""
-    if file_type == quants.F32 or len(shape) == 1 or name.endswith(ALWAYS_F32):
-        return quants.F32
-    if file_type == quants.Q8_0 and shape[0] % quants.QK8_0:
-        return quants.F16  # Q8_0 needs whole 32-element blocks along ne0
-    return file_type
+def tensor_type(name: str, shape: tuple[int, ...], file_type: int | Recipe) -> int:
+    """The GGML type the converter (--outtype F32/F16/BF16/Q8_0) or llama-quantize (the rest, and recipes) gives
+    this tensor: the converter's exceptions, then the type asked for, or its fallback where rows do not fit."""
+    recipe = file_type if isinstance(file_type, Recipe) else recipes.uniform(file_type)
+    return recipes.tensor_type(name, shape, recipe)
 
 
 def tensor_nbytes(shape: tuple[int, ...], ggml_type: int) -> int:
@@ -85,6 +80,10 @@ def chunk_bytes(init: Init, ggml_type: int, n: int, seed: int, tensor_index: int
     rng = _rng(seed, tensor_index, chunk_index)
     if ggml_type == quants.Q8_0 and init.neg_uniform is None and init.mean == 0.0:
         return _q8_0_blocks(rng, n, init.std)
+    if ggml_type in quants.BLOCK_TYPES:  # valid random blocks written directly (synth/blocks.py says how)
+        if init.neg_uniform is not None or init.mean != 0.0:
+            raise ValueError(f"{quants.TYPE_NAMES[ggml_type]}: block types are written for zero-mean tensors only")
+        return blocks.random_blocks(rng, ggml_type, n // quants.BLOCK[ggml_type][0], init.std).reshape(-1)
     if init.neg_uniform is not None:
         low, high = init.neg_uniform
         values = -rng.uniform(low, high, n).astype(np.float32)

@@ -6,14 +6,16 @@ Mirrors llama.cpp's convert_hf_to_gguf.py + conversion/qwen4exp.py output (see t
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import gguf
 from gguf import GGUFValueType as VT
 
+from ..model import quants
 from ..model.geometry import ARCH
 from ..model.names import PLE_TABLE, expected_tensors
-from . import fill, ple_hash
+from . import fill, ple_hash, recipes
 from .presets import Preset
 
 ALIGNMENT = 32
@@ -132,7 +134,7 @@ def _tokenizer_kvs(p: Preset) -> list:
     ]
 
 
-def _model_kvs(p: Preset, file_type: int, size_label: str) -> list:
+def _model_kvs(p: Preset, recipe: fill.Recipe, size_label: str) -> list:
     a = ARCH + "."
 
     def u32(key: str, value: int) -> tuple:
@@ -150,7 +152,7 @@ def _model_kvs(p: Preset, file_type: int, size_label: str) -> list:
         (a + "attention.layer_norm_rms_epsilon", float(p.rms_norm_eps), VT.FLOAT32, None),
         u32("expert_count", p.num_experts), u32("expert_used_count", p.num_experts_per_tok),
         u32("attention.key_length", p.head_dim), u32("attention.value_length", p.head_dim),
-        ("general.file_type", fill.LLAMA_FTYPE[file_type], VT.UINT32, None),
+        ("general.file_type", recipe.ftype, VT.UINT32, None),
         u32("expert_feed_forward_length", p.moe_intermediate_size),
         u32("expert_shared_feed_forward_length", p.shared_expert_intermediate_size),
         u32("ssm.conv_kernel", p.linear_conv_kernel_dim), u32("ssm.state_size", p.linear_key_head_dim),
@@ -178,7 +180,24 @@ def _model_kvs(p: Preset, file_type: int, size_label: str) -> list:
     return kvs + _tokenizer_kvs(p)
 
 
-def build_plan(preset: Preset, file_type: int) -> ModelPlan:
-    tensors = [TensorPlan(name, shape, fill.tensor_type(name, shape, file_type), fill.init_for(name, shape))
+def build_plan(preset: Preset, file_type: int | fill.Recipe) -> ModelPlan:
+    """The file for a uniform output type (a GGML type id) or a per-tensor recipe."""
+    recipe = file_type if isinstance(file_type, fill.Recipe) else recipes.uniform(file_type)
+    tensors = [TensorPlan(name, shape, recipes.tensor_type(name, shape, recipe), fill.init_for(name, shape))
                for name, shape in ordered_names(preset)]
-    return ModelPlan(_model_kvs(preset, file_type, _size_label(tensors)), tensors)
+    return ModelPlan(_model_kvs(preset, recipe, _size_label(tensors)), tensors)
+
+
+def fallbacks(preset: Preset, file_type: int | fill.Recipe) -> list[tuple[str, str, str, int, int]]:
+    """(tensor role, type asked for, type written, row width ne0, tensor count) for every role whose rows do not fit
+    the type the recipe asks for (llama-quantize's fallback, recipes.fit_type)."""
+    recipe = file_type if isinstance(file_type, fill.Recipe) else recipes.uniform(file_type)
+    seen: dict[tuple[str, int, int, int], int] = {}
+    for name, shape in ordered_names(preset):
+        wanted = recipe.wanted(name)
+        got = recipes.tensor_type(name, shape, recipe)
+        if got not in (wanted, quants.F32):
+            role = re.sub(r"^blk\.\d+\.", "blk.*.", name)
+            key = (role, wanted, got, shape[0])
+            seen[key] = seen.get(key, 0) + 1
+    return [(role, quants.TYPE_NAMES[w], quants.TYPE_NAMES[g], ne0, n) for (role, w, g, ne0), n in seen.items()]

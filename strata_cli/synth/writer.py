@@ -15,13 +15,16 @@ from ..errors import InputError
 from ..model.geometry import ARCH
 from . import fill
 from .plan import ModelPlan, build_plan
+from .recipes import Recipe
 from .presets import Preset
 
 Progress = Callable[[int, int], None]  # (bytes_done, bytes_total)
 
 
-def parse_type(ggml_type: str | int) -> int:
-    """'Q8_0' / 'bf16' / a GGML type id -> the GGML type id of the file's main tensors."""
+def parse_type(ggml_type: str | int | Recipe) -> int | Recipe:
+    """'Q8_0' / 'iq2_xs' / a GGML type id -> the GGML type id of the file's main tensors; a Recipe as is."""
+    if isinstance(ggml_type, Recipe):
+        return ggml_type
     if isinstance(ggml_type, int) and ggml_type in fill.LLAMA_FTYPE:
         return ggml_type
     key = str(ggml_type).upper()
@@ -30,12 +33,12 @@ def parse_type(ggml_type: str | int) -> int:
     return fill.FILE_TYPES[key]
 
 
-def estimate_size(preset: Preset, ggml_type: str | int) -> int:
+def estimate_size(preset: Preset, ggml_type: str | int | Recipe) -> int:
     """Exact size in bytes of the file write_model produces (header included)."""
     return build_plan(preset, parse_type(ggml_type)).file_bytes()
 
 
-def write_model(out_path, preset: Preset, *, seed: int = 0, ggml_type: str | int = "F32",
+def write_model(out_path, preset: Preset, *, seed: int = 0, ggml_type: str | int | Recipe = "F32",
                 progress: Progress | None = None) -> Path:
     """Write a random-weight model for `preset`; it appears at out_path only once complete."""
     plan = build_plan(preset, parse_type(ggml_type))
