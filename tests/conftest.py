@@ -1,8 +1,19 @@
-"""Shared fixtures: the qwen4exp-tiny fixture directory, a private strata cache, and the GPU auto-skip."""
+"""Shared fixtures: the qwen4exp-tiny fixture directory, a private strata cache, and the GPU gate.
+
+Skips that must not happen where the thing exists are errors:
+- `fixture_dir` skips without the shared fixture, but fails when it is required: CI=true (CI checks out
+  ../shared) or STRATA_REQUIRE_FIXTURES=1.
+- Tests marked `gpu` skip on a machine without an NVIDIA GPU (no /dev/nvidia* device, no nvidia-smi listing),
+  and fail when a GPU is there but CuPy cannot use it (a broken CUDA stack must not pass as "no GPU"), or when
+  STRATA_REQUIRE_GPU=1 (the device run) and there is no usable GPU at all.
+"""
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,36 +22,97 @@ REPO = Path(__file__).resolve().parent.parent
 DEFAULT_FIXTURES = REPO.parent / "shared" / "fixtures" / "qwen4exp-tiny"
 
 
-def _gpu_missing() -> str | None:
-    """Why GPU tests cannot run here, or None when they can. CuPy is imported only if a gpu test was collected."""
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes")
+
+
+def fixtures_required() -> bool:
+    return _flag("CI") or _flag("STRATA_REQUIRE_FIXTURES")
+
+
+def gpu_required() -> bool:
+    return _flag("STRATA_REQUIRE_GPU")
+
+
+def gpu_hardware_present() -> bool:
+    """An NVIDIA device node, or nvidia-smi listing a GPU: the machine has one, whatever CuPy says."""
+    if glob.glob("/dev/nvidia[0-9]*"):
+        return True
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False
+    try:
+        listing = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "GPU" in listing
+
+
+def cupy_problem() -> str | None:
+    """Why CuPy cannot run a kernel here, or None when it can (imported only if a gpu test was collected)."""
     try:
         import cupy
 
-        if not cupy.is_available():
-            return "cupy.is_available() is False (no usable CUDA device)"
-    except Exception as exc:  # ImportError, missing libcuda/NVRTC, driver errors: all mean no GPU here
-        return f"cupy not usable: {type(exc).__name__}: {exc}".splitlines()[0]
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy sees no CUDA device"
+        probe = cupy.arange(4, dtype=cupy.float32) * 2  # allocates and launches a kernel
+        if float(probe.sum()) != 12.0:
+            return "CuPy computed a wrong sum on the device"
+    except Exception as exc:  # ImportError, missing libcuda/NVRTC, driver errors
+        return f"{type(exc).__name__}: {exc}".splitlines()[0]
     return None
+
+
+def gpu_gate() -> tuple[str, str] | None:
+    """None when GPU tests can run; else ("skip" | "error", reason)."""
+    problem = cupy_problem()
+    if problem is None:
+        return None
+    if gpu_hardware_present():
+        return "error", f"a GPU is present but CuPy cannot use it: {problem}"
+    if gpu_required():
+        return "error", f"STRATA_REQUIRE_GPU=1 but there is no usable GPU: {problem}"
+    return "skip", f"needs a CUDA GPU (none on this machine: {problem})"
+
+
+_GPU_ERROR = pytest.StashKey[str]()
 
 
 def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
-    reason = _gpu_missing()
-    if reason is not None:
-        skip = pytest.mark.skip(reason=f"needs a CUDA GPU: {reason}")
+    gate = gpu_gate()
+    if gate is None:
+        return
+    kind, reason = gate
+    if kind == "skip":
         for item in gpu_items:
-            item.add_marker(skip)
+            item.add_marker(pytest.mark.skip(reason=reason))
+    else:
+        config.stash[_GPU_ERROR] = reason
+
+
+def pytest_runtest_setup(item):
+    reason = item.config.stash.get(_GPU_ERROR, None)
+    if reason is not None and item.get_closest_marker("gpu") is not None:
+        pytest.fail(reason, pytrace=False)
+
+
+def require_fixture(path: Path, what: str) -> Path:
+    """path, or a skip naming it; a failure instead where the fixture must exist (fixtures_required())."""
+    if path.exists():
+        return path
+    message = f"{what} not found at {path} (set STRATA_FIXTURES)"
+    if fixtures_required():
+        pytest.fail(f"{message}; required here (CI=true or STRATA_REQUIRE_FIXTURES=1)", pytrace=False)
+    pytest.skip(message)
 
 
 @pytest.fixture(scope="session")
 def fixture_dir() -> Path:
     """The shared qwen4exp-tiny fixture (GGUFs + transformers reference): $STRATA_FIXTURES or ../shared/..."""
-    path = Path(os.environ.get("STRATA_FIXTURES") or DEFAULT_FIXTURES)
-    if not path.is_dir():
-        pytest.skip(f"qwen4exp-tiny fixture not found at {path} (set STRATA_FIXTURES)")
-    return path
+    return require_fixture(Path(os.environ.get("STRATA_FIXTURES") or DEFAULT_FIXTURES), "qwen4exp-tiny fixture")
 
 
 @pytest.fixture(scope="session")

@@ -67,7 +67,10 @@ def random_preset(rng: np.random.Generator, **pins) -> Preset:
     return dataclasses.replace(load_preset("tiny"), name="random", **kw)
 
 
+def write_random_file(directory, preset: Preset, seed: int, ggml_type: str = "F32"):
+    """Path of the GGUF written for preset in directory."""
+    return write_model(directory / f"random-{seed}-{ggml_type}.gguf", preset, seed=seed, ggml_type=ggml_type)
+
+
 def write_random(directory, preset: Preset, seed: int, ggml_type: str = "F32"):
-    path = directory / f"random-{seed}-{ggml_type}.gguf"
-    write_model(path, preset, seed=seed, ggml_type=ggml_type)
-    return open_model(path)
+    return open_model(write_random_file(directory, preset, seed, ggml_type))
