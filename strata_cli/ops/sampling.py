@@ -14,11 +14,11 @@ W0, W1 = np.uint32(0x9E3779B9), np.uint32(0xBB67AE85)
 MASK32 = np.uint64(0xFFFFFFFF)
 
 
-def philox4x32(c0: np.ndarray, c1: np.ndarray, key: int) -> np.ndarray:
-    """First 32-bit output of Philox4x32-10 for counters (c0, c1, 0, 0), vectorised over c0/c1 (uint32)."""
-    x0, x1 = c0.astype(np.uint32), c1.astype(np.uint32)
-    x2 = np.zeros_like(x0)
-    x3 = np.zeros_like(x0)
+def philox4x32_10(c0, c1, c2, c3, key: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Philox4x32-10 (Salmon et al., SC'11) of counters (c0, c1, c2, c3) under the 64-bit key (k0 = low word),
+    vectorised over the counter words (uint32 arrays or scalars): the four output words."""
+    x0, x1, x2, x3 = (np.asarray(c, dtype=np.uint64).astype(np.uint32) for c in (c0, c1, c2, c3))
+    x0, x1, x2, x3 = np.broadcast_arrays(x0, x1, x2, x3)
     k0, k1 = np.uint32(key & 0xFFFFFFFF), np.uint32((key >> 32) & 0xFFFFFFFF)
     for _ in range(10):
         p0 = x0.astype(np.uint64) * M0
@@ -27,7 +27,12 @@ def philox4x32(c0: np.ndarray, c1: np.ndarray, key: int) -> np.ndarray:
         hi1, lo1 = (p1 >> np.uint64(32)).astype(np.uint32), (p1 & MASK32).astype(np.uint32)
         x0, x1, x2, x3 = hi1 ^ x1 ^ k0, lo1, hi0 ^ x3 ^ k1, lo0
         k0, k1 = np.uint32((int(k0) + int(W0)) & 0xFFFFFFFF), np.uint32((int(k1) + int(W1)) & 0xFFFFFFFF)
-    return x0
+    return x0, x1, x2, x3
+
+
+def philox4x32(c0: np.ndarray, c1: np.ndarray, key: int) -> np.ndarray:
+    """First 32-bit output of Philox4x32-10 for counters (c0, c1, 0, 0), vectorised over c0/c1 (uint32)."""
+    return philox4x32_10(c0, c1, 0, 0, key)[0]
 
 
 def gumbel(seed: int, position: int, vocab: int) -> np.ndarray:
