@@ -126,7 +126,8 @@ def test_other_exceptions_are_not_hidden(runner, monkeypatch):
 def test_ci_runs_the_readme_test_command():
     readme = (REPO / "README.md").read_text()
     ci = (REPO / ".ci" / "run").read_text()
-    command = 'pip install -e ".[test]" && python -m pytest -q'
+    command = 'pip install -e ".[test]" && python -m pytest -q -rs'  # -rs: every skip says why
     assert command in readme
     assert command in ci.splitlines()
+    assert "export STRATA_REQUIRE_FIXTURES=1" in ci.splitlines()  # CI has ../shared: a fixture skip is an error
     assert (REPO / ".ci" / "run").stat().st_mode & 0o111
