@@ -9,7 +9,8 @@ import sys
 import click
 
 from . import __version__
-from .errors import StrataError
+from .errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, StrataError
+from .fileio import exit_code_for_interrupt, os_reason, signal_handlers
 
 # name -> (module under strata_cli.commands exposing a click command `command`, short help for `strata --help`).
 # The short help lives here so that `strata --help` imports no command module (and no numpy, CuPy, ...).
@@ -92,16 +93,74 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except StrataError as exc:
-            if os.environ.get(TRACEBACK_ENV, "") not in ("", "0"):
+            if _traceback_wanted():
                 raise
-            click.echo(f"strata: error: {_one_line(exc)}", err=True)
-            ctx.exit(1)
-        except KeyboardInterrupt:
+            _error_line(_one_line(exc))
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt as exc:  # Ctrl-C, and SIGTERM / SIGHUP through fileio.signal_handlers
             click.echo("", err=True)
-            ctx.exit(130)
+            ctx.exit(exit_code_for_interrupt(exc))
         except BrokenPipeError:
             _silence_stdout()
-            ctx.exit(1)
+            ctx.exit(EXIT_ERROR)
+        except OSError as exc:  # an OS error no library call translated (full disk, closed stdout, ...)
+            if _traceback_wanted():
+                raise
+            where = exc.filename if exc.filename is not None else "strata"
+            _error_line(f"{where}: {os_reason(exc)}")
+            ctx.exit(EXIT_ERROR)
+        except MemoryError:
+            if _traceback_wanted():
+                raise
+            _error_line("out of memory (the host could not allocate what this command needs; try a smaller "
+                        "--ctx, fewer tokens or a smaller model)")
+            ctx.exit(EXIT_ERROR)
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        """click's main with one error policy: usage errors are one line too (exit 2), stdout is flushed
+        inside the policy (a full device or closed stdout is one line), SIGTERM/SIGHUP clean up like Ctrl-C."""
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        code = EXIT_OK
+        _tolerant_encoding()
+        with signal_handlers():
+            try:
+                result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+                code = result if isinstance(result, int) and not isinstance(result, bool) else EXIT_OK
+                problem = _flush_stdout()
+                if problem:
+                    _error_line(problem)
+                    code = EXIT_ERROR
+            except click.exceptions.NoArgsIsHelpError as exc:
+                click.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
+                code = EXIT_USAGE
+            except click.UsageError as exc:
+                hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else ""
+                _error_line(f"{exc.format_message()}{hint}")
+                code = EXIT_USAGE
+            except click.ClickException as exc:
+                _error_line(exc.format_message())
+                code = exc.exit_code
+            except click.Abort as exc:
+                code = exit_code_for_interrupt(exc.__context__) if isinstance(
+                    exc.__context__, KeyboardInterrupt) else EXIT_INTERRUPTED
+            except KeyboardInterrupt as exc:
+                code = exit_code_for_interrupt(exc)
+            except BrokenPipeError:
+                _silence_stdout()
+                code = EXIT_ERROR
+        sys.exit(code)
+
+
+def _tolerant_encoding() -> None:
+    """An ASCII (or other narrow) stdout/stderr, e.g. PYTHONIOENCODING=ascii or LANG=C: characters it cannot
+    encode ("Δ", box drawing, non-ASCII paths) are written as backslash escapes instead of crashing the command."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None and stream.errors == "strict":
+                stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
 
 
 def _silence_stdout() -> None:
@@ -113,6 +172,36 @@ def _silence_stdout() -> None:
         pass
 
 
+def _traceback_wanted() -> bool:
+    return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
+
+
+def _error_line(message: str) -> None:
+    """`strata: error: ...` on stderr, as one line whatever the message holds and whatever stderr can encode."""
+    line = " ".join(f"strata: error: {message}".split())
+    try:
+        click.echo(line, err=True)
+    except UnicodeEncodeError:
+        click.echo(line.encode("ascii", "backslashreplace").decode("ascii"), err=True)
+    except (OSError, ValueError, AttributeError):  # stderr closed too: nothing left to tell
+        pass
+
+
+def _flush_stdout() -> str | None:
+    """Flush data now so a full device is reported in one line, not at interpreter exit; the problem or None."""
+    if sys.stdout is None:
+        return None
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        _silence_stdout()
+        return f"stdout: cannot write the output: {os_reason(exc)}"
+    except ValueError:  # stdout closed by the command
+        pass
+    return None
+
 @click.group(cls=LazyGroup, lazy_commands=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="strata", message="%(prog)s %(version)s")
 def main():
@@ -122,5 +211,6 @@ def main():
     (--device gpu). MODEL arguments are optional and default to a tiny synthetic model generated once into
     $STRATA_CACHE (default ~/.cache/strata).
 
-    Errors are printed as one line and exit 1; set STRATA_TRACEBACK=1 to see the traceback.
+    Errors are printed as one line (exit 1; usage errors exit 2; compare thresholds 3; non-finite values 4;
+    signals 128+N); set STRATA_TRACEBACK=1 to see the traceback.
     """

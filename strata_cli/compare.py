@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from .divergence import DivergenceStats, PositionArrays
-from .dumps import LogprobRow, read_dump
-from .errors import InputError
+from .dumps import LogprobRow, nonfinite_rows, read_dump
+from .errors import InputError, NonFiniteError
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,24 @@ def summarize(diffs: list[PositionDiff], a: list[LogprobRow], b: list[LogprobRow
     )
 
 
+def check_finite(rows: list[LogprobRow], label: str) -> None:
+    """A dump with NaN/Inf logprobs compares as nothing: refuse it (exit 4) rather than report numbers."""
+    bad = nonfinite_rows(rows)
+    if bad:
+        r = bad[0]
+        more = f" and {len(bad) - 1} more row(s)" if len(bad) > 1 else ""
+        raise NonFiniteError(f"{label}: non-finite logprobs at position {r.pos} (lp_target {r.lp_target}, lp_top "
+                             f"{r.lp_top}){more}: the model or engine that wrote it went NaN/Inf")
+
+
 def compare_files(path_a: str | Path, path_b: str | Path) -> tuple[Summary, list[PositionDiff]]:
-    return compare_rows(read_dump(path_a), read_dump(path_b), label_a=str(path_a), label_b=str(path_b))
+    if str(path_a) == "-" and str(path_b) == "-":
+        raise InputError("compare: only one of the two dumps can be read from stdin (-)")
+    rows_a, rows_b = read_dump(path_a), read_dump(path_b)
+    label_a, label_b = ("stdin" if str(p) == "-" else str(p) for p in (path_a, path_b))
+    check_finite(rows_a, label_a)
+    check_finite(rows_b, label_b)
+    return compare_rows(rows_a, rows_b, label_a=label_a, label_b=label_b)
 
 
 def threshold_failures(summary: Summary, *, max_delta: float | None = None,

@@ -1,39 +1,120 @@
-"""The embedded default model: the `tiny` preset (F32, seed 0), generated once into the strata cache."""
+"""The embedded default model: the `tiny` preset (F32, seed 0), generated once into the strata cache.
+
+Beside it lies `NAME.sha256`, the SHA-256 of the file as written; a model whose size or checksum does not match
+(a stale preset, a same-size corruption) is regenerated. Concurrent first uses wait on `.NAME.lock`.
+"""
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import os
 from pathlib import Path
 
+from .errors import StrataError
+from .fileio import os_reason, output_stream
 from .synth import estimate_size, load_preset, write_model
 from .progress import byte_progress
 
 DEFAULT_PRESET, DEFAULT_TYPE, DEFAULT_SEED = "tiny", "F32", 0
 DEFAULT_NAME = f"qwen4exp-{DEFAULT_PRESET}-{DEFAULT_TYPE.lower()}-seed{DEFAULT_SEED}.gguf"
+CHECKSUM_SUFFIX = ".sha256"
+
+
+class CacheError(StrataError):
+    """The strata cache directory cannot be used."""
+
+
+def _cache_source() -> tuple[Path, str]:
+    """(the cache directory, the setting it came from, for messages)."""
+    if os.environ.get("STRATA_CACHE"):
+        return Path(os.environ["STRATA_CACHE"]).expanduser(), "$STRATA_CACHE"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):  # the XDG spec: a relative value is invalid and must be ignored
+        return Path(xdg) / "strata", "$XDG_CACHE_HOME"
+    home = os.environ.get("HOME")
+    if not home:
+        try:
+            home = str(Path.home())
+        except (RuntimeError, KeyError):
+            raise CacheError("no cache directory: HOME is not set (set STRATA_CACHE to a writable directory, "
+                             "or give a MODEL)") from None
+    return Path(home).expanduser() / ".cache" / "strata", "$HOME"
 
 
 def cache_dir() -> Path:
-    """$STRATA_CACHE, else $XDG_CACHE_HOME/strata, else ~/.cache/strata."""
-    if os.environ.get("STRATA_CACHE"):
-        return Path(os.environ["STRATA_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "strata"
+    """$STRATA_CACHE, else $XDG_CACHE_HOME/strata (if absolute), else ~/.cache/strata."""
+    return _cache_source()[0]
+
+
+def _usable_cache_dir() -> Path:
+    """The cache directory, created if needed; a CacheError line when it cannot be used."""
+    path, source = _cache_source()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, "Permission denied (not writable)")
+    except OSError as exc:
+        if exc.errno == errno.EEXIST or isinstance(exc, (FileExistsError, NotADirectoryError)):
+            reason = "a file is in the way (not a directory)"
+        else:
+            reason = os_reason(exc)
+        raise CacheError(f"{path}: cannot use as the strata cache (from {source}): {reason}; set STRATA_CACHE "
+                         "to a writable directory, or give a MODEL") from None
+    return path
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _intact(path: Path, size: int) -> bool:
+    """The file has the planned size and the checksum recorded when it was written."""
+    try:
+        if not path.is_file() or path.stat().st_size != size:
+            return False
+        recorded = path.with_name(path.name + CHECKSUM_SUFFIX).read_text(encoding="ascii").split()
+        return bool(recorded) and recorded[0] == file_sha256(path)
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def default_model_path() -> Path:
-    """Path of the default model, generating it (a few MB, well under a second) on first use."""
+    """Path of the default model, generating it (a few MB, well under a second) on first use or when it does not
+    match its checksum."""
     preset = load_preset(DEFAULT_PRESET)
-    path = cache_dir() / DEFAULT_NAME
-    # a wrong size means a stale or foreign file (e.g. the preset changed): regenerate it
-    if path.is_file() and path.stat().st_size == estimate_size(preset, DEFAULT_TYPE):
+    size = estimate_size(preset, DEFAULT_TYPE)
+    directory = _usable_cache_dir()
+    path = directory / DEFAULT_NAME
+    if _intact(path, size):
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with byte_progress(f"generating default model {path.name}") as progress:
-        # write_model writes a partial file and renames it, so concurrent first uses are safe
-        write_model(path, preset, seed=DEFAULT_SEED, ggml_type=DEFAULT_TYPE, progress=progress)
+    lock_path = directory / f".{DEFAULT_NAME}.lock"
+    try:
+        lock_fd = os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise CacheError(f"{lock_path}: cannot use the strata cache: {os_reason(exc)}") from None
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # a concurrent first use writes it; we then find it intact
+        if _intact(path, size):
+            return path
+        with byte_progress(f"generating default model {path.name}") as progress:
+            write_model(path, preset, seed=DEFAULT_SEED, ggml_type=DEFAULT_TYPE, progress=progress)
+        with output_stream(path.with_name(path.name + CHECKSUM_SUFFIX), what="default model checksum") as fh:
+            fh.write(f"{file_sha256(path)}  {path.name}\n")
+    finally:
+        os.close(lock_fd)
     return path
 
 
 def resolve_model(model_arg: str | None) -> str:
-    """The model the user named, or the default one."""
-    return str(model_arg) if model_arg else str(default_model_path())
+    """The model the user named, or the default one (None only: an empty string is refused, not defaulted)."""
+    if model_arg is None:
+        return str(default_model_path())
+    if str(model_arg) == "":
+        raise StrataError("MODEL is an empty string: give a GGUF path, or leave MODEL out for the default model")
+    return str(model_arg)

@@ -38,6 +38,7 @@ class LogprobRow:
     lp_target_renorm: float
     topk: list[tuple[int, float]] = field(default_factory=list)
     dist: list[float] | None = None  # the full log-prob distribution over the vocabulary (JSON dumps only)
+    nonfinite: bool = False  # the window's values went NaN/Inf (written only with --allow-nonfinite)
 
 
 def _f(x: float, decimals: int) -> str:
@@ -84,13 +85,10 @@ def _parse_line(fields: list[str], where: str) -> LogprobRow:
 
 
 def _read_text(path: str | Path) -> str:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read logprob dump: {exc}") from None
+    """The dump's text (`-` = stdin); unreadable, binary or non-UTF-8 files fail in one line naming why."""
+    from .fileio import read_text
+
+    return read_text(path, what="logprob dump")
 
 
 def read_tsv(path: str | Path, text: str | None = None) -> list[LogprobRow]:
@@ -160,6 +158,17 @@ def read_dump(path: str | Path) -> list[LogprobRow]:
     return read_json(path, text) if text.lstrip().startswith("{") else read_tsv(path, text)
 
 
+def nonfinite_rows(rows: Iterable[LogprobRow]) -> list[LogprobRow]:
+    """Rows whose target or top-1 logprob (or a top-k logprob) is NaN/Inf: a model or engine that went wrong.
+    lp_extra and the renormalised logprob are nan by design where there is no extra id, so they do not count."""
+    bad = []
+    for r in rows:
+        values = [r.lp_target, r.lp_top] + [lp for _, lp in r.topk] + list(r.dist or ())
+        if r.nonfinite or not all(math.isfinite(v) for v in values):
+            bad.append(r)
+    return bad
+
+
 def rows_to_json(rows: Iterable[LogprobRow]) -> list[dict]:
     """Plain dicts for JSON: topk as [[id, logprob], ...], nan (and +-inf) as None so the JSON stays valid."""
 
@@ -173,4 +182,6 @@ def rows_to_json(rows: Iterable[LogprobRow]) -> list[dict]:
                     "lp_target_renorm": num(r.lp_target_renorm), "topk": [[tid, num(lp)] for tid, lp in r.topk]})
         if r.dist is not None:
             out[-1]["dist"] = [num(lp) for lp in r.dist]
+        if r.nonfinite:
+            out[-1]["nonfinite"] = True
     return out

@@ -13,6 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from .dumps import LogprobRow
+from .errors import NonFiniteError
 from .ops.basic import log_softmax64
 from .speculation import LoopStats
 
@@ -58,11 +59,28 @@ def _wrong_token(rng: np.random.Generator, true_id: int, vocab: int) -> int:
     return int((true_id + rng.integers(1, vocab)) % vocab)
 
 
+def window_nonfinite(result) -> str | None:
+    """Where a window first went non-finite: the engine's own finding (the reference engine checks every layer
+    and stage), else "the logits" when only the logits show it (the GPU engine's host copy); None if finite."""
+    stage = getattr(result, "nonfinite", None)
+    if stage:
+        return stage
+    if result.logits is not None and not np.isfinite(result.logits).all():
+        return "the logits"
+    return None
+
+
 def speculative_dump(engine, tokens: np.ndarray, window: int, *, draft_noise: float = 0.0, seed: int = 0,
                      topk: int = 0, extra_id: int | None = None, full_dist: bool = False,
-                     progress=None) -> tuple[list[LogprobRow], LoopStats]:
+                     progress=None, on_rows=None, allow_nonfinite: bool = False) -> tuple[list[LogprobRow], LoopStats]:
     """Feed tokens[0..N-2] through verify windows of `window` tokens; return the N-1 dump rows and what the loop
-    accepted (a draft is accepted when it is the sequence's token: the noise did not replace it)."""
+    accepted (a draft is accepted when it is the sequence's token: the noise did not replace it).
+
+    on_rows(rows, nonfinite) is called with each window's kept rows as they are produced (nonfinite: None, or
+    where that window first went non-finite), so a caller can write them out at once. A window whose values
+    go non-finite raises NonFiniteError naming the first layer/stage, unless allow_nonfinite (then its rows
+    carry nonfinite=True and on_rows hears where).
+    """
     n = len(tokens)
     vocab = engine.g.n_vocab
     rng = np.random.default_rng(seed)
@@ -80,8 +98,20 @@ def speculative_dump(engine, tokens: np.ndarray, window: int, *, draft_noise: fl
                 n_keep = j
                 break
         result = engine.run(fed, pos)
-        rows += logprob_rows(np.asarray(result.logits[:n_keep]), pos + np.arange(n_keep),
-                             tokens[pos + 1:pos + 1 + n_keep], topk, extra_id, full_dist)
+        bad = window_nonfinite(result)
+        if bad and not allow_nonfinite:
+            raise NonFiniteError(f"non-finite values (NaN/Inf) in the window at positions {pos}..{pos + T - 1}, "
+                                 f"first in {bad}; {len(rows)} rows before it were finite (--allow-nonfinite "
+                                 "writes such rows, marked, instead of stopping)")
+        new = logprob_rows(np.asarray(result.logits[:n_keep]), pos + np.arange(n_keep),
+                           tokens[pos + 1:pos + 1 + n_keep], topk, extra_id, full_dist)
+        if bad:
+            for row in new:
+                row.nonfinite = True
+            stats.nonfinite_windows += 1
+        rows += new
+        if on_rows is not None:
+            on_rows(new, bad)
         engine.commit(n_keep)
         stats.record(T, n_keep)
         if progress is not None:

@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import Any, Callable, Iterable, Sequence
 
 from .errors import InputError
+from .fileio import stdout_text
 
 FORMATS = ("table", "json", "jsonl", "csv", "md", "tsv")
 # what every command's --format offers (tsv only where a command has a dump format of its own)
@@ -118,7 +119,7 @@ def _table(rows: list[dict], cols: list[Column], title: str | None, header_lines
     from rich.console import Console
     from rich.table import Table
 
-    con = Console(file=out) if out is not None else console()
+    con = Console(file=out if out is not None else stdout_text())
     plain = not con.is_terminal
     if plain:  # piped or redirected: ASCII borders, no colour, and the table's own width (rich assumes 80)
         con = Console(file=con.file, no_color=True, highlight=False, width=1 << 14, legacy_windows=False)
@@ -133,6 +134,7 @@ def _table(rows: list[dict], cols: list[Column], title: str | None, header_lines
         width = con.measure(table).maximum
         con = Console(file=con.file, no_color=True, highlight=False, width=width)
     con.print(table)
+    con.file.flush()
 
 
 def emit(rows: list[dict], columns: Sequence[Column | str] | None, fmt: str, *, title: str | None = None,
@@ -148,10 +150,21 @@ def emit(rows: list[dict], columns: Sequence[Column | str] | None, fmt: str, *, 
     if fmt not in FORMATS:
         raise InputError(f"unknown output format '{fmt}' (choose from {', '.join(FORMATS)})")
     cols = _columns(columns, rows)
+    try:
+        _emit(rows, cols, fmt, title=title, header_lines=header_lines, out=out, meta=meta)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # a full device behind stdout or -o: one line naming where
+        from .fileio import os_error
+
+        raise os_error(exc, getattr(out, "name", None) or "stdout", "write the output") from None
+
+
+def _emit(rows, cols, fmt, *, title, header_lines, out, meta) -> None:
     if fmt == "table":
         _table(rows, cols, title, header_lines, out)
         return
-    fh = out if out is not None else sys.stdout
+    fh = out if out is not None else stdout_text()
     if fmt == "json":
         doc = {"meta": meta, "rows": rows}
         fh.write(json.dumps(_jsonable(doc), indent=2, default=str) + "\n")

@@ -33,6 +33,7 @@ class LoopStats:
     offered: list[int] = field(default_factory=list)  # per draft position j = 1..T-1: windows that reached j
     accepted: list[int] = field(default_factory=list)  # ... and accepted draft j
     histogram: list[int] = field(default_factory=list)  # [k]: windows that accepted exactly k drafts (k = 0..T-1)
+    nonfinite_windows: int = 0  # windows whose values went NaN/Inf (kept only with --allow-nonfinite)
 
     def __post_init__(self):
         n = max(self.window - 1, 0)

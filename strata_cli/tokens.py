@@ -8,26 +8,37 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError
+from .fileio import read_text
+
+
+MAX_ID_DIGITS = 18  # below 2**63: anything longer cannot be a token id of any vocabulary
+MAX_TOKEN_FILE_BYTES = 1 << 30
 
 
 def read_token_file(path: str | Path) -> np.ndarray:
-    """Ids separated by whitespace and/or commas; one-line errors name the file, line and bad field."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read token file ({exc.strerror or exc})") from None
+    """Ids separated by whitespace and/or commas (`-` = stdin, UTF-8); one-line errors name the file, line and
+    bad field."""
+    text = read_text(path, what="token file", limit=MAX_TOKEN_FILE_BYTES)
+    where = "stdin" if str(path) == "-" else str(path)
     ids = []
     for lineno, line in enumerate(text.splitlines(), start=1):
         for field in re.split(r"[\s,]+", line.strip()):
             if not field:
                 continue
-            if not re.fullmatch(r"[+-]?\d+", field):
-                raise InputError(f"{path}:{lineno}: '{field[:20]}' is not a token id")
+            if not re.fullmatch(r"[+-]?[0-9]+", field):
+                raise InputError(f"{where}:{lineno}: '{_clip(field)}' is not a token id")
+            digits = field.lstrip("+-").lstrip("0")
+            if len(digits) > MAX_ID_DIGITS:
+                raise InputError(f"{where}:{lineno}: token id '{_clip(field)}' ({len(digits)} digits) is out of "
+                                 "range of any vocabulary")
             ids.append(int(field))
     if not ids:
-        raise InputError(f"{path}: no token ids in the file")
+        raise InputError(f"{where}: no token ids in the file")
     return np.array(ids, dtype=np.int64)
+
+
+def _clip(field: str) -> str:
+    return field if len(field) <= 20 else field[:17] + "..."
 
 
 def random_tokens(n: int, vocab: int, seed: int) -> np.ndarray:
@@ -53,19 +64,14 @@ def tokens_from_options(model, *, token_file: str | None = None, n_random: int |
         raise InputError(f"give exactly one of --tokens FILE, --random N, --text STR or --text-file FILE"
                          f"{' (got ' + ', '.join(given) + ')' if given else ''}")
     if token_file is not None:
-        return read_token_file(token_file), str(token_file)
+        return read_token_file(token_file), "stdin" if str(token_file) == "-" else str(token_file)
     if n_random is not None:
         return random_tokens(n_random, model.geometry.n_vocab, seed), f"--random {n_random}"
     from .tokenizer import encode
 
     if text_file is not None:
-        try:
-            text = Path(text_file).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"{text_file}: cannot read the text file ({exc.strerror or exc})") from None
-        except UnicodeDecodeError:
-            raise InputError(f"{text_file}: not UTF-8 text") from None
-        source = str(text_file)
+        text = read_text(text_file, what="text file", limit=MAX_TOKEN_FILE_BYTES)
+        source = "stdin" if str(text_file) == "-" else str(text_file)
     else:
         source = "--text"
     ids = encode(model.metadata, text, f"{model.path}")

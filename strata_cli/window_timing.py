@@ -49,11 +49,27 @@ def time_window(engine, window: int, repetitions: int, acceptance: Acceptance, d
                        expected_tokens=acceptance.expected_tokens(window))
 
 
+def check_finite(engine, window: int, seed: int) -> None:
+    """One untimed window first: timing a model whose values go NaN/Inf would report numbers of nothing."""
+    from .errors import NonFiniteError
+    from .logprobs import window_nonfinite
+
+    engine.reset()
+    tokens = np.random.default_rng(seed).integers(0, engine.g.n_vocab, min(window, engine.n_ctx))
+    where = window_nonfinite(engine.run(tokens, 0))
+    engine.commit(0)
+    engine.reset()
+    if where:
+        raise NonFiniteError(f"non-finite values (NaN/Inf) in a {len(tokens)}-token window, first in {where}: "
+                             "the model's weights or metadata are broken; nothing to time")
+
+
 def run_bench(engine, windows: list[int], repetitions: int, acceptance: Acceptance, depth: int, seed: int, timer,
               warmup: int = 2, progress=None) -> list[BenchRecord]:
     """One record per window size, with the speedup over T = 1 (measured as the baseline if not asked).
 
     `progress(T)` is called before each window size is timed."""
+    check_finite(engine, max(windows), seed)
     records: dict[int, BenchRecord] = {}
     for T in sorted(set(windows) | {1}):
         if progress is not None:

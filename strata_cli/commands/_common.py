@@ -6,6 +6,24 @@ import click
 
 from ..present import RECORD_FORMATS
 
+
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that also refuses nan and +-inf (click's range checks let nan through)."""
+
+    name = "finite float range"
+
+    def convert(self, value, param, ctx):
+        import math
+
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return rv
+
+
+SEED_MAX = 2**63 - 1
+SEED = click.IntRange(0, SEED_MAX)  # numpy's generators take non-negative seeds
+
 model_argument = click.argument("model", required=False, metavar="[MODEL]")
 device_option = click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="auto",
                              show_default=True, help="cpu = numpy reference; gpu = CUDA graph engine; auto = gpu if "

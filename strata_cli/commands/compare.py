@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from pathlib import Path
 
 import click
 
-from ._common import format_option
+from ._common import FiniteFloatRange, format_option
 
 EXIT_THRESHOLD = 3
 
@@ -43,11 +42,11 @@ def summary_row(s) -> dict:
 
 
 @click.command(short_help="Compare two logprob dumps of the same tokens.")
-@click.argument("dump_a", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.argument("dump_b", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--max-delta", type=click.FloatRange(min=0), default=None,
+@click.argument("dump_a")
+@click.argument("dump_b")
+@click.option("--max-delta", type=FiniteFloatRange(min=0), default=None,
               help="Fail (exit 3) if max |Δ logprob(target)| exceeds this.")
-@click.option("--min-top1", type=click.FloatRange(0, 1), default=None,
+@click.option("--min-top1", type=FiniteFloatRange(0, 1), default=None,
               help="Fail (exit 3) if the top-1 agreement fraction is below this.")
 @format_option()
 @click.option("--per-position", is_flag=True,

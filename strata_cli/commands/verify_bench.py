@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ._common import (ctx_option, deprecated_alias, device_option, format_option, load_engine, load_model,
-                      model_argument)
+from ._common import (SEED, FiniteFloatRange, ctx_option, deprecated_alias, device_option, format_option,
+                      load_engine, load_model, model_argument)
 
 # (key, table header, display format): the table/md columns; csv/json/jsonl print every key of the record, raw
 COLUMNS = [("window", "T", None), ("ms_median", "ms/window", ".3f"), ("ms_p10", "p10", ".3f"),
@@ -52,11 +52,11 @@ def _add_floor(records, model) -> None:
 @click.option("-d", "--depth", type=click.IntRange(min=0), default=32, show_default=True,
               help="Tokens of context committed before the timed windows (--ctx is the cells allocated).")
 @deprecated_alias("--context", "-d/--depth", "depth", type=click.IntRange(min=0))
-@click.option("--acceptance", type=click.FloatRange(0, 1), default=None,
+@click.option("--acceptance", type=FiniteFloatRange(0, 1), default=None,
               help=f"Assumed per-draft acceptance for n_keep, E(T) and the speedup  [default: {DEFAULT_ACCEPTANCE}]")
 @click.option("--acceptance-from", "acceptance_dump", type=click.Path(dir_okay=False),
               help="Use the per-position acceptance a `strata logprobs --draft-noise` loop measured (its dump).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the tokens and the drawn n_keep.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the tokens and the drawn n_keep.")
 @click.option("--eager", is_flag=True, help="GPU: launch the kernels one by one instead of replaying the graph.")
 @format_option()
 @device_option

@@ -24,6 +24,7 @@ class WindowResult:
     tokens: np.ndarray       # [T] fed tokens
     logits: np.ndarray       # [T, V] float32: row t = distribution after tokens[t] (None when not read back)
     ids: np.ndarray          # [T] greedy ids (argmax of each row)
+    nonfinite: str | None = None  # the first layer/stage whose output held NaN/Inf, when the engine checks
 
 
 @dataclass(frozen=True)

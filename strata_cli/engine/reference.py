@@ -46,13 +46,24 @@ class ReferenceEngine:
         self._pending = None  # an uncommitted window is dropped: it wrote no committed state (state.py)
         rec = WindowRecord(pos0=self.n_past, tokens=tokens)
         positions = self.n_past + np.arange(len(tokens))
+        self._nonfinite = None
         R = np.repeat(self.w.embed_rows(tokens)[:, None, :], self.g.hc, axis=1)     # [T, C, D]
+        self._watch("token_embd (the embedding rows)", R)
         for layer in range(self.g.n_layers):
             R = self._layer(layer, R, tokens, positions, rec)
         mixed, _ = hyper.hc_read(R, *self.w.hc("output_hc", inject=False), self.g.eps)
+        self._watch("output_hc (the final hyper-connection read)", mixed)
         logits = basic.linear(mixed, self.w.get("output.weight"))
+        self._watch("output.weight (the logits)", logits)
         self._pending = rec
-        return WindowResult(rec.pos0, tokens, logits, logits.argmax(axis=1).astype(np.int32))
+        return WindowResult(rec.pos0, tokens, logits, logits.argmax(axis=1).astype(np.int32),
+                            nonfinite=self._nonfinite)
+
+    def _watch(self, stage: str, values: np.ndarray) -> None:
+        """Remember the first stage of this window whose output holds NaN/Inf (one isfinite pass over [T, ...]
+        activations per stage: small next to the GEMVs that made them)."""
+        if self._nonfinite is None and not np.isfinite(values).all():
+            self._nonfinite = stage
 
     def commit(self, n_keep: int) -> None:
         rec = self._pending
@@ -98,16 +109,25 @@ class ReferenceEngine:
         g, w = self.g, self.w
         if g.ple is not None and g.ple.layer == layer:
             R = self._ple(layer, R, tokens, rec)
+            self._watch(f"layer {layer} PLE (n-gram embedding block)", R)
         mixed, inj = hyper.hc_read(R, *w.hc(f"blk.{layer}.hc_attn"), g.eps)
+        self._watch(f"layer {layer} hc_attn (hyper-connection read)", mixed)
         if g.layer_is_attn[layer]:
             out = self._qsa(layer, mixed, positions, rec)
+            self._watch(f"layer {layer} attention (QSA)", out)
         else:
             out = self._gdn(layer, mixed, rec)
+            self._watch(f"layer {layer} Gated DeltaNet", out)
         R = hyper.hc_write(R, out, inj)
         mixed, inj = hyper.hc_read(R, *w.hc(f"blk.{layer}.hc_ffn"), g.eps)
-        ids, weights = moe.router_topk(basic.linear(mixed, w.blk(layer, "ffn_gate_inp")), g.n_expert_used)
+        self._watch(f"layer {layer} hc_ffn (hyper-connection read)", mixed)
+        router_logits = basic.linear(mixed, w.blk(layer, "ffn_gate_inp"))
+        self._watch(f"layer {layer} router (ffn_gate_inp)", router_logits)
+        ids, weights = moe.router_topk(router_logits, g.n_expert_used)
         out = moe.routed_experts(mixed, ids, weights, lambda e: w.expert(layer, e))
+        self._watch(f"layer {layer} routed experts", out)
         out += moe.shared_expert(mixed, *w.shared(layer))
+        self._watch(f"layer {layer} shared expert", out)
         return hyper.hc_write(R, out, inj)
 
     def _gdn(self, layer, x, rec):

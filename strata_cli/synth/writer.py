@@ -12,6 +12,7 @@ import gguf
 import numpy as np
 
 from ..errors import InputError
+from ..fileio import output_path
 from ..model.geometry import ARCH
 from . import fill
 from .plan import ModelPlan, build_plan
@@ -33,6 +34,36 @@ def parse_type(ggml_type: str | int | Recipe) -> int | Recipe:
     return fill.FILE_TYPES[key]
 
 
+PLAN_BYTES_PER_TOKEN = 160  # Python memory of one vocabulary entry of the plan (name string, type, list slots)
+PLAN_BYTES_PER_TENSOR = 1024
+
+
+def _element_bytes(choice) -> float:
+    """Bytes per element of the main tensors (Q8_0: 34 per 32); for a recipe, the smallest any GGML type takes."""
+    import gguf
+
+    file_type = parse_type(choice)
+    if isinstance(file_type, int):
+        block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(file_type)]
+        return type_size / block
+    return min(size / block for block, size in gguf.GGML_QUANT_SIZES.values())
+
+
+def size_lower_bound(preset: Preset, ggml_type) -> tuple[int, int]:
+    """(file bytes, planning memory bytes), both lower bounds computed arithmetically from the preset alone:
+    no tensor list, tokenizer list or prime search is built, so absurd overrides are refused in microseconds."""
+    p, bpe = preset, _element_bytes(ggml_type)
+    file_bytes = 2 * p.vocab_size * p.hidden_size * bpe  # token_embd + output
+    file_bytes += 16 * p.vocab_size  # tokenizer strings
+    experts = 3 * p.num_experts * p.hidden_size * p.moe_intermediate_size
+    shared = 3 * p.hidden_size * p.shared_expert_intermediate_size
+    file_bytes += p.num_hidden_layers * (experts + shared) * bpe
+    if p.ple_layer is not None:
+        file_bytes += p.ple_heads * p.ngram_vocab_size_base * p.ple_head_dim * bpe
+    memory = p.vocab_size * PLAN_BYTES_PER_TOKEN + p.num_hidden_layers * 40 * PLAN_BYTES_PER_TENSOR
+    return int(file_bytes), int(memory)
+
+
 def estimate_size(preset: Preset, ggml_type: str | int | Recipe) -> int:
     """Exact size in bytes of the file write_model produces (header included)."""
     return build_plan(preset, parse_type(ggml_type)).file_bytes()
@@ -43,13 +74,10 @@ def write_model(out_path, preset: Preset, *, seed: int = 0, ggml_type: str | int
     """Write a random-weight model for `preset`; it appears at out_path only once complete."""
     plan = build_plan(preset, parse_type(ggml_type))
     out = Path(out_path)
-    partial = out.with_name(f".{out.name}.partial-{os.getpid()}")
-    try:
+    # a locked temporary file beside OUT, removed on any exception (Ctrl-C, SIGTERM/SIGHUP via the CLI, a full
+    # disk); a second writer of the same OUT is refused
+    with output_path(out, what="model") as partial:
         _write(plan, partial, seed, progress)
-        os.replace(partial, out)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
     return out
 
 
