@@ -64,6 +64,9 @@ def parse_tsv(text: str) -> list[list[str]]:
     lines = text.splitlines()
     n_comments = next(i for i, line in enumerate(lines) if not line.startswith("#"))
     assert n_comments >= 1
+    # rows stream out as windows finish, so the loop's `# speculation {...}` line is the one comment after them
+    assert lines[-1].startswith("# speculation "), lines[-1]
+    lines = lines[:-1]
     assert not any(line.startswith("#") for line in lines[n_comments:]), "comment lines must come first"
     return [line.split("\t") for line in lines[n_comments:] if line.strip()]
 
