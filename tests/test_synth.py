@@ -177,7 +177,9 @@ def test_default_model_is_generated_once(tmp_path, monkeypatch):
     monkeypatch.setattr(default_model, "write_model", lambda *a, **kw: writes.append(a) or real_write(*a, **kw))
     path = default_model.default_model_path()
     assert path == tmp_path / "cache" / "qwen4exp-tiny-f32-seed0.gguf" and len(writes) == 1
-    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]  # no partial file left behind
+    # no partial file left behind: the model, its checksum and the first-use lock
+    assert sorted(p.name for p in path.parent.iterdir()) == sorted(
+        [path.name, path.name + default_model.CHECKSUM_SUFFIX, f".{path.name}.lock"])
     _same_geometry(path, load_preset("tiny"))
     stamp = os.stat(path).st_mtime_ns
 
