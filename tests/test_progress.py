@@ -1,0 +1,45 @@
+"""Progress bars: drawn on a terminal's stderr, nothing at all when stderr is piped or redirected."""
+
+from __future__ import annotations
+
+import io
+
+from click.testing import CliRunner
+from rich.console import Console
+
+from strata_cli.cli import main
+from strata_cli.progress import byte_progress, step_progress
+
+
+def _console(terminal: bool) -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, force_terminal=terminal, width=100), buf
+
+
+def test_step_progress_draws_on_a_terminal_only():
+    for terminal in (True, False):
+        con, buf = _console(terminal)
+        with step_progress("timing windows", total=3, console=con) as update:
+            for i in range(3):
+                update(i + 1, description=f"T = {i}")
+        assert ("T = " in buf.getvalue() or "timing windows" in buf.getvalue()) is terminal
+        if not terminal:
+            assert buf.getvalue() == ""
+
+
+def test_byte_progress_quiet_off_a_terminal():
+    con, buf = _console(False)
+    with byte_progress("writing", console=con) as update:
+        update(10, 100)
+    assert buf.getvalue() == ""
+
+
+def test_commands_write_no_progress_to_a_pipe(tmp_path):
+    out = tmp_path / "m.gguf"
+    result = CliRunner().invoke(main, ["make-model", str(out), "--layers", "4", "--experts", "4", "--vocab", "64"])
+    assert result.exit_code == 0
+    result = CliRunner().invoke(main, ["verify-bench", str(out), "--device", "cpu", "-r", "1", "-d", "2",
+                                       "--window", "1", "--format", "csv"])
+    assert result.exit_code == 0 and result.stderr == ""  # no bar, no spinner, no escape codes
+    result = CliRunner().invoke(main, ["logprobs", str(out), "--random", "9", "--device", "cpu"])
+    assert result.exit_code == 0 and "\x1b" not in result.stderr and "━" not in result.stderr
