@@ -36,7 +36,8 @@ def test_every_environment_variable_is_documented():
     for path in (REPO / "strata_cli").rglob("*.py"):
         names |= set(re.findall(r"environ(?:\.get)?\(\s*\"([A-Z_]+)\"", path.read_text()))
         names |= set(re.findall(r"environ\[\"([A-Z_]+)\"\]", path.read_text()))
-    names |= {"STRATA_TRACEBACK", "_STRATA_COMPLETE", "STRATA_FIXTURES"}
+        names |= set(re.findall(r"^\w*ENV\w* = \"([A-Z_]+)\"", path.read_text(), re.M))  # TRACEBACK_ENV = "..."
+    names |= {"_STRATA_COMPLETE", "STRATA_FIXTURES", "STRATA_REQUIRE_FIXTURES", "CI"}
     env_section = README[README.index("### Environment variables"):]
     for name in sorted(names):
         assert f"`{name}`" in env_section, name

@@ -27,8 +27,8 @@ def command(model, fmt, list_tensors):
     m = load_model(model)
     d = describe(m)
     tensor_columns = [Column(k, h, f, j) for k, h, f, j in TENSOR_COLUMNS]
-    if fmt == "json":
-        emit([], None, "json", meta=d)
+    if fmt == "json":  # numbers and names only: the roles' "Q4_K x47, Q5_K" text is the table's
+        emit([], None, "json", meta=dict(d, roles=[{k: v for k, v in r.items() if k != "types"} for r in d["roles"]]))
         return
     if fmt in ("csv", "jsonl"):
         emit(d["tensors"], [c.key for c in tensor_columns], fmt)
