@@ -30,14 +30,14 @@ extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
     }
 }
 
-// Conv commit: conv_state <- rows [n_keep, n_keep + K-1) of [conv_state | qkv] (qkv holds T rows).
-// Thread per channel.
+// Conv commit: conv_state [K1 = K-1, Ch] <- rows [n_keep, n_keep + K1) of [conv_state | qkv] (qkv holds T rows).
+// Thread per channel; the arguments of ple.cu's ple_history_commit (seq_util.rolling_commit builds both).
 extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
-    gdn_conv_commit(float* conv_state, const float* __restrict__ qkv, int T, int Ch, int K, int n_keep,
+    gdn_conv_commit(float* conv_state, const float* __restrict__ qkv, int T, int K1, int Ch, int n_keep,
                     const int* n_keep_dev) {
     const int n = count_from(n_keep, n_keep_dev, T);
     for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < Ch; c += (i64)gridDim.x * blockDim.x)
-        shift_commit_column(conv_state, qkv, K - 1, (i64)Ch, c, n);
+        shift_commit_column(conv_state, qkv, K1, (i64)Ch, c, n);
 }
 
 // h [T, Ch] -> q = l2norm(h[:, :Hk*dk]) / sqrt(dk), k = l2norm(h[:, Hk*dk : 2*Hk*dk]) per head, v = the rest.

@@ -33,17 +33,6 @@ def _one_line(exc: BaseException) -> str:
     return "; ".join(lines) or type(exc).__name__
 
 
-def _unavailable(name: str, short_help: str) -> click.Command:
-    """Stands in for a command whose module is not in this build; takes any arguments, fails in one line."""
-
-    def fail(args):
-        raise StrataError(f"command '{name}' is not available in this build")
-
-    return click.Command(name, callback=fail, short_help=short_help, add_help_option=False,
-                         params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
-                         context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-
-
 class LazyGroup(click.Group):
     """A group whose commands are imported on first use; `--help` reads their short help from `lazy_commands`."""
 
@@ -63,14 +52,8 @@ class LazyGroup(click.Group):
             return self.commands[name]
         if name not in self.lazy_commands:
             return None
-        module_name, short_help = self.lazy_commands[name]
-        qualified = f"{__package__}.commands.{module_name}"
-        try:
-            module = importlib.import_module(qualified)
-        except ModuleNotFoundError as exc:
-            if exc.name != qualified:  # the command exists but something it imports is missing: a real bug
-                raise
-            return _unavailable(name, short_help)
+        qualified = f"{__package__}.commands.{self.lazy_commands[name][0]}"
+        module = importlib.import_module(qualified)
         command = getattr(module, "command", None)
         if not isinstance(command, click.Command):
             raise TypeError(f"{qualified} has no click command named 'command'")

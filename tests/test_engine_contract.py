@@ -65,7 +65,7 @@ def test_reference_engine_holds_the_contract(fixture_dir):
     tokens = np.load(fixture_dir / "reference.npz")["tokens"][:16]
     engine = make_engine(model, "cpu")
     assert isinstance(engine, ReferenceEngine)
-    assert engine.capabilities == Capabilities(graphs=False, eager=False, device_timer=False)
+    assert engine.capabilities == Capabilities(graphs=False, eager=False)
     check_contract(engine, ReferenceEngine(model).run(tokens, 0).logits, tokens, rtol=1e-5)
 
 
@@ -74,7 +74,7 @@ def test_gpu_engine_holds_the_contract(fixture_dir):
     model = open_model(fixture_dir / "model-q8_0.gguf")
     tokens = np.load(fixture_dir / "reference.npz")["tokens"][:16]
     engine = make_engine(model, "gpu")
-    assert engine.capabilities == Capabilities(graphs=True, eager=True, device_timer=True)
+    assert engine.capabilities == Capabilities(graphs=True, eager=True)
     check_contract(engine, ReferenceEngine(model).run(tokens, 0).logits, tokens, rtol=1e-3)
 
 

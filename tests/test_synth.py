@@ -19,7 +19,7 @@ from strata_cli.errors import InputError
 from strata_cli.model import quants
 from strata_cli.model.gguf_file import open_model
 from strata_cli.synth import estimate_size, fill, load_preset, write_model
-from strata_cli.synth.plan import build_plan
+from strata_cli.synth.plan import build_plan, preset_geometry
 
 TYPES = ("F32", "F16", "BF16", "Q8_0")
 SPEC_MULTIPLIERS = [23703573157769, 20109073645365, 8052911324071]  # verify spec 2.7
@@ -32,7 +32,7 @@ SPEC_OFFSETS = [0, 20000003, 40000026, 60000059, 80000106, 100000165, 120000228,
 def _same_geometry(path: Path, preset) -> None:
     got = open_model(path).geometry
     assert got.warnings == ()
-    assert dataclasses.replace(got, path="<preset>") == preset.to_geometry()
+    assert dataclasses.replace(got, path="<preset>") == preset_geometry(preset)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES)
@@ -78,7 +78,7 @@ def test_small_is_a_few_hundred_mb_at_q8_0():
     sizes = {t: estimate_size(preset, t) for t in TYPES}
     assert 200e6 < sizes["Q8_0"] < 600e6
     assert sizes["Q8_0"] < sizes["BF16"] == sizes["F16"] < sizes["F32"]
-    geometry = preset.to_geometry()
+    geometry = preset_geometry(preset)
     assert (geometry.n_embd, geometry.n_expert, geometry.n_vocab) == (512, 64, 32768)
 
 
@@ -108,7 +108,7 @@ def test_ple_constants_reproduce_the_spec_and_the_converter():
     flash = load_preset("flash-next")
     assert flash.ple_multipliers == SPEC_MULTIPLIERS
     assert flash.ple_vocab_sizes == SPEC_VOCAB
-    assert list(flash.to_geometry().ple.head_offsets) == SPEC_OFFSETS
+    assert list(preset_geometry(flash).ple.head_offsets) == SPEC_OFFSETS
     # the fixture's config (vocab 512, base 1000) through transformers + converter
     fixture_like = dataclasses.replace(load_preset("tiny"), vocab_size=512, ngram_vocab_size_base=1000)
     assert fixture_like.ple_multipliers == [4295158889763781, 17440218147737327, 1270917961434445]

@@ -22,7 +22,7 @@ DISK_MARGIN = 1 * GIB
 BAR_MIN_BYTES = 64 << 20  # below this the write takes well under a second
 
 
-@click.command("make-model")
+@click.command("make-model", short_help="Write a synthetic random-weight qwen4exp GGUF.")
 @click.argument("out")  # a str: Path() would drop the trailing '/' of `out/newdir/`
 @click.option("--preset", default="tiny", show_default=True, metavar="|".join(PRESET_NAMES) + "|PATH.yaml",
               help="Model geometry: a preset name (profiles/presets/<name>.yaml) or the path of a preset YAML file.")

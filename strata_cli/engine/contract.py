@@ -4,7 +4,8 @@ call: they ask `capabilities`, never probe for attributes.
 A window: run(tokens, pos0) feeds T tokens at positions n_past..n_past+T-1 and returns a WindowResult (T rows of
 logits and greedy ids); commit(n_keep) advances the sequence to exactly the first n_keep of those rows. A second
 run() without a commit drops the first window. sample() draws ids from the last window's logits (temperature,
-Philox keyed by absolute position: ops/sampling.py); window_timer() times run + commit for benchmarks.
+Philox keyed by absolute position: ops/sampling.py); window_timer() times run + commit for benchmarks (on the
+device clock where the engine has one).
 """
 
 from __future__ import annotations
@@ -31,9 +32,8 @@ class WindowResult:
 class Capabilities:
     """What an engine can do beyond the contract's common part."""
 
-    graphs: bool        # windows replay captured CUDA graphs; capture_ms holds each window size's capture time
-    eager: bool         # run/commit/window_timer take eager=True: kernels launched one by one, no graph
-    device_timer: bool  # window_timer measures on the device clock (CUDA events), not the host's
+    graphs: bool  # windows replay captured CUDA graphs; capture_ms holds each window size's capture time
+    eager: bool   # run/commit/window_timer take eager=True: kernels launched one by one, no graph
 
 
 # timer(engine, tokens, pos, n_keep) -> (ms of run + commit, host ms): one timed window, committed

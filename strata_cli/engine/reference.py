@@ -21,7 +21,7 @@ class ReferenceEngine:
     """The numpy engine of the contract (engine/contract.py): no graphs, no eager mode, host-clock timing."""
 
     device = "cpu"
-    capabilities = Capabilities(graphs=False, eager=False, device_timer=False)
+    capabilities = Capabilities(graphs=False, eager=False)
 
     def __init__(self, model: GGUFModel, n_ctx: int | None = None, max_t: int | None = None):
         self.model = model

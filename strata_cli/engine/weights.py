@@ -5,20 +5,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.gguf_file import GGUFModel
-from ..model.names import PLE_TABLE
+from ..model.names import PLE_TABLE, blk_tensor
 
 
 class Weights:
     def __init__(self, model: GGUFModel):
         self.model = model
         self.g = model.geometry
-        g = self.g
-        if g.ple is not None:
-            p = g.ple
-            self.ple_mult = np.array(p.multipliers, dtype=np.uint64).astype(np.int64)
-            self.ple_sizes = np.array(p.head_vocab_sizes, dtype=np.int64)
-            self.ple_offsets = np.array(p.head_offsets, dtype=np.int64)
-
+        if self.g.ple is not None:
+            self.ple_mult, self.ple_sizes, self.ple_offsets = self.g.ple.hash_arrays()
         self._f64: dict[str, np.ndarray] = {}
 
     def get(self, name: str) -> np.ndarray:
@@ -32,8 +27,7 @@ class Weights:
         return out
 
     def blk(self, layer: int, role: str) -> np.ndarray:
-        suffix = "" if role in ("ssm_a", "ssm_dt.bias") else ".weight"
-        return self.get(f"blk.{layer}.{role}{suffix}")
+        return self.get(blk_tensor(layer, role))
 
     def hc(self, prefix: str, inject: bool = True):
         """(norm [C*D], down [L, C*D], up [C*D, L], inject [C, C*D] | None) of one hyper-connection half."""

@@ -24,10 +24,6 @@ class GraphSummary:
     edges: int
     kinds: list[tuple[str, int]] = field(default_factory=list)   # (label, count), most frequent first
 
-    def as_dict(self) -> dict:
-        return {"nodes": self.nodes, "edges": self.edges,
-                "kinds": [{"node": label, "count": count} for label, count in self.kinds]}
-
 
 class CapturedGraph:
     """One captured, instantiated and uploaded graph (the seed's window or commit graph)."""

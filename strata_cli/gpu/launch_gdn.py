@@ -37,7 +37,7 @@ def gdn_conv(qkv, conv_state, conv_w, out=None, stream=None):
             raise ValueError(f"conv_w: {K} taps, expected >= 2 (the state holds K-1 rows)")
         U.check_array("conv_state", conv_state, np.float32, (K - 1, Ch))
         out = U.out_array("out", out, (T, Ch), np.float32, empty)
-        grid, block = S.grid_1d(T * Ch, GDN_BLOCK)
+        grid, block = U.elementwise_grid(T * Ch, GDN_BLOCK)
         nvrtc.kernel("gdn", "gdn_conv")(grid, block, (
             qkv, conv_state, conv_w, out, np.int32(T), np.int32(Ch), np.int32(K)))
     return out
@@ -46,14 +46,8 @@ def gdn_conv(qkv, conv_state, conv_w, out=None, stream=None):
 def gdn_conv_commit(conv_state, qkv, n_keep, n_keep_dev=None, stream=None):
     """conv_state [K-1, Ch] <- rows [n_keep, n_keep+K-1) of [conv_state | qkv [T, Ch]], in place."""
     with U.on_stream(stream):
-        U.check_array("conv_state", conv_state, np.float32, (None, None))
-        K1, Ch = conv_state.shape
-        U.check_array("qkv", qkv, np.float32, (None, Ch))
-        T = qkv.shape[0]
-        n, n_dev = S.commit_count(n_keep, n_keep_dev, T)
-        grid, block = S.grid_1d(Ch, GDN_BLOCK)
-        nvrtc.kernel("gdn", "gdn_conv_commit")(grid, block, (
-            conv_state, qkv, np.int32(T), np.int32(Ch), np.int32(K1 + 1), n, n_dev))
+        grid, block, args = S.rolling_commit("conv_state", conv_state, "qkv", qkv, n_keep, n_keep_dev, GDN_BLOCK)
+        nvrtc.kernel("gdn", "gdn_conv_commit")(grid, block, args)
     return conv_state
 
 
@@ -81,7 +75,7 @@ def gdn_gates(alpha, beta_in, dt_bias, ssm_a, g=None, beta=None, stream=None):
         U.check_array("ssm_a", ssm_a, np.float32, (nv,))
         g = U.out_array("g", g, (T, nv), np.float32, empty)
         beta = U.out_array("beta", beta, (T, nv), np.float32, empty)
-        grid, block = S.grid_1d(T * nv, GDN_BLOCK)
+        grid, block = U.elementwise_grid(T * nv, GDN_BLOCK)
         nvrtc.kernel("gdn", "gdn_gates")(grid, block, (
             alpha, beta_in, dt_bias, ssm_a, g, beta, np.int32(T), np.int32(nv)))
     return g, beta

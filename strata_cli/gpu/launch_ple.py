@@ -43,7 +43,7 @@ def ngram_rows(tokens, prev, eos: int, multipliers, heads_per_ngram: int, vocab_
         U.check_array("vocab_sizes", vocab_sizes, np.int64, (Hn,))
         U.check_array("offsets", offsets, np.int64, (Hn,))
         out = U.out_array("out", out, (T, Hn), np.int64, empty)
-        grid, block = S.grid_1d(T, PLE_BLOCK)
+        grid, block = U.elementwise_grid(T, PLE_BLOCK)
         nvrtc.kernel("ple", "ple_ngram_rows")(grid, block, (
             tokens, prev, multipliers, vocab_sizes, offsets, out, np.int32(T), np.int32(n), np.int32(heads_per_ngram),
             np.int64(eos)))
@@ -98,7 +98,7 @@ def ple_mix(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, co
         nvrtc.kernel("ple", "ple_gate")((T * C, 1, 1), (PLE_BLOCK, 1, 1), (
             key, value, R, norm_key, norm_query, norm_conv, gated, normed, np.int32(C), np.int32(D),
             np.float32(np.sqrt(D)), np.float32(eps)))
-        grid, block = S.grid_1d(T * CD, PLE_BLOCK)
+        grid, block = U.elementwise_grid(T * CD, PLE_BLOCK)
         nvrtc.kernel("ple", "ple_conv_out")(grid, block, (
             R, gated, history, normed, conv_w, out, np.int32(T), np.int32(CD), np.int32(Kc), np.int32(dilation)))
     return out, normed
@@ -107,14 +107,8 @@ def ple_mix(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, co
 def ple_history_commit(history, normed, n_keep, n_keep_dev=None, stream=None):
     """history [Hh, CD] <- rows [n_keep, n_keep+Hh) of [history | normed [T, CD]], in place."""
     with U.on_stream(stream):
-        U.check_array("history", history, np.float32, (None, None))
-        Hh, CD = history.shape
-        U.check_array("normed", normed, np.float32, (None, CD))
-        T = normed.shape[0]
-        n, n_dev = S.commit_count(n_keep, n_keep_dev, T)
-        grid, block = S.grid_1d(CD, PLE_BLOCK)
-        nvrtc.kernel("ple", "ple_history_commit")(grid, block, (
-            history, normed, np.int32(T), np.int32(Hh), np.int32(CD), n, n_dev))
+        grid, block, args = S.rolling_commit("history", history, "normed", normed, n_keep, n_keep_dev, PLE_BLOCK)
+        nvrtc.kernel("ple", "ple_history_commit")(grid, block, args)
     return history
 
 

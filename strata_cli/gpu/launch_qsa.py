@@ -73,7 +73,7 @@ def kv_append(k_cache, v_cache, k, v, positions, stream=None):
         T = k.shape[0]
         U.check_array("v", v, np.float32, (T, Hk, d))
         S.check_positions("positions", positions, T)
-        grid, block = S.grid_1d(T * Hk * d, QSA_BLOCK)
+        grid, block = U.elementwise_grid(T * Hk * d, QSA_BLOCK)
         nvrtc.kernel("qsa", "qsa_kv_append")(grid, block, (
             k_cache, v_cache, k, v, positions, np.int32(T), np.int32(Hk * d)))
 

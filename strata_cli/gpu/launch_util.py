@@ -228,9 +228,9 @@ def expert_grid(n_out: int, n_entries: int, ksplit: int = 1, rpw: int = GEMV_RPW
     return (-(-n_out // rows_per_block), n_entries, 1), (GEMV_WARPS * 32, 1, 1)
 
 
-def elementwise_grid(n: int) -> tuple[tuple, tuple]:
-    """(grid, block) of a grid-stride kernel over n elements."""
-    return (max(1, min(-(-n // BLOCK), ELEMWISE_MAX_BLOCKS)), 1, 1), (BLOCK, 1, 1)
+def elementwise_grid(n: int, block: int = BLOCK) -> tuple[tuple, tuple]:
+    """(grid, block) of a grid-stride kernel over n elements (or items: rows, channels) with `block` threads."""
+    return (max(1, min(-(-n // block), ELEMWISE_MAX_BLOCKS)), 1, 1), (block, 1, 1)
 
 
 def null_or(a):

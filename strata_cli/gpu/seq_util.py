@@ -9,14 +9,6 @@ import numpy as np
 
 from . import launch_util as U
 
-MAX_GRID = 4096  # grid-stride kernels never need more blocks
-
-
-def grid_1d(n: int, block: int) -> tuple[tuple, tuple]:
-    """(grid, block) of a grid-stride kernel over n items."""
-    return (max(1, min(-(-n // block), MAX_GRID)), 1, 1), (block, 1, 1)
-
-
 def check_rows_view(name: str, a, ndim: int, shape: tuple | None = None):
     """A float32 view whose last axis is contiguous (e.g. the q half of attn_q's heads); returns its strides in
     elements for the leading axes."""
@@ -48,3 +40,15 @@ def commit_count(n_keep, n_keep_dev, T: int):
     if n_keep is None or not 0 <= int(n_keep) <= T:
         raise ValueError(f"n_keep: {n_keep} outside 0..{T} (the window's rows)")
     return np.int32(n_keep), U.null_or(None)
+
+
+def rolling_commit(state_name: str, state, rows_name: str, rows, n_keep, n_keep_dev, block: int):
+    """(grid, block, kernel arguments) of a rolling-history commit, thread per column: state [S, W] <- rows
+    [n_keep, n_keep + S) of [state | rows [T, W]], in place (kernels gdn_conv_commit and ple_history_commit)."""
+    U.check_array(state_name, state, np.float32, (None, None))
+    n_rows, width = state.shape
+    U.check_array(rows_name, rows, np.float32, (None, width))
+    T = rows.shape[0]
+    n, n_dev = commit_count(n_keep, n_keep_dev, T)
+    grid, block = U.elementwise_grid(width, block)
+    return grid, block, (state, rows, np.int32(T), np.int32(n_rows), np.int32(width), n, n_dev)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import ModelFileError
 
 ARCH = "qwen4exp"
@@ -100,6 +102,12 @@ class PLEGeometry:
         """Rows of normalized gated values the dilated conv looks back on."""
         return (self.conv_kernel - 1) * self.dilation
 
+    def hash_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(multipliers, head vocab sizes, head offsets) as the int64 arrays the n-gram hash takes (the uint64
+        multipliers wrap to int64, as torch's int64 products do)."""
+        return (np.array(self.multipliers, dtype=np.uint64).astype(np.int64),
+                np.array(self.head_vocab_sizes, dtype=np.int64), np.array(self.head_offsets, dtype=np.int64))
+
 
 @dataclass(frozen=True)
 class Geometry:
@@ -158,9 +166,6 @@ class Geometry:
     @property
     def gdn_layers(self) -> list[int]:
         return [i for i, a in enumerate(self.layer_is_attn) if not a]
-
-    def layer_kind(self, layer: int) -> str:
-        return "qsa" if self.layer_is_attn[layer] else "gdn"
 
     def summary(self) -> dict:
         out = {

@@ -101,7 +101,6 @@ class GGUFModel:
     def __init__(self, path: str):
         self.path = str(path)
         reader, self.file_size = _open_reader(self.path)
-        self._reader = reader
         self.metadata = _read_metadata(reader, self.path)
         self.tensors: dict[str, TensorInfo] = {}
         for t in reader.tensors:
@@ -162,10 +161,6 @@ class GGUFModel:
                                      f"(strata reads {', '.join(sorted(quants.TYPE_NAMES.values()))})")
 
     # ---- access
-    @property
-    def geom(self) -> Geometry:
-        return self.geometry
-
     def info(self, name: str) -> TensorInfo:
         try:
             return self.tensors[name]
@@ -193,9 +188,6 @@ class GGUFModel:
         for info in self.tensors.values():
             counts[info.type_name] = counts.get(info.type_name, 0) + 1
         return counts
-
-    def nbytes(self) -> int:
-        return sum(info.n_bytes for info in self.tensors.values())
 
 
 def open_model(path) -> GGUFModel:

@@ -112,4 +112,11 @@ def expected_tensors(g: Geometry) -> dict[str, TensorSpec]:
 
 
 PLE_TABLE = "per_layer_token_embd.weight"
+GATHERED = ("token_embd.weight", PLE_TABLE)  # tables read a row at a time by id, never streamed whole
+UNSUFFIXED_ROLES = ("ssm_a", "ssm_dt.bias")  # layer tensors whose names carry no ".weight"
+
+
+def blk_tensor(layer: int, role: str) -> str:
+    """The name of a layer's tensor: blk.{layer}.{role}.weight (blk.{layer}.{role} for ssm_a and ssm_dt.bias)."""
+    return f"blk.{layer}.{role}" + ("" if role in UNSUFFIXED_ROLES else ".weight")
 INDEXER_MARK = ".indexer.k_proj.weight"

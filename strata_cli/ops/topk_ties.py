@@ -68,19 +68,15 @@ def _insertion_sort(q, first, last):
 
 
 def _median_to_first(q, result, a, b, c):
-    if _greater(q[a], q[b]):
-        if _greater(q[b], q[c]):
-            pick = b
-        elif _greater(q[a], q[c]):
-            pick = c
-        else:
-            pick = a
-    elif _greater(q[a], q[c]):
-        pick = a
-    elif _greater(q[b], q[c]):
+    """Swap the median of q[a], q[b], q[c] into q[result]: of the pair (a, b) ordered as hi, lo, the median is lo
+    when lo beats c, else c when hi beats c, else hi (the branches of std::__move_median_to_first)."""
+    hi, lo = (a, b) if _greater(q[a], q[b]) else (b, a)
+    if _greater(q[lo], q[c]):
+        pick = lo
+    elif _greater(q[hi], q[c]):
         pick = c
     else:
-        pick = b
+        pick = hi
     q[result], q[pick] = q[pick], q[result]
 
 

@@ -10,10 +10,11 @@ import re
 from dataclasses import dataclass
 
 import gguf
+import numpy as np
 from gguf import GGUFValueType as VT
 
 from ..model import quants
-from ..model.geometry import ARCH
+from ..model.geometry import ARCH, Geometry, Metadata, geometry_from_metadata
 from ..model.names import PLE_TABLE, expected_tensors
 from . import fill, ple_hash, recipes
 from .presets import Preset
@@ -90,7 +91,7 @@ def _kv_size(key: str, value, vtype: VT, sub: VT | None) -> int:
 
 def ordered_names(preset: Preset) -> list[tuple[str, tuple[int, ...]]]:
     """Every tensor (name, GGML shape) in the converter's order, the padded PLE table included."""
-    specs = {name: spec.shape for name, spec in expected_tensors(preset.to_geometry()).items()}
+    specs = {name: spec.shape for name, spec in expected_tensors(preset_geometry(preset)).items()}
     if preset.ple_layer is not None:
         rows = ple_hash.padded_rows(preset.ple_vocab_sizes)
         specs[f"blk.{preset.ple_layer}.{PLE_TABLE}"] = (preset.ple_head_dim, rows)
@@ -178,6 +179,15 @@ def _model_kvs(p: Preset, recipe: fill.Recipe, size_label: str) -> list:
         ]
     kvs.append(("general.quantization_version", gguf.GGML_QUANT_VERSION, VT.UINT32, None))
     return kvs + _tokenizer_kvs(p)
+
+
+def preset_geometry(preset: Preset, path: str = "<preset>") -> Geometry:
+    """The Geometry open_model reads back from a file written for this preset: the loader's geometry_from_metadata
+    over the metadata this plan writes (FLOAT32 values rounded as the file stores them), so no default is restated."""
+    values = {"general.architecture": ARCH}
+    for key, value, vtype, _ in _model_kvs(preset, recipes.uniform(quants.F32), size_label=""):
+        values[key] = float(np.float32(value)) if vtype == VT.FLOAT32 else value
+    return geometry_from_metadata(Metadata(values, path), preset.vocab_size, any(preset.layer_is_attn))
 
 
 def build_plan(preset: Preset, file_type: int | fill.Recipe) -> ModelPlan:

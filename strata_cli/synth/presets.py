@@ -1,4 +1,5 @@
-"""Model presets: HF-config-like geometry in YAML (profiles/presets/*.yaml), turned into a strata Geometry."""
+"""Model presets: HF-config-like geometry in YAML (profiles/presets/*.yaml). The Geometry of a preset is what
+the loader reads from the metadata synth/plan.py writes for it (plan.preset_geometry)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import InputError
-from ..model.geometry import Geometry, PLEGeometry
 from . import ple_hash
 
 PRESET_NAMES = ("tiny", "small", "flash-next")
@@ -119,35 +117,6 @@ class Preset:
                 raise InputError(f"--ngram-vocab {ngram_vocab}: must be >= 2")
             p = dataclasses.replace(p, ngram_vocab_size_base=ngram_vocab, name=f"{p.name}-N{ngram_vocab}")
         return p
-
-    # ---- geometry
-    def to_geometry(self, path: str = "<preset>") -> Geometry:
-        """The Geometry open_model reads back from a file written for this preset."""
-        ple = None
-        if self.ple_layer is not None:
-            sizes = self.ple_vocab_sizes
-            ple = PLEGeometry(
-                layer=self.ple_layer, ngram_size=self.ngram_size, heads_per_ngram=self.heads_per_ngram,
-                head_dim=self.ple_head_dim, conv_kernel=self.ple_conv_kernel_size, eos_token_id=self.eos_token_id,
-                multipliers=tuple(self.ple_multipliers), head_vocab_sizes=tuple(sizes),
-                head_offsets=tuple(ple_hash.head_offsets(sizes)))
-        # without attention layers the loader ignores the indexer/rope keys and reports these defaults
-        has_attn = any(self.layer_is_attn)
-        idx = (self.indexer_n_heads, self.indexer_head_dim, self.indexer_budget) if has_attn else (0, 0, 0)
-        return Geometry(
-            path=path, n_layers=self.num_hidden_layers, n_ctx=self.max_position_embeddings,
-            n_embd=self.hidden_size, n_vocab=self.vocab_size, eps=float(np.float32(self.rms_norm_eps)),
-            layer_is_attn=self.layer_is_attn, n_head=self.num_attention_heads,
-            n_head_kv=self.num_key_value_heads, head_dim=self.head_dim, n_rot=self.rotary_dims,
-            rope_base=float(np.float32(self.rope_theta)) if has_attn else 1e4,
-            idx_heads=idx[0], idx_dim=idx[1], idx_budget=idx[2], compress_ratios=self.compress_ratios,
-            conv_kernel=self.linear_conv_kernel_dim, ssm_dk=self.linear_key_head_dim,
-            ssm_nk=self.linear_num_key_heads, ssm_nv=self.linear_num_value_heads,
-            ssm_dv=self.linear_value_head_dim, hc=self.hc_count, hc_lowrank=self.hc_lowrank,
-            n_expert=self.num_experts, n_expert_used=self.num_experts_per_tok,
-            n_ff_exp=self.moe_intermediate_size, n_ff_shexp=self.shared_expert_intermediate_size,
-            eos_token_id=self.eos_token_id, ple=ple,
-        )
 
 
 def _gdn_layer_at_or_below(p: Preset, layer: int | None) -> int | None:

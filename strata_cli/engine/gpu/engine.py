@@ -27,7 +27,7 @@ DEFAULT_MAX_T = GEMV_MAXT
 
 class GPUEngine:
     device = "gpu"
-    capabilities = Capabilities(graphs=True, eager=True, device_timer=True)
+    capabilities = Capabilities(graphs=True, eager=True)
 
     def __init__(self, model, n_ctx: int | None = None, max_t: int | None = None, pack_q8: bool = True):
         cp = cupy()
@@ -49,10 +49,7 @@ class GPUEngine:
             self.buf["cos"].set(cos)
             self.buf["sin"].set(sin)
         if g.ple is not None:
-            p = g.ple
-            self.ple_mult = cp.asarray(np.array(p.multipliers, dtype=np.uint64).astype(np.int64))
-            self.ple_sizes = cp.asarray(np.array(p.head_vocab_sizes, dtype=np.int64))
-            self.ple_offsets = cp.asarray(np.array(p.head_offsets, dtype=np.int64))
+            self.ple_mult, self.ple_sizes, self.ple_offsets = (cp.asarray(a) for a in g.ple.hash_arrays())
         self.graphs: dict[int, CapturedGraph] = {}
         self.capture_ms: dict[int, float] = {}
         self._commit_graph: CapturedGraph | None = None

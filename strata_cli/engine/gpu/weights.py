@@ -12,29 +12,30 @@ import numpy as np
 from ...gpu.runtime import cupy
 from ...model import packed
 from ...model.gguf_file import GGUFModel
-from ...model.names import PLE_TABLE
+from ...model.names import GATHERED, PLE_TABLE, blk_tensor
 
 # 2-D tensors the kernels read as float32 arrays rather than raw rows (conv taps; tiny and always F32 in files)
 F32_MATRICES = ("ssm_conv1d.weight", "ple_conv1d.weight")
-GATHERED = ("token_embd.weight", PLE_TABLE)  # read a row at a time by index: never repacked
 
 
 class DeviceWeights:
+    """raw(name): a matrix as its GGUF rows on the device and its GGML type (the kernels dequantize); f32(name): a
+    vector (or conv taps) as a float32 device array. blk_raw / blk_f32 name a layer's tensor by role."""
+
     def __init__(self, model: GGUFModel, pack_q8: bool = True):
         cp = cupy()
         self.model = model
         self.packed = 0  # bytes repacked to Q8_0_R32
-        self.raw: dict[str, tuple[object, int]] = {}
-        self.vec: dict[str, object] = {}
-        self.nbytes = 0
+        self._raw: dict[str, tuple[object, int]] = {}
+        self._f32: dict[str, object] = {}
         for name in list(model.specs) + ([PLE_TABLE] if model.geometry.ple is not None else []):
             info = model.info(name)
             if name.endswith("ffn_gate_inp_shexp.weight"):  # a [D] or [D, 1] gate row, read as one GEMV row
                 arr = cp.asarray(np.ascontiguousarray(model.f32(name), dtype=np.float32).reshape(1, -1))
-                self.raw[name] = (arr, 0)
+                self._raw[name] = (arr, 0)
             elif len(info.shape) == 1 or name.endswith(F32_MATRICES):
                 arr = cp.asarray(np.ascontiguousarray(model.f32(name), dtype=np.float32))
-                self.vec[name] = arr
+                self._f32[name] = arr
             else:
                 arr = cp.asarray(np.ascontiguousarray(info.raw))
                 ggml_type = info.ggml_type
@@ -44,24 +45,22 @@ class DeviceWeights:
                     arr = pack_q8_0(arr, _n_in(info), out=cp.empty_like(arr))
                     ggml_type = packed.Q8_0_R32
                     self.packed += arr.nbytes
-                self.raw[name] = (arr, ggml_type)
-            self.nbytes += arr.nbytes
+                self._raw[name] = (arr, ggml_type)
 
         cp.cuda.Device().synchronize()  # the packing ran on the current stream; engines use their own
 
-    def r(self, name: str):
+    def raw(self, name: str):
         """(raw device array in numpy order, GGML type)."""
-        return self.raw[name]
+        return self._raw[name]
 
-    def v(self, name: str):
-        return self.vec[name]
+    def f32(self, name: str):
+        return self._f32[name]
 
-    def blk_r(self, layer: int, role: str):
-        return self.raw[f"blk.{layer}.{role}.weight"]
+    def blk_raw(self, layer: int, role: str):
+        return self._raw[blk_tensor(layer, role)]
 
-    def blk_v(self, layer: int, role: str):
-        suffix = "" if role in ("ssm_a", "ssm_dt.bias") else ".weight"
-        return self.vec[f"blk.{layer}.{role}{suffix}"]
+    def blk_f32(self, layer: int, role: str):
+        return self._f32[blk_tensor(layer, role)]
 
 
 def _n_in(info) -> int:

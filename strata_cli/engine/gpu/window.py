@@ -16,6 +16,7 @@ from ...gpu import launch_ple as ple
 from ...gpu import launch_qsa as qsa
 from ...gpu import launch_sampling as sampling
 from ...gpu.runtime import check, cudart
+from ...model.names import PLE_TABLE
 from .buffers import argmax_scratch, split_k
 
 
@@ -27,16 +28,16 @@ def _copy(dst, src, nbytes: int, stream) -> None:
 
 def _hc(e, prefix: str, T: int, inject: bool, stream):
     b, w = e.buf, e.w
-    down, up = w.r(f"{prefix}_down.weight"), w.r(f"{prefix}_up.weight")
-    inj = w.r(f"{prefix}_inject.weight") if inject else (None, None)
+    down, up = w.raw(f"{prefix}_down.weight"), w.raw(f"{prefix}_up.weight")
+    inj = w.raw(f"{prefix}_inject.weight") if inject else (None, None)
     scratch = hyper.HcScratch(b["hc_xn"], b["hc_low"], b["hc_gates"])
-    return hyper.hc_read(b["R"][:T], w.v(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
+    return hyper.hc_read(b["R"][:T], w.f32(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
                          out_mixed=b["mixed"][:T], out_inj=b["inj"][:T] if inject else None, scratch=scratch,
                          split=split_k(b), stream=stream)
 
 
 def _gemv(e, name: str, x, out, stream):
-    raw, ggml_type = e.w.r(name)
+    raw, ggml_type = e.w.raw(name)
     return launch_gemv.gemv(raw, ggml_type, x.shape[1], x, out=out, split=split_k(e.buf), stream=stream)
 
 
@@ -45,18 +46,18 @@ def _gdn(e, layer: int, x, T: int, stream):
     blk = f"blk.{layer}."
     qkv = b[f"qkv.{layer}"][:T]
     _gemv(e, blk + "attn_qkv.weight", x, qkv, stream)
-    gdn.gdn_conv(qkv, b[f"conv.{layer}"], w.blk_v(layer, "ssm_conv1d"), out=b["gdn_h"][:T], stream=stream)
+    gdn.gdn_conv(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), out=b["gdn_h"][:T], stream=stream)
     q, k, v = b[f"q.{layer}"][:T], b[f"k.{layer}"][:T], b[f"v.{layer}"][:T]
     gdn.gdn_split(b["gdn_h"][:T], g.ssm_nk, g.ssm_dk, g.ssm_nv, g.ssm_dv, q=q, k=k, v=v, stream=stream)
     _gemv(e, blk + "ssm_alpha.weight", x, b["gdn_alpha"][:T], stream)
     _gemv(e, blk + "ssm_beta.weight", x, b["gdn_beta_in"][:T], stream)
     decay, beta = b[f"g.{layer}"][:T], b[f"beta.{layer}"][:T]
-    gdn.gdn_gates(b["gdn_alpha"][:T], b["gdn_beta_in"][:T], w.blk_v(layer, "ssm_dt.bias"), w.blk_v(layer, "ssm_a"),
-                  g=decay, beta=beta, stream=stream)
+    gdn.gdn_gates(b["gdn_alpha"][:T], b["gdn_beta_in"][:T], w.blk_f32(layer, "ssm_dt.bias"),
+                  w.blk_f32(layer, "ssm_a"), g=decay, beta=beta, stream=stream)
     gdn.gdn_recurrence(b[f"S.{layer}"], q, k, v, decay, beta, out=b["gdn_o"][:T], with_state=False, stream=stream)
     _gemv(e, blk + "attn_gate.weight", x, b["gdn_z"][:T], stream)
     y = gdn.gdn_gated_norm(b["gdn_o"][:T], b["gdn_z"][:T].reshape(T, g.ssm_nv, g.ssm_dv),
-                           w.blk_v(layer, "ssm_norm"), g.eps, out=b["gdn_y"][:T], stream=stream)
+                           w.blk_f32(layer, "ssm_norm"), g.eps, out=b["gdn_y"][:T], stream=stream)
     _gemv(e, blk + "ssm_out.weight", y.reshape(T, -1), b["block_out"][:T], stream)
 
 
@@ -65,14 +66,14 @@ def _qsa(e, layer: int, x, T: int, stream):
     blk, d, pos = f"blk.{layer}.", g.head_dim, b["positions"][:T]
     cos, sin = b["cos"], b["sin"]
     _gemv(e, blk + "attn_k.weight", x, b["qa_k"][:T], stream)
-    kn = qsa.norm_rope(b["qa_k"][:T].reshape(T, g.n_head_kv, d), w.blk_v(layer, "attn_k_norm"), g.eps, cos, sin,
+    kn = qsa.norm_rope(b["qa_k"][:T].reshape(T, g.n_head_kv, d), w.blk_f32(layer, "attn_k_norm"), g.eps, cos, sin,
                        positions=pos, out=b["qa_kn"][:T], stream=stream)
     _gemv(e, blk + "attn_v.weight", x, b["qa_v"][:T], stream)
     qsa.kv_append(b[f"kc.{layer}"], b[f"vc.{layer}"], kn, b["qa_v"][:T].reshape(T, g.n_head_kv, d), pos,
                   stream=stream)
     _gemv(e, blk + "attn_q.weight", x, b["qa_qg"][:T], stream)
     qg = b["qa_qg"][:T].reshape(T, g.n_head, 2 * d)
-    qn = qsa.norm_rope(qg[:, :, :d], w.blk_v(layer, "attn_q_norm"), g.eps, cos, sin, positions=pos,
+    qn = qsa.norm_rope(qg[:, :, :d], w.blk_f32(layer, "attn_q_norm"), g.eps, cos, sin, positions=pos,
                        out=b["qa_qn"][:T], stream=stream)
     cells = counts = None
     ratio = g.compress_ratios[layer]
@@ -80,14 +81,14 @@ def _qsa(e, layer: int, x, T: int, stream):
         raw = b[f"idx_raw.{layer}"][:T]
         _gemv(e, blk + "indexer.k_proj.weight", x, raw, stream)
         tail, snap = b[f"tail.{layer}"], b[f"snap.{layer}"]
-        qsa.indexer_append(tail, b[f"pooled.{layer}"], raw, pos, w.blk_v(layer, "indexer.k_norm"), g.eps, cos, sin,
+        qsa.indexer_append(tail, b[f"pooled.{layer}"], raw, pos, w.blk_f32(layer, "indexer.k_norm"), g.eps, cos, sin,
                            snapshot=snap, stream=stream)
         # a run writes no committed state (engine/state.py): the tail goes back to its snapshot at once, since a
         # window longer than ratio - n_past % ratio rows wraps over slots of committed positions
         _copy(tail, snap, snap.nbytes, stream)
         qi_raw = b["qi_raw"][:T]
         _gemv(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
-        qi = qsa.norm_rope(qi_raw.reshape(T, g.idx_heads, g.idx_dim), w.blk_v(layer, "indexer.q_norm"), g.eps,
+        qi = qsa.norm_rope(qi_raw.reshape(T, g.idx_heads, g.idx_dim), w.blk_f32(layer, "indexer.q_norm"), g.eps,
                            cos, sin, positions=pos, out=b["qi"][:T], stream=stream)
         nb = b[f"pooled.{layer}"].shape[0]
         scores = qsa.block_scores(qi, b[f"pooled.{layer}"], pos, ratio, out=_rows(b["scores"], T, nb),
@@ -115,11 +116,11 @@ def _moe(e, layer: int, x, T: int, stream):
     ids, weights = moe.router_topk(b["router"][:T], g.n_expert_used, out_ids=b["route_ids"][:T],
                                    out_w=b["route_w"][:T], stream=stream)
     names = [blk + f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")] + [blk + "ffn_gate_inp_shexp.weight"]
-    raws = [w.r(n) for n in names]
+    raws = [w.raw(n) for n in names]
     moe.shared_expert(x, raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
                       out=b["shared"][:T], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), split=split_k(b),
                       stream=stream)
-    exps = [w.r(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
+    exps = [w.raw(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
     moe.routed_experts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps],
                        out=b["block_out"][:T], shared=b["shared"][:T],
                        scratch=moe.MoeScratch(b["moe_h"], b["moe_parts"], b["moe_gexp"], b["moe_gcnt"],
@@ -131,12 +132,12 @@ def _ple(e, T: int, stream):
     p, layer = g.ple, g.ple.layer
     rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, e.ple_mult, p.heads_per_ngram,
                           e.ple_sizes, e.ple_offsets, out=b["ple_rows"][:T], stream=stream)
-    table, table_type = w.r("per_layer_token_embd.weight")
+    table, table_type = w.raw(PLE_TABLE)
     emb = embed.gather_rows(rows, table, table_type, p.head_dim, out=b["ple_emb"][:T], stream=stream)
-    wk, kt = w.blk_r(layer, "ple_key")
-    wv, vt = w.blk_r(layer, "ple_value")
-    ple.ple_mix(b["R"][:T], emb, b["ple_history"], wk, wv, w.blk_v(layer, "ple_norm_key"),
-                w.blk_v(layer, "ple_norm_query"), w.blk_v(layer, "ple_norm_conv"), w.blk_v(layer, "ple_conv1d"),
+    wk, kt = w.blk_raw(layer, "ple_key")
+    wv, vt = w.blk_raw(layer, "ple_value")
+    ple.ple_mix(b["R"][:T], emb, b["ple_history"], wk, wv, w.blk_f32(layer, "ple_norm_key"),
+                w.blk_f32(layer, "ple_norm_query"), w.blk_f32(layer, "ple_norm_conv"), w.blk_f32(layer, "ple_conv1d"),
                 p.dilation, g.eps, key_type=kt, value_type=vt, out=b["R"][:T], normed=b["ple_normed"][:T],
                 work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), split=split_k(b), stream=stream)
 
@@ -145,7 +146,7 @@ def record_window(e, T: int, stream) -> None:
     b, g = e.buf, e.g
     _copy(b["tokens"], e.stage.tokens.device, T * 8, stream)
     _copy(b["positions"], e.stage.positions.device, T * 4, stream)
-    table, table_type = e.w.r("token_embd.weight")
+    table, table_type = e.w.raw("token_embd.weight")
     embed.gather_rows(b["tokens"][:T].reshape(T, 1), table, table_type, g.n_embd, out=b["emb"][:T], stream=stream)
     hyper.broadcast_streams(b["emb"][:T], g.hc, out=b["R"][:T], stream=stream)
     for layer in range(g.n_layers):
@@ -175,7 +176,7 @@ def record_commit(e, stream) -> None:
     for layer in g.attn_layers:
         if g.compress_ratios[layer]:
             qsa.indexer_commit(b[f"tail.{layer}"], b[f"pooled.{layer}"], b[f"snap.{layer}"], b[f"idx_raw.{layer}"],
-                               b["positions"], None, w.blk_v(layer, "indexer.k_norm"), g.eps, b["cos"], b["sin"],
+                               b["positions"], None, w.blk_f32(layer, "indexer.k_norm"), g.eps, b["cos"], b["sin"],
                                n_keep_dev=n_keep, stream=stream)
     if g.ple is not None:
         ple.ple_history_commit(b["ple_history"], b["ple_normed"], None, n_keep_dev=n_keep, stream=stream)
