@@ -14,12 +14,3 @@ def patch_kernels(wrap) -> None:
         return wrap(module, function, original(module, function))
 
     compile_mod.kernel = lookup
-
-
-def fill_context(eng, context: int, rng) -> None:
-    """Reset the engine and run + commit random tokens, 16 at a time, until it holds `context` positions."""
-    eng.reset()
-    while eng.n_past < context:
-        n = min(16, context - eng.n_past)
-        eng.run(rng.integers(0, eng.g.n_vocab, n), eng.n_past, logits=False)
-        eng.commit(n)

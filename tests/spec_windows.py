@@ -32,7 +32,7 @@ def committed_state(engine) -> dict[str, np.ndarray]:
     Keys name the part and layer: n_past, S/conv (GDN), k/v (KV cells below n_past), tail, pooled (blocks
     below n_past // ratio), ple_history, ple_prev. Works on the numpy engine and the GPU engine alike."""
     g, n = engine.g, engine.n_past
-    if getattr(engine, "device", "cpu") == "gpu":
+    if engine.device == "gpu":
         from strata_cli.gpu.runtime import cupy
 
         def part(kind, layer=None):
