@@ -103,8 +103,9 @@ def speculative_dump(engine, tokens: np.ndarray, window: int, *, draft_noise: fl
             raise NonFiniteError(f"non-finite values (NaN/Inf) in the window at positions {pos}..{pos + T - 1}, "
                                  f"first in {bad}; {len(rows)} rows before it were finite (--allow-nonfinite "
                                  "writes such rows, marked, instead of stopping)")
-        new = logprob_rows(np.asarray(result.logits[:n_keep]), pos + np.arange(n_keep),
-                           tokens[pos + 1:pos + 1 + n_keep], topk, extra_id, full_dist)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # only with --allow-nonfinite
+            new = logprob_rows(np.asarray(result.logits[:n_keep]), pos + np.arange(n_keep),
+                               tokens[pos + 1:pos + 1 + n_keep], topk, extra_id, full_dist)
         if bad:
             for row in new:
                 row.nonfinite = True

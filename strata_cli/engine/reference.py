@@ -42,6 +42,11 @@ class ReferenceEngine:
 
     # ---- the verify contract
     def run(self, tokens, pos0: int | None = None) -> WindowResult:
+        # NaN/Inf are reported once, by _watch, naming the first stage: not as numpy warnings on stderr
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            return self._run(tokens, pos0)
+
+    def _run(self, tokens, pos0: int | None) -> WindowResult:
         tokens = check_window(tokens, pos0, self.n_past, self.g.n_vocab, self.n_ctx, self.max_t)
         self._pending = None  # an uncommitted window is dropped: it wrote no committed state (state.py)
         rec = WindowRecord(pos0=self.n_past, tokens=tokens)

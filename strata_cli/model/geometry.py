@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,10 +36,15 @@ class Metadata:
             raise ModelFileError(f"{self.path}: metadata '{key}' = {value!r} (expected an integer >= {minimum})")
         return int(value)
 
-    def req_float(self, key: str) -> float:
+    def req_float(self, key: str, *, positive: bool = False) -> float:
+        """A finite number (NaN and +-inf make every logit NaN downstream); positive=True also refuses <= 0."""
         value = self.req(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ModelFileError(f"{self.path}: metadata '{key}' = {_short(value)} (expected a number)")
+        if not math.isfinite(value):
+            raise self.bad(key, value, "must be a finite number")
+        if positive and not value > 0:
+            raise self.bad(key, value, "must be > 0")
         return float(value)
 
     def opt_int(self, key: str, default=None) -> int | None:
@@ -214,12 +220,15 @@ def _layer_kinds(md: Metadata, n_layers: int) -> tuple[bool, ...]:
     return from_interval
 
 
-def _ple(md: Metadata, n_layers: int, layer_is_attn, vocab: int, fallback_eos) -> PLEGeometry | None:
+def _ple(md: Metadata, n_layers: int, layer_is_attn, vocab: int, fallback_eos,
+         has_ple_tensors: bool) -> PLEGeometry | None:
     key_layers = f"{ARCH}.ple.layers"
-    if not md.has(key_layers):
-        return None
-    layers = md.req_int_list(key_layers)
+    layers = md.req_int_list(key_layers) if md.has(key_layers) else []
     if not layers:
+        if has_ple_tensors:  # dropping the block would silently compute a different model
+            raise ModelFileError(f"{md.path}: the file has PLE tensors (blk.*.ple_*) but metadata '{key_layers}' is "
+                                 f"{'missing' if not md.has(key_layers) else 'empty'}: cannot tell which layer "
+                                 "they belong to")
         return None
     if len(layers) != 1:
         raise md.bad(key_layers, layers, "strata supports exactly one PLE layer (one n-gram table)")
@@ -232,11 +241,16 @@ def _ple(md: Metadata, n_layers: int, layer_is_attn, vocab: int, fallback_eos) -
     hpn = md.req_int(f"{ARCH}.ple.heads_per_ngram")
     n_heads = (ngram - 1) * hpn
     mult = md.req_int_list(f"{ARCH}.ple.layer_multipliers", ngram)
+    for i, m in enumerate(mult):
+        if not 0 < m < 1 << 63:
+            raise md.bad(f"{ARCH}.ple.layer_multipliers", mult, f"multiplier {i} = {m} is not in 1..2^63-1")
     sizes = md.req_int_list(f"{ARCH}.ple.head_vocab_sizes", n_heads)
     offsets = md.req_int_list(f"{ARCH}.ple.head_offsets", n_heads)
     running = 0
     for i, (size, off) in enumerate(zip(sizes, offsets)):
-        if int(size) <= 0 or int(off) != running:
+        if int(size) <= 0:
+            raise md.bad(f"{ARCH}.ple.head_vocab_sizes", sizes, f"head {i} has size {size}: every head needs >= 1 row")
+        if int(off) != running:
             raise md.bad(f"{ARCH}.ple.head_offsets", offsets,
                          f"head {i} offset {off} != running sum {running} of head_vocab_sizes")
         running += int(size)
@@ -254,7 +268,8 @@ def _ple(md: Metadata, n_layers: int, layer_is_attn, vocab: int, fallback_eos) -
     )
 
 
-def geometry_from_metadata(md: Metadata, n_vocab: int, has_indexer_tensors: bool) -> Geometry:
+def geometry_from_metadata(md: Metadata, n_vocab: int, has_indexer_tensors: bool, *,
+                           has_ple_tensors: bool = False) -> Geometry:
     arch = md.req("general.architecture")
     if arch != ARCH:
         raise ModelFileError(f"{md.path}: architecture '{arch}' is not supported (strata runs '{ARCH}')")
@@ -273,9 +288,7 @@ def geometry_from_metadata(md: Metadata, n_vocab: int, has_indexer_tensors: bool
     n_rot = md.req_int(p + "rope.dimension_count")
     if n_rot % 2 or n_rot > head_dim:
         raise md.bad(p + "rope.dimension_count", n_rot, f"must be even and <= key_length {head_dim}")
-    eps = md.req_float(p + "attention.layer_norm_rms_epsilon")
-    if not eps > 0:
-        raise md.bad(p + "attention.layer_norm_rms_epsilon", eps, "must be > 0")
+    eps = md.req_float(p + "attention.layer_norm_rms_epsilon", positive=True)
 
     has_attn = any(layer_is_attn)
     ratios = tuple(md.req_int_list(p + "attention.compress_ratios", n_layers)) if (
@@ -312,11 +325,13 @@ def geometry_from_metadata(md: Metadata, n_vocab: int, has_indexer_tensors: bool
     if n_used > n_expert:
         raise md.bad(p + "expert_used_count", n_used, f"exceeds expert_count {n_expert}")
     eos = md.opt_int("tokenizer.ggml.eos_token_id")
+    if eos is not None and not 0 <= eos < n_vocab:  # -1 would silently read the last token's logprob
+        raise md.bad("tokenizer.ggml.eos_token_id", eos, f"outside the vocabulary 0..{n_vocab - 1}")
     n_ctx = md.req_int(p + "context_length")
     return Geometry(
         path=md.path, n_layers=n_layers, n_ctx=n_ctx, n_embd=n_embd, n_vocab=n_vocab, eps=eps,
         layer_is_attn=layer_is_attn, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_rot=n_rot,
-        rope_base=md.req_float(p + "rope.freq_base") if has_attn else 1e4,
+        rope_base=md.req_float(p + "rope.freq_base", positive=True) if has_attn else 1e4,
         idx_heads=idx_heads, idx_dim=idx_dim, idx_budget=idx_budget, compress_ratios=ratios,
         conv_kernel=conv_kernel, ssm_dk=md.req_int(p + "ssm.state_size"), ssm_nk=nk, ssm_nv=nv,
         ssm_dv=inner // nv, hc=md.req_int(p + "hyper_connection.count", 2),
@@ -324,5 +339,5 @@ def geometry_from_metadata(md: Metadata, n_vocab: int, has_indexer_tensors: bool
         n_ff_exp=md.req_int(p + "expert_feed_forward_length"),
         n_ff_shexp=md.req_int(p + "expert_shared_feed_forward_length"),
         eos_token_id=int(eos) if eos is not None else None,
-        ple=_ple(md, n_layers, layer_is_attn, n_vocab, eos), warnings=tuple(warnings),
+        ple=_ple(md, n_layers, layer_is_attn, n_vocab, eos, has_ple_tensors), warnings=tuple(warnings),
     )

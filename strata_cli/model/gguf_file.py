@@ -47,11 +47,28 @@ def _read_metadata(reader, path: str) -> dict:
     return values
 
 
-def _check_tensor_extents(path: str, size: int, start_offs: int, fields) -> None:
-    """Name the tensor whose data lies past the end of the file (or whose type id is unknown) before gguf's reader
-    fails on it with a numpy reshape error."""
+def _alignment(path: str, reader) -> int:
+    """general.alignment (default 32): a power of two, or the file's tensor offsets mean nothing."""
+    field = reader.fields.get("general.alignment")
+    if field is None:
+        return 32
+    try:
+        value = field.contents()
+    except Exception:
+        value = None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value & (value - 1):
+        raise ModelFileError(f"{path}: metadata 'general.alignment' = {value!r}: must be a power of two")
+    return int(value)
+
+
+def _check_tensor_extents(path: str, size: int, start_offs: int, fields, alignment: int) -> None:
+    """Name the tensor whose data lies past the end of the file, is not aligned, or whose type id is unknown before
+    gguf's reader fails on it with a numpy reshape error (or maps misaligned, shifted data)."""
     import gguf
 
+    if start_offs % alignment:
+        raise ModelFileError(f"{path}: tensor data starts at byte {start_offs}, not a multiple of the alignment "
+                             f"{alignment}: corrupt header")
     for field in fields:
         _name_len, name_data, _n_dims, dims, raw_dtype, offset_tensor = field.parts
         name = bytes(name_data).decode("utf-8", "replace")
@@ -63,6 +80,9 @@ def _check_tensor_extents(path: str, size: int, start_offs: int, fields) -> None
         n_elems = 1
         for d in dims.tolist():
             n_elems *= int(d)
+        if int(offset_tensor[0]) % alignment:
+            raise ModelFileError(f"{path}: tensor '{name}' data offset {int(offset_tensor[0])} is not a multiple of "
+                                 f"the alignment {alignment}: misaligned (corrupt) tensor table")
         end = start_offs + int(offset_tensor[0]) + n_elems * type_size // block
         if end > size:
             raise ModelFileError(f"{path}: truncated: tensor '{name}' ends at byte {end}, file has {size} bytes")
@@ -71,10 +91,11 @@ def _check_tensor_extents(path: str, size: int, start_offs: int, fields) -> None
 def _open_reader(path: str):
     import gguf
 
-    if os.path.isdir(path):
-        raise ModelFileError(f"{path}: is a directory, not a GGUF file")
-    if not os.path.isfile(path):
-        raise ModelFileError(f"{path}: no such file")
+    from ..fileio import input_problem
+
+    problem = input_problem(path)
+    if problem:
+        raise ModelFileError(f"{path or repr(path)}: cannot open the model: {problem}")
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as fh:
@@ -86,13 +107,35 @@ def _open_reader(path: str):
 
     class Reader(gguf.GGUFReader):
         def _build_tensors(self, start_offs, fields):
-            _check_tensor_extents(path, size, start_offs, fields)
+            _check_tensor_extents(path, size, start_offs, fields, _alignment(path, self))
             super()._build_tensors(start_offs, fields)
 
     try:
         return Reader(path, "r"), size
-    except (ValueError, IndexError, OSError, KeyError) as exc:
-        raise ModelFileError(f"{path}: truncated or corrupt GGUF header ({size} bytes): {exc}") from None
+    except OSError as exc:
+        raise ModelFileError(f"{path}: cannot read the model ({exc.strerror or exc})") from None
+    except (ValueError, IndexError, KeyError, OverflowError, MemoryError, UnicodeDecodeError) as exc:
+        # gguf's reader walks the header with numpy views: its errors ("index 0 is out of bounds") say nothing
+        # about the file, so say what they mean
+        raise ModelFileError(f"{path}: truncated or corrupt GGUF header ({size} bytes): {_header_fault(exc)}") \
+            from None
+
+
+def _header_fault(exc: Exception) -> str:
+    if isinstance(exc, UnicodeDecodeError):
+        return "a key or string is not valid UTF-8"
+    if isinstance(exc, KeyError):
+        return f"a duplicate or unknown entry ({exc.args[0] if exc.args else '?'})"
+    if isinstance(exc, MemoryError):
+        return "a length field is absurdly large"
+    text = (str(exc).splitlines() or [""])[0]
+    if "alignment" in text:
+        return f"metadata 'general.alignment': {text[:120]}"
+    numpy_internals = ("out of bounds", "reshape", "buffer", "axis", "broadcast", "index", "too small")
+    if text and not any(word in text for word in numpy_internals):
+        return text[:120]  # gguf's own words ("Bad type for ...", version errors) name the problem
+    return ("a length or count field points past the end of the file, or a value type is unknown "
+            f"({type(exc).__name__})")
 
 
 class GGUFModel:
@@ -118,14 +161,32 @@ class GGUFModel:
         if len(embd.shape) != 2:
             raise ModelFileError(f"{self.path}: tensor 'token_embd.weight' has shape {list(embd.shape)}, "
                                  "expected [n_embd, n_vocab]")
+        self._check_embedding(md, embd)
         has_indexer = any(name.endswith(INDEXER_MARK) for name in self.tensors)
+        has_ple = any(".ple_" in name or name == PLE_TABLE for name in self.tensors)
         self._check_block_count(md)
-        self.geometry: Geometry = geometry_from_metadata(md, embd.shape[1], has_indexer)
+        self.geometry: Geometry = geometry_from_metadata(md, embd.shape[1], has_indexer, has_ple_tensors=has_ple)
         self.specs: dict[str, TensorSpec] = expected_tensors(self.geometry)
         self._validate()
         self._f32: dict[str, np.ndarray] = {}
 
     # ---- validation
+    def _check_embedding(self, md: Metadata, embd: TensorInfo) -> None:
+        """The vocabulary size comes from token_embd's shape: check that shape against embedding_length (and the
+        tokenizer's token list) first, so a transposed or foreign tensor is named, not a key checked against it."""
+        n_embd = md.get(f"{ARCH}.embedding_length")
+        if isinstance(n_embd, bool) or not isinstance(n_embd, int):
+            return  # geometry_from_metadata reports the key
+        shape = list(embd.shape)
+        if shape[0] != n_embd:
+            hint = " (transposed: ne0 must be n_embd)" if shape[1] == n_embd else ""
+            raise ModelFileError(f"{self.path}: tensor 'token_embd.weight' has shape {shape}, expected [{n_embd} "
+                                 f"(embedding_length), n_vocab]{hint}")
+        tokens = md.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, list) and len(tokens) > shape[1]:  # fewer is fine: converters pad the embedding
+            raise ModelFileError(f"{self.path}: tensor 'token_embd.weight' has {shape[1]} rows (n_vocab) but "
+                                 f"'tokenizer.ggml.tokens' lists {len(tokens)} tokens")
+
     def _check_block_count(self, md: Metadata) -> None:
         """A corrupt block_count would size per-layer tables before any tensor is checked: the file must hold
         tensors of its last layer."""
