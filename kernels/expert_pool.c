@@ -221,32 +221,15 @@ static void dequant_row(int type, const uint8_t *src, int64_t n, float *y) {
     }
 }
 
-/* ---- dot products of one dequantized weight row with m token rows (m <= MAX_M) */
-static void dot_f32_rows(const float *w, int n, const float *const *xs, int m, float *out) {
-#ifdef STRATA_AVX2
-    __m256 acc[MAX_M];
-    for (int r = 0; r < m; r++) acc[r] = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256 wv = _mm256_loadu_ps(w + i);
-        for (int r = 0; r < m; r++) acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[r] + i), acc[r]);
-    }
-    for (int r = 0; r < m; r++) {
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        float tail = 0.0f;
-        for (int j = i; j < n; j++) tail += w[j] * xs[r][j];
-        out[r] = _mm_cvtss_f32(s) + tail;
-    }
-#else
-    for (int r = 0; r < m; r++) {
-        float s[8] = {0};
-        for (int i = 0; i < n; i++) s[i % 8] += w[i] * xs[r][i];
-        out[r] = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-    }
+/* ---- dot products of one weight row with m token rows
+ * The kernels are specialised on the rows per pass M (1..4, constants after inlining, so the accumulators live in
+ * registers) and use A accumulators per row so that no FMA chain waits on the one before it (4-cycle latency):
+ * M = 1 -> 4 chains, M = 2..4 -> 2 chains per row. More than 4 rows: passes of 4 (the weight row is in L1 by then).
+ */
+#define PASS_M 4
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 1088 /* bytes ahead of the block being read (32 blocks) */
 #endif
-}
 
 #ifdef STRATA_AVX2
 static inline float hsum(__m256 v) {
@@ -256,52 +239,86 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* Q8_0 straight from the 34-byte blocks: w = q * d (the dequantized float), then FMA with each token row. */
-static void dot_q8_0_rows(const uint8_t *row, int n, const float *const *xs, int m, float *out) {
-    const int nb = n / 32;
-    if (m == 1) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-        const float *x = xs[0];
-        for (int b = 0; b < nb; b++) {
-            const uint8_t *blk = row + 34 * b;
-            const __m256 d = _mm256_set1_ps(f16_to_f32(rd16(blk)));
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2));
-            const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-            const __m256 w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d);
-            const __m256 w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d);
-            const __m256 w2 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d);
-            const __m256 w3 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d);
-            const float *xb = x + 32 * b;
-            a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), a0);
-            a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a1);
-            a0 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), a0);
-            a1 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), a1);
-        }
-        out[0] = hsum(_mm256_add_ps(a0, a1));
-        return;
-    }
-    __m256 acc[MAX_M];
-    for (int r = 0; r < m; r++) acc[r] = _mm256_setzero_ps();
+/* Q8_0 straight from the 34-byte blocks: w = q * d (exactly the dequantized float), then FMA with each row. */
+static inline __attribute__((always_inline)) void q8_pass(const uint8_t *row, int nb, const float *const *xs,
+                                                          float *out, const int M, const int A) {
+    __m256 acc[PASS_M][4];
+    for (int r = 0; r < M; r++)
+        for (int a = 0; a < A; a++) acc[r][a] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = row + 34 * b;
+        if (!(b & 1)) __builtin_prefetch(blk + PREFETCH_AHEAD);
         const __m256 d = _mm256_set1_ps(f16_to_f32(rd16(blk)));
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 2));
-        const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-        const __m256 w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), d);
-        const __m256 w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), d);
-        const __m256 w2 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), d);
-        const __m256 w3 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), d);
-        for (int r = 0; r < m; r++) {
+        __m256 w[4];  /* sign-extending loads of 8 codes each (no shuffles of a 32-byte register) */
+        for (int v = 0; v < 4; v++)
+            w[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                       _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * v)))), d);
+        for (int r = 0; r < M; r++) {
             const float *xb = xs[r] + 32 * b;
-            __m256 a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), acc[r]);
-            a = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), a);
-            a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), a);
-            acc[r] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), a);
+            for (int v = 0; v < 4; v++)
+                acc[r][v % A] = _mm256_fmadd_ps(w[v], _mm256_loadu_ps(xb + 8 * v), acc[r][v % A]);
         }
     }
-    for (int r = 0; r < m; r++) out[r] = hsum(acc[r]);
+    for (int r = 0; r < M; r++) {
+        __m256 t = acc[r][0];
+        for (int a = 1; a < A; a++) t = _mm256_add_ps(t, acc[r][a]);
+        out[r] = hsum(t);
+    }
+}
+
+/* float32 weights (F32 rows, or a row dequantized into scratch), n a multiple of 8 */
+static inline __attribute__((always_inline)) void f32_pass(const float *w, int n, const float *const *xs,
+                                                           float *out, const int M, const int A) {
+    __m256 acc[PASS_M][4];
+    for (int r = 0; r < M; r++)
+        for (int a = 0; a < A; a++) acc[r][a] = _mm256_setzero_ps();
+    for (int i = 0; i < n; i += 32) {
+        if (!(i & 63)) __builtin_prefetch(w + i + 512);
+        for (int v = 0; v < 4 && i + 8 * v < n; v++) {
+            const __m256 wv = _mm256_loadu_ps(w + i + 8 * v);
+            for (int r = 0; r < M; r++)
+                acc[r][v % A] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[r] + i + 8 * v), acc[r][v % A]);
+        }
+    }
+    for (int r = 0; r < M; r++) {
+        __m256 t = acc[r][0];
+        for (int a = 1; a < A; a++) t = _mm256_add_ps(t, acc[r][a]);
+        out[r] = hsum(t);
+    }
+}
+
+static void dot_q8_0_rows(const uint8_t *row, int n, const float *const *xs, int m, float *out) {
+    for (int r0 = 0; r0 < m; r0 += PASS_M) {
+        switch (m - r0 < PASS_M ? m - r0 : PASS_M) {
+        case 1: q8_pass(row, n / 32, xs + r0, out + r0, 1, 4); break;
+        case 2: q8_pass(row, n / 32, xs + r0, out + r0, 2, 2); break;
+        case 3: q8_pass(row, n / 32, xs + r0, out + r0, 3, 2); break;
+        default: q8_pass(row, n / 32, xs + r0, out + r0, 4, 2); break;
+        }
+    }
 }
 #endif
+
+static void dot_f32_rows(const float *w, int n, const float *const *xs, int m, float *out) {
+#ifdef STRATA_AVX2
+    if (n % 8 == 0) {
+        for (int r0 = 0; r0 < m; r0 += PASS_M) {
+            switch (m - r0 < PASS_M ? m - r0 : PASS_M) {
+            case 1: f32_pass(w, n, xs + r0, out + r0, 1, 4); break;
+            case 2: f32_pass(w, n, xs + r0, out + r0, 2, 2); break;
+            case 3: f32_pass(w, n, xs + r0, out + r0, 3, 2); break;
+            default: f32_pass(w, n, xs + r0, out + r0, 4, 2); break;
+            }
+        }
+        return;
+    }
+#endif
+    for (int r = 0; r < m; r++) {
+        float s[8] = {0};
+        for (int i = 0; i < n; i++) s[i % 8] += w[i] * xs[r][i];
+        out[r] = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+    }
+}
 
 /* one weight row (type, n elements) against m token rows; buf = n floats of scratch */
 static void row_dots(int type, const uint8_t *row, int n, const float *const *xs, int m, float *out, float *buf) {
@@ -310,11 +327,11 @@ static void row_dots(int type, const uint8_t *row, int n, const float *const *xs
         dot_q8_0_rows(row, n, xs, m, out);
         return;
     }
+#endif
     if (type == T_F32) {
         dot_f32_rows((const float *)row, n, xs, m, out);
         return;
     }
-#endif
     dequant_row(type, row, n, buf);
     dot_f32_rows(buf, n, xs, m, out);
 }

@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare-models": ("compare_models", "KL divergence, PPL ratio, Δp and top-1 agreement of one model against "
                        "another."),
     "verify-bench": ("verify_bench", "Time verify windows per window size."),
+    "make-profile": ("make_profile", "Count the router's picks of a run and write an expert profile (YAML or STRP)."),
+    "profile-info": ("profile_info", "Show an expert profile: coverage and held-out hit rate per cache size."),
     "graph-nodes": ("graph_nodes", "Count and list the nodes of a captured window graph (GPU)."),
 }
 

@@ -30,6 +30,7 @@ class ReferenceEngine:
         self.n_ctx = resolve_ctx(self.g, n_ctx)
         self.max_t = max_t
         self.capture_ms: dict[int, float] = {}  # no graphs: nothing is captured
+        self.route_hook = None  # route_hook(layer, ids [T, k]) sees every router pick (strata make-profile)
         self.reset()
 
     def reset(self) -> None:
@@ -129,6 +130,8 @@ class ReferenceEngine:
         router_logits = basic.linear(mixed, w.blk(layer, "ffn_gate_inp"))
         self._watch(f"layer {layer} router (ffn_gate_inp)", router_logits)
         ids, weights = moe.router_topk(router_logits, g.n_expert_used)
+        if self.route_hook is not None:
+            self.route_hook(layer, ids)
         out = moe.routed_experts(mixed, ids, weights, lambda e: w.expert(layer, e))
         self._watch(f"layer {layer} routed experts", out)
         out += moe.shared_expert(mixed, *w.shared(layer))

@@ -70,15 +70,16 @@ def _warn(message: str) -> None:
     print(f"strata: warning: {message}", file=sys.stderr)
 
 
-def build(out_dir: Path | None = None) -> Path | None:
-    """The shared library for this source + flags + compiler, compiled once (atomically) into the cache."""
+def build(out_dir: Path | None = None, defines: tuple[str, ...] = ()) -> Path | None:
+    """The shared library for this source + flags + compiler, compiled once (atomically) into the cache.
+    `defines` ("NAME=VALUE") override the kernel's tuning macros (bench/pool_bench.py --variant)."""
     from ..default_model import cache_dir
 
     cc = _compiler()
     if cc is None:
         return None
     src = source_path()
-    flags = compile_flags()
+    flags = compile_flags() + [f"-D{d}" for d in defines]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     key = hashlib.sha1(src.read_bytes() + " ".join(flags + version).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir() / "native"
@@ -102,7 +103,12 @@ def load():
     """The loaded library with argtypes set, or None (no compiler, build failed, or STRATA_POOL_NATIVE=0)."""
     if os.environ.get(ENV_DISABLE, "1") == "0":
         return None
-    path = build()
+    return load_variant(())
+
+
+def load_variant(defines: tuple[str, ...]):
+    """The library built with the given tuning macros (not cached: the benchmark compares variants)."""
+    path = build(defines=defines)
     if path is None:
         return None
     lib = ctypes.CDLL(str(path))

@@ -49,13 +49,13 @@ class _LayerTensors:
 
 
 class ExpertPool:
-    def __init__(self, model, n_threads: int | None = None, use_native: bool = True):
+    def __init__(self, model, n_threads: int | None = None, use_native: bool = True, lib=None):
         self.model = model
         g = model.geometry
         self.n_embd, self.n_ff, self.k = g.n_embd, g.n_ff_exp, g.n_expert_used
         self.n_threads = int(n_threads or default_threads())
         self.layers = [_LayerTensors(model, layer) for layer in range(g.n_layers)]
-        self.lib = native.load() if use_native else None
+        self.lib = (lib or native.load()) if use_native else None
         supported = native.native_types() if self.lib is not None else frozenset()
         # per layer: native kernels for all three tensors, or the numpy path
         self.native_layers = [all(t in supported for t in lt.types) for lt in self.layers]

@@ -1,0 +1,56 @@
+"""`strata make-profile [MODEL]`: count the router's picks over a token sequence and write an expert profile."""
+
+from __future__ import annotations
+
+import click
+
+from ._common import ctx_option, format_option, load_model, model_argument
+from .logprobs import token_options
+
+
+@click.command(short_help="Count the router's picks of a run and write an expert profile (YAML or STRP).")
+@model_argument
+@token_options
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --random.")
+@click.option("--holdout", type=click.Path(dir_okay=False),
+              help="Token file of held-out text: report the profile's hit rate on it per slot count.")
+@click.option("--slots", type=click.IntRange(min=0), default=None,
+              help="Cache size the profile suggests (default: every pair the run routed to).")
+@click.option("--window", type=click.IntRange(1, 64), default=8, show_default=True,
+              help="Tokens per window of the counting run (the counts do not depend on it).")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Profile to write: .yaml (counts, ranked order) or .bin (the seed's STRP v1).")
+@format_option()
+@ctx_option
+def command(model, token_file, n_random, text, text_file, seed, holdout, slots, window, output, fmt, n_ctx):
+    """Run MODEL's numpy reference engine over the tokens (every row committed), count how often the router
+    picked each (layer, expert) pair, rank the pairs hottest first and write the profile atomically. Prints the
+    share of the counted picks the first N ranked pairs serve (coverage) and, with --holdout, the hit rate on the
+    held-out tokens."""
+    from ..errors import InputError
+    from ..progress import step_progress
+    from ..tiers.profile import ExpertProfile, save_profile
+    from ..tiers.routing import count_routing, slot_counts
+    from ..tokens import check_range, read_token_file, tokens_from_options
+    from .profile_info import report
+
+    m = load_model(model)
+    g = m.geometry
+    if slots is not None and slots > g.n_layers * g.n_expert:
+        raise InputError(f"--slots {slots}: the model has {g.n_layers * g.n_expert} (layer, expert) pairs")
+    tokens, source = tokens_from_options(m, token_file=token_file, n_random=n_random, text=text,
+                                         text_file=text_file, seed=seed)
+    check_range(tokens, g.n_vocab, source)
+    held = None
+    if holdout is not None:
+        held_tokens = read_token_file(holdout)
+        check_range(held_tokens, g.n_vocab, holdout)
+    with step_progress(f"routing {len(tokens)} tokens", total=len(tokens)) as progress:
+        counts = count_routing(m, tokens, window, n_ctx, progress)
+    profile = ExpertProfile.from_counts(counts, g, m.path, tokens_seen=len(tokens), slots=slots)
+    save_profile(profile, output)
+    if holdout is not None:
+        with step_progress(f"routing {len(held_tokens)} held-out tokens", total=len(held_tokens)) as progress:
+            held = count_routing(m, held_tokens, window, n_ctx, progress)
+    report(profile, output, slot_counts(profile.n_pairs, [profile.slots]), held, holdout, m, fmt,
+           head=[f"wrote {output}: {source} ({len(tokens)} tokens) through {m.path}"])
