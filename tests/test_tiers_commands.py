@@ -76,7 +76,7 @@ def test_profile_info_table_and_holdouts(model, tokens, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["profile-info", "{tmp}/missing.yaml"], "missing.yaml: cannot read profile"),
+    (["profile-info", "{tmp}/missing.yaml"], "missing.yaml: cannot read expert profile: no such file"),
     (["profile-info", "{tmp}/bad.bin"], "bad.bin: bad magic"),
     (["profile-info", "{tmp}/other.yaml", "--model", "{model}"], "profile of another geometry"),
     (["profile-info", "{tmp}/other.yaml", "--slots", "1,x"], "not a comma-separated list"),
@@ -96,4 +96,4 @@ def test_errors_are_one_line(model, tmp_path, args, message):
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert message in res.output, res.output
     assert len(lines) <= 3, res.output  # click usage errors add a usage line; ours are one line
-    assert not list(tmp_path.glob("*.tmp"))
+    assert not list(tmp_path.glob(".*partial"))

@@ -41,7 +41,7 @@ def test_yaml_round_trip(tmp_path):
     assert (q.slots, q.tokens_seen, q.n_layers, q.n_expert, q.model_file, q.fingerprint, q.n_expert_used) == (
         p.slots, 123, 3, 7, "model.gguf", p.fingerprint, 2)
     assert p.slots == 19  # pairs ever routed: 21 minus the two zeroed
-    assert not list(tmp_path.glob("*.tmp"))
+    assert not list(tmp_path.glob(".*partial"))
 
 
 def test_strp_round_trip_and_layout(tmp_path):
@@ -135,7 +135,7 @@ def test_malformed_yaml(tmp_path, case, edit, message):
 
 
 def test_missing_file_directory_and_unknown_extension(tmp_path):
-    with pytest.raises(InputError, match="cannot read profile"):
+    with pytest.raises(InputError, match="nope.yaml: cannot read expert profile: no such file"):
         load_profile(tmp_path / "nope.yaml")
     with pytest.raises(InputError, match="is a directory"):
         load_profile(tmp_path)

@@ -29,11 +29,12 @@ def command(model, token_file, n_random, text, text_file, seed, holdout, slots, 
     held-out tokens."""
     from ..errors import InputError
     from ..progress import step_progress
-    from ..tiers.profile import ExpertProfile, save_profile
+    from ..tiers.profile import ExpertProfile, check_profile_path, save_profile
     from ..tiers.routing import count_routing, slot_counts
     from ..tokens import check_range, read_token_file, tokens_from_options
     from .profile_info import report
 
+    check_profile_path(output)  # before the run, not after it
     m = load_model(model)
     g = m.geometry
     if slots is not None and slots > g.n_layers * g.n_expert:

@@ -6,7 +6,7 @@ in (hottest first). Two file formats, chosen by extension on write and by conten
   u32 slots | u32 n_ranked | n_ranked x (u16 layer, u16 expert) | n_layers x n_expert x i32 (each pair's rank,
   -1 = unranked). It has no counts: a profile read from it has counts None.
 
-Every malformed file is one InputError naming the file and the problem; writes are atomic (tmp file + rename).
+Every malformed file is one InputError naming the file and the problem; writes are atomic (strata_cli.fileio: temp file + rename).
 """
 
 from __future__ import annotations
@@ -274,13 +274,10 @@ def _int_array(path, label: str, value) -> np.ndarray:
 
 # ---- files
 def load_profile(path) -> ExpertProfile:
+    from ..fileio import read_bytes
+
+    data = read_bytes(path, what="expert profile")
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a directory, not a profile") from None
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read profile ({exc.strerror or exc})") from None
     if data[:4] == STRP_MAGIC:
         return _read_strp(path, data)
     if path.suffix.lower() in BINARY_SUFFIXES:
@@ -288,25 +285,21 @@ def load_profile(path) -> ExpertProfile:
     return _read_yaml(path, data)
 
 
-def save_profile(profile: ExpertProfile, path) -> None:
-    """Write as STRP (.bin/.strp) or YAML (.yaml/.yml), atomically: a reader never sees a partial file."""
+def check_profile_path(path) -> Path:
+    """Refuse an output path before any work: unknown extension, missing or unwritable directory."""
+    from ..fileio import check_output_path
+
     path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix in BINARY_SUFFIXES:
-        payload = _strp_bytes(profile)
-    elif suffix in YAML_SUFFIXES:
-        payload = _yaml_text(profile).encode()
-    else:
+    if path.suffix.lower() not in BINARY_SUFFIXES + YAML_SUFFIXES:
         raise InputError(f"{path}: unknown profile extension '{path.suffix}' (use .yaml or .bin)")
-    if not path.parent.is_dir():
-        raise InputError(f"{path}: cannot write the profile (no such directory {path.parent})")
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(payload)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise InputError(f"{path}: cannot write the profile ({exc.strerror or exc})") from None
+    return check_output_path(path, what="expert profile")
+
+
+def save_profile(profile: ExpertProfile, path) -> None:
+    """Write as STRP (.bin/.strp) or YAML (.yaml/.yml), atomically (fileio: temp file + rename)."""
+    from ..fileio import output_stream
+
+    path = check_profile_path(path)
+    payload = _strp_bytes(profile) if path.suffix.lower() in BINARY_SUFFIXES else _yaml_text(profile).encode()
+    with output_stream(path, what="expert profile", binary=True) as fh:
+        fh.write(payload)

@@ -14,7 +14,6 @@ import time
 import weakref
 from typing import Callable
 
-WATCHDOG_ENV = "STRATA_WATCHDOG_S"
 _live: "weakref.WeakSet" = weakref.WeakSet()
 _live_lock = threading.Lock()
 
