@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "make-profile": ("make_profile", "Count the router's picks of a run and write an expert profile (YAML or STRP)."),
     "profile-info": ("profile_info", "Show an expert profile: coverage and held-out hit rate per cache size."),
     "graph-nodes": ("graph_nodes", "Count and list the nodes of a captured window graph (GPU)."),
+    "stall-test": ("stall_test", "Stall a verify window on purpose; the watchdog must release it (GPU)."),
 }
 
 TRACEBACK_ENV = "STRATA_TRACEBACK"

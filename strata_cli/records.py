@@ -107,6 +107,7 @@ class BenchRecord:
     dense_bytes: int | None = None
     expert_bytes: int | None = None
     copy_bytes_per_s: float | None = None  # GPU: measured device-to-device copy rate
+    tiers: dict | None = None  # GPU expert tiers: shares, waits, pool time (engine/gpu/tier_stats.py)
     provenance: Provenance | None = None
 
     @property
@@ -167,6 +168,8 @@ class BenchRecord:
             "floor_ms": self.floor_ms, "x_floor": self.x_floor,
             "samples_ms": [float(x) for x in self.samples_ms],
         }
+        if self.tiers is not None:
+            row.update(self.tiers)
         if self.provenance is not None:
             row.update(self.provenance.flat())
         return row

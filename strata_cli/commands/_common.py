@@ -67,10 +67,11 @@ def load_model(model_arg: str | None):
     return model
 
 
-def load_engine(model, device: str, n_ctx: int | None = None):
-    """The verify engine for `model` on `device`, behind a spinner (the GPU engine uploads every weight)."""
+def load_engine(model, device: str, n_ctx: int | None = None, max_t: int | None = None, tiers=None):
+    """The verify engine for `model` on `device`, behind a spinner (the GPU engine uploads every weight; with expert
+    tiers (commands/_tiers.py) only the resident experts)."""
     from ..engine import make_engine
     from ..progress import step_progress
 
     with step_progress(f"loading {model.path} (--device {device})"):
-        return make_engine(model, device, n_ctx=n_ctx)
+        return make_engine(model, device, n_ctx=n_ctx, max_t=max_t, tiers=tiers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ._common import ctx_option, format_option, load_engine, load_model, model_argument
+from ._tiers import tier_config, tier_options
 
 
 @click.command(short_help="Count and list the nodes of a captured window graph (GPU).")
@@ -13,7 +14,8 @@ from ._common import ctx_option, format_option, load_engine, load_model, model_a
 @click.option("--commit", "commit", is_flag=True, help="Describe the commit graph instead of the window graph.")
 @format_option()
 @ctx_option
-def command(model, window, commit, fmt, n_ctx):
+@tier_options
+def command(model, window, commit, fmt, n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
     """Node count, edge count, and one row per node kind (kernel function names via the driver API, memcpy,
     memset, host), most frequent first. Needs a CUDA GPU."""
     from ..envinfo import environment_record, header_line
@@ -21,7 +23,7 @@ def command(model, window, commit, fmt, n_ctx):
     from ..progress import step_progress
 
     m = load_model(model)
-    engine = load_engine(m, "gpu", n_ctx)
+    engine = load_engine(m, "gpu", n_ctx, tiers=tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait))
     with step_progress("capturing the commit graph" if commit else f"capturing the T = {window} window graph"):
         graph = engine.commit_graph() if commit else engine.graph(window)
     summary = graph.summary()

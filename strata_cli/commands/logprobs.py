@@ -9,6 +9,7 @@ import click
 from ..present import RECORD_FORMATS
 from ._common import (SEED, FiniteFloatRange, ctx_option, device_option, format_option, load_engine, load_model,
                       model_argument)
+from ._tiers import tier_config, tier_options
 
 TABLE_COLUMNS = [("pos", None), ("target", None), ("lp_target", ".6f"), ("top_id", None), ("lp_top", ".6f"),
                  ("match", None), ("lp_extra", ".6f"), ("lp_target_renorm", ".6f")]
@@ -46,8 +47,9 @@ def token_options(command):
               help="Write windows whose values went NaN/Inf (warned and marked) instead of stopping (exit 4).")
 @device_option
 @ctx_option
+@tier_options
 def command(model, token_file, n_random, text, text_file, seed, topk, window, extra_id, draft_noise, full_dist, fmt,
-            output, allow_nonfinite, device, n_ctx):
+            output, allow_nonfinite, device, n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
     """One row per position p = 0..N-2: the distribution after tokens[0..p], target tokens[p+1].
 
     TSV columns: pos, target, logprob(target), top_id, logprob(top_id), match, logprob(extra_id),
@@ -86,7 +88,7 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
     elif not 0 <= extra_id < g.n_vocab:
         raise InputError(f"--extra-id {extra_id} out of range 0..{g.n_vocab - 1}")
     check_positions(len(tokens), ctx, source, g.n_ctx)  # before the engine allocates its caches
-    engine = load_engine(m, device, n_ctx)
+    engine = load_engine(m, device, n_ctx, tiers=tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait))
     env = environment_record(engine.device)
     comments = [header_line(env), f"model {m.path} | tokens {source} ({len(tokens)}) | window {window} | "
                 f"draft-noise {draft_noise} | extra_id {extra_id}"]

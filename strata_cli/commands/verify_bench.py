@@ -6,6 +6,7 @@ import click
 
 from ._common import (SEED, FiniteFloatRange, ctx_option, deprecated_alias, device_option, format_option,
                       load_engine, load_model, model_argument)
+from ._tiers import tier_config, tier_options
 
 # (key, table header, display format): the table/md columns; csv/json/jsonl print every key of the record, raw
 COLUMNS = [("window", "T", None), ("ms_median", "ms/window", ".3f"), ("ms_p10", "p10", ".3f"),
@@ -61,10 +62,26 @@ def _add_floor(records, model) -> None:
 @format_option()
 @device_option
 @ctx_option
+@tier_options
 def command(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, fmt, device,
-            n_ctx):
+            n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
     """Per window size T: ms per window (median, p10, p90, stddev over -r timed windows), rows/s, E(T) tokens per
-    window and the speedup over T = 1 at the assumed or measured acceptance, under the run's provenance."""
+    window and the speedup over T = 1 at the assumed or measured acceptance, under the run's provenance.
+    With expert tiers (GPU): the VRAM / PCIe / CPU shares of the routed entries, the GPU's time in each wait and
+    the host's time per window; --expert-cache as a list (0,4096,12GiB,all) sweeps the cache sizes."""
+    from ..errors import InputError
+
+    caches = [c.strip() for c in expert_cache.split(",")] if expert_cache else [None]
+    if "" in caches:
+        raise InputError(f"--expert-cache '{expert_cache}': an empty cache size in the list")
+    for cache in caches:
+        tiers = tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache_override=cache)
+        _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, fmt,
+               device, n_ctx, tiers)
+
+
+def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, fmt, device,
+           n_ctx, tiers):
     from ..envinfo import environment_record, header_line
     from ..errors import InputError
     from ..present import Column, emit
@@ -82,7 +99,7 @@ def command(model, window_list, repetitions, warmup, depth, acceptance, acceptan
         raise InputError(f"--window {max(windows)}: {acceptance_dump} measured acceptance up to T = "
                          f"{accept.max_window()} only")
     m = load_model(model)
-    engine = load_engine(m, device, n_ctx)
+    engine = load_engine(m, device, n_ctx, tiers=tiers)
     if eager and not engine.capabilities.eager:
         raise InputError("--eager compares graph replay with eager launches: it needs --device gpu")
     if engine.max_t is not None and max(windows) > engine.max_t:
@@ -106,6 +123,11 @@ def command(model, window_list, repetitions, warmup, depth, acceptance, acceptan
     if engine.capabilities.graphs:
         for rec in records:
             rec.capture_ms = engine.capture_ms.get(rec.window)
+    if getattr(engine, "tiers", None) is not None:  # expert tiers: shares and waits per T (engine/gpu/tier_stats.py)
+        from ..engine.gpu.tier_stats import TIER_COLUMNS, add_tier_stats
+
+        add_tier_stats(records, engine, repetitions)
+        columns += [Column(k, h, f) for k, h, f in TIER_COLUMNS]
     prov = Provenance(timestamp=utc_timestamp(), command=command_line(), seed=seed, depth=depth,
                       n_ctx=engine.n_ctx, warmup=warmup, repetitions=repetitions,
                       acceptance=accept.rates[0] if accept.constant else None,
@@ -115,5 +137,7 @@ def command(model, window_list, repetitions, warmup, depth, acceptance, acceptan
         rec.provenance = prov
     head = [header_line(env), f"model {m.path} | {mode} | depth {depth} | ctx {engine.n_ctx} | acceptance "
             f"{accept.describe()} | {repetitions} windows per T after {warmup} warm-up"]
+    if getattr(engine, "tier_note", None):
+        head.append(engine.tier_note)
     emit([rec.flat() for rec in records], columns if fmt in ("table", "md") else None, fmt, header_lines=head,
          title="verify windows", meta={"provenance": prov.flat()})

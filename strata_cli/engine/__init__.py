@@ -56,7 +56,9 @@ def resolve_device(device: str) -> str:
     return "cpu"
 
 
-def make_engine(model, device: str = "cpu", n_ctx: int | None = None, max_t: int | None = None) -> Engine:
+def make_engine(model, device: str = "cpu", n_ctx: int | None = None, max_t: int | None = None,
+                tiers=None) -> Engine:
+    """tiers: a TierConfig (engine/gpu/tiers.py) for the GPU engine's expert tiers; the numpy engine ignores it."""
     device = resolve_device(device)
     if device == "gpu":
         _, why = gpu_probe()
@@ -64,7 +66,17 @@ def make_engine(model, device: str = "cpu", n_ctx: int | None = None, max_t: int
             raise DeviceUnavailable(f"the GPU engine cannot run here: {why} (--device cpu runs the numpy engine)")
         from .gpu import GPUEngine
 
-        return GPUEngine(model, n_ctx=n_ctx, max_t=max_t)
+        engine = GPUEngine(model, n_ctx=n_ctx, max_t=max_t, tiers=tiers)
+        if engine.tier_note:
+            from ..present import err_console
+
+            err_console().print(engine.tier_note, style="dim", highlight=False)
+        return engine
+    if tiers is not None:
+        from ..present import warn
+
+        warn("--expert-cache/--expert-profile/--pcie-frac/--split apply to the GPU engine only: the numpy engine "
+             "keeps every expert in memory")
     from .reference import ReferenceEngine
 
     return ReferenceEngine(model, n_ctx=n_ctx, max_t=max_t)

@@ -7,6 +7,7 @@ until asked for. Sampling runs after the replay (a graph never bakes in its para
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -19,17 +20,25 @@ from ...gpu.runtime import cupy
 from ..contract import Capabilities, WindowResult, WindowTimer
 from ..state import check_n_keep, check_window, resolve_ctx
 from .buffers import Staging, plan_buffers
+from .tiers import TierConfig
 from .weights import DeviceWeights
 from .window import record_commit, record_window
 
 DEFAULT_MAX_T = GEMV_MAXT
 
 
+def _is_expert_tensor(name: str) -> bool:
+    from .tiers import is_expert_tensor
+
+    return is_expert_tensor(name)
+
+
 class GPUEngine:
     device = "gpu"
     capabilities = Capabilities(graphs=True, eager=True)
 
-    def __init__(self, model, n_ctx: int | None = None, max_t: int | None = None, pack_q8: bool = True):
+    def __init__(self, model, n_ctx: int | None = None, max_t: int | None = None, pack_q8: bool = True,
+                 tiers: TierConfig | None = None):
         cp = cupy()
         self.model, self.g = model, model.geometry
         g = self.g
@@ -37,11 +46,23 @@ class GPUEngine:
         self.max_t = DEFAULT_MAX_T if max_t is None else int(max_t)
         if not 1 <= self.max_t <= GEMV_MAXT:
             raise InputError(f"max_t {self.max_t} outside 1..{GEMV_MAXT} (the GPU kernels take up to {GEMV_MAXT} rows)")
-        self.w = DeviceWeights(model, pack_q8=pack_q8)  # pack_q8=False keeps raw Q8_0 (for comparisons)
+        # ---- expert tiers (tiers.py): the residency is chosen before anything is uploaded; None = all in VRAM
+        from .tier_setup import residency_for
+
+        self.tiers = None
+        table, self.tier_note = residency_for(model, tiers, self.n_ctx, self.max_t)
+        skip = None if table is None else _is_expert_tensor
+        self.w = DeviceWeights(model, pack_q8=pack_q8, skip=skip)  # pack_q8=False keeps raw Q8_0 (for comparisons)
         self.arena = plan_buffers(g, self.n_ctx, self.max_t)
-        self.buf = self.arena.allocate()
-        self.stage = Staging(self.max_t)
         self.stream = new_stream()
+        if table is not None:
+            from .tier_setup import attach_tiers
+
+            attach_tiers(self, table, tiers or TierConfig(), pack_q8)
+        self.buf = self.arena.allocate()
+        if self.tiers is not None:
+            self.tiers.bind(self.buf)
+        self.stage = Staging(self.max_t)
         if g.attn_layers:
             from ...ops.qsa import rope_tables
 
@@ -80,12 +101,14 @@ class GPUEngine:
         self.stage.tokens.host[:1] = 0
         self.stage.positions.host[:1] = 0
         self.stage.n_keep.host[0] = 0
+        self.launch_window(1, eager=True)
         with self.stream:
-            record_window(self, 1, self.stream)
             record_commit(self, self.stream)
             launch_sampling.sample_rows(self.buf["logits"][:1], self.buf["positions"][:1], 1.0, 0,
                                         out=self.buf["ids"][:1])
         self.stream.synchronize()
+        if self.tiers is not None:
+            self.tier_host.after_warm_up()
         self.reset()
 
     # ---- graphs
@@ -109,11 +132,45 @@ class GPUEngine:
         return T
 
     def launch_window(self, T: int, eager: bool = False) -> None:
+        if self.tiers is not None:  # expert tiers: the host serves the window's doorbells until it finished
+            return self._launch_tiered(T, eager)
         if eager:
             with self.stream:
                 record_window(self, T, self.stream)
         else:
             self.graph(T).launch(self.stream)
+
+    def _launch_tiered(self, T: int, eager: bool) -> None:
+        """Launch the window (graph, or eager launches from a helper thread) and serve its steps (tier_host.py);
+        returns when the window's stream is idle."""
+        host = self.tier_host
+        host.begin(T)
+        if not eager:
+            self.graph(T).launch(self.stream)
+            host.serve(T)
+            return
+        failed: list[BaseException] = []
+
+        def launch():
+            try:
+                with self.stream:
+                    record_window(self, T, self.stream)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by the serving thread below
+                failed.append(exc)
+            finally:
+                host.launching = False
+
+        host.launching = True
+        thread = threading.Thread(target=launch, name="strata-eager-launch", daemon=True)
+        thread.start()
+        try:
+            host.serve(T, eager=True)
+        except BaseException:
+            thread.join()
+            if failed:
+                raise failed[0] from None
+            raise
+        thread.join()
 
     def launch_commit(self, n_keep: int, eager: bool = False) -> None:
         """Stage n_keep and launch the commit (not synchronised); the caller advances n_past."""

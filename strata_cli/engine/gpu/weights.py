@@ -22,13 +22,16 @@ class DeviceWeights:
     """raw(name): a matrix as its GGUF rows on the device and its GGML type (the kernels dequantize); f32(name): a
     vector (or conv taps) as a float32 device array. blk_raw / blk_f32 name a layer's tensor by role."""
 
-    def __init__(self, model: GGUFModel, pack_q8: bool = True):
+    def __init__(self, model: GGUFModel, pack_q8: bool = True, skip=None):
+        """skip(name) -> True leaves that tensor in the file (the expert tiers upload resident experts only)."""
         cp = cupy()
         self.model = model
         self.packed = 0  # bytes repacked to Q8_0_R32
         self._raw: dict[str, tuple[object, int]] = {}
         self._f32: dict[str, object] = {}
         for name in list(model.specs) + ([PLE_TABLE] if model.geometry.ple is not None else []):
+            if skip is not None and skip(name):
+                continue
             info = model.info(name)
             if name.endswith("ffn_gate_inp_shexp.weight"):  # a [D] or [D, 1] gate row, read as one GEMV row
                 arr = cp.asarray(np.ascontiguousarray(model.f32(name), dtype=np.float32).reshape(1, -1))

@@ -26,13 +26,14 @@ def _copy(dst, src, nbytes: int, stream) -> None:
                              stream.ptr), "cudaMemcpyAsync")
 
 
-def _hc(e, prefix: str, T: int, inject: bool, stream):
+def _hc(e, prefix: str, T: int, inject: bool, stream, r0: int = 0):
+    """HC read of rows [r0, T) (r0 > 0 only for the second token group of a split window, split.py)."""
     b, w = e.buf, e.w
     down, up = w.raw(f"{prefix}_down.weight"), w.raw(f"{prefix}_up.weight")
     inj = w.raw(f"{prefix}_inject.weight") if inject else (None, None)
     scratch = hyper.HcScratch(b["hc_xn"], b["hc_low"], b["hc_gates"])
-    return hyper.hc_read(b["R"][:T], w.f32(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
-                         out_mixed=b["mixed"][:T], out_inj=b["inj"][:T] if inject else None, scratch=scratch,
+    return hyper.hc_read(b["R"][r0:T], w.f32(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
+                         out_mixed=b["mixed"][r0:T], out_inj=b["inj"][r0:T] if inject else None, scratch=scratch,
                          split=split_k(b), stream=stream)
 
 
@@ -41,66 +42,70 @@ def _gemv(e, name: str, x, out, stream):
     return launch_gemv.gemv(raw, ggml_type, x.shape[1], x, out=out, split=split_k(e.buf), stream=stream)
 
 
-def _gdn(e, layer: int, x, T: int, stream):
+def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
+    """GDN of rows [r0, T), x = their mixed rows. r0 > 0 (split.py): the conv and the recurrence run again from the
+    saved state over rows [0, T); the earlier group's rows come out as they did (outputs land in scratch only)."""
     b, w, g = e.buf, e.w, e.g
-    blk = f"blk.{layer}."
+    blk, n = f"blk.{layer}.", T - r0
     qkv = b[f"qkv.{layer}"][:T]
-    _gemv(e, blk + "attn_qkv.weight", x, qkv, stream)
+    _gemv(e, blk + "attn_qkv.weight", x, qkv[r0:], stream)
     gdn.gdn_conv(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), out=b["gdn_h"][:T], stream=stream)
     q, k, v = b[f"q.{layer}"][:T], b[f"k.{layer}"][:T], b[f"v.{layer}"][:T]
     gdn.gdn_split(b["gdn_h"][:T], g.ssm_nk, g.ssm_dk, g.ssm_nv, g.ssm_dv, q=q, k=k, v=v, stream=stream)
-    _gemv(e, blk + "ssm_alpha.weight", x, b["gdn_alpha"][:T], stream)
-    _gemv(e, blk + "ssm_beta.weight", x, b["gdn_beta_in"][:T], stream)
+    _gemv(e, blk + "ssm_alpha.weight", x, b["gdn_alpha"][r0:T], stream)
+    _gemv(e, blk + "ssm_beta.weight", x, b["gdn_beta_in"][r0:T], stream)
     decay, beta = b[f"g.{layer}"][:T], b[f"beta.{layer}"][:T]
-    gdn.gdn_gates(b["gdn_alpha"][:T], b["gdn_beta_in"][:T], w.blk_f32(layer, "ssm_dt.bias"),
-                  w.blk_f32(layer, "ssm_a"), g=decay, beta=beta, stream=stream)
+    gdn.gdn_gates(b["gdn_alpha"][r0:T], b["gdn_beta_in"][r0:T], w.blk_f32(layer, "ssm_dt.bias"),
+                  w.blk_f32(layer, "ssm_a"), g=decay[r0:], beta=beta[r0:], stream=stream)
     gdn.gdn_recurrence(b[f"S.{layer}"], q, k, v, decay, beta, out=b["gdn_o"][:T], with_state=False, stream=stream)
-    _gemv(e, blk + "attn_gate.weight", x, b["gdn_z"][:T], stream)
-    y = gdn.gdn_gated_norm(b["gdn_o"][:T], b["gdn_z"][:T].reshape(T, g.ssm_nv, g.ssm_dv),
-                           w.blk_f32(layer, "ssm_norm"), g.eps, out=b["gdn_y"][:T], stream=stream)
-    _gemv(e, blk + "ssm_out.weight", y.reshape(T, -1), b["block_out"][:T], stream)
+    _gemv(e, blk + "attn_gate.weight", x, b["gdn_z"][r0:T], stream)
+    y = gdn.gdn_gated_norm(b["gdn_o"][r0:T], b["gdn_z"][r0:T].reshape(n, g.ssm_nv, g.ssm_dv),
+                           w.blk_f32(layer, "ssm_norm"), g.eps, out=b["gdn_y"][r0:T], stream=stream)
+    _gemv(e, blk + "ssm_out.weight", y.reshape(n, -1), b["block_out"][r0:T], stream)
 
 
-def _qsa(e, layer: int, x, T: int, stream):
+def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
+    """QSA of rows [r0, T), x = their mixed rows (r0 > 0: split.py; the earlier group's K/V cells are in the cache,
+    and the indexer appends rows [0, T) again from the restored tail)."""
     b, w, g = e.buf, e.w, e.g
-    blk, d, pos = f"blk.{layer}.", g.head_dim, b["positions"][:T]
+    blk, d, pos, n = f"blk.{layer}.", g.head_dim, b["positions"][r0:T], T - r0
     cos, sin = b["cos"], b["sin"]
-    _gemv(e, blk + "attn_k.weight", x, b["qa_k"][:T], stream)
-    kn = qsa.norm_rope(b["qa_k"][:T].reshape(T, g.n_head_kv, d), w.blk_f32(layer, "attn_k_norm"), g.eps, cos, sin,
-                       positions=pos, out=b["qa_kn"][:T], stream=stream)
-    _gemv(e, blk + "attn_v.weight", x, b["qa_v"][:T], stream)
-    qsa.kv_append(b[f"kc.{layer}"], b[f"vc.{layer}"], kn, b["qa_v"][:T].reshape(T, g.n_head_kv, d), pos,
+    _gemv(e, blk + "attn_k.weight", x, b["qa_k"][r0:T], stream)
+    kn = qsa.norm_rope(b["qa_k"][r0:T].reshape(n, g.n_head_kv, d), w.blk_f32(layer, "attn_k_norm"), g.eps, cos, sin,
+                       positions=pos, out=b["qa_kn"][r0:T], stream=stream)
+    _gemv(e, blk + "attn_v.weight", x, b["qa_v"][r0:T], stream)
+    qsa.kv_append(b[f"kc.{layer}"], b[f"vc.{layer}"], kn, b["qa_v"][r0:T].reshape(n, g.n_head_kv, d), pos,
                   stream=stream)
-    _gemv(e, blk + "attn_q.weight", x, b["qa_qg"][:T], stream)
-    qg = b["qa_qg"][:T].reshape(T, g.n_head, 2 * d)
+    _gemv(e, blk + "attn_q.weight", x, b["qa_qg"][r0:T], stream)
+    qg = b["qa_qg"][r0:T].reshape(n, g.n_head, 2 * d)
     qn = qsa.norm_rope(qg[:, :, :d], w.blk_f32(layer, "attn_q_norm"), g.eps, cos, sin, positions=pos,
-                       out=b["qa_qn"][:T], stream=stream)
+                       out=b["qa_qn"][r0:T], stream=stream)
     cells = counts = None
     ratio = g.compress_ratios[layer]
     if ratio:
         raw = b[f"idx_raw.{layer}"][:T]
-        _gemv(e, blk + "indexer.k_proj.weight", x, raw, stream)
+        _gemv(e, blk + "indexer.k_proj.weight", x, raw[r0:], stream)
         tail, snap = b[f"tail.{layer}"], b[f"snap.{layer}"]
-        qsa.indexer_append(tail, b[f"pooled.{layer}"], raw, pos, w.blk_f32(layer, "indexer.k_norm"), g.eps, cos, sin,
-                           snapshot=snap, stream=stream)
+        qsa.indexer_append(tail, b[f"pooled.{layer}"], raw, b["positions"][:T], w.blk_f32(layer, "indexer.k_norm"),
+                           g.eps, cos, sin, snapshot=snap, stream=stream)
         # a run writes no committed state (engine/state.py): the tail goes back to its snapshot at once, since a
         # window longer than ratio - n_past % ratio rows wraps over slots of committed positions
         _copy(tail, snap, snap.nbytes, stream)
-        qi_raw = b["qi_raw"][:T]
+        qi_raw = b["qi_raw"][r0:T]
         _gemv(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
-        qi = qsa.norm_rope(qi_raw.reshape(T, g.idx_heads, g.idx_dim), w.blk_f32(layer, "indexer.q_norm"), g.eps,
-                           cos, sin, positions=pos, out=b["qi"][:T], stream=stream)
+        qi = qsa.norm_rope(qi_raw.reshape(n, g.idx_heads, g.idx_dim), w.blk_f32(layer, "indexer.q_norm"), g.eps,
+                           cos, sin, positions=pos, out=b["qi"][r0:T], stream=stream)
         nb = b[f"pooled.{layer}"].shape[0]
-        scores = qsa.block_scores(qi, b[f"pooled.{layer}"], pos, ratio, out=_rows(b["scores"], T, nb),
+        scores = qsa.block_scores(qi, b[f"pooled.{layer}"], pos, ratio, out=_rows(b["scores"], n, nb),
                                   stream=stream)
-        scratch = qsa.SelectScratch(_rows(b["sel_keys"], T, nb), _rows(b["sel_idx"], T, nb),
-                                    _rows(b["sel_flags"], T, nb))
+        scratch = qsa.SelectScratch(_rows(b["sel_keys"], n, nb), _rows(b["sel_idx"], n, nb),
+                                    _rows(b["sel_flags"], n, nb))
         cap = qsa.cell_capacity(ratio, g.idx_budget)
-        cells, counts = qsa.select_cells(scores, pos, ratio, g.idx_budget, cells=_rows(b["cells"], T, cap),
-                                         counts=b["counts"][:T], scratch=scratch, stream=stream)
+        cells, counts = qsa.select_cells(scores, pos, ratio, g.idx_budget, cells=_rows(b["cells"], n, cap),
+                                         counts=b["counts"][:n], scratch=scratch, stream=stream)
     att = qsa.attend_selected(qn, qg[:, :, d:], b[f"kc.{layer}"], b[f"vc.{layer}"], pos, cells=cells,
-                              counts=counts, out=b["qa_att"][:T], stream=stream)
-    _gemv(e, blk + "attn_output.weight", att, b["block_out"][:T], stream)
+                              counts=counts, out=b["qa_att"][r0:T], stream=stream)
+    _gemv(e, blk + "attn_output.weight", att, b["block_out"][r0:T], stream)
 
 
 def _rows(buf, T: int, width: int):
@@ -110,6 +115,8 @@ def _rows(buf, T: int, width: int):
 
 
 def _moe(e, layer: int, x, T: int, stream):
+    if getattr(e, "tiers", None) is not None:  # expert tiers (tiers.py): doorbell, VRAM/PCIe/CPU shares, combine
+        return e.tiers.record_moe(layer, T, stream)
     b, w, g = e.buf, e.w, e.g
     blk = f"blk.{layer}."
     _gemv(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
@@ -143,12 +150,13 @@ def _ple(e, T: int, stream):
 
 
 def record_window(e, T: int, stream) -> None:
+    tiers = getattr(e, "tiers", None)
+    if tiers is not None and tiers.n_groups(T) == 2:  # --split: two token groups in the seed's order (split.py)
+        from .split import record_split_window
+
+        return record_split_window(e, T, stream)
     b, g = e.buf, e.g
-    _copy(b["tokens"], e.stage.tokens.device, T * 8, stream)
-    _copy(b["positions"], e.stage.positions.device, T * 4, stream)
-    table, table_type = e.w.raw("token_embd.weight")
-    embed.gather_rows(b["tokens"][:T].reshape(T, 1), table, table_type, g.n_embd, out=b["emb"][:T], stream=stream)
-    hyper.broadcast_streams(b["emb"][:T], g.hc, out=b["R"][:T], stream=stream)
+    _inputs(e, T, stream)
     for layer in range(g.n_layers):
         if g.ple is not None and g.ple.layer == layer:
             _ple(e, T, stream)
@@ -158,6 +166,22 @@ def record_window(e, T: int, stream) -> None:
         mixed, inj = _hc(e, f"blk.{layer}.hc_ffn", T, True, stream)
         _moe(e, layer, mixed, T, stream)
         hyper.hc_write(b["R"][:T], b["block_out"][:T], inj, out=b["R"][:T], stream=stream)
+    _head(e, T, stream)
+
+
+def _inputs(e, T: int, stream) -> None:
+    """Tokens and positions from mapped staging, the embedding, broadcast to the HC streams."""
+    b, g = e.buf, e.g
+    _copy(b["tokens"], e.stage.tokens.device, T * 8, stream)
+    _copy(b["positions"], e.stage.positions.device, T * 4, stream)
+    table, table_type = e.w.raw("token_embd.weight")
+    embed.gather_rows(b["tokens"][:T].reshape(T, 1), table, table_type, g.n_embd, out=b["emb"][:T], stream=stream)
+    hyper.broadcast_streams(b["emb"][:T], g.hc, out=b["R"][:T], stream=stream)
+
+
+def _head(e, T: int, stream) -> None:
+    """Final HC read, head GEMV, greedy ids into mapped staging."""
+    b = e.buf
     mixed, _ = _hc(e, "output_hc", T, False, stream)
     _gemv(e, "output.weight", mixed, b["logits"][:T], stream)
     sampling.argmax_rows(b["logits"][:T], out=b["ids"][:T], scratch=argmax_scratch(b), stream=stream)

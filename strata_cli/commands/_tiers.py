@@ -1,0 +1,38 @@
+"""The expert-tier options of every command that builds the GPU engine (engine/gpu/tiers.py)."""
+
+from __future__ import annotations
+
+import click
+
+
+def tier_options(f):
+    """--expert-profile, --expert-cache, --pcie-frac, --split, --tier-wait (innermost first)."""
+    options = [
+        click.option("--tier-wait", type=click.Choice(["spin", "stream"]), default="spin", show_default=True,
+                     help="How the window graph waits for the host: spin kernels on mapped words (bounded by a "
+                     "GPU timer) or captured cuStreamWaitValue32 nodes."),
+        click.option("--split", is_flag=True, help="Two token groups per window, so the CPU computes one "
+                     "group's experts while the GPU runs the other (windows of T >= 2)."),
+        click.option("--pcie-frac", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+                     help="Share of each layer's distinct VRAM misses copied over PCIe by the copy engine; "
+                     "the CPU pool computes the rest."),
+        click.option("--expert-cache", default=None, metavar="all|auto|N|SIZE",
+                     help="Routed experts kept in VRAM: all, auto (what free memory allows), N (layer, expert) "
+                     "slots, or a size like 12GiB. The rest stay in the memory-mapped file. [default: all]"),
+        click.option("--expert-profile", type=click.Path(dir_okay=False), default=None,
+                     help="Expert profile (YAML or STRP) ranking the (layer, expert) pairs for the cache."),
+    ]
+    for option in options:
+        f = option(f)
+    return f
+
+
+def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache_override: str | None = None):
+    """A TierConfig, or None when no tier option was given (every expert in VRAM, today's graph)."""
+    from ..engine.gpu.tiers import TierConfig
+
+    cache = cache_override if cache_override is not None else expert_cache
+    if cache is None and expert_profile is None and not pcie_frac and not split and tier_wait == "spin":
+        return None
+    return TierConfig(profile=expert_profile, cache=cache or "all", pcie_frac=pcie_frac, split=split,
+                      wait=tier_wait)

@@ -1,0 +1,335 @@
+"""The host side of the expert tiers (spec 3.6, 3.8, 3.9): per step (layer, token group) of a launched window,
+wait for the ring, plan the step, start the PCIe share's copies, compute the CPU share, raise the flags.
+
+Step k (ring k+1) covers the rows of one token group of one layer. The plan (per group slot, mapped int32):
+  src [JM]              entry -> SRC_VRAM / SRC_PCIE / SRC_CPU (entries of other groups untouched)
+  pg_expert [JM]        PCIe group u -> staging slot (groups in the order of their first entry)
+  pg_count [JM]         entries of group u (0 past the last)
+  pg_entries [JM, 16]   the group's global entries, ascending
+VRAM groups are not in the plan: the device groups them from its residency table right after the ring.
+The PCIe share is the last floor(n_miss * pcie_frac) distinct misses in routing order (spec 3.6); the copy stream
+writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never runs ahead of a copy.
+
+Release (spec 3.8): every flag to 0xFFFFFFFF (each GPU wait passes), then wait, bounded, until the streams are
+idle; the engine refuses every later window.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import StrataError
+from ...gpu.launch_util import GEMV_MAXT
+from ...gpu.runtime import check, cudart
+from .tiers import ERR, FLAG, FLAG_A, FLAG_B, RELEASED, SEQ
+
+SRC_VRAM, SRC_PCIE, SRC_CPU = 0, 1, 2
+POLL_S = 0.002  # how often a waiting host asks the driver whether the stream failed or finished
+
+
+class EngineReleased(StrataError):
+    """A window never finished and its GPU waits were released: this engine runs no more windows (#267)."""
+
+
+@dataclass
+class StepPlan:
+    src: np.ndarray                       # [J] SRC_* of the group's entries
+    pcie: list[int]                       # distinct PCIe experts, staging slot = position
+    cpu: list[int]                        # distinct CPU experts
+    entries: dict[int, np.ndarray] = field(default_factory=dict)  # expert -> local entries routed to it
+
+
+def plan_step(ids: np.ndarray, resident_row: np.ndarray, pcie_frac: float) -> StepPlan:
+    """ids [J] (the group's entries, routing order) and the layer's residency row [E] -> the step's plan."""
+    src = np.full(len(ids), SRC_VRAM, dtype=np.int32)
+    misses: list[int] = []
+    entries: dict[int, list[int]] = {}
+    for j, e in enumerate(ids.tolist()):
+        if resident_row[e] >= 0:
+            continue
+        if e not in entries:
+            entries[e] = []
+            misses.append(e)
+        entries[e].append(j)
+    n_pcie = int(np.floor(len(misses) * pcie_frac + 1e-9))
+    pcie, cpu = misses[len(misses) - n_pcie:], misses[:len(misses) - n_pcie]
+    for e in pcie:
+        src[entries[e]] = SRC_PCIE
+    for e in cpu:
+        src[entries[e]] = SRC_CPU
+    return StepPlan(src, pcie, cpu, {e: np.asarray(v, dtype=np.int64) for e, v in entries.items()})
+
+
+def write_plan(slot: np.ndarray, plan: StepPlan, j0: int, JM: int) -> None:
+    """The plan's GPU-facing words into one mapped plan slot [JM * (3 + 16)] (the group's entries start at j0)."""
+    J = len(plan.src)
+    slot[j0:j0 + J] = plan.src
+    g_expert, g_count = slot[JM:2 * JM], slot[2 * JM:3 * JM]
+    g_entries = slot[3 * JM:].reshape(JM, GEMV_MAXT)
+    g_count[:J] = 0
+    for q, e in enumerate(plan.pcie):
+        rows = plan.entries[e]
+        g_expert[q] = q
+        g_entries[q, :len(rows)] = j0 + rows
+        g_count[q] = len(rows)
+
+
+class ExpertSource:
+    """The CPU share on the threaded pool of strata_cli/tiers (pool.py: compiled kernels over the memory-mapped
+    GGUF blocks, the GIL released; float32 on the exactly dequantized weights), written straight into the
+    group's rows of mapped `ymiss`."""
+
+    def __init__(self, model):
+        from ...tiers.pool import ExpertPool
+
+        self.pool = ExpertPool(model)
+
+    def compute_into(self, layer: int, x: np.ndarray, plan: StepPlan, K: int, out: np.ndarray) -> None:
+        """x [n, D] the group's rows, out [n*K, D] the group's ymiss rows: out[j] for every CPU entry j."""
+        from ...tiers.plan import ExpertEntries
+
+        lists = [plan.entries[e] for e in plan.cpu]
+        dst = np.concatenate(lists).astype(np.int32)
+        start = np.concatenate([[0], np.cumsum([len(v) for v in lists])]).astype(np.int32)
+        entries = ExpertEntries(np.asarray(plan.cpu, dtype=np.int32), start, (dst // K).astype(np.int32), dst)
+        self.pool.compute(layer, x, entries, out=out)
+
+
+class TierHost:
+    """Serves the steps of the windows of one engine (the main thread, between launch and sync)."""
+
+    def __init__(self, tiers, engine, stall: int = 0):
+        self.t, self.e = tiers, engine
+        self.src = ExpertSource(tiers.model)
+        self.stall = stall
+        self.windows = 0
+        self.released: str | None = None
+        self.step_layer = -1       # the layer of the step in progress (for the stall line)
+        self.progress = time.monotonic()
+        self.active = False
+        self.stats: dict = {}
+        self._lock = threading.Lock()
+        self.launching = False
+        self.history: list[dict] = []  # window_stats() of every window served
+
+    def after_warm_up(self) -> None:
+        """The engine's warm-up window is not one of the user's (STRATA_TEST_VERIFY_STALL counts those)."""
+        self.windows = 0
+        self.history.clear()
+
+    # ---- one window
+    def begin(self, T: int) -> None:
+        if self.released is not None:
+            raise EngineReleased(self.released)
+        t = self.t
+        t.words.host[:] = 0
+        t.wait_ns.host[:] = 0
+        self.windows += 1
+        self.T = T
+        self.active = True
+        self.progress = time.monotonic()
+        self.stats = {"T": T, "vram": 0, "pcie": 0, "cpu": 0, "pool_ms": 0.0, "host_wait_ms": 0.0, "pcie_bytes": 0,
+                      "cpu_bytes": 0}
+
+    def serve(self, T: int, eager: bool = False) -> None:
+        """All steps of the launched T-row window; then wait (bounded) for the stream. Releases on any error."""
+        try:
+            groups = self.t.groups(T)
+            G = len(groups)
+            for k in range(self.t.L * G):
+                layer, grp = divmod(k, G)
+                self._step(k, layer, grp, *groups[grp], G, eager)
+            self._await_idle(eager)
+            self._check_err(G)
+            self.history.append(self.window_stats())
+        except BaseException as exc:
+            if self.released is None:
+                ms = self.release(5000)
+                why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, StrataError) else str(exc)
+                self.released = (f"an earlier window never finished on the GPU (#267): {why}; GPU waits released, "
+                                 f"streams idle after {ms:.0f} ms")
+            raise
+        finally:
+            self.active = False
+
+    def _step(self, k: int, layer: int, grp: int, r0: int, n: int, G: int, eager: bool) -> None:
+        t = self.t
+        want = k + 1
+        self.step_layer = layer
+        t0 = time.perf_counter()
+        self._await_ring(want, layer, eager)
+        t1 = time.perf_counter()
+        K = t.K
+        ids = t.pub_ids.host[r0:r0 + n].reshape(-1).copy()
+        plan = plan_step(ids, t.table_host[layer], t.cfg.pcie_frac)
+        slot = t.plan.host[grp]
+        write_plan(slot, plan, r0 * K, t.JM)
+        t.words.host[FLAG_A] = want
+        if t.pcie:
+            self._copy_pcie(layer, grp, plan, want)
+        else:
+            t.words.host[FLAG_B] = want
+        if plan.cpu:
+            self.src.compute_into(layer, t.pub_x.host[r0:r0 + n], plan, K, t.ymiss.host[r0 * K:(r0 + n) * K])
+        t2 = time.perf_counter()
+        last = k == t.L * G - 1
+        if not (last and self.stall and self.windows == self.stall):
+            t.words.host[FLAG] = want
+        s = self.stats
+        s["vram"] += int((plan.src == SRC_VRAM).sum())
+        s["pcie"] += int((plan.src == SRC_PCIE).sum())
+        s["cpu"] += int((plan.src == SRC_CPU).sum())
+        s["pool_ms"] += (t2 - t1) * 1e3
+        s["host_wait_ms"] += (t1 - t0) * 1e3
+        eb = sum(t.expert_bytes[layer])
+        s["pcie_bytes"] += eb * len(plan.pcie)
+        s["cpu_bytes"] += eb * len(plan.cpu)
+        self.progress = time.monotonic()
+
+    def _copy_pcie(self, layer: int, grp: int, plan: StepPlan, want: int) -> None:
+        """The PCIe share's expert blobs from the memory-mapped file into the group's staging slots (copy engine),
+        then flagB = want on the copy stream (after the copies land)."""
+        from ...gpu.launch_tiers import write_word
+
+        t, rt = self.t, cudart()
+        kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        stream = t.copy_stream
+        for p, name in enumerate(f"blk.{layer}.ffn_{x}_exps.weight" for x in ("gate", "up", "down")):
+            raw = t.model.info(name).raw
+            nbytes = t.expert_bytes[layer][p]
+            base = t.buf[f"tier_stage.{grp}.{p}"].data.ptr
+            for q, e in enumerate(plan.pcie):
+                src = raw.ctypes.data + e * nbytes
+                check(rt.cudaMemcpyAsync(base + q * nbytes, src, nbytes, kind, stream.ptr), "cudaMemcpyAsync")
+        write_word(t.words.device[FLAG_B:FLAG_B + 1], want, stream)
+
+    def _await_ring(self, want: int, layer: int, eager: bool) -> None:
+        seq = self.t.words.host[SEQ:SEQ + 1]
+        if seq[0] >= want:
+            return
+        start = time.monotonic()
+        next_poll = start + POLL_S
+        while seq[0] < want:
+            if eager:
+                time.sleep(0)  # the launching thread needs the GIL
+            now = time.monotonic()
+            if now < next_poll:
+                continue
+            next_poll = now + POLL_S
+            if self.released is not None:
+                raise EngineReleased(self.released)
+            if not self.launching and self._stream_idle() and seq[0] < want:
+                raise StrataError(f"layer {layer} never rang (the window's stream ended first"
+                                  f"{self._err_text()})")
+            if not self.launching and now - start > self.t.cfg.timeout_s:  # eager launches may compile kernels
+                raise StrataError(f"layer {layer} never rang within {self.t.cfg.timeout_s:g} s")
+
+    def _await_idle(self, eager: bool) -> None:
+        """Wait for the window's stream; a withheld flag ends only through a GPU wait's bound or a release."""
+        while self.launching or not self._stream_idle():
+            time.sleep(0 if not self.stall else 0.001)
+            if self.released is not None:
+                raise EngineReleased(self.released)
+
+    def _stream_idle(self) -> bool:
+        rt = cudart()
+        ret = rt.cudaStreamQuery(self.e.stream.ptr)[0]
+        if ret == rt.cudaError_t.cudaErrorNotReady:
+            return False
+        check((ret,), "the window's stream")
+        return True
+
+    def _err_text(self) -> str:
+        code = int(self.t.words.host[ERR])
+        if not code:
+            return ""
+        step, kind = divmod(code - 1, 2)
+        return f"; the GPU gave up waiting for {'flagB' if kind == 0 else 'flag'} of step {step}"
+
+    def _check_err(self, G: int) -> None:
+        code = int(self.t.words.host[ERR])
+        if code:
+            step, kind = divmod(code - 1, 2)
+            layer = step // G
+            word = "flagB (the PCIe share)" if kind == 0 else "flag (the CPU share)"
+            raise StrataError(f"window {self.windows} stalled at layer {layer}: the GPU waited "
+                              f"{self.t.cfg.timeout_s:g} s for {word} and gave up")
+
+    # ---- release (spec 3.8)
+    def release(self, timeout_ms: float) -> float:
+        """Every flag to 0xFFFFFFFF (each GPU wait passes), then poll the streams until idle or timeout_ms.
+        Returns the ms until idle (or timeout_ms)."""
+        t = self.t
+        with self._lock:
+            for word in (FLAG_A, FLAG_B, FLAG):
+                t.words.host[word] = RELEASED
+            t0 = time.monotonic()
+            rt = cudart()
+            streams = [self.e.stream] + ([t.copy_stream] if t.copy_stream is not None else [])
+            while True:
+                busy = [s for s in streams if rt.cudaStreamQuery(s.ptr)[0] == rt.cudaError_t.cudaErrorNotReady]
+                elapsed = (time.monotonic() - t0) * 1e3
+                if not busy or elapsed >= timeout_ms:
+                    return elapsed
+                time.sleep(0.0002)
+
+    def window_stats(self) -> dict:
+        """The last window's shares of routed entries, host times and GPU wait times (spin waits only)."""
+        s = dict(self.stats)
+        total = max(s["vram"] + s["pcie"] + s["cpu"], 1)
+        waits = self.t.wait_ns.host.astype(np.float64) / 1e6
+        s.update(vram_share=s["vram"] / total, pcie_share=s["pcie"] / total, cpu_share=s["cpu"] / total,
+                 wait_b_ms=float(waits[:, 0].sum()), wait_flag_ms=float(waits[:, 1].sum()))
+        return s
+
+
+class Watchdog(threading.Thread):
+    """Releases a TierHost whose window made no progress for timeout_s (spec 3.8): sets the refusal message,
+    releases the GPU waits, waits (bounded) for the streams, and hands one line to on_release."""
+
+    def __init__(self, host: TierHost, timeout_s: float, on_release, release_ms: float = 5000):
+        super().__init__(name="strata-watchdog", daemon=True)
+        self.host, self.timeout_s, self.on_release, self.release_ms = host, timeout_s, on_release, release_ms
+        self.stopped = threading.Event()
+        self.fired = threading.Event()
+        self.line: str | None = None
+
+    def run(self) -> None:
+        tick = max(0.001, min(0.01, self.timeout_s / 10))
+        while not self.stopped.wait(tick):
+            h = self.host
+            if not (h.active and h.released is None and time.monotonic() - h.progress > self.timeout_s):
+                continue
+            window, layer = h.windows, h.step_layer
+            h.released = (f"an earlier window never finished on the GPU (#267): window {window} stalled at layer "
+                          f"{layer} and was released by the watchdog")
+            ms = h.release(self.release_ms)
+            self.line = f"window {window} stalled at layer {layer}; GPU waits released; streams idle after {ms:.1f} ms"
+            self.fired.set()
+            self.on_release(self.line)
+            return
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds like KeyboardInterrupt, so a window in flight releases its GPU waits first."""
+
+
+def release_on_sigterm() -> None:
+    """SIGTERM raises Terminated in the main thread (SIGINT already raises KeyboardInterrupt); a serving host
+    releases its waits on either before the process ends, so no spin kernel outlives it."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        def _raise(signum, frame):
+            raise Terminated("SIGTERM")
+
+        signal.signal(signal.SIGTERM, _raise)

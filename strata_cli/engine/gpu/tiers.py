@@ -1,0 +1,312 @@
+"""Expert tiers of the GPU engine (spec 3.6-3.9): a VRAM cache of (layer, expert) pairs, and the misses served
+inside the captured window through mapped-memory doorbells.
+
+Per (layer, token group) the window graph runs pre(): router, top-k, publish the group's rows x, ids, weights to
+mapped memory and ring `seq`, the shared expert, then the VRAM-resident entries (grouped on the device through the
+residency table, no host round trip). post(): [wait flagB, copy the host's plan, the PCIe share's experts from the
+copy engine's staging slots], wait flag, then combine VRAM/PCIe rows (device) with the CPU rows (mapped `ymiss`).
+The host side of each step lives in tier_host.py. A model whose experts all fit keeps today's graph (no tiers
+object at all); STRATA_TEST_VERIFY_STALL forces the doorbell graph even then (spec 3.9).
+
+Legend: L layers, E experts per layer, K experts per row, M max window rows, JM = M*K entries, D hidden,
+G token groups (2 with --split and T >= 2), Q staging slots per group (distinct PCIe experts of one step).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import InputError
+from ...gpu import launch_moe as moe
+from ...gpu import launch_tiers as tl
+from ...gpu.launch_util import GEMV_MAXT
+from ...gpu.runtime import MappedBuffer, cupy
+from ...model import packed
+
+PROJ = ("gate", "up", "down")
+STALL_ENV = "STRATA_TEST_VERIFY_STALL"
+# mapped u32 words (spec 3.6), then the first timed-out wait's code
+SEQ, FLAG_A, FLAG_B, FLAG, ERR = range(5)
+N_WORDS = 8
+RELEASED = 0xFFFFFFFF
+# wait kinds in the error code and the wait-time table
+WAIT_B, WAIT_FLAG = 0, 1
+AUTO_MARGIN = 1 << 30  # bytes left free by --expert-cache auto (CuPy pools, cuBLAS-free kernels' launches, driver)
+
+
+@dataclass
+class TierConfig:
+    profile: str | None = None      # expert profile (YAML or STRP); None ranks pairs layer by layer, expert id order
+    cache: str = "all"              # all | auto | N slots | SIZE (12GiB, 500MB)
+    pcie_frac: float = 0.0          # share of a step's distinct misses copied by the copy engine
+    split: bool = False             # two token groups per window (spec 3.5)
+    wait: str = "spin"              # spin kernels or captured cuStreamWaitValue32
+    timeout_s: float = 20.0         # bound of every GPU wait and of the host's wait for a ring
+
+
+def stall_window() -> int:
+    """STRATA_TEST_VERIFY_STALL=N: the 1-based window whose last flag is withheld (0 = never)."""
+    text = os.environ.get(STALL_ENV, "").strip()
+    if not text:
+        return 0
+    if not text.isdigit():
+        raise InputError(f"{STALL_ENV}='{text}': expected a window number (1, 2, ...) or 0")
+    return int(text)
+
+
+def expert_names(layer: int) -> list[str]:
+    return [f"blk.{layer}.ffn_{p}_exps.weight" for p in PROJ]
+
+
+def is_expert_tensor(name: str) -> bool:
+    return name.endswith(("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"))
+
+
+def pair_bytes(model) -> np.ndarray:
+    """Bytes of one expert's gate + up + down in each layer [L]."""
+    g = model.geometry
+    return np.array([sum(model.info(n).n_bytes // g.n_expert for n in expert_names(layer))
+                     for layer in range(g.n_layers)], dtype=np.int64)
+
+
+def ranked_pairs(model, profile_path: str | None) -> np.ndarray:
+    """(layer, expert) pairs hottest first [L*E, 2]: the profile's ranked order, then every pair it leaves out in
+    the default order (expert-major, so each layer gets the same share: (0, 0), (1, 0), ..., (L-1, 0), (0, 1))."""
+    g = model.geometry
+    L, E = g.n_layers, g.n_expert
+    default = np.stack(np.meshgrid(np.arange(L), np.arange(E), indexing="xy"), axis=-1).reshape(-1, 2)
+    if profile_path is None:
+        return default.astype(np.int64)
+    from ...tiers.profile import load_profile
+
+    profile = load_profile(profile_path)
+    profile.check_model(g, profile_path)
+    ranked = np.asarray(profile.order(), dtype=np.int64)
+    seen = np.zeros((L, E), dtype=bool)
+    seen[ranked[:, 0], ranked[:, 1]] = True
+    rest = default[~seen[default[:, 0], default[:, 1]]]
+    return np.concatenate([ranked, rest]).astype(np.int64)
+
+
+def residency_table(model, ranked: np.ndarray, n_pairs: int) -> np.ndarray:
+    """[L, E] int32: the slot of each of the first n_pairs ranked pairs within its layer's VRAM array, else -1.
+    Slots within a layer follow the expert id (a layer's resident experts are uploaded in id order)."""
+    g = model.geometry
+    table = np.full((g.n_layers, g.n_expert), -1, dtype=np.int32)
+    chosen = np.zeros((g.n_layers, g.n_expert), dtype=bool)
+    top = ranked[:n_pairs]
+    chosen[top[:, 0], top[:, 1]] = True
+    for layer in range(g.n_layers):
+        ids = np.flatnonzero(chosen[layer])
+        table[layer, ids] = np.arange(len(ids), dtype=np.int32)
+    return table
+
+
+def choose_residency(model, cfg: TierConfig, free_bytes: int | None, fixed_bytes: int) -> tuple[np.ndarray, str]:
+    """The residency table for --expert-cache, and the one line saying what was chosen. free_bytes: device memory
+    free now (None: unknown); fixed_bytes: what the engine needs besides routed experts (dense weights, arena)."""
+    from ...tiers.residency import parse_cache_spec
+
+    g = model.geometry
+    spec = parse_cache_spec(cfg.cache)
+    kind, value = spec.kind, spec.value
+    per_pair = pair_bytes(model)
+    ranked = ranked_pairs(model, cfg.profile)
+    total_pairs = g.n_layers * g.n_expert
+    cum = np.cumsum(per_pair[ranked[:, 0]])
+    if kind == "all":
+        n = total_pairs
+    elif kind == "slots":
+        n = min(value, total_pairs)
+    else:
+        budget = value if kind == "bytes" else max(0, (free_bytes or 0) - fixed_bytes - AUTO_MARGIN)
+        n = int(np.searchsorted(cum, budget, side="right"))
+    table = residency_table(model, ranked, n)
+    gib = float(cum[n - 1]) / 2**30 if n else 0.0
+    source = f"profile {cfg.profile}" if cfg.profile else "no profile: expert id order"
+    what = f"expert cache: {n} of {total_pairs} (layer, expert) pairs in VRAM ({gib:.2f} GiB, " \
+           f"{n / total_pairs:.1%}; --expert-cache {cfg.cache}, {source})"
+    if kind == "auto" and free_bytes is not None:
+        what += f"; {free_bytes / 2**30:.1f} GiB free before loading"
+    return table, what
+
+
+def upload_resident(model, table: np.ndarray, pack_q8: bool):
+    """Per layer: [(device array [n_slots, rows, row], ggml type)] for gate, up, down holding only the resident
+    experts in slot order (read from the memory-mapped file), and n_slots. A layer without residents gets one
+    zero slot so that every launch has a valid array (no entry ever names it)."""
+    cp = cupy()
+    out = []
+    for layer in range(table.shape[0]):
+        ids = np.flatnonzero(table[layer] >= 0)
+        ids = ids[np.argsort(table[layer, ids])]
+        arrays = []
+        for name in expert_names(layer):
+            info = model.info(name)
+            raw = np.ascontiguousarray(info.raw[ids]) if len(ids) else np.zeros((1, *info.raw.shape[1:]),
+                                                                                 info.raw.dtype)
+            arr, ggml_type = cp.asarray(raw), info.ggml_type
+            if pack_q8 and packed.packable(tuple(arr.shape), ggml_type):
+                from ...gpu.launch_pack import pack_q8_0
+
+                arr = pack_q8_0(arr, int(info.shape[0]), out=cp.empty_like(arr))
+                ggml_type = packed.Q8_0_R32
+            arrays.append((arr, ggml_type))
+        out.append((arrays, max(len(ids), 1)))
+    cp.cuda.Device().synchronize()
+    return out
+
+
+class ExpertTiers:
+    """Device and mapped buffers of the tiers, and the recording of one token group's MoE (pre/post)."""
+
+    def __init__(self, engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool = True):
+        g, model = engine.g, engine.model
+        self.engine, self.cfg, self.model = engine, cfg, model
+        self.table_host = table
+        self.K, self.D, self.E, self.L = g.n_expert_used, g.n_embd, g.n_expert, g.n_layers
+        self.M = engine.max_t
+        self.JM = self.M * self.K
+        if self.JM > 1024:
+            raise InputError(f"max_t {self.M} x {self.K} experts per row = {self.JM} entries exceed the tier "
+                             "kernels' 1024")
+        self.G = 2 if cfg.split else 1
+        self.pcie = cfg.pcie_frac > 0
+        self.Q = min(self.E, self.JM) if self.pcie else 0
+        self.plan_words = self.JM * (3 + GEMV_MAXT)  # src | pcie g_expert | g_count | g_entries [JM, MAXT]
+        self.resident = upload_resident(model, table, pack_q8)
+        self.expert_bytes = [[model.info(n).n_bytes // self.E for n in expert_names(layer)]
+                             for layer in range(self.L)]
+        self.file_types = [[model.info(n).ggml_type for n in expert_names(layer)] for layer in range(self.L)]
+        self.file_rows = [[tuple(model.info(n).raw.shape[1:]) for n in expert_names(layer)] for layer in range(self.L)]
+        M, K, D = self.M, self.K, self.D
+        self.pub_x = MappedBuffer((M, D), np.float32)
+        self.pub_ids = MappedBuffer((M, K), np.int32)
+        self.pub_w = MappedBuffer((M, K), np.float32)
+        self.words = MappedBuffer((N_WORDS,), np.uint32)
+        self.ymiss = MappedBuffer((self.JM, D), np.float32)
+        self.plan = MappedBuffer((2, self.plan_words), np.int32)
+        self.wait_ns = MappedBuffer((self.L * 2, 2), np.uint64)
+        self.copy_stream = None
+        if self.pcie:
+            from ...gpu.graphs import new_stream
+
+            self.copy_stream = new_stream()
+        self.timeout_ns = int(cfg.timeout_s * 1e9)
+
+    # ---- buffers
+    def add_buffers(self, arena) -> None:
+        arena.add("tier_table", (self.L, self.E), np.int32)
+        arena.add("tier_vg_expert", (self.JM,), np.int32)
+        arena.add("tier_vg_count", (self.JM,), np.int32)
+        arena.add("tier_vg_entries", (self.JM, GEMV_MAXT), np.int32)
+        arena.add("tier_plan", (2, self.plan_words), np.int32)
+        g = self.engine.g
+        if self.G == 2 and g.ple is not None:  # split.py: the PLE rows' saved input and output
+            arena.add("split_ple_in", (self.M, g.hc, self.D))
+            arena.add("split_ple_out", (self.M, g.hc, self.D))
+        if self.Q:
+            for grp in range(self.G):
+                for p in range(3):
+                    most = max(self.expert_bytes[layer][p] for layer in range(self.L))
+                    arena.add(f"tier_stage.{grp}.{p}", (self.Q * most,), np.uint8)
+
+    def bind(self, buf) -> None:
+        self.buf = buf
+        buf["tier_table"].set(self.table_host)
+        self.all_resident = bool((self.table_host >= 0).all())
+
+    def staged(self, layer: int, grp: int):
+        """The PCIe staging slots of group grp viewed as layer's gate/up/down arrays [Q, expert bytes]."""
+        cp = cupy()
+        out = []
+        for p in range(3):
+            base = self.buf[f"tier_stage.{grp}.{p}"]
+            nbytes = self.expert_bytes[layer][p]
+            out.append((cp.ndarray((self.Q, nbytes), np.uint8, memptr=base.data), self.file_types[layer][p]))
+        return out
+
+    # ---- groups and steps
+    def groups(self, T: int) -> list[tuple[int, int]]:
+        """(first row, rows) of each token group of a T-row window: A = [0, ceil(T/2)), B = the rest."""
+        if self.G == 1 or T < 2:
+            return [(0, T)]
+        a = -(-T // 2)
+        return [(0, a), (a, T - a)]
+
+    def n_groups(self, T: int) -> int:
+        return len(self.groups(T))
+
+    @staticmethod
+    def ring(layer: int, grp: int, G: int) -> int:
+        return layer * G + grp + 1
+
+    def wait_code(self, step: int, kind: int) -> int:
+        return step * 2 + kind + 1
+
+    # ---- recording
+    def pre(self, layer: int, grp: int, r0: int, n: int, G: int, stream) -> None:
+        """Router, doorbell, shared expert and the VRAM-resident entries of rows [r0, r0+n) of layer."""
+        from .buffers import split_k
+        from .window import _gemv
+
+        e, b = self.engine, self.buf
+        w, K = e.w, self.K
+        blk = f"blk.{layer}."
+        rows = slice(r0, r0 + n)
+        _gemv(e, blk + "ffn_gate_inp.weight", b["mixed"][rows], b["router"][rows], stream)
+        moe.router_topk(b["router"][rows], K, out_ids=b["route_ids"][rows], out_w=b["route_w"][rows], stream=stream)
+        tl.publish(b["mixed"], b["route_ids"], b["route_w"], r0, n, self.pub_x.device, self.pub_ids.device,
+                   self.pub_w.device, self.words.device[SEQ:SEQ + 1], self.ring(layer, grp, G), stream)
+        names = [blk + f"ffn_{p}_shexp.weight" for p in PROJ] + [blk + "ffn_gate_inp_shexp.weight"]
+        raws = [w.r(name) for name in names]
+        moe.shared_expert(b["mixed"][rows], raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
+                          out=b["shared"][rows], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), split=split_k(b),
+                          stream=stream)
+        j0, J = r0 * K, n * K
+        groups = (b["tier_vg_expert"][j0:j0 + J], b["tier_vg_count"][j0:j0 + J], b["tier_vg_entries"][j0:j0 + J])
+        tl.group_resident(b["route_ids"], j0, J, b["tier_table"][layer], self.E, *groups, stream)
+        arrays, n_slots = self.resident[layer]
+        if (self.table_host[layer] >= 0).any():
+            tl.swiglu_experts(*arrays, n_slots, groups, J, n, b["mixed"], K, b["moe_h"], b["moe_parts"], stream)
+
+    def post(self, layer: int, grp: int, r0: int, n: int, G: int, stream) -> None:
+        """Wait for the host's shares of rows [r0, r0+n), run the PCIe share, combine into block_out."""
+        from .window import _copy
+
+        b, K = self.buf, self.K
+        ring = self.ring(layer, grp, G)
+        step = ring - 1
+        words, err = self.words.device, self.words.device[ERR:ERR + 1]
+        plan_dev, plan_host = b["tier_plan"][grp], self.plan.device[grp]
+        J = n * K
+        kind = self.cfg.wait
+        if self.pcie:
+            tl.wait_word(words[FLAG_B:FLAG_B + 1], ring, err, self.wait_code(step, WAIT_B), self.timeout_ns,
+                         self.wait_ns.device[step, WAIT_B:WAIT_B + 1], stream, kind)
+            _copy(plan_dev, plan_host, self.plan_words * 4, stream)
+            JM = self.JM
+            pg = (plan_dev[JM:JM + J], plan_dev[2 * JM:2 * JM + J],
+                  plan_dev[3 * JM:].reshape(JM, GEMV_MAXT)[:J])
+            tl.swiglu_experts(*self.staged(layer, grp), self.Q, pg, J, n, b["mixed"], K, b["moe_h"], b["moe_parts"],
+                              stream)
+            tl.wait_word(words[FLAG:FLAG + 1], ring, err, self.wait_code(step, WAIT_FLAG), self.timeout_ns,
+                         self.wait_ns.device[step, WAIT_FLAG:WAIT_FLAG + 1], stream, kind)
+        else:
+            tl.wait_word(words[FLAG:FLAG + 1], ring, err, self.wait_code(step, WAIT_FLAG), self.timeout_ns,
+                         self.wait_ns.device[step, WAIT_FLAG:WAIT_FLAG + 1], stream, kind)
+            _copy(plan_dev, plan_host, self.JM * 4, stream)  # src[] only
+        tl.combine(b["moe_parts"], self.ymiss.device, plan_dev[:self.JM], b["route_w"], b["shared"], b["block_out"],
+                   r0, n, stream)
+
+    def record_moe(self, layer: int, T: int, stream) -> None:
+        """The whole window's MoE of layer as one group (the unsplit window order)."""
+        self.pre(layer, 0, 0, T, 1, stream)
+        self.post(layer, 0, 0, T, 1, stream)
+
+    def free(self) -> None:
+        for buf in (self.pub_x, self.pub_ids, self.pub_w, self.words, self.ymiss, self.plan, self.wait_ns):
+            buf.free()
