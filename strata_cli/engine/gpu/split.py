@@ -15,6 +15,7 @@ from __future__ import annotations
 from ...gpu import launch_embed as embed
 from ...gpu import launch_hyper as hyper
 from ...gpu import launch_ple as ple
+from ...model.names import PLE_TABLE
 from .buffers import split_k
 from .window import _copy, _gdn, _hc, _head, _inputs, _qsa
 
@@ -25,15 +26,16 @@ def _ple_group(e, T: int, r0: int, r1: int, stream) -> None:
     if r0 == 0:  # the gathered PLE rows of the whole window (they depend on tokens only)
         rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, e.ple_mult, p.heads_per_ngram,
                               e.ple_sizes, e.ple_offsets, out=b["ple_rows"][:T], stream=stream)
-        table, table_type = w.r("per_layer_token_embd.weight")
+        table, table_type = w.raw(PLE_TABLE)
         embed.gather_rows(rows, table, table_type, p.head_dim, out=b["ple_emb"][:T], stream=stream)
     saved, mixed_out = b["split_ple_in"], b["split_ple_out"]
     row_bytes = saved[0].nbytes
     _copy(saved[r0:r1], b["R"][r0:r1], (r1 - r0) * row_bytes, stream)
-    wk, kt = w.blk_r(layer, "ple_key")
-    wv, vt = w.blk_r(layer, "ple_value")
-    ple.ple_mix(saved[:r1], b["ple_emb"][:r1], b["ple_history"], wk, wv, w.blk_v(layer, "ple_norm_key"),
-                w.blk_v(layer, "ple_norm_query"), w.blk_v(layer, "ple_norm_conv"), w.blk_v(layer, "ple_conv1d"),
+    wk, kt = w.blk_raw(layer, "ple_key")
+    wv, vt = w.blk_raw(layer, "ple_value")
+    ple.ple_mix(saved[:r1], b["ple_emb"][:r1], b["ple_history"], wk, wv, w.blk_f32(layer, "ple_norm_key"),
+                w.blk_f32(layer, "ple_norm_query"), w.blk_f32(layer, "ple_norm_conv"),
+                w.blk_f32(layer, "ple_conv1d"),
                 p.dilation, g.eps, key_type=kt, value_type=vt, out=mixed_out[:r1], normed=b["ple_normed"][:r1],
                 work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), split=split_k(b), stream=stream)
     _copy(b["R"][r0:r1], mixed_out[r0:r1], (r1 - r0) * row_bytes, stream)

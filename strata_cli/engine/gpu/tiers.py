@@ -262,7 +262,7 @@ class ExpertTiers:
         tl.publish(b["mixed"], b["route_ids"], b["route_w"], r0, n, self.pub_x.device, self.pub_ids.device,
                    self.pub_w.device, self.words.device[SEQ:SEQ + 1], self.ring(layer, grp, G), stream)
         names = [blk + f"ffn_{p}_shexp.weight" for p in PROJ] + [blk + "ffn_gate_inp_shexp.weight"]
-        raws = [w.r(name) for name in names]
+        raws = [w.raw(name) for name in names]
         moe.shared_expert(b["mixed"][rows], raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
                           out=b["shared"][rows], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), split=split_k(b),
                           stream=stream)
