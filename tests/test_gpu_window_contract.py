@@ -104,3 +104,48 @@ def test_windows_and_prefixes_on_gpu_match_numpy(case):
     _close_to_numpy(got, one_pass, "speculative windows")
     single, _ = speculative_run(engine, tokens, np.random.default_rng(9), 1)
     assert np.abs(got - single).max() <= SAME
+
+
+def test_a_window_may_fill_the_context_exactly_on_gpu(case):
+    """The last cell of the context (completing an indexer block) is inside it; one position more is not."""
+    from strata_cli.errors import InputError
+
+    model, tokens, _, _ = case
+    ratio = max(model.geometry.compress_ratios)
+    n_ctx = 6 * ratio
+    full = ReferenceEngine(model, n_ctx=N_CTX).run(tokens[:n_ctx], 0).logits
+    from strata_cli.engine.gpu import GPUEngine
+
+    engine = GPUEngine(model, n_ctx=n_ctx)
+    engine.run(tokens[:n_ctx - ratio - 1], 0)
+    engine.commit(n_ctx - ratio - 1)
+    last = engine.run(tokens[n_ctx - ratio - 1:n_ctx], n_ctx - ratio - 1)
+    _close_to_numpy(last.logits, full[n_ctx - ratio - 1:], "window ending at the last cell")
+    engine.commit(ratio + 1)
+    assert engine.n_past == n_ctx
+    with pytest.raises(InputError, match="past the context"):
+        engine.run(tokens[n_ctx:n_ctx + 1], n_ctx)
+
+
+@pytest.mark.parametrize("temperature, seed", [(0.7, 1), (1.5, 2 ** 40 + 3)])
+def test_gpu_draws_are_keyed_by_position(case, temperature, seed):
+    """GPU sampling of rows 6..17 equals the numpy draws on the same logits, and rows sampled from three shorter
+    windows draw the same ids (where the Gumbel-max winner is not a near-tie between window sizes)."""
+    from strata_cli.ops.sampling import gumbel, sample_rows
+
+    model, tokens, _, engine = case
+    _fed(engine, tokens, 6)
+    whole = engine.run(tokens[6:18], 6)
+    one = engine.sample(whole, temperature, seed)
+    np.testing.assert_array_equal(one, sample_rows(whole.logits, 6 + np.arange(12), temperature, seed))
+    parts = []
+    for lo, hi in ((6, 9), (9, 14), (14, 18)):
+        result = engine.run(tokens[lo:hi], lo)
+        parts.append(engine.sample(result, temperature, seed))
+        engine.commit(hi - lo)
+    parts = np.concatenate(parts)
+    V = model.geometry.n_vocab
+    for t in range(12):
+        score = np.sort(whole.logits[t].astype(np.float64) / temperature + gumbel(seed, 6 + t, V))
+        if score[-1] - score[-2] > 1e-3:
+            assert parts[t] == one[t], t

@@ -9,6 +9,8 @@ from random_models import random_preset, write_random
 from spec_windows import assert_same_state, committed_state, dropped_window_cases, speculative_run
 
 from strata_cli.engine.reference import ReferenceEngine
+from strata_cli.errors import InputError
+from strata_cli.ops import qsa
 
 N_CTX = 96
 
@@ -109,3 +111,38 @@ def test_rejected_rows_leave_no_trace(case):
     assert_same_state(committed_state(dirty), committed_state(clean), atol=1e-5, what="after rejected rows")
     a, b = clean.run(tokens[23:40], 23), dirty.run(tokens[23:40], 23)
     assert np.abs(a.logits - b.logits).max() <= 1e-5
+
+
+def test_a_window_may_fill_the_context_exactly(case):
+    """Positions up to n_ctx - 1 are inside the context (the last cell completes an indexer block here: n_ctx is a
+    multiple of the ratio); one more position is not, for a window or a fresh run alike."""
+    model, tokens = case
+    ratio = max(model.geometry.compress_ratios)
+    n_ctx = 6 * ratio
+    full = ReferenceEngine(model, n_ctx=N_CTX).run(tokens[:n_ctx], 0).logits
+    engine = ReferenceEngine(model, n_ctx=n_ctx)
+    engine.run(tokens[:n_ctx - ratio - 1], 0)
+    engine.commit(n_ctx - ratio - 1)
+    last = engine.run(tokens[n_ctx - ratio - 1:n_ctx], n_ctx - ratio - 1)
+    assert np.abs(last.logits - full[n_ctx - ratio - 1:]).max() <= 1e-5
+    engine.commit(ratio + 1)
+    assert engine.n_past == n_ctx
+    with pytest.raises(InputError, match="past the context"):
+        engine.run(tokens[n_ctx:n_ctx + 1], n_ctx)
+    with pytest.raises(InputError, match="past the context"):
+        ReferenceEngine(model, n_ctx=n_ctx).run(tokens[:n_ctx + 1], 0)
+
+
+def test_block_completed_at_the_querys_own_cell_is_scored():
+    """Selection over n_cells = 3 * ratio visible cells: all three blocks are complete (the last one at the query's
+    own cell) and compete; nothing is left over as unscored tail cells."""
+    ratio, budget = 4, 4
+    cells = qsa.select_cells(np.array([0.1, 0.2, 0.9], np.float32), 3 * ratio, ratio, budget)
+    np.testing.assert_array_equal(cells, np.arange(2 * ratio, 3 * ratio))
+    cells = qsa.select_cells(np.array([0.1, 0.9, 0.2], np.float32), 3 * ratio, ratio, budget)
+    np.testing.assert_array_equal(cells, np.arange(ratio, 2 * ratio))
+    # one cell more: the fourth block is the partial tail, always kept after the best complete block
+    cells = qsa.select_cells(np.array([0.1, 0.9, 0.2], np.float32), 3 * ratio + 1, ratio, budget)
+    np.testing.assert_array_equal(cells, np.r_[np.arange(ratio, 2 * ratio), 3 * ratio])
+    # at or below the budget every cell is kept
+    np.testing.assert_array_equal(qsa.select_cells(np.zeros(1, np.float32), ratio, ratio, budget), np.arange(ratio))
