@@ -232,15 +232,35 @@ def test_logprobs_table(model, token_file):
 
 # ---------------------------------------------------------------- verify-bench
 
+def _check_bench_arithmetic(records: list[dict], acceptance: float) -> None:
+    """Each record's statistics from its own samples, and E(T), rows/s, accepted tok/s and the speedup over the
+    T = 1 record from their closed forms."""
+    t1 = next(r for r in records if int(r["window"]) == 1)["ms_median"]
+    for r in records:
+        T, samples = int(r["window"]), np.array(r["samples_ms"], dtype=np.float64)
+        assert len(samples) == int(r["repetitions"]) and (samples > 0).all()
+        assert r["ms_median"] == pytest.approx(np.median(samples))
+        assert r["ms_p10"] == pytest.approx(np.percentile(samples, 10))
+        assert r["ms_p90"] == pytest.approx(np.percentile(samples, 90))
+        assert r["ms_p10"] <= r["ms_median"] <= r["ms_p90"]
+        e = (1 - acceptance ** T) / (1 - acceptance)
+        assert r["expected_tokens"] == pytest.approx(e)
+        assert r["rows_per_s"] == pytest.approx(T / r["ms_median"] * 1e3)
+        assert r["accepted_tok_per_s"] == pytest.approx(e / r["ms_median"] * 1e3)
+        assert r["speedup_vs_t1"] == pytest.approx(e * t1 / r["ms_median"])
+        assert 1 <= r["kept_mean"] <= T and (T > 1 or r["kept_mean"] == 1)
+
+
 def test_verify_bench_json(model):
-    result = ok("verify-bench", model, "--device", "cpu", "-d", 8, "-r", 3, "--window", "1,2", "--format", "json")
+    result = ok("verify-bench", model, "--device", "cpu", "-d", 8, "-r", 3, "--window", "1,2", "--acceptance", 0.6,
+                "--format", "json")
     doc = json.loads(result.stdout)
     records = doc["rows"]
     assert [r["window"] for r in records] == [1, 2]
     for r in records:
-        assert r["ms_median"] > 0 and r["ms_p10"] > 0 and r["ms_p90"] >= r["ms_p10"]
         assert r["repetitions"] == 3 and r["device"] == "cpu" and r["mode"] == "numpy"
         assert r["model"] == model and r["depth"] == 8
+    _check_bench_arithmetic(records, 0.6)
     env = doc["meta"]["provenance"]
     for key in ("strata", "git_commit", "numpy"):
         assert key in env
@@ -248,13 +268,20 @@ def test_verify_bench_json(model):
 
 
 def test_verify_bench_csv(model):
-    result = ok("verify-bench", model, "--device", "cpu", "-d", 8, "-r", 3, "--window", "1,2", "--format", "csv")
+    result = ok("verify-bench", model, "--device", "cpu", "-d", 8, "-r", 3, "--window", "2,1", "--format", "csv")
     rows = list(csv.reader(io.StringIO(result.stdout)))
     assert len(rows) == 3
     header = rows[0]
     assert header[:3] == ["window", "repetitions", "ms_median"]
-    assert [r[0] for r in rows[1:]] == ["1", "2"]
-    assert all(float(r[1]) > 0 for r in rows[1:])
+    assert [r[0] for r in rows[1:]] == ["2", "1"]
+    records = []
+    for row in rows[1:]:
+        rec = dict(zip(header, row))
+        records.append({k: float(rec[k]) for k in ("window", "repetitions", "ms_median", "ms_p10", "ms_p90",
+                                                  "expected_tokens", "rows_per_s", "accepted_tok_per_s",
+                                                  "speedup_vs_t1", "kept_mean")}
+                       | {"samples_ms": [float(v) for v in rec["samples_ms"].split()]})  # space-separated
+    _check_bench_arithmetic(records, 0.7)  # the default acceptance
 
 
 def test_verify_bench_table(model):

@@ -160,11 +160,20 @@ def test_kernel_names_and_constants_match_the_sources():
     assert {int(defines[f"GGML_{n}"]) for n in ("F32", "F16", "Q8_0", "BF16")} == set(TYPES)
 
 
+def _gguf_dequantized(raw, t, n_in):
+    """gguf-py's own dequantizer (not strata's): raw rows as bytes -> float32 [rows, n_in]."""
+    import gguf
+
+    rows = np.ascontiguousarray(raw).view(np.uint8).reshape(-1, quants.row_bytes(t, n_in))
+    return gguf.quants.dequantize(rows, gguf.GGMLQuantizationType(t)).reshape(-1, n_in)
+
+
 @pytest.mark.parametrize("t", TYPES)
 def test_gemv_reference_dequantizes_raw_rows(t):
+    """The raw-weight reference against gguf-py's dequantization and a float64 product done here."""
     w = _raw((5, 64), t, seed=1)
     x = np.random.default_rng(2).standard_normal((3, 64)).astype(np.float32)
-    want = basic.linear(x, quants.dequantize(w, t).astype(np.float64))
-    np.testing.assert_array_equal(ref.gemv(w, t, 64, x), want)
+    want = (x.astype(np.float64) @ _gguf_dequantized(w, t, 64).astype(np.float64).T).astype(np.float32)
+    np.testing.assert_allclose(ref.gemv(w, t, 64, x), want, rtol=1e-6, atol=1e-6)
     if w.dtype != np.uint8:
-        np.testing.assert_array_equal(ref.gemv(w.view(np.uint8), t, 64, x), want)
+        np.testing.assert_array_equal(ref.gemv(w.view(np.uint8), t, 64, x), ref.gemv(w, t, 64, x))

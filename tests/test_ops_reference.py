@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 qwen = pytest.importorskip("transformers.models.qwen4_exp.modeling_qwen4_exp")
 
-from strata_cli.ops import gdn, hyper, ple  # noqa: E402
+from strata_cli.ops import gdn, hyper, moe, ple  # noqa: E402
 from strata_cli.ops.topk_ties import torch_topk_set  # noqa: E402
 
 
@@ -67,10 +67,97 @@ def test_hc_read_matches_gated_residual(hc, D, L, T):
                                w["input_mix_weight_up.weight"], w["block_inject_weight.weight"], 1e-6)
     np.testing.assert_allclose(mixed, mixed_ref.numpy(), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(inj, inj_ref.numpy(), rtol=1e-5, atol=1e-6)
-    bo = np.random.default_rng(1).standard_normal((T, D)).astype(np.float32)
-    written = hyper.hc_write(R, bo, inj)
-    expect = R.reshape(T, -1) + (bo[:, None, :] * inj[:, :, None]).reshape(T, -1)
-    np.testing.assert_allclose(written.reshape(T, -1), expect, rtol=1e-6)
+
+
+class _Fixed(torch.nn.Module):
+    """Stands in for a block: returns a given output whatever it is fed."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return self.out
+
+
+@pytest.mark.parametrize("hc,D,L,T", [(2, 24, 5, 3), (4, 40, 16, 1), (3, 17, 7, 6)])
+def test_hc_write_matches_the_decoder_layer(hc, D, L, T):
+    """A transformers decoder layer whose mixer and MoE return fixed outputs: its result is the two hyper-connection
+    writes (streams + output * inject gate), which hc_read/hc_write must reproduce."""
+    from transformers import Qwen4ExpTextConfig
+
+    cfg = Qwen4ExpTextConfig(hidden_size=D, hc_count=hc, hc_lowrank=L, num_hidden_layers=1, vocab_size=8,
+                             num_experts=2, num_experts_per_tok=1, layer_types=["linear_attention"], ple_layer_ids=[])
+    torch.manual_seed(T + hc)
+    layer = qwen.Qwen4ExpTextDecoderLayer(cfg, 0).eval()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    rng = np.random.default_rng(D)
+    R = rng.standard_normal((T, hc, D)).astype(np.float32)
+    out_mixer, out_moe = (rng.standard_normal((T, D)).astype(np.float32) for _ in range(2))
+    layer.linear_attn = _Fixed(torch.from_numpy(out_mixer)[None])
+    layer.mlp = _Fixed(torch.from_numpy(out_moe)[None])
+    with torch.no_grad():
+        want = layer(torch.from_numpy(R.reshape(1, T, -1)), position_embeddings=None)[0].numpy()
+    w = {n: p.detach().numpy() for n, p in layer.named_parameters()}
+
+    def half(prefix, R_in, block_out):
+        _, inj = hyper.hc_read(R_in, 1 + w[f"{prefix}.hc_norm.weight"], w[f"{prefix}.input_mix_weight_down.weight"],
+                               w[f"{prefix}.input_mix_weight_up.weight"], w[f"{prefix}.block_inject_weight.weight"],
+                               1e-6)
+        return hyper.hc_write(R_in, block_out, inj)
+
+    got = half("mlp_hyper_connection", half("attn_hyper_connection", R, out_mixer), out_moe)
+    np.testing.assert_allclose(got.reshape(T, -1), want, rtol=1e-5, atol=1e-5)
+
+
+def _router(E: int, k: int, D: int, seed: int):
+    from transformers import Qwen4ExpTextConfig
+
+    cfg = Qwen4ExpTextConfig(hidden_size=D, num_experts=E, num_experts_per_tok=k, num_hidden_layers=1, vocab_size=8,
+                             norm_topk_prob=True)
+    router = qwen.Qwen4ExpTextTopKRouter(cfg)
+    with torch.no_grad():
+        router.weight.copy_(torch.from_numpy(np.random.default_rng(seed).standard_normal((E, D)).astype(np.float32)))
+    return router
+
+
+@pytest.mark.parametrize("E,k,T", [(8, 2, 5), (61, 4, 3), (16, 16, 2), (7, 1, 4), (512, 10, 3)])
+def test_router_matches_transformers(E, k, T):
+    """Ids in descending probability and the renormalised weights, against Qwen4ExpTextTopKRouter."""
+    router = _router(E, k, 12, E + k)
+    x = torch.from_numpy(np.random.default_rng(T).standard_normal((T, 12)).astype(np.float32))
+    with torch.no_grad():
+        logits, scores, ids_ref = router(x)
+    ids, w = moe.router_topk(logits.numpy(), k)
+    np.testing.assert_array_equal(ids, ids_ref.numpy())
+    np.testing.assert_allclose(w, scores.numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(w.sum(axis=1), 1.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("E,k", [(8, 2), (12, 3), (61, 4), (512, 10)])
+def test_router_ties_go_to_the_lower_id_with_transformers_weights(E, k):
+    """Exact ties straddling the k-th place. torch's CPU topk keeps whichever tied expert its introselect leaves in
+    front (no id order); the spec fixes ties -> lower id (verify spec, router). Either way the kept probabilities and
+    so the weights are transformers' own; the kept ids are the lowest of the tied ones."""
+    rng = np.random.default_rng(E * k)
+    for trial in range(20):
+        logits = rng.standard_normal(E).astype(np.float32)
+        order = np.argsort(-logits, kind="stable")
+        n_tied = 2 + trial % 3
+        tied = order[k - 1:k - 1 + n_tied] if k - 1 + n_tied <= E else order[k - 1:]
+        logits[tied] = logits[order[k - 1]]
+        ids, w = moe.router_topk(logits[None], k)
+        with torch.no_grad():
+            values, _ = torch.topk(torch.softmax(torch.from_numpy(logits), -1), k)
+        ref_w = (values / values.sum()).numpy()
+        np.testing.assert_allclose(np.sort(w[0]), np.sort(ref_w), rtol=1e-6, atol=1e-7)
+        kept_tied = sorted(set(ids[0].tolist()) & set(tied.tolist()))
+        assert kept_tied == sorted(tied.tolist())[:len(kept_tied)], (trial, kept_tied, sorted(tied.tolist()))
+        assert len(kept_tied) == k - (len(set(ids[0].tolist()) - set(tied.tolist())))
+        untied_kept = set(order[:k - 1].tolist()) - set(tied.tolist())
+        assert untied_kept <= set(ids[0].tolist())
 
 
 @pytest.mark.parametrize("ngram,hpn,eos", [(3, 2, 7), (2, 3, 0), (4, 1, 30)])

@@ -34,19 +34,37 @@ def test_pack_round_trips_and_places_each_block(shape):
             np.testing.assert_array_equal(groups[g, nb * 1024 + (b * 32 + lane) * 2:][:2], rows[row, b * 34:][:2])
 
 
+def _dequant(raw, n_in):
+    """gguf-py's Q8_0 dequantization (independent of strata) of raw rows -> float64 [..., rows, n_in]."""
+    import gguf
+
+    rows = raw.reshape(-1, quants.row_bytes(Q8_0, n_in))
+    out = gguf.quants.dequantize(rows, gguf.GGMLQuantizationType.Q8_0).astype(np.float64)
+    return out.reshape(*raw.shape[:-1], n_in)
+
+
+def _swiglu(x, gate, up, down):
+    h = x @ gate.T
+    return ((h / (1 + np.exp(-h))) * (x @ up.T)) @ down.T
+
+
 def test_references_read_packed_weights_as_the_raw_ones():
+    """The references on packed weights against float64 products of gguf-dequantized raw weights."""
     rng = np.random.default_rng(3)
     raw = raw_weight(rng, (64, 96), Q8_0)
     x = rng.standard_normal((5, 96)).astype(np.float32)
-    np.testing.assert_array_equal(ref.gemv(packed.pack_q8_0(raw, 96), R32, 96, x), ref.gemv(raw, Q8_0, 96, x))
+    want = (x.astype(np.float64) @ _dequant(raw, 96).T).astype(np.float32)
+    np.testing.assert_allclose(ref.gemv(packed.pack_q8_0(raw, 96), R32, 96, x), want, rtol=1e-6, atol=1e-6)
     E, F, D = 3, 32, 64
     gate, up, down = (raw_weight(rng, s, Q8_0) for s in ((E, F, D), (E, F, D), (E, D, F)))
-    ids, w = np.array([[0, 2], [1, 0]], np.int32), np.full((2, 2), 0.5, np.float32)
+    ids, w = np.array([[0, 2], [1, 0]], np.int32), np.array([[0.7, 0.3], [0.4, 0.6]], np.float32)
     xs = rng.standard_normal((2, D)).astype(np.float32)
-    want = moe.routed_experts_raw(xs, ids, w, gate, up, down, (Q8_0,) * 3)
+    g, u, d = _dequant(gate, D), _dequant(up, D), _dequant(down, F)
+    want = np.stack([sum(w[t, j] * _swiglu(xs[t].astype(np.float64), g[e], u[e], d[e])
+                         for j, e in enumerate(ids[t])) for t in range(2)])
     got = moe.routed_experts_raw(xs, ids, w, packed.pack_q8_0(gate, D), packed.pack_q8_0(up, D),
                                  packed.pack_q8_0(down, F), (R32,) * 3)
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_packable_needs_whole_row_groups_of_q8_0():
