@@ -10,7 +10,7 @@ import click
 
 from . import __version__
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, StrataError
-from .fileio import exit_code_for_interrupt, os_reason, signal_handlers
+from .fileio import exit_code_for_interrupt, install_sigbus_handler, os_reason, signal_handlers
 
 # name -> (module under strata_cli.commands exposing a click command `command`, short help for `strata --help`).
 # The short help lives here so that `strata --help` imports no command module (and no numpy, CuPy, ...).
@@ -109,6 +109,7 @@ class LazyGroup(click.Group):
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         code = EXIT_OK
         _tolerant_encoding()
+        install_sigbus_handler()
         with signal_handlers():
             try:
                 result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)

@@ -249,12 +249,15 @@ def output_path(path, *, what: str, wait: bool = False) -> Iterator[Path]:
             os.close(fd)
             fd = -1
         os.ftruncate(fd, 0)  # a stale file of a killed run
+        _ACTIVE_OUTPUTS.append((tmp, target))
         try:
             yield tmp
             os.replace(tmp, target)
         except BaseException:
             _unlink_quietly(tmp)
             raise
+        finally:
+            _ACTIVE_OUTPUTS.remove((tmp, target))
     except OSError as exc:
         raise os_error(exc, target, f"write the {what}") from None
     finally:
@@ -331,6 +334,9 @@ def available_memory() -> int | None:
 
 # ---------------------------------------------------------------- signals
 
+_ACTIVE_OUTPUTS: list[tuple[Path, Path]] = []  # (temporary file, target) of outputs being written now
+_SIGBUS_HANDLER = None  # the ctypes callback, kept alive for the life of the process
+
 def _raise_terminated(signum, frame):
     raise Terminated(signum)
 
@@ -354,6 +360,51 @@ def signal_handlers():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _on_sigbus(signum) -> None:
+    """Runs on SIGBUS, inside whatever C code touched the vanished page: keep the rows written so far (rename each
+    temporary output to a visible NAME.partial), say so in one line, and exit 135 (128 + SIGBUS) at once."""
+    kept = []
+    for tmp, target in list(_ACTIVE_OUTPUTS):
+        keep = f"{target}.partial"
+        try:
+            os.rename(tmp, keep)
+            kept.append(keep)
+        except OSError:
+            pass
+    line = ("strata: error: SIGBUS: a memory-mapped file (the model) was truncated or rewritten on disk while in "
+            "use; stopped" + (f"; the rows written so far are in {', '.join(kept)}" if kept else "") + "\n")
+    try:
+        os.write(2, line.encode("utf-8", "backslashreplace"))
+    finally:
+        os._exit(128 + signal.SIGBUS)
+
+
+def install_sigbus_handler() -> bool:
+    """Catch SIGBUS (a memory-mapped model truncated under us) with a C-level handler that calls _on_sigbus.
+
+    Python's own signal handlers cannot do this: the C handler returns, the faulting load runs again and the
+    process spins. A ctypes callback runs Python code in the faulting thread instead (it takes the GIL the thread
+    holds or can get); it only renames files, writes one line and _exits. What it cannot do: resume the run, or
+    help when the GIL is held forever by another thread. Linux/glibc only; returns whether it was installed."""
+    global _SIGBUS_HANDLER
+    if _SIGBUS_HANDLER is not None:
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        handler_type = ctypes.CFUNCTYPE(None, ctypes.c_int)
+        handler = handler_type(_on_sigbus)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = [ctypes.c_int, handler_type]
+        if libc.signal(signal.SIGBUS, handler) == ctypes.c_void_p(-1).value:
+            return False
+    except (OSError, AttributeError, ValueError):
+        return False
+    _SIGBUS_HANDLER = handler
+    return True
 
 
 def exit_code_for_interrupt(exc: KeyboardInterrupt) -> int:

@@ -118,12 +118,9 @@ class Acceptance:
 
 
 def _stats_from_dump(path: Path) -> dict:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read the dump ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{path}: not a text dump") from None
+    from .fileio import read_text
+
+    text = read_text(path, what="logprob dump")
     if text.lstrip().startswith("{"):
         try:
             doc = json.loads(text)

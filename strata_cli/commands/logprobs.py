@@ -142,5 +142,6 @@ def check_positions(n_tokens: int, n_ctx: int, source: str, model_ctx: int) -> N
     from ..errors import InputError
 
     if n_tokens - 1 > n_ctx:
+        hint = f"raise --ctx, up to the model's {model_ctx}" if n_ctx < model_ctx else "the model's context_length"
         raise InputError(f"{source}: {n_tokens} tokens need {n_tokens - 1} positions, past the context "
-                         f"{n_ctx} (raise --ctx, up to the model's {model_ctx})")
+                         f"{n_ctx} ({hint})")

@@ -14,7 +14,9 @@ from ..errors import InputError
 from ..model.gguf_file import GGUFModel
 from ..ops import basic, gdn, hyper, moe, ple, qsa, sampling
 from .contract import Capabilities, WindowResult, WindowTimer
-from .state import GDNRecord, SequenceState, WindowRecord, check_n_keep, check_window, resolve_ctx
+from ..fileio import available_memory
+from .state import (GDNRecord, SequenceState, WindowRecord, check_memory, check_n_keep, check_window, resolve_ctx,
+                    state_bytes)
 from .weights import Weights
 
 class ReferenceEngine:
@@ -28,6 +30,8 @@ class ReferenceEngine:
         self.g = model.geometry
         self.w = Weights(model)
         self.n_ctx = resolve_ctx(self.g, n_ctx)
+        check_memory("the sequence state (KV cache, indexer keys, recurrent states)", state_bytes(self.g, self.n_ctx),
+                     self.n_ctx, available_memory())
         self.max_t = max_t
         self.capture_ms: dict[int, float] = {}  # no graphs: nothing is captured
         self.route_hook = None  # route_hook(layer, ids [T, k]) sees every router pick (strata make-profile)
@@ -49,6 +53,7 @@ class ReferenceEngine:
 
     def _run(self, tokens, pos0: int | None) -> WindowResult:
         tokens = check_window(tokens, pos0, self.n_past, self.g.n_vocab, self.n_ctx, self.max_t)
+        self.model.check_unchanged()  # tensors are read lazily from the mapping: a truncated file would SIGBUS
         self._pending = None  # an uncommitted window is dropped: it wrote no committed state (state.py)
         rec = WindowRecord(pos0=self.n_past, tokens=tokens)
         positions = self.n_past + np.arange(len(tokens))

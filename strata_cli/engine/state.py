@@ -95,6 +95,28 @@ def resolve_ctx(g: Geometry, n_ctx: int | None) -> int:
     return n_ctx
 
 
+def state_bytes(g: Geometry, n_ctx: int) -> int:
+    """Bytes SequenceState.fresh allocates for n_ctx cells (arithmetic only, nothing allocated): the KV cache and
+    pooled indexer keys grow with n_ctx, the recurrent states do not."""
+    f32 = 4
+    total = len(g.gdn_layers) * (g.ssm_nv * g.ssm_dk * g.ssm_dv + (g.conv_kernel - 1) * g.conv_dim) * f32
+    for layer in g.attn_layers:
+        total += 2 * n_ctx * g.n_head_kv * g.head_dim * f32
+        ratio = g.compress_ratios[layer]
+        if ratio:
+            total += (ratio + n_ctx // ratio + 1) * g.idx_dim * f32
+    if g.ple is not None:
+        total += g.ple.history * g.hc_dim * f32
+    return total
+
+
+def check_memory(what: str, need: int, n_ctx: int, available: int | None, where: str = "the host") -> None:
+    """Refuse in one line, before allocating, a context whose buffers cannot fit (available None: unknown)."""
+    if available is not None and need > available:
+        raise InputError(f"--ctx {n_ctx}: {what} needs {need / 2**30:.2f} GiB, {where} has {available / 2**30:.2f} "
+                         "GiB available (give a smaller --ctx)")
+
+
 def check_window(tokens, pos0: int | None, n_past: int, n_vocab: int, n_ctx: int, max_t: int | None) -> np.ndarray:
     """The verify contract's input checks, shared by every engine: one-line InputErrors."""
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)

@@ -138,12 +138,21 @@ def _header_fault(exc: Exception) -> str:
             f"({type(exc).__name__})")
 
 
+def _identity(path: str) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 class GGUFModel:
     """A validated qwen4exp GGUF. Tensors stay memory-mapped until `f32()` dequantizes (and caches) one."""
 
     def __init__(self, path: str):
         self.path = str(path)
         reader, self.file_size = _open_reader(self.path)
+        self._identity = _identity(self.path)
         self.metadata = _read_metadata(reader, self.path)
         self.tensors: dict[str, TensorInfo] = {}
         for t in reader.tensors:
@@ -220,6 +229,20 @@ class GGUFModel:
             if (info.name in self.specs or info.name == PLE_TABLE) and info.ggml_type not in quants.SUPPORTED:
                 raise ModelFileError(f"{self.path}: tensor '{info.name}' has unsupported type {info.type_name} "
                                      f"(strata reads {', '.join(sorted(quants.TYPE_NAMES.values()))})")
+
+    # ---- the mapped file must stay as it was
+    def check_unchanged(self) -> None:
+        """Raise if the file was truncated or rewritten in place since it was opened (one stat call): its mapped
+        pages would then give SIGBUS or a mix of two models. A file replaced by rename is harmless: the mapping
+        keeps the old one."""
+        now = _identity(self.path)
+        if now is None or self._identity is None or now[:2] != self._identity[:2]:
+            return
+        if now != self._identity:
+            was, size = self._identity[2], now[2]
+            how = f"{was} -> {size} bytes" if size != was else "rewritten in place, same size"
+            raise ModelFileError(f"{self.path}: the model file changed on disk while in use ({how}): stopped "
+                                 "before reading it again")
 
     # ---- access
     def info(self, name: str) -> TensorInfo:

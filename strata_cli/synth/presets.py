@@ -149,7 +149,14 @@ def load_preset(name_or_path: str) -> Preset:
         path = presets_dir() / f"{name_or_path}.yaml"
     if not path.is_file():
         raise InputError(f"preset '{name_or_path}': no such file {path} (presets: {', '.join(PRESET_NAMES)})")
-    data = yaml.safe_load(path.read_text()) or {}
+    from ..fileio import read_text
+
+    try:
+        data = yaml.safe_load(read_text(path, what="preset")) or {}
+    except yaml.YAMLError as exc:
+        raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{path}: a preset is a mapping of the Preset fields, got {type(data).__name__}")
     fields = {f.name: f for f in dataclasses.fields(Preset)}
     missing = sorted(set(fields) - set(data))
     unknown = sorted(set(data) - set(fields))

@@ -93,10 +93,10 @@ def load_recipe(name_or_path: str) -> Recipe:
         if not path.is_file():
             raise InputError(f"--recipe {name_or_path}: no such recipe (built in: {', '.join(RECIPE_NAMES)}; "
                              "or give a YAML file's path)")
+    from ..fileio import read_text
+
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read recipe ({exc.strerror or exc})") from None
+        data = yaml.safe_load(read_text(path, what="recipe"))
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import InputError
 from ...gpu.launch_gemv import ZSPLIT_TILES, SplitK
 from ...gpu.launch_sampling import ARGMAX_MAX_PARTS, ArgmaxScratch
 from ...gpu.launch_util import GEMV_MAXT, GEMV_PARTIAL_FLOATS
@@ -36,6 +37,11 @@ class Arena:
         for _, shape, dtype in self.specs:
             offsets.append(total)
             total += -(-max(int(np.prod(shape)) * dtype.itemsize, 1) // ALIGN) * ALIGN
+        free, _ = cp.cuda.runtime.memGetInfo()
+        if total > free:  # refuse in one line rather than die in cupy's OutOfMemoryError
+            raise InputError(f"the GPU arena (KV cache and window buffers for this --ctx) needs "
+                             f"{total / 2**30:.2f} GiB, the device has {free / 2**30:.2f} GiB free "
+                             "(give a smaller --ctx)")
         self.base = cp.zeros(max(total, ALIGN), dtype=cp.uint8)
         self.nbytes = total
         for (name, shape, dtype), off in zip(self.specs, offsets):

@@ -64,8 +64,12 @@ class GPUEngine:
             self.tiers.bind(self.buf)
         self.stage = Staging(self.max_t)
         if g.attn_layers:
+            from ...fileio import available_memory
             from ...ops.qsa import rope_tables
+            from ..state import check_memory
 
+            # the host builds the tables in float64 before they go to the device
+            check_memory("the RoPE tables", 4 * self.n_ctx * g.n_rot * 8, self.n_ctx, available_memory())
             cos, sin = rope_tables(np.arange(self.n_ctx), g.n_rot, g.rope_base)
             self.buf["cos"].set(cos)
             self.buf["sin"].set(sin)
