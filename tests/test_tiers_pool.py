@@ -19,9 +19,17 @@ from strata_cli.tiers.pool import ExpertPool
 
 # (f16 scale fields' byte offsets in a block) for random valid blocks
 SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "IQ4_NL": (0,),
-          "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,)}
+          "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,),
+          "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ1_S": (0,),
+          "IQ1_M": (), "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": ()}
 ALL_TYPES = sorted(native.NATIVE_TYPES, key=native.NATIVE_TYPES.get)
 needs_native = pytest.mark.skipif(native.load() is None, reason="no C compiler: the pool runs on numpy here")
+# the library as built for this CPU, and its scalar twin (-DSTRATA_NO_SIMD): both must decode bit for bit
+BUILDS = pytest.mark.parametrize("build", [(), ("STRATA_NO_SIMD=1",)], ids=["simd", "scalar"])
+
+
+def library(build):
+    return native.load() if not build else native.load_variant(build)
 
 
 def random_raw(type_name: str, rows: int, n: int, rng) -> np.ndarray:
@@ -38,7 +46,22 @@ def random_raw(type_name: str, rows: int, n: int, rng) -> np.ndarray:
         d = (rng.uniform(0.0002, 0.002, size=raw.shape[:2]) * rng.choice([-1, 1, 1, 1], size=raw.shape[:2]))
         d.reshape(-1)[::17] = 0.0
         raw[:, :, off:off + 2] = d.astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
+    if type_name == "IQ1_M":  # the fp16 d lives in the top nibbles of the four u16 scale words at 48..55
+        d = (rng.uniform(0.0002, 0.002, size=raw.shape[:2]) * rng.choice([-1, 1], size=raw.shape[:2]))
+        bits = d.astype(np.float16).view(np.uint16)
+        words = raw[:, :, 48:56].copy().view(np.uint16) & 0x0FFF
+        for i in range(4):
+            words[..., i] |= ((bits >> (4 * i)) & 0xF) << 12
+        raw[:, :, 48:56] = words.view(np.uint8)
+    if type_name == "MXFP4":  # e8m0 exponents near 2^-8 (0 and 1 decode to subnormal halves: kept in)
+        raw[:, :, 0] = rng.choice(np.r_[0, 1, np.arange(110, 125)], size=raw.shape[:2])
+    if type_name == "NVFP4":  # ue4m3 scales, small and subnormal ones, zero and 0x7F (both decode to 0)
+        raw[:, :, 0:4] = rng.choice(np.r_[0, 1, 5, 0x7F, np.arange(0x20, 0x38)], size=(*raw.shape[:2], 4))
     return raw.reshape(rows, -1)
+
+
+def native_block(type_name: str) -> int:
+    return 1 if type_name in ("F32", "F16", "BF16") else GGML_QUANT_SIZES[GT[type_name]][0]
 
 
 def dequant_ref(raw: np.ndarray, type_name: str) -> np.ndarray:
@@ -48,12 +71,13 @@ def dequant_ref(raw: np.ndarray, type_name: str) -> np.ndarray:
 
 
 @needs_native
+@BUILDS
 @pytest.mark.parametrize("type_name", ALL_TYPES)
-def test_dequant_row_is_bit_identical_to_gguf(type_name):
+def test_dequant_row_is_bit_identical_to_gguf(type_name, build):
     rng = np.random.default_rng(native.NATIVE_TYPES[type_name])
-    n = 512 if type_name.endswith("_K") or type_name == "IQ4_XS" else 96
+    n = 128 if native_block(type_name) <= 64 else 512
     raw = np.ascontiguousarray(random_raw(type_name, 6, n, rng))
-    lib = native.load()
+    lib = library(build)
     out = np.full(n, np.nan, dtype=np.float32)
     for r in range(raw.shape[0]):
         assert lib.strata_dequant_row(native.NATIVE_TYPES[type_name], raw[r].ctypes.data, n, out.ctypes.data) == 0
@@ -116,11 +140,13 @@ def routed(n, E, k, rng):
 
 
 @needs_native
+@BUILDS
 @pytest.mark.parametrize("type_name", ALL_TYPES)
-def test_native_pool_matches_numpy(type_name):
-    big = type_name.endswith("_K") or type_name == "IQ4_XS"
-    model = FakeModel((type_name,) * 3, H=256 if big else 64, F=256 if big else 96)
-    pool = ExpertPool(model, n_threads=3)
+def test_native_pool_matches_numpy(type_name, build):
+    big = native_block(type_name) > 32
+    model = FakeModel((type_name,) * 3, H=256 if big else 64, F=256 if big else 128 if native_block(type_name) == 64
+                      else 96)
+    pool = ExpertPool(model, n_threads=3, lib=library(build))
     assert pool.native_layers == [True, True]
     rng = np.random.default_rng(3)
     table = np.full(6, -1, np.int32)
