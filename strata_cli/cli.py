@@ -26,9 +26,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "profile-info": ("profile_info", "Show an expert profile: coverage and held-out hit rate per cache size."),
     "graph-nodes": ("graph_nodes", "Count and list the nodes of a captured window graph (GPU)."),
     "stall-test": ("stall_test", "Stall a verify window on purpose; the watchdog must release it (GPU)."),
+    "profile": ("profile", "Per-stage GPU time of a verify window (stamped profiling graph)."),
 }
 
 TRACEBACK_ENV = "STRATA_TRACEBACK"
+VERIFY_PROFILE_ENV = "STRATA_VERIFY_PROFILE"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -77,7 +79,9 @@ class LazyGroup(click.Group):
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            _verify_profile_lines()
+            return result
         except StrataError as exc:
             if _traceback_wanted():
                 raise
@@ -148,6 +152,16 @@ def _tolerant_encoding() -> None:
                 stream.reconfigure(errors="backslashreplace")
         except (AttributeError, ValueError, OSError):
             pass
+
+
+def _verify_profile_lines() -> None:
+    """STRATA_VERIFY_PROFILE: the seed's one-line stage summary of the GPU windows the command ran (stderr)."""
+    if os.environ.get(VERIFY_PROFILE_ENV, "") in ("", "0"):
+        return
+    from .stage_profile import pending_lines
+
+    for line in pending_lines():
+        click.echo(line, err=True)
 
 
 def _silence_stdout() -> None:

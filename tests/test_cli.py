@@ -30,7 +30,7 @@ def test_help_lists_every_command_with_its_short_help(runner):
     result = runner.invoke(main, ["--help"])
     assert result.exit_code == 0
     listed = " ".join(result.stdout.split())  # help text wraps long lines
-    for name in ("info", "make-model", "logprobs", "compare", "verify-bench", "graph-nodes"):
+    for name in ("info", "make-model", "logprobs", "compare", "verify-bench", "graph-nodes", "profile"):
         _, short_help = COMMANDS[name]
         assert f"{name} {short_help}" in listed
 

@@ -316,3 +316,24 @@ def test_graph_nodes_without_a_gpu_is_one_line(fixture_dir):
     assert result.exit_code == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("strata: error:") and "GPU" in lines[0]
+
+
+def test_profile_without_a_gpu_is_one_line(fixture_dir):
+    from strata_cli.engine import gpu_available
+
+    if gpu_available():
+        pytest.skip("a GPU is present: tests/test_gpu_profile.py covers profile there")
+    result = CliRunner().invoke(main, ["profile", str(fixture_dir / "model-q8_0.gguf"), "--window", "8"])
+    assert result.exit_code == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("strata: error:") and "GPU" in lines[0]
+
+
+def test_verify_profile_env_on_the_numpy_engine_prints_nothing(fixture_dir, monkeypatch):
+    """STRATA_VERIFY_PROFILE stamps GPU windows only; a CPU run is unchanged and adds no summary line."""
+    monkeypatch.setenv("STRATA_VERIFY_PROFILE", "1")
+    result = CliRunner().invoke(main, ["verify-bench", str(fixture_dir / "model-q8_0.gguf"), "--device", "cpu",
+                                       "--window", "1", "-r", "1", "-d", "2", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert "verify profile" not in result.stderr
+    assert json.loads(result.stdout)["rows"][0]["window"] == 1

@@ -12,25 +12,31 @@ from ._tiers import tier_config, tier_options
 @model_argument
 @click.option("--window", "window", type=click.IntRange(1, 16), default=4, show_default=True, help="Window size T.")
 @click.option("--commit", "commit", is_flag=True, help="Describe the commit graph instead of the window graph.")
+@click.option("--profile", "profile", is_flag=True,
+              help="Describe the profiling variant of the window graph (with its stage stamps).")
 @format_option()
 @ctx_option
 @tier_options
-def command(model, window, commit, fmt, n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
+def command(model, window, commit, profile, fmt, n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
     """Node count, edge count, and one row per node kind (kernel function names via the driver API, memcpy,
     memset, host), most frequent first. Needs a CUDA GPU."""
     from ..envinfo import environment_record, header_line
+    from ..errors import InputError
     from ..present import Column, emit
     from ..progress import step_progress
 
+    if commit and profile:
+        raise InputError("--profile describes the profiling window graph; the commit graph has no stamps")
     m = load_model(model)
     engine = load_engine(m, "gpu", n_ctx, tiers=tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait))
     with step_progress("capturing the commit graph" if commit else f"capturing the T = {window} window graph"):
-        graph = engine.commit_graph() if commit else engine.graph(window)
+        graph = engine.commit_graph() if commit else engine.graph(window, profile=profile)
     summary = graph.summary()
-    what = "commit graph" if commit else f"{window}-token window graph"
+    what = "commit graph" if commit else f"{window}-token {'profiling ' if profile else ''}window graph"
     env = environment_record("gpu")
     head = [header_line(env), f"model {m.path} | {what}: {summary.nodes} nodes, {summary.edges} edges"]
-    meta = {"env": env, "model": m.path, "graph": "commit" if commit else "window", "window": window,
-            "nodes": summary.nodes, "edges": summary.edges}
+    kind = "commit" if commit else ("profile" if profile else "window")
+    meta = {"env": env, "model": m.path, "graph": kind, "window": window, "nodes": summary.nodes,
+            "edges": summary.edges}
     emit([{"node": k, "count": c} for k, c in summary.kinds],
          [Column("node", justify="left"), Column("count")], fmt, title=what, header_lines=head, meta=meta)

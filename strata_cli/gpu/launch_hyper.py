@@ -33,10 +33,11 @@ class HcScratch:
 
 def hc_read(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_raw, inject_type: int | None,
             eps: float, out_mixed=None, out_inj=None, scratch: HcScratch | None = None, split: SplitK | None = None,
-            stream=None):
+            stream=None, mark=None):
     """R [T, C, D] -> (mixed [T, D], inj [T, C] or None when inject_raw is None); see kernels/hyper.cu.
 
-    norm_w [C*D] f32; down_raw [L, C*D], up_raw [C*D, L], inject_raw [C, C*D] raw rows of their GGML types."""
+    norm_w [C*D] f32; down_raw [L, C*D], up_raw [C*D, L], inject_raw [C, C*D] raw rows of their GGML types.
+    mark(part) is called after the "norm", "down" and "up" launches (the profiling graph's stamps)."""
     with U.on_stream(stream):
         U.check_array("R", R, np.float32, (None, None, None))
         T, C, D = R.shape
@@ -58,13 +59,21 @@ def hc_read(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_ra
 
         nvrtc.kernel("hyper", "hc_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
             R, norm_w, xn, np.int32(C), np.int32(D), np.float32(eps)))
+        _mark(mark, "norm")
         launch_gemv(down_raw, down_type, CD, xn, low, split, act=U.ACT_SILU, div=float(C))
+        _mark(mark, "down")
         launch_gemv(up_raw, up_type, L, low, gates, split, act=U.ACT_SIGMOID)
+        _mark(mark, "up")
         grid, block = U.elementwise_grid(T * D)
         nvrtc.kernel("hyper", "hc_mix")(grid, block, (xn, gates, out_mixed, np.int32(T), np.int32(C), np.int32(D)))
         if inject_raw is not None:
             launch_gemv(inject_raw, inject_type, CD, xn, out_inj, split, act=U.ACT_2SIGMOID, div=float(C))
     return out_mixed, (out_inj if inject_raw is not None else None)
+
+
+def _mark(mark, part: str) -> None:
+    if mark is not None:
+        mark(part)
 
 
 def hc_write(R, block_out, inj, out=None, stream=None):

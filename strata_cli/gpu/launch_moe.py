@@ -97,11 +97,12 @@ def _check_types(name: str, ggml_types, n: int) -> tuple[int, ...]:
 
 
 def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=None, shared=None,
-                   scratch: MoeScratch | None = None, stream=None):
+                   scratch: MoeScratch | None = None, stream=None, mark=None):
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> out [T, D] (+ shared [T, D] when given, fused).
 
     x [T, D]; ids [T, K] int32; weights [T, K] f32; gate_raw, up_raw [E, F, D] and down_raw [E, D, F] raw
-    tensors in numpy order; ggml_types = (gate, up, down). An id outside 0..E-1 turns its row's output NaN."""
+    tensors in numpy order; ggml_types = (gate, up, down). An id outside 0..E-1 turns its row's output NaN.
+    mark("experts") is called before the combine launch (the profiling graph's stamps)."""
     gt, ut, dt = _check_types("ggml_types", ggml_types, 3)
     with U.on_stream(stream):
         U.check_array("x", x, np.float32, (None, None))
@@ -130,6 +131,8 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         _launch_expert_gemv(gate_raw, gt, gate_stride, E, groups, T, x, K, D, h, act=U.ACT_SILU, mul=h,
                             mul_strides=(F, 1))
         _launch_expert_gemv(down_raw, dt, down_stride, E, groups, T, h, 1, F, parts)
+        if mark is not None:
+            mark("experts")
         grid, block = U.elementwise_grid(T * D)
         nvrtc.kernel("moe", "moe_combine")(grid, block, (
             parts, weights, U.null_or(shared), out, np.int32(T), np.int32(K), np.int32(D)))

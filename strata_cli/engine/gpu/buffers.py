@@ -15,6 +15,7 @@ from ...gpu.launch_gemv import ZSPLIT_TILES, SplitK
 from ...gpu.launch_sampling import ARGMAX_MAX_PARTS, ArgmaxScratch
 from ...gpu.launch_util import GEMV_MAXT, GEMV_PARTIAL_FLOATS
 from ...gpu.runtime import MappedBuffer, cupy
+from ...stage_profile import n_slots
 
 ALIGN = 256
 
@@ -67,6 +68,7 @@ def plan_buffers(g, n_ctx: int, M: int) -> Arena:
     a.add("positions", (M,), np.int32)
     a.add("n_keep", (1,), np.int32)
     a.add("ids", (M,), np.int32)
+    a.add("stamps", (n_slots(g.n_layers),), np.uint64)  # the profiling graph's stage stamps (ns)
     for name, shape in [("R", (M, C, D)), ("emb", (M, D)), ("mixed", (M, D)), ("inj", (M, C)),
                         ("block_out", (M, D)), ("hc_xn", (M, C * D)), ("hc_low", (M, g.hc_lowrank)),
                         ("hc_gates", (M, C * D)), ("router", (M, E)), ("route_w", (M, K)),

@@ -3,10 +3,15 @@
 The contract of engine/contract.py, as ReferenceEngine, plus eager launches. run() stages tokens and positions in mapped
 memory, launches the T graph and reads the greedy ids back from mapped memory; logits stay on the device
 until asked for. Sampling runs after the replay (a graph never bakes in its parameters).
+
+Each T also has a profiling variant, captured separately on first use (graph(T, profile=True)): the same
+launches plus one `%globaltimer` stamp per stage boundary (strata_cli/stage_profile.py). With
+STRATA_VERIFY_PROFILE set every window runs that variant and its stamps are kept for the one-line summary.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -16,15 +21,19 @@ from ...errors import InputError
 from ...gpu import launch_sampling
 from ...gpu.graphs import CapturedGraph, new_stream
 from ...gpu.launch_util import GEMV_MAXT
+from ...gpu.launch_stamp import stamp_kernel
 from ...gpu.runtime import cupy
+from ...stage_profile import Accumulator, register
 from ..contract import Capabilities, WindowResult, WindowTimer
 from ..state import check_n_keep, check_window, resolve_ctx
 from .buffers import Staging, plan_buffers
+from .stamps import Stamper
 from .tiers import TierConfig
 from .weights import DeviceWeights
 from .window import record_commit, record_window
 
 DEFAULT_MAX_T = GEMV_MAXT
+PROFILE_ENV = "STRATA_VERIFY_PROFILE"
 
 
 def _is_expert_tensor(name: str) -> bool:
@@ -78,6 +87,12 @@ class GPUEngine:
         self.graphs: dict[int, CapturedGraph] = {}
         self.capture_ms: dict[int, float] = {}
         self._commit_graph: CapturedGraph | None = None
+        self.stamper: Stamper | None = None      # set only while a profiling window is recorded
+        self.profile_graphs: dict[int, CapturedGraph] = {}
+        self.profile_plans: dict = {}            # T -> stage_profile.Plan of its profiling window
+        self.verify_profile: Accumulator | None = None
+        if os.environ.get(PROFILE_ENV, "") not in ("", "0"):
+            self.verify_profile = register(Accumulator())
         self._warm_up()
 
     # ---- state
@@ -116,12 +131,36 @@ class GPUEngine:
         self.reset()
 
     # ---- graphs
-    def graph(self, T: int) -> CapturedGraph:
-        if T not in self.graphs:
+    def graph(self, T: int, profile: bool = False) -> CapturedGraph:
+        """The window graph of T rows; profile=True: its variant with stage stamps (captured apart)."""
+        graphs = self.profile_graphs if profile else self.graphs
+        if T not in graphs:
+            if profile:
+                stamp_kernel()  # loaded before the capture
             t0 = time.perf_counter()
-            self.graphs[T] = CapturedGraph(lambda s: record_window(self, T, s), self.stream)
-            self.capture_ms[T] = (time.perf_counter() - t0) * 1e3
-        return self.graphs[T]
+            graphs[T] = CapturedGraph(lambda s: self._record(T, s, profile), self.stream)
+            if not profile:
+                self.capture_ms[T] = (time.perf_counter() - t0) * 1e3
+        return graphs[T]
+
+    def _record(self, T: int, stream, profile: bool) -> None:
+        if not profile:
+            record_window(self, T, stream)
+            return
+        self.stamper = Stamper(self.buf["stamps"], self.g)
+        try:
+            record_window(self, T, stream)
+            self.profile_plans[T] = self.stamper.plan
+        finally:
+            self.stamper = None
+
+    def read_stamps(self) -> np.ndarray:
+        """The stamp slots as the last profiling window left them (uint64 ns; call after it finished)."""
+        return cupy().asnumpy(self.buf["stamps"])
+
+    def _collect(self, T: int, event_ms: float | None = None) -> None:
+        if self.verify_profile is not None:
+            self.verify_profile.add(T, self.profile_plans[T], self.read_stamps(), event_ms)
 
     def commit_graph(self) -> CapturedGraph:
         if self._commit_graph is None:
@@ -135,22 +174,24 @@ class GPUEngine:
         self.stage.positions.host[:T] = self.n_past + np.arange(T, dtype=np.int32)
         return T
 
-    def launch_window(self, T: int, eager: bool = False) -> None:
+    def launch_window(self, T: int, eager: bool = False, profile: bool | None = None) -> None:
+        """Launch the window of T staged rows; profile None: the stamped variant iff STRATA_VERIFY_PROFILE."""
+        profile = self.verify_profile is not None if profile is None else profile
         if self.tiers is not None:  # expert tiers: the host serves the window's doorbells until it finished
-            return self._launch_tiered(T, eager)
+            return self._launch_tiered(T, eager, profile)
         if eager:
             with self.stream:
-                record_window(self, T, self.stream)
+                self._record(T, self.stream, profile)
         else:
-            self.graph(T).launch(self.stream)
+            self.graph(T, profile).launch(self.stream)
 
-    def _launch_tiered(self, T: int, eager: bool) -> None:
+    def _launch_tiered(self, T: int, eager: bool, profile: bool = False) -> None:
         """Launch the window (graph, or eager launches from a helper thread) and serve its steps (tier_host.py);
         returns when the window's stream is idle."""
         host = self.tier_host
         host.begin(T)
         if not eager:
-            self.graph(T).launch(self.stream)
+            self.graph(T, profile).launch(self.stream)
             host.serve(T)
             return
         failed: list[BaseException] = []
@@ -158,7 +199,7 @@ class GPUEngine:
         def launch():
             try:
                 with self.stream:
-                    record_window(self, T, self.stream)
+                    self._record(T, self.stream, profile)
             except BaseException as exc:  # noqa: BLE001 - re-raised by the serving thread below
                 failed.append(exc)
             finally:
@@ -191,6 +232,7 @@ class GPUEngine:
         T = self.stage_window(tokens)
         self.launch_window(T, eager)
         self.stream.synchronize()
+        self._collect(T)
         self._pending, self._pos0 = T, self.n_past
         ids = self.stage.out_ids.host[:T].copy()
         host_logits = cupy().asnumpy(self.buf["logits"][:T]) if logits else None
@@ -232,8 +274,37 @@ class GPUEngine:
             host_ms = (time.perf_counter() - t0) * 1e3
             end.synchronize()
             engine.n_past += n_keep
-            return cp.cuda.get_elapsed_time(start, end), host_ms
+            ms = cp.cuda.get_elapsed_time(start, end)
+            engine._collect(T, ms)
+            return ms, host_ms
 
         if not eager:
-            self.graph(1)
+            self.graph(1, self.verify_profile is not None)
+        return timer
+
+    def window_only_timer(self, profile: bool, sink: list | None = None) -> WindowTimer:
+        """timer(engine, tokens, pos, n_keep) -> (CUDA-event ms of the window graph alone, host ms); the commit
+        runs after the end event. With a sink, appends (T, stamps, ms) of every window (profile=True)."""
+        cp = cupy()
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+
+        def timer(engine, tokens, pos, n_keep):
+            engine._pending = None  # a window run before is dropped (it wrote no committed state)
+            t0 = time.perf_counter()
+            T = engine.stage_window(np.asarray(tokens, dtype=np.int64))
+            start.record(engine.stream)
+            engine.launch_window(T, profile=profile)
+            end.record(engine.stream)
+            host_ms = (time.perf_counter() - t0) * 1e3
+            engine.launch_commit(n_keep)
+            engine.stream.synchronize()
+            engine.n_past += n_keep
+            ms = cp.cuda.get_elapsed_time(start, end)
+            if profile:
+                if sink is not None:
+                    sink.append((T, engine.read_stamps(), ms))
+                engine._collect(T, ms)
+            return ms, host_ms
+
+        self.graph(1, profile)
         return timer

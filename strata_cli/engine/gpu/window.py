@@ -3,6 +3,10 @@
 Both recorders only launch kernels on preallocated buffers, so the same calls run eagerly or under capture.
 Per-window values (tokens, positions, n_keep) are read by the kernels from device buffers that the recorded
 graph fills from mapped staging first; nothing window-specific is baked into a graph except T.
+
+Profiling: `stamp(e, layer, stage, stream)` marks the end of each stage (names in strata_cli/stage_profile.py).
+It launches a stamp only while the engine records its profiling variant (e.stamper set); the normal graph has
+no stamp node.
 """
 
 from __future__ import annotations
@@ -26,7 +30,20 @@ def _copy(dst, src, nbytes: int, stream) -> None:
                              stream.ptr), "cudaMemcpyAsync")
 
 
-def _hc(e, prefix: str, T: int, inject: bool, stream, r0: int = 0):
+# ---- profiling stamps: no-ops unless e.stamper is set (the profiling variant of the window graph)
+def stamp(e, layer: int, stage: str, stream) -> None:
+    if getattr(e, "stamper", None) is not None:
+        e.stamper(layer, stage, stream)
+
+
+def _marks(e, layer: int, prefix: str, stream):
+    """A launcher's mark(part) hook stamping stage f"{prefix}{part}" of `layer`, or None when not profiling."""
+    if getattr(e, "stamper", None) is None:
+        return None
+    return lambda part: e.stamper(layer, prefix + part, stream)
+
+
+def _hc(e, prefix: str, T: int, inject: bool, stream, r0: int = 0, mark=None):
     """HC read of rows [r0, T) (r0 > 0 only for the second token group of a split window, split.py)."""
     b, w = e.buf, e.w
     down, up = w.raw(f"{prefix}_down.weight"), w.raw(f"{prefix}_up.weight")
@@ -34,7 +51,7 @@ def _hc(e, prefix: str, T: int, inject: bool, stream, r0: int = 0):
     scratch = hyper.HcScratch(b["hc_xn"], b["hc_low"], b["hc_gates"])
     return hyper.hc_read(b["R"][r0:T], w.f32(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
                          out_mixed=b["mixed"][r0:T], out_inj=b["inj"][r0:T] if inject else None, scratch=scratch,
-                         split=split_k(b), stream=stream)
+                         split=split_k(b), stream=stream, mark=mark)
 
 
 def _gemv(e, name: str, x, out, stream):
@@ -49,19 +66,26 @@ def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
     blk, n = f"blk.{layer}.", T - r0
     qkv = b[f"qkv.{layer}"][:T]
     _gemv(e, blk + "attn_qkv.weight", x, qkv[r0:], stream)
+    stamp(e, layer, "qkv", stream)
     gdn.gdn_conv(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), out=b["gdn_h"][:T], stream=stream)
     q, k, v = b[f"q.{layer}"][:T], b[f"k.{layer}"][:T], b[f"v.{layer}"][:T]
     gdn.gdn_split(b["gdn_h"][:T], g.ssm_nk, g.ssm_dk, g.ssm_nv, g.ssm_dv, q=q, k=k, v=v, stream=stream)
+    stamp(e, layer, "conv", stream)
     _gemv(e, blk + "ssm_alpha.weight", x, b["gdn_alpha"][r0:T], stream)
     _gemv(e, blk + "ssm_beta.weight", x, b["gdn_beta_in"][r0:T], stream)
     decay, beta = b[f"g.{layer}"][:T], b[f"beta.{layer}"][:T]
     gdn.gdn_gates(b["gdn_alpha"][r0:T], b["gdn_beta_in"][r0:T], w.blk_f32(layer, "ssm_dt.bias"),
                   w.blk_f32(layer, "ssm_a"), g=decay[r0:], beta=beta[r0:], stream=stream)
+    stamp(e, layer, "ab", stream)
     gdn.gdn_recurrence(b[f"S.{layer}"], q, k, v, decay, beta, out=b["gdn_o"][:T], with_state=False, stream=stream)
+    stamp(e, layer, "rec", stream)
     _gemv(e, blk + "attn_gate.weight", x, b["gdn_z"][r0:T], stream)
+    stamp(e, layer, "z", stream)
     y = gdn.gdn_gated_norm(b["gdn_o"][r0:T], b["gdn_z"][r0:T].reshape(n, g.ssm_nv, g.ssm_dv),
                            w.blk_f32(layer, "ssm_norm"), g.eps, out=b["gdn_y"][r0:T], stream=stream)
+    stamp(e, layer, "gate", stream)
     _gemv(e, blk + "ssm_out.weight", y.reshape(n, -1), b["block_out"][r0:T], stream)
+    stamp(e, layer, "out-proj", stream)
 
 
 def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
@@ -74,12 +98,15 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
     kn = qsa.norm_rope(b["qa_k"][r0:T].reshape(n, g.n_head_kv, d), w.blk_f32(layer, "attn_k_norm"), g.eps, cos, sin,
                        positions=pos, out=b["qa_kn"][r0:T], stream=stream)
     _gemv(e, blk + "attn_v.weight", x, b["qa_v"][r0:T], stream)
+    stamp(e, layer, "k/v+norm-rope", stream)
     qsa.kv_append(b[f"kc.{layer}"], b[f"vc.{layer}"], kn, b["qa_v"][r0:T].reshape(n, g.n_head_kv, d), pos,
                   stream=stream)
+    stamp(e, layer, "kv append", stream)
     _gemv(e, blk + "attn_q.weight", x, b["qa_qg"][r0:T], stream)
     qg = b["qa_qg"][r0:T].reshape(n, g.n_head, 2 * d)
     qn = qsa.norm_rope(qg[:, :, :d], w.blk_f32(layer, "attn_q_norm"), g.eps, cos, sin, positions=pos,
                        out=b["qa_qn"][r0:T], stream=stream)
+    stamp(e, layer, "q+norm-rope", stream)
     cells = counts = None
     ratio = g.compress_ratios[layer]
     if ratio:
@@ -91,10 +118,12 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
         # a run writes no committed state (engine/state.py): the tail goes back to its snapshot at once, since a
         # window longer than ratio - n_past % ratio rows wraps over slots of committed positions
         _copy(tail, snap, snap.nbytes, stream)
+        stamp(e, layer, "idx append", stream)
         qi_raw = b["qi_raw"][r0:T]
         _gemv(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
         qi = qsa.norm_rope(qi_raw.reshape(n, g.idx_heads, g.idx_dim), w.blk_f32(layer, "indexer.q_norm"), g.eps,
                            cos, sin, positions=pos, out=b["qi"][r0:T], stream=stream)
+        stamp(e, layer, "idx-q", stream)
         nb = b[f"pooled.{layer}"].shape[0]
         scores = qsa.block_scores(qi, b[f"pooled.{layer}"], pos, ratio, out=_rows(b["scores"], n, nb),
                                   stream=stream)
@@ -103,9 +132,12 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
         cap = qsa.cell_capacity(ratio, g.idx_budget)
         cells, counts = qsa.select_cells(scores, pos, ratio, g.idx_budget, cells=_rows(b["cells"], n, cap),
                                          counts=b["counts"][:n], scratch=scratch, stream=stream)
+        stamp(e, layer, "scores+topk", stream)
     att = qsa.attend_selected(qn, qg[:, :, d:], b[f"kc.{layer}"], b[f"vc.{layer}"], pos, cells=cells,
                               counts=counts, out=b["qa_att"][r0:T], stream=stream)
+    stamp(e, layer, "attention", stream)
     _gemv(e, blk + "attn_output.weight", att, b["block_out"][r0:T], stream)
+    stamp(e, layer, "out-proj", stream)
 
 
 def _rows(buf, T: int, width: int):
@@ -116,22 +148,27 @@ def _rows(buf, T: int, width: int):
 
 def _moe(e, layer: int, x, T: int, stream):
     if getattr(e, "tiers", None) is not None:  # expert tiers (tiers.py): doorbell, VRAM/PCIe/CPU shares, combine
-        return e.tiers.record_moe(layer, T, stream)
+        e.tiers.record_moe(layer, T, stream)
+        stamp(e, layer, "moe-tiers", stream)
+        return
     b, w, g = e.buf, e.w, e.g
     blk = f"blk.{layer}."
     _gemv(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
     ids, weights = moe.router_topk(b["router"][:T], g.n_expert_used, out_ids=b["route_ids"][:T],
                                    out_w=b["route_w"][:T], stream=stream)
+    stamp(e, layer, "router", stream)
     names = [blk + f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")] + [blk + "ffn_gate_inp_shexp.weight"]
     raws = [w.raw(n) for n in names]
     moe.shared_expert(x, raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
                       out=b["shared"][:T], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), split=split_k(b),
                       stream=stream)
+    stamp(e, layer, "shared", stream)
     exps = [w.raw(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
     moe.routed_experts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps],
                        out=b["block_out"][:T], shared=b["shared"][:T],
                        scratch=moe.MoeScratch(b["moe_h"], b["moe_parts"], b["moe_gexp"], b["moe_gcnt"],
-                                              b["moe_gent"]), stream=stream)
+                                              b["moe_gent"]), stream=stream, mark=_marks(e, layer, "", stream))
+    stamp(e, layer, "combine", stream)
 
 
 def _ple(e, T: int, stream):
@@ -147,25 +184,45 @@ def _ple(e, T: int, stream):
                 w.blk_f32(layer, "ple_norm_query"), w.blk_f32(layer, "ple_norm_conv"), w.blk_f32(layer, "ple_conv1d"),
                 p.dilation, g.eps, key_type=kt, value_type=vt, out=b["R"][:T], normed=b["ple_normed"][:T],
                 work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), split=split_k(b), stream=stream)
+    stamp(e, layer, "ple", stream)
 
 
 def record_window(e, T: int, stream) -> None:
+    b, g = e.buf, e.g
+    head = g.n_layers  # the stamps' window row
+    stamp(e, head, "begin", stream)
     tiers = getattr(e, "tiers", None)
     if tiers is not None and tiers.n_groups(T) == 2:  # --split: two token groups in the seed's order (split.py)
         from .split import record_split_window
 
-        return record_split_window(e, T, stream)
-    b, g = e.buf, e.g
+        # stamped as a whole: per-stage stamps of interleaved groups would not be stages (the seed profiles
+        # single-group windows only)
+        stamper, e.stamper = getattr(e, "stamper", None), None
+        try:
+            record_split_window(e, T, stream)
+        finally:
+            e.stamper = stamper
+        stamp(e, head, "split-window", stream)
+        return
     _inputs(e, T, stream)
+    stamp(e, head, "embed", stream)
     for layer in range(g.n_layers):
+        if layer:
+            stamp(e, layer - 1, "gap", stream)
         if g.ple is not None and g.ple.layer == layer:
             _ple(e, T, stream)
-        mixed, inj = _hc(e, f"blk.{layer}.hc_attn", T, True, stream)
+        mixed, inj = _hc(e, f"blk.{layer}.hc_attn", T, True, stream, mark=_marks(e, layer, "hc0-", stream))
+        stamp(e, layer, "hc-read0", stream)
         (_qsa if g.layer_is_attn[layer] else _gdn)(e, layer, mixed, T, stream)
         hyper.hc_write(b["R"][:T], b["block_out"][:T], inj, out=b["R"][:T], stream=stream)
-        mixed, inj = _hc(e, f"blk.{layer}.hc_ffn", T, True, stream)
+        stamp(e, layer, "hc-write0", stream)
+        mixed, inj = _hc(e, f"blk.{layer}.hc_ffn", T, True, stream, mark=_marks(e, layer, "hc1-", stream))
+        stamp(e, layer, "hc-read1", stream)
         _moe(e, layer, mixed, T, stream)
         hyper.hc_write(b["R"][:T], b["block_out"][:T], inj, out=b["R"][:T], stream=stream)
+        stamp(e, layer, "hc-write1", stream)
+    if g.n_layers:
+        stamp(e, g.n_layers - 1, "gap", stream)
     _head(e, T, stream)
 
 
@@ -183,9 +240,12 @@ def _head(e, T: int, stream) -> None:
     """Final HC read, head GEMV, greedy ids into mapped staging."""
     b = e.buf
     mixed, _ = _hc(e, "output_hc", T, False, stream)
+    stamp(e, e.g.n_layers, "hc-out", stream)
     _gemv(e, "output.weight", mixed, b["logits"][:T], stream)
+    stamp(e, e.g.n_layers, "lm-head", stream)
     sampling.argmax_rows(b["logits"][:T], out=b["ids"][:T], scratch=argmax_scratch(b), stream=stream)
     _copy(e.stage.out_ids.device, b["ids"], T * 4, stream)
+    stamp(e, e.g.n_layers, "argmax", stream)  # the window's end stamp (last node)
 
 
 def record_commit(e, stream) -> None:

@@ -1,0 +1,91 @@
+"""Device check of the stage profile (issue 11), in one process so the kernels compile once.
+
+    python3 bench/profile_check.py OUT_DIR [MAIN_ROOT]
+
+1. `strata profile` (JSON) on the fixture q8_0 for T = 1 and 8; 2. node counts of the normal and profiling window
+graphs, and of the normal graph built from MAIN_ROOT's code (unchanged?); 3. the gpu tests of the profile;
+4. `strata profile --per-layer` on a Flash-Next-width 2-layer Q8_0 model made in /tmp (64 experts); then a short
+table: stamps against the event-timed windows, and what the stamps cost.
+Env: STRATA_FIXTURES (the qwen4exp-tiny fixture), FN2 (where to write the 2-layer model, default /tmp/fn2.gguf).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from strata_cli.cli import main
+
+OUT = Path(sys.argv[1])
+MAIN_ROOT = sys.argv[2] if len(sys.argv) > 2 else None
+FIXTURE = Path(os.environ["STRATA_FIXTURES"]) / "model-q8_0.gguf"
+FN2 = Path(os.environ.get("FN2", "/tmp/fn2.gguf"))
+T0 = time.time()
+OUT.mkdir(parents=True, exist_ok=True)
+results: list[tuple[str, int, dict]] = []
+
+
+def log(msg: str) -> None:
+    print(f"[{time.time() - T0:6.1f} s] {msg}", flush=True)
+
+
+def strata(*args: str) -> str:
+    res = CliRunner().invoke(main, [str(a) for a in args])
+    if res.exit_code:
+        raise SystemExit(f"strata {' '.join(map(str, args))} failed ({res.exit_code}): {res.stderr}{res.exception!r}")
+    return res.stdout
+
+
+def profile(name: str, model: Path, T: int, per_layer: bool) -> None:
+    args = ["profile", model, "--window", T, "--windows", 100, "--context", 64, "--format", "json"]
+    text = strata(*args, *(["--per-layer"] if per_layer else []))
+    (OUT / f"profile-{name}-t{T}.json").write_text(text)
+    results.append((name, T, json.loads(text)["meta"]))
+    log(f"profile {name} T={T} done")
+
+
+for T in (1, 8):
+    profile("fixture", FIXTURE, T, per_layer=True)
+
+from strata_cli.engine.gpu import GPUEngine  # noqa: E402
+from strata_cli.model.gguf_file import open_model  # noqa: E402
+
+eng = GPUEngine(open_model(FIXTURE))
+nodes = {}
+for T in (1, 8):
+    nodes[f"normal T={T}"] = eng.graph(T).summary().nodes
+    nodes[f"profile T={T}"] = eng.graph(T, profile=True).summary().nodes
+    nodes[f"stamps T={T}"] = len(eng.profile_plans[T].slots)
+    if MAIN_ROOT:
+        env = dict(os.environ, PYTHONPATH=f"{MAIN_ROOT}:/tmp/site")
+        done = subprocess.run([sys.executable, "-m", "strata_cli", "graph-nodes", str(FIXTURE), "--window", str(T),
+                               "--format", "json"], cwd=MAIN_ROOT, env=env, capture_output=True, text=True)
+        nodes[f"main normal T={T}"] = json.loads(done.stdout)["meta"]["nodes"] if done.returncode == 0 else done.stderr
+del eng
+log(f"nodes {nodes}")
+
+import pytest  # noqa: E402
+
+rc = pytest.main(["-q", "-p", "no:cacheprovider", "tests/test_gpu_profile.py", "tests/test_stage_profile.py",
+                  "tests/test_gpu_engine.py::test_graph_replay_equals_eager",
+                  "tests/test_gpu_engine.py::test_graph_summaries"])
+log(f"pytest exit {rc}")
+
+if not FN2.exists():
+    strata("make-model", FN2, "--preset", "flash-next", "--layers", 2, "--experts", 64, "--ngram-vocab", 1000,
+           "--type", "Q8_0", "--seed", 0)
+    log("fn2 written")
+for T in (1, 8):
+    profile("fn2", FN2, T, per_layer=True)
+
+print("model   T  event ms  stamped ms  unaccounted  normal ms  stamps  stamp cost")
+for name, T, m in results:
+    print(f"{name:7s} {T:2d} {m['event_ms']:9.4f} {m['stamped_ms']:11.4f} {m['unaccounted_share'] * 100:10.2f} % "
+          f"{m['normal_ms_median']:9.4f} {m['stamps']:7d} {m['profile_ms_median'] / m['normal_ms_median'] - 1:+9.1%}")
+print("nodes", nodes, "pytest", rc)

@@ -1,0 +1,68 @@
+"""`strata profile`: where the GPU time of a verify window goes, stage by stage (the profiling graph's stamps)."""
+
+from __future__ import annotations
+
+import click
+
+from ._common import SEED, FiniteFloatRange, ctx_option, format_option, load_engine, load_model, model_argument
+
+# (key, table header, display format, justify): the table/md columns; csv/json/jsonl print every key, raw
+COLUMNS = [("layer", "layer", None, "left"), ("group", "group", None, "left"), ("stage", "stage", None, "left"),
+           ("layers", "n", None, "right"), ("ms", "ms/window", ".4f", "right"), ("share", "share", ".1%", "right"),
+           ("bar", "", None, "left")]
+
+
+@click.command(short_help="Per-stage GPU time of a verify window (stamped profiling graph).")
+@model_argument
+@click.option("--window", "window", type=click.IntRange(1, 16), default=1, show_default=True, help="Window size T.")
+@click.option("-r", "--repetitions", "--windows", "repetitions", type=click.IntRange(min=1), default=20,
+              show_default=True, help="Profiled windows (after --warmup); as many normal windows are timed too.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed windows before the profiled ones.")
+@click.option("-d", "--depth", "--context", "depth", type=click.IntRange(min=0), default=32, show_default=True,
+              help="Tokens of context committed before the profiled windows.")
+@click.option("--acceptance", type=FiniteFloatRange(0, 1), default=0.7, show_default=True,
+              help="Assumed per-draft acceptance (how many rows each window commits).")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the tokens and the drawn n_keep.")
+@click.option("--per-layer", "per_layer", is_flag=True, help="Add one row per (layer, stage).")
+@format_option()
+@ctx_option
+def command(model, window, repetitions, warmup, depth, acceptance, seed, per_layer, fmt, n_ctx):
+    """ms per window per stage (GDN and QSA layers apart, then the window's own stages: embedding, head), its
+    share of the CUDA-event time of the same windows and a bar; the stamps' total against that event time, and
+    the time of as many windows of the normal graph. Needs a CUDA GPU."""
+    from ..envinfo import environment_record, header_line
+    from ..errors import InputError
+    from ..present import Column, emit
+    from ..progress import step_progress
+    from ..speculation import Acceptance
+    from ..stage_profile import accounting_line, aggregate, table_rows
+    from ..window_timing import check_finite, profile_windows
+
+    m = load_model(model)
+    engine = load_engine(m, "gpu", n_ctx)
+    if window > engine.max_t:
+        raise InputError(f"--window {window} exceeds the engine's max_t {engine.max_t}")
+    if depth + window > engine.n_ctx:
+        raise InputError(f"--depth {depth} + window {window} past the context {engine.n_ctx} (raise --ctx)")
+    check_finite(engine, window, seed)
+    with step_progress(f"profiling {repetitions} windows of T = {window}"):
+        run = profile_windows(engine, window, repetitions, depth, seed, Acceptance.assumed(acceptance),
+                              warmup=warmup)
+    report = aggregate(run["stamps"], run["plan"], run["event_ms"], window)
+    env = environment_record("gpu")
+    normal, stamped = run["normal_ms_median"], run["profile_ms_median"]
+    lines = [f"profiling graph {stamped:.4f} ms (median), normal graph {normal:.4f} ms: the "
+             f"{len(run['plan'].slots)} stamp nodes cost {stamped / normal - 1:+.1%}", accounting_line(report)]
+    head = [header_line(env), f"model {m.path} | {window}-token window | {repetitions} windows after {warmup} "
+            f"warm-up | depth {depth} | acceptance {acceptance}", *lines]
+    meta = {"env": env, "model": m.path, "window": window, "windows": repetitions, "warmup": warmup,
+            "depth": depth, "acceptance": acceptance, "seed": seed, "stamps": len(run["plan"].slots),
+            "stamped_ms": report.stamped_ms, "event_ms": report.event_ms, "unaccounted_ms": report.unaccounted_ms,
+            "unaccounted_share": report.unaccounted_share, "profile_ms_median": stamped, "normal_ms_median": normal}
+    columns = [Column(k, h, f, justify=j) for k, h, f, j in COLUMNS]
+    emit(table_rows(report, per_layer), columns if fmt in ("table", "md") else None, fmt,
+         title="GPU stages of the verify window", header_lines=head, meta=meta)
+    if fmt in ("csv", "jsonl"):  # no header lines in these: the comparison goes to stderr
+        for line in lines:
+            click.echo(line, err=True)

@@ -1,0 +1,139 @@
+"""The profiling variant of the window graph on the device: same numbers as the normal graph, the normal graph
+without stamps, every planned stamp written in order inside the event-timed window; `strata profile` and
+STRATA_VERIFY_PROFILE end to end."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from strata_cli.cli import main
+from strata_cli.model.gguf_file import open_model
+
+pytestmark = pytest.mark.gpu
+
+STAMP = "stamp_globaltimer"
+
+
+def _engine(fixture_dir):
+    from strata_cli.engine.gpu import GPUEngine
+
+    return GPUEngine(open_model(fixture_dir / "model-q8_0.gguf"))
+
+
+def _run(eng, tokens, T, profile, eager=False):
+    """Windows of T tokens over `tokens`, every row kept: logits and ids of each."""
+    eng.reset()
+    logits, ids = [], []
+    for pos in range(0, len(tokens) - T + 1, T):
+        eng.stage_window(tokens[pos:pos + T])
+        with eng.stream:
+            eng.buf["logits"].fill(np.nan)
+        eng.launch_window(T, eager=eager, profile=profile)
+        eng.stream.synchronize()
+        logits.append(eng.buf["logits"][:T].get())
+        ids.append(eng.stage.out_ids.host[:T].copy())
+        eng.launch_commit(T)
+        eng.stream.synchronize()
+        eng.n_past += T
+    return np.concatenate(logits), np.concatenate(ids)
+
+
+@pytest.mark.parametrize("T", [1, 8])
+def test_profiling_graph_equals_normal_graph(fixture_dir, T):
+    eng = _engine(fixture_dir)
+    tokens = np.load(fixture_dir / "reference.npz")["tokens"][:32].astype(np.int64)
+    normal = _run(eng, tokens, T, profile=False)
+    stamped = _run(eng, tokens, T, profile=True)
+    eager = _run(eng, tokens, T, profile=True, eager=True)
+    assert np.isfinite(normal[0]).all()
+    for got in (stamped, eager):
+        np.testing.assert_array_equal(got[0], normal[0])
+        np.testing.assert_array_equal(got[1], normal[1])
+
+
+def test_normal_graph_has_no_stamps_and_the_profile_graph_one_per_stage(fixture_dir):
+    eng = _engine(fixture_dir)
+    g = eng.g
+    for T in (1, 4):
+        normal, prof = eng.graph(T).summary(), eng.graph(T, profile=True).summary()
+        plan = eng.profile_plans[T]
+        assert STAMP not in dict(normal.kinds)
+        assert dict(prof.kinds)[STAMP] == len(plan.slots)
+        assert prof.nodes == normal.nodes + len(plan.slots)
+        rest = {k: c for k, c in prof.kinds if k != STAMP}
+        assert rest == dict(normal.kinds)
+    plan = eng.profile_plans[4]
+    assert plan.stages[0] == "begin" and plan.stages[-1] == "argmax"
+    for layer in range(g.n_layers):
+        stages = [s for s, lay in zip(plan.stages, plan.layers) if lay == layer]
+        assert stages[:4] == ["hc0-norm", "hc0-down", "hc0-up", "hc-read0"] or stages[0] == "ple"
+        assert ("rec" in stages) == (not g.layer_is_attn[layer])
+        assert ("attention" in stages) == bool(g.layer_is_attn[layer])
+        for stage in ("out-proj", "hc-write0", "hc-read1", "router", "shared", "experts", "combine", "hc-write1",
+                      "gap"):
+            assert stage in stages, (layer, stage)
+
+
+@pytest.mark.parametrize("T", [1, 8])
+def test_stamps_are_ordered_and_inside_the_event_time(fixture_dir, T):
+    from strata_cli.speculation import Acceptance
+    from strata_cli.stage_profile import aggregate, stage_durations
+    from strata_cli.window_timing import profile_windows
+
+    eng = _engine(fixture_dir)
+    run = profile_windows(eng, T, 6, 16, 1, Acceptance.assumed(0.7))
+    plan, stamps = run["plan"], run["stamps"]
+    assert stamps.shape == (6, eng.buf["stamps"].shape[0])
+    t = stamps[:, plan.slots].astype(np.int64)
+    assert (t > 0).all()
+    assert (np.diff(t, axis=1) >= 0).all()
+    span_ms = (t[:, -1] - t[:, 0]) / 1e6
+    assert (span_ms <= run["event_ms"] + 0.002).all()  # the events bracket the graph (globaltimer granularity)
+    np.testing.assert_array_equal(stage_durations(stamps, plan.slots).sum(axis=1), t[:, -1] - t[:, 0])
+    rep = aggregate(stamps, plan, run["event_ms"], T)
+    assert 0 < rep.stamped_ms <= rep.event_ms + 0.002
+
+
+def test_profile_command_and_graph_nodes_profile(fixture_dir):
+    model = str(fixture_dir / "model-q8_0.gguf")
+    runner = CliRunner()
+    res = runner.invoke(main, ["profile", model, "--window", "4", "-r", "5", "-d", "8", "--per-layer",
+                               "--format", "json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    meta, rows = doc["meta"], doc["rows"]
+    groups = {r["group"] for r in rows}
+    assert {"GDN", "QSA", "head", "total"} <= groups
+    stamped = next(r["ms"] for r in rows if r["group"] == "total" and r["stage"] == "stamped")
+    assert stamped == pytest.approx(meta["stamped_ms"]) and meta["event_ms"] >= stamped - 0.002
+    assert any(r["layer"] == "0" for r in rows)
+    table = runner.invoke(main, ["profile", model, "--window", "1", "--windows", "3", "--context", "4"])  # old names
+    assert table.exit_code == 0 and "event-timed" in table.stdout and "█" in table.stdout
+    nodes = runner.invoke(main, ["graph-nodes", model, "--window", "2", "--profile", "--format", "json"])
+    assert nodes.exit_code == 0
+    kinds = {r["node"]: r["count"] for r in json.loads(nodes.stdout)["rows"]}
+    assert kinds[STAMP] > 0
+
+
+def test_verify_profile_env_prints_the_summary(fixture_dir, monkeypatch):
+    from strata_cli import stage_profile
+
+    monkeypatch.setenv("STRATA_VERIFY_PROFILE", "1")
+    monkeypatch.setattr(stage_profile, "ACTIVE", [])
+    model = str(fixture_dir / "model-q8_0.gguf")
+    res = CliRunner().invoke(main, ["verify-bench", model, "--device", "gpu", "--window", "1,4", "-r", "3",
+                                    "-d", "8", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    json.loads(res.stdout)  # the summary goes to stderr: stdout stays one JSON document
+    lines = [line for line in res.stderr.splitlines() if line.startswith("strata verify profile")]
+    # the context's prefill windows are windows too (T = 8 here): one line per window size that ran
+    assert {"strata verify profile T=1", "strata verify profile T=4"} <= {line.split(":")[0] for line in lines}
+    assert all(" GDN layers: " in line and " | QSA layers: " in line and "ms/window over" in line for line in lines)
+    res = CliRunner().invoke(main, ["logprobs", model, "--random", "12", "--window", "4", "--device", "gpu",
+                                    "--format", "tsv"])
+    assert res.exit_code == 0, res.output
+    assert "strata verify profile T=4:" in res.stderr
