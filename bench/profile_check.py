@@ -38,8 +38,19 @@ def log(msg: str) -> None:
 def strata(*args: str) -> str:
     res = CliRunner().invoke(main, [str(a) for a in args])
     if res.exit_code:
-        raise SystemExit(f"strata {' '.join(map(str, args))} failed ({res.exit_code}): {res.stderr}{res.exception!r}")
+        import traceback
+
+        traceback.print_exception(res.exc_info[1]) if res.exc_info else None
+        raise RuntimeError(f"strata {' '.join(map(str, args))} failed ({res.exit_code}): {res.stderr}")
     return res.stdout
+
+
+def step(fn, *args, **kwargs) -> None:
+    """One check; a failure is logged and the next check still runs (one device call)."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - reported, then the next step
+        log(f"FAILED {fn.__name__}{args}: {type(exc).__name__}: {exc}")
 
 
 def profile(name: str, model: Path, T: int, per_layer: bool) -> None:
@@ -51,24 +62,30 @@ def profile(name: str, model: Path, T: int, per_layer: bool) -> None:
 
 
 for T in (1, 8):
-    profile("fixture", FIXTURE, T, per_layer=True)
+    step(profile, "fixture", FIXTURE, T, per_layer=True)
 
-from strata_cli.engine.gpu import GPUEngine  # noqa: E402
-from strata_cli.model.gguf_file import open_model  # noqa: E402
-
-eng = GPUEngine(open_model(FIXTURE))
 nodes = {}
-for T in (1, 8):
-    nodes[f"normal T={T}"] = eng.graph(T).summary().nodes
-    nodes[f"profile T={T}"] = eng.graph(T, profile=True).summary().nodes
-    nodes[f"stamps T={T}"] = len(eng.profile_plans[T].slots)
-    if MAIN_ROOT:
-        env = dict(os.environ, PYTHONPATH=f"{MAIN_ROOT}:/tmp/site")
-        done = subprocess.run([sys.executable, "-m", "strata_cli", "graph-nodes", str(FIXTURE), "--window", str(T),
-                               "--format", "json"], cwd=MAIN_ROOT, env=env, capture_output=True, text=True)
-        nodes[f"main normal T={T}"] = json.loads(done.stdout)["meta"]["nodes"] if done.returncode == 0 else done.stderr
-del eng
-log(f"nodes {nodes}")
+
+
+def count_nodes() -> None:
+    from strata_cli.engine.gpu import GPUEngine
+    from strata_cli.model.gguf_file import open_model
+
+    eng = GPUEngine(open_model(FIXTURE))
+    for T in (1, 8):
+        nodes[f"normal T={T}"] = eng.graph(T).summary().nodes
+        nodes[f"profile T={T}"] = eng.graph(T, profile=True).summary().nodes
+        nodes[f"stamps T={T}"] = len(eng.profile_plans[T].slots)
+        if MAIN_ROOT:
+            env = dict(os.environ, PYTHONPATH=f"{MAIN_ROOT}:/tmp/site")
+            done = subprocess.run([sys.executable, "-m", "strata_cli", "graph-nodes", str(FIXTURE), "--window",
+                                   str(T), "--format", "json"], cwd=MAIN_ROOT, env=env, capture_output=True, text=True)
+            nodes[f"main normal T={T}"] = (json.loads(done.stdout)["meta"]["nodes"] if done.returncode == 0
+                                           else done.stderr[-300:])
+    log(f"nodes {nodes}")
+
+
+step(count_nodes)
 
 import pytest  # noqa: E402
 
@@ -78,11 +95,11 @@ rc = pytest.main(["-q", "-p", "no:cacheprovider", "tests/test_gpu_profile.py", "
 log(f"pytest exit {rc}")
 
 if not FN2.exists():
-    strata("make-model", FN2, "--preset", "flash-next", "--layers", 2, "--experts", 64, "--ngram-vocab", 1000,
-           "--type", "Q8_0", "--seed", 0)
+    step(strata, "make-model", FN2, "--preset", "flash-next", "--layers", 2, "--experts", 64, "--ngram-vocab", 1000,
+         "--type", "Q8_0", "--seed", 0)
     log("fn2 written")
 for T in (1, 8):
-    profile("fn2", FN2, T, per_layer=True)
+    step(profile, "fn2", FN2, T, per_layer=True)
 
 print("model   T  event ms  stamped ms  unaccounted  normal ms  stamps  stamp cost")
 for name, T, m in results:
