@@ -7,6 +7,8 @@ graphs, and of the normal graph built from MAIN_ROOT's code (unchanged?); 3. the
 4. `strata profile --per-layer` on a Flash-Next-width 2-layer Q8_0 model made in /tmp (64 experts); then a short
 table: stamps against the event-timed windows, and what the stamps cost.
 Env: STRATA_FIXTURES (the qwen4exp-tiny fixture), FN2 (where to write the 2-layer model, default /tmp/fn2.gguf).
+On a bare machine the first `strata profile` also compiles every kernel (over 100 s on the H200, once: CuPy
+caches the cubins); allow ~4 minutes for the whole script there, ~1.5 once the cache is warm.
 """
 
 from __future__ import annotations
