@@ -319,9 +319,9 @@ def test_graph_nodes_without_a_gpu_is_one_line(fixture_dir):
 
 
 def test_profile_without_a_gpu_is_one_line(fixture_dir):
-    from strata_cli.engine import gpu_available
+    from strata_cli.engine import gpu_probe
 
-    if gpu_available():
+    if gpu_probe()[1] is None:
         pytest.skip("a GPU is present: tests/test_gpu_profile.py covers profile there")
     result = CliRunner().invoke(main, ["profile", str(fixture_dir / "model-q8_0.gguf"), "--window", "8"])
     assert result.exit_code == 1
