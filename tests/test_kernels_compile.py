@@ -6,7 +6,8 @@ import pytest
 
 from strata_cli.gpu.compile import compile_check, kernels_dir
 
-KERNELS = sorted(p.stem for p in kernels_dir().glob("*.cu"))
+# gemv_quant.cu is compiled per block type (tests/test_quant_kernels_compile.py compiles every variant)
+KERNELS = sorted(p.stem for p in kernels_dir().glob("*.cu") if p.stem != "gemv_quant")
 
 
 @pytest.fixture(scope="module")

@@ -43,7 +43,9 @@ def test_weight_rows_rejects_bad_raw_arrays():
         U.weight_rows("w_raw", _raw((64, 4), F32).T, F32, 64)
     with pytest.raises(ValueError, match=r"^w_raw: data not 2-byte aligned"):
         U.weight_rows("w_raw", np.zeros(2 * 64 + 1, np.uint8)[1:], BF16, 64)
-    with pytest.raises(ValueError, match=r"^w_raw type: GGML type 12 has no GPU kernel"):
+    with pytest.raises(ValueError, match=r"^w_raw type: GGML type 9 has no GPU kernel"):
+        U.weight_rows("w_raw", q, 9, 64)  # Q8_1: ggml's activation type, never a weight
+    with pytest.raises(ValueError, match=r"^w_raw: input width 64 is not a positive multiple of the Q4_K block"):
         U.weight_rows("w_raw", q, 12, 64)
     assert U.weight_rows("w_raw", _raw((3, 8), F16).view(np.uint8), F16, 8) == 3  # F16 as byte rows
 

@@ -17,11 +17,25 @@ def kernels_dir() -> Path:
     raise FileNotFoundError(f"no CUDA kernel sources found next to {here}")
 
 
+def source(name: str) -> str:
+    """The C source of module `name`: kernels/<name>.cu, or for '<file>.<variant>' a generated head (the variant's
+    defines and tables, gpu/quant_source.py) followed by kernels/<file>.cu."""
+    base, _, variant = name.partition(".")
+    code = (kernels_dir() / f"{base}.cu").read_text()
+    if variant:
+        from . import quant_source
+
+        if base != quant_source.BASE:
+            raise ValueError(f"kernels/{base}.cu has no variants")
+        code = quant_source.prefix(variant) + code
+    return code
+
+
 @lru_cache(maxsize=None)
 def module(name: str):
     """RawModule of kernels/<name>.cu (common.cuh is on the include path), compiled once per process."""
     src_dir = kernels_dir()
-    code = (src_dir / f"{name}.cu").read_text()
+    code = source(name)
     options = (f"-arch={device_arch()}", "--std=c++17", f"-I{src_dir}")
     mod = cupy().RawModule(code=code, options=options)
     mod.compile()
@@ -40,7 +54,7 @@ def compile_check(name: str, arch: str = "sm_90") -> str:
     from cuda.bindings import nvrtc
 
     src_dir = kernels_dir()
-    code = (src_dir / f"{name}.cu").read_bytes()
+    code = source(name).encode()
     headers = sorted(src_dir.glob("*.cuh"))
     err, prog = nvrtc.nvrtcCreateProgram(code, f"{name}.cu".encode(), len(headers),
                                          [h.read_bytes() for h in headers], [h.name.encode() for h in headers])

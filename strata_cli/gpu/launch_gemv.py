@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import compile as nvrtc
+from . import launch_quant
 from . import launch_util as U
 from .runtime import cupy, empty
 
@@ -45,6 +46,10 @@ def launch_gemv(w, ggml_type: int, n_in: int, x, y, split: SplitK | None, *, act
     """y [T, n_out] = act(x [T, n_in] @ W^T / div) * mul[t*mul_st + o*mul_so]; arguments already checked.
     Split-K over grid z finishes inside the launch (the last block of each tile), so every GEMV is one node; a
     launch that splits over z needs `split` (None: a fresh one, outside a capture only)."""
+    if launch_quant.handles(ggml_type):  # K-quants, i-quants, ...: kernels/gemv_quant.cu
+        launch_quant.launch_gemv_quant(w, ggml_type, n_in, x, y, split, act=act, div=div, mul=mul,
+                                       mul_strides=mul_strides)
+        return
     T, n_out = y.shape
     max_z = U.GEMV_MAX_ZSPLIT if T <= U.GEMV_MAXT else 1
     if ggml_type == U.Q8_0_R32:

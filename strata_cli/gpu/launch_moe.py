@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import launch_quant
 from . import launch_util as U
 from . import compile as nvrtc
 from .launch_gemv import SplitK, check_vector_rows, launch_gemv
@@ -39,6 +40,10 @@ def _launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, T, x, x_d
                         mul=None, mul_strides=(0, 0)) -> None:
     """y [J, n_out]: entry j = its group's expert applied to x row j // x_div, each expert's rows read once for
     all its entries (groups from moe_group); arguments already checked."""
+    if launch_quant.handles(ggml_type):  # K-quants, i-quants, ...: kernels/gemv_quant.cu
+        launch_quant.launch_expert_gemv_quant(w, ggml_type, expert_stride, n_expert, groups, T, x, x_div, n_in, y,
+                                              act=act, mul=mul, mul_strides=mul_strides)
+        return
     J, n_out = y.shape
     g_expert, g_count, g_entries = groups
     epilogue = (np.int32(act), np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1]))

@@ -37,6 +37,9 @@ WEIGHT_DTYPES = {
 # The kernels load F32 as float and F16/BF16 as uint16; Q8_0 is read byte-wise but its rows assume even offsets;
 # repacked Q8_0 is read in 16-byte vectors.
 WEIGHT_ALIGN = {quants.F32: 4, quants.F16: 2, quants.BF16: 2, quants.Q8_0: 2, Q8_0_R32: 16}
+# The other block types (kernels/gemv_quant.cu, gpu/launch_quant.py): uint8 byte rows, loads check alignment.
+WEIGHT_DTYPES.update({t: (np.uint8,) for t in quants.BLOCK_TYPES if t not in WEIGHT_DTYPES})
+WEIGHT_ALIGN.update({t: 1 for t in quants.BLOCK_TYPES if t not in WEIGHT_ALIGN})
 # kernels/gemv.cu families (the repacked type has its own file)
 TYPE_SUFFIX = {quants.F32: "f32", quants.F16: "f16", quants.BF16: "bf16", quants.Q8_0: "q8_0"}
 

@@ -4,7 +4,9 @@ gguf.quants.dequantize (the format reference, itself bit-identical to ggml's deq
 Raw tensors arrive as numpy arrays in numpy order: typed for F32/F16, uint8 byte rows for every other type
 (row = n / block elements * block bytes). F32/F16/BF16/Q8_0 are decoded here (the hot path of the float files);
 every other type is decoded by gguf.quants' own numpy code, imported on first use (tests/test_quants.py holds
-the table and the decoders to gguf.quants on random blocks of every type).
+the table and the decoders to gguf.quants on random blocks of every type). The device twins, one decoder per type,
+are in kernels/quant_decode.cuh (tests/test_quant_decode_host.py compiles them for the CPU and holds them to
+gguf.quants bit for bit).
 
 Block layouts (offsets in bytes inside one block; "d" fp16 little endian unless said; QK_K = 256):
   Q4_0   32 / 18   d, qs[16]: element j<16 = low nibble of qs[j], j>=16 = high nibble of qs[j-16]; w = d*(q-8)

@@ -1,0 +1,44 @@
+"""Compile every kernel module (kernels/*.cu and each block type's gemv_quant variant) in parallel processes, so
+that CuPy's on-disk kernel cache is warm before tests or benchmarks start (a cold NVRTC compile of the whole set
+takes minutes in one process).
+
+    python3 bench/warm_kernels.py [--jobs N] [MODULE ...]   (default: every module; e.g. gdn gemv_quant.q4_k)
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+
+def _compile(name: str) -> tuple[str, float]:
+    from strata_cli.gpu.compile import module
+
+    t0 = time.perf_counter()
+    module(name)
+    return name, time.perf_counter() - t0
+
+
+def module_names() -> list[str]:
+    from strata_cli.gpu.compile import kernels_dir
+    from strata_cli.gpu.quant_source import BASE, TYPES, variant
+
+    plain = sorted(p.stem for p in kernels_dir().glob("*.cu") if p.stem != BASE)
+    return [f"{BASE}.{variant(t)}" for t in TYPES] + plain
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=16)
+    ap.add_argument("modules", nargs="*", help="module names (kernels/<name>.cu, gemv_quant.<type>); default all")
+    args = ap.parse_args()
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for name, seconds in pool.map(_compile, args.modules or module_names()):
+            print(f"{name:24} {seconds:6.1f} s", flush=True)
+    print(f"# all modules compiled in {time.perf_counter() - t0:.1f} s with {args.jobs} processes", flush=True)
+
+
+if __name__ == "__main__":
+    main()

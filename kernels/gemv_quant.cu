@@ -1,0 +1,219 @@
+// gemv_quant.cu: GEMVs and row gathers that read GGUF K-quant / i-quant / legacy / FP4 blocks directly (no
+// dequantized copy of a weight on the device). Compiled once per block type: strata_cli/gpu/quant_source.py puts
+// `#define QTYPE <id>` and the type's tables before this file (launch_quant.py launches it).
+//
+//   y[t, o] = act(sum_i W[o, i] * x[t, i] / div) * (mul ? mul[t * mul_st + o * mul_so] : 1)
+//
+// Legend: T window rows, n_in input width (a multiple of the type's block), n_out output rows, J = T*K (row, slot)
+// entries of the MoE, E experts, QK elements per block.
+//   W      raw rows of row_stride bytes (n_in / QK blocks each); experts expert_stride bytes apart
+//   x      [T, n_in] f32 (dense) or [J / x_div, n_in] f32 (grouped experts: entry j reads row j / x_div), rows
+//          16-byte aligned (read as float4)
+//   y      [T, n_out] or [J, n_out] f32; mul may alias y (as in gemv.cu)
+//
+// Every weight is decoded exactly (quant_decode.cuh: the float gguf.quants gives) and multiplied by the float32
+// activation; sums are float32. The activations are never quantized. Work split as in gemv.cu: the input axis is cut
+// in steps of 256 elements, lane l decoding elements 8l .. 8l+7 of a step (a 256-block, or 256/QK smaller blocks);
+// a warp owns QROWS(NT) output rows and reuses each x load for all of them; the warps of a row group (ksplit) and
+// the blocks along grid z (zsplit, dense only) take interleaved steps and add up in shared memory / zsplit_finish.
+#include "quant_decode.cuh"
+
+#ifndef QTYPE
+#error "gemv_quant.cu is compiled per type: strata_cli/gpu/quant_source.py defines QTYPE"
+#endif
+
+#define QSTEP 256
+// output rows per warp by window bucket (launch_quant.QROWS mirrors it): fewer rows when NT accumulators grow
+#define QROWS(NT) ((NT) >= 8 ? 2 : 4)
+
+typedef QBlock<QTYPE> QB;
+
+// acc[r][t] += this warp's K slice of W[o0 + r] . x[xr[t]], r < QROWS(NT) (rows >= n_out skipped), t < nt.
+template <int NT>
+__device__ __forceinline__ void qslice_dot(const u8* __restrict__ W, i64 row_stride, int o0, int n_out,
+                                           const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in,
+                                           int kslice, int kstride, float (&acc)[QROWS(NT)][NT]) {
+    constexpr int R = QROWS(NT);
+    const int lane = threadIdx.x & (WARP - 1);
+    const int n_steps = (n_in + QSTEP - 1) / QSTEP;
+    for (int s = kslice; s < n_steps; s += kstride) {
+        const int i = s * QSTEP + lane * 8;  // first of this lane's 8 elements
+        if (i >= n_in) continue;  // the last step of an n_in that is no multiple of 256 (whole 8-groups: QK >= 32)
+        const int blk = i / QB::qk, g = (i % QB::qk) / 8;
+        float w[R][8];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            if (o0 + r < n_out) {
+                decode8<QTYPE>(W + (i64)(o0 + r) * row_stride + (i64)blk * QB::bytes, g, w[r]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < 8; ++k) w[r][k] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            if (t < nt) {
+                const float4* xp = reinterpret_cast<const float4*>(x + (i64)xr[t] * n_in + i);
+                const float4 a = __ldg(xp), b = __ldg(xp + 1);
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    float v = acc[r][t];
+                    v = fmaf(w[r][0], a.x, v);
+                    v = fmaf(w[r][1], a.y, v);
+                    v = fmaf(w[r][2], a.z, v);
+                    v = fmaf(w[r][3], a.w, v);
+                    v = fmaf(w[r][4], b.x, v);
+                    v = fmaf(w[r][5], b.y, v);
+                    v = fmaf(w[r][6], b.z, v);
+                    v = fmaf(w[r][7], b.w, v);
+                    acc[r][t] = v;
+                }
+            }
+        }
+    }
+}
+
+// Sum the ksplit warps of each row group, then the group's first warp writes its rows (gemv.cu's reduce_store for
+// QROWS(NT) rows per warp). y_rows[t]: the output row of window row t.
+template <int NT>
+__device__ __forceinline__ void qreduce_store(float (&acc)[QROWS(NT)][NT], int o0, int n_out, int nt, int ksplit,
+                                              int kslice, int group, float* y, const int* y_rows, int act,
+                                              float div, const float* mul, int mul_st, int mul_so) {
+    constexpr int R = QROWS(NT);
+    __shared__ float part[GEMV_WARPS][R][NT];
+    const int lane = threadIdx.x & (WARP - 1);
+    const int warp = threadIdx.x / WARP;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+    if (ksplit > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int t = 0; t < NT; ++t) part[warp][r][t] = acc[r][t];
+        }
+        __syncthreads();
+        if (kslice != 0) return;
+        for (int s = 1; s < ksplit; ++s)
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int t = 0; t < NT; ++t) acc[r][t] += part[group * ksplit + s][r][t];
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const int o = o0 + r;
+            if (lane == (r * NT + t) % WARP && o < n_out && t < nt) {
+                const i64 row = y_rows[t];
+                y[row * n_out + o] = gemv_epilogue(acc[r][t], act, div, mul, row * mul_st + (i64)o * mul_so);
+            }
+        }
+}
+
+// grid (ceil(n_out / (QROWS * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit), block GEMV_WARPS * 32.
+template <int NT>
+__device__ __forceinline__ void qgemv_dense(const u8* W, i64 row_stride, const float* x, int n_in, float* y,
+                                            int n_out, int T, int ksplit, int act, float div, const float* mul,
+                                            int mul_st, int mul_so, float* partial, unsigned* tile_done) {
+    constexpr int R = QROWS(NT);
+    const int warp = threadIdx.x / WARP;
+    const int group = warp / ksplit;
+    const int kslice = warp % ksplit + blockIdx.z * ksplit, kstride = ksplit * gridDim.z;
+    const int rows_per_block = R * (GEMV_WARPS / ksplit);
+    const int o0 = blockIdx.x * rows_per_block + group * R;
+    const int t0 = blockIdx.y * GEMV_MAXT;
+    const int nt = min(NT, T - t0);
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    int rows[NT], xr[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) { rows[t] = t0 + t; xr[t] = t; }
+    qslice_dot<NT>(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xr, nt, n_in, kslice, kstride, acc);
+    if (gridDim.z > 1) {  // raw partial sums of this z slice, then the tile's last block finishes
+        qreduce_store<NT>(acc, o0, n_out, nt, ksplit, warp % ksplit, group, partial + (i64)blockIdx.z * T * n_out,
+                          rows, ACT_NONE, 1.0f, nullptr, 0, 0);
+        zsplit_finish(partial, tile_done, y, n_out, T, t0, nt, blockIdx.x * rows_per_block, rows_per_block, act,
+                      div, mul, mul_st, mul_so);
+    } else {
+        qreduce_store<NT>(acc, o0, n_out, nt, ksplit, warp % ksplit, group, y, rows, act, div, mul, mul_st, mul_so);
+    }
+}
+
+// Grouped experts (gemv.cu's gemv_grouped): group u = blockIdx.y holds up to GEMV_MAXT entries routed to one expert,
+// whose rows the block reads once for all of them. An id outside 0..E-1 writes NaN to its entries' rows.
+template <int NT>
+__device__ __forceinline__ void qgemv_grouped(const u8* W, i64 expert_stride, i64 row_stride, int n_expert,
+                                              const int* g_expert, const int* g_count, const int* g_entries,
+                                              const float* x, int x_div, int n_in, float* y, int n_out, int ksplit,
+                                              int act, float div, const float* mul, int mul_st, int mul_so) {
+    constexpr int R = QROWS(NT);
+    const int u = blockIdx.y;
+    const int nt = min(g_count[u], NT);
+    if (nt == 0) return;  // the whole block leaves: no barrier is left waiting
+    const int e = g_expert[u];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
+    const int group = warp / ksplit, kslice = warp % ksplit;
+    const int o0 = (blockIdx.x * (GEMV_WARPS / ksplit) + group) * R;
+    int rows[NT], xr[NT];
+    expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
+    if (e < 0 || e >= n_expert) {
+        if (kslice == 0 && lane < R && o0 + lane < n_out)
+            for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + o0 + lane] = QNAN;
+        return;
+    }
+    const u8* We = W + (i64)e * expert_stride;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    qslice_dot<NT>(We, row_stride, o0, n_out, x, xr, nt, n_in, kslice, ksplit, acc);
+    qreduce_store<NT>(acc, o0, n_out, nt, ksplit, kslice, group, y, rows, act, div, mul, mul_st, mul_so);
+}
+
+#define QGEMV_KERNELS(NT)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
+        qgemv_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int ksplit, \
+                    int act, float div, const float* mul, int mul_st, int mul_so, float* partial,                  \
+                    unsigned* tile_done) {                                                                         \
+        qgemv_dense<NT>(W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial,       \
+                        tile_done);                                                                                \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
+        qgemv_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,     \
+                           const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,         \
+                           float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st,     \
+                           int mul_so) {                                                                           \
+        qgemv_grouped<NT>(W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, \
+                          n_out, ksplit, act, div, mul, mul_st, mul_so);                                           \
+    }
+
+QGEMV_KERNELS(1)
+QGEMV_KERNELS(2)
+QGEMV_KERNELS(4)
+QGEMV_KERNELS(8)
+QGEMV_KERNELS(16)
+
+// emb[n, :] = dequantized table row rows[n] (embed.cu's gather_rows for block types; bit-identical to gguf.quants).
+// rows [N] int64; table raw rows of row_bytes; emb [N, hd] f32, hd a multiple of QK. grid N, block 256. The table
+// may be mapped host memory.
+extern "C" __global__ void __launch_bounds__(256)
+    qgather_rows(const i64* __restrict__ rows, const u8* __restrict__ table, i64 row_bytes, float* __restrict__ emb,
+                 int hd) {
+    const u8* src = table + rows[blockIdx.x] * row_bytes;
+    float* dst = emb + (i64)blockIdx.x * hd;
+    for (int j = threadIdx.x; j < hd / 8; j += blockDim.x) {
+        const int i = j * 8;
+        float w[8];
+        decode8<QTYPE>(src + (i64)(i / QB::qk) * QB::bytes, (i % QB::qk) / 8, w);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) dst[i + k] = w[k];
+    }
+}

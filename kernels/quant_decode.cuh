@@ -1,0 +1,349 @@
+// quant_decode.cuh: one device decoder per GGUF block type, bit-identical to gguf.quants.dequantize (the layouts are
+// in strata_cli/model/quants.py). Compiled once per type: QTYPE and the type's tables (i-quant grids, non-linear
+// value tables) come from strata_cli/gpu/quant_source.py, which emits them from gguf.quants' own numpy tables.
+//
+//   decode8(blk, g, w): w[0..7] = values 8g .. 8g+7 of the block starting at blk (g < QK / 8).
+//
+// Every product and sum is written as gguf's numpy evaluates it (left to right, each rounded to float32: __fmul_rn /
+// __fadd_rn keep NVRTC from contracting them into FMAs), so a decoded weight is the float gguf gives, bit for bit.
+// Scales that decode to float32 subnormals (MXFP4 exponents 0 and 1) are flushed by -ftz=true; quantizers never
+// write them. Block starts are only byte aligned in general (MXFP4 is 17 bytes): loads check alignment at run time.
+#pragma once
+#ifndef QUANT_DECODE_HOST  // tests/test_quant_decode_host.py compiles these decoders with the host C++ compiler
+#include "common.cuh"
+#endif
+
+// ---- type ids (strata_cli/model/quants.py) and block geometry
+#define T_Q4_0 2
+#define T_Q4_1 3
+#define T_Q5_0 6
+#define T_Q5_1 7
+#define T_Q2_K 10
+#define T_Q3_K 11
+#define T_Q4_K 12
+#define T_Q5_K 13
+#define T_Q6_K 14
+#define T_IQ2_XXS 16
+#define T_IQ2_XS 17
+#define T_IQ3_XXS 18
+#define T_IQ1_S 19
+#define T_IQ4_NL 20
+#define T_IQ3_S 21
+#define T_IQ2_S 22
+#define T_IQ4_XS 23
+#define T_IQ1_M 29
+#define T_TQ1_0 34
+#define T_TQ2_0 35
+#define T_MXFP4 39
+#define T_NVFP4 40
+
+template <int TYPE> struct QBlock;
+#define QBLOCK(TYPE, QK, BYTES) \
+    template <> struct QBlock<TYPE> { static constexpr int qk = QK, bytes = BYTES; };
+QBLOCK(T_Q4_0, 32, 18) QBLOCK(T_Q4_1, 32, 20) QBLOCK(T_Q5_0, 32, 22) QBLOCK(T_Q5_1, 32, 24)
+QBLOCK(T_Q2_K, 256, 84) QBLOCK(T_Q3_K, 256, 110) QBLOCK(T_Q4_K, 256, 144) QBLOCK(T_Q5_K, 256, 176)
+QBLOCK(T_Q6_K, 256, 210) QBLOCK(T_IQ2_XXS, 256, 66) QBLOCK(T_IQ2_XS, 256, 74) QBLOCK(T_IQ3_XXS, 256, 98)
+QBLOCK(T_IQ1_S, 256, 50) QBLOCK(T_IQ4_NL, 32, 18) QBLOCK(T_IQ3_S, 256, 110) QBLOCK(T_IQ2_S, 256, 82)
+QBLOCK(T_IQ4_XS, 256, 136) QBLOCK(T_IQ1_M, 256, 56) QBLOCK(T_TQ1_0, 256, 54) QBLOCK(T_TQ2_0, 256, 66)
+QBLOCK(T_MXFP4, 32, 17) QBLOCK(T_NVFP4, 64, 36)
+
+// ---- loads (read-only path; widest load the address allows)
+__device__ __forceinline__ u32 ldb(const u8* p) { return __ldg(p); }
+__device__ __forceinline__ u32 ld16(const u8* p) {
+    if (!((size_t)p & 1)) return __ldg(reinterpret_cast<const u16*>(p));
+    return ldb(p) | (ldb(p + 1) << 8);
+}
+__device__ __forceinline__ u32 ld32(const u8* p) {
+    if (!((size_t)p & 3)) return __ldg(reinterpret_cast<const u32*>(p));
+    return ld16(p) | (ld16(p + 2) << 16);
+}
+// 8 bytes as (lo, hi) words
+__device__ __forceinline__ uint2 ld64(const u8* p) {
+    if (!((size_t)p & 7)) return __ldg(reinterpret_cast<const uint2*>(p));
+    return make_uint2(ld32(p), ld32(p + 4));
+}
+__device__ __forceinline__ u32 byte_of(uint2 v, int k) { return ((k < 4 ? v.x : v.y) >> (8 * (k & 3))) & 0xffu; }
+__device__ __forceinline__ float f16_at(const u8* p) { return f16_bits_to_float((u16)ld16(p)); }
+__device__ __forceinline__ float fmul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float fadd(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float fsub(float a, float b) { return __fsub_rn(a, b); }
+// ggml's ksigns table: 7 sign bits plus the 8th making the count even (gguf.quants.IQ2_XXS.ksigns, checked in tests)
+__device__ __forceinline__ u32 ksign(u32 i) { return i | ((__popc(i) & 1u) << 7); }
+
+// 4-bit codes of the 32-element types: element j < 16 is the low nibble of qs[j], j >= 16 the high one of qs[j-16]
+__device__ __forceinline__ void nibbles8(const u8* qs, int g, u32 (&q)[8]) {
+    const uint2 v = ld64(qs + (g & 1) * 8);
+    const int shift = (g >> 1) * 4;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) q[k] = (byte_of(v, k) >> shift) & 0xfu;
+}
+
+template <int TYPE>
+__device__ __forceinline__ void decode8(const u8* __restrict__ b, int g, float (&w)[8]);
+
+template <> __device__ __forceinline__ void decode8<T_Q4_0>(const u8* b, int g, float (&w)[8]) {
+    u32 q[8];
+    nibbles8(b + 2, g, q);
+    const float d = f16_at(b);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fmul(d, (float)((int)q[k] - 8));
+}
+
+template <> __device__ __forceinline__ void decode8<T_Q4_1>(const u8* b, int g, float (&w)[8]) {
+    u32 q[8];
+    nibbles8(b + 4, g, q);
+    const float d = f16_at(b), m = f16_at(b + 2);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fadd(fmul(d, (float)q[k]), m);
+}
+
+template <> __device__ __forceinline__ void decode8<T_Q5_0>(const u8* b, int g, float (&w)[8]) {
+    u32 q[8];
+    nibbles8(b + 6, g, q);
+    const u32 qh = ld32(b + 2) >> (8 * g);
+    const float d = f16_at(b);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fmul(d, (float)((int)(q[k] | (((qh >> k) & 1u) << 4)) - 16));
+}
+
+template <> __device__ __forceinline__ void decode8<T_Q5_1>(const u8* b, int g, float (&w)[8]) {
+    u32 q[8];
+    nibbles8(b + 8, g, q);
+    const u32 qh = ld32(b + 4) >> (8 * g);
+    const float d = f16_at(b), m = f16_at(b + 2);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fadd(fmul(d, (float)(q[k] | (((qh >> k) & 1u) << 4))), m);
+}
+
+// 2-bit planes of the 256-element types (Q2_K, Q3_K, TQ2_0): element e = 128c + 32k + l is bits 2k of byte 32c + l
+__device__ __forceinline__ void crumbs8(const u8* qs, int g, u32 (&q)[8]) {
+    const int e = 8 * g, c = e >> 7, k = (e >> 5) & 3, l = e & 31;
+    const uint2 v = ld64(qs + 32 * c + l);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) q[j] = (byte_of(v, j) >> (2 * k)) & 3u;
+}
+
+template <> __device__ __forceinline__ void decode8<T_Q2_K>(const u8* b, int g, float (&w)[8]) {
+    u32 q[8];
+    crumbs8(b + 16, g, q);
+    const u32 sc = ldb(b + g / 2);  // one scale byte per 16 elements
+    const float dl = fmul(f16_at(b + 80), (float)(sc & 0xfu)), ml = fmul(f16_at(b + 82), (float)(sc >> 4));
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fsub(fmul(dl, (float)q[k]), ml);
+}
+
+template <> __device__ __forceinline__ void decode8<T_Q3_K>(const u8* b, int g, float (&w)[8]) {
+    u32 q[8];
+    crumbs8(b + 32, g, q);
+    const int e = 8 * g, s = e >> 4;  // 16 six-bit scales: low 4 bits in bytes 0..7 (two per byte), high 2 in 8..11
+    const u32 lo = (ldb(b + 96 + (s & 7)) >> (4 * (s >> 3))) & 0xfu;
+    const u32 hi = (ldb(b + 96 + 8 + (s & 3)) >> (2 * (s >> 2))) & 3u;
+    const float dl = fmul(f16_at(b + 108), (float)((int)(lo | (hi << 4)) - 32));
+    const uint2 hm = ld64(b + (e & 31));  // hmask: bit e / 32 of byte e % 32
+    const int bit = e >> 5;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int h = (byte_of(hm, k) >> bit) & 1;
+        w[k] = fmul(dl, (float)((int)q[k] - (h ? 0 : 4)));
+    }
+}
+
+// Q4_K / Q5_K: 8 six-bit scales and mins of the 32-element sub-blocks, packed in 12 bytes
+__device__ __forceinline__ void k_scale_min(const u8* s12, int j, u32& sc, u32& m) {
+    if (j < 4) {
+        sc = ldb(s12 + j) & 63u;
+        m = ldb(s12 + 4 + j) & 63u;
+    } else {
+        const u32 md = ldb(s12 + 8 + (j - 4));
+        sc = (md & 0xfu) | ((ldb(s12 + j - 4) >> 2) & 0x30u);
+        m = (md >> 4) | ((ldb(s12 + j) >> 2) & 0x30u);
+    }
+}
+
+template <> __device__ __forceinline__ void decode8<T_Q4_K>(const u8* b, int g, float (&w)[8]) {
+    const int e = 8 * g, j = e >> 5, l = e & 31;
+    u32 sc, m;
+    k_scale_min(b + 4, j, sc, m);
+    const float dl = fmul(f16_at(b), (float)sc), ml = fmul(f16_at(b + 2), (float)m);
+    const uint2 v = ld64(b + 16 + 32 * (j >> 1) + l);
+    const int shift = 4 * (j & 1);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fsub(fmul(dl, (float)((byte_of(v, k) >> shift) & 0xfu)), ml);
+}
+
+template <> __device__ __forceinline__ void decode8<T_Q5_K>(const u8* b, int g, float (&w)[8]) {
+    const int e = 8 * g, j = e >> 5, l = e & 31;
+    u32 sc, m;
+    k_scale_min(b + 4, j, sc, m);
+    const float dl = fmul(f16_at(b), (float)sc), ml = fmul(f16_at(b + 2), (float)m);
+    const uint2 v = ld64(b + 48 + 32 * (j >> 1) + l), h = ld64(b + 16 + l);
+    const int shift = 4 * (j & 1);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const u32 q = ((byte_of(v, k) >> shift) & 0xfu) | (((byte_of(h, k) >> j) & 1u) << 4);
+        w[k] = fsub(fmul(dl, (float)q), ml);
+    }
+}
+
+template <> __device__ __forceinline__ void decode8<T_Q6_K>(const u8* b, int g, float (&w)[8]) {
+    const int e = 8 * g, c = e >> 7, r = e & 127;  // ql: e = 128c + 64h + l64; qh: e = 128c + 32k + l
+    const uint2 lo = ld64(b + 64 * c + (r & 63)), hi = ld64(b + 128 + 32 * c + (r & 31));
+    const int lshift = 4 * (r >> 6), hshift = 2 * (r >> 5);
+    const float dl = fmul(f16_at(b + 208), (float)(signed char)ldb(b + 192 + (e >> 4)));
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const int q = (int)(((byte_of(lo, k) >> lshift) & 0xfu) | (((byte_of(hi, k) >> hshift) & 3u) << 4)) - 32;
+        w[k] = fmul(dl, (float)q);
+    }
+}
+
+// i-quants: grid entries and signs; w = (db * grid value) * sign, as gguf
+__device__ __forceinline__ void grid8_signed(float db, unsigned long long entry, u32 signs, float (&w)[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const float v = fmul(db, (float)((entry >> (8 * k)) & 0xffu));
+        w[k] = (signs >> k) & 1u ? -v : v;
+    }
+}
+
+__device__ __forceinline__ void grid4x2_signed(float db, u32 e0, u32 e1, u32 signs, float (&w)[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const float v = fmul(db, (float)(((k < 4 ? e0 : e1) >> (8 * (k & 3))) & 0xffu));
+        w[k] = (signs >> k) & 1u ? -v : v;
+    }
+}
+
+// db = d * (0.5 + s) * 0.25 (IQ2_*) evaluated as gguf: (d * (0.5 + s)) * 0.25
+__device__ __forceinline__ float iq2_db(float d, u32 s) { return fmul(fmul(d, 0.5f + (float)s), 0.25f); }
+
+#if defined(QGRID_N)
+template <> __device__ __forceinline__ void decode8<T_IQ2_XXS>(const u8* b, int g, float (&w)[8]) {
+    const int ib = g >> 2, l = g & 3;
+    const u32 aux0 = ld32(b + 2 + 8 * ib), aux1 = ld32(b + 2 + 8 * ib + 4);
+    const float db = iq2_db(f16_at(b), aux1 >> 28);
+    grid8_signed(db, __ldg(QGRID + ((aux0 >> (8 * l)) & 0xffu)), ksign((aux1 >> (7 * l)) & 127u), w);
+}
+
+template <> __device__ __forceinline__ void decode8<T_IQ2_XS>(const u8* b, int g, float (&w)[8]) {
+    const u32 q = ld16(b + 2 + 2 * g);
+    const float db = iq2_db(f16_at(b), (ldb(b + 66 + (g >> 2)) >> (4 * ((g >> 1) & 1))) & 0xfu);
+    grid8_signed(db, __ldg(QGRID + (q & 511u)), ksign(q >> 9), w);
+}
+
+template <> __device__ __forceinline__ void decode8<T_IQ2_S>(const u8* b, int g, float (&w)[8]) {
+    const u32 id = ldb(b + 2 + g) | (((ldb(b + 66 + (g >> 2)) >> (2 * (g & 3))) & 3u) << 8);
+    const float db = iq2_db(f16_at(b), (ldb(b + 74 + (g >> 2)) >> (4 * ((g >> 1) & 1))) & 0xfu);
+    grid8_signed(db, __ldg(QGRID + id), ldb(b + 34 + g), w);
+}
+
+template <> __device__ __forceinline__ void decode8<T_IQ3_XXS>(const u8* b, int g, float (&w)[8]) {
+    const int ib = g >> 2, l = g & 3;
+    const u32 aux = ld32(b + 66 + 4 * ib);
+    const float db = fmul(fmul(f16_at(b), 0.5f + (float)(aux >> 28)), 0.5f);
+    const u32 ids = ld16(b + 2 + 8 * ib + 2 * l);
+    grid4x2_signed(db, __ldg(QGRID + (ids & 0xffu)), __ldg(QGRID + (ids >> 8)), ksign((aux >> (7 * l)) & 127u), w);
+}
+
+template <> __device__ __forceinline__ void decode8<T_IQ3_S>(const u8* b, int g, float (&w)[8]) {
+    const u32 ids = ld16(b + 2 + 2 * g), qh = ldb(b + 66 + (g >> 2));
+    const u32 id0 = (ids & 0xffu) | (((qh >> (2 * (g & 3))) & 1u) << 8);
+    const u32 id1 = (ids >> 8) | (((qh >> (2 * (g & 3) + 1)) & 1u) << 8);
+    const u32 s = (ldb(b + 106 + (g >> 3)) >> (4 * ((g >> 2) & 1))) & 0xfu;
+    const float db = fmul(f16_at(b), (float)(1 + 2 * s));
+    grid4x2_signed(db, __ldg(QGRID + id0), __ldg(QGRID + id1), ldb(b + 74 + g), w);
+}
+
+// IQ1: grid values -1, 0, 1 (int8 bytes), w = dl * (grid + delta)
+__device__ __forceinline__ void grid8_delta(float dl, unsigned long long entry, float delta, float (&w)[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fmul(dl, fadd((float)(signed char)((entry >> (8 * k)) & 0xffu), delta));
+}
+
+template <> __device__ __forceinline__ void decode8<T_IQ1_S>(const u8* b, int g, float (&w)[8]) {
+    const int ib = g >> 2, l = g & 3;
+    const u32 qh = ld16(b + 34 + 2 * ib);
+    const float dl = fmul(f16_at(b), (float)(2 * ((qh >> 12) & 7u) + 1));
+    const float delta = (qh & 0x8000u) ? -0.125f : 0.125f;
+    grid8_delta(dl, __ldg(QGRID + (ldb(b + 2 + g) | (((qh >> (3 * l)) & 7u) << 8))), delta, w);
+}
+
+template <> __device__ __forceinline__ void decode8<T_IQ1_M>(const u8* b, int g, float (&w)[8]) {
+    const uint2 sc = ld64(b + 48);  // four u16 scale words; their top nibbles are the fp16 d
+    const u32 w0 = sc.x & 0xffffu, w1 = sc.x >> 16, w2 = sc.y & 0xffffu, w3 = sc.y >> 16;
+    const u32 dbits = (w0 >> 12) | ((w1 >> 12) << 4) | ((w2 >> 12) << 8) | ((w3 >> 12) << 12);
+    const int si = g >> 1;  // one 3-bit scale per 16 elements: word si / 4, bits 3 * (si % 4)
+    const u32 word = si < 8 ? (si < 4 ? w0 : w1) : (si < 12 ? w2 : w3);
+    const float dl = fmul(f16_bits_to_float((u16)dbits), (float)(2 * ((word >> (3 * (si & 3))) & 7u) + 1));
+    const u32 qh = (ldb(b + 32 + (g >> 1)) >> (4 * (g & 1))) & 0xfu;
+    const float delta = (qh & 8u) ? -0.125f : 0.125f;
+    grid8_delta(dl, __ldg(QGRID + (ldb(b + g) | ((qh & 7u) << 8))), delta, w);
+}
+#endif  // QGRID_N
+
+#if defined(QKVALUES)
+template <> __device__ __forceinline__ void decode8<T_IQ4_NL>(const u8* b, int g, float (&w)[8]) {
+    u32 q[8];
+    nibbles8(b + 2, g, q);
+    const float d = f16_at(b);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fmul(d, (float)QKVALUES[q[k]]);
+}
+
+template <> __device__ __forceinline__ void decode8<T_IQ4_XS>(const u8* b, int g, float (&w)[8]) {
+    const int ib = g >> 2, half = (g >> 1) & 1;  // sub-block of 32: 16 bytes, low nibbles then high nibbles
+    const u32 ls = ((ldb(b + 4 + (ib >> 1)) >> (4 * (ib & 1))) & 0xfu) | (((ld16(b + 2) >> (2 * ib)) & 3u) << 4);
+    const float dl = fmul(f16_at(b), (float)((int)ls - 32));
+    const uint2 v = ld64(b + 8 + 16 * ib + 8 * (g & 1));
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fmul(dl, (float)QKVALUES[(byte_of(v, k) >> (4 * half)) & 0xfu]);
+}
+
+// MXFP4: e8m0 scale 2^(e - 128) (gguf's e8m0_to_fp32_half), doubled e2m1 values
+template <> __device__ __forceinline__ void decode8<T_MXFP4>(const u8* b, int g, float (&w)[8]) {
+    const u32 e = ldb(b);
+    const float d = __uint_as_float(e < 2 ? (0x00200000u << e) : ((e - 1) << 23));
+    u32 q[8];
+    nibbles8(b + 1, g, q);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fmul(d, (float)QKVALUES[q[k]]);
+}
+
+// NVFP4: 4 sub-blocks of 16, each an unsigned e4m3 scale (halved: the doubled e2m1 table) and 8 bytes of nibbles
+template <> __device__ __forceinline__ void decode8<T_NVFP4>(const u8* b, int g, float (&w)[8]) {
+    const int s = g >> 1;
+    const u32 x = ldb(b + s), ex = (x >> 3) & 0xfu, man = x & 7u;
+    float d = ex == 0 ? fmul((float)man, 0.001953125f) : fmul(1.0f + (float)man / 8.0f, ldexpf(1.0f, (int)ex - 7));
+    d = (x == 0 || x == 0x7f) ? 0.0f : fmul(d, 0.5f);
+    const uint2 v = ld64(b + 4 + 8 * s);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fmul(d, (float)QKVALUES[(byte_of(v, k) >> (4 * (g & 1))) & 0xfu]);
+}
+#endif  // QKVALUES
+
+// TQ1_0: base-3 digits; byte v holds digit k as ((v * 3^k mod 256) * 3) >> 8
+__device__ __forceinline__ int tq1_digit(u32 v, int k) {
+    const u32 pow3[5] = {1, 3, 9, 27, 81};
+    return (int)((((v * pow3[k]) & 0xffu) * 3u) >> 8) - 1;
+}
+
+template <> __device__ __forceinline__ void decode8<T_TQ1_0>(const u8* b, int g, float (&w)[8]) {
+    const float d = f16_at(b + 52);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int e = 8 * g + j;
+        int byte, k;
+        if (e < 160) { byte = e & 31; k = e >> 5; }                      // qs[0..31], 5 digits each
+        else if (e < 240) { byte = 32 + ((e - 160) & 15); k = (e - 160) >> 4; }  // qs[32..47]
+        else { byte = 48 + ((e - 240) & 3); k = (e - 240) >> 2; }        // qh[0..3], 4 digits each
+        w[j] = fmul(d, (float)tq1_digit(ldb(b + byte), k));
+    }
+}
+
+template <> __device__ __forceinline__ void decode8<T_TQ2_0>(const u8* b, int g, float (&w)[8]) {
+    u32 q[8];
+    crumbs8(b, g, q);
+    const float d = f16_at(b + 64);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = fmul(d, (float)((int)q[k] - 1));
+}

@@ -1,0 +1,96 @@
+"""CuPy launchers of kernels/gemv_quant.cu: the dense and grouped-expert GEMVs and the row gather of the GGUF block
+types other than Q8_0 (K-quants, i-quants, legacy 4/5-bit, TQ, FP4), one compiled module per type
+("gemv_quant.<type>", compile.source). launch_gemv.launch_gemv, launch_moe and launch_embed.gather_rows hand these
+types here after their own checks; the numpy references are theirs (ops/gemv.gemv, ops/moe.routed_experts_raw,
+ops/embed.gather_rows), over model/quants.dequantize.
+
+Legend: T window rows, n_in / n_out GEMV widths, J (row, slot) entries of the MoE, N gathered rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import compile as nvrtc
+from . import launch_util as U
+from .quant_source import TYPES, variant
+
+QSTEP = 256  # input elements per warp step (kernels/gemv_quant.cu)
+QROWS = {1: 4, 2: 4, 4: 4, 8: 2, 16: 2}  # output rows per warp by window bucket (QROWS(NT) in the kernel)
+QUANT_TARGET_WARPS = 4096  # split K until a launch has about this many warps ...
+QUANT_MIN_STEPS = 1  # ... but leave every warp at least this many 256-element steps
+GATHER_BLOCK = 256
+
+
+def handles(ggml_type: int) -> bool:
+    """This module launches the type (every block type but Q8_0)."""
+    return ggml_type in TYPES
+
+
+def _kernel(ggml_type: int, function: str):
+    return nvrtc.kernel(f"gemv_quant.{variant(ggml_type)}", function)
+
+
+def quant_split(n_out: int, n_in: int, T: int = 1, n_matrices: int = 1, max_z: int = 1) -> tuple[int, int]:
+    """(ksplit, zsplit): warps of a block and blocks along grid z sharing one row group's input axis."""
+    warps = -(-n_out // QROWS[U.nt_bucket(T)]) * n_matrices
+    steps = -(-n_in // QSTEP)
+    split = 1
+    while split < U.GEMV_WARPS * max_z and warps * split < QUANT_TARGET_WARPS and steps >= 2 * split * QUANT_MIN_STEPS:
+        split *= 2
+    ksplit = min(split, U.GEMV_WARPS)
+    zsplit = split // ksplit
+    if zsplit > 1 and n_out > 2048:
+        zsplit = 1
+    return ksplit, zsplit
+
+
+def _check_x(x) -> None:
+    if U.data_ptr(x) % 16:
+        raise ValueError("x: data not 16-byte aligned (the quantized GEMVs read x as float4)")
+
+
+def launch_gemv_quant(w, ggml_type: int, n_in: int, x, y, work, *, act: int = U.ACT_NONE, div: float = 1.0,
+                      mul=None, mul_strides: tuple[int, int] = (0, 0)) -> None:
+    """y [T, n_out] = act(x [T, n_in] @ W^T / div) * mul; arguments checked by launch_gemv. `work`: a z-split
+    launch's SplitK (launch_gemv makes one when None)."""
+    T, n_out = y.shape
+    _check_x(x)
+    max_z = U.GEMV_MAX_ZSPLIT if T <= U.GEMV_MAXT else 1
+    ksplit, zsplit = quant_split(n_out, n_in, T, max_z=max_z)
+    rpw = QROWS[U.nt_bucket(T)]
+    grid, block = U.gemv_grid(n_out, T, ksplit, zsplit, rpw=rpw)
+    partial = tile_done = None
+    if zsplit > 1:
+        from .launch_gemv import ZSPLIT_TILES, SplitK
+
+        if grid[0] * grid[1] > ZSPLIT_TILES:
+            raise ValueError(f"y: a z-split launch of {grid[0] * grid[1]} tiles exceeds {ZSPLIT_TILES}")
+        work = (work or SplitK.empty()).check()
+        partial, tile_done = work.partial, work.tile_done
+    _kernel(ggml_type, f"qgemv_t{U.nt_bucket(T)}")(grid, block, (
+        w, np.int64(U.row_stride(ggml_type, n_in)), x, np.int32(n_in), y, np.int32(n_out), np.int32(T),
+        np.int32(ksplit), np.int32(act), np.float32(div), U.null_or(mul), np.int32(mul_strides[0]),
+        np.int32(mul_strides[1]), U.null_or(partial), U.null_or(tile_done)))
+
+
+def launch_expert_gemv_quant(w, ggml_type: int, expert_stride: int, n_expert: int, groups, T: int, x, x_div: int,
+                             n_in: int, y, *, act: int = U.ACT_NONE, mul=None,
+                             mul_strides: tuple[int, int] = (0, 0)) -> None:
+    """y [J, n_out]: entry j = its group's expert applied to x row j // x_div (groups from moe_group); arguments
+    checked by launch_moe."""
+    J, n_out = y.shape
+    _check_x(x)
+    g_expert, g_count, g_entries = groups
+    ksplit, _ = quant_split(n_out, n_in, T, n_matrices=J)
+    grid, block = U.expert_grid(n_out, J, ksplit, rpw=QROWS[U.nt_bucket(T)])
+    _kernel(ggml_type, f"qgemv_expert_t{U.nt_bucket(T)}")(grid, block, (
+        w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert, g_count,
+        g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), np.int32(act),
+        np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
+
+
+def launch_gather_quant(rows, table, ggml_type: int, row_len: int, out) -> None:
+    """out [N, row_len]: table rows rows [N] (int64) dequantized exactly; arguments checked by gather_rows."""
+    _kernel(ggml_type, "qgather_rows")((int(rows.size), 1, 1), (GATHER_BLOCK, 1, 1), (
+        rows, table, np.int64(U.row_stride(ggml_type, row_len)), out, np.int32(row_len)))

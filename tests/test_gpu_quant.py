@@ -1,0 +1,161 @@
+"""kernels/gemv_quant.cu (launch_quant, reached through launch_gemv, launch_moe and launch_embed) against the numpy
+references over gguf.quants' dequantization, for every block type on odd shapes, T = 1..16, dense and expert-strided;
+graph replay equal to eager; and the tiny-c fixture's llama-quantize files on the GPU engine against the numpy
+engine (skipped without a GPU, the fixture tests also without the fixture).
+
+Weights are valid random blocks with realistic scales (synth/blocks.py); every output is NaN-poisoned first.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_helpers import assert_close, poisoned, to_dev
+
+from strata_cli.gpu.quant_source import TYPES
+from strata_cli.model import quants as Q
+from strata_cli.ops import gemv as ref
+from strata_cli.ops import moe
+from strata_cli.synth.blocks import random_tensor
+
+pytestmark = pytest.mark.gpu
+
+IDS = [Q.TYPE_NAMES[t] for t in TYPES]
+
+
+def _widths(ggml_type):
+    """Odd input widths: one block, a step and a half, several steps (QK 32, 64 or 256)."""
+    qk = Q.BLOCK[ggml_type][0]
+    return sorted({qk, 3 * qk, 640 if 640 % qk == 0 else 5 * qk, 1280 if qk < 256 else 2304})
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+@pytest.mark.parametrize("n_out", (1, 5, 67))
+def test_gemv_every_type_matches_reference(ggml_type, n_out):
+    from strata_cli.gpu import launch_gemv
+
+    rng = np.random.default_rng(100 * ggml_type + n_out)
+    for n_in in _widths(ggml_type):
+        w = random_tensor(rng, ggml_type, (n_out, n_in), 0.05)
+        w_dev = to_dev(w)
+        for T in range(1, 17):
+            x = rng.standard_normal((T, n_in)).astype(np.float32)
+            got = launch_gemv.gemv(w_dev, ggml_type, n_in, to_dev(x), out=poisoned((T, n_out)))
+            assert_close(f"gemv {Q.TYPE_NAMES[ggml_type]} n_in={n_in} T={T}", ref.gemv(w, ggml_type, n_in, x), got,
+                         floor=0.05)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+def test_gemv_epilogue_and_zsplit(ggml_type):
+    """A 3-row matrix with a long input axis splits over grid z; silu(W.x / 2) * mul runs in the epilogue."""
+    from strata_cli.gpu import launch_gemv
+    from strata_cli.gpu import launch_util as U
+    from strata_cli.gpu.launch_quant import quant_split
+
+    rng = np.random.default_rng(ggml_type)
+    n_out, n_in, T = 3, 10240, 5
+    assert quant_split(n_out, n_in, T, max_z=U.GEMV_MAX_ZSPLIT)[1] > 1
+    w = random_tensor(rng, ggml_type, (n_out, n_in), 0.02)
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    mul = rng.standard_normal((T, n_out)).astype(np.float32)
+    y = poisoned((T, n_out))
+    launch_gemv.launch_gemv(to_dev(w), ggml_type, n_in, to_dev(x), y, None, act=U.ACT_SILU, div=2.0,
+                            mul=to_dev(mul), mul_strides=(n_out, 1))
+    z = ref.gemv(w, ggml_type, n_in, x) / 2.0
+    assert_close(f"zsplit {Q.TYPE_NAMES[ggml_type]}", z / (1.0 + np.exp(-z)) * mul, y, floor=0.05)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+@pytest.mark.parametrize("K", (1, 4))
+def test_routed_experts_every_type(ggml_type, K):
+    from strata_cli.gpu import launch_moe
+
+    rng = np.random.default_rng(10 * ggml_type + K)
+    E, F, D = 7, 512, 256  # F and D hold whole blocks of every type; experts sit expert_stride bytes apart
+    types = (ggml_type,) * 3
+    gate = random_tensor(rng, ggml_type, (E, F, D), 0.06)
+    up = random_tensor(rng, ggml_type, (E, F, D), 0.06)
+    down = random_tensor(rng, ggml_type, (E, D, F), 0.04)
+    dev = [to_dev(a) for a in (gate, up, down)]
+    for T in (1, 2, 3, 5, 8, 11, 16):
+        x = rng.standard_normal((T, D)).astype(np.float32)
+        ids, w = moe.router_topk(rng.standard_normal((T, E)).astype(np.float32), K)
+        want = moe.routed_experts_raw(x, ids, w, gate, up, down, types)
+        got = launch_moe.routed_experts(to_dev(x), to_dev(ids), to_dev(w), *dev, types, out=poisoned((T, D)))
+        assert_close(f"routed_experts {Q.TYPE_NAMES[ggml_type]} T={T} K={K}", want, got, floor=0.05)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+def test_gather_rows_bit_exact(ggml_type):
+    from strata_cli.gpu import launch_embed
+
+    rng = np.random.default_rng(ggml_type)
+    row_len = 2 * Q.BLOCK[ggml_type][0] + (Q.BLOCK[ggml_type][0] if Q.BLOCK[ggml_type][0] < 256 else 0)
+    table = random_tensor(rng, ggml_type, (50, row_len), 1.0)
+    rows = rng.integers(0, 50, (7, 3)).astype(np.int64)
+    want = Q.dequantize(table[rows.reshape(-1)], ggml_type).reshape(7, -1)
+    got = launch_embed.gather_rows(to_dev(rows), to_dev(table), ggml_type, row_len, out=poisoned((7, 3 * row_len)))
+    np.testing.assert_array_equal(got.get(), want)
+
+
+@pytest.mark.parametrize("ggml_type", (Q.Q4_K, Q.IQ2_XS, Q.Q5_0, Q.IQ1_M, Q.NVFP4), ids=lambda t: Q.TYPE_NAMES[t])
+def test_graph_replay_is_bit_identical_to_eager(ggml_type):
+    """A z-split dense GEMV and the grouped expert GEMVs captured in one graph replay to the eager bits."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_gemv, launch_moe
+    from strata_cli.gpu.graphs import CapturedGraph, new_stream
+
+    rng = np.random.default_rng(9 + ggml_type)
+    T, K, E, F, D = 5, 3, 6, 512, 10240
+    w_dense = to_dev(random_tensor(rng, ggml_type, (32, D), 0.02))
+    experts = [to_dev(random_tensor(rng, ggml_type, s, 0.03)) for s in ((E, F, D), (E, F, D), (E, D, F))]
+    x = to_dev(rng.standard_normal((T, D)).astype(np.float32))
+    ids, w = (to_dev(a) for a in moe.router_topk(rng.standard_normal((T, E)).astype(np.float32), K))
+    y, out = cp.empty((T, 32), cp.float32), cp.empty((T, D), cp.float32)
+    scratch = launch_moe.MoeScratch.empty(T * K, F, D)
+    split = launch_gemv.SplitK.empty()
+    types = (ggml_type,) * 3
+
+    def record(stream):
+        launch_gemv.gemv(w_dense, ggml_type, D, x, out=y, split=split, stream=stream)
+        launch_moe.routed_experts(x, ids, w, *experts, types, out=out, scratch=scratch, stream=stream)
+
+    stream = new_stream()
+    cp.cuda.Device().synchronize()
+    record(stream)
+    stream.synchronize()
+    eager_y, eager_out = y.get(), out.get()
+    graph = CapturedGraph(record, stream)
+    for _ in range(3):
+        y.fill(np.nan)
+        out.fill(np.nan)
+        cp.cuda.Device().synchronize()
+        graph.launch()
+        stream.synchronize()
+        np.testing.assert_array_equal(y.get(), eager_y)
+        np.testing.assert_array_equal(out.get(), eager_out)
+    assert not np.isnan(eager_y).any() and not np.isnan(eager_out).any()
+    graph.destroy()
+
+
+@pytest.mark.parametrize("kind", ["q4_k_m", "q3_k_m", "iq3_s", "iq2_xs"])
+def test_fixture_quantized_files_gpu_vs_numpy(fixture_c_dir, kind):
+    """llama-quantize's files: the GPU engine (graphs, random windows, partial commits) against the numpy engine."""
+    from spec_windows import speculative_run
+
+    from strata_cli.engine.gpu import GPUEngine
+    from strata_cli.engine.reference import ReferenceEngine
+    from strata_cli.model.gguf_file import open_model
+    from strata_cli.ops.basic import log_softmax64
+
+    model = open_model(fixture_c_dir / f"model-{kind}.gguf")
+    tokens = np.load(fixture_c_dir / "reference.npz")["tokens"]
+    want = ReferenceEngine(model).run(tokens, 0)
+    got, got_ids = speculative_run(GPUEngine(model), tokens, np.random.default_rng(5), 16)
+    rows = np.arange(len(tokens) - 1)
+    delta = np.abs(log_softmax64(got)[rows, tokens[1:]] - log_softmax64(want.logits)[rows, tokens[1:]])
+    assert delta.max() <= 2e-3, f"{kind}: max |dlogprob(target)| {delta.max():.2e} at {delta.argmax()}"
+    rel = float(np.abs(got - want.logits).max() / np.abs(want.logits).max())
+    assert rel <= 2e-3, f"{kind}: max relative logit error {rel:.2e}"
+    np.testing.assert_array_equal(got_ids, want.ids)

@@ -1,0 +1,103 @@
+"""The device decoders of kernels/quant_decode.cuh, compiled for the CPU with the host C++ compiler (strict IEEE
+float, no contraction), against gguf.quants.dequantize bit for bit on random blocks of every type: the decoders of
+the GPU GEMVs checked in CI, where no GPU is (skipped without a C++ compiler)."""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as GT
+from gguf import quants as gq
+
+from strata_cli.gpu import quant_source as S
+from strata_cli.gpu.compile import kernels_dir
+from strata_cli.model import quants as Q
+from strata_cli.synth.blocks import random_tensor
+
+# Stand-ins for the CUDA intrinsics quant_decode.cuh uses; f16 decoded in software.
+SHIM = r"""
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#define QUANT_DECODE_HOST 1
+#define __device__
+#define __forceinline__ inline
+#define __restrict__
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+struct uint2 { u32 x, y; };
+static inline uint2 make_uint2(u32 x, u32 y) { uint2 v; v.x = x; v.y = y; return v; }
+template <class T> static inline T __ldg(const T* p) { T v; std::memcpy(&v, p, sizeof v); return v; }
+static inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+static inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+static inline int __popc(u32 x) { return __builtin_popcount(x); }
+static inline float __uint_as_float(u32 u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline float f16_bits_to_float(u16 h) {
+    const u32 sign = (u32)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
+    u32 bits;
+    if (e == 31) bits = sign | 0x7f800000u | (m << 13);
+    else if (e) bits = sign | ((e + 112) << 23) | (m << 13);
+    else if (!m) bits = sign;
+    else { float f = std::ldexp((float)m, -24); std::memcpy(&bits, &f, 4); bits |= sign; }
+    return __uint_as_float(bits);
+}
+"""
+HARNESS = r"""
+#include "quant_decode.cuh"
+extern "C" void decode_blocks(const u8* blocks, long n_blocks, float* out) {
+    typedef QBlock<QTYPE> QB;
+    for (long b = 0; b < n_blocks; ++b)
+        for (int g = 0; g < QB::qk / 8; ++g) {
+            float w[8];
+            decode8<QTYPE>(blocks + b * QB::bytes, g, w);
+            for (int k = 0; k < 8; ++k) out[b * QB::qk + 8 * g + k] = w[k];
+        }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def cxx():
+    for name in ("c++", "g++", "clang++"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.skip("no C++ compiler")
+
+
+def _decoder(cxx, tmp_path, ggml_type):
+    src = tmp_path / f"decode_{S.variant(ggml_type)}.cpp"
+    lib = src.with_suffix(".so")
+    src.write_text(SHIM + S.prefix(S.variant(ggml_type)) + HARNESS)
+    cmd = [cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC",
+           f"-I{kernels_dir()}", "-o", str(lib), str(src)]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    fn = ctypes.CDLL(str(lib)).decode_blocks
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
+    return fn
+
+
+@pytest.mark.parametrize("ggml_type", S.TYPES, ids=[S.variant(t) for t in S.TYPES])
+def test_device_decoder_is_bit_identical_to_gguf(cxx, tmp_path, ggml_type):
+    decode = _decoder(cxx, tmp_path, ggml_type)
+    elems, size = Q.BLOCK[ggml_type]
+    rng = np.random.default_rng(ggml_type)
+    n_blocks = 4096 // elems * 4
+    real = random_tensor(rng, ggml_type, (n_blocks * elems,), 0.05).reshape(n_blocks, size)
+    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)  # any bit pattern: NaN / inf scales too
+    for blocks in (real, raw):
+        blocks = np.ascontiguousarray(blocks)
+        got = np.empty(n_blocks * elems, np.float32)
+        decode(blocks.ctypes.data, n_blocks, got.ctypes.data)
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = gq.dequantize(blocks.reshape(-1), GT(ggml_type))
+        np.testing.assert_array_equal(got.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)])
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))

@@ -1,0 +1,54 @@
+"""kernels/gemv_quant.cu compiles with NVRTC for sm_90 for every block type, on CPU; its generated tables are
+gguf.quants' (skipped without cuda-bindings / NVRTC, like tests/test_kernels_compile.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import quants as gq
+
+from strata_cli.gpu import quant_source as S
+from strata_cli.gpu.compile import compile_check
+from strata_cli.model import quants as Q
+
+
+@pytest.fixture(scope="module")
+def nvrtc_available():
+    nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
+    try:
+        ret = nvrtc.nvrtcVersion()
+    except Exception as exc:
+        pytest.skip(f"NVRTC library not found: {type(exc).__name__}: {exc}".splitlines()[0])
+    if int(ret[0]) != 0:
+        pytest.skip(f"NVRTC unusable: {ret[0]}")
+
+
+@pytest.mark.parametrize("ggml_type", S.TYPES, ids=[S.variant(t) for t in S.TYPES])
+def test_gemv_quant_compiles_for_sm90(nvrtc_available, ggml_type):
+    compile_check(f"gemv_quant.{S.variant(ggml_type)}")
+
+
+def test_ksigns_formula_is_ggufs_table():
+    """quant_decode.cuh computes ksigns[i] = i | parity(i) << 7 instead of carrying gguf's 128-byte table."""
+    table = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)
+    formula = [i | ((bin(i).count("1") & 1) << 7) for i in range(128)]
+    assert table.tolist() == formula
+
+
+@pytest.mark.parametrize("ggml_type", S.GRID_TYPES, ids=[S.variant(t) for t in S.GRID_TYPES])
+def test_emitted_grid_is_ggufs(ggml_type):
+    head = S.prefix(S.variant(ggml_type))
+    body = head[head.index("QGRID[") :]
+    entries = [int(v.strip().rstrip("ul"), 16) for v in body[body.index("{") + 1 : body.index("}")].split(",")]
+    grid = S.grid_values(ggml_type)
+    assert len(entries) == grid.shape[0]
+    width = grid.shape[1]
+    unpacked = np.array([[(e >> (8 * k)) & 0xFF for k in range(width)] for e in entries])
+    np.testing.assert_array_equal(unpacked.astype(np.uint8).view(np.int8) if ggml_type in (Q.IQ1_S, Q.IQ1_M)
+                                  else unpacked, grid)
+    assert f"#define QTYPE {ggml_type}\n" in head
+
+
+def test_unknown_variant_is_one_clear_error():
+    with pytest.raises(ValueError, match="no variant 'q8_0'"):
+        S.prefix("q8_0")
