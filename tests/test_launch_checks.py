@@ -127,7 +127,8 @@ def test_launchers_reject_bad_arguments_before_touching_the_device():
                                 np.zeros((1, 3), np.float32), split)
     with pytest.raises(ValueError, match=r"^scratch.values: shape"):
         launch_sampling.argmax_rows(np.zeros((2, 9), np.float32), out=np.zeros(2, np.int32),
-                                    scratch=launch_sampling.ArgmaxScratch(np.zeros(3, np.float32), np.zeros(3, np.int32)))
+                                    scratch=launch_sampling.ArgmaxScratch(np.zeros(3, np.float32), np.zeros(3, np.int32),
+                                                                          np.zeros(3, np.int32), np.zeros(3, np.int32)))
 
 
 def _source(name):

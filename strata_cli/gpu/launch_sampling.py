@@ -22,19 +22,24 @@ SAMPLE_BLOCK = 256  # kernels/sampling.cu sample_rows' shared arrays
 
 @dataclass
 class ArgmaxScratch:
-    """Stage-1 partials of argmax_rows: values [GEMV_MAXT * ARGMAX_MAX_PARTS] f32 and ids (int32)."""
+    """Stage-1 partials of argmax_rows: values [GEMV_MAXT * ARGMAX_MAX_PARTS] f32, ids and non-finite flags (int32),
+    and row_bad [GEMV_MAXT] int32, where the per-row non-finite flags go when the caller gives no `nonfinite`."""
 
     values: object
     ids: object
+    bad: object
+    row_bad: object
 
     @classmethod
     def empty(cls) -> "ArgmaxScratch":
         n = U.GEMV_MAXT * ARGMAX_MAX_PARTS
-        return cls(empty((n,), np.float32), empty((n,), np.int32))
+        return cls(empty((n,), np.float32), empty((n,), np.int32), empty((n,), np.int32),
+                   empty((U.GEMV_MAXT,), np.int32))
 
 
-def argmax_rows(logits, out=None, scratch: ArgmaxScratch | None = None, stream=None):
-    """logits [T, V] f32 -> ids [T] int32, ties -> lower id (NaN logits are never picked)."""
+def argmax_rows(logits, out=None, scratch: ArgmaxScratch | None = None, stream=None, nonfinite=None):
+    """logits [T, V] f32 -> ids [T] int32, ties -> lower id (NaN logits are never picked). The same pass writes
+    nonfinite [T] int32 (1 where the row holds a NaN/Inf; default: scratch.row_bad), as ops.sampling.nonfinite_rows."""
     with U.on_stream(stream):
         U.check_array("logits", logits, np.float32, (None, None))
         T, V = logits.shape
@@ -49,9 +54,14 @@ def argmax_rows(logits, out=None, scratch: ArgmaxScratch | None = None, stream=N
         n = U.GEMV_MAXT * ARGMAX_MAX_PARTS
         U.check_array("scratch.values", s.values, np.float32, (n,))
         U.check_array("scratch.ids", s.ids, np.int32, (n,))
+        U.check_array("scratch.bad", s.bad, np.int32, (n,))
+        U.check_array("scratch.row_bad", s.row_bad, np.int32, (U.GEMV_MAXT,))
+        flags = s.row_bad[:T] if nonfinite is None else nonfinite
+        U.check_array("nonfinite", flags, np.int32, (T,))
         nvrtc.kernel("sampling", "argmax_partial")((parts, T, 1), (256, 1, 1), (
-            logits, np.int32(V), np.int32(chunk), s.values, s.ids))
-        nvrtc.kernel("sampling", "argmax_rows")((T, 1, 1), (256, 1, 1), (s.values, s.ids, np.int32(parts), out))
+            logits, np.int32(V), np.int32(chunk), s.values, s.ids, s.bad))
+        nvrtc.kernel("sampling", "argmax_rows")((T, 1, 1), (256, 1, 1), (
+            s.values, s.ids, s.bad, np.int32(parts), out, flags))
     return out
 
 

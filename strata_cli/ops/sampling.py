@@ -48,6 +48,12 @@ def argmax_rows(logits: np.ndarray) -> np.ndarray:
     return logits.argmax(axis=1).astype(np.int32)
 
 
+def nonfinite_rows(logits: np.ndarray) -> np.ndarray:
+    """logits [T, V] -> [T] int32: 1 where the row holds a NaN or +-Inf (the flag kernels/sampling.cu's argmax
+    pass writes), else 0."""
+    return (~np.isfinite(logits)).any(axis=1).astype(np.int32)
+
+
 def sample_rows(logits: np.ndarray, positions: np.ndarray, temperature: float, seed: int) -> np.ndarray:
     """logits [T, V] -> ids [T]: argmax(logits / temperature + gumbel(seed, pos)); greedy when temperature <= 0."""
     if temperature <= 0:

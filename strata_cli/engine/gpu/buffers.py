@@ -58,6 +58,7 @@ class Staging:
         self.positions = MappedBuffer((max_t,), np.int32)
         self.n_keep = MappedBuffer((1,), np.int32)
         self.out_ids = MappedBuffer((max_t,), np.int32)
+        self.out_nonfinite = MappedBuffer((max_t,), np.int32)  # written by the head's argmax kernel directly
 
 
 def plan_buffers(g, n_ctx: int, M: int) -> Arena:
@@ -83,6 +84,8 @@ def plan_buffers(g, n_ctx: int, M: int) -> Arena:
     a.add("gemv_tiles", (ZSPLIT_TILES,), np.uint32)
     a.add("argmax_values", (GEMV_MAXT * ARGMAX_MAX_PARTS,))
     a.add("argmax_ids", (GEMV_MAXT * ARGMAX_MAX_PARTS,), np.int32)
+    a.add("argmax_bad", (GEMV_MAXT * ARGMAX_MAX_PARTS,), np.int32)
+    a.add("argmax_row_bad", (GEMV_MAXT,), np.int32)
     if g.gdn_layers:
         nv, nk, dk, dv = g.ssm_nv, g.ssm_nk, g.ssm_dk, g.ssm_dv
         for name, shape in [("gdn_h", (M, g.conv_dim)), ("gdn_alpha", (M, nv)), ("gdn_beta_in", (M, nv)),
@@ -136,4 +139,4 @@ def split_k(buf: dict) -> SplitK:
 
 
 def argmax_scratch(buf: dict) -> ArgmaxScratch:
-    return ArgmaxScratch(buf["argmax_values"], buf["argmax_ids"])
+    return ArgmaxScratch(buf["argmax_values"], buf["argmax_ids"], buf["argmax_bad"], buf["argmax_row_bad"])

@@ -236,7 +236,16 @@ class GPUEngine:
         self._pending, self._pos0 = T, self.n_past
         ids = self.stage.out_ids.host[:T].copy()
         host_logits = cupy().asnumpy(self.buf["logits"][:T]) if logits else None
-        return WindowResult(self._pos0, tokens, host_logits, ids)
+        return WindowResult(self._pos0, tokens, host_logits, ids, nonfinite=self._nonfinite_rows(T))
+
+    def _nonfinite_rows(self, T: int) -> str | None:
+        """The head's argmax flags (mapped memory, written by the window): where the window went non-finite.
+        The GPU engine checks only the logits; the CPU engine names the first layer and stage."""
+        bad = np.flatnonzero(self.stage.out_nonfinite.host[:T])
+        if not bad.size:
+            return None
+        return (f"the logits (window rows {', '.join(map(str, bad[:8]))}{', ...' if bad.size > 8 else ''}; the GPU "
+                "engine checks the logits only: --device cpu names the first layer and stage)")
 
     def commit(self, n_keep: int, *, eager: bool = False) -> None:
         if self._pending is None:

@@ -243,7 +243,9 @@ def _head(e, T: int, stream) -> None:
     stamp(e, e.g.n_layers, "hc-out", stream)
     _gemv(e, "output.weight", mixed, b["logits"][:T], stream)
     stamp(e, e.g.n_layers, "lm-head", stream)
-    sampling.argmax_rows(b["logits"][:T], out=b["ids"][:T], scratch=argmax_scratch(b), stream=stream)
+    # the argmax pass also flags rows holding NaN/Inf, straight into mapped host memory (no extra node)
+    sampling.argmax_rows(b["logits"][:T], out=b["ids"][:T], scratch=argmax_scratch(b), stream=stream,
+                         nonfinite=e.stage.out_nonfinite.device[:T])
     _copy(e.stage.out_ids.device, b["ids"], T * 4, stream)
     stamp(e, e.g.n_layers, "argmax", stream)  # the window's end stamp (last node)
 
