@@ -79,6 +79,55 @@ __device__ __forceinline__ void expert_group_rows(const int* g_entries, int u, i
     }
 }
 
+// Split-K inside a block (gemv.cu, gemv_q8r.cu): the ksplit warps of a set add their accumulators through shared
+// memory. Each warp stores its own (cell(r, t) = its shared slot; `writer` false skips the store), then the set's
+// first warp (kslice 0) adds the others' slots other(s, r, t), s = 1..ksplit-1. Returns whether this warp goes on
+// to write y (kslice 0). Every warp of the block must call it (it holds a barrier when ksplit > 1).
+template <int ROWS, int NT, typename Cell, typename Other>
+__device__ __forceinline__ bool ksplit_reduce(float (&acc)[ROWS][NT], int ksplit, int kslice, bool writer, Cell cell,
+                                              Other other) {
+    if (ksplit == 1) return true;
+    if (writer) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) cell(r, t) = acc[r][t];
+    }
+    __syncthreads();
+    if (kslice != 0) return false;
+    for (int s = 1; s < ksplit; ++s)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) acc[r][t] += other(s, r, t);
+    return true;
+}
+
+// The accumulate-and-store tail of the grouped expert GEMVs (gemv.cu, gemv_q8r.cu). Most groups hold one entry:
+// such a group (uniform per block) runs one accumulator per output row instead of NT. dot(acc, xr, n) adds this
+// warp's K slice of the n window rows into acc [ROWS][n] (zeroed here); store(acc, rows, n) adds up the warps and
+// writes y rows rows[0..n-1]. Every warp of the block must call it (store holds a barrier).
+template <int NT, int ROWS, typename Dot, typename Store>
+__device__ __forceinline__ void grouped_dot_store(int nt, const int (&xr)[NT], const int (&rows)[NT], Dot dot,
+                                                  Store store) {
+    if (NT > 1 && nt == 1) {
+        float acc1[ROWS][1];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) acc1[r][0] = 0.0f;
+        const int xr1[1] = {xr[0]}, rows1[1] = {rows[0]};
+        dot(acc1, xr1, 1);
+        store(acc1, rows1, 1);
+        return;
+    }
+    float acc[ROWS][NT];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    dot(acc, xr, nt);
+    store(acc, rows, nt);
+}
+
 // Split-K across the blocks of grid z, finished inside the same launch (no reduce kernel, one graph node less).
 // Every block of a tile (blockIdx.x, blockIdx.y) has written raw sums of rows o0..o0+n_rows-1, window rows
 // t0..t0+nt-1 to partial[z][t][o] (slices of T * n_out). The block counted last in tile_done[tile] adds the z
@@ -135,35 +184,34 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
     }
 }
 
+struct WarpSum {
+    __device__ __forceinline__ float operator()(float v) const { return warp_sum(v); }
+};
+struct WarpMax {
+    __device__ __forceinline__ float operator()(float v) const { return warp_max(v); }
+};
+
 // Block reductions: blockDim.x a multiple of 32 (<= 1024), every thread calls them, sh holds >= 32 entries.
-// The leading barrier lets callers reuse sh back to back.
-__device__ __forceinline__ float block_sum(float v, float* sh) {
+// The leading barrier lets callers reuse sh back to back. Warps reduce with op, then warp 0 reduces the warps'
+// results (lanes past the last warp contribute the identity).
+template <typename WarpOp>
+__device__ __forceinline__ float block_reduce(float v, float* sh, float identity, WarpOp op) {
     const int lane = threadIdx.x & (WARP - 1), w = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    v = warp_sum(v);
+    v = op(v);
     __syncthreads();
     if (lane == 0) sh[w] = v;
     __syncthreads();
     if (w == 0) {
-        v = warp_sum(lane < nw ? sh[lane] : 0.0f);
+        v = op(lane < nw ? sh[lane] : identity);
         if (lane == 0) sh[0] = v;
     }
     __syncthreads();
     return sh[0];
 }
 
-__device__ __forceinline__ float block_max(float v, float* sh) {
-    const int lane = threadIdx.x & (WARP - 1), w = threadIdx.x / WARP, nw = blockDim.x / WARP;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) sh[w] = v;
-    __syncthreads();
-    if (w == 0) {
-        v = warp_max(lane < nw ? sh[lane] : NEG_INF);
-        if (lane == 0) sh[0] = v;
-    }
-    __syncthreads();
-    return sh[0];
-}
+__device__ __forceinline__ float block_sum(float v, float* sh) { return block_reduce(v, sh, 0.0f, WarpSum()); }
+
+__device__ __forceinline__ float block_max(float v, float* sh) { return block_reduce(v, sh, NEG_INF, WarpMax()); }
 
 // (v, i) in, the block's best pair out (to every thread). Start threads with (NEG_INF, BIG_ID).
 __device__ __forceinline__ void block_argmax(float& v, int& i, float* shv, int* shi) {

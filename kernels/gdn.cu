@@ -35,9 +35,7 @@ extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
 extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
     gdn_conv_commit(float* conv_state, const float* __restrict__ qkv, int T, int K1, int Ch, int n_keep,
                     const int* n_keep_dev) {
-    const int n = count_from(n_keep, n_keep_dev, T);
-    for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < Ch; c += (i64)gridDim.x * blockDim.x)
-        shift_commit_column(conv_state, qkv, K1, (i64)Ch, c, n);
+    rolling_commit(conv_state, qkv, T, K1, Ch, n_keep, n_keep_dev);
 }
 
 // h [T, Ch] -> q = l2norm(h[:, :Hk*dk]) / sqrt(dk), k = l2norm(h[:, Hk*dk : 2*Hk*dk]) per head, v = the rest.

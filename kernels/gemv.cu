@@ -105,21 +105,9 @@ __device__ __forceinline__ void reduce_store(float (&acc)[GEMV_RPW][NT], int o0,
     for (int r = 0; r < GEMV_RPW; ++r)
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
-    if (ksplit > 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < GEMV_RPW; ++r)
-#pragma unroll
-                for (int t = 0; t < NT; ++t) part[warp][r][t] = acc[r][t];
-        }
-        __syncthreads();
-        if (kslice != 0) return;
-        for (int s = 1; s < ksplit; ++s)
-#pragma unroll
-            for (int r = 0; r < GEMV_RPW; ++r)
-#pragma unroll
-                for (int t = 0; t < NT; ++t) acc[r][t] += part[group * ksplit + s][r][t];
-    }
+    if (!ksplit_reduce(acc, ksplit, kslice, lane == 0, [&](int r, int t) -> float& { return part[warp][r][t]; },
+                       [&](int s, int r, int t) { return part[group * ksplit + s][r][t]; }))
+        return;
 #pragma unroll
     for (int r = 0; r < GEMV_RPW; ++r)
 #pragma unroll
@@ -189,21 +177,14 @@ __device__ __forceinline__ void gemv_grouped(const u8* W, i64 expert_stride, i64
         return;
     }
     const u8* We = W + (i64)e * expert_stride;
-    if (NT > 1 && nt == 1) {  // most groups hold one entry: skip the NT-row accumulators (uniform per block)
-        float acc1[GEMV_RPW][1] = {};
-        const int xr1[1] = {xr[0]};
-        int rows1[1] = {rows[0]};
-        slice_dot<TYPE, 1>(We, row_stride, o0, n_out, x, xr1, 1, n_in, kslice, ksplit, acc1);
-        reduce_store<1>(acc1, o0, n_out, 1, ksplit, kslice, group, y, rows1, act, div, mul, mul_st, mul_so);
-        return;
-    }
-    float acc[GEMV_RPW][NT];
-#pragma unroll
-    for (int r = 0; r < GEMV_RPW; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-    slice_dot<TYPE, NT>(We, row_stride, o0, n_out, x, xr, nt, n_in, kslice, ksplit, acc);
-    reduce_store<NT>(acc, o0, n_out, nt, ksplit, kslice, group, y, rows, act, div, mul, mul_st, mul_so);
+    grouped_dot_store<NT, GEMV_RPW>(
+        nt, xr, rows,
+        [&](auto& acc, const auto& xs, int n) {
+            slice_dot<TYPE>(We, row_stride, o0, n_out, x, xs, n, n_in, kslice, ksplit, acc);
+        },
+        [&](auto& acc, const auto& ys, int n) {
+            reduce_store(acc, o0, n_out, n, ksplit, kslice, group, y, ys, act, div, mul, mul_st, mul_so);
+        });
 }
 
 #define GEMV_DENSE_KERNEL(NAME, TYPE, NT)                                                                          \
@@ -214,12 +195,12 @@ __device__ __forceinline__ void gemv_grouped(const u8* W, i64 expert_stride, i64
                              tile_done);                                                                           \
     }
 
-#define GEMV_DENSE_FAMILY(SUFFIX, TYPE)                                                                            \
-    GEMV_DENSE_KERNEL(gemv_##SUFFIX##_t1, TYPE, 1)                                                                 \
-    GEMV_DENSE_KERNEL(gemv_##SUFFIX##_t2, TYPE, 2)                                                                 \
-    GEMV_DENSE_KERNEL(gemv_##SUFFIX##_t4, TYPE, 4)                                                                 \
-    GEMV_DENSE_KERNEL(gemv_##SUFFIX##_t8, TYPE, 8)                                                                 \
-    GEMV_DENSE_KERNEL(gemv_##SUFFIX##_t16, TYPE, 16)
+// One kernel per window-row bucket (launch_util.nt_bucket): NAME_t1, NAME_t2, NAME_t4, NAME_t8, NAME_t16.
+#define NT_FAMILY(KERNEL, NAME, TYPE)                                                                              \
+    KERNEL(NAME##_t1, TYPE, 1) KERNEL(NAME##_t2, TYPE, 2) KERNEL(NAME##_t4, TYPE, 4) KERNEL(NAME##_t8, TYPE, 8)    \
+    KERNEL(NAME##_t16, TYPE, 16)
+
+#define GEMV_DENSE_FAMILY(SUFFIX, TYPE) NT_FAMILY(GEMV_DENSE_KERNEL, gemv_##SUFFIX, TYPE)
 
 #define GEMV_GROUPED_KERNEL(NAME, TYPE, NT)                                                                        \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
@@ -230,12 +211,7 @@ __device__ __forceinline__ void gemv_grouped(const u8* W, i64 expert_stride, i64
                                n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);                            \
     }
 
-#define GEMV_GROUPED_FAMILY(SUFFIX, TYPE)                                                                          \
-    GEMV_GROUPED_KERNEL(gemv_expert_##SUFFIX##_t1, TYPE, 1)                                                        \
-    GEMV_GROUPED_KERNEL(gemv_expert_##SUFFIX##_t2, TYPE, 2)                                                        \
-    GEMV_GROUPED_KERNEL(gemv_expert_##SUFFIX##_t4, TYPE, 4)                                                        \
-    GEMV_GROUPED_KERNEL(gemv_expert_##SUFFIX##_t8, TYPE, 8)                                                        \
-    GEMV_GROUPED_KERNEL(gemv_expert_##SUFFIX##_t16, TYPE, 16)
+#define GEMV_GROUPED_FAMILY(SUFFIX, TYPE) NT_FAMILY(GEMV_GROUPED_KERNEL, gemv_expert_##SUFFIX, TYPE)
 
 GEMV_DENSE_FAMILY(f32, GGML_F32)
 GEMV_DENSE_FAMILY(f16, GGML_F16)

@@ -143,19 +143,9 @@ __device__ __forceinline__ void q8r_store(float (&acc)[R][NT], int g0, int live,
                                           float div, const float* mul, int mul_st, int mul_so) {
     __shared__ float part[GEMV_WARPS][R][NT][WARP];
     const int lane = threadIdx.x & (WARP - 1), warp = threadIdx.x / WARP;
-    if (ksplit > 1) {
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int t = 0; t < NT; ++t) part[warp][r][t][lane] = acc[r][t];
-        __syncthreads();
-        if (kslice != 0) return;
-        for (int s = 1; s < ksplit; ++s)
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int t = 0; t < NT; ++t) acc[r][t] += part[set * ksplit + s][r][t][lane];
-    }
+    if (!ksplit_reduce(acc, ksplit, kslice, true, [&](int r, int t) -> float& { return part[warp][r][t][lane]; },
+                       [&](int s, int r, int t) { return part[set * ksplit + s][r][t][lane]; }))
+        return;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const int o = (g0 + r) * Q8R_GROUP + lane;
@@ -234,22 +224,14 @@ __device__ __forceinline__ void q8r_grouped(const u8* W, i64 expert_stride, int 
         return;
     }
     const u8* grp0 = W + (i64)e * expert_stride + (i64)g0 * nb * Q8R_BLOCK_BYTES;
-    if (NT > 1 && nt == 1) {  // most groups hold one entry: one accumulator per row (uniform per block)
-        float acc1[R][1];
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc1[r][0] = 0.0f;
-        const int xr1[1] = {xr[0]}, rows1[1] = {rows[0]};
-        if (live > 0) q8r_slice<1, R>(grp0, live, nb, x, xr1, 1, n_in, kslice, ksplit, acc1);
-        q8r_store<1, R>(acc1, g0, live, n_out, 1, ksplit, kslice, set, y, rows1, act, div, mul, mul_st, mul_so);
-        return;
-    }
-    float acc[R][NT];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-    if (live > 0) q8r_slice<NT, R>(grp0, live, nb, x, xr, nt, n_in, kslice, ksplit, acc);
-    q8r_store<NT, R>(acc, g0, live, n_out, nt, ksplit, kslice, set, y, rows, act, div, mul, mul_st, mul_so);
+    grouped_dot_store<NT, R>(
+        nt, xr, rows,
+        [&](auto& acc, const auto& xs, int n) {
+            if (live > 0) q8r_slice(grp0, live, nb, x, xs, n, n_in, kslice, ksplit, acc);
+        },
+        [&](auto& acc, const auto& ys, int n) {
+            q8r_store(acc, g0, live, n_out, n, ksplit, kslice, set, y, ys, act, div, mul, mul_st, mul_so);
+        });
 }
 
 // Raw GGUF Q8_0 rows -> the layout above; one thread per (group, block, lane). n_rows % 32 == 0.

@@ -56,11 +56,12 @@ extern "C" __global__ void __launch_bounds__(1024)
 extern "C" __global__ void __launch_bounds__(256)
     moe_combine(const float* __restrict__ parts, const float* __restrict__ w, const float* __restrict__ shared,
                 float* __restrict__ out, int T, int K, int D) {
-    const i64 n = (i64)T * D;
-    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
-        const i64 t = idx / D, d = idx % D;
+    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < (i64)T * D; idx += (i64)gridDim.x * blockDim.x) {
+        const i64 t = idx / D;
+        const float* wt = w + t * K;
+        const float* column = parts + t * K * D + idx % D;  // entry t*K + k at column[k * D]
         float acc = 0.0f;
-        for (int k = 0; k < K; ++k) acc += w[t * K + k] * parts[(t * K + k) * D + d];
+        for (int k = 0; k < K; ++k) acc += wt[k] * column[(i64)k * D];
         out[idx] = shared ? acc + shared[idx] : acc;
     }
 }

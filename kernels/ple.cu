@@ -107,9 +107,7 @@ extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
 extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
     ple_history_commit(float* history, const float* __restrict__ normed, int T, int Hh, int CD, int n_keep,
                        const int* n_keep_dev) {
-    const int n = count_from(n_keep, n_keep_dev, T);
-    for (i64 ch = (i64)blockIdx.x * blockDim.x + threadIdx.x; ch < CD; ch += (i64)gridDim.x * blockDim.x)
-        shift_commit_column(history, normed, Hh, (i64)CD, ch, n);
+    rolling_commit(history, normed, T, Hh, CD, n_keep, n_keep_dev);
 }
 
 // Predecessor commit: prev [n-1] <- the last n-1 of [prev | tokens[:n_keep]] (tokens [T]). One thread.

@@ -22,6 +22,15 @@ __device__ __forceinline__ void shift_commit_column(V* state, const V* rows, int
     }
 }
 
+// A rolling-history commit over a grid of threads, one per column (gdn_conv_commit, ple_history_commit):
+// state [S, W] <- rows [n, n + S) of [state | rows [T, W]] with n = count_from(n_keep, n_keep_dev, T).
+__device__ __forceinline__ void rolling_commit(float* state, const float* __restrict__ rows, int T, int S, int W,
+                                               int n_keep, const int* n_keep_dev) {
+    const int n = count_from(n_keep, n_keep_dev, T);
+    for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < W; c += (i64)gridDim.x * blockDim.x)
+        shift_commit_column(state, rows, S, (i64)W, c, n);
+}
+
 // Block-wide exclusive prefix sum of one int per thread (blockDim.x <= 1024); `total` gets the block's sum.
 // sh holds >= blockDim.x ints. Every thread must call it.
 __device__ __forceinline__ int block_exclusive_scan(int v, int* sh, int* total) {

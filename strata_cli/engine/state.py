@@ -9,7 +9,7 @@ The window contract, the same for every engine:
 - Committed state: n_past, GDN recurrent and conv state, KV cells and pooled indexer blocks of positions below
   n_past, the indexer tail (raw keys of the block being filled), PLE history and n-gram predecessors.
 
-What a window writes beyond that (spec §3.3):
+What a window writes beyond that:
 - KV cells and pooled blocks of its own positions (>= n_past), live: a query never reads a cell or block past
   its own position, and the next window rewrites them before any of its queries can see them.
 - The indexer tail it fills is a copy (numpy) or is restored from a snapshot in the same window (GPU): a window

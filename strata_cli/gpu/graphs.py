@@ -26,7 +26,7 @@ class GraphSummary:
 
 
 class CapturedGraph:
-    """One captured, instantiated and uploaded graph (the seed's window or commit graph)."""
+    """One captured, instantiated and uploaded graph (a window or the commit graph)."""
 
     def __init__(self, record, stream):
         """record(stream) issues the launches on `stream` (a cupy Stream); no allocation may happen inside."""

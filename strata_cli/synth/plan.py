@@ -1,6 +1,7 @@
 """What a synthetic qwen4exp GGUF holds: the converter's metadata (keys, order, value types) and tensor list.
 
-Mirrors llama.cpp's convert_hf_to_gguf.py + conversion/qwen4exp.py output (see the fixture's gguf-listing.txt).
+Mirrors the output of llama.cpp's convert_hf_to_gguf.py + conversion/qwen4exp.py (key order and value types as the
+converter writes them).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Per-tensor type mixes for make-model: a uniform `--type`, or a `--recipe` YAML (profiles/recipes/*.yaml or a
-user's path) modelled on the published files (verify spec section 1.6).
+user's path) modelled on the published files.
 
 A recipe names the type of every matrix by the first rule whose fnmatch pattern matches the GGUF tensor name,
 else its default. Whatever the recipe says, the converter's exceptions hold (1-D tensors, the routers and the conv

@@ -48,7 +48,6 @@ class GPUEngine:
 
     def __init__(self, model, n_ctx: int | None = None, max_t: int | None = None, pack_q8: bool = True,
                  tiers: TierConfig | None = None):
-        cp = cupy()
         self.model, self.g = model, model.geometry
         g = self.g
         self.n_ctx = resolve_ctx(g, n_ctx)
@@ -83,7 +82,9 @@ class GPUEngine:
             self.buf["cos"].set(cos)
             self.buf["sin"].set(sin)
         if g.ple is not None:
-            self.ple_mult, self.ple_sizes, self.ple_offsets = (cp.asarray(a) for a in g.ple.hash_arrays())
+            for name, values in zip(("ple_mult", "ple_sizes", "ple_offsets"), g.ple.hash_arrays()):
+                self.buf[name].set(values)
+        cupy().cuda.Device().synchronize()  # the arena's zeroing and the tables above ran on the current stream
         self.graphs: dict[int, CapturedGraph] = {}
         self.capture_ms: dict[int, float] = {}
         self._commit_graph: CapturedGraph | None = None

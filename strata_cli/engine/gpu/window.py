@@ -174,8 +174,8 @@ def _moe(e, layer: int, x, T: int, stream):
 def _ple(e, T: int, stream):
     b, w, g = e.buf, e.w, e.g
     p, layer = g.ple, g.ple.layer
-    rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, e.ple_mult, p.heads_per_ngram,
-                          e.ple_sizes, e.ple_offsets, out=b["ple_rows"][:T], stream=stream)
+    rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, b["ple_mult"], p.heads_per_ngram,
+                          b["ple_sizes"], b["ple_offsets"], out=b["ple_rows"][:T], stream=stream)
     table, table_type = w.raw(PLE_TABLE)
     emb = embed.gather_rows(rows, table, table_type, p.head_dim, out=b["ple_emb"][:T], stream=stream)
     wk, kt = w.blk_raw(layer, "ple_key")
