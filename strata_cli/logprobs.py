@@ -48,6 +48,10 @@ def window_logits(engine, tokens: np.ndarray, window: int, progress=None) -> Ite
         pos = engine.n_past
         T = min(window, n - 1 - pos)
         result = engine.run(tokens[pos:pos + T], pos)
+        bad = window_nonfinite(result)
+        if bad:  # statistics over NaN logits would be NaN that look like numbers
+            raise NonFiniteError(f"{engine.model.path}: non-finite values (NaN/Inf) in the window at positions "
+                                 f"{pos}..{pos + T - 1}, first in {bad}")
         logits = np.asarray(result.logits[:T])
         engine.commit(T)
         if progress is not None:

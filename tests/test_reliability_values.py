@@ -119,6 +119,13 @@ def test_allow_nonfinite_writes_marked_rows_and_compare_refuses_them(fixture_dir
         error_line(cli("compare", a, b, "--min-top1", "0.99"), EXIT_NONFINITE, "non-finite logprobs")
 
 
+def test_compare_models_refuses_a_nan_model(fixture_dir, tmp_path):
+    bad = poison(fixture_dir / "model-f32.gguf", tmp_path / "bad.gguf", "blk.2.ssm_a", set_all(np.inf))
+    good = fixture_dir / "model-f32.gguf"
+    for a, b in ((good, bad), (bad, good)):
+        error_line(cli("compare-models", a, b, "--random", 9), EXIT_NONFINITE, str(bad), "layer 2 Gated DeltaNet")
+
+
 def test_compare_refuses_hand_made_nan_and_inf_dumps(fixture_dir, tmp_path):
     good = tmp_path / "good.tsv"
     assert cli("logprobs", fixture_dir / "model-f32.gguf", "--random", 9, "--topk", 2, "--device", "cpu",

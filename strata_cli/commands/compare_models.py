@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._common import ctx_option, device_option, format_option, load_engine, load_model
+from ._common import SEED, ctx_option, device_option, format_option, load_engine, load_model
 from .logprobs import token_options
 
 POSITION_COLUMNS = [("pos", None), ("target", None), ("kld", ".6f"), ("lp_base", ".6f"), ("lp_other", ".6f"),
@@ -15,7 +15,7 @@ POSITION_COLUMNS = [("pos", None), ("target", None), ("kld", ".6f"), ("lp_base",
 @click.argument("base", metavar="BASE.gguf")
 @click.argument("other", metavar="OTHER.gguf")
 @token_options
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --random.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of --random.")
 @click.option("--window", type=click.IntRange(1, 64), default=8, show_default=True,
               help="Tokens per verify window (the result does not depend on it).")
 @click.option("--per-position", is_flag=True,
