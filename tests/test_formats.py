@@ -293,7 +293,9 @@ def test_make_model_preset_yaml(tmp_path):
 # ---------------------------------------------------------------- graph-nodes (GPU)
 
 def test_every_command_offers_every_record_format():
-    for name in ("info", "make-model", "logprobs", "compare", "verify-bench", "graph-nodes", "compare-models"):
+    from strata_cli.cli import COMMANDS
+
+    for name in COMMANDS:
         command = main.get_command(None, name)
         fmt = next(p for p in command.params if p.name == "fmt")
         assert set(RECORD_FORMATS) <= set(fmt.type.choices), name
