@@ -295,7 +295,7 @@ def test_make_model_preset_yaml(tmp_path):
 def test_every_command_offers_every_record_format():
     from strata_cli.cli import COMMANDS
 
-    for name in COMMANDS:
+    for name in set(COMMANDS) - {"stall-test"}:  # a GPU test hook: its output is the watchdog's line (README)
         command = main.get_command(None, name)
         fmt = next(p for p in command.params if p.name == "fmt")
         assert set(RECORD_FORMATS) <= set(fmt.type.choices), name

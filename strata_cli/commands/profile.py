@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ._common import SEED, FiniteFloatRange, ctx_option, format_option, load_engine, load_model, model_argument
+from ._common import (SEED, FiniteFloatRange, ctx_option, deprecated_alias, format_option, load_engine, load_model,
+                      model_argument)
 
 # (key, table header, display format, justify): the table/md columns; csv/json/jsonl print every key, raw
 COLUMNS = [("layer", "layer", None, "left"), ("group", "group", None, "left"), ("stage", "stage", None, "left"),
@@ -15,12 +16,14 @@ COLUMNS = [("layer", "layer", None, "left"), ("group", "group", None, "left"), (
 @click.command(short_help="Per-stage GPU time of a verify window (stamped profiling graph).")
 @model_argument
 @click.option("--window", "window", type=click.IntRange(1, 16), default=1, show_default=True, help="Window size T.")
-@click.option("-r", "--repetitions", "--windows", "repetitions", type=click.IntRange(min=1), default=20,
+@click.option("-r", "--repetitions", "repetitions", type=click.IntRange(min=1), default=20,
               show_default=True, help="Profiled windows (after --warmup); as many normal windows are timed too.")
+@deprecated_alias("--windows", "-r/--repetitions", "repetitions", type=click.IntRange(min=1))
 @click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
               help="Untimed windows before the profiled ones.")
-@click.option("-d", "--depth", "--context", "depth", type=click.IntRange(min=0), default=32, show_default=True,
+@click.option("-d", "--depth", "depth", type=click.IntRange(min=0), default=32, show_default=True,
               help="Tokens of context committed before the profiled windows.")
+@deprecated_alias("--context", "-d/--depth", "depth", type=click.IntRange(min=0))
 @click.option("--acceptance", type=FiniteFloatRange(0, 1), default=0.7, show_default=True,
               help="Assumed per-draft acceptance (how many rows each window commits).")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the tokens and the drawn n_keep.")
