@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+collect_ignore = ["mutation"]  # tests/mutation/run.py drives the suite itself; CI does not run it
 DEFAULT_FIXTURES = REPO.parent / "shared" / "fixtures" / "qwen4exp-tiny"
 
 

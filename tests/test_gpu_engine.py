@@ -69,6 +69,8 @@ def test_graph_replay_equals_eager(fixture_dir):
             eng.commit(8, eager=eager)
         runs[eager] = np.concatenate(rows)
     np.testing.assert_array_equal(runs[True], runs[False])
+    numpy_rows = ReferenceEngine(model).run(tokens[:40], 0).logits
+    assert _rel_err(runs[False], numpy_rows) <= 1e-3
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -77,8 +79,12 @@ def test_window_commit_property_on_gpu(fixture_dir, seed):
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
     eng = _gpu(model)
     base, _ = speculative_run(eng, tokens, np.random.default_rng(100), 1)            # one token per window
-    got, _ = speculative_run(eng, tokens, np.random.default_rng(seed), 16, allow_zero=True)
+    got, ids = speculative_run(eng, tokens, np.random.default_rng(seed), 16, allow_zero=True)
     assert np.abs(got - base).max() <= 1e-4
+    numpy_got, numpy_ids = speculative_run(ReferenceEngine(model), tokens, np.random.default_rng(seed), 16,
+                                           allow_zero=True)
+    assert _rel_err(got, numpy_got) <= 1e-3
+    np.testing.assert_array_equal(ids, numpy_ids)
 
 
 def test_fixture_transformers_logits_on_gpu(fixture_dir):
@@ -126,3 +132,5 @@ def test_repacked_q8_0_matches_raw_q8_0(fixture_dir):
     b, b_ids = speculative_run(raw_eng, tokens, np.random.default_rng(3), 8)
     assert _rel_err(a, b) <= 1e-4
     np.testing.assert_array_equal(a_ids, b_ids)
+    numpy_logits = ReferenceEngine(model).run(tokens, 0).logits
+    assert _rel_err(a, numpy_logits) <= 1e-3
