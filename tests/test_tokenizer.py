@@ -3,6 +3,8 @@ tokenizer.json the fixture GGUFs were converted from; models without a tokenizer
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -40,6 +42,9 @@ def test_fixture_gguf_carries_the_tokenizer(fixture_tokenizer):
     md = model.metadata
     assert md["tokenizer.ggml.model"] == "gpt2" and md["tokenizer.ggml.pre"] == "qwen35"
     assert len(md["tokenizer.ggml.tokens"]) == 512 and len(md["tokenizer.ggml.merges"]) > 0
+    doc = json.loads(CliRunner().invoke(main, ["info", model.path, "--format", "json"]).stdout)["meta"]
+    assert doc["tokenizer"] == {"model": "gpt2", "pre": "qwen35", "tokens": 512,
+                                "merges": len(md["tokenizer.ggml.merges"]), "eos": 509, "text_input": True}
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -75,6 +80,8 @@ def test_a_model_without_a_tokenizer_is_one_line(tmp_path):
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert result.stderr.startswith(f"strata: error: {path}: no tokenizer in the model")
     assert len(result.stderr.splitlines()) == 1 and "--tokens" in result.stderr
+    doc = json.loads(CliRunner().invoke(main, ["info", str(path), "--format", "json"]).stdout)["meta"]
+    assert doc["tokenizer"]["text_input"] is False and doc["tokenizer"]["merges"] == 0
 
 
 @pytest.mark.parametrize("edit, needle", [

@@ -35,7 +35,11 @@ def command(model, fmt, list_tensors):
         return
     head = [f"{d['path']}: {d['file_bytes'] / 2**20:.1f} MiB, {d['tensor_count']} tensors, "
             f"{d['bits_per_weight']:.3f} bits per weight"]
-    emit([{"key": k, "value": str(v)} for k, v in m.geometry.summary().items()],
+    tok = d["tokenizer"]
+    tokenizer = (f"{tok['model']}/{tok['pre']}, {tok['tokens']} tokens, {tok['merges']} merges"
+                 + ("" if tok["text_input"] else " (--text not available)")) if tok["model"] else "none"
+    emit([{"key": k, "value": str(v)} for k, v in m.geometry.summary().items()] +
+         [{"key": "tokenizer", "value": tokenizer}],
          [Column("key", justify="left"), Column("value", justify="left")], fmt, title="geometry",
          header_lines=head)
     layers = [dict(row, extras=layer_extras(row)) for row in d["layers"]]

@@ -66,6 +66,22 @@ def _roles(m: GGUFModel) -> list[dict]:
     return sorted(out, key=lambda r: -r["bytes"])
 
 
+def tokenizer_summary(md: dict) -> dict:
+    """What the GGUF's tokenizer.ggml.* keys hold: whether `--text` can use them (strata_cli/tokenizer.py)."""
+    from ..tokenizer import PRE_TOKENIZER_REGEX
+
+    def count(key):
+        value = md.get(key)
+        return len(value) if isinstance(value, list) else 0
+
+    kind, pre = md.get("tokenizer.ggml.model"), md.get("tokenizer.ggml.pre")
+    summary = {"model": kind, "pre": pre, "tokens": count("tokenizer.ggml.tokens"),
+               "merges": count("tokenizer.ggml.merges"), "eos": md.get("tokenizer.ggml.eos_token_id")}
+    summary["text_input"] = (kind == "gpt2" and pre in PRE_TOKENIZER_REGEX and summary["tokens"] > 0
+                             and summary["merges"] > 0)
+    return summary
+
+
 def describe(m: GGUFModel) -> dict:
     g = m.geometry
     per_layer: dict[int, int] = {}
@@ -95,5 +111,5 @@ def describe(m: GGUFModel) -> dict:
         "roles": _roles(m),
         "bits_per_weight": round(8.0 * sum(i.n_bytes for i in m.tensors.values())
                                  / max(sum(math.prod(i.shape) for i in m.tensors.values()), 1), 3),
-        "tensors": tensors, "warnings": list(g.warnings),
+        "tokenizer": tokenizer_summary(m.metadata), "tensors": tensors, "warnings": list(g.warnings),
     }
