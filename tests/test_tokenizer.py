@@ -73,8 +73,31 @@ def test_logprobs_text_and_text_file(fixture_tokenizer, tmp_path):
     assert outs[0] == outs[1]
 
 
-def test_a_model_without_a_tokenizer_is_one_line(tmp_path):
+def test_generated_models_carry_a_byte_level_bpe(tmp_path):
+    """make-model writes 256 byte tokens, merges up to EOS and control tokens after it: any text round-trips."""
+    from strata_cli.synth.vocab import byte_tokens
+
     path = tmp_path / "m.gguf"
+    write_model(path, load_preset("tiny").with_overrides(layers=4, experts=4), seed=1, ggml_type="F32")
+    md = open_model(path).metadata
+    tokens = md["tokenizer.ggml.tokens"]
+    assert len(tokens) == 512 and len(set(tokens)) == 512 and tokens[:256] == byte_tokens()
+    assert len(md["tokenizer.ggml.merges"]) == 509 - 256 and tokens[509] == "<|endoftext|>"
+    tok = build_tokenizer(md, str(path))
+    for text in TEXTS:
+        ids = encode(md, text, str(path))
+        assert tok.decode(ids, skip_special_tokens=False) == text
+    assert encode(md, " the", str(path)) == [tokens.index("Ġt"), tokens.index("he")]
+    assert encode(md, "a<|endoftext|>", str(path)) == [tokens.index("a"), 509]
+    result = CliRunner().invoke(main, ["logprobs", str(path), "--text", TEXTS[0], "--device", "cpu",
+                                       "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    targets = [int(line.split(",")[1]) for line in result.stdout.splitlines()[1:]]
+    assert targets == encode(md, TEXTS[0], str(path))[1:]
+
+
+def test_a_model_without_a_tokenizer_is_one_line(tmp_path):
+    path = tmp_path / "m.gguf"  # vocab 64 < 256 byte tokens: placeholder tokens, no merges
     write_model(path, load_preset("tiny").with_overrides(layers=4, experts=4, vocab=64), seed=1, ggml_type="F32")
     result = CliRunner().invoke(main, ["logprobs", str(path), "--text", "hello", "--device", "cpu"])
     assert result.exit_code == 1 and "Traceback" not in result.output

@@ -19,6 +19,7 @@ from ..model.geometry import ARCH, Geometry, Metadata, geometry_from_metadata
 from ..model.names import PLE_TABLE, expected_tensors
 from . import fill, ple_hash, recipes
 from .presets import Preset
+from .vocab import synthetic_vocab
 
 ALIGNMENT = 32
 GLOBAL_ORDER = ("output.weight", "token_embd.weight", "output_hc_norm.weight", "output_hc_down.weight",
@@ -122,15 +123,17 @@ def _size_label(tensors: list[TensorPlan]) -> str:
 
 
 def _tokenizer_kvs(p: Preset) -> list:
-    tokens = [f"<|tok_{i}|>" for i in range(p.vocab_size)]
-    tokens[p.eos_token_id] = EOS_NAME
-    types = [TOKEN_NORMAL] * p.vocab_size
-    types[p.eos_token_id] = TOKEN_CONTROL
-    return [
+    tokens, control, merges = synthetic_vocab(p.vocab_size, p.eos_token_id, EOS_NAME)
+    types = [TOKEN_CONTROL if c else TOKEN_NORMAL for c in control]
+    kvs = [
         ("tokenizer.ggml.model", "gpt2", VT.STRING, None),
         ("tokenizer.ggml.pre", "qwen35", VT.STRING, None),
         ("tokenizer.ggml.tokens", tokens, VT.ARRAY, VT.STRING),
         ("tokenizer.ggml.token_type", types, VT.ARRAY, VT.INT32),
+    ]
+    if merges:  # the converter's key order: merges between token_type and the special ids
+        kvs.append(("tokenizer.ggml.merges", merges, VT.ARRAY, VT.STRING))
+    return kvs + [
         ("tokenizer.ggml.eos_token_id", p.eos_token_id, VT.UINT32, None),
         ("tokenizer.ggml.padding_token_id", p.eos_token_id, VT.UINT32, None),
     ]
