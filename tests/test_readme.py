@@ -44,8 +44,12 @@ def test_every_environment_variable_is_documented():
 
 
 def test_exit_codes_are_documented():
-    from strata_cli.commands.compare import EXIT_THRESHOLD
+    from strata_cli import errors
+    from strata_cli.commands.stall_test import STALL_RELEASED
 
     table = README[README.index("### Exit codes"):README.index("### Environment variables")]
-    for code in (0, 1, 2, EXIT_THRESHOLD, 4, "128+N"):
-        assert f"\n| {code} |" in table, code
+    codes = {v for k, v in vars(errors).items() if k.startswith("EXIT_")} | {STALL_RELEASED}
+    assert {0, 1, 2, 3, 4} <= codes
+    for code in sorted(codes):
+        row = "\n| 128+N |" if code > 128 else f"\n| {code} |"
+        assert row in table and (code < 128 or str(code) in table), code
