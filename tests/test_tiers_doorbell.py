@@ -245,3 +245,27 @@ def test_sigterm_releases_busy_verifiers_then_exits():
         watchdog.unregister(v)
         watchdog.unregister(idle)
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_env_watchdog_timeout(monkeypatch):
+    assert watchdog.env_timeout({}) == 60.0 and watchdog.env_timeout({"STRATA_WATCHDOG_S": "0"}) == 0.0
+    assert watchdog.env_timeout({"STRATA_WATCHDOG_S": "2.5"}) == 2.5
+    for bad in ("-1", "soon", "inf", "nan"):
+        with pytest.raises(InputError, match=f"STRATA_WATCHDOG_S='{bad}'"):
+            watchdog.env_timeout({"STRATA_WATCHDOG_S": bad})
+
+
+def test_first_registration_starts_the_process_watchdog(monkeypatch, capsys):
+    monkeypatch.setattr(watchdog, "_env_watchdog", None)
+    monkeypatch.setenv("STRATA_WATCHDOG_S", "0.2")
+    v = FakeVerifier("w", True, time.monotonic())
+    try:
+        watchdog.register(v)
+        dog = watchdog._env_watchdog
+        assert dog is not None and dog.timeout_s == 0.2
+        assert dog.fired.wait(3.0) and v.calls
+        assert "strata: watchdog: window 1 stalled at layer w; GPU waits released" in capsys.readouterr().err
+    finally:
+        watchdog.unregister(v)
+        if watchdog._env_watchdog is not None:
+            watchdog._env_watchdog.stop()

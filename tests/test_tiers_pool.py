@@ -208,3 +208,17 @@ def test_word_primitives():
     total = lib.strata_stream_read(2, 2, ptrs.ctypes.data, sizes.ctypes.data)
     assert total == float(data.astype(np.uint64).sum() + data[5:1005].astype(np.uint64).sum())
     assert isinstance(ctypes.c_double(total).value, float)
+
+
+def test_rows_are_checked_and_any_x_layout_works():
+    model = FakeModel(("Q8_0",) * 3)
+    pool = ExpertPool(model, n_threads=2)
+    rng = np.random.default_rng(9)
+    ids = routed(4, 6, 3, rng)
+    plan = build_plan(1, ids, np.full(6, -1, np.int32))
+    x = np.asfortranarray(rng.standard_normal((4, 64)))  # float64, column-major: converted, same result
+    np.testing.assert_array_equal(pool.compute(1, x, plan.cpu), pool.compute(1, x.astype(np.float32), plan.cpu))
+    with pytest.raises(ValueError, match="plan rows out of range"):
+        pool.compute(1, x[:2], plan.cpu)
+    with pytest.raises(ValueError, match="rows of 64 expected"):
+        pool.compute(1, x[:, :32], plan.cpu)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 
 import numpy as np
 
@@ -59,7 +60,8 @@ class ExpertPool:
         supported = native.native_types() if self.lib is not None else frozenset()
         # per layer: native kernels for all three tensors, or the numpy path
         self.native_layers = [all(t in supported for t in lt.types) for lt in self.layers]
-        self._h = np.zeros(0, dtype=np.float32)
+        self._h = np.zeros(0, dtype=np.float32)  # gate/up products [entries, F], reused; guarded by _lock
+        self._lock = threading.Lock()  # one layer at a time: a second caller would only oversubscribe the cores
         self._f64: dict[tuple[int, int], tuple] = {}
 
     @property
@@ -79,8 +81,16 @@ class ExpertPool:
             out = np.zeros((x.shape[0] * self.k, self.n_embd), dtype=np.float32)
         if cpu.n_groups == 0:
             return out
-        if self.native_layers[layer] and x.dtype == np.float32 and x.flags.c_contiguous and out.flags.c_contiguous:
-            self._native(layer, x, cpu, out)
+        # the C kernel indexes x and out by the plan's rows: check them here, once per layer
+        if x.shape[-1] != self.n_embd or out.shape[-1] != self.n_embd:
+            raise ValueError(f"x {x.shape} / out {out.shape}: rows of {self.n_embd} expected")
+        if int(cpu.tok.max()) >= x.shape[0] or int(cpu.dst.max()) >= out.shape[0] or min(cpu.tok.min(),
+                                                                                          cpu.dst.min()) < 0:
+            raise ValueError(f"plan rows out of range: tok <= {int(cpu.tok.max())} of {x.shape[0]}, dst <= "
+                             f"{int(cpu.dst.max())} of {out.shape[0]}")
+        if self.native_layers[layer] and out.dtype == np.float32 and out.flags.c_contiguous:
+            with self._lock:
+                self._native(layer, np.ascontiguousarray(x, dtype=np.float32), cpu, out)
         else:
             for i, expert in enumerate(cpu.experts):
                 tok, dst = cpu.entries(i)

@@ -3,24 +3,56 @@
 Every doorbell server registers itself here. The watchdog thread looks at the busy ones; when one has made no
 progress for `timeout_s`, it releases every live verifier (flags to 0xFFFFFFFF, fence, bounded wait for the
 streams) and reports one line per verifier. SIGINT/SIGTERM during a window release the same way, then act as
-they would have.
+they would have. The first registration starts the process's own watchdog: STRATA_WATCHDOG_S seconds (default
+60, as the seed's serve watchdog; 0 = off), which prints its lines on stderr.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
 import time
 import weakref
 from typing import Callable
 
+WATCHDOG_ENV = "STRATA_WATCHDOG_S"
+DEFAULT_WATCHDOG_S = 60.0
 _live: "weakref.WeakSet" = weakref.WeakSet()
 _live_lock = threading.Lock()
+_env_watchdog: "Watchdog | None" = None
+
+
+def env_timeout(env=os.environ) -> float:
+    """STRATA_WATCHDOG_S: seconds without progress before the process's watchdog releases (0 = off)."""
+    from ..errors import InputError
+
+    text = env.get(WATCHDOG_ENV, "").strip()
+    if text == "":
+        return DEFAULT_WATCHDOG_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise InputError(f"{WATCHDOG_ENV}={text!r}: expected seconds >= 0 (0 = no watchdog)")
+    return value
 
 
 def register(verifier) -> None:
+    """A live verifier (busy, last_progress, released, describe_stall(), release(timeout_ms, reason))."""
+    global _env_watchdog
+    timeout = env_timeout() if _env_watchdog is None else 0.0
     with _live_lock:
         _live.add(verifier)
+        if _env_watchdog is None and timeout > 0:
+            _env_watchdog = Watchdog(timeout, on_fire=_to_stderr).start()
+
+
+def _to_stderr(lines: list[str]) -> None:
+    for line in lines:
+        print(f"strata: watchdog: {line}", file=sys.stderr, flush=True)
 
 
 def unregister(verifier) -> None:
