@@ -3,9 +3,15 @@ the residency table and the default ranking."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
-from strata_cli.engine.gpu.tier_host import SRC_CPU, SRC_PCIE, SRC_VRAM, plan_step, write_plan
-from strata_cli.engine.gpu.tiers import TierConfig, choose_residency, ranked_pairs, residency_table
+import pytest
+from strata_cli.engine.gpu.tier_host import (SRC_CPU, SRC_PCIE, SRC_VRAM, EngineReleased, TierHost, Watchdog,
+                                             plan_step, write_plan)
+from strata_cli.engine.gpu.tiers import (FLAG, FLAG_A, FLAG_B, N_WORDS, RELEASED, SEQ, ExpertTiers, TierConfig,
+                                         choose_residency, pair_bytes, ranked_pairs, residency_table)
 from strata_cli.gpu.launch_util import GEMV_MAXT
 
 
@@ -76,3 +82,184 @@ def test_ranking_residency_and_sizes():
         assert f"{n} of 12" in note
     table, _ = choose_residency(model, TierConfig(cache="auto"), (1 << 30) + 2000, 500)
     assert int((table >= 0).sum()) == 5  # (2000 - 500) // 300
+
+
+# ---- the host's per-step loop (tier_host.TierHost) against a simulated GPU side over the same words
+
+
+class _Mapped:
+    """Stands in for a MappedBuffer: the host view only (the simulated GPU shares it)."""
+
+    def __init__(self, shape, dtype):
+        self.host = np.zeros(shape, dtype=dtype)
+
+
+class _SimTiers:
+    """The fields of ExpertTiers that TierHost reads, on plain host memory."""
+
+    groups = ExpertTiers.groups
+    n_groups = ExpertTiers.n_groups
+
+    def __init__(self, model, table, cfg, max_t):
+        g = model.geometry
+        self.model, self.table_host, self.cfg = model, table, cfg
+        self.K, self.D, self.E, self.L, self.M = g.n_expert_used, g.n_embd, g.n_expert, g.n_layers, max_t
+        self.JM = max_t * self.K
+        self.G = 2 if cfg.split else 1
+        self.pcie, self.copy_stream = False, None
+        self.expert_bytes = pair_bytes(model)[:, None].repeat(3, axis=1) // 3
+        self.pub_x = _Mapped((max_t, self.D), np.float32)
+        self.pub_ids = _Mapped((max_t, self.K), np.int32)
+        self.words = _Mapped((N_WORDS,), np.uint32)
+        self.ymiss = _Mapped((self.JM, self.D), np.float32)
+        self.plan = _Mapped((2, self.JM * (3 + GEMV_MAXT)), np.int32)
+        self.wait_ns = _Mapped((self.L * 2, 2), np.uint64)
+
+
+class _SimGPU(threading.Thread):
+    """Per step: publish the group's rows and ring seq, then wait (bounded, like the spin kernel) for flag and keep
+    what the host left in the plan and ymiss. Steps run one after the other (stricter than the split order)."""
+
+    def __init__(self, tiers, x, ids, T, bound_s=5.0):
+        super().__init__(daemon=True)
+        self.t, self.x, self.ids, self.T, self.bound_s = tiers, x, ids, T, bound_s
+        self.seen, self.timed_out = [], []
+        self.done = threading.Event()
+
+    def run(self):
+        t, w = self.t, self.t.words.host
+        groups = t.groups(self.T)
+        for k in range(t.L * len(groups)):
+            layer, grp = divmod(k, len(groups))
+            r0, n = groups[grp]
+            t.pub_x.host[r0:r0 + n] = self.x[layer, r0:r0 + n]
+            t.pub_ids.host[r0:r0 + n] = self.ids[layer, r0:r0 + n]
+            w[SEQ] = k + 1
+            start = time.monotonic()
+            while w[FLAG] < k + 1 and time.monotonic() - start < self.bound_s:
+                time.sleep(1e-4)
+            if w[FLAG] < k + 1:
+                self.timed_out.append(k)
+            j0, J = r0 * t.K, n * t.K
+            self.seen.append((layer, r0, n, t.plan.host[grp, j0:j0 + J].copy(), t.ymiss.host[j0:j0 + J].copy()))
+        self.done.set()
+
+
+def _sim(monkeypatch, fixture_dir, cache, split=False, stall=0, T=3, seed=0):
+    from strata_cli.model.gguf_file import open_model
+
+    model = open_model(fixture_dir / "model-q8_0.gguf")
+    g = model.geometry
+    table, _ = choose_residency(model, TierConfig(cache=cache), None, 0)
+    tiers = _SimTiers(model, table, TierConfig(cache=cache, split=split), max_t=4)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((g.n_layers, T, g.n_embd)).astype(np.float32)
+    ids = np.stack([[rng.permutation(g.n_expert)[:g.n_expert_used] for _ in range(T)]
+                    for _ in range(g.n_layers)]).astype(np.int32)
+    gpu = _SimGPU(tiers, x, ids, T)
+    monkeypatch.setattr(TierHost, "_idle", staticmethod(lambda stream, strict=False: gpu.done.is_set()))
+    engine = type("SimEngine", (), {"stream": object()})()
+    host = TierHost(tiers, engine, stall=stall)
+    return model, tiers, host, gpu, x, ids
+
+
+def _expert_out(model, layer, e, x):
+    from strata_cli.ops.gemv import dequant_rows
+    from strata_cli.ops.moe import swiglu
+
+    infos = [model.info(f"blk.{layer}.ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
+    wg = dequant_rows(infos[0].raw[e], infos[0].ggml_type, x.shape[-1])
+    wu = dequant_rows(infos[1].raw[e], infos[1].ggml_type, x.shape[-1])
+    wd = dequant_rows(infos[2].raw[e], infos[2].ggml_type, wg.shape[0])
+    return swiglu(x[None], wg, wu, wd)[0]
+
+
+@pytest.mark.parametrize("cache,split", [("0", False), ("40", False), ("40", True)])
+def test_host_serves_every_step_of_a_simulated_window(monkeypatch, fixture_dir, cache, split):
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, cache, split)
+    T, K = 3, tiers.K
+    host.begin(T)
+    gpu.start()
+    host.serve(T)
+    gpu.join(5)
+    assert gpu.done.is_set() and not gpu.timed_out
+    assert len(gpu.seen) == tiers.L * (2 if split else 1)
+    cpu_entries = 0
+    for layer, r0, n, src, ymiss in gpu.seen:
+        for i in range(n * K):
+            row, e = r0 + i // K, int(ids[layer, r0 + i // K, i % K])
+            resident = tiers.table_host[layer, e] >= 0
+            assert src[i] == (SRC_VRAM if resident else SRC_CPU)
+            if not resident:
+                cpu_entries += 1
+                want = _expert_out(model, layer, e, x[layer, row])
+                np.testing.assert_allclose(ymiss[i], want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert cpu_entries > 0
+    stats = host.history[-1]
+    assert stats["cpu"] == cpu_entries and stats["vram"] + stats["cpu"] == tiers.L * T * K
+    assert int(tiers.words.host[FLAG]) == len(gpu.seen)
+
+
+def test_stalled_window_released_by_the_watchdog(monkeypatch, fixture_dir):
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0", stall=1)
+    lines = []
+    dog = Watchdog(host, 0.2, lines.append)
+    dog.start()
+    host.begin(3)
+    gpu.start()
+    with pytest.raises(EngineReleased):
+        host.serve(3)
+    dog.stop()
+    assert dog.fired.wait(5) and gpu.done.wait(5)
+    assert not gpu.timed_out  # the release (0xFFFFFFFF) passed the withheld wait, not the bound
+    assert lines[0].startswith(f"window 1 stalled at layer {tiers.L - 1}; GPU waits released; streams idle after")
+    assert all(int(tiers.words.host[w]) == RELEASED for w in (FLAG_A, FLAG_B, FLAG))
+    with pytest.raises(EngineReleased, match="#267"):
+        host.begin(3)
+
+
+def test_interrupt_during_a_window_releases(monkeypatch, fixture_dir):
+    from strata_cli.engine.gpu.tier_host import ExpertSource
+
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
+    calls = []
+
+    def interrupted(self, *args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return original(self, *args)
+
+    original = ExpertSource.compute_into
+    monkeypatch.setattr(ExpertSource, "compute_into", interrupted)
+    host.begin(3)
+    gpu.start()
+    with pytest.raises(KeyboardInterrupt):
+        host.serve(3)
+    assert gpu.done.wait(5) and not gpu.timed_out  # every later GPU wait passed on the released flags
+    assert int(tiers.words.host[FLAG]) == RELEASED
+    with pytest.raises(EngineReleased, match="KeyboardInterrupt"):
+        host.begin(3)
+
+
+def test_verify_bench_tier_columns_average_the_timed_windows():
+    from strata_cli.engine.gpu.tier_stats import TIER_COLUMNS, add_tier_stats
+    from strata_cli.records import BenchRecord
+
+    def window(T, cpu, pool_ms):
+        return {"T": T, "vram": 10 - cpu, "pcie": 0, "cpu": cpu, "vram_share": (10 - cpu) / 10, "pcie_share": 0.0,
+                "cpu_share": cpu / 10, "wait_b_ms": 0.0, "wait_flag_ms": 0.5, "host_wait_ms": 0.1,
+                "pool_ms": pool_ms, "pcie_bytes": 0, "cpu_bytes": cpu * 1e6}
+
+    history = [window(4, 9, 9.0), window(1, 2, 1.0), window(4, 4, 2.0), window(4, 6, 4.0)]  # 1st T=4: warm-up
+    cfg = TierConfig(cache="3")
+    tiers = type("T", (), {"table_host": np.array([[0, -1], [1, -1]]), "cfg": cfg})()
+    engine = type("E", (), {"tiers": tiers, "tier_host": type("H", (), {"history": history})()})()
+    records = [BenchRecord(window=4, samples_ms=[1.0], host_samples_ms=[1.0], kept=[1], expected_tokens=1.0),
+               BenchRecord(window=1, samples_ms=[1.0], host_samples_ms=[1.0], kept=[1], expected_tokens=1.0)]
+    add_tier_stats(records, engine, n_windows=2)
+    row = records[0].flat()
+    assert row["cpu_share"] == 0.5 and row["pool_ms"] == 3.0 and row["vram_pairs"] == 0.5
+    assert abs(row["pool_gb_s"] - 5e6 / 1e9 / 3e-3) < 1e-9 and row["expert_cache"] == "3"
+    assert records[1].flat()["cpu_share"] == 0.2
+    assert all(key in row for key, _, _ in TIER_COLUMNS)

@@ -236,11 +236,17 @@ class TierHost:
                 raise EngineReleased(self.released)
 
     def _stream_idle(self) -> bool:
+        return self._idle(self.e.stream, strict=True)
+
+    @staticmethod
+    def _idle(stream, strict: bool = False) -> bool:
+        """Has the stream run out of work? strict: a failed stream raises (its error, in one line)."""
         rt = cudart()
-        ret = rt.cudaStreamQuery(self.e.stream.ptr)[0]
+        ret = rt.cudaStreamQuery(stream.ptr)[0]
         if ret == rt.cudaError_t.cudaErrorNotReady:
             return False
-        check((ret,), "the window's stream")
+        if strict:
+            check((ret,), "the window's stream")
         return True
 
     def _err_text(self) -> str:
@@ -268,10 +274,9 @@ class TierHost:
             for word in (FLAG_A, FLAG_B, FLAG):
                 t.words.host[word] = RELEASED
             t0 = time.monotonic()
-            rt = cudart()
             streams = [self.e.stream] + ([t.copy_stream] if t.copy_stream is not None else [])
             while True:
-                busy = [s for s in streams if rt.cudaStreamQuery(s.ptr)[0] == rt.cudaError_t.cudaErrorNotReady]
+                busy = [s for s in streams if not self._idle(s)]
                 elapsed = (time.monotonic() - t0) * 1e3
                 if not busy or elapsed >= timeout_ms:
                     return elapsed
