@@ -263,3 +263,19 @@ def test_verify_bench_tier_columns_average_the_timed_windows():
     assert abs(row["pool_gb_s"] - 5e6 / 1e9 / 3e-3) < 1e-9 and row["expert_cache"] == "3"
     assert records[1].flat()["cpu_share"] == 0.2
     assert all(key in row for key, _, _ in TIER_COLUMNS)
+
+
+@pytest.mark.parametrize("command", [["logprobs", "--random", "5"], ["verify-bench", "--window", "1", "-r", "1"]])
+def test_tier_options_check_the_cache_spec_on_any_device(fixture_dir, command):
+    from click.testing import CliRunner
+
+    from strata_cli.cli import main
+
+    model = str(fixture_dir / "model-q8_0.gguf")
+    result = CliRunner().invoke(main, [command[0], model, *command[1:], "--device", "cpu", "--expert-cache",
+                                       "0,12parsecs"])
+    assert result.exit_code == 1
+    assert "--expert-cache" in result.output and "12parsecs" in result.output
+    ok = CliRunner().invoke(main, [command[0], model, *command[1:], "--device", "cpu", "--expert-cache", "0"])
+    assert ok.exit_code == 0, ok.output
+    assert "GPU engine only" in ok.output

@@ -31,8 +31,12 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache
     """A TierConfig, or None when no tier option was given (every expert in VRAM, today's graph)."""
     from ..engine.gpu.tiers import TierConfig
 
+    from ..tiers.residency import parse_cache_spec
+
     cache = cache_override if cache_override is not None else expert_cache
     if cache is None and expert_profile is None and not pcie_frac and not split and tier_wait == "spin":
         return None
+    if cache is not None:
+        parse_cache_spec(cache)  # a bad spec is one line on any device (the numpy engine ignores the tiers)
     return TierConfig(profile=expert_profile, cache=cache or "all", pcie_frac=pcie_frac, split=split,
                       wait=tier_wait)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ._common import SEED, ctx_option, device_option, format_option, load_engine, load_model
+from ._tiers import tier_config, tier_options
 from .logprobs import token_options
 
 POSITION_COLUMNS = [("pos", None), ("target", None), ("kld", ".6f"), ("lp_base", ".6f"), ("lp_other", ".6f"),
@@ -24,11 +25,13 @@ POSITION_COLUMNS = [("pos", None), ("target", None), ("kld", ".6f"), ("lp_base",
 @click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
               help="cpu = numpy reference; gpu = CUDA graph engine; auto = gpu if one is usable, else cpu.")
 @ctx_option
-def command(base, other, token_file, n_random, text, text_file, seed, window, per_position, fmt, device, n_ctx):
+@tier_options
+def command(base, other, token_file, n_random, text, text_file, seed, window, per_position, fmt, device, n_ctx,
+            expert_profile, expert_cache, pcie_frac, split, tier_wait):
     """Run BASE and OTHER over the same tokens in one process and compare their full next-token distributions,
     as `llama-perplexity --kl-divergence` does: mean KLD ± its standard error, KLD percentiles (median, 90, 99,
     99.9, max), PPL of each and their ratio, top-1 agreement, Δp = p_other(target) - p_base(target) (mean, RMS,
-    percentiles). Text is tokenized by BASE's tokenizer."""
+    percentiles). Text is tokenized by BASE's tokenizer. The expert-tier options apply to both GPU engines."""
     from ..divergence import DivergenceStats, compare_engines
     from ..envinfo import environment_record, header_line
     from ..errors import InputError
@@ -45,7 +48,8 @@ def command(base, other, token_file, n_random, text, text_file, seed, window, pe
     if len(tokens) < 2:
         raise InputError(f"{source}: need at least 2 tokens (one position needs a target)")
     check_range(tokens, m_base.geometry.n_vocab, source)
-    e_base, e_other = load_engine(m_base, device, n_ctx), load_engine(m_other, device, n_ctx)
+    tiers = tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait)
+    e_base, e_other = load_engine(m_base, device, n_ctx, tiers=tiers), load_engine(m_other, device, n_ctx, tiers=tiers)
     if len(tokens) - 1 > min(e_base.n_ctx, e_other.n_ctx):
         raise InputError(f"{source}: {len(tokens)} tokens need {len(tokens) - 1} positions, past the context "
                          f"{min(e_base.n_ctx, e_other.n_ctx)} (raise --ctx)")

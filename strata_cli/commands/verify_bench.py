@@ -74,8 +74,9 @@ def command(model, window_list, repetitions, warmup, depth, acceptance, acceptan
     caches = [c.strip() for c in expert_cache.split(",")] if expert_cache else [None]
     if "" in caches:
         raise InputError(f"--expert-cache '{expert_cache}': an empty cache size in the list")
-    for cache in caches:
-        tiers = tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache_override=cache)
+    configs = [tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache_override=cache)
+               for cache in caches]  # every spec checked before the first run
+    for tiers in configs:
         _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, fmt,
                device, n_ctx, tiers)
 
