@@ -8,8 +8,7 @@ import time
 
 import numpy as np
 import pytest
-from strata_cli.engine.gpu.tier_host import (SRC_CPU, SRC_PCIE, SRC_VRAM, EngineReleased, TierHost, Watchdog,
-                                             plan_step, write_plan)
+from strata_cli.engine.gpu.tier_host import SRC_CPU, SRC_PCIE, SRC_VRAM, EngineReleased, TierHost, plan_step, write_plan
 from strata_cli.engine.gpu.tiers import (FLAG, FLAG_A, FLAG_B, N_WORDS, RELEASED, SEQ, ExpertTiers, TierConfig,
                                          choose_residency, pair_bytes, ranked_pairs, residency_table)
 from strata_cli.gpu.launch_util import GEMV_MAXT
@@ -201,10 +200,10 @@ def test_host_serves_every_step_of_a_simulated_window(monkeypatch, fixture_dir, 
 
 
 def test_stalled_window_released_by_the_watchdog(monkeypatch, fixture_dir):
+    from strata_cli.tiers.watchdog import Watchdog
+
     model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0", stall=1)
-    lines = []
-    dog = Watchdog(host, 0.2, lines.append)
-    dog.start()
+    dog = Watchdog(0.2).start()
     host.begin(3)
     gpu.start()
     with pytest.raises(EngineReleased):
@@ -212,7 +211,7 @@ def test_stalled_window_released_by_the_watchdog(monkeypatch, fixture_dir):
     dog.stop()
     assert dog.fired.wait(5) and gpu.done.wait(5)
     assert not gpu.timed_out  # the release (0xFFFFFFFF) passed the withheld wait, not the bound
-    assert lines[0].startswith(f"window 1 stalled at layer {tiers.L - 1}; GPU waits released; streams idle after")
+    assert dog.lines[0].startswith(f"window 1 stalled at layer {tiers.L - 1}; GPU waits released; streams idle after")
     assert all(int(tiers.words.host[w]) == RELEASED for w in (FLAG_A, FLAG_B, FLAG))
     with pytest.raises(EngineReleased, match="#267"):
         host.begin(3)

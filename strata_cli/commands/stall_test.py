@@ -31,10 +31,11 @@ def command(model, stall_at, timeout_s, n_tokens, n_ctx, expert_profile, expert_
     import numpy as np
 
     from ..engine import make_engine
-    from ..engine.gpu.tier_host import EngineReleased, Watchdog
+    from ..engine.gpu.tier_host import EngineReleased
     from ..engine.gpu.tiers import STALL_ENV
     from ..errors import StrataError
     from ..present import err_console
+    from ..tiers.watchdog import Watchdog
 
     m = load_model(model)
     tiers = tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait)
@@ -48,9 +49,7 @@ def command(model, stall_at, timeout_s, n_tokens, n_ctx, expert_profile, expert_
             os.environ.pop(STALL_ENV, None)
         else:
             os.environ[STALL_ENV] = saved
-    lines: list[str] = []
-    dog = Watchdog(engine.tier_host, timeout_s, lines.append)
-    dog.start()
+    dog = Watchdog(timeout_s).start()  # tiers/watchdog.py: releases every live verifier, one line each
     released = None
     try:
         for _ in range(stall_at):
@@ -65,7 +64,7 @@ def command(model, stall_at, timeout_s, n_tokens, n_ctx, expert_profile, expert_
         dog.stop()
     if released is None or not dog.fired.wait(10):
         raise StrataError(f"window {stall_at} did not stall (no watchdog release)")
-    print(lines[0], flush=True)
+    print(dog.lines[0], flush=True)
     try:
         engine.run(rng.integers(0, m.geometry.n_vocab, n_tokens), engine.n_past)
     except EngineReleased as exc:

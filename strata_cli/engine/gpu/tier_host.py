@@ -11,7 +11,9 @@ The PCIe share is the last floor(n_miss * pcie_frac) distinct misses in routing 
 writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never runs ahead of a copy.
 
 Release (spec 3.8): every flag to 0xFFFFFFFF (each GPU wait passes), then wait, bounded, until the streams are
-idle; the engine refuses every later window.
+idle; the engine refuses every later window. Any exception while a window is served releases it: host errors,
+Ctrl-C, and SIGTERM / SIGHUP, which the CLI turns into KeyboardInterrupt (fileio.signal_handlers), so no spin
+kernel outlives the process.
 """
 
 from __future__ import annotations
@@ -100,7 +102,9 @@ class ExpertSource:
 
 
 class TierHost:
-    """Serves the steps of the windows of one engine (the main thread, between launch and sync)."""
+    """Serves the steps of the windows of one engine (the main thread, between launch and sync). Registered with
+    strata_cli/tiers/watchdog.py as a live verifier (busy, last_progress, released, describe_stall, release), so
+    its Watchdog and signal release cover the GPU engine too."""
 
     def __init__(self, tiers, engine, stall: int = 0):
         self.t, self.e = tiers, engine
@@ -115,6 +119,21 @@ class TierHost:
         self._lock = threading.Lock()
         self.launching = False
         self.history: list[dict] = []  # window_stats() of every window served
+        from ...tiers.watchdog import register
+
+        register(self)
+
+    # ---- the watchdog's view (tiers/watchdog.py)
+    @property
+    def busy(self) -> bool:
+        return self.active
+
+    @property
+    def last_progress(self) -> float:
+        return self.progress
+
+    def describe_stall(self) -> str:
+        return f"window {self.windows} stalled at layer {max(self.step_layer, 0)}"
 
     def after_warm_up(self) -> None:
         """The engine's warm-up window is not one of the user's (STRATA_TEST_VERIFY_STALL counts those)."""
@@ -148,10 +167,8 @@ class TierHost:
             self.history.append(self.window_stats())
         except BaseException as exc:
             if self.released is None:
-                ms = self.release(5000)
-                why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, StrataError) else str(exc)
-                self.released = (f"an earlier window never finished on the GPU (#267): {why}; GPU waits released, "
-                                 f"streams idle after {ms:.0f} ms")
+                self.release(5000, reason=str(exc) if isinstance(exc, StrataError) else
+                             f"{type(exc).__name__}: {exc}".rstrip(": "))
             raise
         finally:
             self.active = False
@@ -266,10 +283,12 @@ class TierHost:
                               f"{self.t.cfg.timeout_s:g} s for {word} and gave up")
 
     # ---- release (spec 3.8)
-    def release(self, timeout_ms: float) -> float:
-        """Every flag to 0xFFFFFFFF (each GPU wait passes), then poll the streams until idle or timeout_ms.
-        Returns the ms until idle (or timeout_ms)."""
+    def release(self, timeout_ms: float = 5000, reason: str = "released") -> float | None:
+        """Refuse every later window, every flag to 0xFFFFFFFF (each GPU wait passes), then poll the streams until
+        idle. Returns the ms until idle, None when they were still busy after timeout_ms."""
         t = self.t
+        if self.released is None:
+            self.released = f"an earlier window never finished on the GPU (#267): {self.describe_stall()}; {reason}"
         with self._lock:
             for word in (FLAG_A, FLAG_B, FLAG):
                 t.words.host[word] = RELEASED
@@ -278,8 +297,10 @@ class TierHost:
             while True:
                 busy = [s for s in streams if not self._idle(s)]
                 elapsed = (time.monotonic() - t0) * 1e3
-                if not busy or elapsed >= timeout_ms:
+                if not busy:
                     return elapsed
+                if elapsed >= timeout_ms:
+                    return None
                 time.sleep(0.0002)
 
     def window_stats(self) -> dict:
@@ -290,51 +311,3 @@ class TierHost:
         s.update(vram_share=s["vram"] / total, pcie_share=s["pcie"] / total, cpu_share=s["cpu"] / total,
                  wait_b_ms=float(waits[:, 0].sum()), wait_flag_ms=float(waits[:, 1].sum()))
         return s
-
-
-class Watchdog(threading.Thread):
-    """Releases a TierHost whose window made no progress for timeout_s (spec 3.8): sets the refusal message,
-    releases the GPU waits, waits (bounded) for the streams, and hands one line to on_release."""
-
-    def __init__(self, host: TierHost, timeout_s: float, on_release, release_ms: float = 5000):
-        super().__init__(name="strata-watchdog", daemon=True)
-        self.host, self.timeout_s, self.on_release, self.release_ms = host, timeout_s, on_release, release_ms
-        self.stopped = threading.Event()
-        self.fired = threading.Event()
-        self.line: str | None = None
-
-    def run(self) -> None:
-        tick = max(0.001, min(0.01, self.timeout_s / 10))
-        while not self.stopped.wait(tick):
-            h = self.host
-            if not (h.active and h.released is None and time.monotonic() - h.progress > self.timeout_s):
-                continue
-            window, layer = h.windows, h.step_layer
-            h.released = (f"an earlier window never finished on the GPU (#267): window {window} stalled at layer "
-                          f"{layer} and was released by the watchdog")
-            ms = h.release(self.release_ms)
-            self.line = f"window {window} stalled at layer {layer}; GPU waits released; streams idle after {ms:.1f} ms"
-            self.fired.set()
-            self.on_release(self.line)
-            return
-
-    def stop(self) -> None:
-        self.stopped.set()
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived: unwinds like KeyboardInterrupt, so a window in flight releases its GPU waits first."""
-
-
-def release_on_sigterm() -> None:
-    """SIGTERM raises Terminated in the main thread (SIGINT already raises KeyboardInterrupt); a serving host
-    releases its waits on either before the process ends, so no spin kernel outlives it."""
-    import signal
-
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        def _raise(signum, frame):
-            raise Terminated("SIGTERM")
-
-        signal.signal(signal.SIGTERM, _raise)

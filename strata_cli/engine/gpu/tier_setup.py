@@ -56,9 +56,8 @@ def residency_for(model, cfg: TierConfig | None, n_ctx: int, max_t: int):
 def attach_tiers(engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool) -> None:
     """Upload the resident experts, add the tier buffers to the engine's arena (before it is allocated) and make
     the host server; engine.tiers.bind(buf) follows the allocation."""
-    from .tier_host import TierHost, release_on_sigterm
+    from .tier_host import TierHost
 
-    release_on_sigterm()
     engine.tiers = ExpertTiers(engine, table, cfg, pack_q8)
     engine.tiers.add_buffers(engine.arena)
     engine.tier_host = TierHost(engine.tiers, engine, stall_window())
