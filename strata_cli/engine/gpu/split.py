@@ -24,8 +24,8 @@ def _ple_group(e, T: int, r0: int, r1: int, stream) -> None:
     b, w, g = e.buf, e.w, e.g
     p, layer = g.ple, g.ple.layer
     if r0 == 0:  # the gathered PLE rows of the whole window (they depend on tokens only)
-        rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, e.ple_mult, p.heads_per_ngram,
-                              e.ple_sizes, e.ple_offsets, out=b["ple_rows"][:T], stream=stream)
+        rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, b["ple_mult"], p.heads_per_ngram,
+                              b["ple_sizes"], b["ple_offsets"], out=b["ple_rows"][:T], stream=stream)
         table, table_type = w.raw(PLE_TABLE)
         embed.gather_rows(rows, table, table_type, p.head_dim, out=b["ple_emb"][:T], stream=stream)
     saved, mixed_out = b["split_ple_in"], b["split_ple_out"]
