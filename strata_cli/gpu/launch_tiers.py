@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import launch_moe as moe
 from . import launch_util as U
 from .compile import kernel
-from .launch_gemv import check_vector_rows
 from .runtime import check, cudrv
 
 WAIT_KINDS = ("spin", "stream")
@@ -63,26 +63,17 @@ def group_resident(ids, j0: int, J: int, slot_of, n_expert: int, g_expert, g_cou
 
 
 def expert_gemv(w, ggml_type: int, n_expert: int, groups, n_groups: int, nt: int, x, x_div: int, n_in: int, y,
-                n_out: int, stream, *, act=U.ACT_NONE, mul=None, mul_strides=(0, 0)) -> None:
-    """y[j] = W[group's expert] . x[j // x_div] for every entry j of the n_groups groups (y rows are global
-    entries; x and y are whole buffers). w [E, n_out, row] raw or Q8_0_R32; nt >= entries of any group."""
-    g_expert, g_count, g_entries = groups
+                stream, *, act=U.ACT_NONE, mul=None, mul_strides=(0, 0)) -> None:
+    """y[j] = W[group's expert] . x[j // x_div] for every entry j of the n_groups groups, through launch_moe's
+    grouped expert GEMV (every weight type it launches). Entries are global (row*K + slot), so y and x are the whole
+    window buffers; y's first n_groups rows are handed over only to size the grid (the kernel writes row j of the
+    buffer, j < its row count). w [E, n_out, row] raw or Q8_0_R32; nt >= entries of any group."""
+    if not 1 <= n_groups <= y.shape[0]:
+        raise ValueError(f"n_groups: {n_groups} outside 1..{y.shape[0]} (the entry buffer's rows)")
     stride = int(w.nbytes // max(int(w.shape[0]), 1))
-    epilogue = (np.int32(act), np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1]))
-    if ggml_type == U.Q8_0_R32:
-        check_vector_rows("x", x)
-        ksplit, _ = U.q8r_split(n_out, n_in, nt, n_matrices=n_groups)
-        grid, block = U.expert_grid(n_out, n_groups, ksplit, rpw=U.q8r_rows_per_warp(nt))
-        kernel("gemv_q8r", f"gemv_expert_q8r_t{U.nt_bucket(nt)}")(grid, block, (
-            w, np.int64(stride), np.int32(n_expert), g_expert, g_count, g_entries, x, np.int32(x_div),
-            np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), *epilogue), stream=stream)
-        return
-    ksplit = U.gemv_ksplit(n_out, n_in, n_groups)
-    grid, block = U.expert_grid(n_out, n_groups, ksplit)
-    kernel("gemv", f"gemv_expert_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(nt)}")(grid, block, (
-        w, np.int64(stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert, g_count,
-        g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), *epilogue),
-        stream=stream)
+    with U.on_stream(stream):
+        moe._launch_expert_gemv(w, ggml_type, stride, n_expert, groups, nt, x, x_div, n_in, y[:n_groups], act=act,
+                                mul=mul, mul_strides=mul_strides)
 
 
 def swiglu_experts(gate, up, down, n_expert: int, groups, n_groups: int, nt: int, x, K: int, h, parts,
@@ -91,10 +82,9 @@ def swiglu_experts(gate, up, down, n_expert: int, groups, n_groups: int, nt: int
     gate/up/down = (array [E, rows, row], type); x [M, D], h [M*K, F], parts [M*K, D] whole buffers."""
     (gw, gt), (uw, ut), (dw, dt) = gate, up, down
     D, F = x.shape[1], h.shape[1]
-    expert_gemv(uw, ut, n_expert, groups, n_groups, nt, x, K, D, h, F, stream)
-    expert_gemv(gw, gt, n_expert, groups, n_groups, nt, x, K, D, h, F, stream, act=U.ACT_SILU, mul=h,
-                mul_strides=(F, 1))
-    expert_gemv(dw, dt, n_expert, groups, n_groups, nt, h, 1, F, parts, D, stream)
+    expert_gemv(uw, ut, n_expert, groups, n_groups, nt, x, K, D, h, stream)
+    expert_gemv(gw, gt, n_expert, groups, n_groups, nt, x, K, D, h, stream, act=U.ACT_SILU, mul=h, mul_strides=(F, 1))
+    expert_gemv(dw, dt, n_expert, groups, n_groups, nt, h, 1, F, parts, stream)
 
 
 def combine(parts, ymiss, src, w, shared, out, r0: int, T: int, stream) -> None:
