@@ -10,10 +10,12 @@
  *   x [rows, H] f32;  y [rows*k, H] f32 (entry i writes row dst[i]);  h scratch [N, F] f32
  *   group g = entries start[g] .. start[g+1]-1, each with its token row tok[i] and output row dst[i]
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, sched_yield under -std=c11 */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(STRATA_NO_SIMD)
 #include <immintrin.h>
@@ -859,18 +861,23 @@ static inline int64_t now_ns(void) {
     return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
-/* spin until *word >= want or max_ns passed (the caller loops, checking its stream between slices) */
+/* spin until *word >= want or max_ns passed (the caller loops, checking its stream between slices). The first
+ * 20 us are a pure pause-spin (the answer usually comes within it); after that the loop also yields the core
+ * between batches, so a waiter on a busy host (the pool's OpenMP team, other processes) does not starve the
+ * thread it waits for. */
 uint32_t strata_wait_geq(const uint32_t *word, uint32_t want, int64_t max_ns) {
     uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
     if (v >= want) return v;
-    const int64_t end = now_ns() + max_ns;
+    const int64_t start = now_ns(), end = start + max_ns;
     for (;;) {
         for (int i = 0; i < 64; i++) {
             v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
             if (v >= want) return v;
             cpu_relax();
         }
-        if (now_ns() >= end) return v;
+        const int64_t t = now_ns();
+        if (t >= end) return v;
+        if (t - start > 20000) sched_yield();
     }
 }
 
