@@ -278,3 +278,23 @@ def test_tier_options_check_the_cache_spec_on_any_device(fixture_dir, command):
     ok = CliRunner().invoke(main, [command[0], model, *command[1:], "--device", "cpu", "--expert-cache", "0"])
     assert ok.exit_code == 0, ok.output
     assert "GPU engine only" in ok.output
+
+
+def test_a_release_during_a_step_is_never_undone_by_the_host(monkeypatch, fixture_dir):
+    """The watchdog may fire while the host computes a step: the host must not lower the released flags after."""
+    from strata_cli.engine.gpu.tier_host import ExpertSource
+
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
+    original = ExpertSource.compute_into
+
+    def released_midway(self, *args):
+        original(self, *args)
+        host.release(2000, reason="watchdog (simulated)")
+
+    monkeypatch.setattr(ExpertSource, "compute_into", released_midway)
+    host.begin(3)
+    gpu.start()
+    with pytest.raises(EngineReleased, match="watchdog"):
+        host.serve(3)
+    assert gpu.done.wait(5) and not gpu.timed_out
+    assert all(int(tiers.words.host[w]) == RELEASED for w in (FLAG_A, FLAG_B, FLAG))

@@ -185,17 +185,17 @@ class TierHost:
         plan = plan_step(ids, t.table_host[layer], t.cfg.pcie_frac)
         slot = t.plan.host[grp]
         write_plan(slot, plan, r0 * K, t.JM)
-        t.words.host[FLAG_A] = want
+        self._raise_flag(FLAG_A, want)
         if t.pcie:
             self._copy_pcie(layer, grp, plan, want)
         else:
-            t.words.host[FLAG_B] = want
+            self._raise_flag(FLAG_B, want)
         if plan.cpu:
             self.src.compute_into(layer, t.pub_x.host[r0:r0 + n], plan, K, t.ymiss.host[r0 * K:(r0 + n) * K])
         t2 = time.perf_counter()
         last = k == t.L * G - 1
         if not (last and self.stall and self.windows == self.stall):
-            t.words.host[FLAG] = want
+            self._raise_flag(FLAG, want)
         s = self.stats
         s["vram"] += int((plan.src == SRC_VRAM).sum())
         s["pcie"] += int((plan.src == SRC_PCIE).sum())
@@ -287,21 +287,33 @@ class TierHost:
         """Refuse every later window, every flag to 0xFFFFFFFF (each GPU wait passes), then poll the streams until
         idle. Returns the ms until idle, None when they were still busy after timeout_ms."""
         t = self.t
-        if self.released is None:
-            self.released = f"an earlier window never finished on the GPU (#267): {self.describe_stall()}; {reason}"
+        with self._lock:  # after this block no host flag write can lower a flag again (_raise_flag)
+            if self.released is None:
+                self.released = (f"an earlier window never finished on the GPU (#267): {self.describe_stall()}; "
+                                 f"{reason}")
+            self._store_released()
+        t0 = time.monotonic()
+        streams = [self.e.stream] + ([t.copy_stream] if t.copy_stream is not None else [])
+        while True:
+            busy = [s for s in streams if not self._idle(s)]
+            elapsed = (time.monotonic() - t0) * 1e3
+            if not busy:
+                return elapsed
+            if elapsed >= timeout_ms:
+                return None
+            self._store_released()  # again: a copy-stream flagB write queued before the release may land late
+            time.sleep(0.0002)
+
+    def _store_released(self) -> None:
+        for word in (FLAG_A, FLAG_B, FLAG):
+            self.t.words.host[word] = RELEASED
+
+    def _raise_flag(self, word: int, value: int) -> None:
+        """A host flag write; refused once released (it would lower a released flag under a waiting GPU)."""
         with self._lock:
-            for word in (FLAG_A, FLAG_B, FLAG):
-                t.words.host[word] = RELEASED
-            t0 = time.monotonic()
-            streams = [self.e.stream] + ([t.copy_stream] if t.copy_stream is not None else [])
-            while True:
-                busy = [s for s in streams if not self._idle(s)]
-                elapsed = (time.monotonic() - t0) * 1e3
-                if not busy:
-                    return elapsed
-                if elapsed >= timeout_ms:
-                    return None
-                time.sleep(0.0002)
+            if self.released is not None:
+                raise EngineReleased(self.released)
+            self.t.words.host[word] = value
 
     def window_stats(self) -> dict:
         """The last window's shares of routed entries, host times and GPU wait times (spin waits only)."""
