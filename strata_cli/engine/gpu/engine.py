@@ -210,7 +210,7 @@ class GPUEngine:
         thread = threading.Thread(target=launch, name="strata-eager-launch", daemon=True)
         thread.start()
         try:
-            host.serve(T, eager=True)
+            host.serve(T)
         except BaseException:
             thread.join()
             if failed:

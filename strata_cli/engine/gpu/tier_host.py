@@ -154,15 +154,15 @@ class TierHost:
         self.stats = {"T": T, "vram": 0, "pcie": 0, "cpu": 0, "pool_ms": 0.0, "host_wait_ms": 0.0, "pcie_bytes": 0,
                       "cpu_bytes": 0}
 
-    def serve(self, T: int, eager: bool = False) -> None:
+    def serve(self, T: int) -> None:
         """All steps of the launched T-row window; then wait (bounded) for the stream. Releases on any error."""
         try:
             groups = self.t.groups(T)
             G = len(groups)
             for k in range(self.t.L * G):
                 layer, grp = divmod(k, G)
-                self._step(k, layer, grp, *groups[grp], G, eager)
-            self._await_idle(eager)
+                self._step(k, layer, grp, *groups[grp], G)
+            self._await_idle()
             self._check_err(G)
             self.history.append(self.window_stats())
         except BaseException as exc:
@@ -173,12 +173,12 @@ class TierHost:
         finally:
             self.active = False
 
-    def _step(self, k: int, layer: int, grp: int, r0: int, n: int, G: int, eager: bool) -> None:
+    def _step(self, k: int, layer: int, grp: int, r0: int, n: int, G: int) -> None:
         t = self.t
         want = k + 1
         self.step_layer = layer
         t0 = time.perf_counter()
-        self._await_ring(want, layer, eager)
+        self._await_ring(want, layer)
         t1 = time.perf_counter()
         K = t.K
         ids = t.pub_ids.host[r0:r0 + n].reshape(-1).copy()
@@ -224,28 +224,23 @@ class TierHost:
                 check(rt.cudaMemcpyAsync(base + q * nbytes, src, nbytes, kind, stream.ptr), "cudaMemcpyAsync")
         write_word(t.words.device[FLAG_B:FLAG_B + 1], want, stream)
 
-    def _await_ring(self, want: int, layer: int, eager: bool) -> None:
+    def _await_ring(self, want: int, layer: int) -> None:
+        """seq >= want. The wait itself is tiers/doorbell.wait_word (a pause-spin in C with the GIL released, so an
+        eager launching thread and the watchdog run); every POLL_S: released? stream finished without ringing?"""
+        from ...tiers.doorbell import wait_word
+
         seq = self.t.words.host[SEQ:SEQ + 1]
-        if seq[0] >= want:
-            return
         start = time.monotonic()
-        next_poll = start + POLL_S
-        while seq[0] < want:
-            if eager:
-                time.sleep(0)  # the launching thread needs the GIL
-            now = time.monotonic()
-            if now < next_poll:
-                continue
-            next_poll = now + POLL_S
+        while wait_word(seq, want, POLL_S) < want:
             if self.released is not None:
                 raise EngineReleased(self.released)
             if not self.launching and self._stream_idle() and seq[0] < want:
                 raise StrataError(f"layer {layer} never rang (the window's stream ended first"
                                   f"{self._err_text()})")
-            if not self.launching and now - start > self.t.cfg.timeout_s:  # eager launches may compile kernels
+            if not self.launching and time.monotonic() - start > self.t.cfg.timeout_s:  # eager launches compile
                 raise StrataError(f"layer {layer} never rang within {self.t.cfg.timeout_s:g} s")
 
-    def _await_idle(self, eager: bool) -> None:
+    def _await_idle(self) -> None:
         """Wait for the window's stream; a withheld flag ends only through a GPU wait's bound or a release."""
         while self.launching or not self._stream_idle():
             time.sleep(0 if not self.stall else 0.001)
