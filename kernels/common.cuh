@@ -79,55 +79,6 @@ __device__ __forceinline__ void expert_group_rows(const int* g_entries, int u, i
     }
 }
 
-// Split-K inside a block (gemv.cu, gemv_q8r.cu): the ksplit warps of a set add their accumulators through shared
-// memory. Each warp stores its own (cell(r, t) = its shared slot; `writer` false skips the store), then the set's
-// first warp (kslice 0) adds the others' slots other(s, r, t), s = 1..ksplit-1. Returns whether this warp goes on
-// to write y (kslice 0). Every warp of the block must call it (it holds a barrier when ksplit > 1).
-template <int ROWS, int NT, typename Cell, typename Other>
-__device__ __forceinline__ bool ksplit_reduce(float (&acc)[ROWS][NT], int ksplit, int kslice, bool writer, Cell cell,
-                                              Other other) {
-    if (ksplit == 1) return true;
-    if (writer) {
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-            for (int t = 0; t < NT; ++t) cell(r, t) = acc[r][t];
-    }
-    __syncthreads();
-    if (kslice != 0) return false;
-    for (int s = 1; s < ksplit; ++s)
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-            for (int t = 0; t < NT; ++t) acc[r][t] += other(s, r, t);
-    return true;
-}
-
-// The accumulate-and-store tail of the grouped expert GEMVs (gemv.cu, gemv_q8r.cu). Most groups hold one entry:
-// such a group (uniform per block) runs one accumulator per output row instead of NT. dot(acc, xr, n) adds this
-// warp's K slice of the n window rows into acc [ROWS][n] (zeroed here); store(acc, rows, n) adds up the warps and
-// writes y rows rows[0..n-1]. Every warp of the block must call it (store holds a barrier).
-template <int NT, int ROWS, typename Dot, typename Store>
-__device__ __forceinline__ void grouped_dot_store(int nt, const int (&xr)[NT], const int (&rows)[NT], Dot dot,
-                                                  Store store) {
-    if (NT > 1 && nt == 1) {
-        float acc1[ROWS][1];
-#pragma unroll
-        for (int r = 0; r < ROWS; ++r) acc1[r][0] = 0.0f;
-        const int xr1[1] = {xr[0]}, rows1[1] = {rows[0]};
-        dot(acc1, xr1, 1);
-        store(acc1, rows1, 1);
-        return;
-    }
-    float acc[ROWS][NT];
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-    dot(acc, xr, nt);
-    store(acc, rows, nt);
-}
-
 // Split-K across the blocks of grid z, finished inside the same launch (no reduce kernel, one graph node less).
 // Every block of a tile (blockIdx.x, blockIdx.y) has written raw sums of rows o0..o0+n_rows-1, window rows
 // t0..t0+nt-1 to partial[z][t][o] (slices of T * n_out). The block counted last in tile_done[tile] adds the z
@@ -229,4 +180,200 @@ __device__ __forceinline__ void block_argmax(float& v, int& i, float* shv, int* 
     __syncthreads();
     v = shv[0];
     i = shi[0];
+}
+
+// Split-K inside a block (gemv.cu, gemv_q8r.cu): the ksplit warps of a set add their accumulators through shared
+// memory. Each warp stores its own (cell(r, t) = its shared slot; `writer` false skips the store), then the set's
+// first warp (kslice 0) adds the others' slots other(s, r, t), s = 1..ksplit-1. Returns whether this warp goes on
+// to write y (kslice 0). Every warp of the block must call it (it holds a barrier when ksplit > 1).
+template <int ROWS, int NT, typename Cell, typename Other>
+__device__ __forceinline__ bool ksplit_reduce(float (&acc)[ROWS][NT], int ksplit, int kslice, bool writer, Cell cell,
+                                              Other other) {
+    if (ksplit == 1) return true;
+    if (writer) {
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) cell(r, t) = acc[r][t];
+    }
+    __syncthreads();
+    if (kslice != 0) return false;
+    for (int s = 1; s < ksplit; ++s)
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) acc[r][t] += other(s, r, t);
+    return true;
+}
+
+// Sum the ksplit warps of each row group, then the group's first warp writes its ROWS rows o0.. of every window
+// row (gemv.cu and gemv_quant.cu: lane (r * NT + t) % 32 writes row r of window row t). y_rows[t] is the output
+// row of window row t (dense: t0 + t; expert: the entry). Every warp of the block must call it.
+template <int ROWS, int NT>
+__device__ __forceinline__ void reduce_store(float (&acc)[ROWS][NT], int o0, int n_out, int nt, int ksplit,
+                                             int kslice, int group, float* y, const int* y_rows, int act,
+                                             float div, const float* mul, int mul_st, int mul_so) {
+    __shared__ float part[GEMV_WARPS][ROWS][NT];
+    const int lane = threadIdx.x & (WARP - 1);
+    const int warp = threadIdx.x / WARP;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
+    if (!ksplit_reduce(acc, ksplit, kslice, lane == 0, [&](int r, int t) -> float& { return part[warp][r][t]; },
+                       [&](int s, int r, int t) { return part[group * ksplit + s][r][t]; }))
+        return;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const int o = o0 + r;
+            if (lane == (r * NT + t) % WARP && o < n_out && t < nt) {
+                const i64 row = y_rows[t];
+                y[row * n_out + o] = gemv_epilogue(acc[r][t], act, div, mul, row * mul_st + (i64)o * mul_so);
+            }
+        }
+}
+
+// The dense GEMV driver (gemv.cu, gemv_q8r.cu, gemv_quant.cu): the block's window rows are t0 = blockIdx.y *
+// GEMV_MAXT onwards (nt of them). dot(acc, xr, nt, t0) adds this warp's K slice into acc [ROWS][NT] (zeroed here);
+// store(acc, rows, nt, dst, act, div, mul, mul_st, mul_so) adds up the warps and writes dst. With gridDim.z > 1 the
+// raw sums go to partial[blockIdx.z] and the tile's last block finishes rows [tile_row0, tile_row0 + tile_rows)
+// (zsplit_finish). Every thread of the block must call it.
+template <int NT, int ROWS, typename Dot, typename Store>
+__device__ __forceinline__ void dense_dot_store(int T, float* y, int n_out, int tile_row0, int tile_rows, int act,
+                                                float div, const float* mul, int mul_st, int mul_so, float* partial,
+                                                unsigned* tile_done, Dot dot, Store store) {
+    const int t0 = blockIdx.y * GEMV_MAXT;
+    const int nt = min(NT, T - t0);
+    float acc[ROWS][NT];
+    int rows[NT], xr[NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        rows[t] = t0 + t;
+        xr[t] = t;
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) acc[r][t] = 0.0f;
+    }
+    dot(acc, xr, nt, t0);
+    if (gridDim.z > 1) {  // raw partial sums of this z slice, then the tile's last block finishes
+        store(acc, rows, nt, partial + (i64)blockIdx.z * T * n_out, ACT_NONE, 1.0f, nullptr, 0, 0);
+        zsplit_finish(partial, tile_done, y, n_out, T, t0, nt, tile_row0, tile_rows, act, div, mul, mul_st, mul_so);
+    } else {
+        store(acc, rows, nt, y, act, div, mul, mul_st, mul_so);
+    }
+}
+
+// The dense GEMV of gemv.cu and gemv_quant.cu (R output rows per warp): grid (ceil(n_out / (R * GEMV_WARPS /
+// ksplit)), ceil(T / GEMV_MAXT), zsplit); the GEMV_WARPS / ksplit row groups of a block take R rows each, the
+// ksplit warps of a group and the blocks along z interleaved K slices. dot(o0, kslice, kstride, acc, xr, n, t0) adds
+// this warp's slice of rows o0.. for window rows t0.. into acc.
+template <int NT, int R, typename Dot>
+__device__ __forceinline__ void dense_rows(int T, float* y, int n_out, int ksplit, int act, float div,
+                                           const float* mul, int mul_st, int mul_so, float* partial,
+                                           unsigned* tile_done, Dot dot) {
+    const int warp = threadIdx.x / WARP;
+    const int group = warp / ksplit;
+    const int kslice = warp % ksplit + blockIdx.z * ksplit, kstride = ksplit * gridDim.z;
+    const int rows_per_block = R * (GEMV_WARPS / ksplit);
+    const int o0 = blockIdx.x * rows_per_block + group * R;
+    dense_dot_store<NT, R>(
+        T, y, n_out, blockIdx.x * rows_per_block, rows_per_block, act, div, mul, mul_st, mul_so, partial, tile_done,
+        [&](auto& acc, const auto& xs, int n, int t0) { dot(o0, kslice, kstride, acc, xs, n, t0); },
+        [&](auto& acc, const auto& ys, int n, float* dst, int a, float d, const float* m, int mst, int mso) {
+            reduce_store(acc, o0, n_out, n, ksplit, warp % ksplit, group, dst, ys, a, d, m, mst, mso);
+        });
+}
+
+// The accumulate-and-store tail of the grouped expert GEMVs (gemv.cu, gemv_q8r.cu). Most groups hold one entry:
+// such a group (uniform per block) runs one accumulator per output row instead of NT. dot(acc, xr, n) adds this
+// warp's K slice of the n window rows into acc [ROWS][n] (zeroed here); store(acc, rows, n) adds up the warps and
+// writes y rows rows[0..n-1]. Every warp of the block must call it (store holds a barrier).
+template <int NT, int ROWS, typename Dot, typename Store>
+__device__ __forceinline__ void grouped_dot_store(int nt, const int (&xr)[NT], const int (&rows)[NT], Dot dot,
+                                                  Store store) {
+    if (NT > 1 && nt == 1) {
+        float acc1[ROWS][1];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) acc1[r][0] = 0.0f;
+        const int xr1[1] = {xr[0]}, rows1[1] = {rows[0]};
+        dot(acc1, xr1, 1);
+        store(acc1, rows1, 1);
+        return;
+    }
+    float acc[ROWS][NT];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+    dot(acc, xr, nt);
+    store(acc, rows, nt);
+}
+
+// The grouped expert GEMV of gemv.cu and gemv_quant.cu (R output rows per warp): group u = blockIdx.y holds up to
+// NT (row, slot) entries routed to expert g_expert[u] (moe.cu's moe_group), whose rows W + e * expert_stride the
+// block reads once for all of them; entry j reads x row j / x_div and writes y row j. Unused groups (count 0) leave
+// at once; an expert id outside 0..E-1 writes NaN to its entries' rows instead of reading stray memory.
+// dot(We, o0, kslice, acc, xr, n) adds this warp's K slice of the expert's rows o0.. into acc.
+template <int NT, int R, typename Dot>
+__device__ __forceinline__ void grouped_rows(const u8* W, i64 expert_stride, int n_expert, const int* g_expert,
+                                             const int* g_count, const int* g_entries, int x_div, float* y,
+                                             int n_out, int ksplit, int act, float div, const float* mul, int mul_st,
+                                             int mul_so, Dot dot) {
+    const int u = blockIdx.y;
+    const int nt = min(g_count[u], NT);
+    if (nt == 0) return;  // the whole block leaves: no barrier is left waiting
+    const int e = g_expert[u];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
+    const int group = warp / ksplit, kslice = warp % ksplit;
+    const int o0 = (blockIdx.x * (GEMV_WARPS / ksplit) + group) * R;
+    int rows[NT], xr[NT];
+    expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
+    if (e < 0 || e >= n_expert) {
+        if (kslice == 0 && lane < R && o0 + lane < n_out)
+            for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + o0 + lane] = QNAN;
+        return;
+    }
+    const u8* We = W + (i64)e * expert_stride;
+    grouped_dot_store<NT, R>(
+        nt, xr, rows, [&](auto& acc, const auto& xs, int n) { dot(We, o0, kslice, acc, xs, n); },
+        [&](auto& acc, const auto& ys, int n) {
+            reduce_store(acc, o0, n_out, n, ksplit, kslice, group, y, ys, act, div, mul, mul_st, mul_so);
+        });
+}
+
+// Groups J entries by key for the grouped GEMVs (moe.cu's moe_group by expert id, tiers.cu's tier_group by
+// residency slot): sid [J] holds the keys in shared memory, is_leader >= blockDim.x ints of shared scratch. Group u
+// gets up to max_rows entries (ascending, written as j0 + index) of key g_expert[u]; an entry leads a group when
+// the number of earlier entries with its key is a multiple of max_rows. With negative_is_none a negative key
+// forms no group (its entries belong to none); otherwise it is a key like any other. g_expert / g_count of the
+// slots past the last group are -1 / 0. One block of >= J threads (J <= blockDim.x); every thread calls it.
+__device__ __forceinline__ void group_by_key(const int* sid, int* is_leader, int j0, int J, int max_rows,
+                                             bool negative_is_none, int* __restrict__ g_expert,
+                                             int* __restrict__ g_count, int* __restrict__ g_entries) {
+    const int j = threadIdx.x;
+    int key = -1, before = 0;
+    if (j < J) {
+        key = sid[j];
+        for (int i = 0; i < j; ++i) before += sid[i] == key;
+    }
+    const bool leader = j < J && (!negative_is_none || key >= 0) && before % max_rows == 0;
+    is_leader[j] = leader;
+    __syncthreads();
+    int rank = 0, total = 0;
+    for (int i = 0; i < J; ++i) {
+        rank += i < j ? is_leader[i] : 0;
+        total += is_leader[i];
+    }
+    if (leader) {
+        int n = 0;
+        for (int i = j; i < J && n < max_rows; ++i)
+            if (sid[i] == key) g_entries[rank * max_rows + n++] = j0 + i;
+        g_expert[rank] = key;
+        g_count[rank] = n;
+    }
+    if (j < J && j >= total) {
+        g_expert[j] = -1;
+        g_count[j] = 0;
+    }
 }

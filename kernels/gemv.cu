@@ -92,34 +92,6 @@ __device__ __forceinline__ void slice_dot(const u8* __restrict__ W, i64 row_stri
     }
 }
 
-// Sum the ksplit warps of each row group, then the group's first warp writes its rows.
-// y_row(t) is the output row of window row t (dense: t0 + t; expert: the entry).
-template <int NT>
-__device__ __forceinline__ void reduce_store(float (&acc)[GEMV_RPW][NT], int o0, int n_out, int nt, int ksplit,
-                                             int kslice, int group, float* y, const int* y_rows, int act,
-                                             float div, const float* mul, int mul_st, int mul_so) {
-    __shared__ float part[GEMV_WARPS][GEMV_RPW][NT];
-    const int lane = threadIdx.x & (WARP - 1);
-    const int warp = threadIdx.x / WARP;
-#pragma unroll
-    for (int r = 0; r < GEMV_RPW; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
-    if (!ksplit_reduce(acc, ksplit, kslice, lane == 0, [&](int r, int t) -> float& { return part[warp][r][t]; },
-                       [&](int s, int r, int t) { return part[group * ksplit + s][r][t]; }))
-        return;
-#pragma unroll
-    for (int r = 0; r < GEMV_RPW; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const int o = o0 + r;
-            if (lane == (r * NT + t) % WARP && o < n_out && t < nt) {
-                const i64 row = y_rows[t];
-                y[row * n_out + o] = gemv_epilogue(acc[r][t], act, div, mul, row * mul_st + (i64)o * mul_so);
-            }
-        }
-}
-
 // grid (ceil(n_out / (GEMV_RPW * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit), block GEMV_WARPS * 32.
 // With zsplit > 1 the blocks along z take interleaved chunks too and write raw sums to partial[z][t][o]; the last
 // block of each tile adds them and applies the epilogue (zsplit_finish; a 4-row x 10240 matrix needs many SMs).
@@ -127,30 +99,11 @@ template <int TYPE, int NT>
 __device__ __forceinline__ void gemv_dense(const u8* W, i64 row_stride, const float* x, int n_in, float* y,
                                            int n_out, int T, int ksplit, int act, float div, const float* mul,
                                            int mul_st, int mul_so, float* partial, unsigned* tile_done) {
-    const int warp = threadIdx.x / WARP;
-    const int group = warp / ksplit;
-    const int kslice = warp % ksplit + blockIdx.z * ksplit, kstride = ksplit * gridDim.z;
-    const int rows_per_block = GEMV_RPW * (GEMV_WARPS / ksplit);
-    const int o0 = blockIdx.x * rows_per_block + group * GEMV_RPW;
-    const int t0 = blockIdx.y * GEMV_MAXT;
-    const int nt = min(NT, T - t0);
-    float acc[GEMV_RPW][NT];
-#pragma unroll
-    for (int r = 0; r < GEMV_RPW; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-    int rows[NT], xr[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) { rows[t] = t0 + t; xr[t] = t; }
-    slice_dot<TYPE, NT>(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xr, nt, n_in, kslice, kstride, acc);
-    if (gridDim.z > 1) {  // raw partial sums of this z slice, then the tile's last block finishes
-        reduce_store<NT>(acc, o0, n_out, nt, ksplit, warp % ksplit, group, partial + (i64)blockIdx.z * T * n_out,
-                         rows, ACT_NONE, 1.0f, nullptr, 0, 0);
-        zsplit_finish(partial, tile_done, y, n_out, T, t0, nt, blockIdx.x * rows_per_block, rows_per_block, act,
-                      div, mul, mul_st, mul_so);
-    } else {
-        reduce_store<NT>(acc, o0, n_out, nt, ksplit, warp % ksplit, group, y, rows, act, div, mul, mul_st, mul_so);
-    }
+    dense_rows<NT, GEMV_RPW>(
+        T, y, n_out, ksplit, act, div, mul, mul_st, mul_so, partial, tile_done,
+        [&](int o0, int kslice, int kstride, auto& acc, const auto& xs, int n, int t0) {
+            slice_dot<TYPE>(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xs, n, n_in, kslice, kstride, acc);
+        });
 }
 
 // Grouped experts: group u = blockIdx.y holds up to GEMV_MAXT (row, slot) entries routed to one expert
@@ -162,28 +115,10 @@ __device__ __forceinline__ void gemv_grouped(const u8* W, i64 expert_stride, i64
                                              const int* g_expert, const int* g_count, const int* g_entries,
                                              const float* x, int x_div, int n_in, float* y, int n_out, int ksplit,
                                              int act, float div, const float* mul, int mul_st, int mul_so) {
-    const int u = blockIdx.y;
-    const int nt = min(g_count[u], NT);
-    if (nt == 0) return;  // the whole block leaves: no barrier is left waiting
-    const int e = g_expert[u];
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
-    const int group = warp / ksplit, kslice = warp % ksplit;
-    const int o0 = (blockIdx.x * (GEMV_WARPS / ksplit) + group) * GEMV_RPW;
-    int rows[NT], xr[NT];
-    expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
-    if (e < 0 || e >= n_expert) {
-        if (kslice == 0 && lane < GEMV_RPW && o0 + lane < n_out)
-            for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + o0 + lane] = QNAN;
-        return;
-    }
-    const u8* We = W + (i64)e * expert_stride;
-    grouped_dot_store<NT, GEMV_RPW>(
-        nt, xr, rows,
-        [&](auto& acc, const auto& xs, int n) {
+    grouped_rows<NT, GEMV_RPW>(
+        W, expert_stride, n_expert, g_expert, g_count, g_entries, x_div, y, n_out, ksplit, act, div, mul, mul_st,
+        mul_so, [&](const u8* We, int o0, int kslice, auto& acc, const auto& xs, int n) {
             slice_dot<TYPE>(We, row_stride, o0, n_out, x, xs, n, n_in, kslice, ksplit, acc);
-        },
-        [&](auto& acc, const auto& ys, int n) {
-            reduce_store(acc, o0, n_out, n, ksplit, kslice, group, y, ys, act, div, mul, mul_st, mul_so);
         });
 }
 

@@ -171,30 +171,17 @@ __device__ __forceinline__ void q8r_dense(const u8* W, int nb, const float* x, i
     const int kslice = warp % ksplit + blockIdx.z * ksplit, kstride = ksplit * gridDim.z;
     const int g0 = (blockIdx.x * (GEMV_WARPS / ksplit) + set) * R;
     const int live = min(R, n_out / Q8R_GROUP - g0);
-    const int t0 = blockIdx.y * GEMV_MAXT;
-    const int nt = min(NT, T - t0);
-    float acc[R][NT];
-    int rows[NT], xr[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) {
-        rows[t] = t0 + t;
-        xr[t] = t;
-#pragma unroll
-        for (int r = 0; r < R; ++r) acc[r][t] = 0.0f;
-    }
-    if (live > 0)
-        q8r_slice<NT, R>(W + (i64)g0 * nb * Q8R_BLOCK_BYTES, live, nb, x + (i64)t0 * n_in, xr, nt, n_in, kslice,
-                         kstride, acc);
-    if (gridDim.z > 1) {
-        q8r_store<NT, R>(acc, g0, live, n_out, nt, ksplit, warp % ksplit, set,
-                         partial + (i64)blockIdx.z * T * n_out, rows, ACT_NONE, 1.0f, nullptr, 0, 0);
-        const int rows_per_block = Q8R_GROUP * R * (GEMV_WARPS / ksplit);
-        zsplit_finish(partial, tile_done, y, n_out, T, t0, nt, blockIdx.x * rows_per_block, rows_per_block, act,
-                      div, mul, mul_st, mul_so);
-    } else {
-        q8r_store<NT, R>(acc, g0, live, n_out, nt, ksplit, warp % ksplit, set, y, rows, act, div, mul, mul_st,
-                         mul_so);
-    }
+    const int rows_per_block = Q8R_GROUP * R * (GEMV_WARPS / ksplit);
+    dense_dot_store<NT, R>(
+        T, y, n_out, blockIdx.x * rows_per_block, rows_per_block, act, div, mul, mul_st, mul_so, partial, tile_done,
+        [&](auto& acc, const auto& xs, int n, int t0) {
+            if (live > 0)
+                q8r_slice(W + (i64)g0 * nb * Q8R_BLOCK_BYTES, live, nb, x + (i64)t0 * n_in, xs, n, n_in, kslice,
+                          kstride, acc);
+        },
+        [&](auto& acc, const auto& ys, int n, float* dst, int a, float d, const float* m, int mst, int mso) {
+            q8r_store(acc, g0, live, n_out, n, ksplit, warp % ksplit, set, dst, ys, a, d, m, mst, mso);
+        });
 }
 
 // Grouped experts, as gemv.cu's gemv_grouped: group u = blockIdx.y holds up to GEMV_MAXT (row, slot) entries

@@ -28,12 +28,12 @@
 
 typedef QBlock<QTYPE> QB;
 
-// acc[r][t] += this warp's K slice of W[o0 + r] . x[xr[t]], r < QROWS(NT) (rows >= n_out skipped), t < nt.
-template <int NT>
+// acc[r][t] += this warp's K slice of W[o0 + r] . x[xr[t]], r < R (QROWS of the window's bucket; rows >= n_out
+// skipped), t < nt.
+template <int R, int NT>
 __device__ __forceinline__ void qslice_dot(const u8* __restrict__ W, i64 row_stride, int o0, int n_out,
                                            const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in,
-                                           int kslice, int kstride, float (&acc)[QROWS(NT)][NT]) {
-    constexpr int R = QROWS(NT);
+                                           int kslice, int kstride, float (&acc)[R][NT]) {
     const int lane = threadIdx.x & (WARP - 1);
     const int n_steps = (n_in + QSTEP - 1) / QSTEP;
     for (int s = kslice; s < n_steps; s += kstride) {
@@ -73,77 +73,16 @@ __device__ __forceinline__ void qslice_dot(const u8* __restrict__ W, i64 row_str
     }
 }
 
-// Sum the ksplit warps of each row group, then the group's first warp writes its rows (gemv.cu's reduce_store for
-// QROWS(NT) rows per warp). y_rows[t]: the output row of window row t.
-template <int NT>
-__device__ __forceinline__ void qreduce_store(float (&acc)[QROWS(NT)][NT], int o0, int n_out, int nt, int ksplit,
-                                              int kslice, int group, float* y, const int* y_rows, int act,
-                                              float div, const float* mul, int mul_st, int mul_so) {
-    constexpr int R = QROWS(NT);
-    __shared__ float part[GEMV_WARPS][R][NT];
-    const int lane = threadIdx.x & (WARP - 1);
-    const int warp = threadIdx.x / WARP;
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
-    if (ksplit > 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int t = 0; t < NT; ++t) part[warp][r][t] = acc[r][t];
-        }
-        __syncthreads();
-        if (kslice != 0) return;
-        for (int s = 1; s < ksplit; ++s)
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int t = 0; t < NT; ++t) acc[r][t] += part[group * ksplit + s][r][t];
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            const int o = o0 + r;
-            if (lane == (r * NT + t) % WARP && o < n_out && t < nt) {
-                const i64 row = y_rows[t];
-                y[row * n_out + o] = gemv_epilogue(acc[r][t], act, div, mul, row * mul_st + (i64)o * mul_so);
-            }
-        }
-}
-
 // grid (ceil(n_out / (QROWS * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit), block GEMV_WARPS * 32.
 template <int NT>
 __device__ __forceinline__ void qgemv_dense(const u8* W, i64 row_stride, const float* x, int n_in, float* y,
                                             int n_out, int T, int ksplit, int act, float div, const float* mul,
                                             int mul_st, int mul_so, float* partial, unsigned* tile_done) {
-    constexpr int R = QROWS(NT);
-    const int warp = threadIdx.x / WARP;
-    const int group = warp / ksplit;
-    const int kslice = warp % ksplit + blockIdx.z * ksplit, kstride = ksplit * gridDim.z;
-    const int rows_per_block = R * (GEMV_WARPS / ksplit);
-    const int o0 = blockIdx.x * rows_per_block + group * R;
-    const int t0 = blockIdx.y * GEMV_MAXT;
-    const int nt = min(NT, T - t0);
-    float acc[R][NT];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-    int rows[NT], xr[NT];
-#pragma unroll
-    for (int t = 0; t < NT; ++t) { rows[t] = t0 + t; xr[t] = t; }
-    qslice_dot<NT>(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xr, nt, n_in, kslice, kstride, acc);
-    if (gridDim.z > 1) {  // raw partial sums of this z slice, then the tile's last block finishes
-        qreduce_store<NT>(acc, o0, n_out, nt, ksplit, warp % ksplit, group, partial + (i64)blockIdx.z * T * n_out,
-                          rows, ACT_NONE, 1.0f, nullptr, 0, 0);
-        zsplit_finish(partial, tile_done, y, n_out, T, t0, nt, blockIdx.x * rows_per_block, rows_per_block, act,
-                      div, mul, mul_st, mul_so);
-    } else {
-        qreduce_store<NT>(acc, o0, n_out, nt, ksplit, warp % ksplit, group, y, rows, act, div, mul, mul_st, mul_so);
-    }
+    dense_rows<NT, QROWS(NT)>(
+        T, y, n_out, ksplit, act, div, mul, mul_st, mul_so, partial, tile_done,
+        [&](int o0, int kslice, int kstride, auto& acc, const auto& xs, int n, int t0) {
+            qslice_dot(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xs, n, n_in, kslice, kstride, acc);
+        });
 }
 
 // Grouped experts (gemv.cu's gemv_grouped): group u = blockIdx.y holds up to GEMV_MAXT entries routed to one expert,
@@ -153,29 +92,11 @@ __device__ __forceinline__ void qgemv_grouped(const u8* W, i64 expert_stride, i6
                                               const int* g_expert, const int* g_count, const int* g_entries,
                                               const float* x, int x_div, int n_in, float* y, int n_out, int ksplit,
                                               int act, float div, const float* mul, int mul_st, int mul_so) {
-    constexpr int R = QROWS(NT);
-    const int u = blockIdx.y;
-    const int nt = min(g_count[u], NT);
-    if (nt == 0) return;  // the whole block leaves: no barrier is left waiting
-    const int e = g_expert[u];
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
-    const int group = warp / ksplit, kslice = warp % ksplit;
-    const int o0 = (blockIdx.x * (GEMV_WARPS / ksplit) + group) * R;
-    int rows[NT], xr[NT];
-    expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
-    if (e < 0 || e >= n_expert) {
-        if (kslice == 0 && lane < R && o0 + lane < n_out)
-            for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + o0 + lane] = QNAN;
-        return;
-    }
-    const u8* We = W + (i64)e * expert_stride;
-    float acc[R][NT];
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-    qslice_dot<NT>(We, row_stride, o0, n_out, x, xr, nt, n_in, kslice, ksplit, acc);
-    qreduce_store<NT>(acc, o0, n_out, nt, ksplit, kslice, group, y, rows, act, div, mul, mul_st, mul_so);
+    grouped_rows<NT, QROWS(NT)>(
+        W, expert_stride, n_expert, g_expert, g_count, g_entries, x_div, y, n_out, ksplit, act, div, mul, mul_st,
+        mul_so, [&](const u8* We, int o0, int kslice, auto& acc, const auto& xs, int n) {
+            qslice_dot(We, row_stride, o0, n_out, x, xs, n, n_in, kslice, ksplit, acc);
+        });
 }
 
 #define QGEMV_KERNELS(NT)                                                                                          \

@@ -75,32 +75,8 @@ extern "C" __global__ void __launch_bounds__(1024)
     moe_group(const int* __restrict__ ids, int J, int max_rows, int* __restrict__ g_expert,
               int* __restrict__ g_count, int* __restrict__ g_entries) {
     __shared__ int is_leader[1024];
-    __shared__ int sid[1024];  // the ids, read from shared memory by every thread's scans below
-    const int j = threadIdx.x;
-    if (j < J) sid[j] = ids[j];
+    __shared__ int sid[1024];  // the ids, read from shared memory by every thread's scans
+    if (threadIdx.x < J) sid[threadIdx.x] = ids[threadIdx.x];
     __syncthreads();
-    int e = 0, before = 0;
-    if (j < J) {
-        e = sid[j];
-        for (int i = 0; i < j; ++i) before += sid[i] == e;
-    }
-    const bool leader = j < J && before % max_rows == 0;
-    is_leader[j] = leader;
-    __syncthreads();
-    int rank = 0, total = 0;
-    for (int i = 0; i < J; ++i) {
-        rank += i < j ? is_leader[i] : 0;
-        total += is_leader[i];
-    }
-    if (leader) {
-        int n = 0;
-        for (int i = j; i < J && n < max_rows; ++i)
-            if (sid[i] == e) g_entries[rank * max_rows + n++] = i;
-        g_expert[rank] = e;
-        g_count[rank] = n;
-    }
-    if (j < J && j >= total) {
-        g_expert[j] = -1;
-        g_count[j] = 0;
-    }
+    group_by_key(sid, is_leader, 0, J, max_rows, false, g_expert, g_count, g_entries);
 }

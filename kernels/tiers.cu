@@ -74,30 +74,7 @@ extern "C" __global__ void __launch_bounds__(1024)
         sid[j] = (e >= 0 && e < n_expert) ? slot_of[e] : -1;
     }
     __syncthreads();
-    int s = -1, before = 0;
-    if (j < J) {
-        s = sid[j];
-        for (int i = 0; i < j; ++i) before += sid[i] == s;
-    }
-    const bool leader = j < J && s >= 0 && before % max_rows == 0;
-    is_leader[j] = leader;
-    __syncthreads();
-    int rank = 0, total = 0;
-    for (int i = 0; i < J; ++i) {
-        rank += i < j ? is_leader[i] : 0;
-        total += is_leader[i];
-    }
-    if (leader) {
-        int n = 0;
-        for (int i = j; i < J && n < max_rows; ++i)
-            if (sid[i] == s) g_entries[rank * max_rows + n++] = j0 + i;
-        g_expert[rank] = s;
-        g_count[rank] = n;
-    }
-    if (j < J && j >= total) {
-        g_expert[j] = -1;
-        g_count[j] = 0;
-    }
+    group_by_key(sid, is_leader, j0, J, max_rows, true, g_expert, g_count, g_entries);
 }
 
 // out[t, d] = sum_k w[t, k] * part(t*K + k, d) + shared[t, d] for rows t in [r0, r0 + T): part = ymiss (mapped,

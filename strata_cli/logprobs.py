@@ -66,9 +66,8 @@ def _wrong_token(rng: np.random.Generator, true_id: int, vocab: int) -> int:
 def window_nonfinite(result) -> str | None:
     """Where a window first went non-finite: the engine's own finding (the reference engine checks every layer
     and stage), else "the logits" when only the logits show it (the GPU engine's host copy); None if finite."""
-    stage = getattr(result, "nonfinite", None)
-    if stage:
-        return stage
+    if result.nonfinite:
+        return result.nonfinite
     if result.logits is not None and not np.isfinite(result.logits).all():
         return "the logits"
     return None

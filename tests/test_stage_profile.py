@@ -295,7 +295,8 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
     calls = []
     e = SimpleNamespace(buf=_Buffers(), w=weights, g=g, stage=SimpleNamespace(
         tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
-        out_ids=SimpleNamespace(device=None)), ple_mult=None, ple_sizes=None, ple_offsets=None, stamper=None)
+        out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows())), stamper=None,
+        tiers=None)
     window.record_window(e, 4, None)
     plan = sp.Plan(g.n_layers, tuple("QSA" if a else "GDN" for a in g.layer_is_attn))
     e.stamper = lambda layer, stage, stream: calls.append(plan.add(layer, stage))

@@ -124,7 +124,7 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
     if engine.capabilities.graphs:
         for rec in records:
             rec.capture_ms = engine.capture_ms.get(rec.window)
-    if getattr(engine, "tiers", None) is not None:  # expert tiers: shares and waits per T (engine/gpu/tier_stats.py)
+    if engine.tiers is not None:  # expert tiers: shares and waits per T (engine/gpu/tier_stats.py)
         from ..engine.gpu.tier_stats import TIER_COLUMNS, add_tier_stats
 
         add_tier_stats(records, engine, repetitions)
@@ -138,7 +138,7 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
         rec.provenance = prov
     head = [header_line(env), f"model {m.path} | {mode} | depth {depth} | ctx {engine.n_ctx} | acceptance "
             f"{accept.describe()} | {repetitions} windows per T after {warmup} warm-up"]
-    if getattr(engine, "tier_note", None):
+    if engine.tier_note:
         head.append(engine.tier_note)
     emit([rec.flat() for rec in records], columns if fmt in ("table", "md") else None, fmt, header_lines=head,
          title="verify windows", meta={"provenance": prov.flat()})

@@ -48,6 +48,8 @@ class Engine(Protocol):
     n_ctx: int                      # context cells allocated
     max_t: int | None               # largest window (None: any)
     capture_ms: Mapping[int, float]  # window size -> graph capture ms (empty without graphs)
+    tiers: object | None            # the expert tiers in use (engine/gpu/tiers.py), None: every expert in memory
+    tier_note: str | None           # one line on why tiers are on or off, when the engine had to choose
 
     @property
     def n_past(self) -> int: ...

@@ -24,6 +24,7 @@ class ReferenceEngine:
 
     device = "cpu"
     capabilities = Capabilities(graphs=False, eager=False)
+    tiers = tier_note = None  # every expert in host memory: no tiers to choose
 
     def __init__(self, model: GGUFModel, n_ctx: int | None = None, max_t: int | None = None):
         self.model = model

@@ -53,7 +53,7 @@ def launch_gemv(w, ggml_type: int, n_in: int, x, y, split: SplitK | None, *, act
     T, n_out = y.shape
     max_z = U.GEMV_MAX_ZSPLIT if T <= U.GEMV_MAXT else 1
     if ggml_type == U.Q8_0_R32:
-        check_vector_rows("x", x)
+        U.check_vector_rows("x", x)
         ksplit, zsplit = U.q8r_split(n_out, n_in, T, max_z=max_z)
         grid, block = U.gemv_grid(n_out, T, ksplit, zsplit, rpw=U.q8r_rows_per_warp(T))
         name, geometry = f"gemv_q8r_t{U.nt_bucket(T)}", (np.int32(n_in // 32),)
@@ -63,22 +63,21 @@ def launch_gemv(w, ggml_type: int, n_in: int, x, y, split: SplitK | None, *, act
         grid, block = U.gemv_grid(n_out, T, ksplit, zsplit)
         name = f"gemv_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}"
         geometry, module = (np.int64(U.row_stride(ggml_type, n_in)),), "gemv"
-    partial = tile_done = None
-    if zsplit > 1:
-        if grid[0] * grid[1] > ZSPLIT_TILES:
-            raise ValueError(f"y: a z-split launch of {grid[0] * grid[1]} tiles exceeds {ZSPLIT_TILES}")
-        work = (split or SplitK.empty()).check()
-        partial, tile_done = work.partial, work.tile_done
+    partial, tile_done = zsplit_args(grid, zsplit, split)
     nvrtc.kernel(module, name)(grid, block, (
         w, *geometry, x, np.int32(n_in), y, np.int32(n_out), np.int32(T), np.int32(ksplit), np.int32(act),
-        np.float32(div), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1]), U.null_or(partial),
-        U.null_or(tile_done)))
+        np.float32(div), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1]), partial, tile_done))
 
 
-def check_vector_rows(name: str, x) -> None:
-    """The repacked Q8_0 kernels read x rows as float4: the rows must start 16-byte aligned."""
-    if U.data_ptr(x) % 16:
-        raise ValueError(f"{name}: data not 16-byte aligned (the Q8_0_R32 GEMVs read x as float4)")
+def zsplit_args(grid: tuple, zsplit: int, split: SplitK | None) -> tuple:
+    """The (partial, tile_done) kernel arguments of a dense GEMV launch on `grid`: null pointers without a z split,
+    else the checked workspace (None: a fresh one, outside a capture only)."""
+    if zsplit == 1:
+        return U.null_or(None), U.null_or(None)
+    if grid[0] * grid[1] > ZSPLIT_TILES:
+        raise ValueError(f"y: a z-split launch of {grid[0] * grid[1]} tiles exceeds {ZSPLIT_TILES}")
+    work = (split or SplitK.empty()).check()
+    return work.partial, work.tile_done
 
 
 def gemv(w_raw, ggml_type: int, n_in: int, x, out=None, split: SplitK | None = None, stream=None):

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import compile as nvrtc
 from . import launch_quant
 from . import launch_util as U
-from . import compile as nvrtc
-from .launch_gemv import SplitK, check_vector_rows, launch_gemv
+from .launch_gemv import SplitK, launch_gemv
 from .runtime import empty
 
 
@@ -36,19 +36,20 @@ def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None):
     return out_ids, out_w
 
 
-def _launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, T, x, x_div, n_in, y, *, act=U.ACT_NONE,
-                        mul=None, mul_strides=(0, 0)) -> None:
-    """y [J, n_out]: entry j = its group's expert applied to x row j // x_div, each expert's rows read once for
-    all its entries (groups from moe_group); arguments already checked."""
+def launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, n_groups, T, x, x_div, n_in, y, *,
+                       act=U.ACT_NONE, mul=None, mul_strides=(0, 0)) -> None:
+    """y [*, n_out]: entry j of each of the n_groups groups = its group's expert applied to x row j // x_div, each
+    expert's rows read once for all its entries (groups from moe_group or tier_group; T >= the entries of any
+    group); arguments already checked."""
     if launch_quant.handles(ggml_type):  # K-quants, i-quants, ...: kernels/gemv_quant.cu
-        launch_quant.launch_expert_gemv_quant(w, ggml_type, expert_stride, n_expert, groups, T, x, x_div, n_in, y,
-                                              act=act, mul=mul, mul_strides=mul_strides)
+        launch_quant.launch_expert_gemv_quant(w, ggml_type, expert_stride, n_expert, groups, n_groups, T, x, x_div,
+                                              n_in, y, act=act, mul=mul, mul_strides=mul_strides)
         return
-    J, n_out = y.shape
+    J, n_out = n_groups, y.shape[1]
     g_expert, g_count, g_entries = groups
     epilogue = (np.int32(act), np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1]))
     if ggml_type == U.Q8_0_R32:
-        check_vector_rows("x", x)
+        U.check_vector_rows("x", x)
         ksplit, _ = U.q8r_split(n_out, n_in, T, n_matrices=J)
         grid, block = U.expert_grid(n_out, J, ksplit, rpw=U.q8r_rows_per_warp(T))
         nvrtc.kernel("gemv_q8r", f"gemv_expert_q8r_t{U.nt_bucket(T)}")(grid, block, (
@@ -132,10 +133,10 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         # group the entries by expert; entry j = t*K + k reads x row t = j // K; h and parts are indexed by entry
         nvrtc.kernel("moe", "moe_group")((1, 1, 1), (max(32, -(-J // 32) * 32), 1, 1), (
             ids, np.int32(J), np.int32(U.GEMV_MAXT), *groups))
-        _launch_expert_gemv(up_raw, ut, up_stride, E, groups, T, x, K, D, h)
-        _launch_expert_gemv(gate_raw, gt, gate_stride, E, groups, T, x, K, D, h, act=U.ACT_SILU, mul=h,
+        launch_expert_gemv(up_raw, ut, up_stride, E, groups, J, T, x, K, D, h)
+        launch_expert_gemv(gate_raw, gt, gate_stride, E, groups, J, T, x, K, D, h, act=U.ACT_SILU, mul=h,
                             mul_strides=(F, 1))
-        _launch_expert_gemv(down_raw, dt, down_stride, E, groups, T, h, 1, F, parts)
+        launch_expert_gemv(down_raw, dt, down_stride, E, groups, J, T, h, 1, F, parts)
         if mark is not None:
             mark("experts")
         grid, block = U.elementwise_grid(T * D)

@@ -45,42 +45,32 @@ def quant_split(n_out: int, n_in: int, T: int = 1, n_matrices: int = 1, max_z: i
     return ksplit, zsplit
 
 
-def _check_x(x) -> None:
-    if U.data_ptr(x) % 16:
-        raise ValueError("x: data not 16-byte aligned (the quantized GEMVs read x as float4)")
-
-
 def launch_gemv_quant(w, ggml_type: int, n_in: int, x, y, work, *, act: int = U.ACT_NONE, div: float = 1.0,
                       mul=None, mul_strides: tuple[int, int] = (0, 0)) -> None:
     """y [T, n_out] = act(x [T, n_in] @ W^T / div) * mul; arguments checked by launch_gemv. `work`: a z-split
     launch's SplitK (launch_gemv makes one when None)."""
     T, n_out = y.shape
-    _check_x(x)
+    U.check_vector_rows("x", x)
     max_z = U.GEMV_MAX_ZSPLIT if T <= U.GEMV_MAXT else 1
     ksplit, zsplit = quant_split(n_out, n_in, T, max_z=max_z)
     rpw = QROWS[U.nt_bucket(T)]
     grid, block = U.gemv_grid(n_out, T, ksplit, zsplit, rpw=rpw)
-    partial = tile_done = None
-    if zsplit > 1:
-        from .launch_gemv import ZSPLIT_TILES, SplitK
+    from .launch_gemv import zsplit_args  # launch_gemv dispatches the block-quant types here
 
-        if grid[0] * grid[1] > ZSPLIT_TILES:
-            raise ValueError(f"y: a z-split launch of {grid[0] * grid[1]} tiles exceeds {ZSPLIT_TILES}")
-        work = (work or SplitK.empty()).check()
-        partial, tile_done = work.partial, work.tile_done
+    partial, tile_done = zsplit_args(grid, zsplit, work)
     _kernel(ggml_type, f"qgemv_t{U.nt_bucket(T)}")(grid, block, (
         w, np.int64(U.row_stride(ggml_type, n_in)), x, np.int32(n_in), y, np.int32(n_out), np.int32(T),
         np.int32(ksplit), np.int32(act), np.float32(div), U.null_or(mul), np.int32(mul_strides[0]),
-        np.int32(mul_strides[1]), U.null_or(partial), U.null_or(tile_done)))
+        np.int32(mul_strides[1]), partial, tile_done))
 
 
-def launch_expert_gemv_quant(w, ggml_type: int, expert_stride: int, n_expert: int, groups, T: int, x, x_div: int,
-                             n_in: int, y, *, act: int = U.ACT_NONE, mul=None,
+def launch_expert_gemv_quant(w, ggml_type: int, expert_stride: int, n_expert: int, groups, n_groups: int, T: int, x,
+                             x_div: int, n_in: int, y, *, act: int = U.ACT_NONE, mul=None,
                              mul_strides: tuple[int, int] = (0, 0)) -> None:
-    """y [J, n_out]: entry j = its group's expert applied to x row j // x_div (groups from moe_group); arguments
-    checked by launch_moe."""
-    J, n_out = y.shape
-    _check_x(x)
+    """y [*, n_out]: entry j of the n_groups groups = its group's expert applied to x row j // x_div (groups from
+    moe_group or tier_group); arguments checked by launch_moe."""
+    J, n_out = n_groups, y.shape[1]
+    U.check_vector_rows("x", x)
     g_expert, g_count, g_entries = groups
     ksplit, _ = quant_split(n_out, n_in, T, n_matrices=J)
     grid, block = U.expert_grid(n_out, J, ksplit, rpw=QROWS[U.nt_bucket(T)])

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import launch_moe as moe
+from . import compile as nvrtc
 from . import launch_util as U
-from .compile import kernel
+from .launch_moe import launch_expert_gemv
 from .runtime import check, cudrv
 
 WAIT_KINDS = ("spin", "stream")
@@ -26,7 +26,7 @@ WAIT_KINDS = ("spin", "stream")
 def publish(x, ids, w, r0: int, T: int, pub_x, pub_ids, pub_w, seq, ring: int, stream) -> None:
     """Rows [r0, r0+T) of x [M, D], ids [M, K], w [M, K] -> the mapped payload (same rows), then seq = ring."""
     D, K = x.shape[1], ids.shape[1]
-    kernel("tiers", "tier_publish")((1,), (1024,), (
+    nvrtc.kernel("tiers", "tier_publish")((1,), (1024,), (
         x, ids, w, np.int32(r0), np.int32(T), np.int32(D), np.int32(K), pub_x, pub_ids, pub_w, seq,
         np.uint32(ring)), stream=stream)
 
@@ -34,7 +34,7 @@ def publish(x, ids, w, r0: int, T: int, pub_x, pub_ids, pub_w, seq, ring: int, s
 def wait_word(word, want: int, err, code: int, timeout_ns: int, waited_ns, stream, kind: str = "spin") -> None:
     """The stream waits until the mapped u32 `word` >= want (spin: at most timeout_ns, then err = code)."""
     if kind == "spin":
-        kernel("tiers", "tier_wait")((1,), (32,), (
+        nvrtc.kernel("tiers", "tier_wait")((1,), (32,), (
             word, np.uint32(want), err, np.uint32(code), np.uint64(timeout_ns), U.null_or(waited_ns)), stream=stream)
         return
     if kind != "stream":
@@ -57,7 +57,7 @@ def group_resident(ids, j0: int, J: int, slot_of, n_expert: int, g_expert, g_cou
     groups; g_entries [J, GEMV_MAXT] hold global entries)."""
     if not 1 <= J <= 1024:
         raise ValueError(f"tier_group: {J} entries outside 1..1024")
-    kernel("tiers", "tier_group")((1,), (max(32, -(-J // 32) * 32),), (
+    nvrtc.kernel("tiers", "tier_group")((1,), (max(32, -(-J // 32) * 32),), (
         ids, np.int32(j0), np.int32(J), slot_of, np.int32(n_expert), np.int32(U.GEMV_MAXT), g_expert, g_count,
         g_entries), stream=stream)
 
@@ -66,14 +66,14 @@ def expert_gemv(w, ggml_type: int, n_expert: int, groups, n_groups: int, nt: int
                 stream, *, act=U.ACT_NONE, mul=None, mul_strides=(0, 0)) -> None:
     """y[j] = W[group's expert] . x[j // x_div] for every entry j of the n_groups groups, through launch_moe's
     grouped expert GEMV (every weight type it launches). Entries are global (row*K + slot), so y and x are the whole
-    window buffers; y's first n_groups rows are handed over only to size the grid (the kernel writes row j of the
-    buffer, j < its row count). w [E, n_out, row] raw or Q8_0_R32; nt >= entries of any group."""
+    window buffers; n_groups sizes the grid (the kernel writes row j of the buffer, j < its row count).
+    w [E, n_out, row] raw or Q8_0_R32; nt >= entries of any group."""
     if not 1 <= n_groups <= y.shape[0]:
         raise ValueError(f"n_groups: {n_groups} outside 1..{y.shape[0]} (the entry buffer's rows)")
     stride = int(w.nbytes // max(int(w.shape[0]), 1))
     with U.on_stream(stream):
-        moe._launch_expert_gemv(w, ggml_type, stride, n_expert, groups, nt, x, x_div, n_in, y[:n_groups], act=act,
-                                mul=mul, mul_strides=mul_strides)
+        launch_expert_gemv(w, ggml_type, stride, n_expert, groups, n_groups, nt, x, x_div, n_in, y, act=act, mul=mul,
+                           mul_strides=mul_strides)
 
 
 def swiglu_experts(gate, up, down, n_expert: int, groups, n_groups: int, nt: int, x, K: int, h, parts,
@@ -91,5 +91,5 @@ def combine(parts, ymiss, src, w, shared, out, r0: int, T: int, stream) -> None:
     """out[t] = sum_k w[t,k] * (ymiss if src says CPU else parts)[t*K+k] + shared[t], rows [r0, r0+T)."""
     K, D = w.shape[1], out.shape[1]
     grid, block = U.elementwise_grid(T * D)
-    kernel("tiers", "tier_combine")(grid, block, (
+    nvrtc.kernel("tiers", "tier_combine")(grid, block, (
         parts, ymiss, src, w, shared, out, np.int32(r0), np.int32(T), np.int32(K), np.int32(D)), stream=stream)

@@ -236,6 +236,12 @@ def elementwise_grid(n: int, block: int = BLOCK) -> tuple[tuple, tuple]:
     return (max(1, min(-(-n // block), ELEMWISE_MAX_BLOCKS)), 1, 1), (block, 1, 1)
 
 
+def check_vector_rows(name: str, x) -> None:
+    """The repacked Q8_0 and block-quant GEMVs read x rows as float4: the rows must start 16-byte aligned."""
+    if data_ptr(x) % 16:
+        raise ValueError(f"{name}: data not 16-byte aligned (the Q8_0_R32 and block-quant GEMVs read x as float4)")
+
+
 def null_or(a):
     """A kernel pointer argument: the array, or a null pointer (a uint64 zero: 8 bytes, like a pointer)."""
     return np.uint64(0) if a is None else a

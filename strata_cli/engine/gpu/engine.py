@@ -267,34 +267,35 @@ class GPUEngine:
         self.stream.synchronize()
         return cupy().asnumpy(out)
 
-    # ---- benchmark hook
+    # ---- benchmark hooks
     def window_timer(self, eager: bool = False) -> WindowTimer:
         """timer(engine, tokens, pos, n_keep) -> (GPU ms of window + commit from CUDA events, host ms)."""
-        cp = cupy()
-        start, end = cp.cuda.Event(), cp.cuda.Event()
 
-        def timer(engine, tokens, pos, n_keep):
-            engine._pending = None  # a window run before is dropped (it wrote no committed state)
-            t0 = time.perf_counter()
-            T = engine.stage_window(np.asarray(tokens, dtype=np.int64))
-            start.record(engine.stream)
-            engine.launch_window(T, eager)
-            engine.launch_commit(n_keep, eager)
-            end.record(engine.stream)
-            host_ms = (time.perf_counter() - t0) * 1e3
-            end.synchronize()
-            engine.n_past += n_keep
-            ms = cp.cuda.get_elapsed_time(start, end)
-            engine._collect(T, ms)
-            return ms, host_ms
+        def timed(T, n_keep):
+            self.launch_window(T, eager)
+            self.launch_commit(n_keep, eager)
 
         if not eager:
             self.graph(1, self.verify_profile is not None)
-        return timer
+        return self._event_timer(timed, lambda n_keep: None, self._collect)
 
     def window_only_timer(self, profile: bool, sink: list | None = None) -> WindowTimer:
         """timer(engine, tokens, pos, n_keep) -> (CUDA-event ms of the window graph alone, host ms); the commit
         runs after the end event. With a sink, appends (T, stamps, ms) of every window (profile=True)."""
+
+        def record(T, ms):
+            if profile:
+                if sink is not None:
+                    sink.append((T, self.read_stamps(), ms))
+                self._collect(T, ms)
+
+        self.graph(1, profile)
+        return self._event_timer(lambda T, n_keep: self.launch_window(T, profile=profile), self.launch_commit, record)
+
+    def _event_timer(self, timed, after, record) -> WindowTimer:
+        """A WindowTimer of this engine: stages the window, times timed(T, n_keep) between two CUDA events (host ms:
+        staging and those launches), launches after(n_keep) outside them, waits for the stream, advances n_past
+        and hands (T, ms) to record."""
         cp = cupy()
         start, end = cp.cuda.Event(), cp.cuda.Event()
 
@@ -303,18 +304,14 @@ class GPUEngine:
             t0 = time.perf_counter()
             T = engine.stage_window(np.asarray(tokens, dtype=np.int64))
             start.record(engine.stream)
-            engine.launch_window(T, profile=profile)
+            timed(T, n_keep)
             end.record(engine.stream)
             host_ms = (time.perf_counter() - t0) * 1e3
-            engine.launch_commit(n_keep)
+            after(n_keep)
             engine.stream.synchronize()
             engine.n_past += n_keep
             ms = cp.cuda.get_elapsed_time(start, end)
-            if profile:
-                if sink is not None:
-                    sink.append((T, engine.read_stamps(), ms))
-                engine._collect(T, ms)
+            record(T, ms)
             return ms, host_ms
 
-        self.graph(1, profile)
         return timer

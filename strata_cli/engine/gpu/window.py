@@ -32,13 +32,13 @@ def _copy(dst, src, nbytes: int, stream) -> None:
 
 # ---- profiling stamps: no-ops unless e.stamper is set (the profiling variant of the window graph)
 def stamp(e, layer: int, stage: str, stream) -> None:
-    if getattr(e, "stamper", None) is not None:
+    if e.stamper is not None:
         e.stamper(layer, stage, stream)
 
 
 def _marks(e, layer: int, prefix: str, stream):
     """A launcher's mark(part) hook stamping stage f"{prefix}{part}" of `layer`, or None when not profiling."""
-    if getattr(e, "stamper", None) is None:
+    if e.stamper is None:
         return None
     return lambda part: e.stamper(layer, prefix + part, stream)
 
@@ -147,7 +147,7 @@ def _rows(buf, T: int, width: int):
 
 
 def _moe(e, layer: int, x, T: int, stream):
-    if getattr(e, "tiers", None) is not None:  # expert tiers (tiers.py): doorbell, VRAM/PCIe/CPU shares, combine
+    if e.tiers is not None:  # expert tiers (tiers.py): doorbell, VRAM/PCIe/CPU shares, combine
         e.tiers.record_moe(layer, T, stream)
         stamp(e, layer, "moe-tiers", stream)
         return
@@ -191,13 +191,13 @@ def record_window(e, T: int, stream) -> None:
     b, g = e.buf, e.g
     head = g.n_layers  # the stamps' window row
     stamp(e, head, "begin", stream)
-    tiers = getattr(e, "tiers", None)
+    tiers = e.tiers
     if tiers is not None and tiers.n_groups(T) == 2:  # --split: two token groups in the seed's order (split.py)
         from .split import record_split_window
 
         # stamped as a whole: per-stage stamps of interleaved groups would not be stages (the seed profiles
         # single-group windows only)
-        stamper, e.stamper = getattr(e, "stamper", None), None
+        stamper, e.stamper = e.stamper, None
         try:
             record_split_window(e, T, stream)
         finally:
