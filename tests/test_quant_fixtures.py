@@ -43,3 +43,29 @@ def test_quantized_file_matches_its_dequantized_copy(fixture_c_dir, tmp_path, ki
     delta = np.abs(got - want)
     assert delta.max() <= 1e-4, f"{kind}: max |dlogprob(target)| {delta.max():.2e} at position {delta.argmax()}"
     np.testing.assert_array_equal(got_top, want_top)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_matrix_has_a_gpu_path(fixture_c_dir, kind):
+    """Every GEMV matrix and gathered table of llama-quantize's files passes the launchers' checks (the same checks
+    the GPU engine's launches make, here on the memory-mapped numpy arrays) with a kernel for its type."""
+    from strata_cli.engine.gpu.weights import F32_MATRICES
+    from strata_cli.gpu import launch_quant
+    from strata_cli.gpu import launch_util as U
+    from strata_cli.model.names import PLE_TABLE
+
+    model = open_model(fixture_c_dir / f"model-{kind}.gguf")
+    quantized = 0
+    for name in list(model.specs) + [PLE_TABLE]:
+        info = model.info(name)
+        if len(info.shape) == 1 or name.endswith(F32_MATRICES) or name.endswith("ffn_gate_inp_shexp.weight"):
+            continue  # uploaded as float32 vectors / taps
+        raw = np.ascontiguousarray(info.raw)
+        n_in = int(info.shape[0])
+        if len(info.shape) == 3:
+            E, rows, _ = U.expert_geometry(name, raw, info.ggml_type, n_in)
+            assert (E, rows) == (info.shape[2], info.shape[1])
+        else:
+            assert U.weight_rows(name, raw, info.ggml_type, n_in) == info.shape[1]
+        quantized += launch_quant.handles(info.ggml_type)
+    assert quantized >= 20
