@@ -34,11 +34,17 @@ def case(request, tmp_path_factory):
     return model, tokens, _gpu(model), _gpu(model)
 
 
+def _feed(engine, tokens, start, stop):
+    """Commit tokens[start:stop] in windows of at most max_t rows (the GPU engine takes up to 16)."""
+    for lo in range(start, stop, engine.max_t):
+        hi = min(lo + engine.max_t, stop)
+        engine.run(tokens[lo:hi], lo)
+        engine.commit(hi - lo)
+
+
 def _fed(engine, tokens, prefix):
     engine.reset()
-    if prefix:
-        engine.run(tokens[:prefix], 0)
-        engine.commit(prefix)
+    _feed(engine, tokens, 0, prefix)
     return engine
 
 
@@ -117,8 +123,7 @@ def test_a_window_may_fill_the_context_exactly_on_gpu(case):
     from strata_cli.engine.gpu import GPUEngine
 
     engine = GPUEngine(model, n_ctx=n_ctx)
-    engine.run(tokens[:n_ctx - ratio - 1], 0)
-    engine.commit(n_ctx - ratio - 1)
+    _feed(engine, tokens, 0, n_ctx - ratio - 1)
     last = engine.run(tokens[n_ctx - ratio - 1:n_ctx], n_ctx - ratio - 1)
     _close_to_numpy(last.logits, full[n_ctx - ratio - 1:], "window ending at the last cell")
     engine.commit(ratio + 1)
