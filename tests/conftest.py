@@ -120,9 +120,7 @@ def fixture_dir() -> Path:
 def fixture_c_dir() -> Path:
     """The shared qwen4exp-tiny-c fixture (llama-quantize K-quant / i-quant files): beside the tiny fixture."""
     path = Path(os.environ.get("STRATA_FIXTURES") or DEFAULT_FIXTURES).parent / "qwen4exp-tiny-c"
-    if not path.is_dir():
-        pytest.skip(f"qwen4exp-tiny-c fixture not found at {path} (set STRATA_FIXTURES to its sibling)")
-    return path
+    return require_fixture(path, "qwen4exp-tiny-c fixture (beside $STRATA_FIXTURES)")
 
 
 @pytest.fixture

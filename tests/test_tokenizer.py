@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import require_fixture
 
 from strata_cli.cli import main
 from strata_cli.errors import InputError
@@ -29,9 +30,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def fixture_tokenizer(fixture_dir):
-    tokenizer_dir = fixture_dir.parent / "qwen4exp-tiny-c"
-    if not (tokenizer_dir / "tokenizer.json").is_file():
-        pytest.skip(f"no tokenizer.json in {tokenizer_dir}")
+    tokenizer_dir = require_fixture(fixture_dir.parent / "qwen4exp-tiny-c" / "tokenizer.json", "tokenizer.json").parent
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoTokenizer.from_pretrained(str(tokenizer_dir))
     return hf, open_model(fixture_dir / "model-f32.gguf")
