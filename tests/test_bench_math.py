@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from strata_cli.engine.contract import WindowResult
 from strata_cli.engine.state import check_n_keep, check_window
 from strata_cli.logprobs import speculative_dump
 from strata_cli.speculation import Acceptance
@@ -34,7 +35,7 @@ class FakeEngine:
         self.runs.append((self.n_past, len(tokens)))
         self._pending = len(tokens)
         logits = np.random.default_rng(self.n_past).standard_normal((len(tokens), self.g.n_vocab))
-        return SimpleNamespace(logits=logits.astype(np.float32), tokens=tokens, pos0=self.n_past)
+        return WindowResult(self.n_past, tokens, logits.astype(np.float32), logits.argmax(1))  # the contract's
 
     def commit(self, n_keep):
         check_n_keep(n_keep, self._pending)
