@@ -1,4 +1,4 @@
-// tiers.cu: the GPU side of the expert tiers (spec 3.6): doorbell publish, bounded waits on mapped words, grouping
+// tiers.cu: the GPU side of the expert tiers: doorbell publish, bounded waits on mapped words, grouping
 // of the VRAM-resident entries through the residency table, and the combine of VRAM/PCIe/CPU expert outputs.
 // Host reference: strata_cli/engine/gpu/tier_host.py (plan) and ops/moe.py (combine).
 // Legend: M window rows (max), T rows of one token group starting at row r0, K experts per row, D hidden,
@@ -40,7 +40,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 
 // Bounded wait: spin until the mapped word reaches want. After timeout_ns without it, record code in err (unless
 // one is there) and go on: the host sees err and fails the window; nothing spins past the bound. The host's
-// release (spec 3.8) stores 0xFFFFFFFF into every flag, which passes every wait. waited_ns (mapped, may be null)
+// release stores 0xFFFFFFFF into every flag, which passes every wait. waited_ns (mapped, may be null)
 // gets the time spent here. One thread.
 extern "C" __global__ void tier_wait(const u32* word, u32 want, u32* err, u32 code, unsigned long long timeout_ns,
                                      unsigned long long* waited_ns) {

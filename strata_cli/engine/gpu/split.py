@@ -1,4 +1,4 @@
-"""The split window (spec 3.5, --split with expert tiers): the rows in two token groups A = [0, ceil(T/2)) and
+"""The split window (--split with expert tiers): the rows in two token groups A = [0, ceil(T/2)) and
 B = the rest, recorded in the order
 
     pre(0,A) pre(0,B) | post(0,A) pre(1,A) | post(0,B) pre(1,B) | ... | post(L-1,A) | post(L-1,B) | head

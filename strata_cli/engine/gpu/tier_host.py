@@ -1,4 +1,4 @@
-"""The host side of the expert tiers (spec 3.6, 3.8, 3.9): per step (layer, token group) of a launched window,
+"""The host side of the expert tiers: per step (layer, token group) of a launched window,
 wait for the ring, plan the step, start the PCIe share's copies, compute the CPU share, raise the flags.
 
 Step k (ring k+1) covers the rows of one token group of one layer. The plan (per group slot, mapped int32):
@@ -7,10 +7,10 @@ Step k (ring k+1) covers the rows of one token group of one layer. The plan (per
   pg_count [JM]         entries of group u (0 past the last)
   pg_entries [JM, 16]   the group's global entries, ascending
 VRAM groups are not in the plan: the device groups them from its residency table right after the ring.
-The PCIe share is the last floor(n_miss * pcie_frac) distinct misses in routing order (spec 3.6); the copy stream
+The PCIe share is the last floor(n_miss * pcie_frac) distinct misses in routing order; the copy stream
 writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never runs ahead of a copy.
 
-Release (spec 3.8): every flag to 0xFFFFFFFF (each GPU wait passes), then wait, bounded, until the streams are
+Release: every flag to 0xFFFFFFFF (each GPU wait passes), then wait, bounded, until the streams are
 idle; the engine refuses every later window. Any exception while a window is served releases it: host errors,
 Ctrl-C, and SIGTERM / SIGHUP, which the CLI turns into KeyboardInterrupt (fileio.signal_handlers), so no spin
 kernel outlives the process.
@@ -277,7 +277,7 @@ class TierHost:
             raise StrataError(f"window {self.windows} stalled at layer {layer}: the GPU waited "
                               f"{self.t.cfg.timeout_s:g} s for {word} and gave up")
 
-    # ---- release (spec 3.8)
+    # ---- release
     def release(self, timeout_ms: float = 5000, reason: str = "released") -> float | None:
         """Refuse every later window, every flag to 0xFFFFFFFF (each GPU wait passes), then poll the streams until
         idle. Returns the ms until idle, None when they were still busy after timeout_ms."""

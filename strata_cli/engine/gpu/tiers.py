@@ -1,4 +1,4 @@
-"""Expert tiers of the GPU engine (spec 3.6-3.9): a VRAM cache of (layer, expert) pairs, and the misses served
+"""Expert tiers of the GPU engine: a VRAM cache of (layer, expert) pairs, and the misses served
 inside the captured window through mapped-memory doorbells.
 
 Per (layer, token group) the window graph runs pre(): router, top-k, publish the group's rows x, ids, weights to
@@ -6,7 +6,7 @@ mapped memory and ring `seq`, the shared expert, then the VRAM-resident entries 
 residency table, no host round trip). post(): [wait flagB, copy the host's plan, the PCIe share's experts from the
 copy engine's staging slots], wait flag, then combine VRAM/PCIe rows (device) with the CPU rows (mapped `ymiss`).
 The host side of each step lives in tier_host.py. A model whose experts all fit keeps today's graph (no tiers
-object at all); STRATA_TEST_VERIFY_STALL forces the doorbell graph even then (spec 3.9).
+object at all); STRATA_TEST_VERIFY_STALL forces the doorbell graph even then.
 
 Legend: L layers, E experts per layer, K experts per row, M max window rows, JM = M*K entries, D hidden,
 G token groups (2 with --split and T >= 2), Q staging slots per group (distinct PCIe experts of one step).
@@ -28,7 +28,7 @@ from ...model import packed
 
 PROJ = ("gate", "up", "down")
 STALL_ENV = "STRATA_TEST_VERIFY_STALL"
-# mapped u32 words (spec 3.6), then the first timed-out wait's code
+# mapped u32 words, then the first timed-out wait's code
 SEQ, FLAG_A, FLAG_B, FLAG, ERR = range(5)
 N_WORDS = 8
 RELEASED = 0xFFFFFFFF
@@ -42,7 +42,7 @@ class TierConfig:
     profile: str | None = None      # expert profile (YAML or STRP); None ranks pairs layer by layer, expert id order
     cache: str = "all"              # all | auto | N slots | SIZE (12GiB, 500MB)
     pcie_frac: float = 0.0          # share of a step's distinct misses copied by the copy engine
-    split: bool = False             # two token groups per window (spec 3.5)
+    split: bool = False             # two token groups per window
     wait: str = "spin"              # spin kernels or captured cuStreamWaitValue32
     timeout_s: float = 20.0         # bound of every GPU wait and of the host's wait for a ring
 

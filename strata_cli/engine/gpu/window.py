@@ -192,7 +192,7 @@ def record_window(e, T: int, stream) -> None:
     head = g.n_layers  # the stamps' window row
     stamp(e, head, "begin", stream)
     tiers = e.tiers
-    if tiers is not None and tiers.n_groups(T) == 2:  # --split: two token groups in the seed's order (split.py)
+    if tiers is not None and tiers.n_groups(T) == 2:  # --split: two token groups (split.py)
         from .split import record_split_window
 
         # stamped as a whole: per-stage stamps of interleaved groups would not be stages (the seed profiles
