@@ -6,7 +6,7 @@ Two threads share two 32-bit words as the GPU and the host do (plain memory here
 The "GPU" thread stores ring k into `seq` and waits for `flag` >= k; the server thread waits for `seq` >= k
 (tiers/doorbell.py wait_word: a pause-spin in C without the GIL, 2 ms slices) and raises `flag` to k. The round
 trip (store -> answer seen) is timed on the ringing thread with perf_counter_ns; a real ring adds the PCIe write
-and the GPU's own wait (toolchain notes §7: 2-13 us).
+and the GPU's own wait (2-13 us).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The profiling variant of the window graph (engine.graph(T, profile=True)) writes `%globaltimer` (ns) into one
 uint64 slot per (layer, stage) at each stage boundary; row `n_layers` holds the window-level stages (embedding,
 head). A slot's stamp is taken when everything before it on the stream has finished, so the time of the stage
-that ends at a stamp is that stamp minus the previous valid stamp in graph order (the seed's rule; spec §3.11).
+that ends at a stamp is that stamp minus the previous valid stamp in graph order (the seed's rule).
 
 Robustness (the seed once printed ~1e14 ms for slots nobody stamped): a zero slot is missing; a stamp earlier
 than the previous valid one (out of order, or left over from an earlier window) or later than the window's end
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # Stages of a layer, in the order the window records them; a GDN layer uses the GDN ones, a QSA layer the QSA
-# ones. (seed n) names the spec §3.11 stamp whose work the stage holds; stages without one are strata's own.
+# ones. (seed n) names the seed's stamp whose work the stage holds; stages without one are strata's own.
 LAYER_STAGES = (
     "ple",            # per-layer embedding mix (the PLE layer only)
     "hc0-norm",       # (seed 27) hyper-connection read before the block: RMS norm of the C streams
@@ -189,7 +189,7 @@ def aggregate(stamps, plan: Plan, event_ms=None, window_size: int = 0) -> StageR
 
 
 def summary_line(report: StageReport) -> str:
-    """The seed's one-line summary (spec §3.11): GDN stages, QSA stages, total; the window stages (embedding,
+    """The seed's one-line summary: GDN stages, QSA stages, total; the window stages (embedding,
     head) are listed with the GDN ones, where the seed puts its head."""
     parts = {"GDN": [], "QSA": [], "head": []}
     for row in report.groups:

@@ -139,7 +139,7 @@ def test_router_matches_transformers(E, k, T):
 @pytest.mark.parametrize("E,k", [(8, 2), (12, 3), (61, 4), (512, 10)])
 def test_router_ties_go_to_the_lower_id_with_transformers_weights(E, k):
     """Exact ties straddling the k-th place. torch's CPU topk keeps whichever tied expert its introselect leaves in
-    front (no id order); the spec fixes ties -> lower id (verify spec, router). Either way the kept probabilities and
+    front (no id order); ties go to the lower id here. Either way the kept probabilities and
     so the weights are transformers' own; the kept ids are the lowest of the tied ones."""
     rng = np.random.default_rng(E * k)
     for trial in range(20):

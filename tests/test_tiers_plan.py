@@ -1,4 +1,4 @@
-"""Plan building (spec §3.6) against hand-computed cases, and the int32 plan block written and read back."""
+"""Plan building against hand-computed cases, and the int32 plan block written and read back."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Host side of the doorbell protocol (spec §3.6): one server thread per engine answers the GPU's rings.
+"""Host side of the doorbell protocol: one server thread per engine answers the GPU's rings.
 
 Words (uint32, mapped pinned memory on the GPU, plain numpy in tests; the host zeroes them when it stages a window):
     seq    GPU: "I reached the ring of step k" (k+1), after copying the step's x / ids / w rows to the host
@@ -10,7 +10,7 @@ Per step k (layer l, group g, want = k+1): wait seq >= want (bounded: spin slice
 between them ask `stream_done` whether the GPU stream ended without ringing, give up after `step_timeout_s`),
 plan the layer (tiers/plan.py) into plan slot g, raise flagA, hand the PCIe share to `copy_pcie` (which raises flagB
 when the copies land; no share: flagB now), compute the CPU share with the pool into ymiss, raise flag. With
-STRATA_TEST_VERIFY_STALL=N the last step's flag of window N is withheld (spec §3.9).
+STRATA_TEST_VERIFY_STALL=N the last step's flag of window N is withheld.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def wait_word(word: np.ndarray, want: int, max_s: float) -> int:
 
 @dataclass
 class DoorbellStaging:
-    """Numpy views of the window's mapped staging (spec §3.4): x [max_t, H] f32, ids [max_t, k] i32,
+    """Numpy views of the window's mapped staging: x [max_t, H] f32, ids [max_t, k] i32,
     ymiss [max_t·k, H] f32, plans [G, layout.words] i32 (one block per group slot), the four words (shape (1,))."""
 
     x: np.ndarray
@@ -129,7 +129,7 @@ class Step:
 
 
 def window_steps(n_rows: int, layers, split: bool = False) -> list[Step]:
-    """The rings of one window in order: per layer, group A then B (ring = index + 1, spec §3.5). With split on
+    """The rings of one window in order: per layer, group A then B (ring = index + 1). With split on
     and T >= 2: A = rows [0, ceil(T/2)), B = the rest; otherwise one group of all rows."""
     groups = [(0, n_rows)] if not split or n_rows < 2 else [(0, (n_rows + 1) // 2), ((n_rows + 1) // 2, n_rows // 2)]
     return [Step(int(layer), g, row0, n) for layer in layers for g, (row0, n) in enumerate(groups)]

@@ -2,7 +2,7 @@
 loaded with ctypes (which drops the GIL for the length of every call).
 
 Why a C file and not numba or a wheel: the pool's int8->float dot products vectorize only with explicit intrinsics
-(a plain numba loop measured 12.7 GB/s on the device, the AVX2 C kernel 56.6 GB/s, toolchain notes §7), a compiler
+(a plain numba loop measured 12.7 GB/s on the device, the AVX2 C kernel 56.6 GB/s), a compiler
 is on every Linux box strata targets, and building at first use keeps the package pure Python (no build step, no
 new dependency). No compiler, or STRATA_POOL_NATIVE=0: load() returns None and the pool computes with numpy.
 """

@@ -1,4 +1,4 @@
-"""The per-(layer, group) expert plan (spec §3.6) and its int32 plan block.
+"""The per-(layer, group) expert plan and its int32 plan block.
 
 An *entry* is one routed pick: token row t, pick j (0..k-1), expert ids[t, j]; its output row in `parts` / `ymiss`
 is dst = t·k + j. A *group* is the entries sharing one expert, in routing order (row-major over ids), groups ordered

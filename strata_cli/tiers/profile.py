@@ -2,7 +2,7 @@
 in (hottest first). Two file formats, chosen by extension on write and by content on read:
 
 * YAML (`profiles/*.yaml`): the model it was measured on, tokens seen, counts [L, E], the ranked order, slots.
-* The seed's binary "STRP" v1 (spec §3.7, little-endian): "STRP" | u32 version=1 | u32 n_layers | u32 n_expert |
+* The seed's binary "STRP" v1 (little-endian): "STRP" | u32 version=1 | u32 n_layers | u32 n_expert |
   u32 slots | u32 n_ranked | n_ranked x (u16 layer, u16 expert) | n_layers x n_expert x i32 (each pair's rank,
   -1 = unranked). It has no counts: a profile read from it has counts None.
 

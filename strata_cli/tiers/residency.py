@@ -1,6 +1,6 @@
 """Which (layer, expert) pairs live in VRAM: `--expert-cache all|auto|N|SIZE` resolved against a profile.
 
-The cache fills its slots with the profile's first ranked pairs (spec §3.7). `table[l, e]` is the pair's slot or
+The cache fills its slots with the profile's first ranked pairs. `table[l, e]` is the pair's slot or
 -1 (a miss: PCIe or CPU pool); `pairs[s]` is the pair held by slot s. Every slot is `slot_bytes` wide, the
 largest gate+up+down of one expert over the layers (the tensor types may differ per layer).
 """

@@ -1,4 +1,4 @@
-"""Watchdog release (spec §3.8): no GPU spin or wait may outlive a stalled window or its process.
+"""Watchdog release: no GPU spin or wait may outlive a stalled window or its process.
 
 Every doorbell server registers itself here. The watchdog thread looks at the busy ones; when one has made no
 progress for `timeout_s`, it releases every live verifier (flags to 0xFFFFFFFF, fence, bounded wait for the
@@ -66,7 +66,7 @@ def live_verifiers() -> list:
 
 
 def release_message(where: str, idle_ms: float | None) -> str:
-    """The one line of spec §3.9: 'window N stalled at layer L; GPU waits released; streams idle after X ms'."""
+    """The one line: 'window N stalled at layer L; GPU waits released; streams idle after X ms'."""
     after = f"streams idle after {idle_ms:.0f} ms" if idle_ms is not None else "streams NOT idle within the bound"
     return f"{where}; GPU waits released; {after}"
 
