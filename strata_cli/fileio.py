@@ -12,7 +12,9 @@ How to use it (commands and library code alike):
   which replaces the target only when the block ends without an exception; on any exception (Ctrl-C, SIGTERM,
   SIGHUP, a full disk) the temporary file is removed and the old target is left untouched. A second strata
   writing the same path at the same time is refused in one line. OS errors become one `StrataError` line that
-  names the path ("{path}: cannot write logprob dump: No space left on device").
+  names the path ("{path}: cannot write logprob dump: No space left on device"). A path that exists and is not
+  a regular file (/dev/null, a FIFO, the /dev/fd/N of `>(cmd)`) is written into directly, never replaced; a
+  symlink is written through (the temporary file goes beside its target).
 
 * Writing by path through a library that opens the file itself (the GGUF writer)::
 
@@ -233,7 +235,10 @@ def output_path(path, *, what: str, wait: bool = False) -> Iterator[Path]:
     its old contents. An OSError is re-raised as one StrataError line naming `path`. With wait=True a second
     writer waits for the first instead of being refused.
     """
-    target = Path(path)
+    target = _real_target(path)
+    kind = _existing_kind(target)
+    if kind:
+        raise InputError(f"{path}: is {kind}; the {what} is written to a regular file only (renamed into place)")
     tmp = partial_path(target)
     fd = -1
     try:
@@ -263,6 +268,21 @@ def output_path(path, *, what: str, wait: bool = False) -> Iterator[Path]:
     finally:
         if fd >= 0:
             os.close(fd)
+
+
+def _real_target(path) -> Path:
+    """Where a write to `path` should land: through a symlink to its target (the link stays a link)."""
+    return Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+
+
+def _existing_kind(path) -> str | None:
+    """'a character device', 'a FIFO (named pipe)', ... when `path` exists and is not a regular file or directory."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    kind = _kind(mode)
+    return None if kind in (None, "a directory") else kind
 
 
 def _unlink_quietly(path) -> None:
@@ -307,6 +327,14 @@ def output_stream(path, *, what: str, binary: bool = False, wait: bool = False) 
             raise os_error(exc, "stdout", f"write the {what}") from None
         return
     check_output_path(path, what=what)
+    if _existing_kind(path):  # /dev/null, a FIFO, /dev/fd/N of `>(cmd)`: stream into it, never replace it
+        try:
+            with open(path, "wb" if binary else "w", encoding=None if binary else "utf-8") as fh:
+                yield fh
+                fh.flush()
+        except OSError as exc:
+            raise os_error(exc, path, f"write the {what}") from None
+        return
     with output_path(path, what=what, wait=wait) as tmp:
         try:
             with open(tmp, "wb" if binary else "w", encoding=None if binary else "utf-8",

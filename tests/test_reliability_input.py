@@ -119,6 +119,30 @@ def test_state_bytes_match_what_the_engine_allocates(model):
         assert state_bytes(engine.g, n_ctx) == sum(a.nbytes for a in arrays)
 
 
+@pytest.mark.parametrize("name", ["model-q8_0.gguf", "model-f32.gguf", "model-bf16.gguf"])
+def test_resident_bytes_match_what_the_numpy_engine_keeps(fixture_dir, name):
+    from strata_cli.engine.reference import ReferenceEngine
+    from strata_cli.engine.weights import resident_bytes
+    from strata_cli.model.gguf_file import open_model
+
+    m = open_model(fixture_dir / name)
+    engine = ReferenceEngine(m, n_ctx=64)
+    engine.run(np.arange(1, 17), 0)  # 16 tokens route to every expert of the tiny model: every tensor is used
+    kept = sum(a.nbytes for a in engine.w._f64.values())
+    kept += sum(a.nbytes for n, a in m._f32.items() if m.tensors[n].ggml_type != 0)  # F32 ones are views
+    assert resident_bytes(m) == kept
+
+
+def test_numpy_engine_refuses_weights_beyond_memory(model, monkeypatch):
+    from strata_cli.engine import reference
+    from strata_cli.errors import InputError
+    from strata_cli.model.gguf_file import open_model
+
+    monkeypatch.setattr(reference, "available_memory", lambda: 30 << 20)  # a 30 MiB host
+    with pytest.raises(InputError, match="float64 copies of the weights .* 0.03 GiB available"):
+        reference.ReferenceEngine(open_model(model), n_ctx=64)
+
+
 @pytest.mark.parametrize("n", ["10000000000", "5000"])
 def test_random_past_the_context_is_refused_before_drawing(model, n):
     one_line(cli("logprobs", model, "--random", n, "--device", "cpu"), 1, f"--random {n}", "past the context")

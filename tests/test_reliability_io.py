@@ -12,6 +12,7 @@ import fcntl
 import os
 import resource
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -129,6 +130,47 @@ def test_partial_name_of_a_long_target_fits(tmp_path):
     assert target.read_text() == "ok"
 
 
+def test_devices_and_fifos_are_written_into_not_replaced(tmp_path):
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a second /dev/null node, safe to lose
+    except PermissionError:
+        pytest.skip("mknod needs root")
+    with fileio.output_stream(null, what="dump") as fh:
+        fh.write("into the device\n")
+    assert stat.S_ISCHR(os.stat(null).st_mode)
+    no_partials(tmp_path)
+    with pytest.raises(InputError, match="is a character device"):
+        with fileio.output_path(null, what="model"):
+            pass
+    assert stat.S_ISCHR(os.stat(null).st_mode)
+
+
+def test_fifo_output_is_streamed(tmp_path):
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(open(fifo).read()))
+    reader.start()
+    with fileio.output_stream(fifo, what="dump") as fh:
+        fh.write("rows\n")
+    reader.join(10)
+    assert got == ["rows\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_symlinked_output_is_written_through(tmp_path):
+    real = tmp_path / "real.tsv"
+    real.write_text("old\n")
+    link = tmp_path / "link.tsv"
+    link.symlink_to(real)
+    with fileio.output_stream(link, what="dump") as fh:
+        fh.write("new\n")
+    assert link.is_symlink() and real.read_text() == "new\n"
+    no_partials(tmp_path)
+
+
 def test_existing_file_needs_force(tmp_path):
     (tmp_path / "x").write_text("keep")
     with pytest.raises(InputError, match="file exists"):
@@ -223,6 +265,18 @@ def test_closed_and_full_stdout_are_one_line(model, command, tmp_cache):
     one_line(closed, "stdout is closed")
     with open("/dev/full", "wb") as full:
         one_line(strata(*args, stdout=full), "stdout", "No space left on device")
+
+
+def test_compare_and_make_model_on_closed_and_full_stdout(model, tmp_path):
+    dump = strata("logprobs", model, "--random", "6", "--device", "cpu")
+    (tmp_path / "a.tsv").write_bytes(dump.stdout)
+    args = ["compare", tmp_path / "a.tsv", tmp_path / "a.tsv"]
+    one_line(strata(*args, stdout=None, preexec_fn=lambda: os.close(1)), "stdout is closed")
+    with open("/dev/full", "wb") as full:
+        one_line(strata(*args, stdout=full), "stdout", "No space left on device")
+        one_line(strata("make-model", tmp_path / "m.gguf", stdout=full), "stdout", "No space left on device")
+    assert (tmp_path / "m.gguf").is_file()  # the model itself was written whole; only its summary line failed
+    no_partials(tmp_path)
 
 
 def test_make_model_with_closed_stdout_writes_nothing(tmp_path, tmp_cache):

@@ -11,13 +11,13 @@ import time
 import numpy as np
 
 from ..errors import InputError
+from ..fileio import available_memory
 from ..model.gguf_file import GGUFModel
 from ..ops import basic, gdn, hyper, moe, ple, qsa, sampling
 from .contract import Capabilities, WindowResult, WindowTimer
-from ..fileio import available_memory
 from .state import (GDNRecord, SequenceState, WindowRecord, check_memory, check_n_keep, check_window, resolve_ctx,
                     state_bytes)
-from .weights import Weights
+from .weights import Weights, resident_bytes
 
 class ReferenceEngine:
     """The numpy engine of the contract (engine/contract.py): no graphs, no eager mode, host-clock timing."""
@@ -31,8 +31,14 @@ class ReferenceEngine:
         self.g = model.geometry
         self.w = Weights(model)
         self.n_ctx = resolve_ctx(self.g, n_ctx)
+        available = available_memory()
         check_memory("the sequence state (KV cache, indexer keys, recurrent states)", state_bytes(self.g, self.n_ctx),
-                     self.n_ctx, available_memory())
+                     self.n_ctx, available)
+        weights = resident_bytes(model)
+        if available is not None and weights > available:
+            raise InputError(f"{model.path}: the numpy engine keeps float64 copies of the weights it uses: "
+                             f"{weights / 2**30:.2f} GiB, the host has {available / 2**30:.2f} GiB available "
+                             "(use --device gpu, or a smaller model)")
         self.max_t = max_t
         self.capture_ms: dict[int, float] = {}  # no graphs: nothing is captured
         self.route_hook = None  # route_hook(layer, ids [T, k]) sees every router pick (strata make-profile)

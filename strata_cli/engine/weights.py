@@ -8,6 +8,25 @@ from ..model.gguf_file import GGUFModel
 from ..model.names import PLE_TABLE, blk_tensor
 
 
+GATHERED = ("token_embd.weight", PLE_TABLE)  # read by rows, never copied whole
+
+
+def resident_bytes(model: GGUFModel) -> int:
+    """What the numpy engine holds once every tensor was used (arithmetic, from the tensor table): a float64 copy
+    of every matrix, plus the float32 dequantized copy of every non-F32 tensor; gathered tables stay mapped."""
+    from ..model import quants
+
+    total = 0
+    for info in model.tensors.values():
+        if info.name in GATHERED or (info.name not in model.specs):
+            continue
+        n = int(np.prod(info.shape, dtype=np.int64))
+        matrix = len(info.shape) >= 2 and not (len(info.shape) == 2 and 1 in info.shape)
+        total += 8 * n if matrix else 0
+        total += 4 * n if info.ggml_type != quants.F32 else 0
+    return total
+
+
 class Weights:
     def __init__(self, model: GGUFModel):
         self.model = model
