@@ -1,4 +1,4 @@
-"""The host kernels (kernels/expert_pool.c): built on first use with the system C compiler into the strata cache,
+"""The host kernels (kernels/expert_pool.c + expert_pool_decode.h): built on first use with the system C compiler into the strata cache,
 loaded with ctypes (which drops the GIL for the length of every call).
 
 Why a C file and not numba or a wheel: the pool's int8->float dot products vectorize only with explicit intrinsics
@@ -21,6 +21,7 @@ from pathlib import Path
 
 
 SOURCE = "expert_pool.c"
+HEADERS = ("expert_pool_decode.h",)  # next to SOURCE, part of the build key
 ENV_DISABLE = "STRATA_POOL_NATIVE"
 # GGML type ids the C file has kernels for (its dequant_row switch)
 NATIVE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10,
@@ -109,7 +110,8 @@ def build(out_dir: Path | None = None, defines: tuple[str, ...] = ()) -> Path | 
     tables = tables_header()
     flags = compile_flags() + [f"-D{d}" for d in defines]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha1(src.read_bytes() + tables.encode() + " ".join(flags + version).encode()).hexdigest()[:16]
+    text = src.read_bytes() + b"".join((src.parent / h).read_bytes() for h in HEADERS)
+    key = hashlib.sha1(text + tables.encode() + " ".join(flags + version).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir() / "native"
     lib = out_dir / f"expert_pool-{key}.so"
     if lib.is_file():
@@ -118,8 +120,8 @@ def build(out_dir: Path | None = None, defines: tuple[str, ...] = ()) -> Path | 
     tmp = out_dir / f".{lib.name}.{os.getpid()}.tmp"
     with tempfile.TemporaryDirectory(prefix="strata-pool-") as include:
         Path(include, "expert_pool_tables.h").write_text(tables)
-        result = subprocess.run([cc, *flags, f"-I{include}", "-o", str(tmp), str(src), "-lm"], capture_output=True,
-                                text=True)
+        result = subprocess.run([cc, *flags, f"-I{include}", f"-I{src.parent}", "-o", str(tmp), str(src), "-lm"],
+                                capture_output=True, text=True)
     if result.returncode != 0:
         tmp.unlink(missing_ok=True)
         first = (result.stderr.strip().splitlines() or ["?"])[0]

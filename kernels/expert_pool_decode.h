@@ -1,0 +1,645 @@
+/* expert_pool_decode.h: the weight decoders of kernels/expert_pool.c (included there, after its includes and
+ * STRATA_AVX2): GGML type ids, value tables, and one row of any type strata reads -> float32, exactly as
+ * gguf.quants.dequantize computes it (the same float32 operations in the same order; the file is compiled with
+ * -ffp-contract=off). An AVX2 decoder per type where the CPU has it, the scalar one otherwise (and for TQ1_0).
+ */
+#ifndef STRATA_EXPERT_POOL_DECODE_H
+#define STRATA_EXPERT_POOL_DECODE_H
+
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q2_K = 10,
+       T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_IQ2_XXS = 16, T_IQ2_XS = 17, T_IQ3_XXS = 18,
+       T_IQ1_S = 19, T_IQ4_NL = 20, T_IQ3_S = 21, T_IQ2_S = 22, T_IQ4_XS = 23, T_IQ1_M = 29, T_BF16 = 30,
+       T_TQ1_0 = 34, T_TQ2_0 = 35, T_MXFP4 = 39, T_NVFP4 = 40 };
+#define QK_K 256
+
+static const int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+static const int8_t kvalues_fp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12}; /* e2m1, doubled */
+/* the i-quant grids and ggml's ksigns, emitted from gguf.quants' own tables by strata_cli/tiers/native.py:
+   grid_iq2xxs[256][8], grid_iq2xs[512][8], grid_iq2s[1024][8], grid_iq3xxs[256][4], grid_iq3s[512][4],
+   grid_iq1s[2048][8] (int8 values), ksigns_iq2xs[128] */
+#include "expert_pool_tables.h"
+
+/* ---- scalars */
+static inline float f16_to_f32(uint16_t h) {
+#ifdef STRATA_AVX2
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            bits = sign | (exp << 23) | ((man & 0x3FF) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7F800000 | (man << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+/* 2^e for -126 <= e <= 127, exactly (NVFP4's ue4m3 scales; no libm call per block) */
+static inline float pow2i(int e) {
+    const uint32_t bits = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline float rdh(const uint8_t *p) { return f16_to_f32(rd16(p)); }
+
+/* ---- dequantization of one row of n elements (n a multiple of the block), exactly gguf's float32 values */
+static void get_scale_min_k4(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+static int block_of(int type, int *elems, int *bytes) {
+    switch (type) {
+    case T_F32: *elems = 1; *bytes = 4; return 0;
+    case T_F16: case T_BF16: *elems = 1; *bytes = 2; return 0;
+    case T_Q4_0: *elems = 32; *bytes = 18; return 0;
+    case T_Q4_1: *elems = 32; *bytes = 20; return 0;
+    case T_Q5_0: *elems = 32; *bytes = 22; return 0;
+    case T_Q5_1: *elems = 32; *bytes = 24; return 0;
+    case T_Q8_0: *elems = 32; *bytes = 34; return 0;
+    case T_IQ4_NL: *elems = 32; *bytes = 18; return 0;
+    case T_Q2_K: *elems = QK_K; *bytes = 84; return 0;
+    case T_Q3_K: *elems = QK_K; *bytes = 110; return 0;
+    case T_Q4_K: *elems = QK_K; *bytes = 144; return 0;
+    case T_Q5_K: *elems = QK_K; *bytes = 176; return 0;
+    case T_Q6_K: *elems = QK_K; *bytes = 210; return 0;
+    case T_IQ4_XS: *elems = QK_K; *bytes = 136; return 0;
+    case T_IQ2_XXS: *elems = QK_K; *bytes = 66; return 0;
+    case T_IQ2_XS: *elems = QK_K; *bytes = 74; return 0;
+    case T_IQ2_S: *elems = QK_K; *bytes = 82; return 0;
+    case T_IQ3_XXS: *elems = QK_K; *bytes = 98; return 0;
+    case T_IQ3_S: *elems = QK_K; *bytes = 110; return 0;
+    case T_IQ1_S: *elems = QK_K; *bytes = 50; return 0;
+    case T_IQ1_M: *elems = QK_K; *bytes = 56; return 0;
+    case T_TQ1_0: *elems = QK_K; *bytes = 54; return 0;
+    case T_TQ2_0: *elems = QK_K; *bytes = 66; return 0;
+    case T_MXFP4: *elems = 32; *bytes = 17; return 0;
+    case T_NVFP4: *elems = 64; *bytes = 36; return 0;
+    default: return -1;
+    }
+}
+
+#ifdef STRATA_AVX2
+/* ---- AVX2 decoders: the same float32 operations as the scalar ones below, 8 values at a time */
+static inline __m256 cvt8_i8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); } /* low 8 bytes */
+static inline void st16_mul(float *y, __m128i q, __m256 d) { /* y[0..15] = d * (float)(int8)q */
+    _mm256_storeu_ps(y, _mm256_mul_ps(d, cvt8_i8(q)));
+    _mm256_storeu_ps(y + 8, _mm256_mul_ps(d, cvt8_i8(_mm_srli_si128(q, 8))));
+}
+static inline void st16_mul_add(float *y, __m128i q, __m256 d, __m256 m) { /* d * q + m */
+    _mm256_storeu_ps(y, _mm256_add_ps(_mm256_mul_ps(d, cvt8_i8(q)), m));
+    _mm256_storeu_ps(y + 8, _mm256_add_ps(_mm256_mul_ps(d, cvt8_i8(_mm_srli_si128(q, 8))), m));
+}
+static inline void st16_mul_sub(float *y, __m128i q, __m256 d, __m256 m) { /* d * q - m */
+    _mm256_storeu_ps(y, _mm256_sub_ps(_mm256_mul_ps(d, cvt8_i8(q)), m));
+    _mm256_storeu_ps(y + 8, _mm256_sub_ps(_mm256_mul_ps(d, cvt8_i8(_mm_srli_si128(q, 8))), m));
+}
+static inline __m128i lo_nib(__m128i q) { return _mm_and_si128(q, _mm_set1_epi8(0x0F)); }
+static inline __m128i hi_nib(__m128i q) { return _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0F)); }
+static inline __m128i ld16b(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
+/* 16 bytes, 0x10 where bit i of `bits` is set (the 5th bit of Q5_x codes) */
+static inline __m128i bit4_16(uint32_t bits) {
+    const __m128i sel = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    __m128i v = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)bits), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1,
+                                                                              1, 1, 1));
+    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(v, sel), sel), _mm_set1_epi8(0x10));
+}
+/* the sign bit of lane k where bit k of sg is set: x XOR it = x * (-1) exactly */
+static inline __m256 sign8(unsigned sg) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)sg), bit), bit);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(m, 31));
+}
+static inline __m128i ld8(const void *p) { return _mm_loadl_epi64((const __m128i *)p); }
+static inline __m128i ld4x2(const void *a, const void *b) { /* two 4-byte grid rows as 8 bytes */
+    uint32_t x, y;
+    memcpy(&x, a, 4);
+    memcpy(&y, b, 4);
+    return _mm_setr_epi32((int)x, (int)y, 0, 0);
+}
+/* db * grid * sign for 8 values */
+static inline void st8_grid_sign(float *y, __m128i grid8, __m256 db, unsigned sg) {
+    _mm256_storeu_ps(y, _mm256_xor_ps(_mm256_mul_ps(db, cvt8_i8(grid8)), sign8(sg)));
+}
+/* 2-bit codes: byte l of 32 bytes >> (2 s) & 3 */
+static inline __m256i crumbs32(const uint8_t *p, int s) {
+    return _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)p), _mm_cvtsi32_si128(2 * s)),
+                            _mm256_set1_epi8(3));
+}
+static inline __m128i lo128(__m256i v) { return _mm256_castsi256_si128(v); }
+static inline __m128i hi128(__m256i v) { return _mm256_extracti128_si256(v, 1); }
+
+static int dequant_block_avx2(int type, const uint8_t *b, float *y) {
+    switch (type) {
+    case T_Q4_0: {
+        const __m256 d = _mm256_set1_ps(rdh(b));
+        const __m128i q = ld16b(b + 2), eight = _mm_set1_epi8(8);
+        st16_mul(y, _mm_sub_epi8(lo_nib(q), eight), d);
+        st16_mul(y + 16, _mm_sub_epi8(hi_nib(q), eight), d);
+        return 1;
+    }
+    case T_Q4_1: {
+        const __m256 d = _mm256_set1_ps(rdh(b)), m = _mm256_set1_ps(rdh(b + 2));
+        const __m128i q = ld16b(b + 4);
+        st16_mul_add(y, lo_nib(q), d, m);
+        st16_mul_add(y + 16, hi_nib(q), d, m);
+        return 1;
+    }
+    case T_Q5_0: case T_Q5_1: {
+        const int one = type == T_Q5_1;
+        const __m256 d = _mm256_set1_ps(rdh(b));
+        const uint32_t qh = rd32(b + (one ? 4 : 2));
+        const __m128i q = ld16b(b + (one ? 8 : 6));
+        __m128i lo = _mm_or_si128(lo_nib(q), bit4_16(qh & 0xFFFF)), hi = _mm_or_si128(hi_nib(q), bit4_16(qh >> 16));
+        if (one) {
+            const __m256 m = _mm256_set1_ps(rdh(b + 2));
+            st16_mul_add(y, lo, d, m);
+            st16_mul_add(y + 16, hi, d, m);
+        } else {
+            const __m128i sixteen = _mm_set1_epi8(16);
+            st16_mul(y, _mm_sub_epi8(lo, sixteen), d);
+            st16_mul(y + 16, _mm_sub_epi8(hi, sixteen), d);
+        }
+        return 1;
+    }
+    case T_IQ4_NL: case T_MXFP4: {
+        const __m128i table = ld16b(type == T_IQ4_NL ? (const uint8_t *)kvalues_iq4nl : (const uint8_t *)kvalues_fp4);
+        float dv;
+        if (type == T_IQ4_NL) {
+            dv = rdh(b);
+        } else {
+            const uint32_t e = b[0], bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+            memcpy(&dv, &bits, 4);
+        }
+        const __m256 d = _mm256_set1_ps(dv);
+        const __m128i q = ld16b(b + (type == T_IQ4_NL ? 2 : 1));
+        st16_mul(y, _mm_shuffle_epi8(table, lo_nib(q)), d);
+        st16_mul(y + 16, _mm_shuffle_epi8(table, hi_nib(q)), d);
+        return 1;
+    }
+    case T_NVFP4: {
+        const __m128i table = ld16b((const uint8_t *)kvalues_fp4);
+        for (int s = 0; s < 4; s++) {
+            const uint8_t x = b[s];
+            const int ex = (x >> 3) & 0xF;
+            const float man = (float)(x & 7);
+            const float raw = ex == 0 ? man * 0x1p-9f : (1.0f + man / 8.0f) * pow2i(ex - 7);
+            const __m256 d = _mm256_set1_ps((x == 0 || x == 0x7F) ? 0.0f : raw * 0.5f);
+            const __m128i q = ld8(b + 4 + 8 * s);
+            st16_mul(y + 16 * s, _mm_shuffle_epi8(table, _mm_unpacklo_epi64(lo_nib(q), hi_nib(q))), d);
+        }
+        return 1;
+    }
+    case T_IQ4_XS: {
+        const __m128i table = ld16b((const uint8_t *)kvalues_iq4nl);
+        const float d = rdh(b);
+        const uint16_t sh = rd16(b + 2);
+        for (int j = 0; j < 8; j++) {
+            const int lo = (b[4 + j / 2] >> (4 * (j % 2))) & 0xF, hi = (sh >> (2 * j)) & 3;
+            const __m256 dl = _mm256_set1_ps(d * (float)((int8_t)(lo | (hi << 4)) - 32));
+            const __m128i q = ld16b(b + 8 + 16 * j);
+            st16_mul(y + 32 * j, _mm_shuffle_epi8(table, lo_nib(q)), dl);
+            st16_mul(y + 32 * j + 16, _mm_shuffle_epi8(table, hi_nib(q)), dl);
+        }
+        return 1;
+    }
+    case T_Q4_K: case T_Q5_K: {
+        const float d = rdh(b), dmin = rdh(b + 2);
+        const uint8_t *sc = b + 4, *qs = b + (type == T_Q4_K ? 16 : 48);
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
+        for (int j = 0; j < 8; j++) {
+            uint8_t s, m;
+            get_scale_min_k4(sc, j, &s, &m);
+            const __m256 dd = _mm256_set1_ps(d * (float)s), dm = _mm256_set1_ps(dmin * (float)m);
+            __m256i q = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(qs + (j / 2) * 32)),
+                                                          _mm_cvtsi32_si128(4 * (j % 2))), _mm256_set1_epi8(0x0F));
+            if (type == T_Q5_K) {
+                const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+                q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
+            }
+            st16_mul_sub(y + 32 * j, lo128(q), dd, dm);
+            st16_mul_sub(y + 32 * j + 16, hi128(q), dd, dm);
+        }
+        return 1;
+    }
+    case T_Q6_K: {
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float d = rdh(b + 208);
+        for (int c = 0; c < 8; c++) {
+            const int h = c / 4, s = (c % 4) / 2;
+            const __m256i lo = _mm256_and_si256(
+                _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(b + h * 64 + (c % 2) * 32)), _mm_cvtsi32_si128(4 * s)),
+                _mm256_set1_epi8(0x0F));
+            const __m256i hi = crumbs32(b + 128 + h * 32, c % 4);
+            const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+            st16_mul(y + 32 * c, lo128(q), _mm256_set1_ps(d * (float)sc[2 * c]));
+            st16_mul(y + 32 * c + 16, hi128(q), _mm256_set1_ps(d * (float)sc[2 * c + 1]));
+        }
+        return 1;
+    }
+    case T_Q2_K: case T_Q3_K: case T_TQ2_0: {
+        /* chunk (half, s) = elements 128 half + 32 s .. +31: codes (qs[32 half + l] >> 2 s) & 3; subs of 16 */
+        const uint8_t *qs = b + (type == T_Q2_K ? 16 : type == T_Q3_K ? 32 : 0);
+        for (int c = 0; c < 8; c++) {
+            const int half = c / 4, s = c % 4, sub = 2 * c;
+            __m256i q = crumbs32(qs + 32 * half, s);
+            if (type == T_Q2_K) {
+                const float d = rdh(b + 80), dmin = rdh(b + 82);
+                for (int u = 0; u < 2; u++) {
+                    const uint8_t scb = b[sub + u];
+                    const __m256 dl = _mm256_set1_ps(d * (float)(scb & 0xF)), ml = _mm256_set1_ps(dmin * (float)(scb >> 4));
+                    st16_mul_sub(y + 32 * c + 16 * u, u ? hi128(q) : lo128(q), dl, ml);
+                }
+            } else if (type == T_Q3_K) {
+                const uint8_t *sc = b + 96;
+                const float d = rdh(b + 108);
+                /* 5th... the high bit: (hmask[l] >> c) & 1, code - 4 when it is 0 */
+                const __m256i hb = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)b),
+                                                                     _mm_cvtsi32_si128(c)), _mm256_set1_epi8(1));
+                q = _mm256_sub_epi8(q, _mm256_slli_epi16(_mm256_xor_si256(hb, _mm256_set1_epi8(1)), 2));
+                for (int u = 0; u < 2; u++) {
+                    const int j = sub + u;
+                    const int lo = j < 8 ? (sc[j] & 0xF) : (sc[j - 8] >> 4), hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+                    st16_mul(y + 32 * c + 16 * u, u ? hi128(q) : lo128(q),
+                             _mm256_set1_ps(d * (float)((int8_t)(lo | (hi << 4)) - 32)));
+                }
+            } else {
+                const __m256 d = _mm256_set1_ps(rdh(b + 64));
+                q = _mm256_sub_epi8(q, _mm256_set1_epi8(1));
+                st16_mul(y + 32 * c, lo128(q), d);
+                st16_mul(y + 32 * c + 16, hi128(q), d);
+            }
+        }
+        return 1;
+    }
+    case T_IQ2_XXS: {
+        const float d = rdh(b);
+        for (int g = 0; g < 8; g++) {
+            const uint32_t a0 = rd32(b + 2 + 8 * g), a1 = rd32(b + 6 + 8 * g);
+            const __m256 db = _mm256_set1_ps(d * (0.5f + (float)(a1 >> 28)) * 0.25f);
+            for (int l = 0; l < 4; l++)
+                st8_grid_sign(y + 32 * g + 8 * l, ld8(grid_iq2xxs[(a0 >> (8 * l)) & 0xFF]), db,
+                              ksigns_iq2xs[(a1 >> (7 * l)) & 127]);
+        }
+        return 1;
+    }
+    case T_IQ2_XS: {
+        const float d = rdh(b);
+        for (int i = 0; i < 32; i++) {
+            const uint16_t q = rd16(b + 2 + 2 * i);
+            const __m256 db = _mm256_set1_ps(d * (0.5f + (float)((b[66 + i / 4] >> (4 * ((i / 2) % 2))) & 0xF)) * 0.25f);
+            st8_grid_sign(y + 8 * i, ld8(grid_iq2xs[q & 511]), db, ksigns_iq2xs[q >> 9]);
+        }
+        return 1;
+    }
+    case T_IQ2_S: {
+        const float d = rdh(b);
+        for (int i = 0; i < 32; i++) {
+            const int id = b[2 + i] | (((b[66 + i / 4] >> (2 * (i % 4))) & 3) << 8);
+            const __m256 db = _mm256_set1_ps(d * (0.5f + (float)((b[74 + i / 4] >> (4 * ((i / 2) % 2))) & 0xF)) * 0.25f);
+            st8_grid_sign(y + 8 * i, ld8(grid_iq2s[id]), db, b[34 + i]);
+        }
+        return 1;
+    }
+    case T_IQ3_XXS: {
+        const float d = rdh(b);
+        for (int g = 0; g < 8; g++) {
+            const uint32_t sc = rd32(b + 66 + 4 * g);
+            const __m256 db = _mm256_set1_ps(d * (0.5f + (float)(sc >> 28)) * 0.5f);
+            for (int l = 0; l < 4; l++) {
+                const uint8_t *ids = b + 2 + 8 * g + 2 * l;
+                st8_grid_sign(y + 32 * g + 8 * l, ld4x2(grid_iq3xxs[ids[0]], grid_iq3xxs[ids[1]]), db,
+                              ksigns_iq2xs[(sc >> (7 * l)) & 127]);
+            }
+        }
+        return 1;
+    }
+    case T_IQ3_S: {
+        const float d = rdh(b);
+        for (int t = 0; t < 32; t++) { /* elements 8t .. 8t+7: grid ids 2t, 2t+1, sign byte t */
+            const int g = t / 4, i0 = 2 * t, i1 = 2 * t + 1;
+            const __m256 db = _mm256_set1_ps(d * (float)(1 + 2 * ((b[106 + g / 2] >> (4 * (g % 2))) & 0xF)));
+            const int id0 = b[2 + i0] | (((b[66 + i0 / 8] >> (i0 % 8)) & 1) << 8);
+            const int id1 = b[2 + i1] | (((b[66 + i1 / 8] >> (i1 % 8)) & 1) << 8);
+            st8_grid_sign(y + 8 * t, ld4x2(grid_iq3s[id0], grid_iq3s[id1]), db, b[74 + t]);
+        }
+        return 1;
+    }
+    case T_IQ1_S: case T_IQ1_M: {
+        if (type == T_IQ1_S) {
+            const float d = rdh(b);
+            for (int g = 0; g < 8; g++) {
+                const uint16_t h = rd16(b + 34 + 2 * g);
+                const __m256 dl = _mm256_set1_ps(d * (float)(2 * ((h >> 12) & 7) + 1));
+                const __m256 delta = _mm256_set1_ps((h & 0x8000) ? -0.125f : 0.125f);
+                for (int l = 0; l < 4; l++) {
+                    const __m128i gr = ld8(grid_iq1s[b[2 + 4 * g + l] | (((h >> (3 * l)) & 7) << 8)]);
+                    _mm256_storeu_ps(y + 32 * g + 8 * l, _mm256_mul_ps(dl, _mm256_add_ps(cvt8_i8(gr), delta)));
+                }
+            }
+        } else {
+            const uint16_t s0 = rd16(b + 48), s1 = rd16(b + 50), s2 = rd16(b + 52), s3 = rd16(b + 54);
+            const uint16_t sc[4] = {s0, s1, s2, s3};
+            const float d = f16_to_f32((uint16_t)(((s0 & 0xF000) >> 12) | ((s1 & 0xF000) >> 8) |
+                                                  ((s2 & 0xF000) >> 4) | (s3 & 0xF000)));
+            for (int i = 0; i < 32; i++) {
+                const int j = i / 2, h = (b[32 + i / 2] >> (4 * (i % 2))) & 0xF;
+                const __m256 dl = _mm256_set1_ps(d * (float)(2 * ((sc[j / 4] >> (3 * (j % 4))) & 7) + 1));
+                const __m256 delta = _mm256_set1_ps((h & 8) ? -0.125f : 0.125f);
+                const __m128i gr = ld8(grid_iq1s[b[i] | ((h & 7) << 8)]);
+                _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(dl, _mm256_add_ps(cvt8_i8(gr), delta)));
+            }
+        }
+        return 1;
+    }
+    default:
+        return 0;
+    }
+}
+#endif
+
+static void dequant_block(int type, const uint8_t *b, float *y) {
+#ifdef STRATA_AVX2
+    if (dequant_block_avx2(type, b, y)) return;
+#endif
+    switch (type) {
+    case T_Q4_0: {
+        const float d = rdh(b);
+        for (int l = 0; l < 16; l++) {
+            y[l] = d * (float)((int)(b[2 + l] & 0xF) - 8);
+            y[l + 16] = d * (float)((int)(b[2 + l] >> 4) - 8);
+        }
+        break;
+    }
+    case T_Q4_1: {
+        const float d = rdh(b), m = rdh(b + 2);
+        for (int l = 0; l < 16; l++) {
+            y[l] = d * (float)(b[4 + l] & 0xF) + m;
+            y[l + 16] = d * (float)(b[4 + l] >> 4) + m;
+        }
+        break;
+    }
+    case T_Q5_0: {
+        const float d = rdh(b);
+        const uint32_t qh = rd32(b + 2);
+        for (int l = 0; l < 16; l++) {
+            y[l] = d * (float)((int)((b[6 + l] & 0xF) | (((qh >> l) & 1) << 4)) - 16);
+            y[l + 16] = d * (float)((int)((b[6 + l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) - 16);
+        }
+        break;
+    }
+    case T_Q5_1: {
+        const float d = rdh(b), m = rdh(b + 2);
+        const uint32_t qh = rd32(b + 4);
+        for (int l = 0; l < 16; l++) {
+            y[l] = d * (float)((b[8 + l] & 0xF) | (((qh >> l) & 1) << 4)) + m;
+            y[l + 16] = d * (float)((b[8 + l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) + m;
+        }
+        break;
+    }
+    case T_Q8_0: {
+        const float d = rdh(b);
+        for (int l = 0; l < 32; l++) y[l] = (float)(int8_t)b[2 + l] * d;
+        break;
+    }
+    case T_IQ4_NL: {
+        const float d = rdh(b);
+        for (int l = 0; l < 32; l++) y[l] = d * (float)kvalues_iq4nl[(b[2 + l % 16] >> (4 * (l / 16))) & 0xF];
+        break;
+    }
+    case T_Q2_K: { /* scales[16] qs[64] d dmin */
+        const uint8_t *sc = b, *qs = b + 16;
+        const float d = rdh(b + 80), dmin = rdh(b + 82);
+        for (int e = 0; e < QK_K; e++) {
+            const int half = e / 128, r = e % 128, s = r / 32, l = r % 32, sub = e / 16;
+            const float dl = d * (float)(sc[sub] & 0xF), ml = dmin * (float)(sc[sub] >> 4);
+            y[e] = dl * (float)((qs[half * 32 + l] >> (2 * s)) & 3) - ml;
+        }
+        break;
+    }
+    case T_Q3_K: { /* hmask[32] qs[64] scales[12] d */
+        const uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
+        const float d = rdh(b + 108);
+        for (int e = 0; e < QK_K; e++) {
+            const int sub = e / 16;
+            const int lo = sub < 8 ? (sc[sub] & 0xF) : (sc[sub - 8] >> 4);
+            const int hi = (sc[8 + sub % 4] >> (2 * (sub / 4))) & 3;
+            const float dl = d * (float)((int8_t)(lo | (hi << 4)) - 32);
+            const int half = e / 128, r = e % 128, s = r / 32, l = r % 32;
+            const int ql = (qs[half * 32 + l] >> (2 * s)) & 3;
+            const int qh = ((hm[e % 32] >> (e / 32)) & 1) ^ 1;
+            y[e] = dl * (float)(ql - (qh << 2));
+        }
+        break;
+    }
+    case T_Q4_K: case T_Q5_K: { /* d dmin scales[12] [qh[32]] qs[128] */
+        const float d = rdh(b), dmin = rdh(b + 2);
+        const uint8_t *sc = b + 4, *qh = b + 16, *qs = b + (type == T_Q4_K ? 16 : 48);
+        for (int j = 0; j < 8; j++) {
+            uint8_t s, m;
+            get_scale_min_k4(sc, j, &s, &m);
+            const float dd = d * (float)s, dm = dmin * (float)m;
+            for (int l = 0; l < 32; l++) {
+                int q = (qs[(j / 2) * 32 + l] >> (4 * (j % 2))) & 0xF;
+                if (type == T_Q5_K) q |= ((qh[l] >> j) & 1) << 4;
+                y[j * 32 + l] = dd * (float)q - dm;
+            }
+        }
+        break;
+    }
+    case T_Q6_K: { /* ql[128] qh[64] scales[16] d */
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *sc = (const int8_t *)(b + 192);
+        const float d = rdh(b + 208);
+        for (int e = 0; e < QK_K; e++) {
+            const int c = e / 32, l = e % 32, h = c / 4, s = (c % 4) / 2, p = (c % 2) * 32 + l;
+            const int lo = (ql[h * 64 + p] >> (4 * s)) & 0xF;
+            const int hi = (qh[h * 32 + l] >> (2 * (c % 4))) & 3;
+            y[e] = (d * (float)sc[e / 16]) * (float)((int8_t)(lo | (hi << 4)) - 32);
+        }
+        break;
+    }
+    case T_IQ4_XS: { /* d scales_h(u16) scales_l[4] qs[128] */
+        const float d = rdh(b);
+        const uint16_t sh = rd16(b + 2);
+        const uint8_t *sl = b + 4, *qs = b + 8;
+        for (int j = 0; j < 8; j++) {
+            const int lo = (sl[j / 2] >> (4 * (j % 2))) & 0xF, hi = (sh >> (2 * j)) & 3;
+            const float dl = d * (float)((int8_t)(lo | (hi << 4)) - 32);
+            for (int l = 0; l < 32; l++)
+                y[j * 32 + l] = dl * (float)kvalues_iq4nl[(qs[j * 16 + l % 16] >> (4 * (l / 16))) & 0xF];
+        }
+        break;
+    }
+    /* i-quants: value = (scale * grid) * sign, or scale * (grid + delta), rounded as gguf's numpy rounds them */
+    case T_IQ2_XXS: { /* d, per 32: u32 (4 grid ids), u32 (4 x 7-bit sign ids, 4-bit scale) */
+        const float d = rdh(b);
+        for (int g = 0; g < 8; g++) {
+            const uint32_t a0 = rd32(b + 2 + 8 * g), a1 = rd32(b + 6 + 8 * g);
+            const float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+            for (int l = 0; l < 4; l++) {
+                const int8_t *gr = grid_iq2xxs[(a0 >> (8 * l)) & 0xFF];
+                const uint8_t sg = ksigns_iq2xs[(a1 >> (7 * l)) & 127];
+                for (int k = 0; k < 8; k++) y[32 * g + 8 * l + k] = db * (float)gr[k] * ((sg >> k) & 1 ? -1.0f : 1.0f);
+            }
+        }
+        break;
+    }
+    case T_IQ2_XS: { /* d, qs u16[32] (9-bit grid id, 7-bit sign id), scales[8] (4 bits per 16) */
+        const float d = rdh(b);
+        for (int i = 0; i < 32; i++) {
+            const uint16_t q = rd16(b + 2 + 2 * i);
+            const float db = d * (0.5f + (float)((b[66 + i / 4] >> (4 * ((i / 2) % 2))) & 0xF)) * 0.25f;
+            const int8_t *gr = grid_iq2xs[q & 511];
+            const uint8_t sg = ksigns_iq2xs[q >> 9];
+            for (int k = 0; k < 8; k++) y[8 * i + k] = db * (float)gr[k] * ((sg >> k) & 1 ? -1.0f : 1.0f);
+        }
+        break;
+    }
+    case T_IQ2_S: { /* d, qs[32] (id low bits), signs[32], qh[8] (2 high id bits each), scales[8] */
+        const float d = rdh(b);
+        for (int i = 0; i < 32; i++) {
+            const int id = b[2 + i] | (((b[66 + i / 4] >> (2 * (i % 4))) & 3) << 8);
+            const float db = d * (0.5f + (float)((b[74 + i / 4] >> (4 * ((i / 2) % 2))) & 0xF)) * 0.25f;
+            const uint8_t sg = b[34 + i];
+            for (int k = 0; k < 8; k++)
+                y[8 * i + k] = db * (float)grid_iq2s[id][k] * ((sg >> k) & 1 ? -1.0f : 1.0f);
+        }
+        break;
+    }
+    case T_IQ3_XXS: { /* d, qs[64] (4-value grid ids), per 32: u32 (4 x 7-bit sign ids, 4-bit scale) */
+        const float d = rdh(b);
+        for (int g = 0; g < 8; g++) {
+            const uint32_t sc = rd32(b + 66 + 4 * g);
+            const float db = d * (0.5f + (float)(sc >> 28)) * 0.5f;
+            for (int l = 0; l < 4; l++) {
+                const uint8_t sg = ksigns_iq2xs[(sc >> (7 * l)) & 127];
+                for (int k = 0; k < 8; k++) {
+                    const int e = 32 * g + 8 * l + k;
+                    y[e] = db * (float)grid_iq3xxs[b[2 + e / 4]][e % 4] * ((sg >> k) & 1 ? -1.0f : 1.0f);
+                }
+            }
+        }
+        break;
+    }
+    case T_IQ3_S: { /* d, qs[64], qh[8] (9th id bit), signs[32], scales[4] (4 bits per 32: 1 + 2s) */
+        const float d = rdh(b);
+        for (int e = 0; e < QK_K; e++) {
+            const int g = e / 32, i = e / 4;
+            const float db = d * (float)(1 + 2 * ((b[106 + g / 2] >> (4 * (g % 2))) & 0xF));
+            const int id = b[2 + i] | (((b[66 + i / 8] >> (i % 8)) & 1) << 8);
+            y[e] = db * (float)grid_iq3s[id][e % 4] * ((b[74 + e / 8] >> (e % 8)) & 1 ? -1.0f : 1.0f);
+        }
+        break;
+    }
+    case T_IQ1_S: { /* d, qs[32] (id low bits), qh u16[8] (3 high bits x 4, 3-bit scale, delta sign) */
+        const float d = rdh(b);
+        for (int g = 0; g < 8; g++) {
+            const uint16_t h = rd16(b + 34 + 2 * g);
+            const float dl = d * (float)(2 * ((h >> 12) & 7) + 1), delta = (h & 0x8000) ? -0.125f : 0.125f;
+            for (int l = 0; l < 4; l++) {
+                const int8_t *gr = grid_iq1s[b[2 + 4 * g + l] | (((h >> (3 * l)) & 7) << 8)];
+                for (int k = 0; k < 8; k++) y[32 * g + 8 * l + k] = dl * ((float)gr[k] + delta);
+            }
+        }
+        break;
+    }
+    case T_IQ1_M: { /* qs[32], qh[16] (3 high id bits + delta sign per id), scales u16[4] (the fp16 d in nibbles) */
+        const uint16_t s0 = rd16(b + 48), s1 = rd16(b + 50), s2 = rd16(b + 52), s3 = rd16(b + 54);
+        const uint16_t sc[4] = {s0, s1, s2, s3};
+        const float d = f16_to_f32((uint16_t)(((s0 & 0xF000) >> 12) | ((s1 & 0xF000) >> 8) | ((s2 & 0xF000) >> 4) |
+                                              (s3 & 0xF000)));
+        for (int i = 0; i < 32; i++) {
+            const int j = i / 2, h = (b[32 + i / 2] >> (4 * (i % 2))) & 0xF;
+            const float dl = d * (float)(2 * ((sc[j / 4] >> (3 * (j % 4))) & 7) + 1);
+            const float delta = (h & 8) ? -0.125f : 0.125f;
+            const int8_t *gr = grid_iq1s[b[i] | ((h & 7) << 8)];
+            for (int k = 0; k < 8; k++) y[8 * i + k] = dl * ((float)gr[k] + delta);
+        }
+        break;
+    }
+    case T_TQ1_0: { /* qs[48] (5 base-3 digits per byte), qh[4] (4 digits per byte), d */
+        static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+        const float d = rdh(b + 52);
+        for (int e = 0; e < QK_K; e++) {
+            uint8_t v;
+            if (e < 160) v = (uint8_t)(b[e % 32] * pow3[e / 32]);
+            else if (e < 240) v = (uint8_t)(b[32 + (e - 160) % 16] * pow3[(e - 160) / 16]);
+            else v = (uint8_t)(b[48 + (e - 240) % 4] * pow3[(e - 240) / 4]);
+            y[e] = d * (float)((int)(((uint16_t)v * 3) >> 8) - 1);
+        }
+        break;
+    }
+    case T_TQ2_0: { /* qs[64] (2-bit, 4 planes of 32 per 128), d */
+        const float d = rdh(b + 64);
+        for (int e = 0; e < QK_K; e++)
+            y[e] = d * (float)((int)((b[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3) - 1);
+        break;
+    }
+    case T_MXFP4: { /* e8m0 exponent, qs[16] nibbles into the doubled e2m1 table; d = 2^(e-128) */
+        const uint32_t e = b[0], bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
+        float d;
+        memcpy(&d, &bits, 4);
+        for (int l = 0; l < 32; l++) y[l] = d * (float)kvalues_fp4[(b[1 + l % 16] >> (4 * (l / 16))) & 0xF];
+        break;
+    }
+    case T_NVFP4: { /* 4 ue4m3 scales (one per 16), qs[32]: per 16, 8 bytes, low nibbles first */
+        for (int s = 0; s < 4; s++) {
+            const uint8_t x = b[s];
+            const int ex = (x >> 3) & 0xF;
+            const float man = (float)(x & 7);
+            const float raw = ex == 0 ? man * 0x1p-9f : (1.0f + man / 8.0f) * pow2i(ex - 7);
+            const float d = (x == 0 || x == 0x7F) ? 0.0f : raw * 0.5f;
+            for (int l = 0; l < 16; l++)
+                y[16 * s + l] = d * (float)kvalues_fp4[(b[4 + 8 * s + l % 8] >> (4 * (l / 8))) & 0xF];
+        }
+        break;
+    }
+    }
+}
+
+static void dequant_row(int type, const uint8_t *src, int64_t n, float *y) {
+    switch (type) {
+    case T_F32: memcpy(y, src, (size_t)n * 4); return;
+    case T_F16: {
+        int64_t i = 0;
+#ifdef STRATA_AVX2
+        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 2 * i))));
+#endif
+        for (; i < n; i++) y[i] = f16_to_f32(rd16(src + 2 * i));
+        return;
+    }
+    case T_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t bits = (uint32_t)rd16(src + 2 * i) << 16;
+            memcpy(y + i, &bits, 4);
+        }
+        return;
+    default: {
+        int elems, bytes;
+        block_of(type, &elems, &bytes);
+        for (int64_t i = 0; i < n / elems; i++) dequant_block(type, src + i * bytes, y + i * elems);
+    }
+    }
+}
+
+#endif  /* STRATA_EXPERT_POOL_DECODE_H */
