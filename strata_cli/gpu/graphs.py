@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .runtime import check, cudart, cudrv, cupy
+from .runtime import capture_guard, check, cudart, cudrv, cupy, free_later_if_capturing
 
 NODE_KINDS = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "child graph", 5: "empty",
               6: "event wait", 7: "event record", 8: "semaphore signal", 9: "semaphore wait", 10: "mem alloc",
@@ -33,14 +33,16 @@ class CapturedGraph:
         rt = cudart()
         self.stream = stream
         mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
-        check(rt.cudaStreamBeginCapture(stream.ptr, mode), "cudaStreamBeginCapture")
-        try:
-            with stream:
-                record(stream)
-        except BaseException:
-            rt.cudaStreamEndCapture(stream.ptr)  # ends the failed capture so the stream is usable again
-            raise
-        self.graph = check(rt.cudaStreamEndCapture(stream.ptr), "cudaStreamEndCapture")
+        self.exec = None
+        with capture_guard():  # no finalizer may free device resources inside the capture (runtime.py)
+            check(rt.cudaStreamBeginCapture(stream.ptr, mode), "cudaStreamBeginCapture")
+            try:
+                with stream:
+                    record(stream)
+            except BaseException:
+                rt.cudaStreamEndCapture(stream.ptr)  # ends the failed capture so the stream is usable again
+                raise
+            self.graph = check(rt.cudaStreamEndCapture(stream.ptr), "cudaStreamEndCapture")
         self.exec = check(rt.cudaGraphInstantiate(self.graph, 0), "cudaGraphInstantiate")
         check(rt.cudaGraphUpload(self.exec, stream.ptr), "cudaGraphUpload")
 
@@ -59,7 +61,7 @@ class CapturedGraph:
 
     def __del__(self):
         try:
-            self.destroy()
+            free_later_if_capturing(self.destroy)
         except Exception:
             pass
 

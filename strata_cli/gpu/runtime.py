@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import weakref
+from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
@@ -43,6 +45,42 @@ def check(ret, what: str = "cuda call"):
     return None if len(ret) == 1 else ret[1] if len(ret) == 2 else ret[1:]
 
 
+# Open stream captures in this process, and the device frees that arrived meanwhile. A finalizer (weakref.finalize
+# of a MappedBuffer, CapturedGraph.__del__) that runs inside a capture, e.g. from a cyclic garbage collection
+# triggered by the recorder's own allocations, would call cudaFreeHost/cudaGraphExecDestroy there: CUDA refuses the
+# call, the finalizer's error is lost, and the capture is silently invalidated (the next launch then fails with
+# CUDA_ERROR_STREAM_CAPTURE_INVALIDATED far from the cause). So frees wait until the last capture ends.
+_open_captures = 0
+_deferred_frees: list = []
+
+
+def free_later_if_capturing(free, *args) -> None:
+    """Call free(*args) now, or once no capture is open (the finalizers' one way to release device resources)."""
+    if _open_captures:
+        _deferred_frees.append((free, args))
+    else:
+        free(*args)
+
+
+@contextmanager
+def capture_guard():
+    """Around a stream capture: cyclic garbage collection paused and device frees deferred until it ends."""
+    global _open_captures
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    _open_captures += 1
+    try:
+        yield
+    finally:
+        _open_captures -= 1
+        if gc_was_enabled:
+            gc.enable()
+        if not _open_captures:
+            while _deferred_frees:
+                free, args = _deferred_frees.pop()
+                free(*args)
+
+
 @lru_cache(maxsize=None)
 def device_arch() -> str:
     """'sm_90' on an H200: kernels are compiled for the device found."""
@@ -67,7 +105,7 @@ class MappedBuffer:
         mem = cp.cuda.UnownedMemory(self.dev_ptr, max(self.nbytes, 1), owner=self, device_id=0)
         self.device = cp.ndarray(shape, self.dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
         # freed when the last view goes (the device view keeps this object alive through its owner)
-        weakref.finalize(self, rt.cudaFreeHost, self.host_ptr)
+        weakref.finalize(self, free_later_if_capturing, rt.cudaFreeHost, self.host_ptr)
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> float:
