@@ -100,16 +100,19 @@ class GPUEngine:
     def reset(self) -> None:
         """Zero every recurrent/conv/indexer/PLE state (KV cells need no reset: a query sees only its past)."""
         g, b = self.g, self.buf
-        for layer in g.gdn_layers:
-            b[f"S.{layer}"].fill(0)
-            b[f"conv.{layer}"].fill(0)
-        for layer in g.attn_layers:
-            if g.compress_ratios[layer]:
-                b[f"tail.{layer}"].fill(0)
-                b[f"pooled.{layer}"].fill(0)
-        if g.ple is not None:
-            b["ple_history"].fill(0)
-            b["ple_prev"].fill(g.ple.eos_token_id)
+        # the fills go on the engine's own stream: it is non-blocking, so fills queued on the legacy default
+        # stream would not be ordered before the next window, and self.stream.synchronize() would not wait for them
+        with self.stream:
+            for layer in g.gdn_layers:
+                b[f"S.{layer}"].fill(0)
+                b[f"conv.{layer}"].fill(0)
+            for layer in g.attn_layers:
+                if g.compress_ratios[layer]:
+                    b[f"tail.{layer}"].fill(0)
+                    b[f"pooled.{layer}"].fill(0)
+            if g.ple is not None:
+                b["ple_history"].fill(0)
+                b["ple_prev"].fill(g.ple.eos_token_id)
         self.stream.synchronize()
         self.n_past = 0
         self._pending: int | None = None
