@@ -18,6 +18,10 @@ from pathlib import Path
 
 import pytest
 
+# before any CUDA driver call of the test process (cupy_problem below initialises the driver): see
+# strata_cli/gpu/runtime.eager_module_loading
+os.environ["CUDA_MODULE_LOADING"] = "EAGER"
+
 REPO = Path(__file__).resolve().parent.parent
 collect_ignore = ["mutation"]  # tests/mutation/run.py drives the suite itself; CI does not run it
 DEFAULT_FIXTURES = REPO.parent / "shared" / "fixtures" / "qwen4exp-tiny"

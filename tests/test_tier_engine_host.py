@@ -115,9 +115,24 @@ class _SimTiers:
         self.wait_ns = _Mapped((self.L * 2, 2), np.uint64)
 
 
+def _gpu_order(L: int, G: int) -> list[tuple[str, int, int]]:
+    """The window's (pre | post, layer, group) in stream order: split.py's order for two groups (pre(0,A) pre(0,B)
+    | post(0,A) pre(1,A) | post(0,B) pre(1,B) | ...), pre/post per layer for one."""
+    if G == 1:
+        return [(part, layer, 0) for layer in range(L) for part in ("pre", "post")]
+    order = [("pre", 0, grp) for grp in range(G)]
+    for layer in range(L):
+        for grp in range(G):
+            order.append(("post", layer, grp))
+            if layer + 1 < L:
+                order.append(("pre", layer + 1, grp))
+    return order
+
+
 class _SimGPU(threading.Thread):
-    """Per step: publish the group's rows and ring seq, then wait (bounded, like the spin kernel) for flag and keep
-    what the host left in the plan and ymiss. Steps run one after the other (stricter than the split order)."""
+    """The window's stream in the engine's order (_gpu_order): pre publishes the group's rows and rings seq =
+    ring(layer, grp); post waits (bounded, like the spin kernel) for flag >= that ring and keeps what the host left
+    in the plan and ymiss. With two groups group B's rows are published before group A's flag is waited for."""
 
     def __init__(self, tiers, x, ids, T, bound_s=5.0):
         super().__init__(daemon=True)
@@ -128,17 +143,20 @@ class _SimGPU(threading.Thread):
     def run(self):
         t, w = self.t, self.t.words.host
         groups = t.groups(self.T)
-        for k in range(t.L * len(groups)):
-            layer, grp = divmod(k, len(groups))
+        G = len(groups)
+        for part, layer, grp in _gpu_order(t.L, G):
             r0, n = groups[grp]
-            t.pub_x.host[r0:r0 + n] = self.x[layer, r0:r0 + n]
-            t.pub_ids.host[r0:r0 + n] = self.ids[layer, r0:r0 + n]
-            w[SEQ] = k + 1
+            ring = ExpertTiers.ring(layer, grp, G)
+            if part == "pre":
+                t.pub_x.host[r0:r0 + n] = self.x[layer, r0:r0 + n]
+                t.pub_ids.host[r0:r0 + n] = self.ids[layer, r0:r0 + n]
+                w[SEQ] = ring
+                continue
             start = time.monotonic()
-            while w[FLAG] < k + 1 and time.monotonic() - start < self.bound_s:
+            while w[FLAG] < ring and time.monotonic() - start < self.bound_s:
                 time.sleep(1e-4)
-            if w[FLAG] < k + 1:
-                self.timed_out.append(k)
+            if w[FLAG] < ring:
+                self.timed_out.append(ring - 1)
             j0, J = r0 * t.K, n * t.K
             self.seen.append((layer, r0, n, t.plan.host[grp, j0:j0 + J].copy(), t.ymiss.host[j0:j0 + J].copy()))
         self.done.set()
@@ -298,3 +316,83 @@ def test_a_release_during_a_step_is_never_undone_by_the_host(monkeypatch, fixtur
         host.serve(3)
     assert gpu.done.wait(5) and not gpu.timed_out
     assert all(int(tiers.words.host[w]) == RELEASED for w in (FLAG_A, FLAG_B, FLAG))
+
+
+def test_gpu_order_is_the_split_windows_order():
+    assert _gpu_order(2, 2) == [("pre", 0, 0), ("pre", 0, 1), ("post", 0, 0), ("pre", 1, 0), ("post", 0, 1),
+                                ("pre", 1, 1), ("post", 1, 0), ("post", 1, 1)]
+    assert [ExpertTiers.ring(layer, grp, 2) for _, layer, grp in _gpu_order(2, 2)] == [1, 2, 1, 3, 2, 4, 3, 4]
+
+
+def test_watchdog_waits_while_an_eager_window_is_still_launched(monkeypatch, fixture_dir):
+    """The eager launcher compiles and loads kernels (minutes on a cold cache, seconds per module): that is no
+    stall. The watchdog's clock restarts when the launcher is done."""
+    from strata_cli.tiers.watchdog import Watchdog
+
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
+    dog = Watchdog(0.05)
+    host.launching = True
+    host.begin(3)
+    host.progress -= 10.0
+    assert not host.busy and host not in dog.stalled()
+    host.launch_done()
+    assert host.busy and host not in dog.stalled()
+    host.progress -= 10.0
+    assert host in dog.stalled()
+    host.active = False
+
+
+def test_a_failed_launch_leaves_the_host_idle_and_unreleased(monkeypatch, fixture_dir):
+    """A graph whose launch (or capture) fails put no window on the GPU: no watchdog release 60 s later of a window
+    that never ran (it would release every live verifier of the process)."""
+    from strata_cli.tiers.watchdog import Watchdog
+
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
+    host.step_layer = 5
+
+    def failing():
+        assert host.step_layer == -1  # begin(): the stall line names this window's layer
+        raise RuntimeError("capture invalidated")
+
+    with pytest.raises(RuntimeError, match="capture"):
+        host.launched(3, failing)
+    host.progress -= 100.0
+    assert not host.busy and host not in Watchdog(0.05).stalled() and host.released is None
+    host.launched(3, gpu.start)  # the next window runs
+    assert gpu.done.wait(5) and not gpu.timed_out and host.history
+
+
+def test_cuda_kernels_load_eagerly():
+    """A lazily loaded kernel may wait for a running tier spin-wait (see gpu/runtime.eager_module_loading)."""
+    import os
+
+    from strata_cli.gpu.runtime import MODULE_LOADING_ENV, eager_module_loading
+
+    assert os.environ[MODULE_LOADING_ENV] == "EAGER"
+    env = {MODULE_LOADING_ENV: "LAZY"}
+    eager_module_loading(env)
+    assert env == {MODULE_LOADING_ENV: "EAGER"}
+    env = {}
+    eager_module_loading(env)
+    assert env == {MODULE_LOADING_ENV: "EAGER"}
+
+
+def test_a_tiered_window_is_served_with_device_frees_deferred(monkeypatch):
+    """A finalizer's cudaFreeHost (cyclic GC on the serving or launching thread) synchronises the device, which
+    waits for the host's flags: the tiered window runs under runtime.capture_guard (GC paused, frees deferred)."""
+    import gc
+
+    from strata_cli.engine.gpu.engine import GPUEngine
+    from strata_cli.gpu import runtime
+
+    freed, seen = [], []
+    engine = GPUEngine.__new__(GPUEngine)
+
+    def serve(self, T, eager, profile):
+        runtime.free_later_if_capturing(freed.append, "mapped buffer")
+        seen.append((T, eager, gc.isenabled(), list(freed)))
+
+    monkeypatch.setattr(GPUEngine, "_serve_tiered", serve)
+    was = gc.isenabled()
+    engine._launch_tiered(3, True)
+    assert seen == [(3, True, False, [])] and freed == ["mapped buffer"] and gc.isenabled() == was

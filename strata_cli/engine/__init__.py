@@ -20,6 +20,7 @@ def gpu_probe() -> tuple[bool, str | None]:
     if importlib.util.find_spec("cupy") is None:
         return False, f"CuPy is not installed ({INSTALL_HINT})"
     try:
+        from ..gpu import runtime  # noqa: F401  (CUDA_MODULE_LOADING before the driver starts)
         import cupy
 
         n_devices = cupy.cuda.runtime.getDeviceCount()

@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import os
 import weakref
 from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
+
+MODULE_LOADING_ENV = "CUDA_MODULE_LOADING"
+
+
+def eager_module_loading(env=os.environ) -> None:
+    """Kernels load with their module, never at first launch. A lazily loaded kernel may need a context
+    synchronisation; while a tier spin-wait kernel runs (an eager tiered window: the launcher thread still loads
+    kernels while the GPU waits for the host) that synchronisation waits for the spin, and the host's PCIe copy and
+    flagB write wait behind it, so the spin only ends at its 20 s bound. Read by the driver at its first call, so
+    this runs on import, before CuPy or cuda-bindings touch the driver; an explicit LAZY is overridden."""
+    if env.get(MODULE_LOADING_ENV, "").upper() != "EAGER":
+        env[MODULE_LOADING_ENV] = "EAGER"
+
+
+eager_module_loading()
 
 
 @lru_cache(maxsize=None)

@@ -22,6 +22,7 @@ from ...gpu import launch_sampling
 from ...gpu.graphs import CapturedGraph, new_stream
 from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.launch_stamp import stamp_kernel
+from ...gpu.runtime import capture_guard
 from ...gpu.runtime import cupy
 from ...stage_profile import Accumulator, register
 from ..contract import Capabilities, WindowResult, WindowTimer
@@ -191,12 +192,17 @@ class GPUEngine:
 
     def _launch_tiered(self, T: int, eager: bool, profile: bool = False) -> None:
         """Launch the window (graph, or eager launches from a helper thread) and serve its steps (tier_host.py);
-        returns when the window's stream is idle."""
+        returns when the window's stream is idle. Cyclic GC paused and device frees deferred meanwhile (as under
+        capture): a finalizer's cudaFreeHost synchronises the device, which waits for the host's flags, so a free
+        on the serving or launching thread would hold a spin-wait to its bound."""
+        with capture_guard():
+            self._serve_tiered(T, eager, profile)
+
+    def _serve_tiered(self, T: int, eager: bool, profile: bool) -> None:
         host = self.tier_host
-        host.begin(T)
         if not eager:
-            self.graph(T, profile).launch(self.stream)
-            host.serve(T)
+            graph = self.graph(T, profile)  # captured (kernels compiled) before the window counts as served
+            host.launched(T, lambda: graph.launch(self.stream))
             return
         failed: list[BaseException] = []
 
@@ -207,15 +213,19 @@ class GPUEngine:
             except BaseException as exc:  # noqa: BLE001 - re-raised by the serving thread below
                 failed.append(exc)
             finally:
-                host.launching = False
+                host.launch_done()
 
-        host.launching = True
         thread = threading.Thread(target=launch, name="strata-eager-launch", daemon=True)
-        thread.start()
+
+        def start():
+            host.launching = True
+            thread.start()
+
         try:
-            host.serve(T)
+            host.launched(T, start)
         except BaseException:
-            thread.join()
+            if thread.ident is not None:  # begin() may refuse (released) before the launcher starts
+                thread.join()
             if failed:
                 raise failed[0] from None
             raise

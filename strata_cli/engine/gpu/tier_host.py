@@ -126,7 +126,10 @@ class TierHost:
     # ---- the watchdog's view (tiers/watchdog.py)
     @property
     def busy(self) -> bool:
-        return self.active
+        """Serving a launched window. Not while an eager window's launcher thread still launches (it compiles and
+        loads kernels, which may take longer than the watchdog's bound; every GPU wait is bounded meanwhile) and
+        not before the window is launched (a graph being captured)."""
+        return self.active and not self.launching
 
     @property
     def last_progress(self) -> float:
@@ -149,10 +152,27 @@ class TierHost:
         t.wait_ns.host[:] = 0
         self.windows += 1
         self.T = T
+        self.step_layer = -1  # the stall line names this window's layer, not the last one served
         self.active = True
         self.progress = time.monotonic()
         self.stats = {"T": T, "vram": 0, "pcie": 0, "cpu": 0, "pool_ms": 0.0, "host_wait_ms": 0.0, "pcie_bytes": 0,
                       "cpu_bytes": 0}
+
+    def launched(self, T: int, launch) -> None:
+        """begin(T), launch() (the window's graph launch, or the start of the eager launcher), serve(T). A launch
+        that raises put no window on the GPU: the host is idle again (never busy for the watchdog) and not released."""
+        self.begin(T)
+        try:
+            launch()
+        except BaseException:
+            self.active = False
+            raise
+        self.serve(T)
+
+    def launch_done(self) -> None:
+        """The eager launcher thread finished: the watchdog's clock restarts from now (busy again)."""
+        self.progress = time.monotonic()
+        self.launching = False
 
     def serve(self, T: int) -> None:
         """All steps of the launched T-row window; then wait (bounded) for the stream. Releases on any error."""
