@@ -22,8 +22,7 @@ from ...gpu import launch_sampling
 from ...gpu.graphs import CapturedGraph, new_stream
 from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.launch_stamp import stamp_kernel
-from ...gpu.runtime import capture_guard
-from ...gpu.runtime import cupy
+from ...gpu.runtime import capture_guard, cupy
 from ...stage_profile import Accumulator, register
 from ..contract import Capabilities, WindowResult, WindowTimer
 from ..state import check_n_keep, check_window, resolve_ctx
