@@ -114,6 +114,12 @@ def require_fixture(path: Path, what: str) -> Path:
     pytest.skip(message)
 
 
+@pytest.fixture(autouse=True)
+def _no_traceback_env(monkeypatch):
+    """Every test sees the one-line error policy, whatever STRATA_TRACEBACK the calling shell has."""
+    monkeypatch.delenv("STRATA_TRACEBACK", raising=False)
+
+
 @pytest.fixture(scope="session")
 def fixture_dir() -> Path:
     """The shared qwen4exp-tiny fixture (GGUFs + transformers reference): $STRATA_FIXTURES or ../shared/..."""

@@ -96,3 +96,20 @@ def dropped_window_cases(g, tokens, rng):
             dropped.append(rng.integers(0, g.n_vocab, int(rng.integers(1, 13))))
         T = int(rng.integers(1, 12))
         yield prefix, dropped, T, int(rng.integers(0, T + 1))
+
+
+def draws_whole_and_cut(engine, tokens, temperature: float, seed: int):
+    """Rows 6..17 of `tokens` (the first 6 committed before) sampled from one 12-row window and from three windows of
+    3, 5 and 4 rows (each committed): (whole window's result, its ids, the ids of the three windows concatenated).
+    The engine must hold exactly tokens[:6]. A draw keyed by absolute position gives the same ids both ways."""
+    from strata_cli.ops.sampling import sample_rows
+
+    whole = engine.run(tokens[6:18], 6)
+    one = engine.sample(whole, temperature, seed)
+    np.testing.assert_array_equal(one, sample_rows(whole.logits, 6 + np.arange(12), temperature, seed))
+    parts = []
+    for lo, hi in ((6, 9), (9, 14), (14, 18)):
+        result = engine.run(tokens[lo:hi], lo)
+        parts.append(engine.sample(result, temperature, seed))
+        engine.commit(hi - lo)
+    return whole, one, np.concatenate(parts)

@@ -20,11 +20,6 @@ TOPK = 5
 EOS = 509
 
 
-@pytest.fixture(autouse=True)
-def _no_traceback_env(monkeypatch):
-    monkeypatch.delenv("STRATA_TRACEBACK", raising=False)
-
-
 @pytest.fixture(scope="module")
 def model(fixture_dir):
     return str(fixture_dir / "model-f32.gguf")

@@ -26,11 +26,6 @@ P = "qwen4exp."
 
 # ---------------------------------------------------------------- helpers
 
-@pytest.fixture(autouse=True)
-def _no_traceback_env(monkeypatch):
-    monkeypatch.delenv("STRATA_TRACEBACK", raising=False)
-
-
 @pytest.fixture(scope="module")
 def q8(fixture_dir):
     return fixture_dir / "model-q8_0.gguf"

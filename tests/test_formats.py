@@ -18,11 +18,6 @@ from strata_cli.synth import load_preset, write_model
 NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
 
 
-@pytest.fixture(autouse=True)
-def _env(monkeypatch):
-    monkeypatch.delenv("STRATA_TRACEBACK", raising=False)
-
-
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     """4 layers (GGGA), 4 experts, vocab 64: every block, in about a megabyte."""

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from random_models import random_preset, write_random
-from spec_windows import assert_same_state, committed_state, dropped_window_cases, speculative_run
+from spec_windows import (assert_same_state, committed_state, draws_whole_and_cut, dropped_window_cases,
+                          speculative_run)
 
 from strata_cli.engine.reference import ReferenceEngine
 
@@ -136,19 +137,11 @@ def test_a_window_may_fill_the_context_exactly_on_gpu(case):
 def test_gpu_draws_are_keyed_by_position(case, temperature, seed):
     """GPU sampling of rows 6..17 equals the numpy draws on the same logits, and rows sampled from three shorter
     windows draw the same ids (where the Gumbel-max winner is not a near-tie between window sizes)."""
-    from strata_cli.ops.sampling import gumbel, sample_rows
+    from strata_cli.ops.sampling import gumbel
 
     model, tokens, _, engine = case
     _fed(engine, tokens, 6)
-    whole = engine.run(tokens[6:18], 6)
-    one = engine.sample(whole, temperature, seed)
-    np.testing.assert_array_equal(one, sample_rows(whole.logits, 6 + np.arange(12), temperature, seed))
-    parts = []
-    for lo, hi in ((6, 9), (9, 14), (14, 18)):
-        result = engine.run(tokens[lo:hi], lo)
-        parts.append(engine.sample(result, temperature, seed))
-        engine.commit(hi - lo)
-    parts = np.concatenate(parts)
+    whole, one, parts = draws_whole_and_cut(engine, tokens, temperature, seed)
     V = model.geometry.n_vocab
     for t in range(12):
         score = np.sort(whole.logits[t].astype(np.float64) / temperature + gumbel(seed, 6 + t, V))

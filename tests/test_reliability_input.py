@@ -33,11 +33,6 @@ REPO = Path(__file__).resolve().parent.parent
 P = "qwen4exp."
 
 
-@pytest.fixture(autouse=True)
-def _no_traceback_env(monkeypatch):
-    monkeypatch.delenv("STRATA_TRACEBACK", raising=False)
-
-
 @pytest.fixture
 def model(fixture_dir):
     return fixture_dir / "model-f32.gguf"

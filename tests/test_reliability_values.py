@@ -26,11 +26,6 @@ from strata_cli.model.gguf_file import open_model
 P = "qwen4exp."
 
 
-@pytest.fixture(autouse=True)
-def _no_traceback_env(monkeypatch):
-    monkeypatch.delenv("STRATA_TRACEBACK", raising=False)
-
-
 def cli(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from random_models import random_preset, write_random
+from spec_windows import draws_whole_and_cut
 
 from strata_cli.engine.reference import ReferenceEngine
 from strata_cli.ops.sampling import gumbel, philox4x32, philox4x32_10, sample_rows
@@ -80,12 +81,5 @@ def test_engine_draws_do_not_depend_on_the_window_cut(engine_and_tokens, tempera
     engine.reset()
     engine.run(tokens[:6], 0)
     engine.commit(6)
-    whole = engine.run(tokens[6:18], 6)
-    one = engine.sample(whole, temperature, seed)
-    np.testing.assert_array_equal(one, sample_rows(whole.logits, 6 + np.arange(12), temperature, seed))
-    parts = []
-    for lo, hi in ((6, 9), (9, 14), (14, 18)):
-        result = engine.run(tokens[lo:hi], lo)
-        parts.append(engine.sample(result, temperature, seed))
-        engine.commit(hi - lo)
-    np.testing.assert_array_equal(np.concatenate(parts), one)
+    _, one, parts = draws_whole_and_cut(engine, tokens, temperature, seed)
+    np.testing.assert_array_equal(parts, one)

@@ -13,11 +13,6 @@ from strata_cli.tiers.profile import ExpertProfile, load_profile, save_profile
 from strata_cli.tiers.routing import count_routing
 
 
-@pytest.fixture(autouse=True)
-def _no_traceback_env(monkeypatch):
-    monkeypatch.delenv("STRATA_TRACEBACK", raising=False)
-
-
 @pytest.fixture(scope="module")
 def model(fixture_dir):
     return str(fixture_dir / "model-f32.gguf")
