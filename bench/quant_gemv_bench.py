@@ -2,6 +2,10 @@
 experts (512 experts, top-10, Flash-Next's 2560 x 640) at T = 1 and 8, next to the repacked Q8_0 kernels.
 
     python3 bench/quant_gemv_bench.py [--window T ...] [--launches N] [--mbytes M] [--types Q4_K,IQ2_XS,...]
+                                      [--versions v1,v2]
+
+--versions runs every type under each of gemv_quant.cu's kernel sets (launch_quant's STRATA_QUANT_GEMV: v1 the
+per-lane decoder, v2 the staged one), one table row per type and version (Q8_0_R32 has one kernel: one row).
 
 Dense: one matrix of about M MB (default 512, far over the 50 MB L2) with 5120-wide rows, launched N times back to
 back inside one CUDA graph (as gemv_bench.py); GB/s = the matrix's bytes / time per launch. Experts: moe_group, the
@@ -14,6 +18,7 @@ change the time (no data-dependent control flow; the i-quant grid lookups stay r
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -79,7 +84,9 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=10)
     ap.add_argument("--mbytes", type=int, default=512)
     ap.add_argument("--types", default="")
+    ap.add_argument("--versions", default="", help="comma-separated STRATA_QUANT_GEMV values (default: as set)")
     args = ap.parse_args()
+    versions = [v.strip() for v in args.versions.split(",") if v.strip()] or [os.environ.get("STRATA_QUANT_GEMV", "")]
     cupy()
     stream = new_stream()
     rng = np.random.default_rng(0)
@@ -87,21 +94,24 @@ def main() -> None:
     chosen = [names[n.strip().upper() if n.strip().upper() in names else n.strip()]
               for n in args.types.split(",") if n.strip()] or [Q8_0_R32, *TYPES]
     t0 = time.perf_counter()
-    print(f"{'type':9} {'bpw':>6} " + " ".join(f"{'T=' + str(T) + ' GB/s':>11}" for T in args.window)
+    print(f"{'type':9} {'gemv':>4} {'bpw':>6} " + " ".join(f"{'T=' + str(T) + ' GB/s':>11}" for T in args.window)
           + f" {'%peak T=1':>9} {'moe T=1 GB/s':>13} {'moe T=8 GB/s':>13} {'moe T=1 ms':>10}", flush=True)
     for t in chosen:
         name = "Q8_0_R32" if t == Q8_0_R32 else Q.TYPE_NAMES[t]
         bpw = Q.QUANT_TYPES[Q.Q8_0 if t == Q8_0_R32 else t].bits_per_weight
-        dense = []
-        for T in args.window:
-            ms, nbytes = dense_rows(t, N_IN, T, args.launches, args.mbytes, stream)
-            dense.append(nbytes / ms / 1e6)
-        moe1, bytes1 = expert_rows(t, 1, args.launches, stream, rng)
-        moe8, bytes8 = expert_rows(t, 8, args.launches, stream, rng)
-        cupy().get_default_memory_pool().free_all_blocks()
-        print(f"{name:9} {bpw:6.3f} " + " ".join(f"{g:11.0f}" for g in dense)
-              + f" {100 * dense[0] / PEAK_GBS:8.1f}% {bytes1 / moe1 / 1e6:13.0f} {bytes8 / moe8 / 1e6:13.0f}"
-              + f" {moe1:10.4f}", flush=True)
+        for version in versions[:1] if t == Q8_0_R32 else versions:
+            if version:
+                os.environ["STRATA_QUANT_GEMV"] = version
+            dense = []
+            for T in args.window:
+                ms, nbytes = dense_rows(t, N_IN, T, args.launches, args.mbytes, stream)
+                dense.append(nbytes / ms / 1e6)
+            moe1, bytes1 = expert_rows(t, 1, args.launches, stream, rng)
+            moe8, bytes8 = expert_rows(t, 8, args.launches, stream, rng)
+            cupy().get_default_memory_pool().free_all_blocks()
+            print(f"{name:9} {version or '-':>4} {bpw:6.3f} " + " ".join(f"{g:11.0f}" for g in dense)
+                  + f" {100 * dense[0] / PEAK_GBS:8.1f}% {bytes1 / moe1 / 1e6:13.0f} {bytes8 / moe8 / 1e6:13.0f}"
+                  + f" {moe1:10.4f}", flush=True)
     print(f"# {time.perf_counter() - t0:.1f} s; dense {args.mbytes} MB matrices x {N_IN} wide; moe E={E} F={F} "
           f"D={D} K={K}; {args.launches} launches per graph", flush=True)
 

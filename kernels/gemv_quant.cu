@@ -99,6 +99,175 @@ __device__ __forceinline__ void qgemv_grouped(const u8* W, i64 expert_stride, i6
         });
 }
 
+
+// ===================================================================================================================
+// v2, the staged GEMV (qgemv2_t*, qgemv2_expert_t*; launch_quant.py selects it with STRATA_QUANT_GEMV=v2).
+//
+// Why: v1 lets every lane fetch its own 8 weights with narrow loads straight from global memory and round each
+// weight (__fmul_rn chains, ~12 instructions a weight), so it is instruction- and latency-bound (7-20 % of the
+// H200's bandwidth). v2 separates streaming from decoding:
+//   copy  a warp fetches the raw bytes of its next stage with aligned 16-byte loads (coalesced: consecutive lanes
+//         read consecutive 16 bytes of one row), all of them issued before it decodes the current stage, so a
+//         whole stage (~QSTAGE_BYTES) per warp stays in flight; then it parks them in its shared-memory slot.
+//   dot   lane l decodes elements 8l .. 8l+7 of each 256-element step from shared memory in q-form (qdec8:
+//         w_k = d q_k + m, q_k exact small floats made without I2F) and adds d * sum_k q_k x_k (+ m * sum_k x_k)
+//         per window row: one scale multiply per 8 weights instead of two roundings per weight. The decoded
+//         weights are gguf's (tests/test_quant_decode_host.py checks fl(fl(d q) + m) bit for bit); only the
+//         float32 sum is reassociated. x stays float32, read as float4 from L1 and reused for all R rows.
+//         No cross-lane shuffles until the final warp_sum of reduce_store.
+//
+// Shape legend (one warp; R = QROWS(NT) output rows o0 .. o0+R-1, NT window rows):
+//   step s      256 input elements of a row = QSTEP_BYTES raw bytes (256 / QK blocks); the warp takes steps
+//               s = kslice, kslice + kstride, ... (split-K as v1: the block's ksplit warps and grid z)
+//   stage st    QSB consecutive steps of the warp (its steps j = st*QSB .. st*QSB+QSB-1) for all R rows:
+//               U = R * QSB units, unit u = r * QSB + j = one contiguous byte range of row o0 + r
+//   chunk       a unit widened to 16-byte boundaries is at most QCHUNKS aligned 16-byte chunks (every loaded chunk
+//               holds at least one byte of its unit, so no load leaves the weight's pages); chunk c = u * QCHUNKS
+//               + k of a stage is loaded by lane c % 32 into register slot c / 32 and stored at stage[warp][c].
+//               A range's bytes keep their address mod 16 in shared memory, so each block keeps its alignment
+//               (the launcher only sends weights whose base has the block's natural alignment, QAl).
+//   partial step (n_in % 256 != 0): its range is shorter; lanes past n_in decode nothing.
+#define QSTEP_BYTES (QSTEP / QB::qk * QB::bytes)
+#define QCHUNKS ((QSTEP_BYTES + 30) / 16)
+#ifndef QSTAGE_BYTES  // raw bytes per warp and stage: what one warp keeps in flight (bench/quant_gemv_bench.py)
+#define QSTAGE_BYTES 2048
+#endif
+// steps per stage for R rows: about QSTAGE_BYTES, 1..8
+constexpr int qstage_steps(int R) {
+    return QSTAGE_BYTES / (R * QSTEP_BYTES) < 1   ? 1
+           : QSTAGE_BYTES / (R * QSTEP_BYTES) > 8 ? 8
+                                                  : QSTAGE_BYTES / (R * QSTEP_BYTES);
+}
+
+// This warp's shared-memory stage (one array per R, shared by the NT and single-entry paths of a kernel).
+template <int R>
+__device__ __forceinline__ int4* qstage_slot() {
+    __shared__ int4 stage[GEMV_WARPS][R * qstage_steps(R) * QCHUNKS];
+    return stage[threadIdx.x / WARP];
+}
+
+// acc[r][t] += this warp's K slice of W[o0 + r] . x[xr[t]] (as qslice_dot), staged.
+template <int R, int NT>
+__device__ __forceinline__ void qslice_dot2(const u8* __restrict__ W, i64 row_stride, int o0, int n_out,
+                                            const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in,
+                                            int kslice, int kstride, float (&acc)[R][NT]) {
+    constexpr int SB = qstage_steps(R), NCHUNK = R * SB * QCHUNKS, NCH = (NCHUNK + WARP - 1) / WARP;
+    const int lane = threadIdx.x & (WARP - 1);
+    const int n_steps = (n_in + QSTEP - 1) / QSTEP;
+    const i64 row_bytes = (i64)(n_in / QB::qk) * QB::bytes;
+    const int my_steps = kslice < n_steps ? (n_steps - kslice + kstride - 1) / kstride : 0;
+    const int n_stages = (my_steps + SB - 1) / SB;
+    if (n_stages == 0) return;  // warp-uniform
+    int4* stage = qstage_slot<R>();
+    int4 ring[NCH];
+#pragma unroll
+    for (int i = 0; i < NCH; ++i) ring[i] = make_int4(0, 0, 0, 0);
+
+    auto load = [&](int st) {  // stage st's chunks into registers (loads left in flight)
+#pragma unroll
+        for (int i = 0; i < NCH; ++i) {
+            const int c = lane + i * WARP;
+            const int u = c / QCHUNKS, k = c - u * QCHUNKS;
+            const int r = u / SB, j = u - r * SB;
+            const int s = kslice + (st * SB + j) * kstride;
+            if (c < NCHUNK && o0 + r < n_out && s < n_steps) {
+                const u8* start = W + (i64)(o0 + r) * row_stride + (i64)s * QSTEP_BYTES;
+                const int len = (int)min((i64)QSTEP_BYTES, row_bytes - (i64)s * QSTEP_BYTES);
+                const int head = (int)((size_t)start & 15);
+                if (16 * k < head + len) ring[i] = __ldg(reinterpret_cast<const int4*>(start - head) + k);
+            }
+        }
+    };
+    auto park = [&]() {
+#pragma unroll
+        for (int i = 0; i < NCH; ++i)
+            if (lane + i * WARP < NCHUNK) stage[lane + i * WARP] = ring[i];
+    };
+    auto dot = [&](int st) {
+#pragma unroll 1
+        for (int j = 0; j < SB; ++j) {
+            const int s = kslice + (st * SB + j) * kstride;
+            if (s >= n_steps) break;  // warp-uniform
+            const int i = s * QSTEP + lane * 8;
+            if (i >= n_in) continue;  // the partial last step
+            const int blk = lane * 8 / QB::qk, g = lane * 8 % QB::qk / 8;
+            float q[R][8], d[R], m[R];
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                d[r] = 0.0f;
+                m[r] = 0.0f;
+                if (o0 + r < n_out) {
+                    const size_t head = (size_t)(W + (i64)(o0 + r) * row_stride + (i64)s * QSTEP_BYTES) & 15;
+                    const u8* b = reinterpret_cast<const u8*>(stage + (r * SB + j) * QCHUNKS) + head + blk * QB::bytes;
+                    qdec8<QTYPE>(b, g, q[r], d[r], m[r]);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) q[r][k] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < nt) {
+                    const float4* xp = reinterpret_cast<const float4*>(x + (i64)xr[t] * n_in + i);
+                    const float4 a = __ldg(xp), c = __ldg(xp + 1);
+                    float sx = 0.0f;
+                    if (QHasMin<QTYPE>::v) sx = ((a.x + a.y) + (a.z + a.w)) + ((c.x + c.y) + (c.z + c.w));
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        float sq = q[r][0] * a.x;
+                        sq = fmaf(q[r][1], a.y, sq);
+                        sq = fmaf(q[r][2], a.z, sq);
+                        sq = fmaf(q[r][3], a.w, sq);
+                        sq = fmaf(q[r][4], c.x, sq);
+                        sq = fmaf(q[r][5], c.y, sq);
+                        sq = fmaf(q[r][6], c.z, sq);
+                        sq = fmaf(q[r][7], c.w, sq);
+                        float v = fmaf(d[r], sq, acc[r][t]);
+                        if (QHasMin<QTYPE>::v) v = fmaf(m[r], sx, v);
+                        acc[r][t] = v;
+                    }
+                }
+            }
+        }
+    };
+
+    load(0);
+    park();
+    __syncwarp();
+    for (int st = 0; st < n_stages; ++st) {
+        if (st + 1 < n_stages) load(st + 1);  // in flight while this stage is decoded
+        dot(st);
+        __syncwarp();  // every lane is done reading the slot
+        if (st + 1 < n_stages) {
+            park();
+            __syncwarp();
+        }
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void qgemv2_dense(const u8* W, i64 row_stride, const float* x, int n_in, float* y,
+                                             int n_out, int T, int ksplit, int act, float div, const float* mul,
+                                             int mul_st, int mul_so, float* partial, unsigned* tile_done) {
+    dense_rows<NT, QROWS(NT)>(
+        T, y, n_out, ksplit, act, div, mul, mul_st, mul_so, partial, tile_done,
+        [&](int o0, int kslice, int kstride, auto& acc, const auto& xs, int n, int t0) {
+            qslice_dot2(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xs, n, n_in, kslice, kstride, acc);
+        });
+}
+
+template <int NT>
+__device__ __forceinline__ void qgemv2_grouped(const u8* W, i64 expert_stride, i64 row_stride, int n_expert,
+                                               const int* g_expert, const int* g_count, const int* g_entries,
+                                               const float* x, int x_div, int n_in, float* y, int n_out, int ksplit,
+                                               int act, float div, const float* mul, int mul_st, int mul_so) {
+    grouped_rows<NT, QROWS(NT)>(
+        W, expert_stride, n_expert, g_expert, g_count, g_entries, x_div, y, n_out, ksplit, act, div, mul, mul_st,
+        mul_so, [&](const u8* We, int o0, int kslice, auto& acc, const auto& xs, int n) {
+            qslice_dot2(We, row_stride, o0, n_out, x, xs, n, n_in, kslice, ksplit, acc);
+        });
+}
+
 #define QGEMV_KERNELS(NT)                                                                                          \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
         qgemv_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int ksplit, \
@@ -114,6 +283,21 @@ __device__ __forceinline__ void qgemv_grouped(const u8* W, i64 expert_stride, i6
                            int mul_so) {                                                                           \
         qgemv_grouped<NT>(W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, \
                           n_out, ksplit, act, div, mul, mul_st, mul_so);                                           \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
+        qgemv2_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T,            \
+                     int ksplit, int act, float div, const float* mul, int mul_st, int mul_so, float* partial,     \
+                     unsigned* tile_done) {                                                                        \
+        qgemv2_dense<NT>(W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial,      \
+                         tile_done);                                                                               \
+    }                                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
+        qgemv2_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,    \
+                            const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,        \
+                            float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st,    \
+                            int mul_so) {                                                                          \
+        qgemv2_grouped<NT>(W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in,  \
+                           y, n_out, ksplit, act, div, mul, mul_st, mul_so);                                       \
     }
 
 QGEMV_KERNELS(1)

@@ -347,3 +347,322 @@ template <> __device__ __forceinline__ void decode8<T_TQ2_0>(const u8* b, int g,
 #pragma unroll
     for (int k = 0; k < 8; ++k) w[k] = fmul(d, (float)((int)q[k] - 1));
 }
+
+// =====================================================================================================================
+// q-form decoders of the staged GEMV (gemv_quant.cu, STRATA_QUANT_GEMV=v2). The same 8 values of group g as decode8,
+// written as w_k = d * q_k (+ m for the types with a min, QHasMin): q_k exact small integers or (signed) grid
+// values as floats, d and m the floats gguf computes. For every type gguf's value is exactly fl(fl(d * q_k) + m)
+// (or fl(d * q_k)): tests/test_quant_decode_host.py checks that bit for bit. The GEMV then adds d * sum_k q_k x_k
+// (+ m * sum_k x_k) per group: the weights are unchanged, only the sum is reassociated.
+//
+//   qdec8<TYPE>(blk, g, q, d, m): blk is a block start in shared memory (or host memory in the test) whose address
+//   has the block's natural alignment QAl<TYPE>::b (the largest power of two <= 16 dividing the block size; the
+//   launcher passes only weights whose base has it, and the staging keeps every address mod 16). Loads are composed
+//   from units of that alignment at compile time: no run-time alignment branches.
+//
+// Small integers become floats without I2F (quarter rate on sm_90): byte k of a word is spliced into the mantissa
+// of 2^23 (PRMT) and 2^23 + bias subtracted, which is exact.
+#ifdef QUANT_DECODE_HOST
+#define QALIGN_CHECK(p, A) (qalign_bad |= ((size_t)(p) % (A)) != 0)
+#else
+#define QALIGN_CHECK(p, A) ((void)0)
+#endif
+
+__host__ __device__ constexpr int qblock_align(int bytes) {
+    return (bytes & 15) == 0 ? 16 : (bytes & 7) == 0 ? 8 : (bytes & 3) == 0 ? 4 : (bytes & 1) == 0 ? 2 : 1;
+}
+template <int TYPE> struct QAl { static constexpr int b = qblock_align(QBlock<TYPE>::bytes); };
+// alignment of blk + off where off is a multiple of n
+#define QAL(TYPE, n) (QAl<TYPE>::b < (n) ? QAl<TYPE>::b : (n))
+
+template <int TYPE> struct QHasMin { static constexpr bool v = false; };
+template <> struct QHasMin<T_Q4_1> { static constexpr bool v = true; };
+template <> struct QHasMin<T_Q5_1> { static constexpr bool v = true; };
+template <> struct QHasMin<T_Q2_K> { static constexpr bool v = true; };
+template <> struct QHasMin<T_Q4_K> { static constexpr bool v = true; };
+template <> struct QHasMin<T_Q5_K> { static constexpr bool v = true; };
+
+// plain loads of A-aligned addresses (shared memory on the device)
+__device__ __forceinline__ u32 pb(const u8* p) { return *p; }
+template <int A> __device__ __forceinline__ u32 pl16(const u8* p) {
+    QALIGN_CHECK(p, A < 2 ? A : 2);
+    if (A >= 2) return *reinterpret_cast<const u16*>(p);
+    return pb(p) | (pb(p + 1) << 8);
+}
+template <int A> __device__ __forceinline__ u32 pl32(const u8* p) {
+    QALIGN_CHECK(p, A < 4 ? A : 4);
+    if (A >= 4) return *reinterpret_cast<const u32*>(p);
+    return pl16<A>(p) | (pl16<A>(p + 2) << 16);
+}
+template <int A> __device__ __forceinline__ uint2 pl64(const u8* p) {
+    QALIGN_CHECK(p, A < 8 ? A : 8);
+    if (A >= 8) return *reinterpret_cast<const uint2*>(p);
+    return make_uint2(pl32<A>(p), pl32<A>(p + 4));
+}
+template <int A> __device__ __forceinline__ float pf16(const u8* p) { return f16_bits_to_float((u16)pl16<A>(p)); }
+
+// byte k of w (a value < 256) minus bias, exactly
+__device__ __forceinline__ float byte_f(u32 w, int k, float bias) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u + k)) - (8388608.0f + bias);
+}
+__device__ __forceinline__ void bytes8_f(u32 lo, u32 hi, float bias, float (&q)[8]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        q[k] = byte_f(lo, k, bias);
+        q[4 + k] = byte_f(hi, k, bias);
+    }
+}
+// signed bytes (int8) of w as floats
+__device__ __forceinline__ void sbytes8_f(u32 lo, u32 hi, float (&q)[8]) {
+    bytes8_f(lo ^ 0x80808080u, hi ^ 0x80808080u, 128.0f, q);
+}
+// bit k (k < 4) of x -> bit 0 of byte k
+__device__ __forceinline__ u32 spread4(u32 x) { return ((x & 0xfu) * 0x00204081u) & 0x01010101u; }
+// q_k = -q_k where bit k of signs is set
+__device__ __forceinline__ void apply_signs(u32 signs, float (&q)[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) q[k] = (signs >> k) & 1u ? -q[k] : q[k];
+}
+
+template <int TYPE>
+__device__ __forceinline__ void qdec8(const u8* __restrict__ b, int g, float (&q)[8], float& d, float& m);
+
+template <> __device__ __forceinline__ void qdec8<T_Q4_0>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const uint2 v = pl64<QAL(T_Q4_0, 2)>(b + 2 + (g & 1) * 8);
+    const int sh = (g >> 1) * 4;
+    bytes8_f((v.x >> sh) & 0x0f0f0f0fu, (v.y >> sh) & 0x0f0f0f0fu, 8.0f, q);
+    d = pf16<QAl<T_Q4_0>::b>(b);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_Q4_1>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const uint2 v = pl64<QAL(T_Q4_1, 4)>(b + 4 + (g & 1) * 8);
+    const int sh = (g >> 1) * 4;
+    bytes8_f((v.x >> sh) & 0x0f0f0f0fu, (v.y >> sh) & 0x0f0f0f0fu, 0.0f, q);
+    const u32 dm = pl32<QAl<T_Q4_1>::b>(b);
+    d = f16_bits_to_float((u16)(dm & 0xffffu));
+    m = f16_bits_to_float((u16)(dm >> 16));
+}
+
+template <> __device__ __forceinline__ void qdec8<T_Q5_0>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const uint2 v = pl64<QAL(T_Q5_0, 2)>(b + 6 + (g & 1) * 8);
+    const int sh = (g >> 1) * 4;
+    const u32 hb = (pl32<QAL(T_Q5_0, 2)>(b + 2) >> (8 * g)) & 0xffu;
+    bytes8_f(((v.x >> sh) & 0x0f0f0f0fu) | (spread4(hb) << 4), ((v.y >> sh) & 0x0f0f0f0fu) | (spread4(hb >> 4) << 4),
+             16.0f, q);
+    d = pf16<QAl<T_Q5_0>::b>(b);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_Q5_1>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const uint2 v = pl64<QAL(T_Q5_1, 8)>(b + 8 + (g & 1) * 8);
+    const int sh = (g >> 1) * 4;
+    const u32 hb = (pl32<QAL(T_Q5_1, 4)>(b + 4) >> (8 * g)) & 0xffu;
+    bytes8_f(((v.x >> sh) & 0x0f0f0f0fu) | (spread4(hb) << 4), ((v.y >> sh) & 0x0f0f0f0fu) | (spread4(hb >> 4) << 4),
+             0.0f, q);
+    const u32 dm = pl32<QAl<T_Q5_1>::b>(b);
+    d = f16_bits_to_float((u16)(dm & 0xffffu));
+    m = f16_bits_to_float((u16)(dm >> 16));
+}
+
+// Q2_K: w = dl * q - ml, as d = dl, m = -ml
+template <> __device__ __forceinline__ void qdec8<T_Q2_K>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const int e = 8 * g, c = e >> 7, k = (e >> 5) & 3, l = e & 31;
+    const uint2 v = pl64<QAL(T_Q2_K, 8)>(b + 16 + 32 * c + l);
+    bytes8_f((v.x >> (2 * k)) & 0x03030303u, (v.y >> (2 * k)) & 0x03030303u, 0.0f, q);
+    const u32 sc = pb(b + g / 2);
+    const u32 dm = pl32<QAL(T_Q2_K, 16)>(b + 80);
+    d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), (float)(sc & 0xfu));
+    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), (float)(sc >> 4));
+}
+
+// Q3_K: q = low 2 bits | hmask bit << 2, minus 4 (q - (h ? 0 : 4))
+template <> __device__ __forceinline__ void qdec8<T_Q3_K>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const int e = 8 * g, c = e >> 7, k = (e >> 5) & 3, l = e & 31, s = e >> 4, bit = e >> 5;
+    const uint2 v = pl64<QAL(T_Q3_K, 8)>(b + 32 + 32 * c + l);
+    const uint2 hm = pl64<QAL(T_Q3_K, 8)>(b + l);
+    bytes8_f(((v.x >> (2 * k)) & 0x03030303u) | (((hm.x >> bit) & 0x01010101u) << 2),
+             ((v.y >> (2 * k)) & 0x03030303u) | (((hm.y >> bit) & 0x01010101u) << 2), 4.0f, q);
+    const u32 lo = (pb(b + 96 + (s & 7)) >> (4 * (s >> 3))) & 0xfu;
+    const u32 hi = (pb(b + 96 + 8 + (s & 3)) >> (2 * (s >> 2))) & 3u;
+    d = fmul(pf16<QAL(T_Q3_K, 4)>(b + 108), (float)((int)(lo | (hi << 4)) - 32));
+}
+
+__device__ __forceinline__ void k_scale_min_p(const u8* s12, int j, u32& sc, u32& mn) {
+    if (j < 4) {
+        sc = pb(s12 + j) & 63u;
+        mn = pb(s12 + 4 + j) & 63u;
+    } else {
+        const u32 md = pb(s12 + 8 + (j - 4));
+        sc = (md & 0xfu) | ((pb(s12 + j - 4) >> 2) & 0x30u);
+        mn = (md >> 4) | ((pb(s12 + j) >> 2) & 0x30u);
+    }
+}
+
+template <> __device__ __forceinline__ void qdec8<T_Q4_K>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const int e = 8 * g, j = e >> 5, l = e & 31, sh = 4 * (j & 1);
+    const uint2 v = pl64<QAL(T_Q4_K, 8)>(b + 16 + 32 * (j >> 1) + l);
+    bytes8_f((v.x >> sh) & 0x0f0f0f0fu, (v.y >> sh) & 0x0f0f0f0fu, 0.0f, q);
+    u32 sc, mn;
+    k_scale_min_p(b + 4, j, sc, mn);
+    const u32 dm = pl32<QAL(T_Q4_K, 4)>(b);
+    d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), (float)sc);
+    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), (float)mn);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_Q5_K>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const int e = 8 * g, j = e >> 5, l = e & 31, sh = 4 * (j & 1);
+    const uint2 v = pl64<QAL(T_Q5_K, 8)>(b + 48 + 32 * (j >> 1) + l), h = pl64<QAL(T_Q5_K, 8)>(b + 16 + l);
+    bytes8_f(((v.x >> sh) & 0x0f0f0f0fu) | (((h.x >> j) & 0x01010101u) << 4),
+             ((v.y >> sh) & 0x0f0f0f0fu) | (((h.y >> j) & 0x01010101u) << 4), 0.0f, q);
+    u32 sc, mn;
+    k_scale_min_p(b + 4, j, sc, mn);
+    const u32 dm = pl32<QAL(T_Q5_K, 4)>(b);
+    d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), (float)sc);
+    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), (float)mn);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_Q6_K>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const int e = 8 * g, c = e >> 7, r = e & 127, lsh = 4 * (r >> 6), hsh = 2 * (r >> 5);
+    const uint2 lo = pl64<QAL(T_Q6_K, 8)>(b + 64 * c + (r & 63));
+    const uint2 hi = pl64<QAL(T_Q6_K, 8)>(b + 128 + 32 * c + (r & 31));
+    bytes8_f(((lo.x >> lsh) & 0x0f0f0f0fu) | (((hi.x >> hsh) & 0x03030303u) << 4),
+             ((lo.y >> lsh) & 0x0f0f0f0fu) | (((hi.y >> hsh) & 0x03030303u) << 4), 32.0f, q);
+    d = fmul(pf16<QAL(T_Q6_K, 16)>(b + 208), (float)(signed char)pb(b + 192 + (e >> 4)));
+}
+
+#if defined(QGRID_N)
+// 8-value grid entry with signs: q = +-grid, d = db (gguf: (db * grid) * sign, the same float)
+__device__ __forceinline__ void grid8_q(unsigned long long entry, u32 signs, float (&q)[8]) {
+    bytes8_f((u32)entry, (u32)(entry >> 32), 0.0f, q);
+    apply_signs(signs, q);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_IQ2_XXS>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const int ib = g >> 2, l = g & 3;
+    const u32 aux0 = pl32<QAL(T_IQ2_XXS, 2)>(b + 2 + 8 * ib), aux1 = pl32<QAL(T_IQ2_XXS, 2)>(b + 2 + 8 * ib + 4);
+    d = iq2_db(pf16<QAl<T_IQ2_XXS>::b>(b), aux1 >> 28);
+    grid8_q(__ldg(QGRID + ((aux0 >> (8 * l)) & 0xffu)), ksign((aux1 >> (7 * l)) & 127u), q);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_IQ2_XS>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const u32 v = pl16<QAL(T_IQ2_XS, 2)>(b + 2 + 2 * g);
+    d = iq2_db(pf16<QAl<T_IQ2_XS>::b>(b), (pb(b + 66 + (g >> 2)) >> (4 * ((g >> 1) & 1))) & 0xfu);
+    grid8_q(__ldg(QGRID + (v & 511u)), ksign(v >> 9), q);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_IQ2_S>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const u32 id = pb(b + 2 + g) | (((pb(b + 66 + (g >> 2)) >> (2 * (g & 3))) & 3u) << 8);
+    d = iq2_db(pf16<QAl<T_IQ2_S>::b>(b), (pb(b + 74 + (g >> 2)) >> (4 * ((g >> 1) & 1))) & 0xfu);
+    grid8_q(__ldg(QGRID + id), pb(b + 34 + g), q);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_IQ3_XXS>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const int ib = g >> 2, l = g & 3;
+    const u32 aux = pl32<QAL(T_IQ3_XXS, 2)>(b + 66 + 4 * ib);
+    d = fmul(fmul(pf16<QAl<T_IQ3_XXS>::b>(b), 0.5f + (float)(aux >> 28)), 0.5f);
+    const u32 ids = pl16<QAL(T_IQ3_XXS, 2)>(b + 2 + 8 * ib + 2 * l);
+    bytes8_f(__ldg(QGRID + (ids & 0xffu)), __ldg(QGRID + (ids >> 8)), 0.0f, q);
+    apply_signs(ksign((aux >> (7 * l)) & 127u), q);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_IQ3_S>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const u32 ids = pl16<QAL(T_IQ3_S, 2)>(b + 2 + 2 * g), qh = pb(b + 66 + (g >> 2));
+    const u32 id0 = (ids & 0xffu) | (((qh >> (2 * (g & 3))) & 1u) << 8);
+    const u32 id1 = (ids >> 8) | (((qh >> (2 * (g & 3) + 1)) & 1u) << 8);
+    const u32 s = (pb(b + 106 + (g >> 3)) >> (4 * ((g >> 2) & 1))) & 0xfu;
+    d = fmul(pf16<QAl<T_IQ3_S>::b>(b), (float)(1 + 2 * s));
+    bytes8_f(__ldg(QGRID + id0), __ldg(QGRID + id1), 0.0f, q);
+    apply_signs(pb(b + 74 + g), q);
+}
+
+// IQ1: q = grid (-1, 0, 1) + delta, exact; d = dl (gguf: dl * (grid + delta))
+__device__ __forceinline__ void grid8_delta_q(unsigned long long entry, float delta, float (&q)[8]) {
+    sbytes8_f((u32)entry, (u32)(entry >> 32), q);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) q[k] = fadd(q[k], delta);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_IQ1_S>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const int ib = g >> 2, l = g & 3;
+    const u32 qh = pl16<QAL(T_IQ1_S, 2)>(b + 34 + 2 * ib);
+    d = fmul(pf16<QAl<T_IQ1_S>::b>(b), (float)(2 * ((qh >> 12) & 7u) + 1));
+    grid8_delta_q(__ldg(QGRID + (pb(b + 2 + g) | (((qh >> (3 * l)) & 7u) << 8))),
+                  (qh & 0x8000u) ? -0.125f : 0.125f, q);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_IQ1_M>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const uint2 sc = pl64<QAL(T_IQ1_M, 8)>(b + 48);
+    const u32 w0 = sc.x & 0xffffu, w1 = sc.x >> 16, w2 = sc.y & 0xffffu, w3 = sc.y >> 16;
+    const u32 dbits = (w0 >> 12) | ((w1 >> 12) << 4) | ((w2 >> 12) << 8) | ((w3 >> 12) << 12);
+    const int si = g >> 1;
+    const u32 word = si < 8 ? (si < 4 ? w0 : w1) : (si < 12 ? w2 : w3);
+    d = fmul(f16_bits_to_float((u16)dbits), (float)(2 * ((word >> (3 * (si & 3))) & 7u) + 1));
+    const u32 qh = (pb(b + 32 + (g >> 1)) >> (4 * (g & 1))) & 0xfu;
+    grid8_delta_q(__ldg(QGRID + (pb(b + g) | ((qh & 7u) << 8))), (qh & 8u) ? -0.125f : 0.125f, q);
+}
+#endif  // QGRID_N
+
+#if defined(QKVALUES)
+// 4 bytes, each a 4-bit index -> the 4 signed bytes QKVALUES[index] (QKV_W0..3: the table as words, quant_source.py).
+// PRMT picks bytes by the low 3 bits of each selector nibble; the index's bit 3 picks the table half.
+__device__ __forceinline__ u32 kvalues4(u32 t) {
+    const u32 u = t | (t >> 4);                    // byte 0: i0 | i1 << 4, byte 2: i2 | i3 << 4
+    const u32 sel = __byte_perm(u, 0u, 0x4420u);   // i0 i1 i2 i3 as the low 16 bits' nibbles
+    const u32 lo3 = sel & 0x7777u;                 // (a selector's msb would sign-extend)
+    const u32 low = __byte_perm(QKV_W0, QKV_W1, lo3), high = __byte_perm(QKV_W2, QKV_W3, lo3);
+    return __byte_perm(low, high, 0x3210u | ((sel & 0x8888u) >> 1));
+}
+__device__ __forceinline__ void kvalues8_f(u32 lo, u32 hi, float (&q)[8]) { sbytes8_f(kvalues4(lo), kvalues4(hi), q); }
+
+template <> __device__ __forceinline__ void qdec8<T_IQ4_NL>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const uint2 v = pl64<QAL(T_IQ4_NL, 2)>(b + 2 + (g & 1) * 8);
+    const int sh = (g >> 1) * 4;
+    kvalues8_f((v.x >> sh) & 0x0f0f0f0fu, (v.y >> sh) & 0x0f0f0f0fu, q);
+    d = pf16<QAl<T_IQ4_NL>::b>(b);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_IQ4_XS>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const int ib = g >> 2, sh = 4 * ((g >> 1) & 1);
+    const u32 ls = ((pb(b + 4 + (ib >> 1)) >> (4 * (ib & 1))) & 0xfu) |
+                   (((pl16<QAL(T_IQ4_XS, 2)>(b + 2) >> (2 * ib)) & 3u) << 4);
+    d = fmul(pf16<QAl<T_IQ4_XS>::b>(b), (float)((int)ls - 32));
+    const uint2 v = pl64<QAL(T_IQ4_XS, 8)>(b + 8 + 16 * ib + 8 * (g & 1));
+    kvalues8_f((v.x >> sh) & 0x0f0f0f0fu, (v.y >> sh) & 0x0f0f0f0fu, q);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_MXFP4>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const u32 e = pb(b);
+    d = __uint_as_float(e < 2 ? (0x00200000u << e) : ((e - 1) << 23));
+    const uint2 v = pl64<QAL(T_MXFP4, 1)>(b + 1 + (g & 1) * 8);
+    const int sh = (g >> 1) * 4;
+    kvalues8_f((v.x >> sh) & 0x0f0f0f0fu, (v.y >> sh) & 0x0f0f0f0fu, q);
+}
+
+template <> __device__ __forceinline__ void qdec8<T_NVFP4>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const int s = g >> 1, sh = 4 * (g & 1);
+    const u32 x = pb(b + s), ex = (x >> 3) & 0xfu, man = x & 7u;
+    float dd = ex == 0 ? fmul((float)man, 0.001953125f) : fmul(1.0f + (float)man / 8.0f, ldexpf(1.0f, (int)ex - 7));
+    d = (x == 0 || x == 0x7f) ? 0.0f : fmul(dd, 0.5f);
+    const uint2 v = pl64<QAL(T_NVFP4, 4)>(b + 4 + 8 * s);
+    kvalues8_f((v.x >> sh) & 0x0f0f0f0fu, (v.y >> sh) & 0x0f0f0f0fu, q);
+}
+#endif  // QKVALUES
+
+template <> __device__ __forceinline__ void qdec8<T_TQ1_0>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    d = pf16<QAL(T_TQ1_0, 4)>(b + 52);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int e = 8 * g + j;
+        int byte, k;
+        if (e < 160) { byte = e & 31; k = e >> 5; }
+        else if (e < 240) { byte = 32 + ((e - 160) & 15); k = (e - 160) >> 4; }
+        else { byte = 48 + ((e - 240) & 3); k = (e - 240) >> 2; }
+        q[j] = (float)tq1_digit(pb(b + byte), k);
+    }
+}
+
+template <> __device__ __forceinline__ void qdec8<T_TQ2_0>(const u8* b, int g, float (&q)[8], float& d, float& m) {
+    const int e = 8 * g, c = e >> 7, k = (e >> 5) & 3, l = e & 31;
+    const uint2 v = pl64<QAL(T_TQ2_0, 8)>(b + 32 * c + l);
+    bytes8_f((v.x >> (2 * k)) & 0x03030303u, (v.y >> (2 * k)) & 0x03030303u, 1.0f, q);
+    d = pf16<QAL(T_TQ2_0, 64)>(b + 64);
+}

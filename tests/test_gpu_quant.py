@@ -23,6 +23,20 @@ pytestmark = pytest.mark.gpu
 IDS = [Q.TYPE_NAMES[t] for t in TYPES]
 
 
+@pytest.fixture(params=["v1", "v2"])
+def gemv_version(request, monkeypatch):
+    """Both GEMV kernel sets of gemv_quant.cu (launch_quant's STRATA_QUANT_GEMV): v1, and the staged v2."""
+    monkeypatch.setenv("STRATA_QUANT_GEMV", request.param)
+    return request.param
+
+
+def _check_kernel(ggml_type, w_dev, version):
+    """The launcher picks the kernel set under test for this weight (v2 needs the block-aligned base it has)."""
+    from strata_cli.gpu.launch_quant import kernel_prefix
+
+    assert kernel_prefix(ggml_type, w_dev) == ("qgemv2" if version == "v2" else "qgemv")
+
+
 def _widths(ggml_type):
     """Odd input widths: one block, a step and a half, several steps (QK 32, 64 or 256)."""
     qk = Q.BLOCK[ggml_type][0]
@@ -31,13 +45,14 @@ def _widths(ggml_type):
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
 @pytest.mark.parametrize("n_out", (1, 5, 67))
-def test_gemv_every_type_matches_reference(ggml_type, n_out):
+def test_gemv_every_type_matches_reference(ggml_type, n_out, gemv_version):
     from strata_cli.gpu import launch_gemv
 
     rng = np.random.default_rng(100 * ggml_type + n_out)
     for n_in in _widths(ggml_type):
         w = random_tensor(rng, ggml_type, (n_out, n_in), 0.05)
         w_dev = to_dev(w)
+        _check_kernel(ggml_type, w_dev, gemv_version)
         for T in range(1, 17):
             x = rng.standard_normal((T, n_in)).astype(np.float32)
             got = launch_gemv.gemv(w_dev, ggml_type, n_in, to_dev(x), out=poisoned((T, n_out)))
@@ -46,7 +61,7 @@ def test_gemv_every_type_matches_reference(ggml_type, n_out):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
-def test_gemv_epilogue_and_zsplit(ggml_type):
+def test_gemv_epilogue_and_zsplit(ggml_type, gemv_version):
     """A 3-row matrix with a long input axis splits over grid z; silu(W.x / 2) * mul runs in the epilogue."""
     from strata_cli.gpu import launch_gemv
     from strata_cli.gpu import launch_util as U
@@ -67,7 +82,7 @@ def test_gemv_epilogue_and_zsplit(ggml_type):
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
 @pytest.mark.parametrize("K", (1, 4))
-def test_routed_experts_every_type(ggml_type, K):
+def test_routed_experts_every_type(ggml_type, K, gemv_version):
     from strata_cli.gpu import launch_moe
 
     rng = np.random.default_rng(10 * ggml_type + K)
@@ -86,6 +101,27 @@ def test_routed_experts_every_type(ggml_type, K):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+def test_gemv_row_views(ggml_type, gemv_version):
+    """Weights that start inside a larger matrix (a row view: the base is only block-aligned, so v2's staged ranges
+    start at every offset mod 16), 2 .. 16-row windows over a long odd input axis."""
+    from strata_cli.gpu import launch_gemv
+
+    rng = np.random.default_rng(7 * ggml_type + 1)
+    qk = Q.BLOCK[ggml_type][0]
+    n_out, n_in = 37, 7 * 256 + (qk if qk < 256 else 0)
+    w = random_tensor(rng, ggml_type, (n_out + 3, n_in), 0.03)
+    w_all = to_dev(w)
+    for first in (1, 3):
+        w_dev = w_all[first:first + n_out]
+        _check_kernel(ggml_type, w_dev, gemv_version)
+        for T in (1, 2, 7, 16):
+            x = rng.standard_normal((T, n_in)).astype(np.float32)
+            got = launch_gemv.gemv(w_dev, ggml_type, n_in, to_dev(x), out=poisoned((T, n_out)))
+            assert_close(f"row view {Q.TYPE_NAMES[ggml_type]} first={first} T={T}",
+                         ref.gemv(w[first:first + n_out], ggml_type, n_in, x), got, floor=0.05)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
 def test_gather_rows_bit_exact(ggml_type):
     from strata_cli.gpu import launch_embed
 
@@ -99,7 +135,7 @@ def test_gather_rows_bit_exact(ggml_type):
 
 
 @pytest.mark.parametrize("ggml_type", (Q.Q4_K, Q.IQ2_XS, Q.Q5_0, Q.IQ1_M, Q.NVFP4), ids=lambda t: Q.TYPE_NAMES[t])
-def test_graph_replay_is_bit_identical_to_eager(ggml_type):
+def test_graph_replay_is_bit_identical_to_eager(ggml_type, gemv_version):
     """A z-split dense GEMV and the grouped expert GEMVs captured in one graph replay to the eager bits."""
     import cupy as cp
 
@@ -140,7 +176,7 @@ def test_graph_replay_is_bit_identical_to_eager(ggml_type):
 
 
 @pytest.mark.parametrize("kind", ["q4_k_m", "q3_k_m", "iq3_s", "iq2_xs"])
-def test_fixture_quantized_files_gpu_vs_numpy(fixture_c_dir, kind):
+def test_fixture_quantized_files_gpu_vs_numpy(fixture_c_dir, kind, gemv_version):
     """llama-quantize's files: the GPU engine (graphs, random windows, partial commits) against the numpy engine."""
     from spec_windows import speculative_run
 

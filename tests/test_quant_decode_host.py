@@ -25,6 +25,7 @@ SHIM = r"""
 #include <cstring>
 #define QUANT_DECODE_HOST 1
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __restrict__
 typedef unsigned char u8;
@@ -39,6 +40,19 @@ static inline float __fadd_rn(float a, float b) { volatile float r = a + b; retu
 static inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
 static inline int __popc(u32 x) { return __builtin_popcount(x); }
 static inline float __uint_as_float(u32 u) { float f; std::memcpy(&f, &u, 4); return f; }
+static inline u32 __byte_perm(u32 x, u32 y, u32 s) {  // PTX prmt, default mode (a selector's msb sign-extends)
+    u8 in[8], out[4];
+    std::memcpy(in, &x, 4);
+    std::memcpy(in + 4, &y, 4);
+    for (int n = 0; n < 4; ++n) {
+        const u32 sel = (s >> (4 * n)) & 15u;
+        out[n] = (sel & 8u) ? ((in[sel & 7u] & 0x80u) ? 0xffu : 0u) : in[sel & 7u];
+    }
+    u32 r;
+    std::memcpy(&r, out, 4);
+    return r;
+}
+static int qalign_bad = 0;  // set when a q-form decoder loads an address below the alignment it assumes
 static inline float f16_bits_to_float(u16 h) {
     const u32 sign = (u32)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
     u32 bits;
@@ -60,6 +74,19 @@ extern "C" void decode_blocks(const u8* blocks, long n_blocks, float* out) {
             for (int k = 0; k < 8; ++k) out[b * QB::qk + 8 * g + k] = w[k];
         }
 }
+// the staged GEMV's q-form: w_k = fl(fl(d * q_k) + m) (fl(d * q_k) without a min); returns qalign_bad
+extern "C" int decode_blocks_q(const u8* blocks, long n_blocks, float* out) {
+    typedef QBlock<QTYPE> QB;
+    qalign_bad = 0;
+    for (long b = 0; b < n_blocks; ++b)
+        for (int g = 0; g < QB::qk / 8; ++g) {
+            float q[8], d = 0.0f, m = 0.0f;
+            qdec8<QTYPE>(blocks + b * QB::bytes, g, q, d, m);
+            for (int k = 0; k < 8; ++k)
+                out[b * QB::qk + 8 * g + k] = QHasMin<QTYPE>::v ? __fadd_rn(__fmul_rn(d, q[k]), m) : __fmul_rn(d, q[k]);
+        }
+    return qalign_bad;
+}
 """
 
 
@@ -76,28 +103,44 @@ def _decoder(cxx, tmp_path, ggml_type):
     src = tmp_path / f"decode_{S.variant(ggml_type)}.cpp"
     lib = src.with_suffix(".so")
     src.write_text(SHIM + S.prefix(S.variant(ggml_type)) + HARNESS)
-    cmd = [cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC",
+    cmd = [cxx, "-std=c++17", "-O1", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing", "-shared", "-fPIC",
            f"-I{kernels_dir()}", "-o", str(lib), str(src)]
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
-    fn = ctypes.CDLL(str(lib)).decode_blocks
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
-    return fn
+    lib = ctypes.CDLL(str(lib))
+    fn, fn_q = lib.decode_blocks, lib.decode_blocks_q
+    fn.argtypes = fn_q.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
+    fn_q.restype = ctypes.c_int
+    return fn, fn_q
+
+
+def _aligned_copy(blocks: np.ndarray) -> np.ndarray:
+    """blocks copied to a 16-byte aligned buffer (the GEMV stages blocks keeping their global address mod 16)."""
+    buf = np.empty(blocks.nbytes + 16, np.uint8)
+    start = -buf.ctypes.data % 16
+    out = buf[start:start + blocks.nbytes].reshape(blocks.shape)
+    out[...] = blocks
+    return out
 
 
 @pytest.mark.parametrize("ggml_type", S.TYPES, ids=[S.variant(t) for t in S.TYPES])
 def test_device_decoder_is_bit_identical_to_gguf(cxx, tmp_path, ggml_type):
-    decode = _decoder(cxx, tmp_path, ggml_type)
+    """decode8 (the v1 GEMV and the gathers) and the q-form qdec8 (the staged v2 GEMV) both give gguf's floats."""
+    decode, decode_q = _decoder(cxx, tmp_path, ggml_type)
     elems, size = Q.BLOCK[ggml_type]
     rng = np.random.default_rng(ggml_type)
     n_blocks = 4096 // elems * 4
     real = random_tensor(rng, ggml_type, (n_blocks * elems,), 0.05).reshape(n_blocks, size)
     raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)  # any bit pattern: NaN / inf scales too
     for blocks in (real, raw):
-        blocks = np.ascontiguousarray(blocks)
-        got = np.empty(n_blocks * elems, np.float32)
-        decode(blocks.ctypes.data, n_blocks, got.ctypes.data)
+        blocks = _aligned_copy(blocks)
         with np.errstate(invalid="ignore", over="ignore"):
             want = gq.dequantize(blocks.reshape(-1), GT(ggml_type))
-        np.testing.assert_array_equal(got.view(np.uint32)[~np.isnan(want)], want.view(np.uint32)[~np.isnan(want)])
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        got = np.empty(n_blocks * elems, np.float32)
+        decode(blocks.ctypes.data, n_blocks, got.ctypes.data)
+        got_q = np.empty(n_blocks * elems, np.float32)
+        assert decode_q(blocks.ctypes.data, n_blocks, got_q.ctypes.data) == 0, "qdec8 assumed a wrong alignment"
+        for name, values in (("decode8", got), ("qdec8", got_q)):
+            np.testing.assert_array_equal(values.view(np.uint32)[~np.isnan(want)],
+                                          want.view(np.uint32)[~np.isnan(want)], err_msg=name)
+            np.testing.assert_array_equal(np.isnan(values), np.isnan(want), err_msg=name)

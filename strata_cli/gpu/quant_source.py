@@ -45,6 +45,13 @@ def kvalues(ggml_type: int) -> tuple[int, ...]:
     return tuple(int(v) for v in cls.kvalues)
 
 
+def kvalue_words(ggml_type: int) -> str:
+    """The 16-entry value table as four little-endian words of int8 bytes (QKV_W0..3: the staged GEMV looks the
+    values up with PRMT, kernels/quant_decode.cuh kvalues4)."""
+    raw = bytes(v & 0xFF for v in kvalues(ggml_type))
+    return "".join(f"#define QKV_W{i} 0x{int.from_bytes(raw[4 * i:4 * i + 4], 'little'):08x}u\n" for i in range(4))
+
+
 def _c_array(ctype: str, name: str, values: list[int], per_line: int) -> str:
     rows = [", ".join(values[i:i + per_line]) for i in range(0, len(values), per_line)]
     return f"__device__ const {ctype} {name}[{len(values)}] = {{\n    " + ",\n    ".join(rows) + "};\n"
@@ -71,4 +78,5 @@ def prefix(name: str) -> str:
     if ggml_type in KVALUE_TYPES:
         out.append("#define QKVALUES QKVALUES\n")
         out.append(_c_array("signed char", "QKVALUES", [str(v) for v in kvalues(ggml_type)], 16))
+        out.append(kvalue_words(ggml_type))
     return "".join(out)
