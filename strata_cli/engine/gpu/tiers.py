@@ -191,10 +191,17 @@ class ExpertTiers:
         self.plan = MappedBuffer((2, self.plan_words), np.int32)
         self.wait_ns = MappedBuffer((self.L * 2, 2), np.uint64)
         self.copy_stream = None
+        self.pinned = None
         if self.pcie:
             from ...gpu.graphs import new_stream
+            from ...gpu.runtime import PinnedHostSpans
 
             self.copy_stream = new_stream()
+            # the PCIe share copies straight from the mapped file: page-locked so each copy is a plain DMA
+            # (runtime.PinnedHostSpans says why a staged pageable copy cannot run under the window's waits)
+            self.pinned = PinnedHostSpans(
+                (info.raw.ctypes.data, info.n_bytes)
+                for info in (model.info(n) for layer in range(self.L) for n in expert_names(layer)))
         self.timeout_ns = int(cfg.timeout_s * 1e9)
 
     # ---- buffers
@@ -308,5 +315,6 @@ class ExpertTiers:
         self.post(layer, 0, 0, T, 1, stream)
 
     def free(self) -> None:
-        for buf in (self.pub_x, self.pub_ids, self.pub_w, self.words, self.ymiss, self.plan, self.wait_ns):
-            buf.free()
+        """Unpin the model file's expert tensors now (the mapped buffers go with their finalizers)."""
+        if self.pinned is not None:
+            self.pinned.free()

@@ -1,0 +1,31 @@
+"""The PCIe share at Flash-Next width: expert matrices of 1.7 MB (2560 x 640 Q8_0), far above the 64 KB that a
+driver copies inline, copied from the memory-mapped file while the window's graph waits on flagB. Logits and greedy
+ids must equal the all-resident engine's; a second engine over the same mapped model shares the registration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from spec_windows import speculative_run
+from test_gpu_tiers import _engine, _rel_err, _synthetic
+
+pytestmark = pytest.mark.gpu
+
+
+def test_pcie_share_of_flash_next_sized_experts_equals_all_resident(tmp_path):
+    model = _synthetic(tmp_path, "flash-next", 4, "Q8_0", layers=4, experts=16, vocab=4096, ngram_vocab=100)
+    assert model.info("blk.0.ffn_down_exps.weight").n_bytes // 16 > 1 << 20  # over 1 MB per expert
+    tokens = np.random.default_rng(3).integers(0, model.geometry.n_vocab, 24)
+    base, base_ids = speculative_run(_engine(model), tokens, np.random.default_rng(6), 8)
+    engines = []
+    for cfg in (dict(cache="0", pcie_frac=0.5), dict(cache="20", pcie_frac=1.0),
+                dict(cache="0", pcie_frac=0.5, split=True)):
+        eng = _engine(model, **cfg)
+        engines.append(eng)  # kept alive: the next engine registers the same spans again (counted, not refused)
+        got, ids = speculative_run(eng, tokens, np.random.default_rng(6), 8)
+        err = _rel_err(got, base)
+        assert err <= 1e-4, f"{cfg}: max relative error {err:.2e}"
+        np.testing.assert_array_equal(ids, base_ids, err_msg=str(cfg))
+        assert eng.tier_host.history[-1]["pcie"] > 0, cfg
+    for eng in engines:
+        eng.tiers.free()
