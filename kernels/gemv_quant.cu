@@ -139,6 +139,18 @@ constexpr int qstage_steps(int R) {
                                                   : QSTAGE_BYTES / (R * QSTEP_BYTES);
 }
 
+// sum_k q_k x_k of one group of 8 (x = a, c)
+__device__ __forceinline__ float qdot8(const float (&q)[8], float4 a, float4 c) {
+    float v = q[0] * a.x;
+    v = fmaf(q[1], a.y, v);
+    v = fmaf(q[2], a.z, v);
+    v = fmaf(q[3], a.w, v);
+    v = fmaf(q[4], c.x, v);
+    v = fmaf(q[5], c.y, v);
+    v = fmaf(q[6], c.z, v);
+    return fmaf(q[7], c.w, v);
+}
+
 // This warp's shared-memory stage (one array per R, shared by the NT and single-entry paths of a kernel).
 template <int R>
 __device__ __forceinline__ int4* qstage_slot() {
@@ -191,40 +203,66 @@ __device__ __forceinline__ void qslice_dot2(const u8* __restrict__ W, i64 row_st
             const int i = s * QSTEP + lane * 8;
             if (i >= n_in) continue;  // the partial last step
             const int blk = lane * 8 / QB::qk, g = lane * 8 % QB::qk / 8;
-            float q[R][8], d[R], m[R];
+            auto slot = [&](int r) {  // this lane's block of row o0 + r in the stage
+                const size_t head = (size_t)(W + (i64)(o0 + r) * row_stride + (i64)s * QSTEP_BYTES) & 15;
+                return reinterpret_cast<const u8*>(stage + (r * SB + j) * QCHUNKS) + head + blk * QB::bytes;
+            };
+            if constexpr (NT <= 4) {
+                // few window rows: their x in registers, one row decoded at a time (fewer live registers)
+                float4 xa[NT], xb[NT];
+                float sx[NT];
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                d[r] = 0.0f;
-                m[r] = 0.0f;
-                if (o0 + r < n_out) {
-                    const size_t head = (size_t)(W + (i64)(o0 + r) * row_stride + (i64)s * QSTEP_BYTES) & 15;
-                    const u8* b = reinterpret_cast<const u8*>(stage + (r * SB + j) * QCHUNKS) + head + blk * QB::bytes;
-                    qdec8<QTYPE>(b, g, q[r], d[r], m[r]);
-                } else {
-#pragma unroll
-                    for (int k = 0; k < 8; ++k) q[r][k] = 0.0f;
+                for (int t = 0; t < NT; ++t) {
+                    if (t < nt) {
+                        const float4* xp = reinterpret_cast<const float4*>(x + (i64)xr[t] * n_in + i);
+                        xa[t] = __ldg(xp);
+                        xb[t] = __ldg(xp + 1);
+                        if (QHasMin<QTYPE>::v)
+                            sx[t] = ((xa[t].x + xa[t].y) + (xa[t].z + xa[t].w)) +
+                                    ((xb[t].x + xb[t].y) + (xb[t].z + xb[t].w));
+                    }
                 }
-            }
 #pragma unroll
-            for (int t = 0; t < NT; ++t) {
-                if (t < nt) {
-                    const float4* xp = reinterpret_cast<const float4*>(x + (i64)xr[t] * n_in + i);
-                    const float4 a = __ldg(xp), c = __ldg(xp + 1);
-                    float sx = 0.0f;
-                    if (QHasMin<QTYPE>::v) sx = ((a.x + a.y) + (a.z + a.w)) + ((c.x + c.y) + (c.z + c.w));
+                for (int r = 0; r < R; ++r) {
+                    if (o0 + r >= n_out) continue;  // rows past the end are never stored
+                    float q[8], d, m = 0.0f;
+                    qdec8<QTYPE>(slot(r), g, q, d, m);
 #pragma unroll
-                    for (int r = 0; r < R; ++r) {
-                        float sq = q[r][0] * a.x;
-                        sq = fmaf(q[r][1], a.y, sq);
-                        sq = fmaf(q[r][2], a.z, sq);
-                        sq = fmaf(q[r][3], a.w, sq);
-                        sq = fmaf(q[r][4], c.x, sq);
-                        sq = fmaf(q[r][5], c.y, sq);
-                        sq = fmaf(q[r][6], c.z, sq);
-                        sq = fmaf(q[r][7], c.w, sq);
-                        float v = fmaf(d[r], sq, acc[r][t]);
-                        if (QHasMin<QTYPE>::v) v = fmaf(m[r], sx, v);
-                        acc[r][t] = v;
+                    for (int t = 0; t < NT; ++t) {
+                        if (t < nt) {
+                            float v = fmaf(d, qdot8(q, xa[t], xb[t]), acc[r][t]);
+                            if (QHasMin<QTYPE>::v) v = fmaf(m, sx[t], v);
+                            acc[r][t] = v;
+                        }
+                    }
+                }
+            } else {
+                // many window rows: the R rows decoded first, then each x row loaded once for all of them
+                float q[R][8], d[R], m[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    d[r] = 0.0f;
+                    m[r] = 0.0f;
+                    if (o0 + r < n_out) {
+                        qdec8<QTYPE>(slot(r), g, q[r], d[r], m[r]);
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < 8; ++k) q[r][k] = 0.0f;
+                    }
+                }
+#pragma unroll
+                for (int t = 0; t < NT; ++t) {
+                    if (t < nt) {
+                        const float4* xp = reinterpret_cast<const float4*>(x + (i64)xr[t] * n_in + i);
+                        const float4 a = __ldg(xp), c = __ldg(xp + 1);
+                        float sx = 0.0f;
+                        if (QHasMin<QTYPE>::v) sx = ((a.x + a.y) + (a.z + a.w)) + ((c.x + c.y) + (c.z + c.w));
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            float v = fmaf(d[r], qdot8(q[r], a, c), acc[r][t]);
+                            if (QHasMin<QTYPE>::v) v = fmaf(m[r], sx, v);
+                            acc[r][t] = v;
+                        }
                     }
                 }
             }
@@ -268,6 +306,10 @@ __device__ __forceinline__ void qgemv2_grouped(const u8* W, i64 expert_stride, i
         });
 }
 
+// v2 blocks per SM the register allocation must allow, by window bucket (3 at 256 threads: <= 85 registers; 2:
+// <= 128): resident warps are what keeps enough stages in flight (ptxas -v, sm_90: T = 1 fits 80 without spills)
+#define QV2_MIN_BLOCKS(NT) ((NT) == 1 ? 3 : 2)
+
 #define QGEMV_KERNELS(NT)                                                                                          \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
         qgemv_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int ksplit, \
@@ -284,14 +326,14 @@ __device__ __forceinline__ void qgemv2_grouped(const u8* W, i64 expert_stride, i
         qgemv_grouped<NT>(W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, \
                           n_out, ksplit, act, div, mul, mul_st, mul_so);                                           \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QV2_MIN_BLOCKS(NT))                           \
         qgemv2_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T,            \
                      int ksplit, int act, float div, const float* mul, int mul_st, int mul_so, float* partial,     \
                      unsigned* tile_done) {                                                                        \
         qgemv2_dense<NT>(W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial,      \
                          tile_done);                                                                               \
     }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QV2_MIN_BLOCKS(NT))                           \
         qgemv2_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,    \
                             const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,        \
                             float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st,    \

@@ -412,6 +412,10 @@ __device__ __forceinline__ void bytes8_f(u32 lo, u32 hi, float bias, float (&q)[
         q[4 + k] = byte_f(hi, k, bias);
     }
 }
+// u (< 2^23) minus bias as an exact float, without I2F
+__device__ __forceinline__ float small_f(u32 u, float bias) {
+    return __uint_as_float(0x4B000000u | u) - (8388608.0f + bias);
+}
 // signed bytes (int8) of w as floats
 __device__ __forceinline__ void sbytes8_f(u32 lo, u32 hi, float (&q)[8]) {
     bytes8_f(lo ^ 0x80808080u, hi ^ 0x80808080u, 128.0f, q);
@@ -470,8 +474,8 @@ template <> __device__ __forceinline__ void qdec8<T_Q2_K>(const u8* b, int g, fl
     bytes8_f((v.x >> (2 * k)) & 0x03030303u, (v.y >> (2 * k)) & 0x03030303u, 0.0f, q);
     const u32 sc = pb(b + g / 2);
     const u32 dm = pl32<QAL(T_Q2_K, 16)>(b + 80);
-    d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), (float)(sc & 0xfu));
-    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), (float)(sc >> 4));
+    d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), small_f(sc & 0xfu, 0.0f));
+    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), small_f(sc >> 4, 0.0f));
 }
 
 // Q3_K: q = low 2 bits | hmask bit << 2, minus 4 (q - (h ? 0 : 4))
@@ -483,7 +487,7 @@ template <> __device__ __forceinline__ void qdec8<T_Q3_K>(const u8* b, int g, fl
              ((v.y >> (2 * k)) & 0x03030303u) | (((hm.y >> bit) & 0x01010101u) << 2), 4.0f, q);
     const u32 lo = (pb(b + 96 + (s & 7)) >> (4 * (s >> 3))) & 0xfu;
     const u32 hi = (pb(b + 96 + 8 + (s & 3)) >> (2 * (s >> 2))) & 3u;
-    d = fmul(pf16<QAL(T_Q3_K, 4)>(b + 108), (float)((int)(lo | (hi << 4)) - 32));
+    d = fmul(pf16<QAL(T_Q3_K, 4)>(b + 108), small_f(lo | (hi << 4), 32.0f));
 }
 
 __device__ __forceinline__ void k_scale_min_p(const u8* s12, int j, u32& sc, u32& mn) {
@@ -504,8 +508,8 @@ template <> __device__ __forceinline__ void qdec8<T_Q4_K>(const u8* b, int g, fl
     u32 sc, mn;
     k_scale_min_p(b + 4, j, sc, mn);
     const u32 dm = pl32<QAL(T_Q4_K, 4)>(b);
-    d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), (float)sc);
-    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), (float)mn);
+    d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), small_f(sc, 0.0f));
+    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), small_f(mn, 0.0f));
 }
 
 template <> __device__ __forceinline__ void qdec8<T_Q5_K>(const u8* b, int g, float (&q)[8], float& d, float& m) {
@@ -516,8 +520,8 @@ template <> __device__ __forceinline__ void qdec8<T_Q5_K>(const u8* b, int g, fl
     u32 sc, mn;
     k_scale_min_p(b + 4, j, sc, mn);
     const u32 dm = pl32<QAL(T_Q5_K, 4)>(b);
-    d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), (float)sc);
-    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), (float)mn);
+    d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), small_f(sc, 0.0f));
+    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), small_f(mn, 0.0f));
 }
 
 template <> __device__ __forceinline__ void qdec8<T_Q6_K>(const u8* b, int g, float (&q)[8], float& d, float& m) {
@@ -526,10 +530,13 @@ template <> __device__ __forceinline__ void qdec8<T_Q6_K>(const u8* b, int g, fl
     const uint2 hi = pl64<QAL(T_Q6_K, 8)>(b + 128 + 32 * c + (r & 31));
     bytes8_f(((lo.x >> lsh) & 0x0f0f0f0fu) | (((hi.x >> hsh) & 0x03030303u) << 4),
              ((lo.y >> lsh) & 0x0f0f0f0fu) | (((hi.y >> hsh) & 0x03030303u) << 4), 32.0f, q);
-    d = fmul(pf16<QAL(T_Q6_K, 16)>(b + 208), (float)(signed char)pb(b + 192 + (e >> 4)));
+    d = fmul(pf16<QAL(T_Q6_K, 16)>(b + 208), small_f(pb(b + 192 + (e >> 4)) ^ 0x80u, 128.0f));  // int8 scale
 }
 
 #if defined(QGRID_N)
+// iq2_db without I2F
+__device__ __forceinline__ float iq2_db_q(float d, u32 s) { return fmul(fmul(d, 0.5f + small_f(s, 0.0f)), 0.25f); }
+
 // 8-value grid entry with signs: q = +-grid, d = db (gguf: (db * grid) * sign, the same float)
 __device__ __forceinline__ void grid8_q(unsigned long long entry, u32 signs, float (&q)[8]) {
     bytes8_f((u32)entry, (u32)(entry >> 32), 0.0f, q);
@@ -539,26 +546,26 @@ __device__ __forceinline__ void grid8_q(unsigned long long entry, u32 signs, flo
 template <> __device__ __forceinline__ void qdec8<T_IQ2_XXS>(const u8* b, int g, float (&q)[8], float& d, float& m) {
     const int ib = g >> 2, l = g & 3;
     const u32 aux0 = pl32<QAL(T_IQ2_XXS, 2)>(b + 2 + 8 * ib), aux1 = pl32<QAL(T_IQ2_XXS, 2)>(b + 2 + 8 * ib + 4);
-    d = iq2_db(pf16<QAl<T_IQ2_XXS>::b>(b), aux1 >> 28);
+    d = iq2_db_q(pf16<QAl<T_IQ2_XXS>::b>(b), aux1 >> 28);
     grid8_q(__ldg(QGRID + ((aux0 >> (8 * l)) & 0xffu)), ksign((aux1 >> (7 * l)) & 127u), q);
 }
 
 template <> __device__ __forceinline__ void qdec8<T_IQ2_XS>(const u8* b, int g, float (&q)[8], float& d, float& m) {
     const u32 v = pl16<QAL(T_IQ2_XS, 2)>(b + 2 + 2 * g);
-    d = iq2_db(pf16<QAl<T_IQ2_XS>::b>(b), (pb(b + 66 + (g >> 2)) >> (4 * ((g >> 1) & 1))) & 0xfu);
+    d = iq2_db_q(pf16<QAl<T_IQ2_XS>::b>(b), (pb(b + 66 + (g >> 2)) >> (4 * ((g >> 1) & 1))) & 0xfu);
     grid8_q(__ldg(QGRID + (v & 511u)), ksign(v >> 9), q);
 }
 
 template <> __device__ __forceinline__ void qdec8<T_IQ2_S>(const u8* b, int g, float (&q)[8], float& d, float& m) {
     const u32 id = pb(b + 2 + g) | (((pb(b + 66 + (g >> 2)) >> (2 * (g & 3))) & 3u) << 8);
-    d = iq2_db(pf16<QAl<T_IQ2_S>::b>(b), (pb(b + 74 + (g >> 2)) >> (4 * ((g >> 1) & 1))) & 0xfu);
+    d = iq2_db_q(pf16<QAl<T_IQ2_S>::b>(b), (pb(b + 74 + (g >> 2)) >> (4 * ((g >> 1) & 1))) & 0xfu);
     grid8_q(__ldg(QGRID + id), pb(b + 34 + g), q);
 }
 
 template <> __device__ __forceinline__ void qdec8<T_IQ3_XXS>(const u8* b, int g, float (&q)[8], float& d, float& m) {
     const int ib = g >> 2, l = g & 3;
     const u32 aux = pl32<QAL(T_IQ3_XXS, 2)>(b + 66 + 4 * ib);
-    d = fmul(fmul(pf16<QAl<T_IQ3_XXS>::b>(b), 0.5f + (float)(aux >> 28)), 0.5f);
+    d = fmul(fmul(pf16<QAl<T_IQ3_XXS>::b>(b), 0.5f + small_f(aux >> 28, 0.0f)), 0.5f);
     const u32 ids = pl16<QAL(T_IQ3_XXS, 2)>(b + 2 + 8 * ib + 2 * l);
     bytes8_f(__ldg(QGRID + (ids & 0xffu)), __ldg(QGRID + (ids >> 8)), 0.0f, q);
     apply_signs(ksign((aux >> (7 * l)) & 127u), q);
@@ -569,7 +576,7 @@ template <> __device__ __forceinline__ void qdec8<T_IQ3_S>(const u8* b, int g, f
     const u32 id0 = (ids & 0xffu) | (((qh >> (2 * (g & 3))) & 1u) << 8);
     const u32 id1 = (ids >> 8) | (((qh >> (2 * (g & 3) + 1)) & 1u) << 8);
     const u32 s = (pb(b + 106 + (g >> 3)) >> (4 * ((g >> 2) & 1))) & 0xfu;
-    d = fmul(pf16<QAl<T_IQ3_S>::b>(b), (float)(1 + 2 * s));
+    d = fmul(pf16<QAl<T_IQ3_S>::b>(b), small_f(1 + 2 * s, 0.0f));
     bytes8_f(__ldg(QGRID + id0), __ldg(QGRID + id1), 0.0f, q);
     apply_signs(pb(b + 74 + g), q);
 }
@@ -584,7 +591,7 @@ __device__ __forceinline__ void grid8_delta_q(unsigned long long entry, float de
 template <> __device__ __forceinline__ void qdec8<T_IQ1_S>(const u8* b, int g, float (&q)[8], float& d, float& m) {
     const int ib = g >> 2, l = g & 3;
     const u32 qh = pl16<QAL(T_IQ1_S, 2)>(b + 34 + 2 * ib);
-    d = fmul(pf16<QAl<T_IQ1_S>::b>(b), (float)(2 * ((qh >> 12) & 7u) + 1));
+    d = fmul(pf16<QAl<T_IQ1_S>::b>(b), small_f(2 * ((qh >> 12) & 7u) + 1, 0.0f));
     grid8_delta_q(__ldg(QGRID + (pb(b + 2 + g) | (((qh >> (3 * l)) & 7u) << 8))),
                   (qh & 0x8000u) ? -0.125f : 0.125f, q);
 }
@@ -595,7 +602,7 @@ template <> __device__ __forceinline__ void qdec8<T_IQ1_M>(const u8* b, int g, f
     const u32 dbits = (w0 >> 12) | ((w1 >> 12) << 4) | ((w2 >> 12) << 8) | ((w3 >> 12) << 12);
     const int si = g >> 1;
     const u32 word = si < 8 ? (si < 4 ? w0 : w1) : (si < 12 ? w2 : w3);
-    d = fmul(f16_bits_to_float((u16)dbits), (float)(2 * ((word >> (3 * (si & 3))) & 7u) + 1));
+    d = fmul(f16_bits_to_float((u16)dbits), small_f(2 * ((word >> (3 * (si & 3))) & 7u) + 1, 0.0f));
     const u32 qh = (pb(b + 32 + (g >> 1)) >> (4 * (g & 1))) & 0xfu;
     grid8_delta_q(__ldg(QGRID + (pb(b + g) | ((qh & 7u) << 8))), (qh & 8u) ? -0.125f : 0.125f, q);
 }
@@ -624,7 +631,7 @@ template <> __device__ __forceinline__ void qdec8<T_IQ4_XS>(const u8* b, int g, 
     const int ib = g >> 2, sh = 4 * ((g >> 1) & 1);
     const u32 ls = ((pb(b + 4 + (ib >> 1)) >> (4 * (ib & 1))) & 0xfu) |
                    (((pl16<QAL(T_IQ4_XS, 2)>(b + 2) >> (2 * ib)) & 3u) << 4);
-    d = fmul(pf16<QAl<T_IQ4_XS>::b>(b), (float)((int)ls - 32));
+    d = fmul(pf16<QAl<T_IQ4_XS>::b>(b), small_f(ls, 32.0f));
     const uint2 v = pl64<QAL(T_IQ4_XS, 8)>(b + 8 + 16 * ib + 8 * (g & 1));
     kvalues8_f((v.x >> sh) & 0x0f0f0f0fu, (v.y >> sh) & 0x0f0f0f0fu, q);
 }

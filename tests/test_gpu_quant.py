@@ -101,24 +101,48 @@ def test_routed_experts_every_type(ggml_type, K, gemv_version):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
-def test_gemv_row_views(ggml_type, gemv_version):
-    """Weights that start inside a larger matrix (a row view: the base is only block-aligned, so v2's staged ranges
-    start at every offset mod 16), 2 .. 16-row windows over a long odd input axis."""
-    from strata_cli.gpu import launch_gemv
+def test_gemv_long_rows_and_row_views(ggml_type, gemv_version, monkeypatch):
+    """Split-K off (every warp streams whole rows: v2 runs several stages, the next one in flight, and a partial
+    last one) on weights that start inside a larger matrix (a row view: the base is only block-aligned, so v2's
+    staged ranges start at every offset mod 16); 1 .. 16-row windows over a long odd input axis."""
+    from strata_cli.gpu import launch_gemv, launch_quant
 
+    monkeypatch.setattr(launch_quant, "QUANT_TARGET_WARPS", 1)
+    assert launch_quant.quant_split(37, 4864) == (1, 1)
     rng = np.random.default_rng(7 * ggml_type + 1)
     qk = Q.BLOCK[ggml_type][0]
-    n_out, n_in = 37, 7 * 256 + (qk if qk < 256 else 0)
+    n_out, n_in = 37, 19 * 256 + (qk if qk < 256 else 0)
     w = random_tensor(rng, ggml_type, (n_out + 3, n_in), 0.03)
     w_all = to_dev(w)
-    for first in (1, 3):
+    for first in (0, 1, 3):
         w_dev = w_all[first:first + n_out]
         _check_kernel(ggml_type, w_dev, gemv_version)
         for T in (1, 2, 7, 16):
             x = rng.standard_normal((T, n_in)).astype(np.float32)
             got = launch_gemv.gemv(w_dev, ggml_type, n_in, to_dev(x), out=poisoned((T, n_out)))
-            assert_close(f"row view {Q.TYPE_NAMES[ggml_type]} first={first} T={T}",
+            assert_close(f"long rows {Q.TYPE_NAMES[ggml_type]} first={first} T={T}",
                          ref.gemv(w[first:first + n_out], ggml_type, n_in, x), got, floor=0.05)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+def test_routed_experts_long_rows(ggml_type, gemv_version, monkeypatch):
+    """Grouped expert GEMVs with split-K off over a long input axis (19 steps of 256 per warp for gate / up)."""
+    from strata_cli.gpu import launch_moe, launch_quant
+
+    monkeypatch.setattr(launch_quant, "QUANT_TARGET_WARPS", 1)
+    rng = np.random.default_rng(11 * ggml_type + 3)
+    E, F, D, K = 5, 256, 19 * 256, 2
+    types = (ggml_type,) * 3
+    gate = random_tensor(rng, ggml_type, (E, F, D), 0.02)
+    up = random_tensor(rng, ggml_type, (E, F, D), 0.02)
+    down = random_tensor(rng, ggml_type, (E, D, F), 0.05)
+    dev = [to_dev(a) for a in (gate, up, down)]
+    for T in (1, 3, 8, 16):
+        x = rng.standard_normal((T, D)).astype(np.float32)
+        ids, w = moe.router_topk(rng.standard_normal((T, E)).astype(np.float32), K)
+        want = moe.routed_experts_raw(x, ids, w, gate, up, down, types)
+        got = launch_moe.routed_experts(to_dev(x), to_dev(ids), to_dev(w), *dev, types, out=poisoned((T, D)))
+        assert_close(f"routed_experts long rows {Q.TYPE_NAMES[ggml_type]} T={T}", want, got, floor=0.05)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
