@@ -13,9 +13,10 @@ def tier_options(f):
                      "GPU timer) or captured cuStreamWaitValue32 nodes."),
         click.option("--split", is_flag=True, help="Two token groups per window, so the CPU computes one "
                      "group's experts while the GPU runs the other (windows of T >= 2)."),
-        click.option("--pcie-frac", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+        click.option("--pcie-frac", default=None, metavar="auto|F",
                      help="Share of each layer's distinct VRAM misses copied over PCIe by the copy engine; "
-                     "the CPU pool computes the rest."),
+                     "the CPU pool computes the rest. auto balances the copy engine's and the pool's rates "
+                     "(strata_cli/tiers/share.py). [default: auto]"),
         click.option("--expert-cache", default=None, metavar="all|auto|N|SIZE",
                      help="Routed experts kept in VRAM: all, auto (what free memory allows), N (layer, expert) "
                      "slots, or a size like 12GiB. The rest stay in the memory-mapped file. [default: all]"),
@@ -33,10 +34,12 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache
 
     from ..tiers.residency import parse_cache_spec
 
+    from ..tiers.share import AUTO, parse_pcie_frac
+
     cache = cache_override if cache_override is not None else expert_cache
-    if cache is None and expert_profile is None and not pcie_frac and not split and tier_wait == "spin":
+    frac = AUTO if pcie_frac is None else parse_pcie_frac(pcie_frac)  # bad values: one line on any device
+    if cache is None and expert_profile is None and pcie_frac is None and not split and tier_wait == "spin":
         return None
     if cache is not None:
         parse_cache_spec(cache)  # a bad spec is one line on any device (the numpy engine ignores the tiers)
-    return TierConfig(profile=expert_profile, cache=cache or "all", pcie_frac=pcie_frac, split=split,
-                      wait=tier_wait)
+    return TierConfig(profile=expert_profile, cache=cache or "all", pcie_frac=frac, split=split, wait=tier_wait)

@@ -58,7 +58,7 @@ class GPUEngine:
         from .tier_setup import residency_for
 
         self.tiers = None
-        table, self.tier_note = residency_for(model, tiers, self.n_ctx, self.max_t)
+        table, self.tier_note, tiers = residency_for(model, tiers, self.n_ctx, self.max_t)
         skip = None if table is None else _is_expert_tensor
         self.w = DeviceWeights(model, pack_q8=pack_q8, skip=skip)  # pack_q8=False keeps raw Q8_0 (for comparisons)
         self.arena = plan_buffers(g, self.n_ctx, self.max_t)

@@ -18,6 +18,7 @@ kernel outlives the process.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from ...gpu.runtime import check, cudart
 from .tiers import ERR, FLAG, FLAG_A, FLAG_B, RELEASED, SEQ
 
 SRC_VRAM, SRC_PCIE, SRC_CPU = 0, 1, 2
+COPY_THREAD_ENV = "STRATA_PCIE_COPY_THREAD"
 POLL_S = 0.002  # how often a waiting host asks the driver whether the stream failed or finished
 
 
@@ -119,6 +121,17 @@ class TierHost:
         self._lock = threading.Lock()
         self.launching = False
         self.history: list[dict] = []  # window_stats() of every window served
+        # The PCIe share's copies come from the memory-mapped (pageable) file: cudaMemcpyAsync returns only after the
+        # driver staged the bytes, so issued on this thread they would run before the pool, not beside it. One copy
+        # thread issues them (in step order); STRATA_PCIE_COPY_THREAD=0 issues them here (the earlier path).
+        self._copier = None
+        if getattr(tiers, "pcie", False) and os.environ.get(COPY_THREAD_ENV, "1").strip() != "0":
+            from concurrent.futures import ThreadPoolExecutor
+
+            device = cudart().cudaGetDevice()[1]  # the copy thread's driver calls need the context current
+            self._copier = ThreadPoolExecutor(1, thread_name_prefix="strata-pcie-copy",
+                                              initializer=lambda: check(cudart().cudaSetDevice(device)[:1],
+                                                                        "cudaSetDevice"))
         from ...tiers.watchdog import register
 
         register(self)
@@ -186,6 +199,7 @@ class TierHost:
             self._check_err(G)
             self.history.append(self.window_stats())
         except BaseException as exc:
+            self._drain_copies()  # no copy job may write flagB after the release below
             if self.released is None:
                 self.release(5000, reason=str(exc) if isinstance(exc, StrataError) else
                              f"{type(exc).__name__}: {exc}".rstrip(": "))
@@ -206,13 +220,18 @@ class TierHost:
         slot = t.plan.host[grp]
         write_plan(slot, plan, r0 * K, t.JM)
         self._raise_flag(FLAG_A, want)
-        if t.pcie:
+        copying = None
+        if t.pcie and self._copier is not None:  # the pool computes while the copies are issued
+            copying = self._copier.submit(self._copy_pcie, layer, grp, plan, want)
+        elif t.pcie:
             self._copy_pcie(layer, grp, plan, want)
         else:
             self._raise_flag(FLAG_B, want)
         if plan.cpu:
             self.src.compute_into(layer, t.pub_x.host[r0:r0 + n], plan, K, t.ymiss.host[r0 * K:(r0 + n) * K])
         t2 = time.perf_counter()
+        if copying is not None:
+            self._copied(copying, layer)
         last = k == t.L * G - 1
         if not (last and self.stall and self.windows == self.stall):
             self._raise_flag(FLAG, want)
@@ -243,6 +262,24 @@ class TierHost:
                 src = raw.ctypes.data + e * nbytes
                 check(rt.cudaMemcpyAsync(base + q * nbytes, src, nbytes, kind, stream.ptr), "cudaMemcpyAsync")
         write_word(t.words.device[FLAG_B:FLAG_B + 1], want, stream)
+
+    def _drain_copies(self) -> None:
+        """Wait (bounded) until the copy thread has issued every queued step; its errors are the step's to raise."""
+        if self._copier is not None:
+            try:
+                self._copier.submit(lambda: None).result(timeout=5.0)
+            except Exception:  # noqa: BLE001 - the window is failing already; the release below still runs
+                pass
+
+    def _copied(self, copying, layer: int) -> None:
+        """The copy thread issued the step's copies (raises what it raised); bounded like every wait."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
+        try:
+            copying.result(timeout=self.t.cfg.timeout_s)
+        except FutureTimeout:
+            raise StrataError(f"layer {layer}: the PCIe share's copies were not issued within "
+                              f"{self.t.cfg.timeout_s:g} s") from None
 
     def _await_ring(self, want: int, layer: int) -> None:
         """seq >= want. The wait itself is tiers/doorbell.wait_word (a pause-spin in C with the GIL released, so an

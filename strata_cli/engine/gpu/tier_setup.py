@@ -7,10 +7,13 @@ is allocated, the host server after.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ...gpu.runtime import cupy
 from ...model.names import PLE_TABLE
+from ...tiers.share import resolve_pcie_frac
 from .buffers import ALIGN, plan_buffers
 from .tiers import ExpertTiers, TierConfig, choose_residency, is_expert_tensor, stall_window
 
@@ -35,11 +38,14 @@ def _staging_bytes(model, cfg: TierConfig, max_t: int) -> int:
 
 
 def residency_for(model, cfg: TierConfig | None, n_ctx: int, max_t: int):
-    """(residency table [L, E] or None when every expert stays in VRAM on today's graph, the line to print)."""
+    """(residency table [L, E] or None when every expert stays in VRAM on today's graph, the line(s) to print, the
+    config with --pcie-frac auto resolved to a number)."""
     stall = stall_window()
     if cfg is None and not stall:
-        return None, None
+        return None, None, None
     cfg = cfg or TierConfig()
+    frac, pcie_note = resolve_pcie_frac(cfg.pcie_frac)
+    cfg = dataclasses.replace(cfg, pcie_frac=frac)
     free = None
     fixed = _dense_bytes(model) + _arena_bytes(plan_buffers(model.geometry, n_ctx, max_t)) \
         + _staging_bytes(model, cfg, max_t)
@@ -47,10 +53,10 @@ def residency_for(model, cfg: TierConfig | None, n_ctx: int, max_t: int):
         free = int(cupy().cuda.runtime.memGetInfo()[0])
     table, note = choose_residency(model, cfg, free, fixed)
     if (table >= 0).all() and not stall:
-        return None, note + " -> zero-doorbell graph"
+        return None, note + " -> zero-doorbell graph", cfg
     if (table >= 0).all():
         note += f" -> doorbell graph ({'STRATA_TEST_VERIFY_STALL'}={stall})"
-    return table, note
+    return table, f"{note}; {pcie_note}", cfg
 
 
 def attach_tiers(engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool) -> None:

@@ -41,7 +41,8 @@ AUTO_MARGIN = 1 << 30  # bytes left free by --expert-cache auto (CuPy pools, cuB
 class TierConfig:
     profile: str | None = None      # expert profile (YAML or STRP); None ranks pairs layer by layer, expert id order
     cache: str = "all"              # all | auto | N slots | SIZE (12GiB, 500MB)
-    pcie_frac: float = 0.0          # share of a step's distinct misses copied by the copy engine
+    pcie_frac: float | str = 0.0    # share of a step's distinct misses copied by the copy engine, or "auto"
+    #                                 (tiers/share.py; tier_setup.residency_for resolves it to a number)
     split: bool = False             # two token groups per window
     wait: str = "spin"              # spin kernels or captured cuStreamWaitValue32
     timeout_s: float = 20.0         # bound of every GPU wait and of the host's wait for a ring

@@ -1,0 +1,91 @@
+"""--pcie-frac auto|F: parsing, the balance rule, the default, and the line the engine setup says (no GPU needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from strata_cli.commands._tiers import tier_config
+from strata_cli.engine.gpu.tier_setup import residency_for
+from strata_cli.errors import InputError
+from strata_cli.tiers.share import (PCIE_GBS, POOL_GBS, balanced_pcie_frac, parse_pcie_frac,
+                                    resolve_pcie_frac)
+
+
+def test_balance_rule_ends_both_streams_together():
+    for pcie, pool in [(51.0, 77.7), (55.0, 73.0), (10.0, 30.0), (0.0, 5.0), (5.0, 0.0)]:
+        f = balanced_pcie_frac(pcie, pool)
+        assert 0.0 <= f <= 1.0
+        if pcie and pool:  # bytes B of misses: f*B over PCIe and (1-f)*B on the pool take equally long
+            assert abs(f / pcie - (1 - f) / pool) < 1e-12
+    assert balanced_pcie_frac(0.0, 5.0) == 0.0 and balanced_pcie_frac(5.0, 0.0) == 1.0
+    assert abs(balanced_pcie_frac() - PCIE_GBS / (PCIE_GBS + POOL_GBS)) < 1e-12
+    with pytest.raises(ValueError):
+        balanced_pcie_frac(0.0, 0.0)
+
+
+@pytest.mark.parametrize("text,want", [("auto", "auto"), (" AUTO ", "auto"), ("0", 0.0), ("0.25", 0.25), ("1", 1.0),
+                                       (0.5, 0.5), (1, 1.0)])
+def test_parse(text, want):
+    assert parse_pcie_frac(text) == want
+
+
+@pytest.mark.parametrize("bad", ["1.5", "-0.1", "half", "", "nan"])
+def test_parse_rejects_in_one_line(bad):
+    with pytest.raises(InputError, match="--pcie-frac .*expected auto or a share between 0 and 1"):
+        parse_pcie_frac(bad)
+
+
+def test_resolve_says_what_it_chose():
+    frac, note = resolve_pcie_frac("auto")
+    assert frac == balanced_pcie_frac()
+    assert f"{frac:.2f}" in note and "--pcie-frac auto" in note and f"{PCIE_GBS:g} GB/s" in note
+    frac, note = resolve_pcie_frac(0.25)
+    assert frac == 0.25 and "--pcie-frac 0.25" in note
+
+
+def test_cli_default_is_auto_once_tiers_are_asked_for():
+    assert tier_config(None, None, None, False, "spin") is None  # no tier option: every expert in VRAM
+    assert tier_config(None, "0", None, False, "spin").pcie_frac == "auto"
+    assert tier_config(None, "0", "0.5", False, "spin").pcie_frac == 0.5
+    assert tier_config(None, "0", "0", False, "spin").pcie_frac == 0.0
+    assert tier_config(None, None, "auto", False, "spin").cache == "all"
+
+
+def test_engine_setup_resolves_auto_and_says_so(fixture_dir, monkeypatch):
+    from strata_cli.engine.gpu.tiers import TierConfig
+    from strata_cli.model.gguf_file import open_model
+
+    monkeypatch.delenv("STRATA_TEST_VERIFY_STALL", raising=False)
+    model = open_model(fixture_dir / "model-q8_0.gguf")
+    table, note, cfg = residency_for(model, TierConfig(cache="3", pcie_frac="auto"), 64, 8)
+    assert cfg.pcie_frac == balanced_pcie_frac() and (table < 0).any()
+    assert note.startswith("expert cache: 3 of") and "PCIe share: " in note and "--pcie-frac auto" in note
+    table, note, cfg = residency_for(model, TierConfig(cache="all", pcie_frac="auto"), 64, 8)
+    assert table is None and "zero-doorbell" in note and "PCIe" not in note  # nothing missed: nothing to share
+    assert residency_for(model, None, 64, 8) == (None, None, None)
+    _, _, cfg = residency_for(model, TierConfig(cache="0", pcie_frac=0.5), 64, 8)
+    assert cfg.pcie_frac == 0.5
+
+
+@pytest.mark.parametrize("value", ["auto", "0.3"])
+def test_commands_take_auto_and_numbers(fixture_dir, value):
+    from strata_cli.cli import main
+
+    model = str(fixture_dir / "model-q8_0.gguf")
+    ok = CliRunner().invoke(main, ["logprobs", model, "--random", "4", "--device", "cpu", "--expert-cache", "0",
+                                   "--pcie-frac", value])
+    assert ok.exit_code == 0, ok.output
+    assert "GPU engine only" in ok.output
+
+
+def test_a_bad_share_is_one_line_on_any_device(fixture_dir):
+    from strata_cli.cli import main
+
+    model = str(fixture_dir / "model-q8_0.gguf")
+    bad = CliRunner().invoke(main, ["verify-bench", model, "--window", "1", "-r", "1", "--device", "cpu",
+                                    "--pcie-frac", "lots"])
+    assert bad.exit_code == 1 and "Traceback" not in bad.output
+    assert "--pcie-frac 'lots'" in bad.output
+    assert np.isfinite(balanced_pcie_frac())
