@@ -1,7 +1,8 @@
 """CuPy launchers of kernels/hyper.cu, mirroring strata_cli/ops/hyper.py (hc_read_raw, hc_write,
 broadcast_streams). Same conventions as launch_gemv: CuPy arrays, float32, C-contiguous, `out=` and scratch
 preallocated for graph capture, `stream=` None for the current stream. The down, up and inject projections are
-launch_gemv launches with fused epilogues.
+launch_gemv launches with fused epilogues. hc_read_fused is the same read in 4 launches that also applies the
+previous block's pending hc_write (reference: ops/hyper.hc_write_read_raw).
 
 Legend: T window rows, C streams, D hidden, L low rank.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..model import quants
 from . import compile as nvrtc
 from . import launch_util as U
 from .launch_gemv import SplitK, launch_gemv
@@ -20,15 +22,18 @@ from .runtime import empty
 
 @dataclass
 class HcScratch:
-    """Intermediates of hc_read: xn [T, C*D], low [T, L], gates [T, C*D]; may hold more rows than the window."""
+    """Intermediates of hc_read: xn [T, C*D], low [T, L], gates [T, C*D], and for hc_read_fused the inject partial
+    dots inj_part [T, C*C]; may hold more rows than the window."""
 
     xn: object
     low: object
     gates: object
+    inj_part: object = None
 
     @classmethod
     def empty(cls, T: int, C: int, D: int, L: int) -> "HcScratch":
-        return cls(empty((T, C * D), np.float32), empty((T, L), np.float32), empty((T, C * D), np.float32))
+        return cls(empty((T, C * D), np.float32), empty((T, L), np.float32), empty((T, C * D), np.float32),
+                   empty((T, C * C), np.float32))
 
 
 def hc_read(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_raw, inject_type: int | None,
@@ -68,6 +73,64 @@ def hc_read(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_ra
         nvrtc.kernel("hyper", "hc_mix")(grid, block, (xn, gates, out_mixed, np.int32(T), np.int32(C), np.int32(D)))
         if inject_raw is not None:
             launch_gemv(inject_raw, inject_type, CD, xn, out_inj, split, act=U.ACT_2SIGMOID, div=float(C))
+    return out_mixed, (out_inj if inject_raw is not None else None)
+
+
+FUSED_INJECT_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q8_0)  # hc_write_norm's raw_at decodes these
+
+
+def hc_read_fused(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_raw, inject_type: int | None,
+                  eps: float, pending=None, out_mixed=None, out_inj=None, scratch: HcScratch | None = None,
+                  split: SplitK | None = None, stream=None, mark=None):
+    """hc_read of R after the pending write: pending = (block_out [T, D], inj_prev [T, C]) or None, and R [T, C, D]
+    is updated in place to R + block_out * inj_prev first (hc_write). Returns (mixed, inj) as hc_read does.
+
+    Launches hc_write_norm, the down and up GEMVs, hc_mix_inject (4 nodes; hc_write + hc_read take 6). The inject
+    GEMV becomes per-stream partial dots summed over the streams (reassociated). An inject matrix of another type
+    than F32/F16/BF16/Q8_0 takes hc_write + hc_read instead. mark(part): after "norm" (write + norm + inject
+    partials), "down" and "up"."""
+    if inject_raw is not None and inject_type not in FUSED_INJECT_TYPES:
+        if pending is not None:
+            hc_write(R, pending[0], pending[1], out=R, stream=stream)
+        return hc_read(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, eps,
+                       out_mixed=out_mixed, out_inj=out_inj, scratch=scratch, split=split, stream=stream, mark=mark)
+    with U.on_stream(stream):
+        U.check_array("R", R, np.float32, (None, None, None))
+        T, C, D = R.shape
+        CD = C * D
+        U.check_array("norm_w", norm_w, np.float32, (CD,))
+        L = U.weight_rows("down_raw", down_raw, down_type, CD)
+        U.weight_rows("up_raw", up_raw, up_type, L, n_out=CD)
+        if pending is not None:
+            U.check_array("block_out", pending[0], np.float32, (T, D))
+            U.check_array("inj_prev", pending[1], np.float32, (T, C))
+        if inject_raw is not None:
+            U.weight_rows("inject_raw", inject_raw, inject_type, CD, n_out=C)
+        elif out_inj is not None:
+            raise ValueError("out_inj: given, but inject_raw is None (no inject gates to write)")
+        s = scratch if scratch is not None else HcScratch(None, None, None)
+        xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), empty)
+        low = U.scratch_rows("scratch.low", s.low, T, (L,), empty)
+        gates = U.scratch_rows("scratch.gates", s.gates, T, (CD,), empty)
+        injp = U.scratch_rows("scratch.inj_part", s.inj_part, T, (C * C,), empty) if inject_raw is not None else None
+        out_mixed = U.out_array("out_mixed", out_mixed, (T, D), np.float32, empty)
+        if inject_raw is not None:
+            out_inj = U.out_array("out_inj", out_inj, (T, C), np.float32, empty)
+        bo, inj_prev = pending if pending is not None else (None, None)
+        inj_stride = U.row_stride(inject_type, CD) if inject_raw is not None else 0
+        nvrtc.kernel("hyper", "hc_write_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
+            R, U.null_or(bo), U.null_or(inj_prev), norm_w, xn, U.null_or(inject_raw), np.int64(inj_stride),
+            np.int32(inject_type if inject_raw is not None else 0), U.null_or(injp), np.int32(C), np.int32(D),
+            np.float32(eps)))
+        _mark(mark, "write+norm" if pending is not None else "norm")
+        launch_gemv(down_raw, down_type, CD, xn, low, split, act=U.ACT_SILU, div=float(C))
+        _mark(mark, "down")
+        launch_gemv(up_raw, up_type, L, low, gates, split, act=U.ACT_SIGMOID)
+        _mark(mark, "up")
+        grid, block = U.elementwise_grid(T * D)
+        nvrtc.kernel("hyper", "hc_mix_inject")(grid, block, (
+            xn, gates, out_mixed, U.null_or(injp), U.null_or(out_inj if inject_raw is not None else None),
+            np.int32(T), np.int32(C), np.int32(D)))
     return out_mixed, (out_inj if inject_raw is not None else None)
 
 

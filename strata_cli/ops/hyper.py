@@ -41,6 +41,15 @@ def hc_read_raw(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inj
     return hc_read(R, norm_w, w_down, w_up, w_inject, eps)
 
 
+def hc_write_read_raw(R, pending, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, eps):
+    """The reference of gpu/launch_hyper.hc_read_fused: the pending write (block_out [T, D], inj [T, C]) or None,
+    then hc_read_raw. Returns (R after the write, mixed, inj)."""
+    if pending is not None:
+        R = hc_write(R, *pending)
+    mixed, inj = hc_read_raw(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, eps)
+    return R, mixed, inj
+
+
 def broadcast_streams(emb: np.ndarray, C: int) -> np.ndarray:
     """emb [T, D] -> R [T, C, D]: a window's residual stack starts as C copies of its embedding rows."""
     return np.repeat(emb[:, None, :], C, axis=1)

@@ -72,7 +72,7 @@ def plan_buffers(g, n_ctx: int, M: int) -> Arena:
     a.add("stamps", (n_slots(g.n_layers),), np.uint64)  # the profiling graph's stage stamps (ns)
     for name, shape in [("R", (M, C, D)), ("emb", (M, D)), ("mixed", (M, D)), ("inj", (M, C)),
                         ("block_out", (M, D)), ("hc_xn", (M, C * D)), ("hc_low", (M, g.hc_lowrank)),
-                        ("hc_gates", (M, C * D)), ("router", (M, E)), ("route_w", (M, K)),
+                        ("hc_gates", (M, C * D)), ("hc_inj_part", (M, C * C)), ("router", (M, E)), ("route_w", (M, K)),
                         ("moe_h", (M * K, g.n_ff_exp)), ("moe_parts", (M * K, D)), ("shared", (M, D)),
                         ("sh_h", (M, g.n_ff_shexp)), ("sh_sg", (M, 1)), ("logits", (M, g.n_vocab))]:
         a.add(name, shape)

@@ -11,6 +11,8 @@ no stamp node.
 
 from __future__ import annotations
 
+import os
+
 from ...gpu import launch_embed as embed
 from ...gpu import launch_gdn as gdn
 from ...gpu import launch_gemv
@@ -52,6 +54,25 @@ def _hc(e, prefix: str, T: int, inject: bool, stream, r0: int = 0, mark=None):
     return hyper.hc_read(b["R"][r0:T], w.f32(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
                          out_mixed=b["mixed"][r0:T], out_inj=b["inj"][r0:T] if inject else None, scratch=scratch,
                          split=split_k(b), stream=stream, mark=mark)
+
+
+def fused_hc() -> bool:
+    """STRATA_FUSED_HC=1: the hyper-connection reads take launch_hyper.hc_read_fused, which also applies the
+    previous block's residual write (4 nodes per read, no write node); 0 or unset: hc_read + hc_write (6)."""
+    return os.environ.get("STRATA_FUSED_HC", "0").strip() not in ("", "0")
+
+
+def _hc_fused(e, prefix: str, T: int, inject: bool, pending: bool, stream, mark=None):
+    """The fused HC read of rows [0, T), after the pending write of block_out with the last read's inj when
+    `pending` (the write goes into R in place first)."""
+    b, w = e.buf, e.w
+    down, up = w.raw(f"{prefix}_down.weight"), w.raw(f"{prefix}_up.weight")
+    inj = w.raw(f"{prefix}_inject.weight") if inject else (None, None)
+    scratch = hyper.HcScratch(b["hc_xn"], b["hc_low"], b["hc_gates"], b["hc_inj_part"])
+    return hyper.hc_read_fused(b["R"][:T], w.f32(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
+                               pending=(b["block_out"][:T], b["inj"][:T]) if pending else None,
+                               out_mixed=b["mixed"][:T], out_inj=b["inj"][:T] if inject else None, scratch=scratch,
+                               split=split_k(b), stream=stream, mark=mark)
 
 
 def _gemv(e, name: str, x, out, stream):
@@ -206,6 +227,9 @@ def record_window(e, T: int, stream) -> None:
         return
     _inputs(e, T, stream)
     stamp(e, head, "embed", stream)
+    if fused_hc():
+        _record_layers_fused(e, T, stream)
+        return
     for layer in range(g.n_layers):
         if layer:
             stamp(e, layer - 1, "gap", stream)
@@ -226,6 +250,35 @@ def record_window(e, T: int, stream) -> None:
     _head(e, T, stream)
 
 
+def _record_layers_fused(e, T: int, stream) -> None:
+    """The layers and the head with fused HC reads: each block's residual write (block_out weighted by the inj of
+    the read before it) is applied by the next read's first kernel, except before the PLE layer, whose mix reads R
+    (the write is launched on its own there)."""
+    b, g = e.buf, e.g
+    pending = False  # a block's write awaits the next read
+    for layer in range(g.n_layers):
+        if layer:
+            stamp(e, layer - 1, "gap", stream)
+        if g.ple is not None and g.ple.layer == layer:
+            if pending:
+                hyper.hc_write(b["R"][:T], b["block_out"][:T], b["inj"][:T], out=b["R"][:T], stream=stream)
+                pending = False
+            _ple(e, T, stream)
+        mark = _marks(e, layer, "hc0-", stream)
+        mixed, _ = _hc_fused(e, f"blk.{layer}.hc_attn", T, True, pending, stream, mark=mark)
+        stamp(e, layer, "hc-read0", stream)
+        (_qsa if g.layer_is_attn[layer] else _gdn)(e, layer, mixed, T, stream)
+        mixed, _ = _hc_fused(e, f"blk.{layer}.hc_ffn", T, True, True, stream, mark=_marks(e, layer, "hc1-", stream))
+        stamp(e, layer, "hc-read1", stream)
+        _moe(e, layer, mixed, T, stream)
+        pending = True
+    if g.n_layers:
+        stamp(e, g.n_layers - 1, "gap", stream)
+    mixed, _ = _hc_fused(e, "output_hc", T, False, pending, stream)
+    stamp(e, e.g.n_layers, "hc-out", stream)
+    _head_after_read(e, mixed, T, stream)
+
+
 def _inputs(e, T: int, stream) -> None:
     """Tokens and positions from mapped staging, the embedding, broadcast to the HC streams."""
     b, g = e.buf, e.g
@@ -238,9 +291,14 @@ def _inputs(e, T: int, stream) -> None:
 
 def _head(e, T: int, stream) -> None:
     """Final HC read, head GEMV, greedy ids into mapped staging."""
-    b = e.buf
     mixed, _ = _hc(e, "output_hc", T, False, stream)
     stamp(e, e.g.n_layers, "hc-out", stream)
+    _head_after_read(e, mixed, T, stream)
+
+
+def _head_after_read(e, mixed, T: int, stream) -> None:
+    """Head GEMV of the final HC read's rows, greedy ids into mapped staging."""
+    b = e.buf
     _gemv(e, "output.weight", mixed, b["logits"][:T], stream)
     stamp(e, e.g.n_layers, "lm-head", stream)
     # the argmax pass also flags rows holding NaN/Inf, straight into mapped host memory (no extra node)

@@ -1,0 +1,132 @@
+"""The fused hyper-connection read (kernels/hyper.cu hc_write_norm + hc_mix_inject, launch_hyper.hc_read_fused,
+STRATA_FUSED_HC=1) against ops/hyper.hc_write_read_raw on odd shapes with NaN-poisoned outputs, and the fused
+window against the numpy engine, eager against graph replay, and its node count (skipped without a GPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kernel_helpers import TYPE_IDS, TYPES, assert_close, poisoned, raw_weight, to_dev
+
+from strata_cli.engine.reference import ReferenceEngine
+from strata_cli.model.gguf_file import open_model
+from strata_cli.ops import hyper
+
+pytestmark = pytest.mark.gpu
+
+
+def _inputs(rng, T, C, D, L, ggml_type, inject, pending):
+    R = rng.standard_normal((T, C, D)).astype(np.float32)
+    norm_w = (1.0 + 0.1 * rng.standard_normal(C * D)).astype(np.float32)
+    down = raw_weight(rng, (L, C * D), ggml_type, 0.2)
+    up = raw_weight(rng, (C * D, L), ggml_type, 0.3)
+    inj_w = raw_weight(rng, (C, C * D), ggml_type, 0.2) if inject else None
+    pend = None
+    if pending:
+        pend = (rng.standard_normal((T, D)).astype(np.float32), (2.0 * rng.random((T, C))).astype(np.float32))
+    return R, norm_w, down, up, inj_w, pend
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=TYPE_IDS)
+@pytest.mark.parametrize("C,D,L", [(4, 40, 32), (3, 32, 64), (5, 96, 45)])
+@pytest.mark.parametrize("T", (1, 3, 16))
+@pytest.mark.parametrize("inject", (True, False), ids=("inject", "head"))
+@pytest.mark.parametrize("pending", (True, False), ids=("write", "nowrite"))
+def test_hc_read_fused_matches_reference(ggml_type, C, D, L, T, inject, pending):
+    from strata_cli.gpu import launch_hyper
+    from strata_cli.model import quants
+
+    if ggml_type == quants.Q8_0 and L % 32:
+        pytest.skip("Q8_0 rows need whole 32-wide blocks (the up matrix is L wide)")
+    rng = np.random.default_rng(T * 31 + C * 7 + ggml_type + 1000 * pending)
+    R, norm_w, down, up, inj_w, pend = _inputs(rng, T, C, D, L, ggml_type, inject, pending)
+    eps = 1e-6
+    want_R, want_mixed, want_inj = hyper.hc_write_read_raw(R, pend, norm_w, down, ggml_type, up, ggml_type, inj_w,
+                                                           ggml_type, eps)
+    R_dev = to_dev(R)
+    scratch = launch_hyper.HcScratch(poisoned((T + 2, C * D)), poisoned((T + 2, L)), poisoned((T + 2, C * D)),
+                                     poisoned((T + 2, C * C)))
+    out_mixed = poisoned((T, D))
+    out_inj = poisoned((T, C)) if inject else None
+    mixed, got_inj = launch_hyper.hc_read_fused(
+        R_dev, to_dev(norm_w), to_dev(down), ggml_type, to_dev(up), ggml_type,
+        None if inj_w is None else to_dev(inj_w), ggml_type, eps,
+        pending=None if pend is None else (to_dev(pend[0]), to_dev(pend[1])), out_mixed=out_mixed,
+        out_inj=out_inj, scratch=scratch)
+    assert mixed is out_mixed
+    # the write is hc_write's arithmetic (product rounded, then added): exact
+    assert_close("R after the write", want_R, R_dev, rtol=0, atol=0)
+    assert_close("mixed", want_mixed, mixed)
+    if inject:
+        assert got_inj is out_inj
+        assert_close("inj", want_inj, got_inj)
+    else:
+        assert got_inj is None
+
+
+def test_hc_read_fused_equals_unfused_launches():
+    """The fused read's R and mixed equal hc_write + hc_read bit for bit (same norm, GEMVs and mix arithmetic)."""
+    from strata_cli.gpu import launch_hyper
+    from strata_cli.model import quants
+
+    rng = np.random.default_rng(11)
+    T, C, D, L = 3, 4, 64, 32
+    R, norm_w, down, up, inj_w, pend = _inputs(rng, T, C, D, L, quants.Q8_0, True, True)
+    args = (to_dev(norm_w), to_dev(down), quants.Q8_0, to_dev(up), quants.Q8_0, to_dev(inj_w), quants.Q8_0, 1e-6)
+    R_old = to_dev(R)
+    launch_hyper.hc_write(R_old, to_dev(pend[0]), to_dev(pend[1]), out=R_old)
+    mixed_old, inj_old = launch_hyper.hc_read(R_old, *args)
+    R_new = to_dev(R)
+    mixed_new, inj_new = launch_hyper.hc_read_fused(R_new, *args, pending=(to_dev(pend[0]), to_dev(pend[1])))
+    assert_close("R", R_old.get(), R_new, rtol=0, atol=0)
+    assert_close("mixed", mixed_old.get(), mixed_new, rtol=0, atol=0)
+    assert_close("inj (reassociated)", inj_old.get(), inj_new, rtol=1e-5, atol=1e-6)
+
+
+def _rel_err(a, b) -> float:
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+@pytest.mark.parametrize("name", ["model-q8_0.gguf", "model-f32.gguf"])
+def test_fused_window_matches_numpy_and_replays_eager(fixture_dir, monkeypatch, name):
+    from strata_cli.engine.gpu import GPUEngine
+
+    monkeypatch.setenv("STRATA_FUSED_HC", "1")
+    model = open_model(fixture_dir / name)
+    tokens = np.load(fixture_dir / "reference.npz")["tokens"]
+    eng = GPUEngine(model)
+    runs = {}
+    for eager in (True, False):
+        eng.reset()
+        rows, ids = [], []
+        for pos, T in ((0, 8), (8, 1), (9, 3), (12, 5), (17, 7)):
+            out = eng.run(tokens[pos:pos + T], pos, eager=eager)
+            rows.append(out.logits)
+            ids.append(out.ids)
+            eng.commit(T, eager=eager)
+        runs[eager] = np.concatenate(rows), np.concatenate(ids)
+    np.testing.assert_array_equal(runs[True][0], runs[False][0])
+    ref = ReferenceEngine(model).run(tokens[:24], 0)
+    assert _rel_err(runs[False][0], ref.logits) <= 1e-3
+    np.testing.assert_array_equal(runs[False][1], ref.ids)
+
+
+def test_fused_window_has_fewer_nodes(fixture_dir, monkeypatch):
+    """4 nodes fewer per layer (two reads of 4 nodes instead of 5, no write node), one write kept before a PLE
+    layer that is not the first."""
+    from strata_cli.engine.gpu import GPUEngine
+
+    model = open_model(fixture_dir / "model-q8_0.gguf")
+    counts = {}
+    for fused in ("0", "1"):
+        monkeypatch.setenv("STRATA_FUSED_HC", fused)
+        eng = GPUEngine(model)
+        counts[fused] = eng.graph(1).summary()
+        kinds = dict(counts[fused].kinds)
+        if fused == "1":
+            assert kinds.get("hc_write_norm", 0) == 2 * eng.g.n_layers + 1 and "hc_norm" not in kinds
+        else:
+            assert kinds.get("hc_norm", 0) == 2 * eng.g.n_layers + 1 and "hc_write_norm" not in kinds
+    g = eng.g
+    kept = 1 if g.ple is not None and g.ple.layer > 0 else 0
+    assert counts["0"].nodes - counts["1"].nodes == 4 * g.n_layers - kept
