@@ -217,6 +217,18 @@ def test_host_serves_every_step_of_a_simulated_window(monkeypatch, fixture_dir, 
     assert int(tiers.words.host[FLAG]) == len(gpu.seen)
 
 
+def test_route_hook_sees_every_routed_id_once(monkeypatch, fixture_dir):
+    """make-profile --device gpu counts what the host is rung with: every row's ids of every layer, once."""
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0", split=True)
+    counts = np.zeros((tiers.L, tiers.E), np.int64)
+    host.route_hook = lambda layer, got: np.add.at(counts[layer], got.reshape(-1), 1)
+    host.begin(3)
+    gpu.start()
+    host.serve(3)
+    want = np.stack([np.bincount(ids[layer].reshape(-1), minlength=tiers.E) for layer in range(tiers.L)])
+    np.testing.assert_array_equal(counts, want)
+
+
 def test_stalled_window_released_by_the_watchdog(monkeypatch, fixture_dir):
     from strata_cli.tiers.watchdog import Watchdog
 

@@ -1,5 +1,9 @@
-"""Router picks of a real run: the numpy reference engine over a token sequence, every row committed, counting
-which (layer, expert) pairs the router chose (the input of `strata make-profile` and of held-out hit rates)."""
+"""Router picks of a real run: an engine over a token sequence, every row committed, counting which (layer, expert)
+pairs the router chose (the input of `strata make-profile` and of held-out hit rates).
+
+device "cpu": the numpy reference engine's route hook. device "gpu": the GPU engine with no routed expert in VRAM
+(--expert-cache 0, no PCIe share), so every (layer, token group) of every window rings the host with its routed ids
+(engine/gpu/tier_host.py route_hook): the same counts, from the engine that will use the profile, far faster."""
 
 from __future__ import annotations
 
@@ -7,11 +11,25 @@ from typing import Callable
 
 import numpy as np
 
-from ..engine.reference import ReferenceEngine
+
+
+def _routing_engine(model, device: str, n_ctx: int | None, hook):
+    if device == "gpu":
+        from ..engine import make_engine
+        from ..engine.gpu.tiers import TierConfig
+
+        engine = make_engine(model, "gpu", n_ctx, tiers=TierConfig(cache="0", pcie_frac=0.0))
+        engine.tier_host.route_hook = hook  # after the engine's own warm-up window
+        return engine
+    from ..engine.reference import ReferenceEngine
+
+    engine = ReferenceEngine(model, n_ctx=n_ctx)
+    engine.route_hook = hook
+    return engine
 
 
 def count_routing(model, tokens: np.ndarray, window: int = 8, n_ctx: int | None = None,
-                  progress: Callable[[int], None] | None = None) -> np.ndarray:
+                  progress: Callable[[int], None] | None = None, device: str = "cpu") -> np.ndarray:
     """int64 [L, E]: how often the router picked each pair over `tokens` (each token routed once per layer).
     Sequences longer than the context restart from an empty context."""
     g = model.geometry
@@ -20,8 +38,8 @@ def count_routing(model, tokens: np.ndarray, window: int = 8, n_ctx: int | None 
     def hook(layer: int, ids: np.ndarray) -> None:
         counts[layer] += np.bincount(ids.reshape(-1), minlength=g.n_expert)
 
-    engine = ReferenceEngine(model, n_ctx=n_ctx)
-    engine.route_hook = hook
+    engine = _routing_engine(model, device, n_ctx, hook)
+    window = min(window, engine.max_t or window)
     done = 0
     while done < len(tokens):
         if engine.n_past >= engine.n_ctx:

@@ -121,6 +121,7 @@ class TierHost:
         self._lock = threading.Lock()
         self.launching = False
         self.history: list[dict] = []  # window_stats() of every window served
+        self.route_hook = None  # (layer, ids [n, K]) of every step served (tiers/routing.py counts them)
         # The PCIe share's copies come from the memory-mapped (pageable) file: cudaMemcpyAsync returns only after the
         # driver staged the bytes, so issued on this thread they would run before the pool, not beside it. One copy
         # thread issues them (in step order); STRATA_PCIE_COPY_THREAD=0 issues them here (the earlier path).
@@ -216,6 +217,8 @@ class TierHost:
         t1 = time.perf_counter()
         K = t.K
         ids = t.pub_ids.host[r0:r0 + n].reshape(-1).copy()
+        if self.route_hook is not None:
+            self.route_hook(layer, ids.reshape(n, K))
         plan = plan_step(ids, t.table_host[layer], t.cfg.pcie_frac)
         slot = t.plan.host[grp]
         write_plan(slot, plan, r0 * K, t.JM)
