@@ -48,6 +48,16 @@ __device__ __forceinline__ float q8_0_scale(const u8* blk) {
     return f16_bits_to_float((u16)(blk[0] | (blk[1] << 8)));
 }
 
+// Element i of a raw weight row of type F32, F16, BF16 or Q8_0, read element-wise: for the small matrices that
+// hyper.cu (inject) and gdn.cu (alpha/beta) fuse into other kernels (the GEMV files stream the big ones).
+__device__ __forceinline__ float raw_at(const u8* __restrict__ row, int type, i64 i) {
+    if (type == GGML_F32) return __ldg(reinterpret_cast<const float*>(row) + i);
+    if (type == GGML_F16) return f16_bits_to_float(__ldg(reinterpret_cast<const u16*>(row) + i));
+    if (type == GGML_BF16) return bf16_bits_to_float(__ldg(reinterpret_cast<const u16*>(row) + i));
+    const u8* blk = row + (i / QK8_0) * Q8_0_BYTES;
+    return q8_0_scale(blk) * (float)(signed char)__ldg(blk + 2 + i % QK8_0);
+}
+
 // Same formulas as strata_cli/ops/basic.py (1 / (1 + exp(-x)), x * sigmoid(x)).
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu_f(float x) { return x * sigmoid_f(x); }

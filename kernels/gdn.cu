@@ -79,6 +79,50 @@ extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
     }
 }
 
+// The alpha and beta projections with their gates in one launch (launch_gdn.gdn_ab_gates, STRATA_FUSED_AB=1):
+//   g[t, h] = ssm_a[h] * softplus(W_alpha[h] . x[t] + dt_bias[h]),  beta[t, h] = sigmoid(W_beta[h] . x[t])
+// x [T, n_in]; W_alpha, W_beta raw [Hv, n_in] rows (row strides in bytes, types F32/F16/BF16/Q8_0); g, beta [T, Hv].
+// grid 2*Hv (block o < Hv: alpha row o; else beta row o - Hv), block GDN_BLOCK: the threads split the input axis,
+// rows of x in chunks of AB_MAXT, partial sums reduced per warp then across warps in warp order (deterministic).
+#define AB_MAXT 16
+extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
+    gdn_ab_gates(const float* __restrict__ x, int n_in, const u8* __restrict__ w_alpha, i64 alpha_stride,
+                 int alpha_type, const u8* __restrict__ w_beta, i64 beta_stride, int beta_type,
+                 const float* __restrict__ dt_bias, const float* __restrict__ ssm_a, float* __restrict__ g,
+                 float* __restrict__ beta, int T, int nv) {
+    __shared__ float sh[GDN_BLOCK / WARP][AB_MAXT];
+    const bool is_alpha = blockIdx.x < (unsigned)nv;
+    const int h = is_alpha ? blockIdx.x : blockIdx.x - nv;
+    const u8* row = is_alpha ? w_alpha + (i64)h * alpha_stride : w_beta + (i64)h * beta_stride;
+    const int type = is_alpha ? alpha_type : beta_type;
+    const int lane = threadIdx.x & (WARP - 1), warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
+    for (int t0 = 0; t0 < T; t0 += AB_MAXT) {
+        const int nt = min(AB_MAXT, T - t0);
+        float acc[AB_MAXT];
+#pragma unroll
+        for (int t = 0; t < AB_MAXT; ++t) acc[t] = 0.0f;
+        for (int i = threadIdx.x; i < n_in; i += blockDim.x) {
+            const float w = raw_at(row, type, i);
+#pragma unroll
+            for (int t = 0; t < AB_MAXT; ++t)
+                if (t < nt) acc[t] += w * x[(i64)(t0 + t) * n_in + i];
+        }
+#pragma unroll
+        for (int t = 0; t < AB_MAXT; ++t) acc[t] = warp_sum(acc[t]);
+        __syncthreads();  // sh is reused by the next chunk
+        if (lane == 0)
+            for (int t = 0; t < nt; ++t) sh[warp][t] = acc[t];
+        __syncthreads();
+        if (threadIdx.x < nt) {
+            float v = 0.0f;
+            for (int k = 0; k < n_warps; ++k) v += sh[k][threadIdx.x];
+            const i64 idx = (i64)(t0 + threadIdx.x) * nv + h;
+            if (is_alpha) g[idx] = ssm_a[h] * softplus_f(v + dt_bias[h]);
+            else beta[idx] = sigmoid_f(v);
+        }
+    }
+}
+
 // Delta rule from the saved state over rows [0, T): per row S *= exp(g); S += k (x) beta*(v - S^T k);
 // o = S^T q. Writes o [T, Hv, dv] (skipped when o is null) and, when state_out is not null, S after
 // n_save = count_from(n_state, n_state_dev, T) rows into state_out. Without o the loop stops at n_save.

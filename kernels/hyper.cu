@@ -60,20 +60,12 @@ extern "C" __global__ void __launch_bounds__(256)
     }
 }
 
-// Element i of a raw weight row of type F32, F16, BF16 or Q8_0 (the 4-row inject matrix, read element-wise).
-__device__ __forceinline__ float raw_at(const u8* __restrict__ row, int type, i64 i) {
-    if (type == GGML_F32) return __ldg(reinterpret_cast<const float*>(row) + i);
-    if (type == GGML_F16) return f16_bits_to_float(__ldg(reinterpret_cast<const u16*>(row) + i));
-    if (type == GGML_BF16) return bf16_bits_to_float(__ldg(reinterpret_cast<const u16*>(row) + i));
-    const u8* blk = row + (i / QK8_0) * Q8_0_BYTES;
-    return q8_0_scale(blk) * (float)(signed char)__ldg(blk + 2 + i % QK8_0);
-}
-
 // The first kernel of the fused read. grid T*C (block b = t*C + c: stream c of row t), block 256.
 //   bo != null: R[t, c, :] += bo[t, :] * inj_prev[t, c] in place first (hc_write's rounding: product, then add);
 //   xn[t, c*D + d] = R[t, c, d] / sqrt(mean_d R[t, c, :]^2 + eps) * norm_w[c*D + d] (hc_norm's expression);
 //   inj_w != null: injp[t, c, j] = sum_d W_inject[j, c*D + d] * xn[t, c*D + d] for j < C (row stride inj_stride
-//   bytes, type inj_type). Each block owns its stream's elements, so the in-place update races with nothing.
+//   bytes, type inj_type, read element-wise by common.cuh's raw_at). Each block owns its stream's elements, so
+//   the in-place update races with nothing.
 extern "C" __global__ void __launch_bounds__(256)
     hc_write_norm(float* R, const float* __restrict__ bo, const float* __restrict__ inj_prev,
                   const float* __restrict__ norm_w, float* __restrict__ xn, const u8* __restrict__ inj_w,

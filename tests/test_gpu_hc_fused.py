@@ -1,6 +1,8 @@
-"""The fused hyper-connection read (kernels/hyper.cu hc_write_norm + hc_mix_inject, launch_hyper.hc_read_fused,
-STRATA_FUSED_HC=1) against ops/hyper.hc_write_read_raw on odd shapes with NaN-poisoned outputs, and the fused
-window against the numpy engine, eager against graph replay, and its node count (skipped without a GPU)."""
+"""The fused launches of the window against their numpy references on odd shapes with NaN-poisoned outputs:
+the hyper-connection read (kernels/hyper.cu hc_write_norm + hc_mix_inject, launch_hyper.hc_read_fused,
+STRATA_FUSED_HC=1; ops/hyper.hc_write_read_raw) and the GDN alpha/beta projections with their gates
+(kernels/gdn.cu gdn_ab_gates, STRATA_FUSED_AB=1; ops/gdn.gdn_ab_gates_raw). Then the fused window against the numpy
+engine, eager against graph replay, and its node counts (skipped without a GPU)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from kernel_helpers import TYPE_IDS, TYPES, assert_close, poisoned, raw_weight, 
 
 from strata_cli.engine.reference import ReferenceEngine
 from strata_cli.model.gguf_file import open_model
-from strata_cli.ops import hyper
+from strata_cli.ops import gdn, hyper
 
 pytestmark = pytest.mark.gpu
 
@@ -83,6 +85,38 @@ def test_hc_read_fused_equals_unfused_launches():
     assert_close("inj (reassociated)", inj_old.get(), inj_new, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("ggml_type", TYPES, ids=TYPE_IDS)
+@pytest.mark.parametrize("nv,n_in", [(1, 64), (5, 96), (48, 320)])
+@pytest.mark.parametrize("T", (1, 3, 16, 19))  # 19: two chunks of the kernel's 16 rows
+def test_gdn_ab_gates_matches_reference(ggml_type, nv, n_in, T):
+    from strata_cli.gpu import launch_gdn
+
+    rng = np.random.default_rng(100 * nv + T + ggml_type)
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    w_alpha = raw_weight(rng, (nv, n_in), ggml_type, 0.2)
+    w_beta = raw_weight(rng, (nv, n_in), ggml_type, 0.2)
+    dt_bias = rng.standard_normal(nv).astype(np.float32)
+    ssm_a = -np.exp(rng.standard_normal(nv)).astype(np.float32)
+    want_g, want_beta = gdn.gdn_ab_gates_raw(x, w_alpha, ggml_type, w_beta, ggml_type, dt_bias, ssm_a)
+    out_g, out_beta = poisoned((T, nv)), poisoned((T, nv))
+    got_g, got_beta = launch_gdn.gdn_ab_gates(to_dev(x), to_dev(w_alpha), ggml_type, to_dev(w_beta), ggml_type,
+                                              to_dev(dt_bias), to_dev(ssm_a), g=out_g, beta=out_beta)
+    assert got_g is out_g and got_beta is out_beta
+    assert_close("g", want_g, got_g)
+    assert_close("beta", want_beta, got_beta)
+
+
+def test_gdn_ab_gates_rejects_other_types():
+    from strata_cli.gpu import launch_gdn
+    from strata_cli.model import quants
+
+    x = to_dev(np.zeros((1, 256), np.float32))
+    w = to_dev(np.zeros((2, 144), np.uint8))
+    with pytest.raises(ValueError, match="alpha_raw: type Q4_K"):
+        launch_gdn.gdn_ab_gates(x, w, quants.Q4_K, w, quants.Q4_K, to_dev(np.zeros(2, np.float32)),
+                                to_dev(np.zeros(2, np.float32)))
+
+
 def _rel_err(a, b) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
@@ -92,6 +126,7 @@ def test_fused_window_matches_numpy_and_replays_eager(fixture_dir, monkeypatch, 
     from strata_cli.engine.gpu import GPUEngine
 
     monkeypatch.setenv("STRATA_FUSED_HC", "1")
+    monkeypatch.setenv("STRATA_FUSED_AB", "1")
     model = open_model(fixture_dir / name)
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
     eng = GPUEngine(model)
@@ -118,6 +153,7 @@ def test_fused_window_has_fewer_nodes(fixture_dir, monkeypatch):
 
     model = open_model(fixture_dir / "model-q8_0.gguf")
     counts = {}
+    monkeypatch.setenv("STRATA_FUSED_AB", "0")
     for fused in ("0", "1"):
         monkeypatch.setenv("STRATA_FUSED_HC", fused)
         eng = GPUEngine(model)
@@ -130,3 +166,20 @@ def test_fused_window_has_fewer_nodes(fixture_dir, monkeypatch):
     g = eng.g
     kept = 1 if g.ple is not None and g.ple.layer > 0 else 0
     assert counts["0"].nodes - counts["1"].nodes == 4 * g.n_layers - kept
+
+
+def test_fused_ab_has_fewer_nodes(fixture_dir, monkeypatch):
+    """One launch instead of two GEMVs and the gates per GDN layer."""
+    from strata_cli.engine.gpu import GPUEngine
+
+    model = open_model(fixture_dir / "model-q8_0.gguf")
+    monkeypatch.setenv("STRATA_FUSED_HC", "0")
+    counts = {}
+    for fused in ("0", "1"):
+        monkeypatch.setenv("STRATA_FUSED_AB", fused)
+        eng = GPUEngine(model)
+        counts[fused] = eng.graph(2).summary()
+    g = eng.g
+    assert dict(counts["1"].kinds).get("gdn_ab_gates", 0) == len(g.gdn_layers) > 0
+    assert "gdn_gates" not in dict(counts["1"].kinds)
+    assert counts["0"].nodes - counts["1"].nodes == 2 * len(g.gdn_layers)

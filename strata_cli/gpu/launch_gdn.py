@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..model import quants
 from . import compile as nvrtc
 from . import launch_util as U
 from . import seq_util as S
@@ -78,6 +79,34 @@ def gdn_gates(alpha, beta_in, dt_bias, ssm_a, g=None, beta=None, stream=None):
         grid, block = U.elementwise_grid(T * nv, GDN_BLOCK)
         nvrtc.kernel("gdn", "gdn_gates")(grid, block, (
             alpha, beta_in, dt_bias, ssm_a, g, beta, np.int32(T), np.int32(nv)))
+    return g, beta
+
+
+AB_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q8_0)  # what gdn_ab_gates decodes (common.cuh raw_at)
+
+
+def gdn_ab_gates(x, alpha_raw, alpha_type: int, beta_raw, beta_type: int, dt_bias, ssm_a, g=None, beta=None,
+                 stream=None):
+    """x [T, n_in] -> (g, beta) [T, Hv] of gdn_gates over the projections x @ W_alpha^T and x @ W_beta^T, in one
+    launch (the two GEMVs reassociated per block). alpha_raw, beta_raw: raw [Hv, n_in] rows of a type in AB_TYPES
+    (others: launch_gemv + gdn_gates, as the window does without STRATA_FUSED_AB)."""
+    with U.on_stream(stream):
+        U.check_array("x", x, np.float32, (None, None))
+        T, n_in = x.shape
+        for name, t in (("alpha_raw", alpha_type), ("beta_raw", beta_type)):
+            if t not in AB_TYPES:
+                raise ValueError(f"{name}: type {U.type_name(t)} is not one of F32, F16, BF16, Q8_0 "
+                                 "(gdn_ab_gates decodes only these)")
+        nv = U.weight_rows("alpha_raw", alpha_raw, alpha_type, n_in)
+        U.weight_rows("beta_raw", beta_raw, beta_type, n_in, n_out=nv)
+        U.check_array("dt_bias", dt_bias, np.float32, (nv,))
+        U.check_array("ssm_a", ssm_a, np.float32, (nv,))
+        g = U.out_array("g", g, (T, nv), np.float32, empty)
+        beta = U.out_array("beta", beta, (T, nv), np.float32, empty)
+        nvrtc.kernel("gdn", "gdn_ab_gates")((2 * nv, 1, 1), (GDN_BLOCK, 1, 1), (
+            x, np.int32(n_in), alpha_raw, np.int64(U.row_stride(alpha_type, n_in)), np.int32(alpha_type), beta_raw,
+            np.int64(U.row_stride(beta_type, n_in)), np.int32(beta_type), dt_bias, ssm_a, g, beta, np.int32(T),
+            np.int32(nv)))
     return g, beta
 
 

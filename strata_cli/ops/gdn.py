@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from .basic import l2_norm, rms_norm, sigmoid, silu, softplus
+from .gemv import gemv
 
 
 def gdn_conv(qkv: np.ndarray, conv_state: np.ndarray, conv_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -36,6 +37,15 @@ def gdn_gates(alpha: np.ndarray, beta_in: np.ndarray, dt_bias: np.ndarray, ssm_a
     """alpha, beta_in [T, Hv] projections -> log-decay g = ssm_a * softplus(alpha + dt_bias) (ssm_a < 0) and
     write strength beta = sigmoid(beta_in)."""
     return (ssm_a * softplus(alpha + dt_bias)).astype(np.float32), sigmoid(beta_in)
+
+
+def gdn_ab_gates_raw(x, alpha_raw, alpha_type, beta_raw, beta_type, dt_bias, ssm_a):
+    """gdn_gates over the alpha and beta projections of x [T, n_in] (raw [Hv, n_in] weights): the reference of
+    gpu/launch_gdn.gdn_ab_gates."""
+    n_in = x.shape[1]
+    alpha = gemv(alpha_raw, alpha_type, n_in, x).astype(np.float32)
+    beta_in = gemv(beta_raw, beta_type, n_in, x).astype(np.float32)
+    return gdn_gates(alpha, beta_in, dt_bias, ssm_a)
 
 
 def gdn_recurrence(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray,

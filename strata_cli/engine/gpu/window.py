@@ -62,6 +62,12 @@ def fused_hc() -> bool:
     return os.environ.get("STRATA_FUSED_HC", "0").strip() not in ("", "0")
 
 
+def fused_ab() -> bool:
+    """STRATA_FUSED_AB=1: a GDN layer's alpha and beta projections and their gates are one launch
+    (launch_gdn.gdn_ab_gates) instead of two GEMVs and gdn_gates."""
+    return os.environ.get("STRATA_FUSED_AB", "0").strip() not in ("", "0")
+
+
 def _hc_fused(e, prefix: str, T: int, inject: bool, pending: bool, stream, mark=None):
     """The fused HC read of rows [0, T), after the pending write of block_out with the last read's inj when
     `pending` (the write goes into R in place first)."""
@@ -92,11 +98,16 @@ def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
     q, k, v = b[f"q.{layer}"][:T], b[f"k.{layer}"][:T], b[f"v.{layer}"][:T]
     gdn.gdn_split(b["gdn_h"][:T], g.ssm_nk, g.ssm_dk, g.ssm_nv, g.ssm_dv, q=q, k=k, v=v, stream=stream)
     stamp(e, layer, "conv", stream)
-    _gemv(e, blk + "ssm_alpha.weight", x, b["gdn_alpha"][r0:T], stream)
-    _gemv(e, blk + "ssm_beta.weight", x, b["gdn_beta_in"][r0:T], stream)
     decay, beta = b[f"g.{layer}"][:T], b[f"beta.{layer}"][:T]
-    gdn.gdn_gates(b["gdn_alpha"][r0:T], b["gdn_beta_in"][r0:T], w.blk_f32(layer, "ssm_dt.bias"),
-                  w.blk_f32(layer, "ssm_a"), g=decay[r0:], beta=beta[r0:], stream=stream)
+    alpha_w, beta_w = w.raw(blk + "ssm_alpha.weight"), w.raw(blk + "ssm_beta.weight")
+    if fused_ab() and alpha_w[1] in gdn.AB_TYPES and beta_w[1] in gdn.AB_TYPES:
+        gdn.gdn_ab_gates(x, *alpha_w, *beta_w, w.blk_f32(layer, "ssm_dt.bias"), w.blk_f32(layer, "ssm_a"),
+                         g=decay[r0:], beta=beta[r0:], stream=stream)
+    else:
+        _gemv(e, blk + "ssm_alpha.weight", x, b["gdn_alpha"][r0:T], stream)
+        _gemv(e, blk + "ssm_beta.weight", x, b["gdn_beta_in"][r0:T], stream)
+        gdn.gdn_gates(b["gdn_alpha"][r0:T], b["gdn_beta_in"][r0:T], w.blk_f32(layer, "ssm_dt.bias"),
+                      w.blk_f32(layer, "ssm_a"), g=decay[r0:], beta=beta[r0:], stream=stream)
     stamp(e, layer, "ab", stream)
     gdn.gdn_recurrence(b[f"S.{layer}"], q, k, v, decay, beta, out=b["gdn_o"][:T], with_state=False, stream=stream)
     stamp(e, layer, "rec", stream)
