@@ -105,7 +105,7 @@ class _SimTiers:
         self.K, self.D, self.E, self.L, self.M = g.n_expert_used, g.n_embd, g.n_expert, g.n_layers, max_t
         self.JM = max_t * self.K
         self.G = 2 if cfg.split else 1
-        self.pcie, self.copy_stream = False, None
+        self.pcie, self.copy_stream = cfg.pcie_frac > 0, None
         self.expert_bytes = pair_bytes(model)[:, None].repeat(3, axis=1) // 3
         self.pub_x = _Mapped((max_t, self.D), np.float32)
         self.pub_ids = _Mapped((max_t, self.K), np.int32)
@@ -137,7 +137,7 @@ class _SimGPU(threading.Thread):
     def __init__(self, tiers, x, ids, T, bound_s=5.0):
         super().__init__(daemon=True)
         self.t, self.x, self.ids, self.T, self.bound_s = tiers, x, ids, T, bound_s
-        self.seen, self.timed_out = [], []
+        self.seen, self.timed_out, self.slots = [], [], []
         self.done = threading.Event()
 
     def run(self):
@@ -152,23 +152,39 @@ class _SimGPU(threading.Thread):
                 t.pub_ids.host[r0:r0 + n] = self.ids[layer, r0:r0 + n]
                 w[SEQ] = ring
                 continue
-            start = time.monotonic()
-            while w[FLAG] < ring and time.monotonic() - start < self.bound_s:
-                time.sleep(1e-4)
-            if w[FLAG] < ring:
-                self.timed_out.append(ring - 1)
+            for word in ((FLAG_B, FLAG) if t.pcie else (FLAG,)):  # the graph: [flagB, PCIe experts], flag
+                start = time.monotonic()
+                while w[word] < ring and time.monotonic() - start < self.bound_s:
+                    time.sleep(1e-4)
+                if w[word] < ring:
+                    self.timed_out.append(ring - 1)
             j0, J = r0 * t.K, n * t.K
             self.seen.append((layer, r0, n, t.plan.host[grp, j0:j0 + J].copy(), t.ymiss.host[j0:j0 + J].copy()))
+            self.slots.append(t.plan.host[grp].copy())
         self.done.set()
 
 
-def _sim(monkeypatch, fixture_dir, cache, split=False, stall=0, T=3, seed=0):
+def _sim(monkeypatch, fixture_dir, cache, split=False, stall=0, T=3, seed=0, pcie_frac=0.0, timeout_s=20.0):
+    """A TierHost over host memory, and a simulated GPU side. With a PCIe share the copy thread is a plain one and
+    the copy stream is played by a timer that raises flagB a moment after the host issued the step's copies."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from strata_cli.model.gguf_file import open_model
 
     model = open_model(fixture_dir / "model-q8_0.gguf")
     g = model.geometry
     table, _ = choose_residency(model, TierConfig(cache=cache), None, 0)
-    tiers = _SimTiers(model, table, TierConfig(cache=cache, split=split), max_t=4)
+    cfg = TierConfig(cache=cache, split=split, pcie_frac=pcie_frac, timeout_s=timeout_s)
+    tiers = _SimTiers(model, table, cfg, max_t=4)
+    tiers.copies = []
+
+    def copy_pcie(self, layer, grp, plan, want):
+        tiers.copies.append((layer, grp, list(plan.pcie), threading.current_thread().name))
+        threading.Timer(0.002, lambda: tiers.words.host.__setitem__(FLAG_B, max(int(tiers.words.host[FLAG_B]),
+                                                                                 want))).start()
+
+    monkeypatch.setattr(TierHost, "_make_copier", staticmethod(lambda: ThreadPoolExecutor(1, "sim-pcie-copy")))
+    monkeypatch.setattr(TierHost, "_copy_pcie", copy_pcie)
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((g.n_layers, T, g.n_embd)).astype(np.float32)
     ids = np.stack([[rng.permutation(g.n_expert)[:g.n_expert_used] for _ in range(T)]

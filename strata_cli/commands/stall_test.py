@@ -32,7 +32,7 @@ def command(model, stall_at, timeout_s, n_tokens, n_ctx, expert_profile, expert_
 
     from ..engine import make_engine
     from ..engine.gpu.tier_host import EngineReleased
-    from ..engine.gpu.tiers import STALL_ENV
+    from ..tiers.doorbell import STALL_ENV
     from ..errors import StrataError
     from ..present import err_console
     from ..tiers.watchdog import Watchdog

@@ -127,15 +127,19 @@ class TierHost:
         # thread issues them (in step order); STRATA_PCIE_COPY_THREAD=0 issues them here (the earlier path).
         self._copier = None
         if getattr(tiers, "pcie", False) and os.environ.get(COPY_THREAD_ENV, "1").strip() != "0":
-            from concurrent.futures import ThreadPoolExecutor
-
-            device = cudart().cudaGetDevice()[1]  # the copy thread's driver calls need the context current
-            self._copier = ThreadPoolExecutor(1, thread_name_prefix="strata-pcie-copy",
-                                              initializer=lambda: check(cudart().cudaSetDevice(device)[:1],
-                                                                        "cudaSetDevice"))
+            self._copier = self._make_copier()
         from ...tiers.watchdog import register
 
         register(self)
+
+    @staticmethod
+    def _make_copier():
+        """One worker thread, the engine's device current on it (its driver calls need the context)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        device = check(cudart().cudaGetDevice(), "cudaGetDevice")
+        return ThreadPoolExecutor(1, thread_name_prefix="strata-pcie-copy",
+                                  initializer=lambda: check(cudart().cudaSetDevice(device), "cudaSetDevice"))
 
     # ---- the watchdog's view (tiers/watchdog.py)
     @property

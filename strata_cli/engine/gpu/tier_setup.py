@@ -15,7 +15,8 @@ from ...gpu.runtime import cupy
 from ...model.names import PLE_TABLE
 from ...tiers.share import resolve_pcie_frac
 from .buffers import ALIGN, plan_buffers
-from .tiers import ExpertTiers, TierConfig, choose_residency, is_expert_tensor, stall_window
+from ...tiers.doorbell import stall_window
+from .tiers import ExpertTiers, TierConfig, choose_residency, is_expert_tensor
 
 
 def _dense_bytes(model) -> int:

@@ -14,7 +14,6 @@ G token groups (2 with --split and T >= 2), Q staging slots per group (distinct 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,13 +24,12 @@ from ...gpu import launch_tiers as tl
 from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.runtime import MappedBuffer, cupy
 from ...model import packed
+from ...tiers.doorbell import RELEASED  # noqa: F401 - the value every released flag holds (tier_host.py)
 
 PROJ = ("gate", "up", "down")
-STALL_ENV = "STRATA_TEST_VERIFY_STALL"
 # mapped u32 words, then the first timed-out wait's code
 SEQ, FLAG_A, FLAG_B, FLAG, ERR = range(5)
 N_WORDS = 8
-RELEASED = 0xFFFFFFFF
 # wait kinds in the error code and the wait-time table
 WAIT_B, WAIT_FLAG = 0, 1
 AUTO_MARGIN = 1 << 30  # bytes left free by --expert-cache auto (CuPy pools, cuBLAS-free kernels' launches, driver)
@@ -46,16 +44,6 @@ class TierConfig:
     split: bool = False             # two token groups per window
     wait: str = "spin"              # spin kernels or captured cuStreamWaitValue32
     timeout_s: float = 20.0         # bound of every GPU wait and of the host's wait for a ring
-
-
-def stall_window() -> int:
-    """STRATA_TEST_VERIFY_STALL=N: the 1-based window whose last flag is withheld (0 = never)."""
-    text = os.environ.get(STALL_ENV, "").strip()
-    if not text:
-        return 0
-    if not text.isdigit():
-        raise InputError(f"{STALL_ENV}='{text}': expected a window number (1, 2, ...) or 0")
-    return int(text)
 
 
 def expert_names(layer: int) -> list[str]:
