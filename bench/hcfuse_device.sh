@@ -18,7 +18,7 @@ step() {  # step NAME SECONDS CMD...: run with a timeout capped by the budget le
   echo "$name rc=$rc $(( $(date +%s) - s ))s" >> "$ROWS"
 }
 ROWS=$(mktemp)
-say "hcfuse device run, $(date -u +%H:%M:%S)"
+say "hcfuse device run, tree $(cat .commit 2>/dev/null || echo '?'), $(date -u +%H:%M:%S)"
 FX=$STRATA_FIXTURES/model-q8_0.gguf
 step tests-fused 25 env STRATA_REQUIRE_GPU=1 python3 -m pytest -q -n 8 -m gpu tests/test_gpu_hc_fused.py
 step tests-engine-fused 30 env STRATA_REQUIRE_GPU=1 STRATA_FUSED_HC=1 STRATA_FUSED_AB=1 python3 -m pytest -q -n 8 -m gpu tests/test_gpu_engine.py tests/test_gpu_window_contract.py
