@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device driver of the fused hyper-connection read and GDN ab launch (STRATA_FUSED_HC, STRATA_FUSED_AB; issue 11). cwd = a copy of the worktree,
+# Device driver of the fused HC read and GDN launches (STRATA_FUSED_HC, STRATA_FUSED_GDN; issue 11). cwd = a copy of the worktree,
 # PYTHONPATH set, $OUT, $STRATA_FIXTURES, $BUDGET_S given. Writes $OUT/hcfuse.log only; a short table last.
 set -u
 LOG="$OUT/hcfuse.log"
@@ -21,17 +21,17 @@ ROWS=$(mktemp)
 say "hcfuse device run, tree $(cat .commit 2>/dev/null || echo '?'), $(date -u +%H:%M:%S)"
 FX=$STRATA_FIXTURES/model-q8_0.gguf
 step tests-fused 25 env STRATA_REQUIRE_GPU=1 python3 -m pytest -q -n 8 -m gpu tests/test_gpu_hc_fused.py
-step tests-engine-fused 30 env STRATA_REQUIRE_GPU=1 STRATA_FUSED_HC=1 STRATA_FUSED_AB=1 python3 -m pytest -q -n 8 -m gpu tests/test_gpu_engine.py tests/test_gpu_window_contract.py
+step tests-engine-fused 30 env STRATA_REQUIRE_GPU=1 STRATA_FUSED_HC=1 STRATA_FUSED_GDN=1 python3 -m pytest -q -n 8 -m gpu tests/test_gpu_engine.py tests/test_gpu_window_contract.py
 if [ -f /tmp/fn8.gguf ]; then
-  step bench-fused 60 env STRATA_FUSED_HC=1 STRATA_FUSED_AB=1 python3 -m strata_cli verify-bench /tmp/fn8.gguf --device gpu --window 1,2,4,8 -r 50 -d 512 --format csv
-  step bench-old 60 env STRATA_FUSED_HC=0 STRATA_FUSED_AB=0 python3 -m strata_cli verify-bench /tmp/fn8.gguf --device gpu --window 1,2,4,8 -r 50 -d 512 --format csv
-  step nodes-old 10 env STRATA_FUSED_HC=0 STRATA_FUSED_AB=0 python3 -m strata_cli graph-nodes "$FX" --window 1 --format csv
-  step nodes-fused 10 env STRATA_FUSED_HC=1 STRATA_FUSED_AB=1 python3 -m strata_cli graph-nodes "$FX" --window 1 --format csv
-  step profile-fused 60 env STRATA_FUSED_HC=1 STRATA_FUSED_AB=1 python3 -m strata_cli profile /tmp/fn8.gguf --window 1 -r 30 -d 512
+  step bench-fused 60 env STRATA_FUSED_HC=1 STRATA_FUSED_GDN=1 python3 -m strata_cli verify-bench /tmp/fn8.gguf --device gpu --window 1,2,4,8 -r 50 -d 512 --format csv
+  step bench-old 60 env STRATA_FUSED_HC=0 STRATA_FUSED_GDN=0 python3 -m strata_cli verify-bench /tmp/fn8.gguf --device gpu --window 1,2,4,8 -r 50 -d 512 --format csv
+  step nodes-old 10 env STRATA_FUSED_HC=0 STRATA_FUSED_GDN=0 python3 -m strata_cli graph-nodes "$FX" --window 1 --format csv
+  step nodes-fused 10 env STRATA_FUSED_HC=1 STRATA_FUSED_GDN=1 python3 -m strata_cli graph-nodes "$FX" --window 1 --format csv
+  step profile-fused 60 env STRATA_FUSED_HC=1 STRATA_FUSED_GDN=1 python3 -m strata_cli profile /tmp/fn8.gguf --window 1 -r 30 -d 512
 else
   say "SKIP fn8 steps: /tmp/fn8.gguf missing"
-  step nodes-old 10 env STRATA_FUSED_HC=0 STRATA_FUSED_AB=0 python3 -m strata_cli graph-nodes "$FX" --window 1 --format csv
-  step nodes-fused 10 env STRATA_FUSED_HC=1 STRATA_FUSED_AB=1 python3 -m strata_cli graph-nodes "$FX" --window 1 --format csv
+  step nodes-old 10 env STRATA_FUSED_HC=0 STRATA_FUSED_GDN=0 python3 -m strata_cli graph-nodes "$FX" --window 1 --format csv
+  step nodes-fused 10 env STRATA_FUSED_HC=1 STRATA_FUSED_GDN=1 python3 -m strata_cli graph-nodes "$FX" --window 1 --format csv
 fi
 say ""
 say "--- summary (step, rc, seconds; rc 0 = passed); node counts: the 'nodes' lines above"

@@ -67,6 +67,51 @@ extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
     }
 }
 
+// gdn_conv then gdn_split in one launch (launch_gdn.gdn_conv_split, STRATA_FUSED_GDN=1): no h [T, Ch] round trip.
+// grid (T, 2*Hk + Hv) as gdn_split, block GDN_BLOCK; each block convolves its head's channels itself (conv_at:
+// gdn_conv's arithmetic), twice for a q/k head (once for the norm, once for the output), so q, k, v equal
+// gdn_conv + gdn_split bit for bit.
+__device__ __forceinline__ float conv_at(const float* __restrict__ qkv, const float* __restrict__ conv_state,
+                                         const float* __restrict__ conv_w, i64 t, i64 c, int Ch, int K) {
+    float acc = 0.0f;
+    for (int i = 0; i < K; ++i) {
+        const i64 r = t + i;  // row of seq = [conv_state | qkv]
+        const float x = r < K - 1 ? conv_state[r * Ch + c] : qkv[(r - (K - 1)) * Ch + c];
+        acc += x * conv_w[c * K + i];
+    }
+    return silu_f(acc);
+}
+
+extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
+    gdn_conv_split(const float* __restrict__ qkv, const float* __restrict__ conv_state,
+                   const float* __restrict__ conv_w, float* __restrict__ q, float* __restrict__ k,
+                   float* __restrict__ v, int Ch, int K, int nk, int dk, int nv, int dv, float q_scale, float eps) {
+    __shared__ float sh[WARP];
+    const i64 t = blockIdx.x;
+    const int j = blockIdx.y;
+    if (j >= 2 * nk) {  // uniform per block: no barrier is skipped by part of the block
+        const int vh = j - 2 * nk;
+        const i64 c0 = (i64)2 * nk * dk + (i64)vh * dv;
+        float* dst = v + (t * nv + vh) * dv;
+        for (int i = threadIdx.x; i < dv; i += blockDim.x) dst[i] = conv_at(qkv, conv_state, conv_w, t, c0 + i, Ch, K);
+        return;
+    }
+    const i64 c0 = (i64)j * dk;  // q heads then k heads, back to back
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        const float x = conv_at(qkv, conv_state, conv_w, t, c0 + i, Ch, K);
+        ss += x * x;
+    }
+    ss = block_sum(ss, sh);
+    const float norm = sqrtf(ss + eps);  // eps floors the SUM (ops/basic.l2_norm)
+    const bool is_q = j < nk;
+    float* dst = is_q ? q + (t * nk + j) * dk : k + (t * nk + (j - nk)) * dk;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        const float x = conv_at(qkv, conv_state, conv_w, t, c0 + i, Ch, K) / norm;
+        dst[i] = is_q ? x * q_scale : x;
+    }
+}
+
 // g = ssm_a * softplus(alpha + dt_bias) (log decay), beta = sigmoid(beta_in); alpha, beta_in, g, beta [T, Hv].
 extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
     gdn_gates(const float* __restrict__ alpha, const float* __restrict__ beta_in, const float* __restrict__ dt_bias,
@@ -79,7 +124,7 @@ extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
     }
 }
 
-// The alpha and beta projections with their gates in one launch (launch_gdn.gdn_ab_gates, STRATA_FUSED_AB=1):
+// The alpha and beta projections with their gates in one launch (launch_gdn.gdn_ab_gates, STRATA_FUSED_GDN=1):
 //   g[t, h] = ssm_a[h] * softplus(W_alpha[h] . x[t] + dt_bias[h]),  beta[t, h] = sigmoid(W_beta[h] . x[t])
 // x [T, n_in]; W_alpha, W_beta raw [Hv, n_in] rows (row strides in bytes, types F32/F16/BF16/Q8_0); g, beta [T, Hv].
 // grid 2*Hv (block o < Hv: alpha row o; else beta row o - Hv), block GDN_BLOCK: the threads split the input axis,

@@ -1,7 +1,8 @@
 """The fused launches of the window against their numpy references on odd shapes with NaN-poisoned outputs:
 the hyper-connection read (kernels/hyper.cu hc_write_norm + hc_mix_inject, launch_hyper.hc_read_fused,
 STRATA_FUSED_HC=1; ops/hyper.hc_write_read_raw) and the GDN alpha/beta projections with their gates
-(kernels/gdn.cu gdn_ab_gates, STRATA_FUSED_AB=1; ops/gdn.gdn_ab_gates_raw). Then the fused window against the numpy
+and the conv + q/k/v split (kernels/gdn.cu gdn_ab_gates, gdn_conv_split, STRATA_FUSED_GDN=1; ops/gdn.gdn_ab_gates_raw,
+gdn_conv_split). Then the fused window against the numpy
 engine, eager against graph replay, and its node counts (skipped without a GPU)."""
 
 from __future__ import annotations
@@ -117,6 +118,27 @@ def test_gdn_ab_gates_rejects_other_types():
                                 to_dev(np.zeros(2, np.float32)))
 
 
+@pytest.mark.parametrize("T,K,nk,dk,nv,dv", [(1, 4, 2, 16, 4, 8), (7, 3, 1, 300, 3, 33), (16, 4, 3, 128, 6, 128)])
+def test_gdn_conv_split_equals_conv_then_split(T, K, nk, dk, nv, dv):
+    """Against the reference, and bit for bit against gdn_conv + gdn_split (what the window did before)."""
+    from strata_cli.gpu import launch_gdn
+
+    rng = np.random.default_rng(T * K + dk)
+    Ch = 2 * nk * dk + nv * dv
+    qkv = rng.standard_normal((T, Ch)).astype(np.float32)
+    state = rng.standard_normal((K - 1, Ch)).astype(np.float32)
+    conv_w = (0.5 * rng.standard_normal((Ch, K))).astype(np.float32)
+    want = gdn.gdn_conv_split(qkv, state, conv_w, nk, dk, nv, dv)
+    outs = poisoned((T, nk, dk)), poisoned((T, nk, dk)), poisoned((T, nv, dv))
+    got = launch_gdn.gdn_conv_split(to_dev(qkv), to_dev(state), to_dev(conv_w), nk, dk, nv, dv, *outs)
+    h = launch_gdn.gdn_conv(to_dev(qkv), to_dev(state), to_dev(conv_w))
+    old = launch_gdn.gdn_split(h, nk, dk, nv, dv)
+    for name, w_, g_, o_, out in zip("qkv", want, got, old, outs):
+        assert g_ is out
+        assert_close(name, w_, g_)
+        assert_close(f"{name} vs conv + split", o_.get(), g_, rtol=0, atol=0)
+
+
 def _rel_err(a, b) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
@@ -126,7 +148,7 @@ def test_fused_window_matches_numpy_and_replays_eager(fixture_dir, monkeypatch, 
     from strata_cli.engine.gpu import GPUEngine
 
     monkeypatch.setenv("STRATA_FUSED_HC", "1")
-    monkeypatch.setenv("STRATA_FUSED_AB", "1")
+    monkeypatch.setenv("STRATA_FUSED_GDN", "1")
     model = open_model(fixture_dir / name)
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
     eng = GPUEngine(model)
@@ -153,7 +175,7 @@ def test_fused_window_has_fewer_nodes(fixture_dir, monkeypatch):
 
     model = open_model(fixture_dir / "model-q8_0.gguf")
     counts = {}
-    monkeypatch.setenv("STRATA_FUSED_AB", "0")
+    monkeypatch.setenv("STRATA_FUSED_GDN", "0")
     for fused in ("0", "1"):
         monkeypatch.setenv("STRATA_FUSED_HC", fused)
         eng = GPUEngine(model)
@@ -168,18 +190,19 @@ def test_fused_window_has_fewer_nodes(fixture_dir, monkeypatch):
     assert counts["0"].nodes - counts["1"].nodes == 4 * g.n_layers - kept
 
 
-def test_fused_ab_has_fewer_nodes(fixture_dir, monkeypatch):
-    """One launch instead of two GEMVs and the gates per GDN layer."""
+def test_fused_gdn_has_fewer_nodes(fixture_dir, monkeypatch):
+    """Per GDN layer: one launch instead of two GEMVs and the gates, one instead of conv + split."""
     from strata_cli.engine.gpu import GPUEngine
 
     model = open_model(fixture_dir / "model-q8_0.gguf")
     monkeypatch.setenv("STRATA_FUSED_HC", "0")
     counts = {}
     for fused in ("0", "1"):
-        monkeypatch.setenv("STRATA_FUSED_AB", fused)
+        monkeypatch.setenv("STRATA_FUSED_GDN", fused)
         eng = GPUEngine(model)
         counts[fused] = eng.graph(2).summary()
     g = eng.g
     assert dict(counts["1"].kinds).get("gdn_ab_gates", 0) == len(g.gdn_layers) > 0
-    assert "gdn_gates" not in dict(counts["1"].kinds)
-    assert counts["0"].nodes - counts["1"].nodes == 2 * len(g.gdn_layers)
+    assert dict(counts["1"].kinds).get("gdn_conv_split", 0) == len(g.gdn_layers)
+    assert "gdn_gates" not in dict(counts["1"].kinds) and "gdn_split" not in dict(counts["1"].kinds)
+    assert counts["0"].nodes - counts["1"].nodes == 3 * len(g.gdn_layers)

@@ -66,6 +66,27 @@ def gdn_split(h, nk: int, dk: int, nv: int, dv: int, q=None, k=None, v=None, str
     return q, k, v
 
 
+def gdn_conv_split(qkv, conv_state, conv_w, nk: int, dk: int, nv: int, dv: int, q=None, k=None, v=None,
+                   stream=None):
+    """gdn_split(gdn_conv(qkv, conv_state, conv_w)) in one launch, without the h [T, Ch] intermediate: q, k, v
+    equal the two launches' bit for bit."""
+    with U.on_stream(stream):
+        U.check_array("qkv", qkv, np.float32, (None, 2 * nk * dk + nv * dv))
+        T, Ch = qkv.shape
+        U.check_array("conv_w", conv_w, np.float32, (Ch, None))
+        K = conv_w.shape[1]
+        if K < 2:
+            raise ValueError(f"conv_w: {K} taps, expected >= 2 (the state holds K-1 rows)")
+        U.check_array("conv_state", conv_state, np.float32, (K - 1, Ch))
+        q = U.out_array("q", q, (T, nk, dk), np.float32, empty)
+        k = U.out_array("k", k, (T, nk, dk), np.float32, empty)
+        v = U.out_array("v", v, (T, nv, dv), np.float32, empty)
+        nvrtc.kernel("gdn", "gdn_conv_split")((T, 2 * nk + nv, 1), (GDN_BLOCK, 1, 1), (
+            qkv, conv_state, conv_w, q, k, v, np.int32(Ch), np.int32(K), np.int32(nk), np.int32(dk), np.int32(nv),
+            np.int32(dv), np.float32(dk ** -0.5), np.float32(1e-6)))
+    return q, k, v
+
+
 def gdn_gates(alpha, beta_in, dt_bias, ssm_a, g=None, beta=None, stream=None):
     """alpha, beta_in [T, Hv] -> (g = ssm_a * softplus(alpha + dt_bias), beta = sigmoid(beta_in)), [T, Hv] each."""
     with U.on_stream(stream):
@@ -89,7 +110,7 @@ def gdn_ab_gates(x, alpha_raw, alpha_type: int, beta_raw, beta_type: int, dt_bia
                  stream=None):
     """x [T, n_in] -> (g, beta) [T, Hv] of gdn_gates over the projections x @ W_alpha^T and x @ W_beta^T, in one
     launch (the two GEMVs reassociated per block). alpha_raw, beta_raw: raw [Hv, n_in] rows of a type in AB_TYPES
-    (others: launch_gemv + gdn_gates, as the window does without STRATA_FUSED_AB)."""
+    (others: launch_gemv + gdn_gates, as the window does without STRATA_FUSED_GDN)."""
     with U.on_stream(stream):
         U.check_array("x", x, np.float32, (None, None))
         T, n_in = x.shape

@@ -33,6 +33,11 @@ def gdn_split(h: np.ndarray, nk: int, dk: int, nv: int, dv: int) -> tuple[np.nda
     return q.astype(np.float32), k.astype(np.float32), np.ascontiguousarray(v, dtype=np.float32)
 
 
+def gdn_conv_split(qkv, conv_state, conv_w, nk: int, dk: int, nv: int, dv: int):
+    """gdn_split of gdn_conv's output: the reference of gpu/launch_gdn.gdn_conv_split (q, k, v only)."""
+    return gdn_split(gdn_conv(qkv, conv_state, conv_w)[0], nk, dk, nv, dv)
+
+
 def gdn_gates(alpha: np.ndarray, beta_in: np.ndarray, dt_bias: np.ndarray, ssm_a: np.ndarray):
     """alpha, beta_in [T, Hv] projections -> log-decay g = ssm_a * softplus(alpha + dt_bias) (ssm_a < 0) and
     write strength beta = sigmoid(beta_in)."""

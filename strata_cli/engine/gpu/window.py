@@ -62,10 +62,10 @@ def fused_hc() -> bool:
     return os.environ.get("STRATA_FUSED_HC", "0").strip() not in ("", "0")
 
 
-def fused_ab() -> bool:
-    """STRATA_FUSED_AB=1: a GDN layer's alpha and beta projections and their gates are one launch
-    (launch_gdn.gdn_ab_gates) instead of two GEMVs and gdn_gates."""
-    return os.environ.get("STRATA_FUSED_AB", "0").strip() not in ("", "0")
+def fused_gdn() -> bool:
+    """STRATA_FUSED_GDN=1: a GDN layer's conv and q/k/v split are one launch (launch_gdn.gdn_conv_split), and its
+    alpha and beta projections with their gates one more (launch_gdn.gdn_ab_gates): 2 launches instead of 5."""
+    return os.environ.get("STRATA_FUSED_GDN", "0").strip() not in ("", "0")
 
 
 def _hc_fused(e, prefix: str, T: int, inject: bool, pending: bool, stream, mark=None):
@@ -94,13 +94,17 @@ def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
     qkv = b[f"qkv.{layer}"][:T]
     _gemv(e, blk + "attn_qkv.weight", x, qkv[r0:], stream)
     stamp(e, layer, "qkv", stream)
-    gdn.gdn_conv(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), out=b["gdn_h"][:T], stream=stream)
     q, k, v = b[f"q.{layer}"][:T], b[f"k.{layer}"][:T], b[f"v.{layer}"][:T]
-    gdn.gdn_split(b["gdn_h"][:T], g.ssm_nk, g.ssm_dk, g.ssm_nv, g.ssm_dv, q=q, k=k, v=v, stream=stream)
+    if fused_gdn():
+        gdn.gdn_conv_split(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), g.ssm_nk, g.ssm_dk, g.ssm_nv,
+                           g.ssm_dv, q=q, k=k, v=v, stream=stream)
+    else:
+        gdn.gdn_conv(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), out=b["gdn_h"][:T], stream=stream)
+        gdn.gdn_split(b["gdn_h"][:T], g.ssm_nk, g.ssm_dk, g.ssm_nv, g.ssm_dv, q=q, k=k, v=v, stream=stream)
     stamp(e, layer, "conv", stream)
     decay, beta = b[f"g.{layer}"][:T], b[f"beta.{layer}"][:T]
     alpha_w, beta_w = w.raw(blk + "ssm_alpha.weight"), w.raw(blk + "ssm_beta.weight")
-    if fused_ab() and alpha_w[1] in gdn.AB_TYPES and beta_w[1] in gdn.AB_TYPES:
+    if fused_gdn() and alpha_w[1] in gdn.AB_TYPES and beta_w[1] in gdn.AB_TYPES:
         gdn.gdn_ab_gates(x, *alpha_w, *beta_w, w.blk_f32(layer, "ssm_dt.bias"), w.blk_f32(layer, "ssm_a"),
                          g=decay[r0:], beta=beta[r0:], stream=stream)
     else:
