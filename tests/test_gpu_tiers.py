@@ -39,10 +39,10 @@ def _synthetic(tmp_path, preset, seed, ggml_type, **overrides):
     return open_model(path)
 
 
-def _models(fixture_dir, tmp_path):
-    yield "fixture-q8_0", open_model(fixture_dir / "model-q8_0.gguf")
-    yield "tiny-f16-5layers", _synthetic(tmp_path, "tiny", 11, "F16", layers=5, experts=12)
-    yield "fixture-bf16", open_model(fixture_dir / "model-bf16.gguf")
+def _model(name, fixture_dir, tmp_path):
+    if name == "tiny-f16-5layers":
+        return _synthetic(tmp_path, "tiny", 11, "F16", layers=5, experts=12)
+    return open_model(fixture_dir / f"model-{name.split('-')[1]}.gguf")
 
 
 CONFIGS = [dict(cache="0"), dict(cache="0", pcie_frac=0.5), dict(cache="0", pcie_frac=1.0),
@@ -76,11 +76,13 @@ def _equal_all_resident(name, model, configs, n_ctx=None, n_tokens=N_TOKENS):
         yield cfg, eng, total
 
 
-def test_tiers_equal_all_resident(fixture_dir, tmp_path):
-    for name, model in _models(fixture_dir, tmp_path):
-        configs = CONFIGS if name == "fixture-q8_0" else [CONFIGS[i] for i in FEW]
-        for _ in _equal_all_resident(name, model, configs):
-            pass
+@pytest.mark.parametrize("name,configs", [("fixture-q8_0", CONFIGS[:6]), ("fixture-q8_0", CONFIGS[6:]),
+                                          ("tiny-f16-5layers", [CONFIGS[i] for i in FEW]),
+                                          ("fixture-bf16", [CONFIGS[i] for i in FEW])],
+                         ids=["fixture-q8_0-a", "fixture-q8_0-b", "tiny-f16-5layers", "fixture-bf16"])
+def test_tiers_equal_all_resident(fixture_dir, tmp_path, name, configs):
+    for _ in _equal_all_resident(name, _model(name, fixture_dir, tmp_path), configs):
+        pass
 
 
 def test_scaled_flash_next_equals_all_resident(tmp_path):
