@@ -12,7 +12,9 @@ mkdir -p "$OUT"; : > "$LOG"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 T0=$(date +%s); left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 say() { echo "$*" | tee -a "$LOG"; }
-say "# tiers device run: $(git rev-parse --short HEAD 2>/dev/null || echo "${STRATA_GIT_COMMIT:-unknown}"), $FN, budget $BUDGET s"
+say "# tiers device run: commit ${STRATA_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}, $FN, budget $BUDGET s"
+# the file's pages into the page cache meanwhile (the pool and the PCIe copies read them through the mapping)
+( timeout 30 cat "$FN" > /dev/null 2>&1 & )
 
 # 1. the GPU tier tests (the new ones and the old, several processes)
 STRATA_REQUIRE_GPU=1 timeout 55 python3 -m pytest -q -n 8 -p no:cacheprovider -rfE tests/test_gpu_tiers.py \
