@@ -272,3 +272,272 @@ Q8R_GROUPED_KERNEL(2)
 Q8R_GROUPED_KERNEL(4)
 Q8R_GROUPED_KERNEL(8)
 Q8R_GROUPED_KERNEL(16)
+
+// ---------------------------------------------------------------------------------------------------------------
+// Tensor-core path for windows of T >= 2 (gemv_q8r_tc_t<NT>; STRATA_GEMV_TC=1 selects it, launch_gemv.py).
+//
+// Why: the CUDA-core kernel above spends per weight ~3 instructions to dequantize (2 prmt/fadd, 1 fmul by d) plus
+// T FMAs, so at T = 8 ~11 lane-instructions per weight: the 675 MB head needs ~7.5e9 lane-instructions, which the
+// 132 SMs issue in ~0.25 ms before latency and register pressure (acc[4][8] + the load ring) cut occupancy; it
+// measured 0.92 ms against a 0.14 ms bytes floor. On mma.sync the window costs no instruction per weight: per
+// block of 32 inputs a lane spends ~2.7 instructions per weight it holds (int8 -> f16 conversion, x split, loads,
+// 16 MMAs, the scale FMAs) whatever T is (up to 8 columns of one MMA; T = 16 adds a second column tile), so the
+// head is ~0.06 ms of issue: under the bytes floor, as the bandwidth-bound T = 1 kernel is.
+//
+// Exactness: an int8 q is exact in f16 (|q| <= 128 < 2^11). x is split x = hi + lo + e, hi = f16(x),
+// lo = f16(x - hi) (x - hi is exact in f32): |e| <= 2^-22 |x| + 2^-25 (half an f16 subnormal ulp). Products of
+// f16 are exact in the MMA's f32 accumulator, so per Q8_0 block the MMA returns sum_k q_k (hi_k + lo_k) in f32,
+// which is then scaled once by d (the weight d * q is unchanged; only the sum is reassociated: per block first,
+// as the brief allows). A block whose |x| reaches 2^15 (where f16(x) could overflow) is split from x * 2^-16 and
+// its d taken times 2^16 (exact powers of two), so e stays <= 2^-22 |x| + 2^-24 max|x of the block|. Reductions
+// are fixed-order (MMA, then the ksplit / zsplit sums of the CUDA-core path): replays are bit-identical.
+//
+// Fragments of mma.m16n8k16.row.col (PTX ISA; lane = 4 g + t): A (16 x 16, row-major) a0 = (row g, k 2t..2t+1),
+// a1 = (row g+8, k 2t..), a2 = (row g, k 2t+8..2t+9), a3 = (row g+8, k 2t+8..); B (16 x 8) b0 = (k 2t..2t+1,
+// col g), b1 = (k 2t+8..2t+9, col g); C (16 x 8) c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = (row g+8, same cols).
+// A dot product may order its k freely as long as A and B agree, so k positions {2t, 2t+1, 2t+8, 2t+9} of k tile
+// kt hold inputs 8t + 4kt + {0, 1, 2, 3} of the block: lane (g, t) then needs 8 contiguous quant bytes of a row
+// (one 8-byte load; lanes g = 0..7 of one t-half read 128 contiguous bytes of the repacked layout) and 8
+// contiguous x floats (two float4). Weights are A (M = rows), the window is B (N = window rows, padded to 8 with
+// zeros). Lane (g, t) of a warp's row group reads rows g + 8 s, s = 0..3 (slot s; m tile s / 2, A row half s % 2).
+#ifndef Q8T_DEPTH  // blocks of loads in flight per warp on the tensor-core path (a ring in registers)
+#define Q8T_DEPTH 2
+#endif
+#define Q8T_ROWS 2  // row groups (of 32 rows) per warp (strata_cli/gpu/launch_util.py Q8T_LANE_ROWS mirrors it)
+#define Q8T_BIG 32768.0f  // |x| from which a block is split from x * 2^-16 (f16 overflows at 65520)
+
+constexpr int q8t_ntiles(int nt) { return nt > 8 ? 2 : 1; }  // MMA column tiles of 8 window rows
+
+// Two int8 of a word, biased to unsigned (u = q + 128), as an exact f16x2: splice u into the mantissa of 1024
+// (0x64uu = 1024 + u) and subtract 1152. sel 0x4140 takes bytes 0, 1 (low half first), 0x4342 bytes 2, 3.
+__device__ __forceinline__ u32 u8x2_to_f16x2(u32 biased, u32 sel) {
+    const u32 h = __byte_perm(biased, 0x64646464u, sel);
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(h), "r"(0x64806480u));
+    return r;
+}
+
+// (a, b) -> f16x2 hi = (f16(a), f16(b)) and lo = (f16(a - hi_a), f16(b - hi_b)), a in the low half.
+__device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(b), "f"(a));  // the first source goes to the high half
+    const float ha = f16_bits_to_float((u16)(hi & 0xffffu)), hb = f16_bits_to_float((u16)(hi >> 16));
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(b - hb), "f"(a - ha));
+}
+
+__device__ __forceinline__ void mma_f16_16816(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int N>
+__device__ __forceinline__ int pick(const int (&v)[N], int i) {  // v[i] without a local-memory array
+    int r = 0;
+#pragma unroll
+    for (int k = 0; k < N; ++k) r = k == i ? v[k] : r;
+    return r;
+}
+
+// Slot loads of block b for the warp's first `live` row groups (q, d: this lane's row g of group g0, block 0).
+template <int R>
+__device__ __forceinline__ void q8t_load(const uint2* q, const u16* d, i64 gq, i64 gd, int b, int live,
+                                         uint2 (&qw)[R][4], u16 (&dw)[R][4]) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r < live) {
+#pragma unroll
+            for (int s = 0; s < 4; ++s) {
+                qw[r][s] = __ldg(q + r * gq + (i64)b * 128 + s * 16);
+                dw[r][s] = __ldg(d + r * gd + (i64)b * 32 + s * 8);
+            }
+        }
+    }
+}
+
+// acc[(r * 2 + mt) * NN + nn][e] += block b of the warp's rows (C fragment element e of m tile mt, column tile nn)
+// times the window rows of xrow (this lane's column g of each column tile; null: a padding column of zeros).
+template <int NN, int R>
+__device__ __forceinline__ void q8t_block(const uint2 (&qw)[R][4], const u16 (&dw)[R][4], int b, int live,
+                                          const float* const (&xrow)[NN], float (&acc)[R * 2 * NN][4]) {
+    float xv[NN][8];
+    bool big = false;
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn) {
+        float4 u = {0.0f, 0.0f, 0.0f, 0.0f}, v = u;
+        if (xrow[nn]) {
+            u = __ldg(reinterpret_cast<const float4*>(xrow[nn] + b * 32));
+            v = __ldg(reinterpret_cast<const float4*>(xrow[nn] + b * 32) + 1);
+        }
+        xv[nn][0] = u.x; xv[nn][1] = u.y; xv[nn][2] = u.z; xv[nn][3] = u.w;
+        xv[nn][4] = v.x; xv[nn][5] = v.y; xv[nn][6] = v.z; xv[nn][7] = v.w;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) big |= fabsf(xv[nn][k]) >= Q8T_BIG;
+    }
+    const bool scaled = __any_sync(FULL_MASK, big);  // warp-uniform: the MMAs need every lane
+    u32 bh[NN][2][2], bl[NN][2][2];  // [column tile][k tile][b0 / b1]
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+        for (int kt = 0; kt < 2; ++kt)
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+                float a = xv[nn][4 * kt + 2 * p], c = xv[nn][4 * kt + 2 * p + 1];
+                if (scaled) { a *= 1.52587890625e-05f; c *= 1.52587890625e-05f; }  // 2^-16
+                split_f16x2(a, c, bh[nn][kt][p], bl[nn][kt][p]);
+            }
+    const float unscale = scaled ? 65536.0f : 1.0f;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (r >= live) continue;  // warp-uniform
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+            float c[NN][4];
+#pragma unroll
+            for (int nn = 0; nn < NN; ++nn) c[nn][0] = c[nn][1] = c[nn][2] = c[nn][3] = 0.0f;
+#pragma unroll
+            for (int kt = 0; kt < 2; ++kt) {
+                const u32 wg = (kt ? qw[r][2 * mt].y : qw[r][2 * mt].x) ^ 0x80808080u;          // row g
+                const u32 wg8 = (kt ? qw[r][2 * mt + 1].y : qw[r][2 * mt + 1].x) ^ 0x80808080u;  // row g + 8
+                const u32 a0 = u8x2_to_f16x2(wg, 0x4140), a1 = u8x2_to_f16x2(wg8, 0x4140);
+                const u32 a2 = u8x2_to_f16x2(wg, 0x4342), a3 = u8x2_to_f16x2(wg8, 0x4342);
+#pragma unroll
+                for (int nn = 0; nn < NN; ++nn) {
+                    mma_f16_16816(c[nn], a0, a1, a2, a3, bl[nn][kt][0], bl[nn][kt][1]);
+                    mma_f16_16816(c[nn], a0, a1, a2, a3, bh[nn][kt][0], bh[nn][kt][1]);
+                }
+            }
+            const float dg = f16_bits_to_float(dw[r][2 * mt]) * unscale;
+            const float dg8 = f16_bits_to_float(dw[r][2 * mt + 1]) * unscale;
+#pragma unroll
+            for (int nn = 0; nn < NN; ++nn) {
+                float* a = acc[(r * 2 + mt) * NN + nn];
+                a[0] = fmaf(dg, c[nn][0], a[0]);
+                a[1] = fmaf(dg, c[nn][1], a[1]);
+                a[2] = fmaf(dg8, c[nn][2], a[2]);
+                a[3] = fmaf(dg8, c[nn][3], a[3]);
+            }
+        }
+    }
+}
+
+// This warp's K slice (blocks kslice, kslice + kstride, ...) of row groups g0.. (grp0 = group g0's first byte)
+// times window columns n < nt (x row xr[n]); a ring of Q8T_DEPTH blocks of loads in flight, as q8r_slice.
+// Every lane of the warp must call it (MMAs are warp-wide).
+template <int NT, int R>
+__device__ __forceinline__ void q8t_slice(const u8* __restrict__ grp0, int live, int nb,
+                                          const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in,
+                                          int kslice, int kstride, float (&acc)[R * 2 * q8t_ntiles(NT)][4]) {
+    constexpr int NN = q8t_ntiles(NT), DEPTH = Q8T_DEPTH;
+    const int lane = threadIdx.x & (WARP - 1), g = lane >> 2, t = lane & 3;
+    const i64 group_bytes = (i64)nb * Q8R_BLOCK_BYTES;
+    // row g, half t / 2, bytes 8 (t % 2).. of block 0: inputs 8t..8t+7 of the block
+    const uint2* q = reinterpret_cast<const uint2*>(grp0) + (t >> 1) * 64 + g * 2 + (t & 1);
+    const u16* d = reinterpret_cast<const u16*>(grp0 + (i64)nb * 1024) + g;
+    const float* xrow[NN];
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn) {
+        const int n = nn * 8 + g;
+        xrow[nn] = n < nt ? x + (i64)pick(xr, n) * n_in + 8 * t : nullptr;
+    }
+    uint2 qw[DEPTH][R][4];
+    u16 dw[DEPTH][R][4];
+#pragma unroll
+    for (int i = 0; i < DEPTH; ++i) {
+        const int b = kslice + i * kstride;
+        if (b < nb) q8t_load<R>(q, d, group_bytes / 8, group_bytes / 2, b, live, qw[i], dw[i]);
+    }
+    for (int base = kslice; base < nb; base += DEPTH * kstride) {
+#pragma unroll
+        for (int i = 0; i < DEPTH; ++i) {
+            const int b = base + i * kstride;
+            if (b < nb) {  // warp-uniform
+                uint2 cq[R][4];
+                u16 cd[R][4];
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int s = 0; s < 4; ++s) { cq[r][s] = qw[i][r][s]; cd[r][s] = dw[i][r][s]; }
+                const int ahead = b + DEPTH * kstride;
+                if (ahead < nb) q8t_load<R>(q, d, group_bytes / 8, group_bytes / 2, ahead, live, qw[i], dw[i]);
+                q8t_block<NN, R>(cq, cd, b, live, xrow, acc);
+            }
+        }
+    }
+}
+
+// Sum the ksplit warps of each warp set; the set's first warp writes its C fragments: element e of fragment
+// (r, mt, nn) is row 32 (g0 + r) + 16 mt + g + 8 (e / 2) of window column 8 nn + 2t + e % 2 (y row y_rows[col]).
+// Every warp of the block must call it (a barrier when ksplit > 1).
+template <int NT, int R>
+__device__ __forceinline__ void q8t_store(float (&acc)[R * 2 * q8t_ntiles(NT)][4], int g0, int live, int n_out,
+                                          int nt, int ksplit, int kslice, int set, float* y,
+                                          const int (&y_rows)[NT], int act, float div, const float* mul,
+                                          int mul_st, int mul_so) {
+    constexpr int NN = q8t_ntiles(NT), F = R * 2 * NN;
+    __shared__ float part[GEMV_WARPS][F][4][WARP];
+    const int lane = threadIdx.x & (WARP - 1), warp = threadIdx.x / WARP, g = lane >> 2, t = lane & 3;
+    if (!ksplit_reduce(acc, ksplit, kslice, true, [&](int f, int e) -> float& { return part[warp][f][e][lane]; },
+                       [&](int s, int f, int e) { return part[set * ksplit + s][f][e][lane]; }))
+        return;
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+        const int r = f / (2 * NN), mt = (f / NN) % 2, nn = f % NN;
+        if (r >= live) continue;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int o = (g0 + r) * Q8R_GROUP + 16 * mt + g + 8 * (e >> 1);
+            const int col = 8 * nn + 2 * t + (e & 1);
+            if (col < nt && o < n_out) {
+                const i64 row = pick(y_rows, col);
+                y[row * n_out + o] = gemv_epilogue(acc[f][e], act, div, mul, row * mul_st + (i64)o * mul_so);
+            }
+        }
+    }
+}
+
+// grid (ceil(n_groups / (Q8T_ROWS * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit), block GEMV_WARPS * 32;
+// the split-K and z-split scheme of q8r_dense (zsplit > 1: raw sums to partial, the tile's last block finishes).
+template <int NT>
+__device__ __forceinline__ void q8t_dense(const u8* W, int nb, const float* x, int n_in, float* y, int n_out,
+                                          int T, int ksplit, int act, float div, const float* mul, int mul_st,
+                                          int mul_so, float* partial, unsigned* tile_done) {
+    constexpr int R = Q8T_ROWS, F = R * 2 * q8t_ntiles(NT);
+    const int warp = threadIdx.x / WARP, set = warp / ksplit;
+    const int kslice = warp % ksplit + blockIdx.z * ksplit, kstride = ksplit * gridDim.z;
+    const int g0 = (blockIdx.x * (GEMV_WARPS / ksplit) + set) * R;
+    const int live = min(R, n_out / Q8R_GROUP - g0);
+    const int rows_per_block = Q8R_GROUP * R * (GEMV_WARPS / ksplit);
+    const int t0 = blockIdx.y * GEMV_MAXT, nt = min(NT, T - t0);
+    float acc[F][4];
+    int rows[NT];
+#pragma unroll
+    for (int f = 0; f < F; ++f) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) rows[t] = t0 + t;  // x row and y row of window column t
+    if (live > 0)
+        q8t_slice<NT, R>(W + (i64)g0 * nb * Q8R_BLOCK_BYTES, live, nb, x, rows, nt, n_in, kslice, kstride, acc);
+    if (gridDim.z > 1) {
+        q8t_store<NT, R>(acc, g0, live, n_out, nt, ksplit, warp % ksplit, set, partial + (i64)blockIdx.z * T * n_out,
+                         rows, ACT_NONE, 1.0f, nullptr, 0, 0);
+        zsplit_finish(partial, tile_done, y, n_out, T, t0, nt, blockIdx.x * rows_per_block, rows_per_block, act, div,
+                      mul, mul_st, mul_so);
+    } else {
+        q8t_store<NT, R>(acc, g0, live, n_out, nt, ksplit, warp % ksplit, set, y, rows, act, div, mul, mul_st,
+                         mul_so);
+    }
+}
+
+#define Q8T_DENSE_KERNEL(NT)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                              \
+        gemv_q8r_tc_t##NT(const u8* W, int nb, const float* x, int n_in, float* y, int n_out, int T, int ksplit, \
+                          int act, float div, const float* mul, int mul_st, int mul_so, float* partial,         \
+                          unsigned* tile_done) {                                                                 \
+        q8t_dense<NT>(W, nb, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial, tile_done);  \
+    }
+
+// grid (ceil(n_groups / (Q8T_ROWS * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit)
+Q8T_DENSE_KERNEL(2)
+Q8T_DENSE_KERNEL(4)
+Q8T_DENSE_KERNEL(8)
+Q8T_DENSE_KERNEL(16)

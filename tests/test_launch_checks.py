@@ -107,6 +107,19 @@ def test_grid_math():
     assert U.elementwise_grid(10**9)[0][0] == U.ELEMWISE_MAX_BLOCKS
 
 
+def test_tensor_core_gemv_is_chosen_by_env_and_window(monkeypatch):
+    """STRATA_GEMV_TC=1 sends Q8_0_R32 dense GEMVs of T >= 2 to gemv_q8r_tc_t<NT>; T = 1 and the default stay on
+    the CUDA-core kernels. The split sees the tensor-core warp's 64 rows."""
+    monkeypatch.delenv(U.Q8T_ENV, raising=False)
+    assert not any(U.q8r_tensor_cores(t) for t in (1, 2, 8, 16))
+    monkeypatch.setenv(U.Q8T_ENV, "1")
+    assert [U.q8r_tensor_cores(t) for t in (1, 2, 8, 16, 40)] == [False, True, True, True, True]
+    monkeypatch.setenv(U.Q8T_ENV, "0")
+    assert not U.q8r_tensor_cores(8)
+    assert U.q8r_split(248320, 2560, 8, rpw=64) == (2, 1)  # the head: 3880 warps of 64 rows, 40 blocks each
+    assert U.q8r_split(320, 10240, 8, max_z=8, rpw=64) == (8, 8)
+
+
 def test_launchers_reject_bad_arguments_before_touching_the_device():
     from strata_cli.gpu import launch_gemv, launch_hyper, launch_moe, launch_sampling
 
@@ -152,7 +165,10 @@ def test_kernel_names_and_constants_match_the_sources():
     assert re.search(r"\bq8r_pack\s*\(", q8r)
     for nt in (1, 2, 4, 8, 16):  # gemv_q8r_t<NT> and gemv_expert_q8r_t<NT> come from one macro each
         assert f"Q8R_DENSE_KERNEL({nt})" in q8r and f"Q8R_GROUPED_KERNEL({nt})" in q8r
+    for nt in (2, 4, 8, 16):  # the tensor-core kernels gemv_q8r_tc_t<NT> (T >= 2 only)
+        assert f"Q8T_DENSE_KERNEL({nt})" in q8r
     q8r_defines = dict(re.findall(r"#define (\w+) (\d+)", q8r))
+    assert int(q8r_defines["Q8T_ROWS"]) == U.Q8T_LANE_ROWS
     assert "#define GEMV_WARPS" not in q8r and "#define GEMV_MAXT" not in q8r  # one definition, in common.cuh
     assert int(q8r_defines["Q8R_GROUP"]) == U.Q8R_GROUP
     defines = dict(re.findall(r"#define (\w+) (\d+)", _source("common.cuh") + _source("gemv.cu") + _source("moe.cu")))

@@ -54,9 +54,12 @@ def launch_gemv(w, ggml_type: int, n_in: int, x, y, split: SplitK | None, *, act
     max_z = U.GEMV_MAX_ZSPLIT if T <= U.GEMV_MAXT else 1
     if ggml_type == U.Q8_0_R32:
         U.check_vector_rows("x", x)
-        ksplit, zsplit = U.q8r_split(n_out, n_in, T, max_z=max_z)
-        grid, block = U.gemv_grid(n_out, T, ksplit, zsplit, rpw=U.q8r_rows_per_warp(T))
-        name, geometry = f"gemv_q8r_t{U.nt_bucket(T)}", (np.int32(n_in // 32),)
+        tc = U.q8r_tensor_cores(T)  # mma.sync for windows (kernels/gemv_q8r.cu says why), else CUDA cores
+        rpw = U.Q8R_GROUP * U.Q8T_LANE_ROWS if tc else U.q8r_rows_per_warp(T)
+        ksplit, zsplit = U.q8r_split(n_out, n_in, T, max_z=max_z, rpw=rpw)
+        grid, block = U.gemv_grid(n_out, T, ksplit, zsplit, rpw=rpw)
+        name = f"gemv_q8r_{'tc_' if tc else ''}t{U.nt_bucket(T)}"
+        geometry = (np.int32(n_in // 32),)
         module = "gemv_q8r"
     else:
         ksplit, zsplit = U.gemv_split(n_out, n_in, max_z=max_z)

@@ -7,6 +7,7 @@ tested on CPU (tests/test_launch_checks.py). Every check raises ValueError namin
 from __future__ import annotations
 
 import contextlib
+import os
 
 import numpy as np
 
@@ -183,14 +184,25 @@ Q8R_MIN_BLOCKS = 2  # ... but leave every warp at least this many Q8_0 blocks to
 Q8R_MAX_ZROWS = 16384  # z splits (raw sums in the shared partial buffer) only up to this many output rows
 
 
+Q8T_LANE_ROWS = 2  # row groups per warp of the tensor-core kernels gemv_q8r_tc_t<NT> (Q8T_ROWS in the kernel)
+Q8T_ENV = "STRATA_GEMV_TC"  # "1": Q8_0_R32 dense GEMVs of T >= 2 on tensor cores (kernels/gemv_q8r.cu); default off
+
+
 def q8r_rows_per_warp(T: int) -> int:
     return Q8R_GROUP * Q8R_LANE_ROWS[nt_bucket(T)]
 
 
-def q8r_split(n_out: int, n_in: int, T: int = 1, n_matrices: int = 1, max_z: int = 1) -> tuple[int, int]:
-    """(ksplit, zsplit) of the repacked Q8_0 GEMVs: as gemv_split, over warps of q8r_rows_per_warp(T) rows.
-    The constants come from bench/gemv_bench.py on the H200 (docs/BENCHMARKS.md)."""
-    warps = -(-n_out // q8r_rows_per_warp(T)) * n_matrices
+def q8r_tensor_cores(T: int) -> bool:
+    """Whether a dense Q8_0_R32 GEMV of T window rows takes the tensor-core kernel: T >= 2 and STRATA_GEMV_TC=1
+    (read at each launch, so a process can compare both; graphs keep what was chosen at capture)."""
+    return T >= 2 and os.environ.get(Q8T_ENV, "0") == "1"
+
+
+def q8r_split(n_out: int, n_in: int, T: int = 1, n_matrices: int = 1, max_z: int = 1,
+              rpw: int | None = None) -> tuple[int, int]:
+    """(ksplit, zsplit) of the repacked Q8_0 GEMVs: as gemv_split, over warps of rpw rows (default
+    q8r_rows_per_warp(T)). The constants come from bench/gemv_bench.py on the H200 (docs/BENCHMARKS.md)."""
+    warps = -(-n_out // (rpw or q8r_rows_per_warp(T))) * n_matrices
     blocks = n_in // quants.QK8_0
     split = 1
     while (split < GEMV_WARPS * max_z and blocks >= 2 * split * Q8R_MIN_BLOCKS

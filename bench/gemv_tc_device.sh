@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# engineer "gemv8" (issue 11): the tensor-core Q8_0_R32 dense GEMVs (STRATA_GEMV_TC=1) on the H200.
+# 1. tests/test_gpu_q8r.py -k tensor_core (odd shapes, T = 2..19, NaN-poisoned, huge/tiny x, eager vs replay)
+# 2. bench/gemv_tc_bench.py: Flash-Next shapes, T = 1, 2, 4, 8, CUDA cores vs tensor cores (Q8T_DEPTH 2 and 4)
+# 3. with STRATA_GEMV_TC=1: tests/test_gpu_q8r.py, test_gpu_dense.py, test_gpu_engine.py (GPU vs numpy, replay = eager)
+# 4. strata verify-bench /tmp/fn8.gguf --window 1,2,4,8 -r 50 -d 512, TC=0 then TC=1 (if the budget is left)
+# One log: $OUT/gemv8.log, a short table last. Every step under `timeout`, skipped when the budget is spent.
+cd "$(dirname "$0")/.." || exit 1
+LOG=${OUT:-/tmp}/gemv8.log
+BUDGET=${GEMV8_BUDGET_S:-${BUDGET_S:-90}}
+SUM=/tmp/gemv8.sum.$$
+START=$(date +%s)
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+step() {  # step NAME SECONDS CMD...: run if the budget allows, log rc and duration
+    local name=$1 want=$2; shift 2
+    local have; have=$(left)
+    if [ "$have" -lt 10 ]; then echo "## $name: SKIPPED (budget left ${have}s)" >>"$LOG"; echo "$name skipped" >>"$SUM"; return; fi
+    [ "$want" -gt "$have" ] && want=$have
+    echo "## $name (limit ${want}s)" >>"$LOG"
+    local t0; t0=$(date +%s)
+    timeout "$want" "$@" >>"$LOG" 2>&1
+    local rc=$?
+    echo "## $name: rc=$rc in $(( $(date +%s) - t0 ))s" >>"$LOG"
+    echo "$name rc=$rc $(( $(date +%s) - t0 ))s" >>"$SUM"
+}
+: >"$LOG"; : >"$SUM"
+echo "gemv8 $(git rev-parse --short HEAD 2>/dev/null || cat .gemv8_commit 2>/dev/null) $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)" >>"$LOG"
+step "tc-tests" 45 python -m pytest -q -x -p no:cacheprovider tests/test_gpu_q8r.py -k tensor_core
+step "bench" 40 python bench/gemv_tc_bench.py --window 1 2 4 8 --launches 10 --depth 2 4
+step "tc-suite" 60 env STRATA_GEMV_TC=1 python -m pytest -q -p no:cacheprovider tests/test_gpu_q8r.py \
+    tests/test_gpu_dense.py tests/test_gpu_engine.py
+if [ -f /tmp/fn8.gguf ]; then
+    for tc in 0 1; do
+        step "verify-bench tc=$tc" 60 env STRATA_GEMV_TC=$tc python -m strata_cli verify-bench /tmp/fn8.gguf \
+            --device gpu --window 1,2,4,8 -r 50 -d 512 --format csv
+    done
+fi
+{
+    echo "== summary (steps) =="
+    cat "$SUM"
+    echo "== tensor cores vs CUDA cores, us per launch (bench) =="
+    grep -E "^  (head|gdn_qkv|gdn_z|out|hc_down|hc_up|shexp_up|shexp_down|attn_q) +T=|all shapes" "$LOG" | head -48
+} >>"$LOG"
+rm -f "$SUM"
