@@ -21,10 +21,23 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gemv_bench import SHAPES, graph_ms, use_defines  # noqa: E402
 
+import strata_cli.gpu.compile as compile_mod  # noqa: E402
 from strata_cli.gpu import launch_gemv  # noqa: E402
 from strata_cli.gpu.graphs import new_stream  # noqa: E402
 from strata_cli.gpu.runtime import cupy  # noqa: E402
 from strata_cli.model.packed import Q8_0_R32  # noqa: E402
+
+
+DEFAULT_DEPTH = 2  # Q8T_DEPTH in kernels/gemv_q8r.cu: that module is the one the tests compiled (cached)
+
+
+def use_depth(depth: int, plain=compile_mod.module) -> None:
+    """Q8T_DEPTH=depth: the kernel file's default module, else one compiled with -DQ8T_DEPTH."""
+    if depth == DEFAULT_DEPTH:
+        compile_mod.module = plain
+        compile_mod.kernel.cache_clear()
+    else:
+        use_defines([f"-DQ8T_DEPTH={depth}"])
 
 
 def main() -> None:
@@ -46,11 +59,11 @@ def main() -> None:
         floor[name] = graph_ms(lambda s: dst.data.copy_from_device_async(src.data, src.nbytes, s), args.launches,
                                stream)
     print(f"setup {time.perf_counter() - t0:.1f} s", flush=True)
-    paths = [("cuda", "0", 2)] + [(f"tc d{d}", "1", d) for d in args.depth]
+    paths = [("cuda", "0", DEFAULT_DEPTH)] + [(f"tc d{d}", "1", d) for d in args.depth]
     times = {}
     for label, env, depth in paths:
         os.environ["STRATA_GEMV_TC"] = env
-        use_defines([f"-DQ8T_DEPTH={depth}"])
+        use_depth(depth)
         for (name, n_out, n_in), T in itertools.product(SHAPES, args.window):
             w, x, y = weights[name], xs[(n_in, T)], ys[(n_out, T)]
             times[(label, name, T)] = graph_ms(
