@@ -1,11 +1,12 @@
 """Q8_0_R32 dense GEMVs on Qwen3.8-Flash-Next's shapes: the CUDA-core kernels (STRATA_GEMV_TC=0) against the
 tensor-core kernels of T >= 2 (STRATA_GEMV_TC=1, kernels/gemv_q8r.cu), time per launch inside a graph and x floor.
 
-    python3 bench/gemv_tc_bench.py [--window T ...] [--launches N] [--depth D ...]
+    python3 bench/gemv_tc_bench.py [--window T ...] [--launches N] [--variant DEPTH:ROWS:MINB ...]
 
 Each (shape, T, path) is a graph of N back-to-back launches replayed (bench/gemv_bench.py's graph_ms); the floor is
-a device-to-device copy of the weight bytes in the same way. --depth sweeps Q8T_DEPTH (blocks of loads in flight
-per warp on the tensor-core path). Weights are constant bytes (values do not change the time); the correctness of
+a device-to-device copy of the weight bytes in the same way. --variant sweeps Q8T_DEPTH (blocks of loads in flight
+per warp on the tensor-core path), Q8T_ROWS (row groups of 32 per warp) and Q8T_MIN_BLOCKS (launch bounds);
+2:2:1 is the kernel file's default. Weights are constant bytes (values do not change the time); the correctness of
 both paths is tests/test_gpu_q8r.py's.
 """
 
@@ -23,28 +24,33 @@ from gemv_bench import SHAPES, graph_ms, use_defines  # noqa: E402
 
 import strata_cli.gpu.compile as compile_mod  # noqa: E402
 from strata_cli.gpu import launch_gemv  # noqa: E402
+from strata_cli.gpu import launch_util as U  # noqa: E402
 from strata_cli.gpu.graphs import new_stream  # noqa: E402
 from strata_cli.gpu.runtime import cupy  # noqa: E402
 from strata_cli.model.packed import Q8_0_R32  # noqa: E402
 
 
-DEFAULT_DEPTH = 2  # Q8T_DEPTH in kernels/gemv_q8r.cu: that module is the one the tests compiled (cached)
+DEFAULT = "2:2:1"  # Q8T_DEPTH:Q8T_ROWS:Q8T_MIN_BLOCKS of kernels/gemv_q8r.cu: that module is the one the tests compiled (cached)
 
 
-def use_depth(depth: int, plain=compile_mod.module) -> None:
-    """Q8T_DEPTH=depth: the kernel file's default module, else one compiled with -DQ8T_DEPTH."""
-    if depth == DEFAULT_DEPTH:
+def use_variant(variant: str, plain=compile_mod.module, plain_rows=U.Q8T_LANE_ROWS) -> None:
+    """The kernel file's default module, else one compiled with -DQ8T_DEPTH / -DQ8T_ROWS / -DQ8T_MIN_BLOCKS (the
+    launcher's rows per warp follow)."""
+    depth, rows, min_blocks = (int(v) for v in variant.split(":"))
+    if variant == DEFAULT:
         compile_mod.module = plain
         compile_mod.kernel.cache_clear()
+        U.Q8T_LANE_ROWS = plain_rows
     else:
-        use_defines([f"-DQ8T_DEPTH={depth}"])
+        use_defines([f"-DQ8T_DEPTH={depth}", f"-DQ8T_ROWS={rows}", f"-DQ8T_MIN_BLOCKS={min_blocks}"])
+        U.Q8T_LANE_ROWS = rows
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--window", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--launches", type=int, default=10)
-    ap.add_argument("--depth", type=int, nargs="+", default=[2])
+    ap.add_argument("--variant", nargs="+", default=[DEFAULT])
     args = ap.parse_args()
     cp = cupy()
     stream = new_stream()
@@ -59,17 +65,18 @@ def main() -> None:
         floor[name] = graph_ms(lambda s: dst.data.copy_from_device_async(src.data, src.nbytes, s), args.launches,
                                stream)
     print(f"setup {time.perf_counter() - t0:.1f} s", flush=True)
-    paths = [("cuda", "0", DEFAULT_DEPTH)] + [(f"tc d{d}", "1", d) for d in args.depth]
+    paths = [("cuda", "0", DEFAULT)] + [(f"tc {v}", "1", v) for v in args.variant]
     times = {}
-    for label, env, depth in paths:
+    for label, env, variant in paths:
         os.environ["STRATA_GEMV_TC"] = env
-        use_depth(depth)
+        use_variant(variant)
         for (name, n_out, n_in), T in itertools.product(SHAPES, args.window):
             w, x, y = weights[name], xs[(n_in, T)], ys[(n_out, T)]
             times[(label, name, T)] = graph_ms(
                 lambda s: launch_gemv.gemv(w, Q8_0_R32, n_in, x, out=y, split=split, stream=s), args.launches, stream)
         print(f"{label} done {time.perf_counter() - t0:.1f} s", flush=True)
     os.environ["STRATA_GEMV_TC"] = "0"
+    use_variant(DEFAULT)
     labels = [p[0] for p in paths]
     print("\nus per launch (x copy floor):  shape T  " + "  ".join(f"{lb:>14s}" for lb in labels) + "  floor")
     for (name, _, _), T in itertools.product(SHAPES, args.window):

@@ -303,7 +303,12 @@ Q8R_GROUPED_KERNEL(16)
 #ifndef Q8T_DEPTH  // blocks of loads in flight per warp on the tensor-core path (a ring in registers)
 #define Q8T_DEPTH 2
 #endif
-#define Q8T_ROWS 2  // row groups (of 32 rows) per warp (strata_cli/gpu/launch_util.py Q8T_LANE_ROWS mirrors it)
+#ifndef Q8T_ROWS  // row groups (of 32 rows) per warp: the split of x is shared by 2 R MMA row tiles
+#define Q8T_ROWS 2  // (strata_cli/gpu/launch_util.py Q8T_LANE_ROWS mirrors it; bench/gemv_tc_bench.py sweeps it)
+#endif
+#ifndef Q8T_MIN_BLOCKS  // __launch_bounds__ blocks per SM: 2 caps registers at 128 (151 at T = 8 otherwise)
+#define Q8T_MIN_BLOCKS 1
+#endif
 #define Q8T_BIG 32768.0f  // |x| from which a block is split from x * 2^-16 (f16 overflows at 65520)
 
 constexpr int q8t_ntiles(int nt) { return nt > 8 ? 2 : 1; }  // MMA column tiles of 8 window rows
@@ -529,7 +534,7 @@ __device__ __forceinline__ void q8t_dense(const u8* W, int nb, const float* x, i
 }
 
 #define Q8T_DENSE_KERNEL(NT)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, Q8T_MIN_BLOCKS)                              \
         gemv_q8r_tc_t##NT(const u8* W, int nb, const float* x, int n_in, float* y, int n_out, int T, int ksplit, \
                           int act, float div, const float* mul, int mul_st, int mul_so, float* partial,         \
                           unsigned* tile_done) {                                                                 \
