@@ -13,11 +13,13 @@ step() {  # step NAME SECONDS CMD...: run with a timeout capped by the budget le
   (( want > l - 3 )) && want=$(( l - 3 ))
   local s=$(date +%s)
   say "=== $name (timeout ${want}s)"
-  timeout "$want" "$@" >> "$LOG" 2>&1; local rc=$?
+  timeout "$want" "$@" > "$TMPD/$name.out" 2>&1; local rc=$?
+  cat "$TMPD/$name.out" >> "$LOG"
   say "=== $name rc=$rc $(( $(date +%s) - s ))s"
   echo "$name rc=$rc $(( $(date +%s) - s ))s" >> "$ROWS"
 }
-ROWS=$(mktemp)
+TMPD=$(mktemp -d)
+ROWS=$TMPD/rows
 say "hcfuse device run, tree $(cat .commit 2>/dev/null || echo '?'), $(date -u +%H:%M:%S)"
 FX=$STRATA_FIXTURES/model-q8_0.gguf
 step tests-fused 25 env STRATA_REQUIRE_GPU=1 python3 -m pytest -q -n 8 -m gpu tests/test_gpu_hc_fused.py
@@ -36,4 +38,33 @@ fi
 say ""
 say "--- summary (step, rc, seconds; rc 0 = passed); node counts: the 'nodes' lines above"
 cat "$ROWS" | tee -a "$LOG"
-rm -f "$ROWS"
+python3 - "$TMPD" <<'PY' 2>&1 | tee -a "$LOG"
+import csv, io, pathlib, re, sys
+d = pathlib.Path(sys.argv[1])
+def bench(name):
+    f = d / f"{name}.out"
+    if not f.exists():
+        return {}
+    text = f.read_text().splitlines()
+    head = next((i for i, l in enumerate(text) if l.startswith("window,")), None)
+    if head is None:
+        return {}
+    lines = [text[head]] + [l for l in text[head + 1:] if l[:1].isdigit()]
+    rows = [r for r in csv.DictReader(io.StringIO("\n".join(lines))) if r.get("window", "").isdigit()]
+    return {int(r["window"]): r for r in rows}
+for name in ("nodes-old", "nodes-fused"):
+    f = d / f"{name}.out"
+    m = re.search(r"(\d+) nodes, (\d+) edges", f.read_text()) if f.exists() else None
+    print(f"{name}: {m.group(1) + ' nodes' if m else 'n/a'} (fixture q8_0, T=1)")
+old, new = bench("bench-old"), bench("bench-fused")
+print("T | old ms | fused ms | floor ms | fused x floor | old/fused")
+for T in sorted(set(old) | set(new)):
+    o, n = old.get(T, {}), new.get(T, {})
+    om, nm = o.get("ms_median", "n/a"), n.get("ms_median", "n/a")
+    try:
+        ratio = f"{float(om) / float(nm):.3f}"
+    except ValueError:
+        ratio = "n/a"
+    print(f"{T} | {om} | {nm} | {n.get('floor_ms', o.get('floor_ms', 'n/a'))} | {n.get('x_floor', 'n/a')} | {ratio}")
+PY
+rm -rf "$TMPD"
