@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Device driver of the fused HC read and GDN launches (STRATA_FUSED_HC, STRATA_FUSED_GDN; issue 11). cwd = a copy of the worktree,
+# Device driver of the fused HC read and GDN launches (STRATA_FUSED_HC, STRATA_FUSED_GDN; issue 11). cwd = a copy
+# of the worktree,
 # PYTHONPATH set, $OUT, $STRATA_FIXTURES, $BUDGET_S given. Writes $OUT/hcfuse.log only; a short table last.
 set -u
 LOG="$OUT/hcfuse.log"
@@ -22,8 +23,8 @@ TMPD=$(mktemp -d)
 ROWS=$TMPD/rows
 say "hcfuse device run, tree $(cat .commit 2>/dev/null || echo '?'), $(date -u +%H:%M:%S)"
 FX=$STRATA_FIXTURES/model-q8_0.gguf
-step tests-fused 25 env STRATA_REQUIRE_GPU=1 python3 -m pytest -q -n 8 -m gpu tests/test_gpu_hc_fused.py
-step tests-engine-fused 30 env STRATA_REQUIRE_GPU=1 STRATA_FUSED_HC=1 STRATA_FUSED_GDN=1 python3 -m pytest -q -n 8 -m gpu tests/test_gpu_engine.py tests/test_gpu_window_contract.py
+step tests-fused 45 env STRATA_REQUIRE_GPU=1 python3 -m pytest -q -n 8 -m gpu tests/test_gpu_hc_fused.py
+step tests-engine-fused 40 env STRATA_REQUIRE_GPU=1 STRATA_FUSED_HC=1 STRATA_FUSED_GDN=1 python3 -m pytest -q -n 8 -m gpu tests/test_gpu_engine.py tests/test_gpu_window_contract.py
 if [ -f /tmp/fn8.gguf ]; then
   step bench-fused 60 env STRATA_FUSED_HC=1 STRATA_FUSED_GDN=1 python3 -m strata_cli verify-bench /tmp/fn8.gguf --device gpu --window 1,2,4,8 -r 50 -d 512 --format csv
   step bench-old 60 env STRATA_FUSED_HC=0 STRATA_FUSED_GDN=0 python3 -m strata_cli verify-bench /tmp/fn8.gguf --device gpu --window 1,2,4,8 -r 50 -d 512 --format csv
