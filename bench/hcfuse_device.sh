@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device driver of the fused HC read and GDN launches (STRATA_FUSED_HC, STRATA_FUSED_GDN; issue 11). cwd = a copy
-# of the worktree,
-# PYTHONPATH set, $OUT, $STRATA_FIXTURES, $BUDGET_S given. Writes $OUT/hcfuse.log only; a short table last.
+# of the worktree, PYTHONPATH set, $OUT, $STRATA_FIXTURES, $BUDGET_S given. Writes $OUT/hcfuse.log only; a short
+# table last (node counts, old vs fused ms per T).
 set -u
 LOG="$OUT/hcfuse.log"
 BUDGET=${BUDGET_S:-90}
