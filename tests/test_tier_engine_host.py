@@ -14,37 +14,44 @@ from strata_cli.engine.gpu.tiers import (FLAG, FLAG_A, FLAG_B, N_WORDS, RELEASED
 from strata_cli.gpu.launch_util import GEMV_MAXT
 
 
+def _entries(part):
+    """{expert: (group rows, group entries)} of an ExpertEntries."""
+    return {int(e): tuple(v.tolist() for v in part.entries(i)) for i, e in enumerate(part.experts)}
+
+
 def test_plan_step_splits_misses_in_routing_order():
     resident = np.array([0, -1, 1, -1, -1, -1, 2, -1], dtype=np.int32)
-    ids = np.array([1, 0, 3, 5, 3, 7, 1, 4], dtype=np.int32)  # rows of K=2: (1,0) (3,5) (3,7) (1,4)
+    ids = np.array([[1, 0], [3, 5], [3, 7], [1, 4]], dtype=np.int32)  # rows of K=2
+    flat = ids.reshape(-1)
     for frac, want_pcie in [(0.0, []), (0.5, [7, 4]), (1.0, [1, 3, 5, 7, 4])]:
         plan = plan_step(ids, resident, frac)
-        assert plan.pcie == want_pcie
-        assert plan.cpu == [e for e in (1, 3, 5, 7, 4) if e not in want_pcie]  # distinct misses, first-seen order
-        want = np.array([SRC_VRAM if resident[e] >= 0 else SRC_PCIE if e in want_pcie else SRC_CPU for e in ids])
+        assert plan.pcie.experts.tolist() == want_pcie
+        # distinct misses, first-seen order
+        assert plan.cpu.experts.tolist() == [e for e in (1, 3, 5, 7, 4) if e not in want_pcie]
+        want = np.array([SRC_VRAM if resident[e] >= 0 else SRC_PCIE if e in want_pcie else SRC_CPU for e in flat])
         np.testing.assert_array_equal(plan.src, want)
-        np.testing.assert_array_equal(plan.entries[1], [0, 6])
-        np.testing.assert_array_equal(plan.entries[3], [2, 4])
+        both = {**_entries(plan.cpu), **_entries(plan.pcie)}
+        assert both[1] == ([0, 3], [0, 6]) and both[3] == ([1, 2], [2, 4])
 
 
 def test_plan_step_floor_of_the_pcie_share():
     resident = np.full(10, -1, dtype=np.int32)
-    plan = plan_step(np.arange(7, dtype=np.int32), resident, 0.3)  # floor(7 * 0.3) = 2: the last two
-    assert plan.pcie == [5, 6] and plan.cpu == [0, 1, 2, 3, 4]
+    plan = plan_step(np.arange(7, dtype=np.int32)[:, None], resident, 0.3)  # floor(7 * 0.3) = 2: the last two
+    assert plan.pcie.experts.tolist() == [5, 6] and plan.cpu.experts.tolist() == [0, 1, 2, 3, 4]
 
 
 def test_write_plan_words():
     JM, j0 = 12, 4
     slot = np.full(JM * (3 + GEMV_MAXT), -7, dtype=np.int32)
     resident = np.array([-1, 0, -1, -1], dtype=np.int32)
-    ids = np.array([0, 2, 1, 3, 2, 0], dtype=np.int32)  # global entries 4..9
+    ids = np.array([[0, 2], [1, 3], [2, 0]], dtype=np.int32)  # global entries 4..9
     plan = plan_step(ids, resident, 1.0)
     write_plan(slot, plan, j0, JM)
     np.testing.assert_array_equal(slot[j0:j0 + 6], [SRC_PCIE, SRC_PCIE, SRC_VRAM, SRC_PCIE, SRC_PCIE, SRC_PCIE])
     assert (slot[:j0] == -7).all() and (slot[j0 + 6:JM] == -7).all()  # other groups' entries untouched
     g_expert, g_count = slot[JM:2 * JM], slot[2 * JM:3 * JM]
     g_entries = slot[3 * JM:].reshape(JM, GEMV_MAXT)
-    assert plan.pcie == [0, 2, 3]
+    assert plan.pcie.experts.tolist() == [0, 2, 3]
     np.testing.assert_array_equal(g_expert[:3], [0, 1, 2])  # staging slot = position in the PCIe list
     np.testing.assert_array_equal(g_count[:6], [2, 2, 1, 0, 0, 0])
     np.testing.assert_array_equal(g_entries[0, :2], [4, 9])
@@ -179,7 +186,7 @@ def _sim(monkeypatch, fixture_dir, cache, split=False, stall=0, T=3, seed=0, pci
     tiers.copies = []
 
     def copy_pcie(self, layer, grp, plan, want):
-        tiers.copies.append((layer, grp, list(plan.pcie), threading.current_thread().name))
+        tiers.copies.append((layer, grp, plan.pcie.experts.tolist(), threading.current_thread().name))
         threading.Timer(0.002, lambda: tiers.words.host.__setitem__(FLAG_B, max(int(tiers.words.host[FLAG_B]),
                                                                                  want))).start()
 

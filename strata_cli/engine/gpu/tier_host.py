@@ -21,13 +21,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ...errors import StrataError
 from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.runtime import check, cudart
+from ...tiers.plan import ExpertEntries, build_plan
 from .tiers import ERR, FLAG, FLAG_A, FLAG_B, RELEASED, SEQ
 
 SRC_VRAM, SRC_PCIE, SRC_CPU = 0, 1, 2
@@ -41,31 +42,19 @@ class EngineReleased(StrataError):
 
 @dataclass
 class StepPlan:
-    src: np.ndarray                       # [J] SRC_* of the group's entries
-    pcie: list[int]                       # distinct PCIe experts, staging slot = position
-    cpu: list[int]                        # distinct CPU experts
-    entries: dict[int, np.ndarray] = field(default_factory=dict)  # expert -> local entries routed to it
+    src: np.ndarray        # [J] SRC_* of the group's entries
+    pcie: ExpertEntries    # distinct PCIe experts (staging slot = position), their entries local to the group
+    cpu: ExpertEntries     # distinct CPU experts, their entries (tok = group row, dst = group entry)
 
 
 def plan_step(ids: np.ndarray, resident_row: np.ndarray, pcie_frac: float) -> StepPlan:
-    """ids [J] (the group's entries, routing order) and the layer's residency row [E] -> the step's plan."""
-    src = np.full(len(ids), SRC_VRAM, dtype=np.int32)
-    misses: list[int] = []
-    entries: dict[int, list[int]] = {}
-    for j, e in enumerate(ids.tolist()):
-        if resident_row[e] >= 0:
-            continue
-        if e not in entries:
-            entries[e] = []
-            misses.append(e)
-        entries[e].append(j)
-    n_pcie = int(np.floor(len(misses) * pcie_frac + 1e-9))
-    pcie, cpu = misses[len(misses) - n_pcie:], misses[:len(misses) - n_pcie]
-    for e in pcie:
-        src[entries[e]] = SRC_PCIE
-    for e in cpu:
-        src[entries[e]] = SRC_CPU
-    return StepPlan(src, pcie, cpu, {e: np.asarray(v, dtype=np.int64) for e, v in entries.items()})
+    """ids [n, K] (the group's routed experts) and the layer's residency row [E] -> the step's plan: the one rule of
+    tiers/plan.build_plan (the last floor(misses x pcie_frac) distinct misses in routing order go over PCIe)."""
+    layer_plan = build_plan(0, ids, resident_row, pcie_frac)
+    src = np.full(ids.size, SRC_VRAM, dtype=np.int32)
+    src[layer_plan.pcie.dst] = SRC_PCIE
+    src[layer_plan.cpu.dst] = SRC_CPU
+    return StepPlan(src, layer_plan.pcie, layer_plan.cpu)
 
 
 def write_plan(slot: np.ndarray, plan: StepPlan, j0: int, JM: int) -> None:
@@ -75,8 +64,8 @@ def write_plan(slot: np.ndarray, plan: StepPlan, j0: int, JM: int) -> None:
     g_expert, g_count = slot[JM:2 * JM], slot[2 * JM:3 * JM]
     g_entries = slot[3 * JM:].reshape(JM, GEMV_MAXT)
     g_count[:J] = 0
-    for q, e in enumerate(plan.pcie):
-        rows = plan.entries[e]
+    for q in range(plan.pcie.n_groups):
+        _, rows = plan.pcie.entries(q)
         g_expert[q] = q
         g_entries[q, :len(rows)] = j0 + rows
         g_count[q] = len(rows)
@@ -92,15 +81,9 @@ class ExpertSource:
 
         self.pool = ExpertPool(model)
 
-    def compute_into(self, layer: int, x: np.ndarray, plan: StepPlan, K: int, out: np.ndarray) -> None:
+    def compute_into(self, layer: int, x: np.ndarray, plan: StepPlan, out: np.ndarray) -> None:
         """x [n, D] the group's rows, out [n*K, D] the group's ymiss rows: out[j] for every CPU entry j."""
-        from ...tiers.plan import ExpertEntries
-
-        lists = [plan.entries[e] for e in plan.cpu]
-        dst = np.concatenate(lists).astype(np.int32)
-        start = np.concatenate([[0], np.cumsum([len(v) for v in lists])]).astype(np.int32)
-        entries = ExpertEntries(np.asarray(plan.cpu, dtype=np.int32), start, (dst // K).astype(np.int32), dst)
-        self.pool.compute(layer, x, entries, out=out)
+        self.pool.compute(layer, x, plan.cpu, out=out)
 
 
 class TierHost:
@@ -220,9 +203,9 @@ class TierHost:
         self._await_ring(want, layer)
         t1 = time.perf_counter()
         K = t.K
-        ids = t.pub_ids.host[r0:r0 + n].reshape(-1).copy()
+        ids = t.pub_ids.host[r0:r0 + n].copy()
         if self.route_hook is not None:
-            self.route_hook(layer, ids.reshape(n, K))
+            self.route_hook(layer, ids)
         plan = plan_step(ids, t.table_host[layer], t.cfg.pcie_frac)
         slot = t.plan.host[grp]
         write_plan(slot, plan, r0 * K, t.JM)
@@ -234,8 +217,8 @@ class TierHost:
             self._copy_pcie(layer, grp, plan, want)
         else:
             self._raise_flag(FLAG_B, want)
-        if plan.cpu:
-            self.src.compute_into(layer, t.pub_x.host[r0:r0 + n], plan, K, t.ymiss.host[r0 * K:(r0 + n) * K])
+        if plan.cpu.n_groups:
+            self.src.compute_into(layer, t.pub_x.host[r0:r0 + n], plan, t.ymiss.host[r0 * K:(r0 + n) * K])
         t2 = time.perf_counter()
         if copying is not None:
             self._copied(copying, layer)
@@ -249,8 +232,8 @@ class TierHost:
         s["pool_ms"] += (t2 - t1) * 1e3
         s["host_wait_ms"] += (t1 - t0) * 1e3
         eb = sum(t.expert_bytes[layer])
-        s["pcie_bytes"] += eb * len(plan.pcie)
-        s["cpu_bytes"] += eb * len(plan.cpu)
+        s["pcie_bytes"] += eb * plan.pcie.n_groups
+        s["cpu_bytes"] += eb * plan.cpu.n_groups
         self.progress = time.monotonic()
 
     def _copy_pcie(self, layer: int, grp: int, plan: StepPlan, want: int) -> None:
@@ -265,7 +248,7 @@ class TierHost:
             raw = t.model.info(name).raw
             nbytes = t.expert_bytes[layer][p]
             base = t.buf[f"tier_stage.{grp}.{p}"].data.ptr
-            for q, e in enumerate(plan.pcie):
+            for q, e in enumerate(plan.pcie.experts.tolist()):
                 src = raw.ctypes.data + e * nbytes
                 check(rt.cudaMemcpyAsync(base + q * nbytes, src, nbytes, kind, stream.ptr), "cudaMemcpyAsync")
         write_word(t.words.device[FLAG_B:FLAG_B + 1], want, stream)
