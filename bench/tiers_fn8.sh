@@ -37,6 +37,8 @@ bench() {  # name, seconds, verify-bench options
 bench c0-auto 25 --expert-cache 0 --pcie-frac auto
 bench c0-p0 25 --expert-cache 0 --pcie-frac 0
 bench c0-p0.5 25 --expert-cache 0 --pcie-frac 0.5
+# the copies issued on the serving thread instead of the copy thread (does the thread overlap them with the pool?)
+STRATA_PCIE_COPY_THREAD=0 bench c0-auto-nothread 25 --expert-cache 0 --pcie-frac auto
 bench c0-p0.25 25 --expert-cache 0 --pcie-frac 0.25
 bench c0-auto-split 25 --expert-cache 0 --split
 # 3. a profile from the GPU engine, then 25 / 50 / 75 % of the 4096 pairs by it
