@@ -45,9 +45,10 @@ def test_resolve_says_what_it_chose():
     assert frac == 0.25 and "--pcie-frac 0.25" in note
 
 
-def test_cli_default_is_auto_once_tiers_are_asked_for():
+def test_cli_default_is_the_cpu_pool_alone_and_auto_is_asked_for():
     assert tier_config(None, None, None, False, "spin") is None  # no tier option: every expert in VRAM
-    assert tier_config(None, "0", None, False, "spin").pcie_frac == "auto"
+    assert tier_config(None, "0", None, False, "spin").pcie_frac == 0.0
+    assert tier_config(None, "0", "auto", False, "spin").pcie_frac == "auto"
     assert tier_config(None, "0", "0.5", False, "spin").pcie_frac == 0.5
     assert tier_config(None, "0", "0", False, "spin").pcie_frac == 0.0
     assert tier_config(None, None, "auto", False, "spin").cache == "all"

@@ -16,7 +16,7 @@ def tier_options(f):
         click.option("--pcie-frac", default=None, metavar="auto|F",
                      help="Share of each layer's distinct VRAM misses copied over PCIe by the copy engine; "
                      "the CPU pool computes the rest. auto balances the copy engine's and the pool's rates "
-                     "(strata_cli/tiers/share.py). [default: auto]"),
+                     "(strata_cli/tiers/share.py). [default: 0]"),
         click.option("--expert-cache", default=None, metavar="all|auto|N|SIZE",
                      help="Routed experts kept in VRAM: all, auto (what free memory allows), N (layer, expert) "
                      "slots, or a size like 12GiB. The rest stay in the memory-mapped file. [default: all]"),
@@ -34,10 +34,12 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache
 
     from ..tiers.residency import parse_cache_spec
 
-    from ..tiers.share import AUTO, parse_pcie_frac
+    from ..tiers.share import parse_pcie_frac
 
     cache = cache_override if cache_override is not None else expert_cache
-    frac = AUTO if pcie_frac is None else parse_pcie_frac(pcie_frac)  # bad values: one line on any device
+    # default 0, the CPU pool alone: the PCIe share on Flash-Next-size experts has not yet finished a window on the
+    # H200 (docs/BENCHMARKS.md); auto and numbers are the user's choice. Bad values: one line on any device.
+    frac = 0.0 if pcie_frac is None else parse_pcie_frac(pcie_frac)
     if cache is None and expert_profile is None and pcie_frac is None and not split and tier_wait == "spin":
         return None
     if cache is not None:

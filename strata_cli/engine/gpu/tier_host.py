@@ -105,9 +105,10 @@ class TierHost:
         self.launching = False
         self.history: list[dict] = []  # window_stats() of every window served
         self.route_hook = None  # (layer, ids [n, K]) of every step served (tiers/routing.py counts them)
-        # The PCIe share's copies come from the memory-mapped (pageable) file: cudaMemcpyAsync returns only after the
-        # driver staged the bytes, so issued on this thread they would run before the pool, not beside it. One copy
-        # thread issues them (in step order); STRATA_PCIE_COPY_THREAD=0 issues them here (the earlier path).
+        # The PCIe share's copies come from the memory-mapped file, page-locked in place (tiers.ExpertTiers.pinned);
+        # were a registration ever missing, cudaMemcpyAsync would return only after the driver staged the bytes, and
+        # issued on this thread the copies would then run before the pool, not beside it. One copy thread issues them
+        # (in step order); STRATA_PCIE_COPY_THREAD=0 issues them here (the earlier path).
         self._copier = None
         if getattr(tiers, "pcie", False) and os.environ.get(COPY_THREAD_ENV, "1").strip() != "0":
             self._copier = self._make_copier()
