@@ -37,8 +37,8 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache
     from ..tiers.share import parse_pcie_frac
 
     cache = cache_override if cache_override is not None else expert_cache
-    # default 0, the CPU pool alone: the PCIe share on Flash-Next-size experts has not yet finished a window on the
-    # H200 (docs/BENCHMARKS.md); auto and numbers are the user's choice. Bad values: one line on any device.
+    # default 0, the CPU pool alone: a PCIe share on Flash-Next-size experts is not yet shown to finish its windows
+    # on the H200 (docs/BENCHMARKS.md); auto and numbers are the user's choice. Bad values: one line on any device.
     frac = 0.0 if pcie_frac is None else parse_pcie_frac(pcie_frac)
     if cache is None and expert_profile is None and pcie_frac is None and not split and tier_wait == "spin":
         return None
