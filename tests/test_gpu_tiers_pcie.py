@@ -29,3 +29,23 @@ def test_pcie_share_of_flash_next_sized_experts_equals_all_resident(tmp_path):
         assert eng.tier_host.history[-1]["pcie"] > 0, cfg
     for eng in engines:
         eng.tiers.free()
+
+
+def test_a_refused_page_lock_keeps_staged_copies_and_says_so(fixture_dir, monkeypatch):
+    """A host that refuses cudaHostRegister (no read-only registration, a locked-memory limit): the engine runs with
+    driver-staged copies (the fixture's experts are small) and its tier line says why."""
+    from strata_cli.gpu import runtime
+    from strata_cli.model.gguf_file import open_model
+
+    def refuse(ranges):
+        raise RuntimeError("cudaHostRegister of 4096 bytes of the model file failed: cudaErrorNotSupported")
+
+    monkeypatch.setattr(runtime, "PinnedHostSpans", refuse)
+    model = open_model(fixture_dir / "model-q8_0.gguf")
+    tokens = np.load(fixture_dir / "reference.npz")["tokens"][:16]
+    base, base_ids = speculative_run(_engine(model), tokens, np.random.default_rng(1), 4)
+    eng = _engine(model, cache="0", pcie_frac=1.0)
+    assert eng.tiers.pinned is None and "could not be page-locked" in eng.tier_note
+    got, ids = speculative_run(eng, tokens, np.random.default_rng(1), 4)
+    assert _rel_err(got, base) <= 1e-4
+    np.testing.assert_array_equal(ids, base_ids)

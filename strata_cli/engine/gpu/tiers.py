@@ -181,16 +181,23 @@ class ExpertTiers:
         self.wait_ns = MappedBuffer((self.L * 2, 2), np.uint64)
         self.copy_stream = None
         self.pinned = None
+        self.pin_note = None
         if self.pcie:
             from ...gpu.graphs import new_stream
             from ...gpu.runtime import PinnedHostSpans
 
             self.copy_stream = new_stream()
             # the PCIe share copies straight from the mapped file: page-locked so each copy is a plain DMA
-            # (runtime.PinnedHostSpans says why a staged pageable copy cannot run under the window's waits)
-            self.pinned = PinnedHostSpans(
-                (info.raw.ctypes.data, info.n_bytes)
-                for info in (model.info(n) for layer in range(self.L) for n in expert_names(layer)))
+            # (runtime.PinnedHostSpans says why a staged pageable copy may not run under the window's waits). A host
+            # that refuses the registration (no read-only registration, a locked-memory limit) keeps staged copies,
+            # and the engine's tier line says so.
+            try:
+                self.pinned = PinnedHostSpans(
+                    (info.raw.ctypes.data, info.n_bytes)
+                    for info in (model.info(n) for layer in range(self.L) for n in expert_names(layer)))
+            except RuntimeError as exc:
+                self.pin_note = (f"PCIe copies staged by the driver: the model file could not be page-locked ({exc}); "
+                                 "on large experts a window may wait to its time bound")
         self.timeout_ns = int(cfg.timeout_s * 1e9)
 
     # ---- buffers
