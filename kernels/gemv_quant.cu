@@ -73,31 +73,6 @@ __device__ __forceinline__ void qslice_dot(const u8* __restrict__ W, i64 row_str
     }
 }
 
-// grid (ceil(n_out / (QROWS * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit), block GEMV_WARPS * 32.
-template <int NT>
-__device__ __forceinline__ void qgemv_dense(const u8* W, i64 row_stride, const float* x, int n_in, float* y,
-                                            int n_out, int T, int ksplit, int act, float div, const float* mul,
-                                            int mul_st, int mul_so, float* partial, unsigned* tile_done) {
-    dense_rows<NT, QROWS(NT)>(
-        T, y, n_out, ksplit, act, div, mul, mul_st, mul_so, partial, tile_done,
-        [&](int o0, int kslice, int kstride, auto& acc, const auto& xs, int n, int t0) {
-            qslice_dot(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xs, n, n_in, kslice, kstride, acc);
-        });
-}
-
-// Grouped experts (gemv.cu's gemv_grouped): group u = blockIdx.y holds up to GEMV_MAXT entries routed to one expert,
-// whose rows the block reads once for all of them. An id outside 0..E-1 writes NaN to its entries' rows.
-template <int NT>
-__device__ __forceinline__ void qgemv_grouped(const u8* W, i64 expert_stride, i64 row_stride, int n_expert,
-                                              const int* g_expert, const int* g_count, const int* g_entries,
-                                              const float* x, int x_div, int n_in, float* y, int n_out, int ksplit,
-                                              int act, float div, const float* mul, int mul_st, int mul_so) {
-    grouped_rows<NT, QROWS(NT)>(
-        W, expert_stride, n_expert, g_expert, g_count, g_entries, x_div, y, n_out, ksplit, act, div, mul, mul_st,
-        mul_so, [&](const u8* We, int o0, int kslice, auto& acc, const auto& xs, int n) {
-            qslice_dot(We, row_stride, o0, n_out, x, xs, n, n_in, kslice, ksplit, acc);
-        });
-}
 
 
 // ===================================================================================================================
@@ -283,26 +258,41 @@ __device__ __forceinline__ void qslice_dot2(const u8* __restrict__ W, i64 row_st
     }
 }
 
-template <int NT>
-__device__ __forceinline__ void qgemv2_dense(const u8* W, i64 row_stride, const float* x, int n_in, float* y,
-                                             int n_out, int T, int ksplit, int act, float div, const float* mul,
-                                             int mul_st, int mul_so, float* partial, unsigned* tile_done) {
+// One K slice of either kernel generation: V = 1 decodes per lane (qslice_dot), V = 2 stages whole blocks
+// (qslice_dot2).
+template <int V, int R, int NT>
+__device__ __forceinline__ void qslice(const u8* __restrict__ W, i64 row_stride, int o0, int n_out,
+                                       const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in, int kslice,
+                                       int kstride, float (&acc)[R][NT]) {
+    if constexpr (V == 2)
+        qslice_dot2(W, row_stride, o0, n_out, x, xr, nt, n_in, kslice, kstride, acc);
+    else
+        qslice_dot(W, row_stride, o0, n_out, x, xr, nt, n_in, kslice, kstride, acc);
+}
+
+// grid (ceil(n_out / (QROWS * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit), block GEMV_WARPS * 32.
+template <int NT, int V>
+__device__ __forceinline__ void qgemv_dense(const u8* W, i64 row_stride, const float* x, int n_in, float* y,
+                                            int n_out, int T, int ksplit, int act, float div, const float* mul,
+                                            int mul_st, int mul_so, float* partial, unsigned* tile_done) {
     dense_rows<NT, QROWS(NT)>(
         T, y, n_out, ksplit, act, div, mul, mul_st, mul_so, partial, tile_done,
         [&](int o0, int kslice, int kstride, auto& acc, const auto& xs, int n, int t0) {
-            qslice_dot2(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xs, n, n_in, kslice, kstride, acc);
+            qslice<V>(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xs, n, n_in, kslice, kstride, acc);
         });
 }
 
-template <int NT>
-__device__ __forceinline__ void qgemv2_grouped(const u8* W, i64 expert_stride, i64 row_stride, int n_expert,
-                                               const int* g_expert, const int* g_count, const int* g_entries,
-                                               const float* x, int x_div, int n_in, float* y, int n_out, int ksplit,
-                                               int act, float div, const float* mul, int mul_st, int mul_so) {
+// Grouped experts (gemv.cu's gemv_grouped): group u = blockIdx.y holds up to GEMV_MAXT entries routed to one expert,
+// whose rows the block reads once for all of them. An id outside 0..E-1 writes NaN to its entries' rows.
+template <int NT, int V>
+__device__ __forceinline__ void qgemv_grouped(const u8* W, i64 expert_stride, i64 row_stride, int n_expert,
+                                              const int* g_expert, const int* g_count, const int* g_entries,
+                                              const float* x, int x_div, int n_in, float* y, int n_out, int ksplit,
+                                              int act, float div, const float* mul, int mul_st, int mul_so) {
     grouped_rows<NT, QROWS(NT)>(
         W, expert_stride, n_expert, g_expert, g_count, g_entries, x_div, y, n_out, ksplit, act, div, mul, mul_st,
         mul_so, [&](const u8* We, int o0, int kslice, auto& acc, const auto& xs, int n) {
-            qslice_dot2(We, row_stride, o0, n_out, x, xs, n, n_in, kslice, ksplit, acc);
+            qslice<V>(We, row_stride, o0, n_out, x, xs, n, n_in, kslice, ksplit, acc);
         });
 }
 
@@ -315,7 +305,7 @@ __device__ __forceinline__ void qgemv2_grouped(const u8* W, i64 expert_stride, i
         qgemv_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int ksplit, \
                     int act, float div, const float* mul, int mul_st, int mul_so, float* partial,                  \
                     unsigned* tile_done) {                                                                         \
-        qgemv_dense<NT>(W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial,       \
+        qgemv_dense<NT, 1>(W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial,       \
                         tile_done);                                                                                \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
@@ -323,14 +313,14 @@ __device__ __forceinline__ void qgemv2_grouped(const u8* W, i64 expert_stride, i
                            const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,         \
                            float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st,     \
                            int mul_so) {                                                                           \
-        qgemv_grouped<NT>(W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, \
+        qgemv_grouped<NT, 1>(W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, \
                           n_out, ksplit, act, div, mul, mul_st, mul_so);                                           \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QV2_MIN_BLOCKS(NT))                           \
         qgemv2_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T,            \
                      int ksplit, int act, float div, const float* mul, int mul_st, int mul_so, float* partial,     \
                      unsigned* tile_done) {                                                                        \
-        qgemv2_dense<NT>(W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial,      \
+        qgemv_dense<NT, 2>(W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial,      \
                          tile_done);                                                                               \
     }                                                                                                              \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QV2_MIN_BLOCKS(NT))                           \
@@ -338,7 +328,7 @@ __device__ __forceinline__ void qgemv2_grouped(const u8* W, i64 expert_stride, i
                             const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,        \
                             float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st,    \
                             int mul_so) {                                                                          \
-        qgemv2_grouped<NT>(W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in,  \
+        qgemv_grouped<NT, 2>(W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in,  \
                            y, n_out, ksplit, act, div, mul, mul_st, mul_so);                                       \
     }
 

@@ -33,10 +33,9 @@ extern "C" __global__ void __launch_bounds__(256)
     for (int d = threadIdx.x; d < D; d += blockDim.x) xn[base + d] = r[d] / s * w[d];
 }
 
-// mixed[t, d] = (sum_c gates[t, c, d] * xn[t, c, d]) / C. Grid-stride over T*D, block 256.
-extern "C" __global__ void __launch_bounds__(256)
-    hc_mix(const float* __restrict__ xn, const float* __restrict__ gates, float* __restrict__ mixed, int T, int C,
-           int D) {
+// mixed[t, d] = (sum_c gates[t, c, d] * xn[t, c, d]) / C, summed in stream order. Grid-stride over T*D.
+__device__ __forceinline__ void mix_streams(const float* __restrict__ xn, const float* __restrict__ gates,
+                                            float* __restrict__ mixed, int T, int C, int D) {
     const i64 n = (i64)T * D;
     for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
         const i64 t = idx / D, d = idx % D;
@@ -45,6 +44,13 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int c = 0; c < C; ++c) s += gates[row + (i64)c * D] * xn[row + (i64)c * D];
         mixed[idx] = s / (float)C;
     }
+}
+
+// mix_streams as a kernel. Grid-stride over T*D, block 256.
+extern "C" __global__ void __launch_bounds__(256)
+    hc_mix(const float* __restrict__ xn, const float* __restrict__ gates, float* __restrict__ mixed, int T, int C,
+           int D) {
+    mix_streams(xn, gates, mixed, T, C, D);
 }
 
 // out[t, c, d] = R[t, c, d] + bo[t, d] * inj[t, c]. out may be R (in place: each element read then written once).
@@ -105,14 +111,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(256)
     hc_mix_inject(const float* __restrict__ xn, const float* __restrict__ gates, float* __restrict__ mixed,
                   const float* __restrict__ injp, float* __restrict__ inj, int T, int C, int D) {
-    const i64 n = (i64)T * D;
-    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
-        const i64 t = idx / D, d = idx % D;
-        const i64 row = t * C * D + d;
-        float s = 0.0f;
-        for (int c = 0; c < C; ++c) s += gates[row + (i64)c * D] * xn[row + (i64)c * D];
-        mixed[idx] = s / (float)C;
-    }
+    mix_streams(xn, gates, mixed, T, C, D);
     if (injp == nullptr) return;
     const i64 m = (i64)T * C;
     for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < m; idx += (i64)gridDim.x * blockDim.x) {

@@ -49,6 +49,7 @@ QBLOCK(T_MXFP4, 32, 17) QBLOCK(T_NVFP4, 64, 36)
 
 // ---- loads (read-only path; widest load the address allows)
 __device__ __forceinline__ u32 ldb(const u8* p) { return __ldg(p); }
+__device__ __forceinline__ u32 pb(const u8* p) { return *p; }  // a plain load (shared memory: v2's stages)
 __device__ __forceinline__ u32 ld16(const u8* p) {
     if (!((size_t)p & 1)) return __ldg(reinterpret_cast<const u16*>(p));
     return ldb(p) | (ldb(p + 1) << 8);
@@ -148,15 +149,18 @@ template <> __device__ __forceinline__ void decode8<T_Q3_K>(const u8* b, int g, 
     }
 }
 
-// Q4_K / Q5_K: 8 six-bit scales and mins of the 32-element sub-blocks, packed in 12 bytes
+// Q4_K / Q5_K: 8 six-bit scales and mins of the 32-element sub-blocks, packed in 12 bytes. PLAIN: plain loads
+// (pb: the v2 kernels' stages in shared memory), else the read-only path (ldb).
+template <bool PLAIN = false>
 __device__ __forceinline__ void k_scale_min(const u8* s12, int j, u32& sc, u32& m) {
+    const auto b = [](const u8* p) -> u32 { return PLAIN ? pb(p) : ldb(p); };
     if (j < 4) {
-        sc = ldb(s12 + j) & 63u;
-        m = ldb(s12 + 4 + j) & 63u;
+        sc = b(s12 + j) & 63u;
+        m = b(s12 + 4 + j) & 63u;
     } else {
-        const u32 md = ldb(s12 + 8 + (j - 4));
-        sc = (md & 0xfu) | ((ldb(s12 + j - 4) >> 2) & 0x30u);
-        m = (md >> 4) | ((ldb(s12 + j) >> 2) & 0x30u);
+        const u32 md = b(s12 + 8 + (j - 4));
+        sc = (md & 0xfu) | ((b(s12 + j - 4) >> 2) & 0x30u);
+        m = (md >> 4) | ((b(s12 + j) >> 2) & 0x30u);
     }
 }
 
@@ -382,8 +386,7 @@ template <> struct QHasMin<T_Q2_K> { static constexpr bool v = true; };
 template <> struct QHasMin<T_Q4_K> { static constexpr bool v = true; };
 template <> struct QHasMin<T_Q5_K> { static constexpr bool v = true; };
 
-// plain loads of A-aligned addresses (shared memory on the device)
-__device__ __forceinline__ u32 pb(const u8* p) { return *p; }
+// plain loads of A-aligned addresses (shared memory on the device; pb is with the read-only loads above)
 template <int A> __device__ __forceinline__ u32 pl16(const u8* p) {
     QALIGN_CHECK(p, A < 2 ? A : 2);
     if (A >= 2) return *reinterpret_cast<const u16*>(p);
@@ -490,23 +493,13 @@ template <> __device__ __forceinline__ void qdec8<T_Q3_K>(const u8* b, int g, fl
     d = fmul(pf16<QAL(T_Q3_K, 4)>(b + 108), small_f(lo | (hi << 4), 32.0f));
 }
 
-__device__ __forceinline__ void k_scale_min_p(const u8* s12, int j, u32& sc, u32& mn) {
-    if (j < 4) {
-        sc = pb(s12 + j) & 63u;
-        mn = pb(s12 + 4 + j) & 63u;
-    } else {
-        const u32 md = pb(s12 + 8 + (j - 4));
-        sc = (md & 0xfu) | ((pb(s12 + j - 4) >> 2) & 0x30u);
-        mn = (md >> 4) | ((pb(s12 + j) >> 2) & 0x30u);
-    }
-}
 
 template <> __device__ __forceinline__ void qdec8<T_Q4_K>(const u8* b, int g, float (&q)[8], float& d, float& m) {
     const int e = 8 * g, j = e >> 5, l = e & 31, sh = 4 * (j & 1);
     const uint2 v = pl64<QAL(T_Q4_K, 8)>(b + 16 + 32 * (j >> 1) + l);
     bytes8_f((v.x >> sh) & 0x0f0f0f0fu, (v.y >> sh) & 0x0f0f0f0fu, 0.0f, q);
     u32 sc, mn;
-    k_scale_min_p(b + 4, j, sc, mn);
+    k_scale_min<true>(b + 4, j, sc, mn);
     const u32 dm = pl32<QAL(T_Q4_K, 4)>(b);
     d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), small_f(sc, 0.0f));
     m = -fmul(f16_bits_to_float((u16)(dm >> 16)), small_f(mn, 0.0f));
@@ -518,7 +511,7 @@ template <> __device__ __forceinline__ void qdec8<T_Q5_K>(const u8* b, int g, fl
     bytes8_f(((v.x >> sh) & 0x0f0f0f0fu) | (((h.x >> j) & 0x01010101u) << 4),
              ((v.y >> sh) & 0x0f0f0f0fu) | (((h.y >> j) & 0x01010101u) << 4), 0.0f, q);
     u32 sc, mn;
-    k_scale_min_p(b + 4, j, sc, mn);
+    k_scale_min<true>(b + 4, j, sc, mn);
     const u32 dm = pl32<QAL(T_Q5_K, 4)>(b);
     d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), small_f(sc, 0.0f));
     m = -fmul(f16_bits_to_float((u16)(dm >> 16)), small_f(mn, 0.0f));

@@ -24,6 +24,17 @@ GDN_RPT = 32
 GDN_REC_THREADS = 512
 
 
+def _conv_operands(qkv, conv_w, conv_state) -> tuple[int, int, int]:
+    """T, Ch and the taps K of a GDN conv's checked operands (qkv [T, Ch] already checked)."""
+    T, Ch = qkv.shape
+    U.check_array("conv_w", conv_w, np.float32, (Ch, None))
+    K = conv_w.shape[1]
+    if K < 2:
+        raise ValueError(f"conv_w: {K} taps, expected >= 2 (the state holds K-1 rows)")
+    U.check_array("conv_state", conv_state, np.float32, (K - 1, Ch))
+    return T, Ch, K
+
+
 def gdn_conv(qkv, conv_state, conv_w, out=None, stream=None):
     """h [T, Ch] = silu(causal depthwise conv of [conv_state (K-1 rows) | qkv (T rows)] with conv_w [Ch, K]).
 
@@ -31,12 +42,7 @@ def gdn_conv(qkv, conv_state, conv_w, out=None, stream=None):
     (conv_state, qkv, n_keep) instead (gdn_conv_commit), so nothing else is written."""
     with U.on_stream(stream):
         U.check_array("qkv", qkv, np.float32, (None, None))
-        T, Ch = qkv.shape
-        U.check_array("conv_w", conv_w, np.float32, (Ch, None))
-        K = conv_w.shape[1]
-        if K < 2:
-            raise ValueError(f"conv_w: {K} taps, expected >= 2 (the state holds K-1 rows)")
-        U.check_array("conv_state", conv_state, np.float32, (K - 1, Ch))
+        T, Ch, K = _conv_operands(qkv, conv_w, conv_state)
         out = U.out_array("out", out, (T, Ch), np.float32, empty)
         grid, block = U.elementwise_grid(T * Ch, GDN_BLOCK)
         nvrtc.kernel("gdn", "gdn_conv")(grid, block, (
@@ -72,12 +78,7 @@ def gdn_conv_split(qkv, conv_state, conv_w, nk: int, dk: int, nv: int, dv: int, 
     equal the two launches' bit for bit."""
     with U.on_stream(stream):
         U.check_array("qkv", qkv, np.float32, (None, 2 * nk * dk + nv * dv))
-        T, Ch = qkv.shape
-        U.check_array("conv_w", conv_w, np.float32, (Ch, None))
-        K = conv_w.shape[1]
-        if K < 2:
-            raise ValueError(f"conv_w: {K} taps, expected >= 2 (the state holds K-1 rows)")
-        U.check_array("conv_state", conv_state, np.float32, (K - 1, Ch))
+        T, Ch, K = _conv_operands(qkv, conv_w, conv_state)
         q = U.out_array("q", q, (T, nk, dk), np.float32, empty)
         k = U.out_array("k", k, (T, nk, dk), np.float32, empty)
         v = U.out_array("v", v, (T, nv, dv), np.float32, empty)

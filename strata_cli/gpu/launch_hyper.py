@@ -36,6 +36,30 @@ class HcScratch:
                    empty((T, C * C), np.float32))
 
 
+def _read_operands(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, out_mixed, out_inj,
+                   scratch):
+    """The checked operands of an HC read (both launch sequences): T, C, D, L, the scratch, its xn / low / gates
+    rows, and the outputs (mixed, inj or None)."""
+    U.check_array("R", R, np.float32, (None, None, None))
+    T, C, D = R.shape
+    CD = C * D
+    U.check_array("norm_w", norm_w, np.float32, (CD,))
+    L = U.weight_rows("down_raw", down_raw, down_type, CD)
+    U.weight_rows("up_raw", up_raw, up_type, L, n_out=CD)
+    if inject_raw is not None:
+        U.weight_rows("inject_raw", inject_raw, inject_type, CD, n_out=C)
+    elif out_inj is not None:
+        raise ValueError("out_inj: given, but inject_raw is None (no inject gates to write)")
+    s = scratch if scratch is not None else HcScratch(None, None, None)
+    xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), empty)
+    low = U.scratch_rows("scratch.low", s.low, T, (L,), empty)
+    gates = U.scratch_rows("scratch.gates", s.gates, T, (CD,), empty)
+    out_mixed = U.out_array("out_mixed", out_mixed, (T, D), np.float32, empty)
+    if inject_raw is not None:
+        out_inj = U.out_array("out_inj", out_inj, (T, C), np.float32, empty)
+    return T, C, D, L, s, xn, low, gates, out_mixed, out_inj
+
+
 def hc_read(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_raw, inject_type: int | None,
             eps: float, out_mixed=None, out_inj=None, scratch: HcScratch | None = None, split: SplitK | None = None,
             stream=None, mark=None):
@@ -44,23 +68,9 @@ def hc_read(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_ra
     norm_w [C*D] f32; down_raw [L, C*D], up_raw [C*D, L], inject_raw [C, C*D] raw rows of their GGML types.
     mark(part) is called after the "norm", "down" and "up" launches (the profiling graph's stamps)."""
     with U.on_stream(stream):
-        U.check_array("R", R, np.float32, (None, None, None))
-        T, C, D = R.shape
+        T, C, D, L, _, xn, low, gates, out_mixed, out_inj = _read_operands(
+            R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, out_mixed, out_inj, scratch)
         CD = C * D
-        U.check_array("norm_w", norm_w, np.float32, (CD,))
-        L = U.weight_rows("down_raw", down_raw, down_type, CD)
-        U.weight_rows("up_raw", up_raw, up_type, L, n_out=CD)
-        if inject_raw is not None:
-            U.weight_rows("inject_raw", inject_raw, inject_type, CD, n_out=C)
-        elif out_inj is not None:
-            raise ValueError("out_inj: given, but inject_raw is None (no inject gates to write)")
-        s = scratch if scratch is not None else HcScratch(None, None, None)
-        xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), empty)
-        low = U.scratch_rows("scratch.low", s.low, T, (L,), empty)
-        gates = U.scratch_rows("scratch.gates", s.gates, T, (CD,), empty)
-        out_mixed = U.out_array("out_mixed", out_mixed, (T, D), np.float32, empty)
-        if inject_raw is not None:
-            out_inj = U.out_array("out_inj", out_inj, (T, C), np.float32, empty)
 
         nvrtc.kernel("hyper", "hc_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
             R, norm_w, xn, np.int32(C), np.int32(D), np.float32(eps)))
@@ -95,27 +105,13 @@ def hc_read_fused(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inj
         return hc_read(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, eps,
                        out_mixed=out_mixed, out_inj=out_inj, scratch=scratch, split=split, stream=stream, mark=mark)
     with U.on_stream(stream):
-        U.check_array("R", R, np.float32, (None, None, None))
-        T, C, D = R.shape
+        T, C, D, L, s, xn, low, gates, out_mixed, out_inj = _read_operands(
+            R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, out_mixed, out_inj, scratch)
         CD = C * D
-        U.check_array("norm_w", norm_w, np.float32, (CD,))
-        L = U.weight_rows("down_raw", down_raw, down_type, CD)
-        U.weight_rows("up_raw", up_raw, up_type, L, n_out=CD)
         if pending is not None:
             U.check_array("block_out", pending[0], np.float32, (T, D))
             U.check_array("inj_prev", pending[1], np.float32, (T, C))
-        if inject_raw is not None:
-            U.weight_rows("inject_raw", inject_raw, inject_type, CD, n_out=C)
-        elif out_inj is not None:
-            raise ValueError("out_inj: given, but inject_raw is None (no inject gates to write)")
-        s = scratch if scratch is not None else HcScratch(None, None, None)
-        xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), empty)
-        low = U.scratch_rows("scratch.low", s.low, T, (L,), empty)
-        gates = U.scratch_rows("scratch.gates", s.gates, T, (CD,), empty)
         injp = U.scratch_rows("scratch.inj_part", s.inj_part, T, (C * C,), empty) if inject_raw is not None else None
-        out_mixed = U.out_array("out_mixed", out_mixed, (T, D), np.float32, empty)
-        if inject_raw is not None:
-            out_inj = U.out_array("out_inj", out_inj, (T, C), np.float32, empty)
         bo, inj_prev = pending if pending is not None else (None, None)
         inj_stride = U.row_stride(inject_type, CD) if inject_raw is not None else 0
         nvrtc.kernel("hyper", "hc_write_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
