@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from strata_cli.engine.gpu.tier_host import SRC_CPU, SRC_PCIE, SRC_VRAM, EngineReleased, TierHost, plan_step, write_plan
 from strata_cli.engine.gpu.tiers import (FLAG, FLAG_A, FLAG_B, N_WORDS, RELEASED, SEQ, ExpertTiers, TierConfig,
-                                         choose_residency, pair_bytes, ranked_pairs, residency_table)
+                                         choose_residency, ranked_pairs, residency_table)
 from strata_cli.gpu.launch_util import GEMV_MAXT
+from strata_cli.tiers.residency import expert_bytes
 
 
 def _entries(part):
@@ -113,7 +114,7 @@ class _SimTiers:
         self.JM = max_t * self.K
         self.G = 2 if cfg.split else 1
         self.pcie, self.copy_stream = cfg.pcie_frac > 0, None
-        self.expert_bytes = pair_bytes(model)[:, None].repeat(3, axis=1) // 3
+        self.expert_bytes = expert_bytes(model)[:, None].repeat(3, axis=1) // 3
         self.pub_x = _Mapped((max_t, self.D), np.float32)
         self.pub_ids = _Mapped((max_t, self.K), np.int32)
         self.words = _Mapped((N_WORDS,), np.uint32)

@@ -13,7 +13,7 @@ import pytest
 from strata_cli.errors import InputError
 from strata_cli.tiers.profile import (STRP_HEADER, ExpertProfile, geometry_fingerprint, load_profile, rank_by_counts,
                                       save_profile)
-from strata_cli.tiers.residency import Residency, parse_cache_spec, resolve_slots
+from strata_cli.tiers.residency import parse_cache_spec
 
 
 def geom(n_layers=3, n_expert=7, used=2, path="m.gguf"):
@@ -176,22 +176,3 @@ def test_cache_spec(text, kind, value):
 def test_bad_cache_spec(text):
     with pytest.raises(InputError, match="--expert-cache"):
         parse_cache_spec(text)
-
-
-def test_residency_from_profile():
-    p = profile()
-    res = Residency.build(p, 3, 7, 5, slot_bytes=100)
-    assert res.n_slots == 5 and not res.all_resident and res.resident_bytes == 500
-    np.testing.assert_array_equal(res.pairs, p.ranked[:5])
-    for slot, (layer, expert) in enumerate(res.pairs):
-        assert res.table[layer, expert] == slot
-    assert (res.table >= 0).sum() == 5
-    assert Residency.build(None, 3, 7, 21, 100).all_resident
-    assert Residency.build(None, 3, 7, 0, 100).n_slots == 0
-    with pytest.raises(InputError, match="needs --expert-profile"):
-        Residency.build(None, 3, 7, 4, 100)
-    assert resolve_slots(parse_cache_spec("1KiB"), 21, 100)[0] == 10
-    assert resolve_slots(parse_cache_spec("auto"), 21, 100, free_bytes=10**6)[0] == 21
-    assert resolve_slots(parse_cache_spec("auto"), 21, 100, free_bytes=550)[0] == 5
-    with pytest.raises(InputError, match="auto needs"):
-        resolve_slots(parse_cache_spec("auto"), 21, 100)

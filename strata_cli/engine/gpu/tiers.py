@@ -25,6 +25,7 @@ from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.runtime import MappedBuffer, cupy
 from ...model import packed
 from ...tiers.doorbell import RELEASED  # noqa: F401 - the value every released flag holds (tier_host.py)
+from ...tiers.residency import EXPERT_ROLES
 
 PROJ = ("gate", "up", "down")
 # mapped u32 words, then the first timed-out wait's code
@@ -47,18 +48,11 @@ class TierConfig:
 
 
 def expert_names(layer: int) -> list[str]:
-    return [f"blk.{layer}.ffn_{p}_exps.weight" for p in PROJ]
+    return [f"blk.{layer}.{role}.weight" for role in EXPERT_ROLES]
 
 
 def is_expert_tensor(name: str) -> bool:
-    return name.endswith(("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"))
-
-
-def pair_bytes(model) -> np.ndarray:
-    """Bytes of one expert's gate + up + down in each layer [L]."""
-    g = model.geometry
-    return np.array([sum(model.info(n).n_bytes // g.n_expert for n in expert_names(layer))
-                     for layer in range(g.n_layers)], dtype=np.int64)
+    return name.endswith(tuple(f"{role}.weight" for role in EXPERT_ROLES))
 
 
 def ranked_pairs(model, profile_path: str | None) -> np.ndarray:
@@ -97,12 +91,12 @@ def residency_table(model, ranked: np.ndarray, n_pairs: int) -> np.ndarray:
 def choose_residency(model, cfg: TierConfig, free_bytes: int | None, fixed_bytes: int) -> tuple[np.ndarray, str]:
     """The residency table for --expert-cache, and the one line saying what was chosen. free_bytes: device memory
     free now (None: unknown); fixed_bytes: what the engine needs besides routed experts (dense weights, arena)."""
-    from ...tiers.residency import parse_cache_spec
+    from ...tiers.residency import expert_bytes, parse_cache_spec
 
     g = model.geometry
     spec = parse_cache_spec(cfg.cache)
     kind, value = spec.kind, spec.value
-    per_pair = pair_bytes(model)
+    per_pair = expert_bytes(model)
     ranked = ranked_pairs(model, cfg.profile)
     total_pairs = g.n_layers * g.n_expert
     cum = np.cumsum(per_pair[ranked[:, 0]])
