@@ -352,6 +352,33 @@ __device__ __forceinline__ void grouped_rows(const u8* W, i64 expert_stride, int
         });
 }
 
+// The dense and grouped GEMVs of one file's K-slice dot product over raw rows: slice(W, row_stride, o0, n_out, x,
+// xr, nt, n_in, kslice, kstride, acc) adds this warp's slice of rows o0.. of W times window rows xr of x into acc
+// (gemv.cu's slice_dot, gemv_quant.cu's qslice_dot / qslice_dot2). R rows per warp; grids as dense_rows and
+// grouped_rows say.
+template <int NT, int R, typename Slice>
+__device__ __forceinline__ void slice_dense(Slice slice, const u8* W, i64 row_stride, const float* x, int n_in,
+                                            float* y, int n_out, int T, int ksplit, int act, float div,
+                                            const float* mul, int mul_st, int mul_so, float* partial,
+                                            unsigned* tile_done) {
+    dense_rows<NT, R>(T, y, n_out, ksplit, act, div, mul, mul_st, mul_so, partial, tile_done,
+                      [&](int o0, int kslice, int kstride, auto& acc, const auto& xs, int n, int t0) {
+                          slice(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xs, n, n_in, kslice, kstride, acc);
+                      });
+}
+
+template <int NT, int R, typename Slice>
+__device__ __forceinline__ void slice_grouped(Slice slice, const u8* W, i64 expert_stride, i64 row_stride,
+                                              int n_expert, const int* g_expert, const int* g_count,
+                                              const int* g_entries, const float* x, int x_div, int n_in, float* y,
+                                              int n_out, int ksplit, int act, float div, const float* mul,
+                                              int mul_st, int mul_so) {
+    grouped_rows<NT, R>(W, expert_stride, n_expert, g_expert, g_count, g_entries, x_div, y, n_out, ksplit, act, div,
+                        mul, mul_st, mul_so, [&](const u8* We, int o0, int kslice, auto& acc, const auto& xs, int n) {
+                            slice(We, row_stride, o0, n_out, x, xs, n, n_in, kslice, ksplit, acc);
+                        });
+}
+
 // Groups J entries by key for the grouped GEMVs (moe.cu's moe_group by expert id, tiers.cu's tier_group by
 // residency slot): sid [J] holds the keys in shared memory, is_leader >= blockDim.x ints of shared scratch. Group u
 // gets up to max_rows entries (ascending, written as j0 + index) of key g_expert[u]; an entry leads a group when

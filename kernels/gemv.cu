@@ -92,58 +92,42 @@ __device__ __forceinline__ void slice_dot(const u8* __restrict__ W, i64 row_stri
     }
 }
 
+// slice_dot<TYPE> as a value: common.cuh's slice_dense / slice_grouped take the slice this way.
+template <int TYPE>
+struct SliceDot {
+    template <typename... A>
+    __device__ __forceinline__ void operator()(A&&... a) const { slice_dot<TYPE>(a...); }
+};
+
 // grid (ceil(n_out / (GEMV_RPW * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit), block GEMV_WARPS * 32.
 // With zsplit > 1 the blocks along z take interleaved chunks too and write raw sums to partial[z][t][o]; the last
 // block of each tile adds them and applies the epilogue (zsplit_finish; a 4-row x 10240 matrix needs many SMs).
-template <int TYPE, int NT>
-__device__ __forceinline__ void gemv_dense(const u8* W, i64 row_stride, const float* x, int n_in, float* y,
-                                           int n_out, int T, int ksplit, int act, float div, const float* mul,
-                                           int mul_st, int mul_so, float* partial, unsigned* tile_done) {
-    dense_rows<NT, GEMV_RPW>(
-        T, y, n_out, ksplit, act, div, mul, mul_st, mul_so, partial, tile_done,
-        [&](int o0, int kslice, int kstride, auto& acc, const auto& xs, int n, int t0) {
-            slice_dot<TYPE>(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xs, n, n_in, kslice, kstride, acc);
-        });
-}
+#define GEMV_DENSE_KERNEL(NAME, TYPE, NT)                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                    \
+        NAME(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int ksplit,            \
+             int act, float div, const float* mul, int mul_st, int mul_so, float* partial, unsigned* tile_done) {      \
+        slice_dense<NT, GEMV_RPW>(SliceDot<TYPE>{}, W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul,        \
+                                  mul_st, mul_so, partial, tile_done);                                                 \
+    }
+
+// One kernel per window-row bucket (launch_util.nt_bucket): NAME_t1, NAME_t2, NAME_t4, NAME_t8, NAME_t16.
+#define NT_FAMILY(KERNEL, NAME, TYPE)                                                                                  \
+    KERNEL(NAME##_t1, TYPE, 1) KERNEL(NAME##_t2, TYPE, 2) KERNEL(NAME##_t4, TYPE, 4) KERNEL(NAME##_t8, TYPE, 8)        \
+    KERNEL(NAME##_t16, TYPE, 16)
+
+#define GEMV_DENSE_FAMILY(SUFFIX, TYPE) NT_FAMILY(GEMV_DENSE_KERNEL, gemv_##SUFFIX, TYPE)
 
 // Grouped experts: group u = blockIdx.y holds up to GEMV_MAXT (row, slot) entries routed to one expert
 // (moe.cu's moe_group). The block reads that expert's rows (W + e * expert_stride) once for all its entries:
 // entry j reads x row j / x_div and writes y row j. Unused groups (count 0) leave at once; a group whose id is
 // outside 0..E-1 writes NaN to its entries' rows instead of reading stray memory.
-template <int TYPE, int NT>
-__device__ __forceinline__ void gemv_grouped(const u8* W, i64 expert_stride, i64 row_stride, int n_expert,
-                                             const int* g_expert, const int* g_count, const int* g_entries,
-                                             const float* x, int x_div, int n_in, float* y, int n_out, int ksplit,
-                                             int act, float div, const float* mul, int mul_st, int mul_so) {
-    grouped_rows<NT, GEMV_RPW>(
-        W, expert_stride, n_expert, g_expert, g_count, g_entries, x_div, y, n_out, ksplit, act, div, mul, mul_st,
-        mul_so, [&](const u8* We, int o0, int kslice, auto& acc, const auto& xs, int n) {
-            slice_dot<TYPE>(We, row_stride, o0, n_out, x, xs, n, n_in, kslice, ksplit, acc);
-        });
-}
-
-#define GEMV_DENSE_KERNEL(NAME, TYPE, NT)                                                                          \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
-        NAME(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int ksplit,       \
-             int act, float div, const float* mul, int mul_st, int mul_so, float* partial, unsigned* tile_done) {  \
-        gemv_dense<TYPE, NT>(W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial, \
-                             tile_done);                                                                           \
-    }
-
-// One kernel per window-row bucket (launch_util.nt_bucket): NAME_t1, NAME_t2, NAME_t4, NAME_t8, NAME_t16.
-#define NT_FAMILY(KERNEL, NAME, TYPE)                                                                              \
-    KERNEL(NAME##_t1, TYPE, 1) KERNEL(NAME##_t2, TYPE, 2) KERNEL(NAME##_t4, TYPE, 4) KERNEL(NAME##_t8, TYPE, 8)    \
-    KERNEL(NAME##_t16, TYPE, 16)
-
-#define GEMV_DENSE_FAMILY(SUFFIX, TYPE) NT_FAMILY(GEMV_DENSE_KERNEL, gemv_##SUFFIX, TYPE)
-
-#define GEMV_GROUPED_KERNEL(NAME, TYPE, NT)                                                                        \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
-        NAME(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,                   \
-             const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, float* y, int n_out,  \
-             int ksplit, int act, float div, const float* mul, int mul_st, int mul_so) {                          \
-        gemv_grouped<TYPE, NT>(W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div,    \
-                               n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);                            \
+#define GEMV_GROUPED_KERNEL(NAME, TYPE, NT)                                                                            \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                    \
+        NAME(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,                        \
+             const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, float* y, int n_out,       \
+             int ksplit, int act, float div, const float* mul, int mul_st, int mul_so) {                               \
+        slice_grouped<NT, GEMV_RPW>(SliceDot<TYPE>{}, W, expert_stride, row_stride, n_expert, g_expert, g_count,       \
+                                    g_entries, x, x_div, n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);       \
     }
 
 #define GEMV_GROUPED_FAMILY(SUFFIX, TYPE) NT_FAMILY(GEMV_GROUPED_KERNEL, gemv_expert_##SUFFIX, TYPE)

@@ -28,6 +28,19 @@
 
 typedef QBlock<QTYPE> QB;
 
+// x[row, i .. i+8) as two 16-byte loads (i a multiple of 8; the launcher checks x's 16-byte alignment)
+__device__ __forceinline__ void load_x8(const float* __restrict__ x, int row, int n_in, int i, float4& a, float4& b) {
+    const float4* xp = reinterpret_cast<const float4*>(x + (i64)row * n_in + i);
+    a = __ldg(xp);
+    b = __ldg(xp + 1);
+}
+
+// 8 zero weights (a row past n_out)
+__device__ __forceinline__ void zero8(float (&w)[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w[k] = 0.0f;
+}
+
 // acc[r][t] += this warp's K slice of W[o0 + r] . x[xr[t]], r < R (QROWS of the window's bucket; rows >= n_out
 // skipped), t < nt.
 template <int R, int NT>
@@ -46,15 +59,14 @@ __device__ __forceinline__ void qslice_dot(const u8* __restrict__ W, i64 row_str
             if (o0 + r < n_out) {
                 decode8<QTYPE>(W + (i64)(o0 + r) * row_stride + (i64)blk * QB::bytes, g, w[r]);
             } else {
-#pragma unroll
-                for (int k = 0; k < 8; ++k) w[r][k] = 0.0f;
+                zero8(w[r]);
             }
         }
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             if (t < nt) {
-                const float4* xp = reinterpret_cast<const float4*>(x + (i64)xr[t] * n_in + i);
-                const float4 a = __ldg(xp), b = __ldg(xp + 1);
+                float4 a, b;
+                load_x8(x, xr[t], n_in, i, a, b);
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
                     float v = acc[r][t];
@@ -189,9 +201,7 @@ __device__ __forceinline__ void qslice_dot2(const u8* __restrict__ W, i64 row_st
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     if (t < nt) {
-                        const float4* xp = reinterpret_cast<const float4*>(x + (i64)xr[t] * n_in + i);
-                        xa[t] = __ldg(xp);
-                        xb[t] = __ldg(xp + 1);
+                        load_x8(x, xr[t], n_in, i, xa[t], xb[t]);
                         if (QHasMin<QTYPE>::v)
                             sx[t] = ((xa[t].x + xa[t].y) + (xa[t].z + xa[t].w)) +
                                     ((xb[t].x + xb[t].y) + (xb[t].z + xb[t].w));
@@ -221,15 +231,14 @@ __device__ __forceinline__ void qslice_dot2(const u8* __restrict__ W, i64 row_st
                     if (o0 + r < n_out) {
                         qdec8<QTYPE>(slot(r), g, q[r], d[r], m[r]);
                     } else {
-#pragma unroll
-                        for (int k = 0; k < 8; ++k) q[r][k] = 0.0f;
+                        zero8(q[r]);
                     }
                 }
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {
                     if (t < nt) {
-                        const float4* xp = reinterpret_cast<const float4*>(x + (i64)xr[t] * n_in + i);
-                        const float4 a = __ldg(xp), c = __ldg(xp + 1);
+                        float4 a, c;
+                        load_x8(x, xr[t], n_in, i, a, c);
                         float sx = 0.0f;
                         if (QHasMin<QTYPE>::v) sx = ((a.x + a.y) + (a.z + a.w)) + ((c.x + c.y) + (c.z + c.w));
 #pragma unroll
@@ -258,78 +267,54 @@ __device__ __forceinline__ void qslice_dot2(const u8* __restrict__ W, i64 row_st
     }
 }
 
-// One K slice of either kernel generation: V = 1 decodes per lane (qslice_dot), V = 2 stages whole blocks
-// (qslice_dot2).
-template <int V, int R, int NT>
-__device__ __forceinline__ void qslice(const u8* __restrict__ W, i64 row_stride, int o0, int n_out,
-                                       const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in, int kslice,
-                                       int kstride, float (&acc)[R][NT]) {
-    if constexpr (V == 2)
-        qslice_dot2(W, row_stride, o0, n_out, x, xr, nt, n_in, kslice, kstride, acc);
-    else
-        qslice_dot(W, row_stride, o0, n_out, x, xr, nt, n_in, kslice, kstride, acc);
-}
-
-// grid (ceil(n_out / (QROWS * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit), block GEMV_WARPS * 32.
-template <int NT, int V>
-__device__ __forceinline__ void qgemv_dense(const u8* W, i64 row_stride, const float* x, int n_in, float* y,
-                                            int n_out, int T, int ksplit, int act, float div, const float* mul,
-                                            int mul_st, int mul_so, float* partial, unsigned* tile_done) {
-    dense_rows<NT, QROWS(NT)>(
-        T, y, n_out, ksplit, act, div, mul, mul_st, mul_so, partial, tile_done,
-        [&](int o0, int kslice, int kstride, auto& acc, const auto& xs, int n, int t0) {
-            qslice<V>(W, row_stride, o0, n_out, x + (i64)t0 * n_in, xs, n, n_in, kslice, kstride, acc);
-        });
-}
-
-// Grouped experts (gemv.cu's gemv_grouped): group u = blockIdx.y holds up to GEMV_MAXT entries routed to one expert,
-// whose rows the block reads once for all of them. An id outside 0..E-1 writes NaN to its entries' rows.
-template <int NT, int V>
-__device__ __forceinline__ void qgemv_grouped(const u8* W, i64 expert_stride, i64 row_stride, int n_expert,
-                                              const int* g_expert, const int* g_count, const int* g_entries,
-                                              const float* x, int x_div, int n_in, float* y, int n_out, int ksplit,
-                                              int act, float div, const float* mul, int mul_st, int mul_so) {
-    grouped_rows<NT, QROWS(NT)>(
-        W, expert_stride, n_expert, g_expert, g_count, g_entries, x_div, y, n_out, ksplit, act, div, mul, mul_st,
-        mul_so, [&](const u8* We, int o0, int kslice, auto& acc, const auto& xs, int n) {
-            qslice<V>(We, row_stride, o0, n_out, x, xs, n, n_in, kslice, ksplit, acc);
-        });
-}
+// One K slice of either kernel generation as a value for common.cuh's slice_dense / slice_grouped: V = 1 decodes
+// per lane (qslice_dot), V = 2 stages whole blocks (qslice_dot2). Grids: QROWS(NT) rows per warp, as gemv.cu's;
+// grouped experts as gemv.cu's (an id outside 0..E-1 writes NaN to its entries' rows).
+template <int V>
+struct QSlice {
+    template <typename... A>
+    __device__ __forceinline__ void operator()(A&&... a) const {
+        if constexpr (V == 2)
+            qslice_dot2(a...);
+        else
+            qslice_dot(a...);
+    }
+};
 
 // v2 blocks per SM the register allocation must allow, by window bucket (3 at 256 threads: <= 85 registers; 2:
 // <= 128): resident warps are what keeps enough stages in flight (ptxas -v, sm_90: T = 1 fits 80 without spills)
 #define QV2_MIN_BLOCKS(NT) ((NT) == 1 ? 3 : 2)
 
-#define QGEMV_KERNELS(NT)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
-        qgemv_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int ksplit, \
-                    int act, float div, const float* mul, int mul_st, int mul_so, float* partial,                  \
-                    unsigned* tile_done) {                                                                         \
-        qgemv_dense<NT, 1>(W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial,       \
-                        tile_done);                                                                                \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                \
-        qgemv_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,     \
-                           const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,         \
-                           float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st,     \
-                           int mul_so) {                                                                           \
-        qgemv_grouped<NT, 1>(W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, \
-                          n_out, ksplit, act, div, mul, mul_st, mul_so);                                           \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QV2_MIN_BLOCKS(NT))                           \
-        qgemv2_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T,            \
-                     int ksplit, int act, float div, const float* mul, int mul_st, int mul_so, float* partial,     \
-                     unsigned* tile_done) {                                                                        \
-        qgemv_dense<NT, 2>(W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial,      \
-                         tile_done);                                                                               \
-    }                                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QV2_MIN_BLOCKS(NT))                           \
-        qgemv2_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,    \
-                            const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,        \
-                            float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st,    \
-                            int mul_so) {                                                                          \
-        qgemv_grouped<NT, 2>(W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in,  \
-                           y, n_out, ksplit, act, div, mul, mul_st, mul_so);                                       \
+#define QGEMV_KERNELS(NT)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                    \
+        qgemv_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int ksplit,     \
+                    int act, float div, const float* mul, int mul_st, int mul_so, float* partial,                      \
+                    unsigned* tile_done) {                                                                             \
+        slice_dense<NT, QROWS(NT)>(QSlice<1>{}, W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st,    \
+                                   mul_so, partial, tile_done);                                                        \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                    \
+        qgemv_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,          \
+                           const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,              \
+                           float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st,          \
+                           int mul_so) {                                                                               \
+        slice_grouped<NT, QROWS(NT)>(QSlice<1>{}, W, expert_stride, row_stride, n_expert, g_expert, g_count,           \
+                                     g_entries, x, x_div, n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);      \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QV2_MIN_BLOCKS(NT))                                \
+        qgemv2_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T,                \
+                     int ksplit, int act, float div, const float* mul, int mul_st, int mul_so, float* partial,         \
+                     unsigned* tile_done) {                                                                            \
+        slice_dense<NT, QROWS(NT)>(QSlice<2>{}, W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st,    \
+                                   mul_so, partial, tile_done);                                                        \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QV2_MIN_BLOCKS(NT))                                \
+        qgemv2_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,         \
+                            const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,             \
+                            float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st,         \
+                            int mul_so) {                                                                              \
+        slice_grouped<NT, QROWS(NT)>(QSlice<2>{}, W, expert_stride, row_stride, n_expert, g_expert, g_count,           \
+                                     g_entries, x, x_div, n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);      \
     }
 
 QGEMV_KERNELS(1)

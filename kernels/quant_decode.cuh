@@ -494,15 +494,21 @@ template <> __device__ __forceinline__ void qdec8<T_Q3_K>(const u8* b, int g, fl
 }
 
 
+// Q4_K / Q5_K (v2): the scale d = dm.d * sc and the min m = -dm.dmin * mn of sub-block j, as the q-form wants them
+template <int QT>
+__device__ __forceinline__ void k_dm8(const u8* b, int j, float& d, float& m) {
+    u32 sc, mn;
+    k_scale_min<true>(b + 4, j, sc, mn);
+    const u32 dm = pl32<QAL(QT, 4)>(b);
+    d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), small_f(sc, 0.0f));
+    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), small_f(mn, 0.0f));
+}
+
 template <> __device__ __forceinline__ void qdec8<T_Q4_K>(const u8* b, int g, float (&q)[8], float& d, float& m) {
     const int e = 8 * g, j = e >> 5, l = e & 31, sh = 4 * (j & 1);
     const uint2 v = pl64<QAL(T_Q4_K, 8)>(b + 16 + 32 * (j >> 1) + l);
     bytes8_f((v.x >> sh) & 0x0f0f0f0fu, (v.y >> sh) & 0x0f0f0f0fu, 0.0f, q);
-    u32 sc, mn;
-    k_scale_min<true>(b + 4, j, sc, mn);
-    const u32 dm = pl32<QAL(T_Q4_K, 4)>(b);
-    d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), small_f(sc, 0.0f));
-    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), small_f(mn, 0.0f));
+    k_dm8<T_Q4_K>(b, j, d, m);
 }
 
 template <> __device__ __forceinline__ void qdec8<T_Q5_K>(const u8* b, int g, float (&q)[8], float& d, float& m) {
@@ -510,11 +516,7 @@ template <> __device__ __forceinline__ void qdec8<T_Q5_K>(const u8* b, int g, fl
     const uint2 v = pl64<QAL(T_Q5_K, 8)>(b + 48 + 32 * (j >> 1) + l), h = pl64<QAL(T_Q5_K, 8)>(b + 16 + l);
     bytes8_f(((v.x >> sh) & 0x0f0f0f0fu) | (((h.x >> j) & 0x01010101u) << 4),
              ((v.y >> sh) & 0x0f0f0f0fu) | (((h.y >> j) & 0x01010101u) << 4), 0.0f, q);
-    u32 sc, mn;
-    k_scale_min<true>(b + 4, j, sc, mn);
-    const u32 dm = pl32<QAL(T_Q5_K, 4)>(b);
-    d = fmul(f16_bits_to_float((u16)(dm & 0xffffu)), small_f(sc, 0.0f));
-    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), small_f(mn, 0.0f));
+    k_dm8<T_Q5_K>(b, j, d, m);
 }
 
 template <> __device__ __forceinline__ void qdec8<T_Q6_K>(const u8* b, int g, float (&q)[8], float& d, float& m) {
