@@ -35,17 +35,23 @@ def test_pack_kernel_matches_numpy_bit_for_bit(shape):
     np.testing.assert_array_equal(got.get(), packed.pack_q8_0(raw, shape[-1]))
 
 
-@pytest.mark.parametrize("n_out,n_in", [(32, 32), (96, 160), (288, 2592), (32, 10240), (4096, 256), (2560, 6144)])
-@pytest.mark.parametrize("T", (1, 2, 3, 7, 16, 19))  # every bucket (rows per lane 1, 2, 4, 4, 2) and two chunks
-def test_gemv_matches_reference(n_out, n_in, T):
+def _gemv_against_reference(label: str, seed: int, n_out: int, n_in: int, T: int) -> None:
+    """A repacked Q8_0 GEMV of random weights and inputs (NaN-poisoned output) against the numpy reference on the
+    raw blocks; the kernel is whichever path the environment selects (STRATA_GEMV_TC)."""
     from strata_cli.gpu import launch_gemv
 
-    rng = np.random.default_rng(n_out + n_in + T)
+    rng = np.random.default_rng(seed)
     raw = raw_weight(rng, (n_out, n_in), Q8_0)
     w = packed.pack_q8_0(raw, n_in)
     x = rng.standard_normal((T, n_in)).astype(np.float32)
     got = launch_gemv.gemv(to_dev(w), R32, n_in, to_dev(x), out=poisoned((T, n_out)))
-    assert_close(f"gemv q8r {n_out}x{n_in}", ref.gemv(raw, Q8_0, n_in, x), got, floor=1.0)
+    assert_close(label, ref.gemv(raw, Q8_0, n_in, x), got, floor=1.0)
+
+
+@pytest.mark.parametrize("n_out,n_in", [(32, 32), (96, 160), (288, 2592), (32, 10240), (4096, 256), (2560, 6144)])
+@pytest.mark.parametrize("T", (1, 2, 3, 7, 16, 19))  # every bucket (rows per lane 1, 2, 4, 4, 2) and two chunks
+def test_gemv_matches_reference(n_out, n_in, T):
+    _gemv_against_reference(f"gemv q8r {n_out}x{n_in}", n_out + n_in + T, n_out, n_in, T)
 
 
 @pytest.mark.parametrize("T", (1, 3, 16))
@@ -170,15 +176,8 @@ TC_T = (2, 3, 5, 8, 9, 13, 16, 17, 19)  # every bucket 2..16, padded column tile
 @pytest.mark.parametrize("T", TC_T)
 def test_tensor_core_gemv_matches_reference(monkeypatch, n_out, n_in, T):
     """Odd shapes: n_out not a multiple of the 64-row warp tile (96, 288, 20512), one-block rows, z-split heads."""
-    from strata_cli.gpu import launch_gemv
-
     monkeypatch.setenv("STRATA_GEMV_TC", "1")
-    rng = np.random.default_rng(3 * n_out + n_in + T)
-    raw = raw_weight(rng, (n_out, n_in), Q8_0)
-    w = packed.pack_q8_0(raw, n_in)
-    x = rng.standard_normal((T, n_in)).astype(np.float32)
-    got = launch_gemv.gemv(to_dev(w), R32, n_in, to_dev(x), out=poisoned((T, n_out)))
-    assert_close(f"gemv q8r tc {n_out}x{n_in} T={T}", ref.gemv(raw, Q8_0, n_in, x), got, floor=1.0)
+    _gemv_against_reference(f"gemv q8r tc {n_out}x{n_in} T={T}", 3 * n_out + n_in + T, n_out, n_in, T)
 
 
 @pytest.mark.parametrize("T", (2, 8, 16))
