@@ -8,6 +8,8 @@ import re
 import numpy as np
 import pytest
 
+from strata_cli.errors import InputError
+
 from strata_cli.gpu import launch_util as U
 from strata_cli.gpu.compile import kernels_dir
 from strata_cli.model import quants
@@ -116,6 +118,9 @@ def test_tensor_core_gemv_is_chosen_by_env_and_window(monkeypatch):
     assert [U.q8r_tensor_cores(t) for t in (1, 2, 8, 16, 40)] == [False, True, True, True, True]
     monkeypatch.setenv(U.Q8T_ENV, "0")
     assert not U.q8r_tensor_cores(8)
+    monkeypatch.setenv(U.Q8T_ENV, "yes")  # neither 0 nor 1: one line naming the variable, never a silent choice
+    with pytest.raises(InputError, match="STRATA_GEMV_TC='yes': expected 0 or 1"):
+        U.q8r_tensor_cores(8)
     assert U.q8r_split(248320, 2560, 8, rpw=64) == (2, 1)  # the head: 3880 warps of 64 rows, 40 blocks each
     assert U.q8r_split(320, 10240, 8, max_z=8, rpw=64) == (8, 8)
 

@@ -18,7 +18,6 @@ kernel outlives the process.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import StrataError
-from ...gpu.launch_util import GEMV_MAXT
+from ...gpu.launch_util import GEMV_MAXT, env_switch
 from ...gpu.runtime import check, cudart
 from ...tiers.plan import ExpertEntries, build_plan
 from .tiers import ERR, FLAG, FLAG_A, FLAG_B, RELEASED, SEQ
@@ -110,7 +109,7 @@ class TierHost:
         # issued on this thread the copies would then run before the pool, not beside it. One copy thread issues them
         # (in step order); STRATA_PCIE_COPY_THREAD=0 issues them here (the earlier path).
         self._copier = None
-        if getattr(tiers, "pcie", False) and os.environ.get(COPY_THREAD_ENV, "1").strip() != "0":
+        if getattr(tiers, "pcie", False) and env_switch(COPY_THREAD_ENV, True):
             self._copier = self._make_copier()
         from ...tiers.watchdog import register
 
