@@ -1,6 +1,7 @@
 // quant_decode.cuh: one device decoder per GGUF block type, bit-identical to gguf.quants.dequantize (the layouts are
-// in strata_cli/model/quants.py). Compiled once per type: QTYPE and the type's tables (i-quant grids, non-linear
-// value tables) come from strata_cli/gpu/quant_source.py, which emits them from gguf.quants' own numpy tables.
+// in strata_cli/model/quants.py). Compiled once per type: QTYPE, the type ids and the type's tables (i-quant grids,
+// non-linear value tables) come from strata_cli/model/quant_tables.py, which emits them from the quant table and
+// gguf.quants' own numpy tables.
 //
 //   decode8(blk, g, w): w[0..7] = values 8g .. 8g+7 of the block starting at blk (g < QK / 8).
 //
@@ -13,39 +14,15 @@
 #include "common.cuh"
 #endif
 
-// ---- type ids (strata_cli/model/quants.py) and block geometry
-#define T_Q4_0 2
-#define T_Q4_1 3
-#define T_Q5_0 6
-#define T_Q5_1 7
-#define T_Q2_K 10
-#define T_Q3_K 11
-#define T_Q4_K 12
-#define T_Q5_K 13
-#define T_Q6_K 14
-#define T_IQ2_XXS 16
-#define T_IQ2_XS 17
-#define T_IQ3_XXS 18
-#define T_IQ1_S 19
-#define T_IQ4_NL 20
-#define T_IQ3_S 21
-#define T_IQ2_S 22
-#define T_IQ4_XS 23
-#define T_IQ1_M 29
-#define T_TQ1_0 34
-#define T_TQ2_0 35
-#define T_MXFP4 39
-#define T_NVFP4 40
-
+// ---- type ids T_* and block geometry: generated from strata_cli/model/quants.py (model/quant_tables.py's
+// types_header, put before the includer's source with the type's tables by gpu/quant_source.py)
+#ifndef STRATA_QUANT_TYPES_H
+#error "quant_decode.cuh needs the generated type table first (strata_cli/model/quant_tables.py device_prefix)"
+#endif
 template <int TYPE> struct QBlock;
 #define QBLOCK(TYPE, QK, BYTES) \
     template <> struct QBlock<TYPE> { static constexpr int qk = QK, bytes = BYTES; };
-QBLOCK(T_Q4_0, 32, 18) QBLOCK(T_Q4_1, 32, 20) QBLOCK(T_Q5_0, 32, 22) QBLOCK(T_Q5_1, 32, 24)
-QBLOCK(T_Q2_K, 256, 84) QBLOCK(T_Q3_K, 256, 110) QBLOCK(T_Q4_K, 256, 144) QBLOCK(T_Q5_K, 256, 176)
-QBLOCK(T_Q6_K, 256, 210) QBLOCK(T_IQ2_XXS, 256, 66) QBLOCK(T_IQ2_XS, 256, 74) QBLOCK(T_IQ3_XXS, 256, 98)
-QBLOCK(T_IQ1_S, 256, 50) QBLOCK(T_IQ4_NL, 32, 18) QBLOCK(T_IQ3_S, 256, 110) QBLOCK(T_IQ2_S, 256, 82)
-QBLOCK(T_IQ4_XS, 256, 136) QBLOCK(T_IQ1_M, 256, 56) QBLOCK(T_TQ1_0, 256, 54) QBLOCK(T_TQ2_0, 256, 66)
-QBLOCK(T_MXFP4, 32, 17) QBLOCK(T_NVFP4, 64, 36)
+QUANT_TYPES(QBLOCK)
 
 // ---- loads (read-only path; widest load the address allows)
 __device__ __forceinline__ u32 ldb(const u8* p) { return __ldg(p); }

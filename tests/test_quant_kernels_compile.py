@@ -9,6 +9,7 @@ from gguf import quants as gq
 
 from strata_cli.gpu import quant_source as S
 from strata_cli.gpu.compile import compile_check
+from strata_cli.model import quant_tables
 from strata_cli.model import quants as Q
 
 
@@ -46,7 +47,7 @@ def test_emitted_grid_is_ggufs(ggml_type):
     head = S.prefix(S.variant(ggml_type))
     body = head[head.index("QGRID[") :]
     entries = [int(v.strip().rstrip("ul"), 16) for v in body[body.index("{") + 1 : body.index("}")].split(",")]
-    grid = S.grid_values(ggml_type)
+    grid = quant_tables.grid_values(ggml_type)
     assert len(entries) == grid.shape[0]
     width = grid.shape[1]
     unpacked = np.array([[(e >> (8 * k)) & 0xFF for k in range(width)] for e in entries])

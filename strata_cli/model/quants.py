@@ -52,31 +52,37 @@ IQ1_M, BF16, TQ1_0, TQ2_0, MXFP4, NVFP4 = 29, 30, 34, 35, 39, 40
 
 @dataclass(frozen=True)
 class QuantType:
-    """One GGUF tensor type: `block` elements stored in `nbytes` bytes (layouts in the module docstring)."""
+    """One GGUF tensor type: `block` elements stored in `nbytes` bytes (layouts in the module docstring). `grid` /
+    `values`: the gguf.quants type whose i-quant grid / 16 non-linear values the type's decoders look up (the
+    kernels' copies are generated from it: model/quant_tables.py)."""
 
     id: int
     name: str
     block: int
     nbytes: int
+    grid: str = ""
+    values: str = ""
 
     @property
     def bits_per_weight(self) -> float:
         return 8.0 * self.nbytes / self.block
 
 
-# Every type strata reads, in GGML id order. The sizes are gguf.constants.GGML_QUANT_SIZES' (a test checks).
+# Every type strata reads, in GGML id order: the one description of a type (the C/CUDA type ids, block sizes and
+# tables are generated from it, model/quant_tables.py). The sizes are gguf.constants.GGML_QUANT_SIZES' (a test checks).
 QUANT_TYPES: dict[int, QuantType] = {t.id: t for t in (
     QuantType(F32, "F32", 1, 4), QuantType(F16, "F16", 1, 2),
     QuantType(Q4_0, "Q4_0", 32, 18), QuantType(Q4_1, "Q4_1", 32, 20),
     QuantType(Q5_0, "Q5_0", 32, 22), QuantType(Q5_1, "Q5_1", 32, 24), QuantType(Q8_0, "Q8_0", 32, 34),
     QuantType(Q2_K, "Q2_K", 256, 84), QuantType(Q3_K, "Q3_K", 256, 110), QuantType(Q4_K, "Q4_K", 256, 144),
     QuantType(Q5_K, "Q5_K", 256, 176), QuantType(Q6_K, "Q6_K", 256, 210),
-    QuantType(IQ2_XXS, "IQ2_XXS", 256, 66), QuantType(IQ2_XS, "IQ2_XS", 256, 74),
-    QuantType(IQ3_XXS, "IQ3_XXS", 256, 98), QuantType(IQ1_S, "IQ1_S", 256, 50),
-    QuantType(IQ4_NL, "IQ4_NL", 32, 18), QuantType(IQ3_S, "IQ3_S", 256, 110), QuantType(IQ2_S, "IQ2_S", 256, 82),
-    QuantType(IQ4_XS, "IQ4_XS", 256, 136), QuantType(IQ1_M, "IQ1_M", 256, 56), QuantType(BF16, "BF16", 1, 2),
+    QuantType(IQ2_XXS, "IQ2_XXS", 256, 66, grid="IQ2_XXS"), QuantType(IQ2_XS, "IQ2_XS", 256, 74, grid="IQ2_XS"),
+    QuantType(IQ3_XXS, "IQ3_XXS", 256, 98, grid="IQ3_XXS"), QuantType(IQ1_S, "IQ1_S", 256, 50, grid="IQ1_S"),
+    QuantType(IQ4_NL, "IQ4_NL", 32, 18, values="IQ4_NL"), QuantType(IQ3_S, "IQ3_S", 256, 110, grid="IQ3_S"),
+    QuantType(IQ2_S, "IQ2_S", 256, 82, grid="IQ2_S"), QuantType(IQ4_XS, "IQ4_XS", 256, 136, values="IQ4_NL"),
+    QuantType(IQ1_M, "IQ1_M", 256, 56, grid="IQ1_S"), QuantType(BF16, "BF16", 1, 2),
     QuantType(TQ1_0, "TQ1_0", 256, 54), QuantType(TQ2_0, "TQ2_0", 256, 66),
-    QuantType(MXFP4, "MXFP4", 32, 17), QuantType(NVFP4, "NVFP4", 64, 36),
+    QuantType(MXFP4, "MXFP4", 32, 17, values="MXFP4"), QuantType(NVFP4, "NVFP4", 64, 36, values="MXFP4"),
 )}
 TYPE_NAMES = {t.id: t.name for t in QUANT_TYPES.values()}
 TYPE_IDS = {t.name: t.id for t in QUANT_TYPES.values()}
