@@ -92,3 +92,15 @@ def test_host_tables_name_exactly_the_tables_the_types_read(monkeypatch):
     monkeypatch.setitem(QT.HOST_TABLES, "IQ4_XS", "kvalues_iq4xs")
     with pytest.raises(ValueError, match="HOST_TABLES names the tables of"):
         QT.host_header()
+
+
+def test_kernel_cache_key_follows_the_table_and_the_headers(tmp_path):
+    """CuPy keys compiled modules on the source text: the generated table is in it, and so is a hash of the headers
+    (quant_decode.cuh's decoders), so a change to either compiles anew."""
+    from strata_cli.gpu import compile as C
+
+    assert QT.types_header() in C.source("gemv_quant.q4_k")
+    (tmp_path / "a.cuh").write_text("int a;\n")
+    before = C.headers_tag(tmp_path)
+    (tmp_path / "a.cuh").write_text("int b;\n")
+    assert C.headers_tag(tmp_path) != before and C.headers_tag(tmp_path).startswith("\n// ")

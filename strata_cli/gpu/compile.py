@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,11 +32,18 @@ def source(name: str) -> str:
     return code
 
 
+def headers_tag(src_dir: Path) -> str:
+    """A comment naming the hash of every kernels/*.cuh: CuPy keys its disk cache on the source text, not on what
+    it includes, so without it an edited header (a decoder in quant_decode.cuh) would load a stale cubin."""
+    digest = hashlib.sha1(b"".join(h.name.encode() + h.read_bytes() for h in sorted(src_dir.glob("*.cuh"))))
+    return f"\n// kernels/*.cuh {digest.hexdigest()}\n"
+
+
 @lru_cache(maxsize=None)
 def module(name: str):
     """RawModule of kernels/<name>.cu (common.cuh is on the include path), compiled once per process."""
     src_dir = kernels_dir()
-    code = source(name)
+    code = source(name) + headers_tag(src_dir)
     options = (f"-arch={device_arch()}", "--std=c++17", f"-I{src_dir}")
     mod = cupy().RawModule(code=code, options=options)
     mod.compile()
