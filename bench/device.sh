@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# One device call, from the repository root on the GPU machine: named steps run in order, each under its own time
+# limit, each step's output kept apart under $OUT, and a table of the steps (rc, seconds) printed last.
+#
+#   bash bench/device.sh STEP[:SECONDS] ...
+#
+# Steps:
+#   setup        install the carried wheels (.whl/*.whl) into /tmp/site; print the card, driver, CuPy, host cores
+#   peer         start the llama.cpp build and the full-size Flash-Next file in the background (.peer/side_by_side.sh
+#                prepare; they run on between calls while the machine stays warm)
+#   warm         compile every kernel module in parallel (bench/warm_kernels.py): ~110 s cold
+#   gpu          the whole GPU suite, -v so each result keeps its name even when the step is cut
+#   gpu=EXPR     the GPU tests whose file names match EXPR (a pytest -k expression over tests/test_gpu_*.py)
+#   pool         bench/pool_bench.py on the host's cores, every type the engine reads
+#   gemv         bench/quant_gemv_bench.py (routed-expert GEMVs per type and T)
+#   sbs=CONFIGS  .peer/side_by_side.sh run CONFIGS (comma-separated: resident,c0,c12,c24): strata and llama.cpp on
+#                the full-size file in this call
+# Logs go to $LOGS (default /tmp/strata-device); where the device tool's $OUT is set they come back packed in
+# $OUT/logs.tgz (it returns at most 8 files).
+# Env: LOGS, STRATA_GIT_COMMIT (the tree's commit: the device copy has no .git history).
+set -u
+BACK=${OUT:-}; OUT=${LOGS:-/tmp/strata-device}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+SUMMARY=()
+
+run_step() {  # run_step NAME SECONDS CMD...: output to $OUT/NAME.log and to stdout
+    local name=$1 limit=$2; shift 2
+    local s=$(date +%s) rc
+    mkdir -p "$OUT"; echo "=== $name (limit ${limit}s)"
+    timeout -k 5 "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1
+    rc=$?
+    SUMMARY+=("$(printf '%-18s rc=%-4s %5ss' "$name" "$rc" "$(( $(date +%s) - s ))")")
+    return $rc
+}
+
+gpu_tests() {  # gpu_tests [K]: the gpu-marked tests (those matching K), names kept, failures listed last
+    local files=(tests/test_gpu_*.py) k=()
+    [ -n "${1:-}" ] && k=(-k "$1")
+    STRATA_REQUIRE_GPU=1 python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider "${k[@]}" "${files[@]}" \
+        tests/test_tiers_*.py tests/test_tier_engine_host.py 2>&1 | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" \
+        | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' > "$OUT/gpu-results.txt"
+    grep -cE " PASSED" "$OUT/gpu-results.txt" | sed 's/^/passed: /'
+    grep -E "FAILED|ERROR" "$OUT/gpu-results.txt" | head -40
+    tail -n 1 "$OUT/gpu-results.txt"
+}
+
+for arg in "$@"; do
+    name=${arg%%:*}; limit=${arg#*:}; [ "$limit" = "$arg" ] && limit=300
+    case $name in
+        setup) run_step setup "$limit" bash -c '
+            python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+            nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+            python3 -c "import cupy, numpy, gguf; print(\"cupy\", cupy.__version__, \"numpy\", numpy.__version__, \"gguf\", gguf.__version__)"
+            echo "host cores $(nproc), $(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2)"; df -h /tmp | tail -1';;
+        peer) run_step peer "$limit" bash .peer/side_by_side.sh prepare;;
+        warm) run_step warm "$limit" python3 bench/warm_kernels.py --jobs "$(nproc)";;
+        gpu) run_step gpu "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests";;
+        gpu=*) run_step gpu-k "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests '${name#gpu=}'";;
+        pool) run_step pool "$limit" python3 bench/pool_bench.py --threads "$(nproc)";;
+        gemv) run_step gemv "$limit" python3 bench/quant_gemv_bench.py;;
+        sbs=*) cfg=${name#sbs=}; OUT=$OUT/sbs run_step sbs "$limit" bash .peer/side_by_side.sh run ${cfg//,/ };;
+        *) echo "unknown step $name"; SUMMARY+=("$(printf '%-18s unknown' "$name")");;
+    esac
+done
+[ -n "$BACK" ] && tar czf "$BACK/logs.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
+echo "=== steps (commit ${STRATA_GIT_COMMIT:-?})"; printf '%s\n' "${SUMMARY[@]}"
