@@ -56,36 +56,25 @@ def is_expert_tensor(name: str) -> bool:
 
 
 def ranked_pairs(model, profile_path: str | None) -> np.ndarray:
-    """(layer, expert) pairs hottest first [L*E, 2]: the profile's ranked order, then every pair it leaves out in
-    the default order (expert-major, so each layer gets the same share: (0, 0), (1, 0), ..., (L-1, 0), (0, 1))."""
-    g = model.geometry
-    L, E = g.n_layers, g.n_expert
-    default = np.stack(np.meshgrid(np.arange(L), np.arange(E), indexing="xy"), axis=-1).reshape(-1, 2)
-    if profile_path is None:
-        return default.astype(np.int64)
-    from ...tiers.profile import load_profile
+    """(layer, expert) pairs hottest first [L*E, 2]: tiers/residency.fill_order of the profile (checked against the
+    model), or the default order without one."""
+    from ...tiers.residency import fill_order
 
-    profile = load_profile(profile_path)
-    profile.check_model(g, profile_path)
-    ranked = np.asarray(profile.order(), dtype=np.int64)
-    seen = np.zeros((L, E), dtype=bool)
-    seen[ranked[:, 0], ranked[:, 1]] = True
-    rest = default[~seen[default[:, 0], default[:, 1]]]
-    return np.concatenate([ranked, rest]).astype(np.int64)
+    g = model.geometry
+    profile = None
+    if profile_path is not None:
+        from ...tiers.profile import load_profile
+
+        profile = load_profile(profile_path)
+        profile.check_model(g, profile_path)
+    return fill_order(g.n_layers, g.n_expert, profile)
 
 
 def residency_table(model, ranked: np.ndarray, n_pairs: int) -> np.ndarray:
-    """[L, E] int32: the slot of each of the first n_pairs ranked pairs within its layer's VRAM array, else -1.
-    Slots within a layer follow the expert id (a layer's resident experts are uploaded in id order)."""
-    g = model.geometry
-    table = np.full((g.n_layers, g.n_expert), -1, dtype=np.int32)
-    chosen = np.zeros((g.n_layers, g.n_expert), dtype=bool)
-    top = ranked[:n_pairs]
-    chosen[top[:, 0], top[:, 1]] = True
-    for layer in range(g.n_layers):
-        ids = np.flatnonzero(chosen[layer])
-        table[layer, ids] = np.arange(len(ids), dtype=np.int32)
-    return table
+    """[L, E] int32 slot table of the first n_pairs ranked pairs (tiers/residency.slot_table)."""
+    from ...tiers.residency import slot_table
+
+    return slot_table(model.geometry.n_layers, model.geometry.n_expert, ranked, n_pairs)
 
 
 def choose_residency(model, cfg: TierConfig, free_bytes: int | None, fixed_bytes: int) -> tuple[np.ndarray, str]:
