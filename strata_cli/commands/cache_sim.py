@@ -5,9 +5,8 @@ from __future__ import annotations
 import click
 
 from ._common import format_option
+from ..tiers.cache_policy import DEFAULT_MAX_COPY
 from .profile_info import _slot_list
-
-DEFAULT_MAX_COPY = "512MiB"  # the GPU engine's --expert-max-copy default too (commands/_tiers.py)
 
 
 @click.command(short_help="Replay a routing trace against expert cache policies and sizes: hit rate, copies.")

@@ -24,6 +24,7 @@ from ...gpu import launch_tiers as tl
 from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.runtime import MappedBuffer, cupy
 from ...model import packed
+from ...tiers.cache_policy import DEFAULT_MAX_COPY_BYTES
 from ...tiers.doorbell import RELEASED  # noqa: F401 - the value every released flag holds (tier_host.py)
 from ...tiers.residency import EXPERT_ROLES
 
@@ -45,6 +46,8 @@ class TierConfig:
     split: bool = False             # two token groups per window
     wait: str = "spin"              # spin kernels or captured cuStreamWaitValue32
     timeout_s: float = 20.0         # bound of every GPU wait and of the host's wait for a ring
+    policy: str = "static"          # --expert-policy (tiers/cache_policy.py): how the slots change between windows
+    max_copy: int = DEFAULT_MAX_COPY_BYTES  # bytes an adaptive policy copies into VRAM per window at most
 
 
 def expert_names(layer: int) -> list[str]:
