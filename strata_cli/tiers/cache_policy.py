@@ -176,3 +176,38 @@ def replay(trace, kind: str, n_slots: int, profile=None, max_copy_bytes: int | N
         for c in issued:
             copies[c.layer] += 1
     return Replay(kind, n_slots, trace.n_windows, picks, hits, copies, copies * trace.expert_bytes)
+
+
+class SlotFiller:
+    """A policy run by an engine (the GPU engine's --expert-policy lru|lfu): between windows, boundary() updates
+    the slot table and has `device` copy the admitted experts. `device` (engine/gpu/residency_fill.py on the GPU, a
+    simulation in the tests) provides:
+      done() -> bool                 the last batch of copies finished (True when none was issued)
+      upload_table(table)            the engine's stream gets the table before the next window reads it
+      copy_expert(layer, expert, slot)  one expert's bytes from page-locked host memory into its slot, on a side
+                                     stream (not waited for by any window)
+      issued()                       the batch is complete (the next done() answers for it)
+    The copies of a batch land in slots no table entry names (their pairs were evicted before), and a pair enters
+    the table only once done() says its copy finished, so a window always reads whole experts."""
+
+    def __init__(self, policy: ResidencyPolicy, device):
+        self.policy, self.device = policy, device
+
+    def observe(self, layer: int, ids: np.ndarray) -> None:
+        self.policy.observe(layer, ids)
+
+    def reset(self) -> None:
+        self.policy.reset()
+
+    def boundary(self) -> dict:
+        """Before a window (after the last one was served and committed): the stats of what changed."""
+        done = self.device.done()
+        activated, copies = self.policy.boundary(done)
+        if activated or copies:
+            self.device.upload_table(self.policy.table)
+        for c in copies:
+            self.device.copy_expert(c.layer, c.expert, c.slot)
+        if copies:
+            self.device.issued()
+        nbytes = int(sum(int(self.policy.expert_bytes[c.layer]) for c in copies))
+        return {"swaps": len(copies), "fill_bytes": nbytes, "fill_late": int(not done)}

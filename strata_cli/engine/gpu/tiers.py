@@ -152,7 +152,10 @@ class ExpertTiers:
         self.pcie = cfg.pcie_frac > 0
         self.Q = min(self.E, self.JM) if self.pcie else 0
         self.plan_words = self.JM * (3 + GEMV_MAXT)  # src | pcie g_expert | g_count | g_entries [JM, MAXT]
-        self.resident = upload_resident(model, table, pack_q8)
+        # an adaptive --expert-policy copies raw file blocks into the slots (residency_fill.py): no repacking
+        self.resident = upload_resident(model, table, pack_q8 and cfg.policy == "static")
+        self.has_slots = (table >= 0).any(axis=1)  # per layer, fixed: the graph runs a layer's VRAM experts iff
+        self.fill = None                            # it has slots; fill: tiers/cache_policy.SlotFiller (bind)
         self.expert_bytes = [[model.info(n).n_bytes // self.E for n in expert_names(layer)]
                              for layer in range(self.L)]
         self.file_types = [[model.info(n).ggml_type for n in expert_names(layer)] for layer in range(self.L)]
@@ -207,6 +210,10 @@ class ExpertTiers:
         self.buf = buf
         buf["tier_table"].set(self.table_host)
         self.all_resident = bool((self.table_host >= 0).all())
+        if self.cfg.policy != "static":
+            from .residency_fill import make_filler
+
+            self.fill = make_filler(self)
 
     def staged(self, layer: int, grp: int):
         """The PCIe staging slots of group grp viewed as layer's gate/up/down arrays [Q, expert bytes]."""
@@ -259,7 +266,7 @@ class ExpertTiers:
         groups = (b["tier_vg_expert"][j0:j0 + J], b["tier_vg_count"][j0:j0 + J], b["tier_vg_entries"][j0:j0 + J])
         tl.group_resident(b["route_ids"], j0, J, b["tier_table"][layer], self.E, *groups, stream)
         arrays, n_slots = self.resident[layer]
-        if (self.table_host[layer] >= 0).any():
+        if self.has_slots[layer]:
             tl.swiglu_experts(*arrays, n_slots, groups, J, n, b["mixed"], K, b["moe_h"], b["moe_parts"], stream)
 
     def post(self, layer: int, grp: int, r0: int, n: int, G: int, stream) -> None:
@@ -300,3 +307,5 @@ class ExpertTiers:
         """Unpin the model file's expert tensors now (the mapped buffers go with their finalizers)."""
         if self.pinned is not None:
             self.pinned.free()
+        if self.fill is not None:
+            self.fill.device.free()
