@@ -7,30 +7,9 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
+from test_tiers_commands import cli, model, tokens  # noqa: F401 - the fixtures and the runner of those tests
 
-from strata_cli.cli import main
 from strata_cli.tiers.trace import load_trace
-
-
-@pytest.fixture(scope="module")
-def model(fixture_dir):
-    return str(fixture_dir / "model-f32.gguf")
-
-
-@pytest.fixture(scope="module")
-def tokens(fixture_dir, tmp_path_factory):
-    ids = np.load(fixture_dir / "reference.npz")["tokens"]
-    d = tmp_path_factory.mktemp("tok")
-    (d / "train.txt").write_text(" ".join(str(int(t)) for t in ids[:24]))
-    (d / "held.txt").write_text(" ".join(str(int(t)) for t in ids[24:40]))
-    return d / "train.txt", d / "held.txt"
-
-
-def cli(*args):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    assert "Traceback" not in result.output
-    return result
 
 
 def test_trace_holds_every_pick_in_the_order_served(model, tokens, tmp_path):
