@@ -67,6 +67,8 @@ class DeviceSlots:
         self.pending = True
 
     def free(self) -> None:
+        """Unpin the file once no copy still reads it."""
+        self.stream.synchronize()
         self.pinned.free()
 
 
