@@ -151,6 +151,9 @@ class TierHost:
         if self.released is not None:
             raise EngineReleased(self.released)
         t = self.t
+        # an adaptive cache: the last window's admissions enter the table, this window's copies start (before the
+        # window counts as served: a failure here leaves the host idle)
+        filled = t.fill.boundary() if t.fill is not None else {}
         t.words.host[:] = 0
         t.wait_ns.host[:] = 0
         self.windows += 1
@@ -159,9 +162,7 @@ class TierHost:
         self.active = True
         self.progress = time.monotonic()
         self.stats = {"T": T, "vram": 0, "pcie": 0, "cpu": 0, "pool_ms": 0.0, "host_wait_ms": 0.0, "pcie_bytes": 0,
-                      "cpu_bytes": 0}
-        if t.fill is not None:  # an adaptive cache: the last window's admissions, this window's copies
-            self.stats.update(t.fill.boundary())
+                      "cpu_bytes": 0, **filled}
 
     def launched(self, T: int, launch) -> None:
         """begin(T), launch() (the window's graph launch, or the start of the eager launcher), serve(T). A launch
