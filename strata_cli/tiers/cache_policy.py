@@ -100,33 +100,33 @@ class ResidencyPolicy:
         return self.last_use if self.kind == "lru" else self.freq
 
     def _plan(self) -> list[Copy]:
-        score = self._score()
         held = self.table >= 0
-        key = score * 2 + held  # held pairs win ties
-        wanted: list[list[tuple[int, int]]] = []  # per layer: (admit, evict) pairs, most wanted admit first
-        experts = np.arange(self.E)
+        key = self._score() * 2 + held  # held pairs win ties
+        experts = np.broadcast_to(np.arange(self.E), key.shape)
+        order = np.lexsort((experts, -key), axis=1)  # per layer: descending key, then expert id
+        rank = np.empty_like(order)
+        np.put_along_axis(rank, order, np.arange(self.E)[None, :], axis=1)
+        want = rank < self.capacity[:, None]
+        parts = []  # per layer: (rank of the swap, layer, admitted, evicted), most wanted admission first
         for layer in range(self.L):
-            cap = int(self.capacity[layer])
-            if cap == 0:
-                wanted.append([])
-                continue
-            order = np.lexsort((experts, -key[layer]))  # descending key, then expert id
-            want = np.zeros(self.E, dtype=bool)
-            want[order[:cap]] = True
-            admit = [int(e) for e in order if want[e] and not held[layer, e]]
-            evictable = [int(e) for e in order[::-1] if held[layer, e] and not want[e]]
-            wanted.append(list(zip(admit, evictable)))
-        swaps = sorted(((rank, layer, pair) for layer, pairs in enumerate(wanted) for rank, pair in enumerate(pairs)),
-                       key=lambda s: (s[0], s[1]))
-        copies, spent = [], 0
-        for _, layer, (admit, evict) in swaps:
-            cost = int(self.expert_bytes[layer])
-            if self.max_copy_bytes is not None and spent + cost > self.max_copy_bytes:
-                break
-            spent += cost
-            slot = int(self.table[layer, evict])
+            by_rank = order[layer]
+            admit = by_rank[want[layer, by_rank] & ~held[layer, by_rank]]
+            worst = by_rank[::-1]
+            evict = worst[held[layer, worst] & ~want[layer, worst]]
+            n = min(len(admit), len(evict))
+            if n:
+                parts.append(np.stack([np.arange(n), np.full(n, layer), admit[:n], evict[:n]], axis=1))
+        if not parts:
+            return []
+        swaps = np.concatenate(parts)
+        swaps = swaps[np.lexsort((swaps[:, 1], swaps[:, 0]))]  # every layer's first choice, then the second, ...
+        if self.max_copy_bytes is not None:
+            spent = np.cumsum(self.expert_bytes[swaps[:, 1]])
+            swaps = swaps[:int(np.searchsorted(spent > self.max_copy_bytes, True))]
+        copies = []
+        for _, layer, admit, evict in swaps.tolist():
+            copies.append(Copy(layer, admit, int(self.table[layer, evict])))
             self.table[layer, evict] = -1
-            copies.append(Copy(layer, admit, slot))
         return copies
 
 
