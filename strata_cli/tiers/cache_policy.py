@@ -15,9 +15,9 @@ over all layers, as --expert-cache N does. Every policy starts from that static 
 A window is served by the slot table it started with; the table changes only between windows (boundary()):
  1. the admissions of the last boundary become resident (the engine: once their copies finished; if they did not,
     nothing changes this time, so at most one batch of copies is in flight),
- 2. the policy compares what each layer holds with what it wants, and pairs its most
-    wanted missing experts with its least wanted held ones: each evicted pair leaves the
-    table at once, its slot receives the admitted expert's copy during the next window.
+ 2. the policy compares what each layer holds with what it wants, and pairs its most wanted missing experts with
+    its least wanted held ones: each evicted pair leaves the table at once, its slot receives the admitted
+    expert's copy during the next window.
 So an expert admitted after window w serves from window w + 2 on. At most `max_copy_bytes` are admitted per
 boundary, taken in the order (rank within its layer, layer): every layer gets its first choice before any its
 second.
