@@ -15,7 +15,7 @@ import numpy as np
 
 from benchlib import patch_kernels
 from strata_cli.gpu.runtime import cupy
-from strata_cli.window_timing import prefill
+from strata_cli.window_timing import TokenStream, prefill
 
 SKIP: set[str] = set()
 
@@ -61,7 +61,7 @@ def main() -> None:
     eng = GPUEngine(open_model(args.model), pack_q8=not args.no_pack)
     rng = np.random.default_rng(0)
     for T in args.window:
-        prefill(eng, args.context, rng, chunk=16)
+        prefill(eng, args.context, TokenStream(rng, eng.g.n_vocab), chunk=16)
         eng.run(rng.integers(0, eng.g.n_vocab, T), eng.n_past, logits=False)
         summary = eng.graph(T).summary()
         base = replay_ms(eng, T, args.reps)

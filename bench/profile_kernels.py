@@ -15,7 +15,7 @@ import numpy as np
 
 from benchlib import patch_kernels
 from strata_cli.gpu.runtime import cupy
-from strata_cli.window_timing import prefill
+from strata_cli.window_timing import TokenStream, prefill
 
 RECORDS: list = []
 
@@ -50,7 +50,7 @@ def main() -> None:
     eng = GPUEngine(open_model(args.model), pack_q8=not args.no_pack)
     rng = np.random.default_rng(0)
     for T in args.window:
-        prefill(eng, args.context, rng, chunk=16)
+        prefill(eng, args.context, TokenStream(rng, eng.g.n_vocab), chunk=16)
         for _ in range(2):  # warm, then measure
             RECORDS.clear()
             eng.run(rng.integers(0, eng.g.n_vocab, T), eng.n_past, eager=True, logits=False)

@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "verify-bench": ("verify_bench", "Time verify windows per window size."),
     "make-profile": ("make_profile", "Count the router's picks of a run and write an expert profile (YAML or STRP)."),
     "profile-info": ("profile_info", "Show an expert profile: coverage and held-out hit rate per cache size."),
+    "cache-sim": ("cache_sim", "Replay a routing trace against expert cache policies and sizes: hit rate, copies."),
     "graph-nodes": ("graph_nodes", "Count and list the nodes of a captured window graph (GPU)."),
     "stall-test": ("stall_test", "Stall a verify window on purpose; the watchdog must release it (GPU)."),
     "profile": ("profile", "Per-stage GPU time of a verify window (stamped profiling graph)."),

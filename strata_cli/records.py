@@ -82,6 +82,7 @@ class Provenance:
     mode: str  # numpy | graph | eager
     model: ModelIdentity
     env: dict = field(default_factory=dict)
+    tokens: str = "random ids"  # what the windows read: seeded random ids, or the text (verify-bench --text-file)
 
     def flat(self) -> dict:
         out = {k: v for k, v in asdict(self).items() if k not in ("model", "env")}

@@ -13,34 +13,54 @@ from .records import BenchRecord
 from .speculation import Acceptance
 
 
-def prefill(engine, depth: int, rng, chunk: int) -> None:
-    """Reset the engine and commit `depth` random tokens in windows of at most `chunk`."""
+class TokenStream:
+    """The ids a timed run feeds its windows: seeded random ids, or a text's ids in order (a cursor that moves on by
+    the rows each window commits, back to the text's start when the text runs out)."""
+
+    def __init__(self, rng, vocab: int, text: np.ndarray | None = None):
+        self.rng, self.vocab, self.text, self.cursor = rng, vocab, text, 0
+
+    def take(self, n: int) -> np.ndarray:
+        if self.text is None:
+            return self.rng.integers(0, self.vocab, n)
+        if self.cursor + n > len(self.text):
+            self.cursor = 0
+        return self.text[self.cursor:self.cursor + n]
+
+    def kept(self, n: int) -> None:
+        self.cursor += n
+
+
+def prefill(engine, depth: int, tokens: TokenStream, chunk: int) -> None:
+    """Reset the engine and commit `depth` tokens of the stream in windows of at most `chunk`."""
     engine.reset()
-    vocab = engine.g.n_vocab
     while engine.n_past < depth:
         T = min(chunk, depth - engine.n_past)
-        engine.run(rng.integers(0, vocab, T), engine.n_past)
+        engine.run(tokens.take(T), engine.n_past)
         engine.commit(T)
+        tokens.kept(T)
 
 
 def time_window(engine, window: int, repetitions: int, acceptance: Acceptance, depth: int, seed: int, timer,
-                warmup: int = 2) -> BenchRecord:
+                warmup: int = 2, text: np.ndarray | None = None) -> BenchRecord:
     """`repetitions` timed windows of `window` tokens after `depth` tokens of context, after `warmup` untimed ones.
+    The windows read seeded random ids, or with `text` the text's ids in order (TokenStream).
 
     `timer(engine, tokens, pos, n_keep) -> (ms, host_ms)` (the engine's window_timer) measures one window: the
     numpy engine on the host clock (host_ms = ms), the GPU engine with CUDA events, host_ms the host's share
     (staging + launches)."""
     rng = np.random.default_rng(seed)
+    stream = TokenStream(rng, engine.g.n_vocab, text)
     chunk = engine.max_t or 64
-    prefill(engine, depth, rng, chunk)
-    vocab = engine.g.n_vocab
+    prefill(engine, depth, stream, chunk)
     samples, host, kept = [], [], []
     for i in range(warmup + repetitions):
         if engine.n_past + window > engine.n_ctx:
-            prefill(engine, depth, rng, chunk)
-        tokens = rng.integers(0, vocab, window)
+            prefill(engine, depth, stream, chunk)
+        tokens = stream.take(window)
         n_keep = acceptance.draw_keep(rng, window)
         ms, host_ms = timer(engine, tokens, engine.n_past, n_keep)
+        stream.kept(n_keep)
         if i >= warmup:
             samples.append(float(ms))
             host.append(float(host_ms))
@@ -65,8 +85,9 @@ def check_finite(engine, window: int, seed: int) -> None:
 
 
 def run_bench(engine, windows: list[int], repetitions: int, acceptance: Acceptance, depth: int, seed: int, timer,
-              warmup: int = 2, progress=None) -> list[BenchRecord]:
-    """One record per window size, with the speedup over T = 1 (measured as the baseline if not asked).
+              warmup: int = 2, progress=None, text: np.ndarray | None = None) -> list[BenchRecord]:
+    """One record per window size, with the speedup over T = 1 (measured as the baseline if not asked); the windows
+    follow `text` when given (time_window).
 
     `progress(T)` is called before each window size is timed."""
     check_finite(engine, max(windows), seed)
@@ -74,7 +95,7 @@ def run_bench(engine, windows: list[int], repetitions: int, acceptance: Acceptan
     for T in sorted(set(windows) | {1}):
         if progress is not None:
             progress(T)
-        records[T] = time_window(engine, T, repetitions, acceptance, depth, seed, timer, warmup=warmup)
+        records[T] = time_window(engine, T, repetitions, acceptance, depth, seed, timer, warmup=warmup, text=text)
     base = records[1].ms_median
     out = []
     for T in windows:

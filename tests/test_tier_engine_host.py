@@ -113,7 +113,7 @@ class _SimTiers:
         self.K, self.D, self.E, self.L, self.M = g.n_expert_used, g.n_embd, g.n_expert, g.n_layers, max_t
         self.JM = max_t * self.K
         self.G = 2 if cfg.split else 1
-        self.pcie, self.copy_stream = cfg.pcie_frac > 0, None
+        self.pcie, self.copy_stream, self.fill = cfg.pcie_frac > 0, None, None
         self.expert_bytes = expert_bytes(model)[:, None].repeat(3, axis=1) // 3
         self.pub_x = _Mapped((max_t, self.D), np.float32)
         self.pub_ids = _Mapped((max_t, self.K), np.int32)

@@ -27,7 +27,7 @@ POSITION_COLUMNS = [("pos", None), ("target", None), ("kld", ".6f"), ("lp_base",
 @ctx_option
 @tier_options
 def command(base, other, token_file, n_random, text, text_file, seed, window, per_position, fmt, device, n_ctx,
-            expert_profile, expert_cache, pcie_frac, split, tier_wait):
+            **tier_args):
     """Run BASE and OTHER over the same tokens in one process and compare their full next-token distributions,
     as `llama-perplexity --kl-divergence` does: mean KLD ± its standard error, KLD percentiles (median, 90, 99,
     99.9, max), PPL of each and their ratio, top-1 agreement, Δp = p_other(target) - p_base(target) (mean, RMS,
@@ -48,7 +48,7 @@ def command(base, other, token_file, n_random, text, text_file, seed, window, pe
     if len(tokens) < 2:
         raise InputError(f"{source}: need at least 2 tokens (one position needs a target)")
     check_range(tokens, m_base.geometry.n_vocab, source)
-    tiers = tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait)
+    tiers = tier_config(**tier_args)
     e_base, e_other = load_engine(m_base, device, n_ctx, tiers=tiers), load_engine(m_other, device, n_ctx, tiers=tiers)
     if len(tokens) - 1 > min(e_base.n_ctx, e_other.n_ctx):
         raise InputError(f"{source}: {len(tokens)} tokens need {len(tokens) - 1} positions, past the context "

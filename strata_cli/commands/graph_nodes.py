@@ -17,7 +17,7 @@ from ._tiers import tier_config, tier_options
 @format_option()
 @ctx_option
 @tier_options
-def command(model, window, commit, profile, fmt, n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
+def command(model, window, commit, profile, fmt, n_ctx, **tier_args):
     """Node count, edge count, and one row per node kind (kernel function names via the driver API, memcpy,
     memset, host), most frequent first. Needs a CUDA GPU."""
     from ..envinfo import environment_record, header_line
@@ -28,7 +28,7 @@ def command(model, window, commit, profile, fmt, n_ctx, expert_profile, expert_c
     if commit and profile:
         raise InputError("--profile describes the profiling window graph; the commit graph has no stamps")
     m = load_model(model)
-    engine = load_engine(m, "gpu", n_ctx, tiers=tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait))
+    engine = load_engine(m, "gpu", n_ctx, tiers=tier_config(**tier_args))
     with step_progress("capturing the commit graph" if commit else f"capturing the T = {window} window graph"):
         graph = engine.commit_graph() if commit else engine.graph(window, profile=profile)
     summary = graph.summary()

@@ -16,16 +16,22 @@ TABLE_COLUMNS = [("pos", None), ("target", None), ("lp_target", ".6f"), ("top_id
 FLAT_KEYS = ["pos", "target", "lp_target", "top_id", "lp_top", "match", "lp_extra", "lp_target_renorm", "topk"]
 
 
-def token_options(command):
-    """--tokens FILE | --random N | --text STR | --text-file FILE (and --seed of --random)."""
-    for option in reversed([
-        click.option("--tokens", "token_file", help="File of token ids (whitespace/commas, UTF-8; - = stdin)."),
-        click.option("--random", "n_random", type=click.IntRange(min=2), help="Use N random token ids instead."),
-        click.option("--text", help="Text, tokenized by the model's own tokenizer (tokenizer.ggml.*)."),
-        click.option("--text-file", help="A UTF-8 text file (- = stdin), tokenized by the model's own tokenizer."),
-    ]):
-        command = option(command)
-    return command
+def token_options(command=None, *, with_random: bool = True):
+    """--tokens FILE | --random N | --text STR | --text-file FILE (and --seed of --random); with_random=False leaves
+    --random out (verify-bench draws random ids when no source is given). tokens.tokens_from_options reads them."""
+
+    def add(command):
+        for option in reversed([
+            click.option("--tokens", "token_file", help="File of token ids (whitespace/commas, UTF-8; - = stdin)."),
+            *([click.option("--random", "n_random", type=click.IntRange(min=2),
+                            help="Use N random token ids instead.")] if with_random else []),
+            click.option("--text", help="Text, tokenized by the model's own tokenizer (tokenizer.ggml.*)."),
+            click.option("--text-file", help="A UTF-8 text file (- = stdin), tokenized by the model's own tokenizer."),
+        ]):
+            command = option(command)
+        return command
+
+    return add if command is None else add(command)
 
 
 @click.command(short_help="Dump per-position logprobs of a token sequence.")
@@ -49,7 +55,7 @@ def token_options(command):
 @ctx_option
 @tier_options
 def command(model, token_file, n_random, text, text_file, seed, topk, window, extra_id, draft_noise, full_dist, fmt,
-            output, allow_nonfinite, device, n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
+            output, allow_nonfinite, device, n_ctx, **tier_args):
     """One row per position p = 0..N-2: the distribution after tokens[0..p], target tokens[p+1].
 
     TSV columns: pos, target, logprob(target), top_id, logprob(top_id), match, logprob(extra_id),
@@ -88,7 +94,7 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
     elif not 0 <= extra_id < g.n_vocab:
         raise InputError(f"--extra-id {extra_id} out of range 0..{g.n_vocab - 1}")
     check_positions(len(tokens), ctx, source, g.n_ctx)  # before the engine allocates its caches
-    engine = load_engine(m, device, n_ctx, tiers=tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait))
+    engine = load_engine(m, device, n_ctx, tiers=tier_config(**tier_args))
     env = environment_record(engine.device)
     comments = [header_line(env), f"model {m.path} | tokens {source} ({len(tokens)}) | window {window} | "
                 f"draft-noise {draft_noise} | extra_id {extra_id}"]

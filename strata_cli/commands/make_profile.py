@@ -23,9 +23,12 @@ from .logprobs import token_options
 @click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
               help="Count on the numpy engine, or on the GPU engine with every routed expert served by the host "
               "(the same picks, far faster on a large model).")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+              help="Also write every routed pick of the counting run here (.npz; the input of `strata cache-sim`).")
 @format_option()
 @ctx_option
-def command(model, token_file, n_random, text, text_file, seed, holdout, slots, window, output, fmt, n_ctx, device):
+def command(model, token_file, n_random, text, text_file, seed, holdout, slots, window, output, trace_path, fmt,
+            n_ctx, device):
     """Run MODEL's numpy reference engine (or with --device gpu the GPU engine) over the tokens (every row committed), count how often the router
     picked each (layer, expert) pair, rank the pairs hottest first and write the profile atomically. Prints the
     share of the counted picks the first N ranked pairs serve (coverage) and, with --holdout, the hit rate on the
@@ -33,11 +36,15 @@ def command(model, token_file, n_random, text, text_file, seed, holdout, slots, 
     from ..errors import InputError
     from ..progress import step_progress
     from ..tiers.profile import ExpertProfile, check_profile_path, save_profile
+    from ..tiers.residency import expert_bytes
     from ..tiers.routing import count_routing, slot_counts
+    from ..tiers.trace import TraceRecorder, check_trace_path, save_trace
     from ..tokens import check_range, read_token_file, tokens_from_options
     from .profile_info import report
 
     check_profile_path(output)  # before the run, not after it
+    if trace_path is not None:
+        check_trace_path(trace_path)
     m = load_model(model)
     g = m.geometry
     if slots is not None and slots > g.n_layers * g.n_expert:
@@ -49,12 +56,17 @@ def command(model, token_file, n_random, text, text_file, seed, holdout, slots, 
     if holdout is not None:
         held_tokens = read_token_file(holdout)
         check_range(held_tokens, g.n_vocab, holdout)
+    recorder = None if trace_path is None else TraceRecorder(g.n_layers, g.n_expert, expert_bytes(m))
     with step_progress(f"routing {len(tokens)} tokens", total=len(tokens)) as progress:
-        counts = count_routing(m, tokens, window, n_ctx, progress, device)
+        counts = count_routing(m, tokens, window, n_ctx, progress, device, trace=recorder)
     profile = ExpertProfile.from_counts(counts, g, m.path, tokens_seen=len(tokens), slots=slots)
     save_profile(profile, output)
+    head = [f"wrote {output}: {source} ({len(tokens)} tokens) through {m.path}"]
+    if recorder is not None:
+        routed = recorder.trace()
+        save_trace(routed, trace_path)
+        head.append(f"wrote {trace_path}: {len(routed.layer)} picks in {routed.n_windows} windows")
     if holdout is not None:
         with step_progress(f"routing {len(held_tokens)} held-out tokens", total=len(held_tokens)) as progress:
             held = count_routing(m, held_tokens, window, n_ctx, progress, device)
-    report(profile, output, slot_counts(profile.n_pairs, [profile.slots]), held, holdout, m, fmt,
-           head=[f"wrote {output}: {source} ({len(tokens)} tokens) through {m.path}"])
+    report(profile, output, slot_counts(profile.n_pairs, [profile.slots]), held, holdout, m, fmt, head=head)

@@ -20,7 +20,7 @@ STALL_RELEASED = 5  # exit code: the stalled window was released (README, Exit c
               help="Tokens per window.")
 @ctx_option
 @tier_options
-def command(model, stall_at, timeout_s, n_tokens, n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
+def command(model, stall_at, timeout_s, n_tokens, n_ctx, **tier_args):
     """Runs windows with STRATA_TEST_VERIFY_STALL=WINDOW: the host withholds that window's last flag, the GPU waits,
     and the watchdog (no progress for --timeout s) releases every GPU wait, prints one line and the engine refuses
     later windows. Then a fresh engine must run a window. Exits 5 after a release (the stall is the point), 1 if
@@ -38,7 +38,7 @@ def command(model, stall_at, timeout_s, n_tokens, n_ctx, expert_profile, expert_
     from ..tiers.watchdog import Watchdog
 
     m = load_model(model)
-    tiers = tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait)
+    tiers = tier_config(**tier_args)
     rng = np.random.default_rng(0)
     saved = os.environ.get(STALL_ENV)
     os.environ[STALL_ENV] = str(stall_at)

@@ -7,6 +7,7 @@ import click
 from ._common import (SEED, FiniteFloatRange, ctx_option, deprecated_alias, device_option, format_option,
                       load_engine, load_model, model_argument)
 from ._tiers import tier_config, tier_options
+from .logprobs import token_options
 
 # (key, table header, display format): the table/md columns; csv/json/jsonl print every key of the record, raw
 COLUMNS = [("window", "T", None), ("ms_median", "ms/window", ".3f"), ("ms_p10", "p10", ".3f"),
@@ -59,30 +60,48 @@ def _add_floor(records, model) -> None:
               help="Use the per-position acceptance a `strata logprobs --draft-noise` loop measured (its dump).")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the tokens and the drawn n_keep.")
 @click.option("--eager", is_flag=True, help="GPU: launch the kernels one by one instead of replaying the graph.")
+@token_options(with_random=False)
 @format_option()
 @device_option
 @ctx_option
 @tier_options
-def command(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, fmt, device,
-            n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
+def command(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, token_file,
+            text, text_file, fmt, device, n_ctx, **tier_args):
     """Per window size T: ms per window (median, p10, p90, stddev over -r timed windows), rows/s, E(T) tokens per
     window and the speedup over T = 1 at the assumed or measured acceptance, under the run's provenance.
     With expert tiers (GPU): the VRAM / PCIe / CPU shares of the routed entries, the GPU's time in each wait and
-    the host's time per window; --expert-cache as a list (0,4096,12GiB,all) sweeps the cache sizes."""
+    the host's time per window; --expert-cache as a list (0,4096,12GiB,all) sweeps the cache sizes. With --tokens,
+    --text or --text-file the context and the windows follow that text (else seeded random ids)."""
     from ..errors import InputError
 
+    expert_cache = tier_args["expert_cache"]
     caches = [c.strip() for c in expert_cache.split(",")] if expert_cache else [None]
     if "" in caches:
         raise InputError(f"--expert-cache '{expert_cache}': an empty cache size in the list")
-    configs = [tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache_override=cache)
-               for cache in caches]  # every spec checked before the first run
+    configs = [tier_config(**tier_args, cache_override=cache) for cache in caches]  # every spec checked before the first run
+    sources = dict(token_file=token_file, text=text, text_file=text_file)
     for tiers in configs:
         _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, fmt,
-               device, n_ctx, tiers)
+               device, n_ctx, tiers, sources)
+
+
+def _text_ids(m, sources: dict, need: int):
+    """The ids of --tokens / --text / --text-file (None: random ids), checked against the vocabulary and long
+    enough for the context and the largest window."""
+    from ..errors import InputError
+    from ..tokens import check_range, tokens_from_options
+
+    if all(v is None for v in sources.values()):
+        return None, "random ids"
+    ids, source = tokens_from_options(m, **sources)
+    check_range(ids, m.geometry.n_vocab, source)
+    if len(ids) < need:
+        raise InputError(f"{source}: {len(ids)} tokens; --depth and the largest --window need {need}")
+    return ids, f"{source} ({len(ids)} tokens)"
 
 
 def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, fmt, device,
-           n_ctx, tiers):
+           n_ctx, tiers, sources):
     from ..envinfo import environment_record, header_line
     from ..errors import InputError
     from ..present import Column, emit
@@ -100,6 +119,7 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
         raise InputError(f"--window {max(windows)}: {acceptance_dump} measured acceptance up to T = "
                          f"{accept.max_window()} only")
     m = load_model(model)
+    text, text_label = _text_ids(m, sources, depth + max(windows))
     engine = load_engine(m, device, n_ctx, tiers=tiers)
     if eager and not engine.capabilities.eager:
         raise InputError("--eager compares graph replay with eager launches: it needs --device gpu")
@@ -116,7 +136,7 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
             progress(sizes.index(T), description=f"T = {T}: {repetitions} windows")
 
         records = run_bench(engine, windows, repetitions, accept, depth, seed, warmup=warmup, timer=timer,
-                            progress=step)
+                            progress=step, text=text)
     columns = [Column(k, h, f) for k, h, f in COLUMNS]
     if engine.device == "gpu":
         _add_floor(records, m)
@@ -133,11 +153,12 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
                       n_ctx=engine.n_ctx, warmup=warmup, repetitions=repetitions,
                       acceptance=accept.rates[0] if accept.constant else None,
                       acceptance_per_position=None if accept.constant else list(accept.rates),
-                      acceptance_source=accept.source, mode=mode, model=ModelIdentity.of(m), env=env)
+                      acceptance_source=accept.source, mode=mode, model=ModelIdentity.of(m), env=env,
+                      tokens=text_label)
     for rec in records:
         rec.provenance = prov
     head = [header_line(env), f"model {m.path} | {mode} | depth {depth} | ctx {engine.n_ctx} | acceptance "
-            f"{accept.describe()} | {repetitions} windows per T after {warmup} warm-up"]
+            f"{accept.describe()} | {repetitions} windows per T after {warmup} warm-up | tokens: {text_label}"]
     if engine.tier_note:
         head.append(engine.tier_note)
     emit([rec.flat() for rec in records], columns if fmt in ("table", "md") else None, fmt, header_lines=head,

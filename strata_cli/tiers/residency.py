@@ -1,6 +1,6 @@
-"""`--expert-cache all|auto|N|SIZE` parsed, and the bytes of one routed expert per layer. The residency itself (which
-(layer, expert) pairs the cache holds, from a profile's ranked order) is chosen by the GPU engine that uploads them:
-strata_cli/engine/gpu/tiers.py `choose_residency`.
+"""`--expert-cache all|auto|N|SIZE` parsed, the bytes of one routed expert per layer, the order the cache fills in
+(a profile's, or the default) and the slot table of its first N pairs. How many pairs fit is chosen by the GPU engine
+that uploads them (strata_cli/engine/gpu/tiers.py `choose_residency`); `strata cache-sim` replays the same tables.
 """
 
 from __future__ import annotations
@@ -39,6 +39,17 @@ def parse_cache_spec(text) -> CacheSpec:
     raise InputError(f"--expert-cache {raw!r}: expected all, auto, a slot count (e.g. 4096) or a size (e.g. 12GiB)")
 
 
+def parse_size(text, option: str) -> int:
+    """Bytes of a size like '512MiB', '1.5G' (= GiB), '2GB' or a plain byte count ('4096')."""
+    low = str(text).strip().lower()
+    if re.fullmatch(r"\d+", low):
+        return int(low)
+    m = _SIZE.fullmatch(low)
+    if m and m.group(2) in _UNITS:
+        return int(float(m.group(1)) * _UNITS[m.group(2)])
+    raise InputError(f"{option} {str(text).strip()!r}: expected a size in bytes like 512MiB, 2GB or 4096")
+
+
 def expert_bytes(model) -> np.ndarray:
     """int64 [L]: bytes of one routed expert (gate + up + down, as stored) in each layer."""
     g = model.geometry
@@ -47,3 +58,31 @@ def expert_bytes(model) -> np.ndarray:
         for role in EXPERT_ROLES:
             out[layer] += model.info(f"blk.{layer}.{role}.weight").n_bytes // g.n_expert
     return out
+
+
+def fill_order(n_layers: int, n_expert: int, profile=None) -> np.ndarray:
+    """(layer, expert) pairs in cache-fill order [L*E, 2] int64: the profile's ranked order (then its other pairs by
+    count), or without a profile expert-major, so each layer gets the same share: (0, 0), (1, 0), ..., (L-1, 0),
+    (0, 1), ..."""
+    default = np.stack(np.meshgrid(np.arange(n_layers), np.arange(n_expert), indexing="xy"), axis=-1).reshape(-1, 2)
+    if profile is None:
+        return default.astype(np.int64)
+    ranked = np.asarray(profile.order(), dtype=np.int64)
+    seen = np.zeros((n_layers, n_expert), dtype=bool)
+    seen[ranked[:, 0], ranked[:, 1]] = True
+    rest = default[~seen[default[:, 0], default[:, 1]]]
+    return np.concatenate([ranked, rest]).astype(np.int64)
+
+
+def slot_table(n_layers: int, n_expert: int, ranked: np.ndarray, n_pairs: int) -> np.ndarray:
+    """[L, E] int32: the slot of each of the first n_pairs ranked pairs within its layer's VRAM array, else -1.
+    Slots within a layer follow the expert id (a layer's resident experts are uploaded in id order). A layer's
+    count of slots is its capacity under every cache policy (tiers/cache_policy.py)."""
+    table = np.full((n_layers, n_expert), -1, dtype=np.int32)
+    chosen = np.zeros((n_layers, n_expert), dtype=bool)
+    top = ranked[:n_pairs]
+    chosen[top[:, 0], top[:, 1]] = True
+    for layer in range(n_layers):
+        ids = np.flatnonzero(chosen[layer])
+        table[layer, ids] = np.arange(len(ids), dtype=np.int32)
+    return table

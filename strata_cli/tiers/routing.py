@@ -29,22 +29,28 @@ def _routing_engine(model, device: str, n_ctx: int | None, hook):
 
 
 def count_routing(model, tokens: np.ndarray, window: int = 8, n_ctx: int | None = None,
-                  progress: Callable[[int], None] | None = None, device: str = "cpu") -> np.ndarray:
+                  progress: Callable[[int], None] | None = None, device: str = "cpu", trace=None) -> np.ndarray:
     """int64 [L, E]: how often the router picked each pair over `tokens` (each token routed once per layer).
-    Sequences longer than the context restart from an empty context."""
+    Sequences longer than the context restart from an empty context. trace: a tiers/trace.TraceRecorder that also
+    gets every pick, window by window (make-profile --trace)."""
     g = model.geometry
     counts = np.zeros((g.n_layers, g.n_expert), dtype=np.int64)
 
     def hook(layer: int, ids: np.ndarray) -> None:
         counts[layer] += np.bincount(ids.reshape(-1), minlength=g.n_expert)
+        if trace is not None:
+            trace.pick(layer, ids)
 
     engine = _routing_engine(model, device, n_ctx, hook)
     window = min(window, engine.max_t or window)
-    done = 0
+    done = n_windows = 0
     while done < len(tokens):
         if engine.n_past >= engine.n_ctx:
             engine.reset()
         n = min(window, len(tokens) - done, engine.n_ctx - engine.n_past)
+        if trace is not None:
+            trace.window(n_windows, done)
+        n_windows += 1
         engine.run(tokens[done:done + n])
         engine.commit(n)
         done += n

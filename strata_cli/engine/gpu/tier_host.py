@@ -143,12 +143,17 @@ class TierHost:
         """The engine's warm-up window is not one of the user's (STRATA_TEST_VERIFY_STALL counts those)."""
         self.windows = 0
         self.history.clear()
+        if self.t.fill is not None:
+            self.t.fill.reset()
 
     # ---- one window
     def begin(self, T: int) -> None:
         if self.released is not None:
             raise EngineReleased(self.released)
         t = self.t
+        # an adaptive cache: the last window's admissions enter the table, this window's copies start (before the
+        # window counts as served: a failure here leaves the host idle)
+        filled = t.fill.boundary() if t.fill is not None else {}
         t.words.host[:] = 0
         t.wait_ns.host[:] = 0
         self.windows += 1
@@ -157,7 +162,7 @@ class TierHost:
         self.active = True
         self.progress = time.monotonic()
         self.stats = {"T": T, "vram": 0, "pcie": 0, "cpu": 0, "pool_ms": 0.0, "host_wait_ms": 0.0, "pcie_bytes": 0,
-                      "cpu_bytes": 0}
+                      "cpu_bytes": 0, **filled}
 
     def launched(self, T: int, launch) -> None:
         """begin(T), launch() (the window's graph launch, or the start of the eager launcher), serve(T). A launch
@@ -206,6 +211,8 @@ class TierHost:
         ids = t.pub_ids.host[r0:r0 + n].copy()
         if self.route_hook is not None:
             self.route_hook(layer, ids)
+        if t.fill is not None:
+            t.fill.observe(layer, ids)
         plan = plan_step(ids, t.table_host[layer], t.cfg.pcie_frac)
         slot = t.plan.host[grp]
         write_plan(slot, plan, r0 * K, t.JM)

@@ -66,6 +66,9 @@ def attach_tiers(engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool) -> N
     from .tier_host import TierHost
 
     engine.tiers = ExpertTiers(engine, table, cfg, pack_q8)
+    if cfg.policy != "static":
+        engine.tier_note = (f"{engine.tier_note}; --expert-policy {cfg.policy}: the slots change between windows, "
+                            f"at most {cfg.max_copy / 2**20:.0f} MiB copied per window")
     if engine.tiers.pin_note:
         engine.tier_note = f"{engine.tier_note}; {engine.tiers.pin_note}"
     engine.tiers.add_buffers(engine.arena)

@@ -24,6 +24,7 @@ from ...gpu import launch_tiers as tl
 from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.runtime import MappedBuffer, cupy
 from ...model import packed
+from ...tiers.cache_policy import DEFAULT_MAX_COPY_BYTES
 from ...tiers.doorbell import RELEASED  # noqa: F401 - the value every released flag holds (tier_host.py)
 from ...tiers.residency import EXPERT_ROLES
 
@@ -45,6 +46,8 @@ class TierConfig:
     split: bool = False             # two token groups per window
     wait: str = "spin"              # spin kernels or captured cuStreamWaitValue32
     timeout_s: float = 20.0         # bound of every GPU wait and of the host's wait for a ring
+    policy: str = "static"          # --expert-policy (tiers/cache_policy.py): how the slots change between windows
+    max_copy: int = DEFAULT_MAX_COPY_BYTES  # bytes an adaptive policy copies into VRAM per window at most
 
 
 def expert_names(layer: int) -> list[str]:
@@ -56,36 +59,25 @@ def is_expert_tensor(name: str) -> bool:
 
 
 def ranked_pairs(model, profile_path: str | None) -> np.ndarray:
-    """(layer, expert) pairs hottest first [L*E, 2]: the profile's ranked order, then every pair it leaves out in
-    the default order (expert-major, so each layer gets the same share: (0, 0), (1, 0), ..., (L-1, 0), (0, 1))."""
-    g = model.geometry
-    L, E = g.n_layers, g.n_expert
-    default = np.stack(np.meshgrid(np.arange(L), np.arange(E), indexing="xy"), axis=-1).reshape(-1, 2)
-    if profile_path is None:
-        return default.astype(np.int64)
-    from ...tiers.profile import load_profile
+    """(layer, expert) pairs hottest first [L*E, 2]: tiers/residency.fill_order of the profile (checked against the
+    model), or the default order without one."""
+    from ...tiers.residency import fill_order
 
-    profile = load_profile(profile_path)
-    profile.check_model(g, profile_path)
-    ranked = np.asarray(profile.order(), dtype=np.int64)
-    seen = np.zeros((L, E), dtype=bool)
-    seen[ranked[:, 0], ranked[:, 1]] = True
-    rest = default[~seen[default[:, 0], default[:, 1]]]
-    return np.concatenate([ranked, rest]).astype(np.int64)
+    g = model.geometry
+    profile = None
+    if profile_path is not None:
+        from ...tiers.profile import load_profile
+
+        profile = load_profile(profile_path)
+        profile.check_model(g, profile_path)
+    return fill_order(g.n_layers, g.n_expert, profile)
 
 
 def residency_table(model, ranked: np.ndarray, n_pairs: int) -> np.ndarray:
-    """[L, E] int32: the slot of each of the first n_pairs ranked pairs within its layer's VRAM array, else -1.
-    Slots within a layer follow the expert id (a layer's resident experts are uploaded in id order)."""
-    g = model.geometry
-    table = np.full((g.n_layers, g.n_expert), -1, dtype=np.int32)
-    chosen = np.zeros((g.n_layers, g.n_expert), dtype=bool)
-    top = ranked[:n_pairs]
-    chosen[top[:, 0], top[:, 1]] = True
-    for layer in range(g.n_layers):
-        ids = np.flatnonzero(chosen[layer])
-        table[layer, ids] = np.arange(len(ids), dtype=np.int32)
-    return table
+    """[L, E] int32 slot table of the first n_pairs ranked pairs (tiers/residency.slot_table)."""
+    from ...tiers.residency import slot_table
+
+    return slot_table(model.geometry.n_layers, model.geometry.n_expert, ranked, n_pairs)
 
 
 def choose_residency(model, cfg: TierConfig, free_bytes: int | None, fixed_bytes: int) -> tuple[np.ndarray, str]:
@@ -160,7 +152,10 @@ class ExpertTiers:
         self.pcie = cfg.pcie_frac > 0
         self.Q = min(self.E, self.JM) if self.pcie else 0
         self.plan_words = self.JM * (3 + GEMV_MAXT)  # src | pcie g_expert | g_count | g_entries [JM, MAXT]
-        self.resident = upload_resident(model, table, pack_q8)
+        # an adaptive --expert-policy copies raw file blocks into the slots (residency_fill.py): no repacking
+        self.resident = upload_resident(model, table, pack_q8 and cfg.policy == "static")
+        self.has_slots = (table >= 0).any(axis=1)  # per layer, fixed: the graph runs a layer's VRAM experts iff
+        self.fill = None                            # it has slots; fill: tiers/cache_policy.SlotFiller (bind)
         self.expert_bytes = [[model.info(n).n_bytes // self.E for n in expert_names(layer)]
                              for layer in range(self.L)]
         self.file_types = [[model.info(n).ggml_type for n in expert_names(layer)] for layer in range(self.L)]
@@ -215,6 +210,10 @@ class ExpertTiers:
         self.buf = buf
         buf["tier_table"].set(self.table_host)
         self.all_resident = bool((self.table_host >= 0).all())
+        if self.cfg.policy != "static":
+            from .residency_fill import make_filler
+
+            self.fill = make_filler(self)
 
     def staged(self, layer: int, grp: int):
         """The PCIe staging slots of group grp viewed as layer's gate/up/down arrays [Q, expert bytes]."""
@@ -267,7 +266,7 @@ class ExpertTiers:
         groups = (b["tier_vg_expert"][j0:j0 + J], b["tier_vg_count"][j0:j0 + J], b["tier_vg_entries"][j0:j0 + J])
         tl.group_resident(b["route_ids"], j0, J, b["tier_table"][layer], self.E, *groups, stream)
         arrays, n_slots = self.resident[layer]
-        if (self.table_host[layer] >= 0).any():
+        if self.has_slots[layer]:
             tl.swiglu_experts(*arrays, n_slots, groups, J, n, b["mixed"], K, b["moe_h"], b["moe_parts"], stream)
 
     def post(self, layer: int, grp: int, r0: int, n: int, G: int, stream) -> None:
@@ -308,3 +307,5 @@ class ExpertTiers:
         """Unpin the model file's expert tensors now (the mapped buffers go with their finalizers)."""
         if self.pinned is not None:
             self.pinned.free()
+        if self.fill is not None:
+            self.fill.device.free()

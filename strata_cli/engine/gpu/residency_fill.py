@@ -1,0 +1,82 @@
+"""The GPU side of an adaptive expert cache (--expert-policy lru|lfu; tiers/cache_policy.SlotFiller decides): the
+admitted experts are copied by the copy engine on a side stream from the page-locked memory-mapped file into
+their VRAM slots while the next window runs; the slot table the window graph reads (the device array `tier_table`,
+read by tier_group at run time, so no graph is recaptured) is uploaded on the engine's stream from a pinned copy.
+
+The resident arrays of an adaptive cache hold the file's raw blocks (no Q8_0_R32 repacking), so a copy is one DMA
+per projection.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import StrataError
+from ...gpu.runtime import MappedBuffer, check, cudart, cupy
+from .tiers import expert_names
+
+
+class DeviceSlots:
+    """SlotFiller's device for one ExpertTiers (after bind: its arena holds tier_table)."""
+
+    def __init__(self, tiers):
+        from ...gpu.graphs import new_stream
+        from ...gpu.runtime import PinnedHostSpans
+
+        self.t = tiers
+        self.stream = new_stream()
+        self.event = cupy().cuda.Event(disable_timing=True)
+        self.pending = False
+        self.table_pinned = MappedBuffer(tiers.table_host.shape, np.int32)
+        infos = [[tiers.model.info(n) for n in expert_names(layer)] for layer in range(tiers.L)]
+        self.src = [[(info.raw.ctypes.data, info.n_bytes // tiers.E) for info in layer] for layer in infos]
+        for layer, (arrays, n_slots) in enumerate(tiers.resident):
+            for p, (arr, _) in enumerate(arrays):
+                if arr.nbytes // int(arr.shape[0]) != self.src[layer][p][1]:
+                    raise StrataError(f"layer {layer}: a VRAM slot of {arr.nbytes // int(arr.shape[0])} bytes does "
+                                      f"not hold one expert of the file ({self.src[layer][p][1]} bytes)")
+        try:  # the PCIe share's registration when there is one: spans are counted per process (runtime.py)
+            self.pinned = PinnedHostSpans((info.raw.ctypes.data, info.n_bytes) for layer in infos for info in layer)
+        except RuntimeError as exc:
+            raise StrataError(f"--expert-policy {tiers.cfg.policy}: the model file could not be page-locked for the "
+                              f"copy engine ({exc})") from None
+
+    def done(self) -> bool:
+        return not self.pending or self.event.done
+
+    def upload_table(self, table: np.ndarray) -> None:
+        """Through the pinned copy: the last upload finished (the window after it was served to the end)."""
+        rt = cudart()
+        self.table_pinned.host[:] = table
+        dev = self.t.buf["tier_table"]
+        check(rt.cudaMemcpyAsync(dev.data.ptr, self.table_pinned.host.ctypes.data, dev.nbytes,
+                                 rt.cudaMemcpyKind.cudaMemcpyHostToDevice, self.t.engine.stream.ptr),
+              "cudaMemcpyAsync of the slot table")
+
+    def copy_expert(self, layer: int, expert: int, slot: int) -> None:
+        rt = cudart()
+        arrays, _ = self.t.resident[layer]
+        for p, (arr, _) in enumerate(arrays):
+            base, nbytes = self.src[layer][p]
+            check(rt.cudaMemcpyAsync(arr.data.ptr + slot * nbytes, base + expert * nbytes, nbytes,
+                                     rt.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream.ptr),
+                  f"cudaMemcpyAsync of expert {expert} of layer {layer}")
+
+    def issued(self) -> None:
+        self.event.record(self.stream)
+        self.pending = True
+
+    def free(self) -> None:
+        """Unpin the file once no copy still reads it."""
+        self.stream.synchronize()
+        self.pinned.free()
+
+
+def make_filler(tiers):
+    """The SlotFiller of an adaptive --expert-policy over tiers' slot table (updated in place: the host plans from
+    the same table)."""
+    from ...tiers.cache_policy import ResidencyPolicy, SlotFiller
+
+    per_pair = [sum(b) for b in tiers.expert_bytes]
+    policy = ResidencyPolicy(tiers.cfg.policy, tiers.table_host, per_pair, tiers.cfg.max_copy)
+    return SlotFiller(policy, DeviceSlots(tiers))
