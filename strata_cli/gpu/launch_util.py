@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -205,10 +206,25 @@ def env_switch(name: str, default: bool) -> bool:
     return default
 
 
+@dataclass(frozen=True)
+class WindowPath:
+    """The launch variants a T-row window records (engine/gpu/window.py, launch_gemv)."""
+
+    fused_hc: bool  # launch_hyper.hc_read_fused: each HC read also applies the previous block's write
+    fused_gdn: bool  # launch_gdn.gdn_conv_split and gdn_ab_gates: a GDN layer's conv + split, alpha/beta + gates
+    gemv_tc: bool  # dense Q8_0_R32 GEMVs on tensor cores (kernels/gemv_q8r.cu gemv_q8r_tc_t*)
+
+
+def window_path(T: int) -> WindowPath:
+    """STRATA_FUSED_HC, STRATA_FUSED_GDN, and STRATA_GEMV_TC for T >= 2."""
+    return WindowPath(env_switch("STRATA_FUSED_HC", False), env_switch("STRATA_FUSED_GDN", False),
+                      T >= 2 and env_switch(Q8T_ENV, False))
+
+
 def q8r_tensor_cores(T: int) -> bool:
     """Whether a dense Q8_0_R32 GEMV of T window rows takes the tensor-core kernel: T >= 2 and STRATA_GEMV_TC=1
     (read at each launch, so a process can compare both; graphs keep what was chosen at capture)."""
-    return T >= 2 and env_switch(Q8T_ENV, False)
+    return window_path(T).gemv_tc
 
 
 def q8r_split(n_out: int, n_in: int, T: int = 1, n_matrices: int = 1, max_z: int = 1,
