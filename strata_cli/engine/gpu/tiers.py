@@ -202,7 +202,8 @@ class ExpertTiers:
         arena.add("tier_vg_entries", (self.JM, GEMV_MAXT), np.int32)
         arena.add("tier_plan", (2, self.plan_words), np.int32)
         g = self.engine.g
-        if self.G == 2 and g.ple is not None:  # split.py: the PLE rows' saved input and output
+        # the split window (window._ple_group): the PLE rows' saved input and output
+        if self.G == 2 and g.ple is not None:
             arena.add("split_ple_in", (self.M, g.hc, self.D))
             arena.add("split_ple_out", (self.M, g.hc, self.D))
         if self.Q:

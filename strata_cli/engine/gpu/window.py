@@ -78,8 +78,9 @@ def gemv_weight(e, name: str, x, out, stream):
 
 
 def _gdn(e, layer: int, x, T: int, stream, r0: int = 0, fused: bool = False):
-    """GDN of rows [r0, T), x = their mixed rows. r0 > 0 (group B of a split window): the conv and the recurrence run again from the
-    saved state over rows [0, T); the earlier group's rows come out as they did (outputs land in scratch only)."""
+    """GDN of rows [r0, T), x = their mixed rows. r0 > 0 (group B of a split window): the conv and the recurrence
+    run again from the saved state over rows [0, T); the earlier group's rows come out as they did (outputs land in
+    scratch only). fused: gdn_conv_split and gdn_ab_gates instead of conv + split and two GEMVs + gates."""
     b, w, g = e.buf, e.w, e.g
     blk, n = f"blk.{layer}.", T - r0
     qkv = b[f"qkv.{layer}"][:T]
@@ -116,8 +117,8 @@ def _gdn(e, layer: int, x, T: int, stream, r0: int = 0, fused: bool = False):
 
 
 def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
-    """QSA of rows [r0, T), x = their mixed rows (r0 > 0: group B of a split window; the earlier group's K/V cells are in the cache,
-    and the indexer appends rows [0, T) again from the restored tail)."""
+    """QSA of rows [r0, T), x = their mixed rows (r0 > 0: group B of a split window; the earlier group's K/V cells
+    are in the cache, and the indexer appends rows [0, T) again from the restored tail)."""
     b, w, g = e.buf, e.w, e.g
     blk, d, pos, n = f"blk.{layer}.", g.head_dim, b["positions"][r0:T], T - r0
     cos, sin = b["cos"], b["sin"]
