@@ -265,7 +265,7 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
     from types import SimpleNamespace
 
     from strata_cli.engine.gpu import window
-    from strata_cli.gpu.launch_util import window_path
+    from strata_cli.gpu.launch_util import WindowPath
     from strata_cli.model.gguf_file import open_model
 
     for mod in ("embed", "gdn", "launch_gemv", "hyper", "moe", "ple", "qsa", "sampling"):
@@ -280,7 +280,7 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
     e = SimpleNamespace(buf=_Buffers(), w=weights, g=g, stage=SimpleNamespace(
         tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
         out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows())), stamper=None,
-        tiers=None, window_paths=window_path)
+        tiers=None, window_paths=lambda T: WindowPath(fused_hc=False, fused_gdn=False, gemv_tc=False))
     window.record_window(e, 4, None)
     plan = sp.Plan(g.n_layers, tuple("QSA" if a else "GDN" for a in g.layer_is_attn))
     e.stamper = lambda layer, stage, stream: calls.append(plan.add(layer, stage))

@@ -56,7 +56,6 @@ class GPUEngine:
         if not 1 <= self.max_t <= GEMV_MAXT:
             raise InputError(f"max_t {self.max_t} outside 1..{GEMV_MAXT} (the GPU kernels take up to {GEMV_MAXT} rows)")
         self.window_paths = window_paths  # the launch variant of each T (tests pick one for every T)
-        window_paths(2)  # a bad STRATA_* switch is one line now, not an error inside a graph capture
         # ---- expert tiers (tiers.py): the residency is chosen before anything is uploaded; None = all in VRAM
         from .tier_setup import residency_for
 

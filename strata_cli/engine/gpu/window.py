@@ -21,7 +21,7 @@ from ...gpu import launch_moe as moe
 from ...gpu import launch_ple as ple
 from ...gpu import launch_qsa as qsa
 from ...gpu import launch_sampling as sampling
-from ...gpu.launch_util import WindowPath
+from ...gpu.launch_util import WindowPath, recording_path
 from ...gpu.runtime import check, cudart
 from ...model.names import PLE_TABLE
 from .buffers import argmax_scratch, split_k
@@ -333,17 +333,19 @@ def record_window(e, T: int, stream) -> None:
     head = e.g.n_layers  # the stamps' window row
     stamp(e, head, "begin", stream)
     groups = e.tiers.groups(T) if e.tiers is not None else [(0, T)]
-    recorder = _LayerRecorder(e, T, stream, groups, e.window_paths(T))
-    if not recorder.split:
-        recorder.record()
-        return
-    # --split is stamped as a whole: per-stage stamps of interleaved groups would not be stages (the seed profiles
-    # single-group windows only)
-    stamper, e.stamper = e.stamper, None
-    try:
-        recorder.record()
-    finally:
-        e.stamper = stamper
+    path = e.window_paths(T)
+    recorder = _LayerRecorder(e, T, stream, groups, path)
+    with recording_path(path):
+        if not recorder.split:
+            recorder.record()
+            return
+        # --split is stamped as a whole: per-stage stamps of interleaved groups would not be stages (the seed
+        # profiles single-group windows only)
+        stamper, e.stamper = e.stamper, None
+        try:
+            recorder.record()
+        finally:
+            e.stamper = stamper
     stamp(e, head, "split-window", stream)
 
 
