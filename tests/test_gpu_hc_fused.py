@@ -176,14 +176,16 @@ def test_window_path_matches_numpy_and_replays_eager(fixture_dir, name, fused):
 
 def test_fused_window_has_fewer_nodes(fixture_dir):
     """4 nodes fewer per layer (two reads of 4 nodes instead of 5, no write node), one write kept before a PLE
-    layer that is not the first."""
+    layer that is not the first; GPUEngine.layer_nodes (graph-nodes' per-layer line) sees the same per layer."""
     from strata_cli.engine.gpu import GPUEngine
 
     model = open_model(fixture_dir / "model-q8_0.gguf")
-    counts = {}
+    counts, per_layer = {}, {}
     for fused in ("0", "1"):
         eng = GPUEngine(model, window_paths=every_t(fused == "1", False))
         counts[fused] = eng.graph(1).summary()
+        per_layer[fused] = eng.layer_nodes(1)
+        assert len(per_layer[fused]) == eng.g.n_layers and sum(per_layer[fused]) < counts[fused].nodes
         kinds = dict(counts[fused].kinds)
         if fused == "1":
             assert kinds.get("hc_write_norm", 0) == 2 * eng.g.n_layers + 1 and "hc_norm" not in kinds
@@ -192,6 +194,8 @@ def test_fused_window_has_fewer_nodes(fixture_dir):
     g = eng.g
     kept = 1 if g.ple is not None and g.ple.layer > 0 else 0
     assert counts["0"].nodes - counts["1"].nodes == 4 * g.n_layers - kept
+    assert [a - b for a, b in zip(per_layer["0"], per_layer["1"])] == [
+        3 if g.ple is not None and layer == g.ple.layer > 0 else 4 for layer in range(g.n_layers)]
 
 
 def test_fused_gdn_has_fewer_nodes(fixture_dir):

@@ -20,7 +20,7 @@ import numpy as np
 
 from ...errors import InputError
 from ...gpu import launch_sampling
-from ...gpu.graphs import CapturedGraph, new_stream
+from ...gpu.graphs import CapturedGraph, captured_nodes, new_stream
 from ...gpu.launch_util import GEMV_MAXT, WindowPath, window_path
 from ...gpu.launch_stamp import stamp_kernel
 from ...gpu.runtime import capture_guard, cupy
@@ -159,6 +159,23 @@ class GPUEngine:
             self.profile_plans[T] = self.stamper.plan
         finally:
             self.stamper = None
+
+    def layer_nodes(self, T: int) -> list[int]:
+        """The nodes each layer adds to the T-row window graph: a capture whose stage hook (in place of the
+        profiling stamps, adding no node) counts the nodes so far at each layer's end ("embed", then each "gap");
+        [] for a split window (stamped as a whole)."""
+        ends: list[int] = []
+
+        def count(layer: int, stage: str, stream) -> None:
+            if stage in ("embed", "gap"):
+                ends.append(captured_nodes(stream))
+
+        self.stamper = count
+        try:
+            CapturedGraph(lambda s: record_window(self, T, s), self.stream).destroy()
+        finally:
+            self.stamper = None
+        return [b - a for a, b in zip(ends, ends[1:])]
 
     def read_stamps(self) -> np.ndarray:
         """The stamp slots as the last profiling window left them (uint64 ns; call after it finished)."""
