@@ -97,7 +97,8 @@ def captured_nodes(stream) -> int:
     """The nodes captured so far into the graph that `stream` is being captured into."""
     rt = cudart()
     info = check(rt.cudaStreamGetCaptureInfo(stream.ptr), "cudaStreamGetCaptureInfo")
-    graph = next(v for v in info if isinstance(v, rt.cudaGraph_t))  # the outputs' order differs across CUDA versions
+    graphs = [v for v in info if isinstance(v, rt.cudaGraph_t)]  # the outputs differ across CUDA versions
+    graph = graphs[0] if graphs else info[2]  # (status, id, graph, ...)
     return int(check(rt.cudaGraphGetNodes(graph, 0), "cudaGraphGetNodes")[1])
 
 
