@@ -1,5 +1,5 @@
-"""Q8_0_R32 dense GEMVs on Qwen3.8-Flash-Next's shapes: the CUDA-core kernels (STRATA_GEMV_TC=0) against the
-tensor-core kernels of T >= 2 (STRATA_GEMV_TC=1, kernels/gemv_q8r.cu), time per launch inside a graph and x floor.
+"""Q8_0_R32 dense GEMVs on Qwen3.8-Flash-Next's shapes: the CUDA-core kernels (tensor_cores=False) against the
+tensor-core kernels of T >= 2 (tensor_cores=True, kernels/gemv_q8r.cu), time per launch inside a graph and x floor.
 
     python3 bench/gemv_tc_bench.py [--window T ...] [--launches N] [--variant DEPTH:ROWS:MINB ...]
 
@@ -65,17 +65,16 @@ def main() -> None:
         floor[name] = graph_ms(lambda s: dst.data.copy_from_device_async(src.data, src.nbytes, s), args.launches,
                                stream)
     print(f"setup {time.perf_counter() - t0:.1f} s", flush=True)
-    paths = [("cuda", "0", DEFAULT)] + [(f"tc {v}", "1", v) for v in args.variant]
+    paths = [("cuda", False, DEFAULT)] + [(f"tc {v}", True, v) for v in args.variant]
     times = {}
-    for label, env, variant in paths:
-        os.environ["STRATA_GEMV_TC"] = env
+    for label, tensor_cores, variant in paths:
         use_variant(variant)
         for (name, n_out, n_in), T in itertools.product(SHAPES, args.window):
             w, x, y = weights[name], xs[(n_in, T)], ys[(n_out, T)]
             times[(label, name, T)] = graph_ms(
-                lambda s: launch_gemv.gemv(w, Q8_0_R32, n_in, x, out=y, split=split, stream=s), args.launches, stream)
+                lambda s: launch_gemv.gemv(w, Q8_0_R32, n_in, x, out=y, split=split, stream=s,
+                                           tensor_cores=tensor_cores), args.launches, stream)
         print(f"{label} done {time.perf_counter() - t0:.1f} s", flush=True)
-    os.environ["STRATA_GEMV_TC"] = "0"
     use_variant(DEFAULT)
     labels = [p[0] for p in paths]
     print("\nus per launch (x copy floor):  shape T  " + "  ".join(f"{lb:>14s}" for lb in labels) + "  floor")

@@ -67,7 +67,7 @@ extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
     }
 }
 
-// gdn_conv then gdn_split in one launch (launch_gdn.gdn_conv_split, STRATA_FUSED_GDN=1): no h [T, Ch] round trip.
+// gdn_conv then gdn_split in one launch (launch_gdn.gdn_conv_split, windows of T >= 4): no h [T, Ch] round trip.
 // grid (T, 2*Hk + Hv) as gdn_split, block GDN_BLOCK; each block convolves its head's channels itself (conv_at:
 // gdn_conv's arithmetic), twice for a q/k head (once for the norm, once for the output), so q, k, v equal
 // gdn_conv + gdn_split bit for bit.
@@ -124,7 +124,7 @@ extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
     }
 }
 
-// The alpha and beta projections with their gates in one launch (launch_gdn.gdn_ab_gates, STRATA_FUSED_GDN=1):
+// The alpha and beta projections with their gates in one launch (launch_gdn.gdn_ab_gates, windows of T >= 4):
 //   g[t, h] = ssm_a[h] * softplus(W_alpha[h] . x[t] + dt_bias[h]),  beta[t, h] = sigmoid(W_beta[h] . x[t])
 // x [T, n_in]; W_alpha, W_beta raw [Hv, n_in] rows (row strides in bytes, types F32/F16/BF16/Q8_0); g, beta [T, Hv].
 // grid 2*Hv (block o < Hv: alpha row o; else beta row o - Hv), block GDN_BLOCK: the threads split the input axis,

@@ -274,7 +274,7 @@ Q8R_GROUPED_KERNEL(8)
 Q8R_GROUPED_KERNEL(16)
 
 // ---------------------------------------------------------------------------------------------------------------
-// Tensor-core path for windows of T >= 2 (gemv_q8r_tc_t<NT>; STRATA_GEMV_TC=1 selects it, launch_gemv.py).
+// Tensor-core path for windows of T >= 2 (gemv_q8r_tc_t<NT>; launch_util.WINDOW_PATHS selects it from T = 4).
 //
 // Why: the CUDA-core kernel above spends per weight ~3 instructions to dequantize (2 prmt/fadd, 1 fmul by d) plus
 // T FMAs, so at T = 8 ~11 lane-instructions per weight: the 675 MB head needs ~7.5e9 lane-instructions, which the

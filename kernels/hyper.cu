@@ -7,7 +7,7 @@
 //   inj   = 2 * sigmoid((W_inject . xn) / C)            [T, C]      gemv, ACT_2SIGMOID, div C
 //   R'    = hc_write(R, bo, inj)                        [T, C, D]
 // A window's residual stack starts as C copies of its embedding rows (broadcast_streams).
-// The fused read (launch_hyper.hc_read_fused, STRATA_FUSED_HC=1) has two kernels of its own around the same two
+// The fused read (launch_hyper.hc_read_fused, windows of T >= 4) has two kernels of its own around the same two
 // GEMVs, 4 nodes instead of 5 plus the write's 1:
 //   R, xn, injp = hc_write_norm(R, bo, inj_prev)      [T, C, D], [T, C*D], [T, C, C]   (the pending write of the
 //                                                      previous block, if any, applied in place before the norm)

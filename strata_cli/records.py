@@ -103,6 +103,7 @@ class BenchRecord:
     kept: list[int]  # rows committed per timed window (the drawn n_keep)
     expected_tokens: float  # E(T) at the record's acceptance
     speedup_vs_t1: float | None = None
+    ms_vs_t1: float | None = None  # t(T) / t(1): what checking T rows costs against checking one
     capture_ms: float | None = None  # GPU: capturing this T's graph
     read_bytes: int | None = None  # GPU: bytes one window reads (dense + expected distinct experts)
     dense_bytes: int | None = None
@@ -163,7 +164,7 @@ class BenchRecord:
             "ms_mean": self.ms_mean, "ms_stddev": self.ms_stddev, "ms_p10": self.ms_p10, "ms_p90": self.ms_p90,
             "host_ms": self.host_ms, "rows_per_s": self.rows_per_s, "expected_tokens": self.expected_tokens,
             "accepted_tok_per_s": self.accepted_tok_per_s, "speedup_vs_t1": self.speedup_vs_t1,
-            "kept_mean": float(np.mean(self.kept)) if self.kept else None,
+            "ms_vs_t1": self.ms_vs_t1, "kept_mean": float(np.mean(self.kept)) if self.kept else None,
             "capture_ms": self.capture_ms, "read_bytes": self.read_bytes, "dense_bytes": self.dense_bytes,
             "expert_bytes": self.expert_bytes, "copy_bytes_per_s": self.copy_bytes_per_s,
             "floor_ms": self.floor_ms, "x_floor": self.x_floor,

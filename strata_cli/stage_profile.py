@@ -24,7 +24,7 @@ import numpy as np
 LAYER_STAGES = (
     "ple",            # per-layer embedding mix (the PLE layer only)
     "hc0-norm",       # (seed 27) hyper-connection read before the block: RMS norm of the C streams
-    "hc0-write+norm",  # the same with STRATA_FUSED_HC=1: the previous layer's pending write, the norm and the
+    "hc0-write+norm",  # the same with the fused read (T >= 4): the previous layer's pending write, the norm and the
                        # inject partial dots in one kernel (hc-write1 of the previous layer then has no stamp)
     "hc0-down",       # (seed 28) its low-rank down GEMV
     "hc0-up",         # (seed 29) its up GEMV (gates)
@@ -45,7 +45,7 @@ LAYER_STAGES = (
     "out-proj",       # (seed 16) output projection of the block
     "hc-write0",      # residual write of the block into the streams
     "hc1-norm",       # hyper-connection read before the MoE: norm
-    "hc1-write+norm",  # STRATA_FUSED_HC=1: the block's write (hc-write0), the norm, the inject partials
+    "hc1-write+norm",  # fused read (T >= 4): the block's write (hc-write0), the norm, the inject partials
     "hc1-down",       # its down GEMV
     "hc1-up",         # its up GEMV
     "hc-read1",       # (seed 17) its mix + inject

@@ -101,6 +101,7 @@ def run_bench(engine, windows: list[int], repetitions: int, acceptance: Acceptan
     for T in windows:
         rec = records[T]
         rec.speedup_vs_t1 = rec.expected_tokens * base / rec.ms_median
+        rec.ms_vs_t1 = rec.ms_median / base
         out.append(rec)
     return out
 

@@ -243,6 +243,7 @@ def _check_bench_arithmetic(records: list[dict], acceptance: float) -> None:
         assert r["rows_per_s"] == pytest.approx(T / r["ms_median"] * 1e3)
         assert r["accepted_tok_per_s"] == pytest.approx(e / r["ms_median"] * 1e3)
         assert r["speedup_vs_t1"] == pytest.approx(e * t1 / r["ms_median"])
+        assert r["ms_vs_t1"] == pytest.approx(r["ms_median"] / t1)
         assert 1 <= r["kept_mean"] <= T and (T > 1 or r["kept_mean"] == 1)
 
 
@@ -274,7 +275,7 @@ def test_verify_bench_csv(model):
         rec = dict(zip(header, row))
         records.append({k: float(rec[k]) for k in ("window", "repetitions", "ms_median", "ms_p10", "ms_p90",
                                                   "expected_tokens", "rows_per_s", "accepted_tok_per_s",
-                                                  "speedup_vs_t1", "kept_mean")}
+                                                  "speedup_vs_t1", "ms_vs_t1", "kept_mean")}
                        | {"samples_ms": [float(v) for v in rec["samples_ms"].split()]})  # space-separated
     _check_bench_arithmetic(records, 0.7)  # the default acceptance
 

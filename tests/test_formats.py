@@ -72,8 +72,8 @@ def bench_outputs(model):
 
 
 RECORD_KEYS = ("window", "repetitions", "ms_median", "ms_mean", "ms_stddev", "ms_p10", "ms_p90", "host_ms",
-               "rows_per_s", "expected_tokens", "accepted_tok_per_s", "speedup_vs_t1", "capture_ms", "read_bytes",
-               "floor_ms", "samples_ms", "timestamp", "command", "seed", "depth", "n_ctx", "warmup", "model",
+               "rows_per_s", "expected_tokens", "accepted_tok_per_s", "speedup_vs_t1", "ms_vs_t1", "capture_ms",
+               "read_bytes", "floor_ms", "samples_ms", "timestamp", "command", "seed", "depth", "n_ctx", "warmup", "model",
                "model_bytes", "model_sha256", "model_types", "device", "cpu", "strata",
                "numpy", "git_commit")
 

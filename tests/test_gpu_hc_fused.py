@@ -1,9 +1,9 @@
 """The fused launches of the window against their numpy references on odd shapes with NaN-poisoned outputs:
-the hyper-connection read (kernels/hyper.cu hc_write_norm + hc_mix_inject, launch_hyper.hc_read_fused,
-STRATA_FUSED_HC=1; ops/hyper.hc_write_read_raw) and the GDN alpha/beta projections with their gates
-and the conv + q/k/v split (kernels/gdn.cu gdn_ab_gates, gdn_conv_split, STRATA_FUSED_GDN=1; ops/gdn.gdn_ab_gates_raw,
-gdn_conv_split). Then the fused window against the numpy
-engine, eager against graph replay, and its node counts (skipped without a GPU)."""
+the hyper-connection read (kernels/hyper.cu hc_write_norm + hc_mix_inject, launch_hyper.hc_read_fused;
+ops/hyper.hc_write_read_raw) and the GDN alpha/beta projections with their gates and the conv + q/k/v split
+(kernels/gdn.cu gdn_ab_gates, gdn_conv_split; ops/gdn.gdn_ab_gates_raw, gdn_conv_split), which windows of T >= 4
+take (launch_util.WINDOW_PATHS). Then the window with each path at every T (GPUEngine(window_paths=)) against the
+numpy engine, eager against graph replay, and its node counts (skipped without a GPU)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,16 @@ import pytest
 from kernel_helpers import TYPE_IDS, TYPES, assert_close, poisoned, raw_weight, to_dev
 
 from strata_cli.engine.reference import ReferenceEngine
+from strata_cli.gpu.launch_util import WindowPath
 from strata_cli.model.gguf_file import open_model
 from strata_cli.ops import gdn, hyper
 
 pytestmark = pytest.mark.gpu
+
+
+def every_t(fused_hc: bool, fused_gdn: bool, gemv_tc: bool = False):
+    """A GPUEngine window_paths taking one path at every T."""
+    return lambda T: WindowPath(fused_hc=fused_hc, fused_gdn=fused_gdn, gemv_tc=gemv_tc)
 
 
 def _inputs(rng, T, C, D, L, ggml_type, inject, pending):
@@ -143,15 +149,15 @@ def _rel_err(a, b) -> float:
     return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=("unfused", "fused"))
 @pytest.mark.parametrize("name", ["model-q8_0.gguf", "model-f32.gguf"])
-def test_fused_window_matches_numpy_and_replays_eager(fixture_dir, monkeypatch, name):
+def test_window_path_matches_numpy_and_replays_eager(fixture_dir, name, fused):
+    """Each path at every T (1, 3, 5, 7, 8), fused with tensor-core GEMVs, unfused without."""
     from strata_cli.engine.gpu import GPUEngine
 
-    monkeypatch.setenv("STRATA_FUSED_HC", "1")
-    monkeypatch.setenv("STRATA_FUSED_GDN", "1")
     model = open_model(fixture_dir / name)
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
-    eng = GPUEngine(model)
+    eng = GPUEngine(model, window_paths=every_t(fused, fused, fused))
     runs = {}
     for eager in (True, False):
         eng.reset()
@@ -168,18 +174,18 @@ def test_fused_window_matches_numpy_and_replays_eager(fixture_dir, monkeypatch, 
     np.testing.assert_array_equal(runs[False][1], ref.ids)
 
 
-def test_fused_window_has_fewer_nodes(fixture_dir, monkeypatch):
+def test_fused_window_has_fewer_nodes(fixture_dir):
     """4 nodes fewer per layer (two reads of 4 nodes instead of 5, no write node), one write kept before a PLE
-    layer that is not the first."""
+    layer that is not the first; GPUEngine.layer_nodes (graph-nodes' per-layer line) sees the same per layer."""
     from strata_cli.engine.gpu import GPUEngine
 
     model = open_model(fixture_dir / "model-q8_0.gguf")
-    counts = {}
-    monkeypatch.setenv("STRATA_FUSED_GDN", "0")
+    counts, per_layer = {}, {}
     for fused in ("0", "1"):
-        monkeypatch.setenv("STRATA_FUSED_HC", fused)
-        eng = GPUEngine(model)
+        eng = GPUEngine(model, window_paths=every_t(fused == "1", False))
         counts[fused] = eng.graph(1).summary()
+        per_layer[fused] = eng.layer_nodes(1)
+        assert len(per_layer[fused]) == eng.g.n_layers and sum(per_layer[fused]) < counts[fused].nodes
         kinds = dict(counts[fused].kinds)
         if fused == "1":
             assert kinds.get("hc_write_norm", 0) == 2 * eng.g.n_layers + 1 and "hc_norm" not in kinds
@@ -188,18 +194,18 @@ def test_fused_window_has_fewer_nodes(fixture_dir, monkeypatch):
     g = eng.g
     kept = 1 if g.ple is not None and g.ple.layer > 0 else 0
     assert counts["0"].nodes - counts["1"].nodes == 4 * g.n_layers - kept
+    assert [a - b for a, b in zip(per_layer["0"], per_layer["1"])] == [
+        3 if g.ple is not None and layer == g.ple.layer > 0 else 4 for layer in range(g.n_layers)]
 
 
-def test_fused_gdn_has_fewer_nodes(fixture_dir, monkeypatch):
+def test_fused_gdn_has_fewer_nodes(fixture_dir):
     """Per GDN layer: one launch instead of two GEMVs and the gates, one instead of conv + split."""
     from strata_cli.engine.gpu import GPUEngine
 
     model = open_model(fixture_dir / "model-q8_0.gguf")
-    monkeypatch.setenv("STRATA_FUSED_HC", "0")
     counts = {}
     for fused in ("0", "1"):
-        monkeypatch.setenv("STRATA_FUSED_GDN", fused)
-        eng = GPUEngine(model)
+        eng = GPUEngine(model, window_paths=every_t(False, fused == "1"))
         counts[fused] = eng.graph(2).summary()
     g = eng.g
     assert dict(counts["1"].kinds).get("gdn_ab_gates", 0) == len(g.gdn_layers) > 0

@@ -35,23 +35,24 @@ def test_pack_kernel_matches_numpy_bit_for_bit(shape):
     np.testing.assert_array_equal(got.get(), packed.pack_q8_0(raw, shape[-1]))
 
 
-def _gemv_against_reference(label: str, seed: int, n_out: int, n_in: int, T: int) -> None:
+def _gemv_against_reference(label: str, seed: int, n_out: int, n_in: int, T: int,
+                            tensor_cores: bool | None = None) -> None:
     """A repacked Q8_0 GEMV of random weights and inputs (NaN-poisoned output) against the numpy reference on the
-    raw blocks; the kernel is whichever path the environment selects (STRATA_GEMV_TC)."""
+    raw blocks; tensor_cores: launch_gemv.gemv's (None: the path window_path picks for T)."""
     from strata_cli.gpu import launch_gemv
 
     rng = np.random.default_rng(seed)
     raw = raw_weight(rng, (n_out, n_in), Q8_0)
     w = packed.pack_q8_0(raw, n_in)
     x = rng.standard_normal((T, n_in)).astype(np.float32)
-    got = launch_gemv.gemv(to_dev(w), R32, n_in, to_dev(x), out=poisoned((T, n_out)))
+    got = launch_gemv.gemv(to_dev(w), R32, n_in, to_dev(x), out=poisoned((T, n_out)), tensor_cores=tensor_cores)
     assert_close(label, ref.gemv(raw, Q8_0, n_in, x), got, floor=1.0)
 
 
 @pytest.mark.parametrize("n_out,n_in", [(32, 32), (96, 160), (288, 2592), (32, 10240), (4096, 256), (2560, 6144)])
 @pytest.mark.parametrize("T", (1, 2, 3, 7, 16, 19))  # every bucket (rows per lane 1, 2, 4, 4, 2) and two chunks
 def test_gemv_matches_reference(n_out, n_in, T):
-    _gemv_against_reference(f"gemv q8r {n_out}x{n_in}", n_out + n_in + T, n_out, n_in, T)
+    _gemv_against_reference(f"gemv q8r {n_out}x{n_in}", n_out + n_in + T, n_out, n_in, T, tensor_cores=False)
 
 
 @pytest.mark.parametrize("T", (1, 3, 16))
@@ -163,7 +164,7 @@ def test_graph_replay_is_bit_identical_to_eager():
     graph.destroy()
 
 
-# The tensor-core kernels (gemv_q8r_tc_t<NT>, STRATA_GEMV_TC=1) for T >= 2. Their error against the exact
+# The tensor-core kernels (gemv_q8r_tc_t<NT>, tensor_cores=True; windows of T >= 4 by default) for T >= 2. Their error against the exact
 # dequantized weights: x split into f16 hi + lo leaves <= 2^-22 |x| + 2^-25 per input (2^-24 max|x| of the block in a
 # block split from x * 2^-16), and the per-block sums are reassociated (MMA, then d once): relative to sum |w x|
 # that is ~1e-6, so the CUDA-core path's 1e-4 tolerance (of the output scale) holds with a wide margin on n_in up
@@ -174,14 +175,14 @@ TC_T = (2, 3, 5, 8, 9, 13, 16, 17, 19)  # every bucket 2..16, padded column tile
 @pytest.mark.parametrize("n_out,n_in", [(32, 32), (96, 160), (288, 2592), (32, 10240), (4096, 256), (2560, 6144),
                                         (20512, 64)])
 @pytest.mark.parametrize("T", TC_T)
-def test_tensor_core_gemv_matches_reference(monkeypatch, n_out, n_in, T):
+def test_tensor_core_gemv_matches_reference(n_out, n_in, T):
     """Odd shapes: n_out not a multiple of the 64-row warp tile (96, 288, 20512), one-block rows, z-split heads."""
-    monkeypatch.setenv("STRATA_GEMV_TC", "1")
-    _gemv_against_reference(f"gemv q8r tc {n_out}x{n_in} T={T}", 3 * n_out + n_in + T, n_out, n_in, T)
+    _gemv_against_reference(f"gemv q8r tc {n_out}x{n_in} T={T}", 3 * n_out + n_in + T, n_out, n_in, T,
+                            tensor_cores=True)
 
 
 @pytest.mark.parametrize("T", (2, 8, 16))
-def test_tensor_core_gemv_keeps_tiny_and_huge_inputs(monkeypatch, T):
+def test_tensor_core_gemv_keeps_tiny_and_huge_inputs(T):
     """Inputs f16 cannot hold: |x| up to 3e6 (a block split from x * 2^-16) next to 1e-7 (f16 subnormals) in other
     blocks, and one window row of all zeros; epilogues (silu / div, mul) as the engine uses them."""
     import cupy as cp
@@ -189,7 +190,6 @@ def test_tensor_core_gemv_keeps_tiny_and_huge_inputs(monkeypatch, T):
     from strata_cli.gpu import launch_gemv
     from strata_cli.gpu import launch_util as U
 
-    monkeypatch.setenv("STRATA_GEMV_TC", "1")
     rng = np.random.default_rng(70 + T)
     n_out, n_in = 160, 512
     raw = raw_weight(rng, (n_out, n_in), Q8_0)
@@ -202,7 +202,7 @@ def test_tensor_core_gemv_keeps_tiny_and_huge_inputs(monkeypatch, T):
     mul = rng.standard_normal((T, n_out)).astype(np.float32)
     y = poisoned((T, n_out))
     launch_gemv.launch_gemv(to_dev(w), R32, n_in, to_dev(x), y, None, act=U.ACT_SILU, div=3.0, mul=to_dev(mul),
-                            mul_strides=(n_out, 1))
+                            mul_strides=(n_out, 1), tensor_cores=True)
     lin = ref.gemv(raw, Q8_0, n_in, x).astype(np.float64) / 3.0
     want = (lin / (1.0 + np.exp(np.clip(-lin, -700.0, 700.0))) * mul).astype(np.float32)
     cp.cuda.Device().synchronize()
@@ -210,15 +210,14 @@ def test_tensor_core_gemv_keeps_tiny_and_huge_inputs(monkeypatch, T):
 
 
 @pytest.mark.parametrize("n_out,n_in,T", [(8224, 2560, 8), (320, 10240, 5), (2560, 640, 16), (96, 2560, 3)])
-def test_tensor_core_graph_replay_equals_eager_bit_for_bit(monkeypatch, n_out, n_in, T):
+def test_tensor_core_graph_replay_equals_eager_bit_for_bit(n_out, n_in, T):
     """Deterministic reductions (MMA order, ksplit and zsplit sums): a replayed graph writes the eager bits, and
-    the CUDA-core path (STRATA_GEMV_TC=0) agrees within the tolerance."""
+    the CUDA-core path (tensor_cores=False) agrees within the tolerance."""
     import cupy as cp
 
     from strata_cli.gpu import launch_gemv
     from strata_cli.gpu.graphs import CapturedGraph, new_stream
 
-    monkeypatch.setenv("STRATA_GEMV_TC", "1")
     rng = np.random.default_rng(n_out + T)
     raw = raw_weight(rng, (n_out, n_in), Q8_0)
     w, x = to_dev(packed.pack_q8_0(raw, n_in)), to_dev(rng.standard_normal((T, n_in)).astype(np.float32))
@@ -226,9 +225,10 @@ def test_tensor_core_graph_replay_equals_eager_bit_for_bit(monkeypatch, n_out, n
     split = launch_gemv.SplitK.empty()
     stream = new_stream()
     cp.cuda.Device().synchronize()
-    launch_gemv.gemv(w, R32, n_in, x, out=eager, split=split, stream=stream)
+    launch_gemv.gemv(w, R32, n_in, x, out=eager, split=split, stream=stream, tensor_cores=True)
     stream.synchronize()
-    graph = CapturedGraph(lambda s: launch_gemv.gemv(w, R32, n_in, x, out=replay, split=split, stream=s), stream)
+    graph = CapturedGraph(lambda s: launch_gemv.gemv(w, R32, n_in, x, out=replay, split=split, stream=s,
+                                                     tensor_cores=True), stream)
     for _ in range(3):
         replay.fill(np.nan)
         cp.cuda.Device().synchronize()
@@ -237,6 +237,5 @@ def test_tensor_core_graph_replay_equals_eager_bit_for_bit(monkeypatch, n_out, n
         np.testing.assert_array_equal(replay.get(), eager.get())
     graph.destroy()
     assert_close("tc vs numpy", ref.gemv(raw, Q8_0, n_in, x.get()), eager, floor=1.0)
-    monkeypatch.setenv("STRATA_GEMV_TC", "0")
-    cuda_cores = launch_gemv.gemv(w, R32, n_in, x, out=poisoned((T, n_out)))
+    cuda_cores = launch_gemv.gemv(w, R32, n_in, x, out=poisoned((T, n_out)), tensor_cores=False)
     assert_close("tc vs cuda cores", cuda_cores.get(), eager, floor=1.0)

@@ -109,18 +109,19 @@ def test_grid_math():
     assert U.elementwise_grid(10**9)[0][0] == U.ELEMWISE_MAX_BLOCKS
 
 
-def test_tensor_core_gemv_is_chosen_by_env_and_window(monkeypatch):
-    """STRATA_GEMV_TC=1 sends Q8_0_R32 dense GEMVs of T >= 2 to gemv_q8r_tc_t<NT>; T = 1 and the default stay on
-    the CUDA-core kernels. The split sees the tensor-core warp's 64 rows."""
-    monkeypatch.delenv(U.Q8T_ENV, raising=False)
-    assert not any(U.q8r_tensor_cores(t) for t in (1, 2, 8, 16))
-    monkeypatch.setenv(U.Q8T_ENV, "1")
-    assert [U.q8r_tensor_cores(t) for t in (1, 2, 8, 16, 40)] == [False, True, True, True, True]
-    monkeypatch.setenv(U.Q8T_ENV, "0")
-    assert not U.q8r_tensor_cores(8)
-    monkeypatch.setenv(U.Q8T_ENV, "yes")  # neither 0 nor 1: one line naming the variable, never a silent choice
-    with pytest.raises(InputError, match="STRATA_GEMV_TC='yes': expected 0 or 1"):
-        U.q8r_tensor_cores(8)
+def test_window_paths_are_chosen_by_window_size():
+    """launch_util.WINDOW_PATHS: the fused HC read, fused GDN launches and tensor-core Q8_0_R32 GEMVs from T = 4
+    (they lose at T <= 2 on the full-size file), no environment switch. The split sees the tensor-core warp's 64
+    rows."""
+    paths = [U.window_path(t) for t in (1, 2, 3, 4, 8, 16, 40)]
+    assert [p.fused_hc for p in paths] == [p.fused_gdn for p in paths] == [p.gemv_tc for p in paths]
+    assert [p.gemv_tc for p in paths] == [False, False, False, True, True, True, True]
+    assert [U.q8r_tensor_cores(t) for t in (1, 2, 4, 16)] == [False, False, True, True]
+    assert [first for first, _ in U.WINDOW_PATHS] == sorted({first for first, _ in U.WINDOW_PATHS})
+    assert U.WINDOW_PATHS[0][0] == 1
+    with U.recording_path(U.window_path(8)):  # a window's token group of 2 rows keeps the window's choice
+        assert U.q8r_tensor_cores(2) and not U.q8r_tensor_cores(1)
+    assert not U.q8r_tensor_cores(2)
     assert U.q8r_split(248320, 2560, 8, rpw=64) == (2, 1)  # the head: 3880 warps of 64 rows, 40 blocks each
     assert U.q8r_split(320, 10240, 8, max_z=8, rpw=64) == (8, 8)
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from strata_cli import stage_profile as sp
+from test_window_steps import _Buffers, _Rows
 
 GDN_STAGES = ["hc0-norm", "hc0-down", "hc0-up", "hc-read0", "qkv", "conv", "ab", "rec", "z", "gate", "out-proj"]
 QSA_STAGES = ["hc0-norm", "hc0-down", "hc0-up", "hc-read0", "k/v+norm-rope", "kv append", "q+norm-rope",
@@ -258,35 +259,18 @@ class _Launches:
         return launch
 
 
-class _Rows:
-    """Any array-like the recorder slices or reshapes."""
-
-    shape = (1, 1)
-    nbytes = 4
-
-    def __getitem__(self, _):
-        return self
-
-    def reshape(self, *args):
-        return self
-
-
-class _Buffers(dict):
-    def __missing__(self, key):
-        return _Rows()
-
-
 def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypatch):
     """record_window's stamp calls (launchers replaced by no-ops, so this runs without a GPU) give a plan with
     begin first, argmax last, every layer's stages once, and no stamps at all when not profiling."""
     from types import SimpleNamespace
 
     from strata_cli.engine.gpu import window
+    from strata_cli.gpu.launch_util import WindowPath
     from strata_cli.model.gguf_file import open_model
 
     for mod in ("embed", "gdn", "launch_gemv", "hyper", "moe", "ple", "qsa", "sampling"):
         monkeypatch.setattr(window, mod, _Launches(getattr(window, mod)))
-    for helper in ("split_k", "argmax_scratch", "_copy"):
+    for helper in ("split_k", "argmax_scratch", "copy_async"):
         monkeypatch.setattr(window, helper, lambda *a: None)
     g = open_model(fixture_dir / "model-q8_0.gguf").geometry
     assert g.ple is not None and any(g.compress_ratios) and g.gdn_layers  # every kind of stage is exercised
@@ -296,7 +280,7 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
     e = SimpleNamespace(buf=_Buffers(), w=weights, g=g, stage=SimpleNamespace(
         tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
         out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows())), stamper=None,
-        tiers=None)
+        tiers=None, window_paths=lambda T: WindowPath(fused_hc=False, fused_gdn=False, gemv_tc=False))
     window.record_window(e, 4, None)
     plan = sp.Plan(g.n_layers, tuple("QSA" if a else "GDN" for a in g.layer_is_attn))
     e.stamper = lambda layer, stage, stream: calls.append(plan.add(layer, stage))
@@ -313,25 +297,3 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
                                                                                                   "out-proj"]
                  if g.layer_is_attn[layer] else GDN_STAGES[4:])
         assert stages == want + MOE_STAGES + ["gap"], layer
-
-
-def test_split_window_is_stamped_as_a_whole(monkeypatch):
-    """A two-group window (expert tiers, --split) gets a begin and an end stamp only: stamps of its interleaved
-    groups would repeat stages (the seed profiles single-group windows only)."""
-    from types import SimpleNamespace
-
-    from strata_cli.engine.gpu import split, window
-
-    inner = []
-
-    def fake_split(e, T, stream):
-        window.stamp(e, 0, "qkv", stream)              # what _gdn would do inside a group
-        inner.append(T)
-
-    monkeypatch.setattr(split, "record_split_window", fake_split)
-    g = SimpleNamespace(n_layers=2, layer_is_attn=(False, True))
-    plan = sp.Plan(2, ("GDN", "QSA"))
-    e = SimpleNamespace(g=g, buf=None, tiers=SimpleNamespace(n_groups=lambda T: 2), stamper=None)
-    e.stamper = lambda layer, stage, stream: plan.add(layer, stage)
-    window.record_window(e, 4, None)
-    assert inner == [4] and plan.stages == ["begin", "split-window"] and e.stamper is not None

@@ -124,7 +124,7 @@ class _SimTiers:
 
 
 def _gpu_order(L: int, G: int) -> list[tuple[str, int, int]]:
-    """The window's (pre | post, layer, group) in stream order: split.py's order for two groups (pre(0,A) pre(0,B)
+    """The window's (pre | post, layer, group) in stream order: window.py's order for two groups (pre(0,A) pre(0,B)
     | post(0,A) pre(1,A) | post(0,B) pre(1,B) | ...), pre/post per layer for one."""
     if G == 1:
         return [(part, layer, 0) for layer in range(L) for part in ("pre", "post")]

@@ -13,7 +13,8 @@ from .logprobs import token_options
 COLUMNS = [("window", "T", None), ("ms_median", "ms/window", ".3f"), ("ms_p10", "p10", ".3f"),
            ("ms_p90", "p90", ".3f"), ("ms_stddev", "stddev", ".3f"), ("host_ms", "host ms", ".3f"),
            ("rows_per_s", "rows/s", ",.0f"), ("expected_tokens", "E tokens", ".2f"),
-           ("accepted_tok_per_s", "accepted tok/s", ",.0f"), ("speedup_vs_t1", "speedup vs T=1", ".2f")]
+           ("accepted_tok_per_s", "accepted tok/s", ",.0f"), ("speedup_vs_t1", "speedup vs T=1", ".2f"),
+           ("ms_vs_t1", "t/t(1)", ".2f")]
 GPU_COLUMNS = [("capture_ms", "capture ms", ".1f"), ("read_bytes", "GB read", lambda v: f"{v / 1e9:.3f}"),
                ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f")]
 DEFAULT_ACCEPTANCE = 0.7

@@ -93,6 +93,15 @@ def summarize(graph) -> GraphSummary:
     return GraphSummary(nodes=int(n), edges=_count_edges(graph), kinds=kinds)
 
 
+def captured_nodes(stream) -> int:
+    """The nodes captured so far into the graph that `stream` is being captured into."""
+    rt = cudart()
+    info = check(rt.cudaStreamGetCaptureInfo(stream.ptr), "cudaStreamGetCaptureInfo")
+    graphs = [v for v in info if isinstance(v, rt.cudaGraph_t)]  # the outputs differ across CUDA versions
+    graph = graphs[0] if graphs else info[2]  # (status, id, graph, ...)
+    return int(check(rt.cudaGraphGetNodes(graph, 0), "cudaGraphGetNodes")[1])
+
+
 def new_stream():
     """A non-blocking stream: capture is refused on the legacy default stream."""
     return cupy().cuda.Stream(non_blocking=True)

@@ -111,7 +111,7 @@ def gdn_ab_gates(x, alpha_raw, alpha_type: int, beta_raw, beta_type: int, dt_bia
                  stream=None):
     """x [T, n_in] -> (g, beta) [T, Hv] of gdn_gates over the projections x @ W_alpha^T and x @ W_beta^T, in one
     launch (the two GEMVs reassociated per block). alpha_raw, beta_raw: raw [Hv, n_in] rows of a type in AB_TYPES
-    (others: launch_gemv + gdn_gates, as the window does without STRATA_FUSED_GDN)."""
+    (others: launch_gemv + gdn_gates, as the unfused window does)."""
     with U.on_stream(stream):
         U.check_array("x", x, np.float32, (None, None))
         T, n_in = x.shape

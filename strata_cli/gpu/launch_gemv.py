@@ -42,8 +42,10 @@ class SplitK:
 
 
 def launch_gemv(w, ggml_type: int, n_in: int, x, y, split: SplitK | None, *, act: int = U.ACT_NONE,
-                div: float = 1.0, mul=None, mul_strides: tuple[int, int] = (0, 0)) -> None:
+                div: float = 1.0, mul=None, mul_strides: tuple[int, int] = (0, 0),
+                tensor_cores: bool | None = None) -> None:
     """y [T, n_out] = act(x [T, n_in] @ W^T / div) * mul[t*mul_st + o*mul_so]; arguments already checked.
+    tensor_cores: Q8_0_R32 on the tensor-core kernels (T >= 2) or not; None: as launch_util.window_path(T) says.
     Split-K over grid z finishes inside the launch (the last block of each tile), so every GEMV is one node; a
     launch that splits over z needs `split` (None: a fresh one, outside a capture only)."""
     if launch_quant.handles(ggml_type):  # K-quants, i-quants, ...: kernels/gemv_quant.cu
@@ -54,7 +56,8 @@ def launch_gemv(w, ggml_type: int, n_in: int, x, y, split: SplitK | None, *, act
     max_z = U.GEMV_MAX_ZSPLIT if T <= U.GEMV_MAXT else 1
     if ggml_type == U.Q8_0_R32:
         U.check_vector_rows("x", x)
-        tc = U.q8r_tensor_cores(T)  # mma.sync for windows (kernels/gemv_q8r.cu says why), else CUDA cores
+        # mma.sync for windows (kernels/gemv_q8r.cu says why), else CUDA cores
+        tc = U.q8r_tensor_cores(T) if tensor_cores is None else tensor_cores and T >= 2
         rpw = U.Q8R_GROUP * U.Q8T_LANE_ROWS if tc else U.q8r_rows_per_warp(T)
         ksplit, zsplit = U.q8r_split(n_out, n_in, T, max_z=max_z, rpw=rpw)
         grid, block = U.gemv_grid(n_out, T, ksplit, zsplit, rpw=rpw)
@@ -83,11 +86,13 @@ def zsplit_args(grid: tuple, zsplit: int, split: SplitK | None) -> tuple:
     return work.partial, work.tile_done
 
 
-def gemv(w_raw, ggml_type: int, n_in: int, x, out=None, split: SplitK | None = None, stream=None):
-    """y [T, n_out] = x [T, n_in] @ dequantize(w_raw).T; w_raw holds n_out raw rows of ggml_type."""
+def gemv(w_raw, ggml_type: int, n_in: int, x, out=None, split: SplitK | None = None, stream=None,
+         tensor_cores: bool | None = None):
+    """y [T, n_out] = x [T, n_in] @ dequantize(w_raw).T; w_raw holds n_out raw rows of ggml_type (tensor_cores:
+    launch_gemv's)."""
     with U.on_stream(stream):
         n_out = U.weight_rows("w_raw", w_raw, ggml_type, n_in)
         U.check_array("x", x, np.float32, (None, n_in))
         out = U.out_array("out", out, (x.shape[0], n_out), np.float32, empty)
-        launch_gemv(w_raw, ggml_type, n_in, x, out, split)
+        launch_gemv(w_raw, ggml_type, n_in, x, out, split, tensor_cores=tensor_cores)
     return out

@@ -7,7 +7,9 @@ tested on CPU (tests/test_launch_checks.py). Every check raises ValueError namin
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -185,7 +187,6 @@ Q8R_MAX_ZROWS = 16384  # z splits (raw sums in the shared partial buffer) only u
 
 
 Q8T_LANE_ROWS = 2  # row groups per warp of the tensor-core kernels gemv_q8r_tc_t<NT> (Q8T_ROWS in the kernel)
-Q8T_ENV = "STRATA_GEMV_TC"  # "1": Q8_0_R32 dense GEMVs of T >= 2 on tensor cores (kernels/gemv_q8r.cu); default off
 
 
 def q8r_rows_per_warp(T: int) -> int:
@@ -193,7 +194,7 @@ def q8r_rows_per_warp(T: int) -> int:
 
 
 def env_switch(name: str, default: bool) -> bool:
-    """A 0/1 environment switch (STRATA_GEMV_TC, STRATA_FUSED_HC, ...): unset or empty is the default; any value
+    """A 0/1 environment switch (STRATA_PCIE_COPY_THREAD): unset or empty is the default; any value
     but 0 or 1 is one clear error naming the variable, never a silent choice."""
     raw = os.environ.get(name, "").strip()
     if raw in ("0", "1"):
@@ -205,10 +206,49 @@ def env_switch(name: str, default: bool) -> bool:
     return default
 
 
+@dataclass(frozen=True)
+class WindowPath:
+    """The launch variants a T-row window records (engine/gpu/window.py, launch_gemv)."""
+
+    fused_hc: bool  # launch_hyper.hc_read_fused: each HC read also applies the previous block's write
+    fused_gdn: bool  # launch_gdn.gdn_conv_split and gdn_ab_gates: a GDN layer's conv + split, alpha/beta + gates
+    gemv_tc: bool  # dense Q8_0_R32 GEMVs on tensor cores (kernels/gemv_q8r.cu gemv_q8r_tc_t*)
+
+
+# (first T, path) in ascending T: a window takes the path of the last row whose first T <= T. Measured on the H200
+# at 947c884 (issue 18: the full-size Flash-Next file, every expert in VRAM, STRATA_QUANT_GEMV=v2, ms per window at
+# T = 1/2/4/8): unfused 13.56 / 16.91 / 22.63 / 43.62, the three fused paths together 14.44 / 18.52 / 21.76 / 32.82,
+# so they lose at T <= 2 and win from T = 4. A likely cause at T = 1 (read in the kernels, not measured apart):
+# hc_write_norm runs T*C blocks (4 on Flash-Next) that do the write, the norm and C serial inject dots each, where
+# the unfused read's write and inject GEMV spread over the whole GPU; the nodes saved cost less than that.
+WINDOW_PATHS = ((1, WindowPath(fused_hc=False, fused_gdn=False, gemv_tc=False)),
+                (4, WindowPath(fused_hc=True, fused_gdn=True, gemv_tc=True)))
+
+
+def window_path(T: int) -> WindowPath:
+    """The launch variants of a T-row window (WINDOW_PATHS)."""
+    return [path for first, path in WINDOW_PATHS if first <= T][-1]
+
+
+_RECORDING_PATH: contextvars.ContextVar[WindowPath | None] = contextvars.ContextVar("window_path", default=None)
+
+
+@contextlib.contextmanager
+def recording_path(path: WindowPath):
+    """The launches of this thread inside the block follow `path` (a window recorder: its GEMVs of one token
+    group's rows take the window's choice, and a test's path holds for every T)."""
+    token = _RECORDING_PATH.set(path)
+    try:
+        yield
+    finally:
+        _RECORDING_PATH.reset(token)
+
+
 def q8r_tensor_cores(T: int) -> bool:
-    """Whether a dense Q8_0_R32 GEMV of T window rows takes the tensor-core kernel: T >= 2 and STRATA_GEMV_TC=1
-    (read at each launch, so a process can compare both; graphs keep what was chosen at capture)."""
-    return T >= 2 and env_switch(Q8T_ENV, False)
+    """Whether a dense Q8_0_R32 GEMV of T rows takes the tensor-core kernel (T >= 2): the recording window's
+    path, else window_path(T)."""
+    path = _RECORDING_PATH.get() or window_path(T)
+    return T >= 2 and path.gemv_tc
 
 
 def q8r_split(n_out: int, n_in: int, T: int = 1, n_matrices: int = 1, max_z: int = 1,

@@ -14,13 +14,14 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from ...errors import InputError
 from ...gpu import launch_sampling
-from ...gpu.graphs import CapturedGraph, new_stream
-from ...gpu.launch_util import GEMV_MAXT, q8r_tensor_cores
+from ...gpu.graphs import CapturedGraph, captured_nodes, new_stream
+from ...gpu.launch_util import GEMV_MAXT, WindowPath, window_path
 from ...gpu.launch_stamp import stamp_kernel
 from ...gpu.runtime import capture_guard, cupy
 from ...stage_profile import Accumulator, register
@@ -30,7 +31,7 @@ from .buffers import Staging, plan_buffers
 from .stamps import Stamper
 from .tiers import TierConfig
 from .weights import DeviceWeights
-from .window import fused_gdn, fused_hc, record_commit, record_window
+from .window import record_commit, record_window
 
 DEFAULT_MAX_T = GEMV_MAXT
 PROFILE_ENV = "STRATA_VERIFY_PROFILE"
@@ -47,15 +48,14 @@ class GPUEngine:
     capabilities = Capabilities(graphs=True, eager=True)
 
     def __init__(self, model, n_ctx: int | None = None, max_t: int | None = None, pack_q8: bool = True,
-                 tiers: TierConfig | None = None):
+                 tiers: TierConfig | None = None, window_paths: Callable[[int], WindowPath] = window_path):
         self.model, self.g = model, model.geometry
         g = self.g
         self.n_ctx = resolve_ctx(g, n_ctx)
         self.max_t = DEFAULT_MAX_T if max_t is None else int(max_t)
         if not 1 <= self.max_t <= GEMV_MAXT:
             raise InputError(f"max_t {self.max_t} outside 1..{GEMV_MAXT} (the GPU kernels take up to {GEMV_MAXT} rows)")
-        for switch in (fused_hc, fused_gdn, lambda: q8r_tensor_cores(2)):
-            switch()  # a bad STRATA_* switch is one line now, not an error inside a graph capture
+        self.window_paths = window_paths  # the launch variant of each T (tests pick one for every T)
         # ---- expert tiers (tiers.py): the residency is chosen before anything is uploaded; None = all in VRAM
         from .tier_setup import residency_for
 
@@ -159,6 +159,23 @@ class GPUEngine:
             self.profile_plans[T] = self.stamper.plan
         finally:
             self.stamper = None
+
+    def layer_nodes(self, T: int) -> list[int]:
+        """The nodes each layer adds to the T-row window graph: a capture whose stage hook (in place of the
+        profiling stamps, adding no node) counts the nodes so far at each layer's end ("embed", then each "gap");
+        [] for a split window (stamped as a whole)."""
+        ends: list[int] = []
+
+        def count(layer: int, stage: str, stream) -> None:
+            if stage in ("embed", "gap"):
+                ends.append(captured_nodes(stream))
+
+        self.stamper = count
+        try:
+            CapturedGraph(lambda s: record_window(self, T, s), self.stream).destroy()
+        finally:
+            self.stamper = None
+        return [b - a for a, b in zip(ends, ends[1:])]
 
     def read_stamps(self) -> np.ndarray:
         """The stamp slots as the last profiling window left them (uint64 ns; call after it finished)."""

@@ -197,7 +197,8 @@ class ExpertTiers:
         arena.add("tier_vg_entries", (self.JM, GEMV_MAXT), np.int32)
         arena.add("tier_plan", (2, self.plan_words), np.int32)
         g = self.engine.g
-        if self.G == 2 and g.ple is not None:  # split.py: the PLE rows' saved input and output
+        # the split window (window._ple_group): the PLE rows' saved input and output
+        if self.G == 2 and g.ple is not None:
             arena.add("split_ple_in", (self.M, g.hc, self.D))
             arena.add("split_ple_out", (self.M, g.hc, self.D))
         if self.Q:
@@ -247,13 +248,13 @@ class ExpertTiers:
     def pre(self, layer: int, grp: int, r0: int, n: int, G: int, stream) -> None:
         """Router, doorbell, shared expert and the VRAM-resident entries of rows [r0, r0+n) of layer."""
         from .buffers import split_k
-        from .window import _gemv
+        from .window import gemv_weight
 
         e, b = self.engine, self.buf
         w, K = e.w, self.K
         blk = f"blk.{layer}."
         rows = slice(r0, r0 + n)
-        _gemv(e, blk + "ffn_gate_inp.weight", b["mixed"][rows], b["router"][rows], stream)
+        gemv_weight(e, blk + "ffn_gate_inp.weight", b["mixed"][rows], b["router"][rows], stream)
         moe.router_topk(b["router"][rows], K, out_ids=b["route_ids"][rows], out_w=b["route_w"][rows], stream=stream)
         tl.publish(b["mixed"], b["route_ids"], b["route_w"], r0, n, self.pub_x.device, self.pub_ids.device,
                    self.pub_w.device, self.words.device[SEQ:SEQ + 1], self.ring(layer, grp, G), stream)
@@ -271,7 +272,7 @@ class ExpertTiers:
 
     def post(self, layer: int, grp: int, r0: int, n: int, G: int, stream) -> None:
         """Wait for the host's shares of rows [r0, r0+n), run the PCIe share, combine into block_out."""
-        from .window import _copy
+        from .window import copy_async
 
         b, K = self.buf, self.K
         ring = self.ring(layer, grp, G)
@@ -283,7 +284,7 @@ class ExpertTiers:
         if self.pcie:
             tl.wait_word(words[FLAG_B:FLAG_B + 1], ring, err, self.wait_code(step, WAIT_B), self.timeout_ns,
                          self.wait_ns.device[step, WAIT_B:WAIT_B + 1], stream, kind)
-            _copy(plan_dev, plan_host, self.plan_words * 4, stream)
+            copy_async(plan_dev, plan_host, self.plan_words * 4, stream)
             JM = self.JM
             pg = (plan_dev[JM:JM + J], plan_dev[2 * JM:2 * JM + J],
                   plan_dev[3 * JM:].reshape(JM, GEMV_MAXT)[:J])
@@ -294,14 +295,9 @@ class ExpertTiers:
         else:
             tl.wait_word(words[FLAG:FLAG + 1], ring, err, self.wait_code(step, WAIT_FLAG), self.timeout_ns,
                          self.wait_ns.device[step, WAIT_FLAG:WAIT_FLAG + 1], stream, kind)
-            _copy(plan_dev, plan_host, self.JM * 4, stream)  # src[] only
+            copy_async(plan_dev, plan_host, self.JM * 4, stream)  # src[] only
         tl.combine(b["moe_parts"], self.ymiss.device, plan_dev[:self.JM], b["route_w"], b["shared"], b["block_out"],
                    r0, n, stream)
-
-    def record_moe(self, layer: int, T: int, stream) -> None:
-        """The whole window's MoE of layer as one group (the unsplit window order)."""
-        self.pre(layer, 0, 0, T, 1, stream)
-        self.post(layer, 0, 0, T, 1, stream)
 
     def free(self) -> None:
         """Unpin the model file's expert tensors now (the mapped buffers go with their finalizers)."""

@@ -1,0 +1,189 @@
+"""The GPU window's layer sequence (engine/gpu/window.py _LayerRecorder) without a GPU: every launcher replaced by
+a recorder of its name, the recorded steps of each variant (plain, fused HC read, fused GDN, --split token
+groups, unsplit expert tiers) in the order the device runs them."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from strata_cli.gpu.launch_util import WindowPath
+
+LAUNCHERS = ("embed", "gdn", "launch_gemv", "hyper", "moe", "ple", "qsa", "sampling")
+
+
+class _Rows:
+    """Any array-like the recorder slices or reshapes."""
+
+    shape = (1, 1)
+    nbytes = 4
+
+    def __getitem__(self, _):
+        return self
+
+    def reshape(self, *args):
+        return self
+
+
+class _Buffers(dict):
+    def __missing__(self, key):
+        return _Rows()
+
+
+class _Recorded:
+    """Stands in for a launcher module: each launch appends "module.name" to steps; scratch classes and
+    geometry helpers are the real module's."""
+
+    def __init__(self, real, label: str, steps: list):
+        self.real, self.label, self.steps = real, label, steps
+
+    def __getattr__(self, name):
+        if name[0].isupper() or name in ("cell_capacity", "AB_TYPES"):
+            return getattr(self.real, name)
+
+        def launch(*args, **kwargs):
+            self.steps.append(f"{self.label}.{name}")
+            return (_Rows(), _Rows()) if name.startswith(("hc_read", "select_cells", "router_topk")) else _Rows()
+
+        return launch
+
+
+def _tiers(steps: list, split: bool):
+    def groups(T):
+        return [(0, -(-T // 2)), (-(-T // 2), T // 2)] if split and T >= 2 else [(0, T)]
+
+    return SimpleNamespace(groups=groups, n_groups=lambda T: len(groups(T)),
+                           pre=lambda layer, grp, *a: steps.append(f"tiers.pre {layer} {grp}"),
+                           post=lambda layer, grp, *a: steps.append(f"tiers.post {layer} {grp}"))
+
+
+def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str | None = None) -> list[str]:
+    """The launches record_window makes for a T-row window of `geometry` with launch variant `path`; tiers None
+    (every expert in VRAM), "one" (tiers, one token group) or "split" (two groups)."""
+    from strata_cli.engine.gpu import window
+
+    steps: list[str] = []
+    for mod in LAUNCHERS:
+        monkeypatch.setattr(window, mod, _Recorded(getattr(window, mod), mod, steps))
+    monkeypatch.setattr(window, "copy_async", lambda *a: steps.append("memcpy"))
+    for helper in ("split_k", "argmax_scratch"):
+        monkeypatch.setattr(window, helper, lambda *a: None)
+    weights = SimpleNamespace(raw=lambda name: (_Rows(), 0), f32=lambda name: _Rows(), blk_f32=lambda *a: _Rows(),
+                              blk_raw=lambda *a: (_Rows(), 0))
+    stage = SimpleNamespace(tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
+                            out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows()))
+    e = SimpleNamespace(buf=_Buffers(), w=weights, g=geometry, stage=stage, stamper=None,
+                        tiers=None if tiers is None else _tiers(steps, tiers == "split"),
+                        window_paths=lambda T: path)
+    window.record_window(e, T, None)
+    return steps
+
+
+PLAIN = WindowPath(fused_hc=False, fused_gdn=False, gemv_tc=False)
+FUSED = WindowPath(fused_hc=True, fused_gdn=True, gemv_tc=True)
+HC_READ = ["hyper.hc_read"]
+HC_WRITE = ["hyper.hc_write"]
+GDN = ["launch_gemv.gemv", "gdn.gdn_conv", "gdn.gdn_split", "launch_gemv.gemv", "launch_gemv.gemv", "gdn.gdn_gates",
+       "gdn.gdn_recurrence", "launch_gemv.gemv", "gdn.gdn_gated_norm", "launch_gemv.gemv"]
+GDN_FUSED = ["launch_gemv.gemv", "gdn.gdn_conv_split", "gdn.gdn_ab_gates", "gdn.gdn_recurrence", "launch_gemv.gemv",
+             "gdn.gdn_gated_norm", "launch_gemv.gemv"]
+QSA_HEAD = ["launch_gemv.gemv", "qsa.norm_rope", "launch_gemv.gemv", "qsa.kv_append", "launch_gemv.gemv",
+            "qsa.norm_rope"]
+QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "memcpy", "launch_gemv.gemv", "qsa.norm_rope",
+               "qsa.block_scores", "qsa.select_cells"]
+QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
+MOE = ["launch_gemv.gemv", "moe.router_topk", "moe.shared_expert", "moe.routed_experts"]
+PLE = ["ple.ngram_rows", "embed.gather_rows", "ple.ple_mix"]
+PLE_GROUP_A = ["ple.ngram_rows", "embed.gather_rows", "memcpy", "ple.ple_mix", "memcpy"]
+PLE_GROUP_B = ["memcpy", "ple.ple_mix", "memcpy"]
+INPUTS = ["memcpy", "memcpy", "embed.gather_rows", "hyper.broadcast_streams"]
+HEAD = ["launch_gemv.gemv", "sampling.argmax_rows", "memcpy"]
+
+
+@pytest.fixture
+def geometry(fixture_dir):
+    from strata_cli.model.gguf_file import open_model
+
+    g = open_model(fixture_dir / "model-q8_0.gguf").geometry
+    assert g.ple is not None and g.ple.layer > 0 and any(g.compress_ratios) and g.gdn_layers  # every kind of step
+    return g
+
+
+def mixer(g, layer: int, fused_gdn: bool) -> list[str]:
+    if not g.layer_is_attn[layer]:
+        return GDN_FUSED if fused_gdn else GDN
+    return QSA_HEAD + (QSA_INDEXER if g.compress_ratios[layer] else []) + QSA_TAIL
+
+
+def unsplit(g, fused: bool, moe) -> list[str]:
+    """The steps of a one-group window: moe(layer) = its MoE steps; fused: the fused HC read and GDN launches."""
+    want = list(INPUTS)
+    read = ["hyper.hc_read_fused"] if fused else HC_READ
+    write = [] if fused else HC_WRITE
+    for layer in range(g.n_layers):
+        if g.ple.layer == layer:  # the fused read's pending write is launched on its own before the PLE mix
+            want += (HC_WRITE if fused else []) + PLE
+        want += read + mixer(g, layer, fused) + write + read + moe(layer) + write
+    return want + read + HEAD
+
+
+def test_plain_window_is_the_reference_layer_order(monkeypatch, geometry):
+    assert recorded_steps(monkeypatch, geometry, 3, PLAIN) == unsplit(geometry, False, lambda layer: MOE)
+
+
+def test_fused_window_applies_each_write_in_the_next_read(monkeypatch, geometry):
+    """No write node except before the PLE layer (the mix reads R); the GDN layers' fused launches."""
+    assert recorded_steps(monkeypatch, geometry, 5, FUSED) == unsplit(geometry, True, lambda layer: MOE)
+
+
+@pytest.mark.parametrize("path", [PLAIN, FUSED])
+def test_unsplit_tiers_replace_the_moe_only(monkeypatch, geometry, path):
+    def tiers(layer):
+        return [f"tiers.pre {layer} 0", f"tiers.post {layer} 0"]
+
+    assert recorded_steps(monkeypatch, geometry, 2, path, tiers="one") == unsplit(geometry, path.fused_hc, tiers)
+
+
+@pytest.mark.parametrize("fused_gdn", [False, True])
+def test_split_window_interleaves_two_token_groups(monkeypatch, geometry, fused_gdn):
+    """pre(0,A) pre(0,B) | post(0,A) pre(1,A) | post(0,B) pre(1,B) | ... | head, always the unfused HC read."""
+    g = geometry
+
+    def pre(layer, grp):
+        ple = (PLE_GROUP_A if grp == 0 else PLE_GROUP_B) if g.ple.layer == layer else []
+        return ple + HC_READ + mixer(g, layer, fused_gdn) + HC_WRITE + HC_READ + [f"tiers.pre {layer} {grp}"]
+
+    def post(layer, grp):
+        return [f"tiers.post {layer} {grp}"] + HC_WRITE
+
+    want = INPUTS + pre(0, 0) + pre(0, 1)
+    for layer in range(g.n_layers):
+        for grp in (0, 1):
+            want += post(layer, grp) + (pre(layer + 1, grp) if layer + 1 < g.n_layers else [])
+    want += HC_READ + HEAD
+    path = WindowPath(fused_hc=True, fused_gdn=fused_gdn, gemv_tc=False)
+    assert recorded_steps(monkeypatch, g, 5, path, tiers="split") == want
+
+
+def test_split_window_is_stamped_as_a_whole(monkeypatch, geometry):
+    """A two-group window gets a begin and an end stamp only: stamps of its interleaved groups would repeat
+    stages (the seed profiles single-group windows only); the stamper is back afterwards."""
+    from strata_cli import stage_profile as sp
+    from strata_cli.engine.gpu import window
+
+    g = geometry
+    plan = sp.Plan(g.n_layers, tuple("QSA" if a else "GDN" for a in g.layer_is_attn))
+    real = window.record_window
+
+    def stamped(e, T, stream):
+        e.stamper = stamper
+        real(e, T, stream)
+        assert e.stamper is stamper
+
+    def stamper(layer, stage, stream):
+        plan.add(layer, stage)
+
+    monkeypatch.setattr(window, "record_window", stamped)
+    recorded_steps(monkeypatch, g, 4, PLAIN, tiers="split")
+    assert plan.stages == ["begin", "split-window"]
