@@ -25,7 +25,7 @@ def _rel_err(a, b) -> float:
 
 def _engine(model, n_ctx=None, **tiers):
     from strata_cli.engine.gpu import GPUEngine
-    from strata_cli.engine.gpu.tiers import TierConfig
+    from strata_cli.tiers.config import TierConfig
 
     return GPUEngine(model, n_ctx=n_ctx, tiers=TierConfig(**tiers) if tiers else None)
 

@@ -1,4 +1,4 @@
-"""The doorbell protocol as the GPU engine serves it (engine/gpu/tier_host.py TierHost, the one implementation)
+"""The doorbell protocol as the GPU engine serves it (tiers/host.py TierHost, the one implementation)
 against a simulated GPU side (a thread that publishes rows, rings, waits for flagB and flag and reads the plan and
 ymiss as the graph would): PCIe shares with the copy thread, split windows, bounded waits for a ring that never
 comes, a stream that ends without ringing; the doorbell words; the stall hook's number and the watchdog."""
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from test_tier_engine_host import _expert_out, _sim
 
-from strata_cli.engine.gpu.tier_host import SRC_CPU, SRC_PCIE, SRC_VRAM, EngineReleased, TierHost
-from strata_cli.engine.gpu.tiers import FLAG, FLAG_A, FLAG_B, RELEASED
+from strata_cli.tiers.doorbell import FLAG, FLAG_A, FLAG_B, RELEASED
+from strata_cli.tiers.host import SRC_CPU, SRC_PCIE, SRC_VRAM, EngineReleased, TierHost
 from strata_cli.errors import InputError, StrataError
 from strata_cli.gpu.launch_util import GEMV_MAXT
 from strata_cli.tiers import watchdog

@@ -124,8 +124,8 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
     if engine.capabilities.graphs:
         for rec in records:
             rec.capture_ms = engine.capture_ms.get(rec.window)
-    if engine.tiers is not None:  # expert tiers: shares and waits per T (engine/gpu/tier_stats.py)
-        from ..engine.gpu.tier_stats import TIER_COLUMNS, add_tier_stats
+    if engine.tiers is not None:  # expert tiers: shares and waits per T (tiers/stats.py)
+        from ..tiers.stats import TIER_COLUMNS, add_tier_stats
 
         add_tier_stats(records, engine, repetitions)
         columns += [Column(k, h, f) for k, h, f in TIER_COLUMNS]

@@ -2,7 +2,7 @@
 stall hook's window number.
 
 The protocol itself (per step: wait for the GPU's ring on `seq`, plan, flagA / flagB / flag) is served by one
-implementation, the GPU engine's `engine/gpu/tier_host.py` TierHost; its CPU tests drive it against a simulated GPU
+implementation, `tiers/host.py` TierHost; its CPU tests drive it against a simulated GPU
 side (tests/test_tiers_doorbell.py, tests/test_tier_engine_host.py). The wait here is a pause-spin in C without the
 GIL (tiers/native.py) in slices the caller chooses, so the serving thread reacts in microseconds and still looks,
 between slices, at releases and at the GPU stream.
@@ -19,6 +19,10 @@ from ..errors import InputError
 from . import native
 
 RELEASED = 0xFFFFFFFF
+# the mapped u32 words (engine/gpu/tiers.py records the GPU's side, host.py serves the host's), then the first
+# timed-out wait's code
+SEQ, FLAG_A, FLAG_B, FLAG, ERR = range(5)
+N_WORDS = 8
 STALL_ENV = "STRATA_TEST_VERIFY_STALL"
 
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import StrataError
-from ...gpu.launch_util import GEMV_MAXT, env_switch
-from ...gpu.runtime import check, cudart
-from ...tiers.plan import ExpertEntries, build_plan
-from .tiers import ERR, FLAG, FLAG_A, FLAG_B, RELEASED, SEQ
+from ..errors import StrataError
+from ..gpu.launch_util import GEMV_MAXT, env_switch
+from ..gpu.runtime import check, cudart
+from .doorbell import ERR, FLAG, FLAG_A, FLAG_B, RELEASED, SEQ
+from .plan import ExpertEntries, build_plan
 
 SRC_VRAM, SRC_PCIE, SRC_CPU = 0, 1, 2
 COPY_THREAD_ENV = "STRATA_PCIE_COPY_THREAD"
@@ -76,7 +76,7 @@ class ExpertSource:
     group's rows of mapped `ymiss`."""
 
     def __init__(self, model):
-        from ...tiers.pool import ExpertPool
+        from .pool import ExpertPool
 
         self.pool = ExpertPool(model)
 
@@ -111,7 +111,7 @@ class TierHost:
         self._copier = None
         if getattr(tiers, "pcie", False) and env_switch(COPY_THREAD_ENV, True):
             self._copier = self._make_copier()
-        from ...tiers.watchdog import register
+        from .watchdog import register
 
         register(self)
 
@@ -239,7 +239,7 @@ class TierHost:
     def _copy_pcie(self, layer: int, grp: int, plan: StepPlan, want: int) -> None:
         """The PCIe share's expert blobs from the memory-mapped file into the group's staging slots (copy engine),
         then flagB = want on the copy stream (after the copies land)."""
-        from ...gpu.launch_tiers import write_word
+        from ..gpu.launch_tiers import write_word
 
         t, rt = self.t, cudart()
         kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
@@ -274,7 +274,7 @@ class TierHost:
     def _await_ring(self, want: int, layer: int) -> None:
         """seq >= want. The wait itself is tiers/doorbell.wait_word (a pause-spin in C with the GIL released, so an
         eager launching thread and the watchdog run); every POLL_S: released? stream finished without ringing?"""
-        from ...tiers.doorbell import wait_word
+        from .doorbell import wait_word
 
         seq = self.t.words.host[SEQ:SEQ + 1]
         start = time.monotonic()

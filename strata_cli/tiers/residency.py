@@ -1,6 +1,6 @@
-"""`--expert-cache all|auto|N|SIZE` parsed, and the bytes of one routed expert per layer. The residency itself (which
-(layer, expert) pairs the cache holds, from a profile's ranked order) is chosen by the GPU engine that uploads them:
-strata_cli/engine/gpu/tiers.py `choose_residency`.
+"""`--expert-cache all|auto|N|SIZE` parsed, the bytes of one routed expert per layer, and the residency: which
+(layer, expert) pairs the VRAM cache holds, from a profile's ranked order (`choose_residency`; the GPU engine uploads
+them).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ EXPERT_ROLES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)")
+AUTO_MARGIN = 1 << 30  # bytes left free by --expert-cache auto (CuPy pools, cuBLAS-free kernels' launches, driver)
 
 
 @dataclass(frozen=True)
@@ -47,3 +48,70 @@ def expert_bytes(model) -> np.ndarray:
         for role in EXPERT_ROLES:
             out[layer] += model.info(f"blk.{layer}.{role}.weight").n_bytes // g.n_expert
     return out
+
+
+def expert_names(layer: int) -> list[str]:
+    return [f"blk.{layer}.{role}.weight" for role in EXPERT_ROLES]
+
+
+def is_expert_tensor(name: str) -> bool:
+    return name.endswith(tuple(f"{role}.weight" for role in EXPERT_ROLES))
+
+
+def ranked_pairs(model, profile_path: str | None) -> np.ndarray:
+    """(layer, expert) pairs hottest first [L*E, 2]: the profile's ranked order, then every pair it leaves out in
+    the default order (expert-major, so each layer gets the same share: (0, 0), (1, 0), ..., (L-1, 0), (0, 1))."""
+    g = model.geometry
+    L, E = g.n_layers, g.n_expert
+    default = np.stack(np.meshgrid(np.arange(L), np.arange(E), indexing="xy"), axis=-1).reshape(-1, 2)
+    if profile_path is None:
+        return default.astype(np.int64)
+    from .profile import load_profile
+
+    profile = load_profile(profile_path)
+    profile.check_model(g, profile_path)
+    ranked = np.asarray(profile.order(), dtype=np.int64)
+    seen = np.zeros((L, E), dtype=bool)
+    seen[ranked[:, 0], ranked[:, 1]] = True
+    rest = default[~seen[default[:, 0], default[:, 1]]]
+    return np.concatenate([ranked, rest]).astype(np.int64)
+
+
+def residency_table(model, ranked: np.ndarray, n_pairs: int) -> np.ndarray:
+    """[L, E] int32: the slot of each of the first n_pairs ranked pairs within its layer's VRAM array, else -1.
+    Slots within a layer follow the expert id (a layer's resident experts are uploaded in id order)."""
+    g = model.geometry
+    table = np.full((g.n_layers, g.n_expert), -1, dtype=np.int32)
+    chosen = np.zeros((g.n_layers, g.n_expert), dtype=bool)
+    top = ranked[:n_pairs]
+    chosen[top[:, 0], top[:, 1]] = True
+    for layer in range(g.n_layers):
+        ids = np.flatnonzero(chosen[layer])
+        table[layer, ids] = np.arange(len(ids), dtype=np.int32)
+    return table
+
+
+def choose_residency(model, cfg, free_bytes: int | None, fixed_bytes: int) -> tuple[np.ndarray, str]:
+    """The residency table for cfg (a TierConfig), and the one line saying what was chosen. free_bytes: device memory
+    free now (None: unknown); fixed_bytes: what the engine needs besides routed experts (dense weights, arena)."""
+    g = model.geometry
+    kind, value = cfg.cache.kind, cfg.cache.value
+    per_pair = expert_bytes(model)
+    ranked = ranked_pairs(model, cfg.profile)
+    total_pairs = g.n_layers * g.n_expert
+    cum = np.cumsum(per_pair[ranked[:, 0]])
+    if kind == "all":
+        n = total_pairs
+    elif kind == "slots":
+        n = min(value, total_pairs)
+    else:
+        budget = value if kind == "bytes" else max(0, (free_bytes or 0) - fixed_bytes - AUTO_MARGIN)
+        n = int(np.searchsorted(cum, budget, side="right"))
+    table = residency_table(model, ranked, n)
+    gib = float(cum[n - 1]) / 2**30 if n else 0.0
+    source = f"profile {cfg.profile}" if cfg.profile else "no profile: expert id order"
+    what = f"expert cache: {n} of {total_pairs} (layer, expert) pairs in VRAM ({gib:.2f} GiB, " \
+           f"{n / total_pairs:.1%}; --expert-cache {cfg.cache.text}, {source})"
+    if kind == "auto" and free_bytes is not None:
+        what += f"; {free_bytes / 2**30:.1f} GiB free before loading"
+    return table, what

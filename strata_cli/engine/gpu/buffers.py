@@ -20,6 +20,10 @@ from ...stage_profile import n_slots
 ALIGN = 256
 
 
+def _aligned_bytes(shape, dtype) -> int:
+    return -(-max(int(np.prod(shape)) * dtype.itemsize, 1) // ALIGN) * ALIGN
+
+
 class Arena:
     """Collect named buffer shapes, then allocate once and hand out views (no allocation after `allocate`)."""
 
@@ -31,13 +35,17 @@ class Arena:
     def add(self, name: str, shape, dtype=np.float32) -> None:
         self.specs.append((name, tuple(int(s) for s in shape), np.dtype(dtype)))
 
+    def planned_bytes(self) -> int:
+        """What allocate() will take for the buffers added so far."""
+        return sum(_aligned_bytes(shape, dtype) for _, shape, dtype in self.specs)
+
     def allocate(self) -> dict:
         """Views of one zeroed allocation (zero matters: the split-K tile counters must start at zero)."""
         cp = cupy()
         offsets, total = [], 0
         for _, shape, dtype in self.specs:
             offsets.append(total)
-            total += -(-max(int(np.prod(shape)) * dtype.itemsize, 1) // ALIGN) * ALIGN
+            total += _aligned_bytes(shape, dtype)
         free, _ = cp.cuda.runtime.memGetInfo()
         if total > free:  # refuse in one line rather than die in cupy's OutOfMemoryError
             raise InputError(f"the GPU arena (KV cache and window buffers for this --ctx) needs "

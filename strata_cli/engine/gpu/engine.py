@@ -28,7 +28,7 @@ from ..contract import Capabilities, WindowResult, WindowTimer
 from ..state import check_n_keep, check_window, resolve_ctx
 from .buffers import Staging, plan_buffers
 from .stamps import Stamper
-from .tiers import TierConfig
+from ...tiers.config import TierConfig
 from .weights import DeviceWeights
 from .window import fused_gdn, fused_hc, record_commit, record_window
 
@@ -37,7 +37,7 @@ PROFILE_ENV = "STRATA_VERIFY_PROFILE"
 
 
 def _is_expert_tensor(name: str) -> bool:
-    from .tiers import is_expert_tensor
+    from ...tiers.residency import is_expert_tensor
 
     return is_expert_tensor(name)
 
@@ -57,16 +57,16 @@ class GPUEngine:
         for switch in (fused_hc, fused_gdn, lambda: q8r_tensor_cores(2)):
             switch()  # a bad STRATA_* switch is one line now, not an error inside a graph capture
         # ---- expert tiers (tiers.py): the residency is chosen before anything is uploaded; None = all in VRAM
-        from .tier_setup import residency_for
+        from ...tiers.setup import residency_for
 
         self.tiers = None
-        table, self.tier_note, tiers = residency_for(model, tiers, self.n_ctx, self.max_t)
+        self.arena = plan_buffers(g, self.n_ctx, self.max_t)
+        table, self.tier_note, tiers = residency_for(model, tiers, self.arena.planned_bytes(), self.max_t)
         skip = None if table is None else _is_expert_tensor
         self.w = DeviceWeights(model, pack_q8=pack_q8, skip=skip)  # pack_q8=False keeps raw Q8_0 (for comparisons)
-        self.arena = plan_buffers(g, self.n_ctx, self.max_t)
         self.stream = new_stream()
         if table is not None:
-            from .tier_setup import attach_tiers
+            from .tiers import attach_tiers
 
             attach_tiers(self, table, tiers or TierConfig(), pack_q8)
         self.buf = self.arena.allocate()

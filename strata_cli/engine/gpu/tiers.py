@@ -5,16 +5,15 @@ Per (layer, token group) the window graph runs pre(): router, top-k, publish the
 mapped memory and ring `seq`, the shared expert, then the VRAM-resident entries (grouped on the device through the
 residency table, no host round trip). post(): [wait flagB, copy the host's plan, the PCIe share's experts from the
 copy engine's staging slots], wait flag, then combine VRAM/PCIe rows (device) with the CPU rows (mapped `ymiss`).
-The host side of each step lives in tier_host.py. A model whose experts all fit keeps today's graph (no tiers
-object at all); STRATA_TEST_VERIFY_STALL forces the doorbell graph even then.
+The host side (the config, the residency choice, the server of each step) lives in strata_cli/tiers/. A model whose
+experts all fit keeps today's graph (no tiers object at all); a stall window (tiers/config.py) forces the doorbell
+graph even then.
 
 Legend: L layers, E experts per layer, K experts per row, M max window rows, JM = M*K entries, D hidden,
 G token groups (2 with --split and T >= 2), Q staging slots per group (distinct PCIe experts of one step).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,97 +23,13 @@ from ...gpu import launch_tiers as tl
 from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.runtime import MappedBuffer, cupy
 from ...model import packed
-from ...tiers.doorbell import RELEASED  # noqa: F401 - the value every released flag holds (tier_host.py)
-from ...tiers.residency import EXPERT_ROLES
+from ...tiers.config import TierConfig
+from ...tiers.doorbell import ERR, FLAG, FLAG_B, N_WORDS, SEQ
+from ...tiers.residency import expert_names
 
 PROJ = ("gate", "up", "down")
-# mapped u32 words, then the first timed-out wait's code
-SEQ, FLAG_A, FLAG_B, FLAG, ERR = range(5)
-N_WORDS = 8
 # wait kinds in the error code and the wait-time table
 WAIT_B, WAIT_FLAG = 0, 1
-AUTO_MARGIN = 1 << 30  # bytes left free by --expert-cache auto (CuPy pools, cuBLAS-free kernels' launches, driver)
-
-
-@dataclass
-class TierConfig:
-    profile: str | None = None      # expert profile (YAML or STRP); None ranks pairs layer by layer, expert id order
-    cache: str = "all"              # all | auto | N slots | SIZE (12GiB, 500MB)
-    pcie_frac: float | str = 0.0    # share of a step's distinct misses copied by the copy engine, or "auto"
-    #                                 (tiers/share.py; tier_setup.residency_for resolves it to a number)
-    split: bool = False             # two token groups per window
-    wait: str = "spin"              # spin kernels or captured cuStreamWaitValue32
-    timeout_s: float = 20.0         # bound of every GPU wait and of the host's wait for a ring
-
-
-def expert_names(layer: int) -> list[str]:
-    return [f"blk.{layer}.{role}.weight" for role in EXPERT_ROLES]
-
-
-def is_expert_tensor(name: str) -> bool:
-    return name.endswith(tuple(f"{role}.weight" for role in EXPERT_ROLES))
-
-
-def ranked_pairs(model, profile_path: str | None) -> np.ndarray:
-    """(layer, expert) pairs hottest first [L*E, 2]: the profile's ranked order, then every pair it leaves out in
-    the default order (expert-major, so each layer gets the same share: (0, 0), (1, 0), ..., (L-1, 0), (0, 1))."""
-    g = model.geometry
-    L, E = g.n_layers, g.n_expert
-    default = np.stack(np.meshgrid(np.arange(L), np.arange(E), indexing="xy"), axis=-1).reshape(-1, 2)
-    if profile_path is None:
-        return default.astype(np.int64)
-    from ...tiers.profile import load_profile
-
-    profile = load_profile(profile_path)
-    profile.check_model(g, profile_path)
-    ranked = np.asarray(profile.order(), dtype=np.int64)
-    seen = np.zeros((L, E), dtype=bool)
-    seen[ranked[:, 0], ranked[:, 1]] = True
-    rest = default[~seen[default[:, 0], default[:, 1]]]
-    return np.concatenate([ranked, rest]).astype(np.int64)
-
-
-def residency_table(model, ranked: np.ndarray, n_pairs: int) -> np.ndarray:
-    """[L, E] int32: the slot of each of the first n_pairs ranked pairs within its layer's VRAM array, else -1.
-    Slots within a layer follow the expert id (a layer's resident experts are uploaded in id order)."""
-    g = model.geometry
-    table = np.full((g.n_layers, g.n_expert), -1, dtype=np.int32)
-    chosen = np.zeros((g.n_layers, g.n_expert), dtype=bool)
-    top = ranked[:n_pairs]
-    chosen[top[:, 0], top[:, 1]] = True
-    for layer in range(g.n_layers):
-        ids = np.flatnonzero(chosen[layer])
-        table[layer, ids] = np.arange(len(ids), dtype=np.int32)
-    return table
-
-
-def choose_residency(model, cfg: TierConfig, free_bytes: int | None, fixed_bytes: int) -> tuple[np.ndarray, str]:
-    """The residency table for --expert-cache, and the one line saying what was chosen. free_bytes: device memory
-    free now (None: unknown); fixed_bytes: what the engine needs besides routed experts (dense weights, arena)."""
-    from ...tiers.residency import expert_bytes, parse_cache_spec
-
-    g = model.geometry
-    spec = parse_cache_spec(cfg.cache)
-    kind, value = spec.kind, spec.value
-    per_pair = expert_bytes(model)
-    ranked = ranked_pairs(model, cfg.profile)
-    total_pairs = g.n_layers * g.n_expert
-    cum = np.cumsum(per_pair[ranked[:, 0]])
-    if kind == "all":
-        n = total_pairs
-    elif kind == "slots":
-        n = min(value, total_pairs)
-    else:
-        budget = value if kind == "bytes" else max(0, (free_bytes or 0) - fixed_bytes - AUTO_MARGIN)
-        n = int(np.searchsorted(cum, budget, side="right"))
-    table = residency_table(model, ranked, n)
-    gib = float(cum[n - 1]) / 2**30 if n else 0.0
-    source = f"profile {cfg.profile}" if cfg.profile else "no profile: expert id order"
-    what = f"expert cache: {n} of {total_pairs} (layer, expert) pairs in VRAM ({gib:.2f} GiB, " \
-           f"{n / total_pairs:.1%}; --expert-cache {cfg.cache}, {source})"
-    if kind == "auto" and free_bytes is not None:
-        what += f"; {free_bytes / 2**30:.1f} GiB free before loading"
-    return table, what
 
 
 def upload_resident(model, table: np.ndarray, pack_q8: bool):
@@ -308,3 +223,15 @@ class ExpertTiers:
         """Unpin the model file's expert tensors now (the mapped buffers go with their finalizers)."""
         if self.pinned is not None:
             self.pinned.free()
+
+
+def attach_tiers(engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool) -> None:
+    """Upload the resident experts, add the tier buffers to the engine's arena (before it is allocated) and make
+    the host server; engine.tiers.bind(buf) follows the allocation."""
+    from ...tiers.host import TierHost
+
+    engine.tiers = ExpertTiers(engine, table, cfg, pack_q8)
+    if engine.tiers.pin_note:
+        engine.tier_note = f"{engine.tier_note}; {engine.tiers.pin_note}"
+    engine.tiers.add_buffers(engine.arena)
+    engine.tier_host = TierHost(engine.tiers, engine, cfg.stall_window)
