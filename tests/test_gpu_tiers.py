@@ -109,7 +109,7 @@ def test_random_geometries_equal_all_resident(tmp_path, seed, ggml_type):
 
 def test_gpu_routing_counts_equal_numpy(fixture_dir):
     """make-profile --device gpu: the picks the host is rung with are the numpy engine's."""
-    from strata_cli.tiers.routing import count_routing
+    from strata_cli.engine.routing import count_routing
 
     model = open_model(fixture_dir / "model-q8_0.gguf")
     tokens = np.load(fixture_dir / "reference.npz")["tokens"][:24]

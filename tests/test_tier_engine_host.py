@@ -92,7 +92,7 @@ def test_ranking_residency_and_sizes():
     assert int((table >= 0).sum()) == 5  # (2000 - 500) // 300
 
 
-# ---- the host's per-step loop (tier_host.TierHost) against a simulated GPU side over the same words
+# ---- the host's per-step loop (tiers/host.py TierHost) against a simulated GPU side over the same words
 
 
 class _Mapped:

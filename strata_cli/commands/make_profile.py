@@ -33,7 +33,8 @@ def command(model, token_file, n_random, text, text_file, seed, holdout, slots, 
     from ..errors import InputError
     from ..progress import step_progress
     from ..tiers.profile import ExpertProfile, check_profile_path, save_profile
-    from ..tiers.routing import count_routing, slot_counts
+    from ..engine.routing import count_routing
+    from ..tiers.profile import slot_counts
     from ..tokens import check_range, read_token_file, tokens_from_options
     from .profile_info import report
 

@@ -40,7 +40,8 @@ def command(profile_path, slots, holdout, model_arg, window, fmt, n_ctx):
     from ..errors import InputError
     from ..progress import step_progress
     from ..tiers.profile import BINARY_SUFFIXES, STRP_MAGIC, YAML_SUFFIXES, load_profile
-    from ..tiers.routing import count_routing, slot_counts
+    from ..engine.routing import count_routing
+    from ..tiers.profile import slot_counts
     from ..tokens import check_range, read_token_file
     from ._common import load_model
 

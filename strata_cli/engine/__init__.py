@@ -59,7 +59,7 @@ def resolve_device(device: str) -> str:
 
 def make_engine(model, device: str = "cpu", n_ctx: int | None = None, max_t: int | None = None,
                 tiers=None) -> Engine:
-    """tiers: a TierConfig (engine/gpu/tiers.py) for the GPU engine's expert tiers; the numpy engine ignores it."""
+    """tiers: a TierConfig (tiers/config.py) for the GPU engine's expert tiers; the numpy engine ignores it."""
     device = resolve_device(device)
     if device == "gpu":
         _, why = gpu_probe()

@@ -103,7 +103,7 @@ class TierHost:
         self._lock = threading.Lock()
         self.launching = False
         self.history: list[dict] = []  # window_stats() of every window served
-        self.route_hook = None  # (layer, ids [n, K]) of every step served (tiers/routing.py counts them)
+        self.route_hook = None  # (layer, ids [n, K]) of every step served (engine/routing.py counts them)
         # The PCIe share's copies come from the memory-mapped file, page-locked in place (tiers.ExpertTiers.pinned);
         # were a registration ever missing, cudaMemcpyAsync would return only after the driver staged the bytes, and
         # issued on this thread the copies would then run before the pool, not beside it. One copy thread issues them

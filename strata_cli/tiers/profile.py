@@ -303,3 +303,9 @@ def save_profile(profile: ExpertProfile, path) -> None:
     payload = _strp_bytes(profile) if path.suffix.lower() in BINARY_SUFFIXES else _yaml_text(profile).encode()
     with output_stream(path, what="expert profile", binary=True) as fh:
         fh.write(payload)
+
+
+def slot_counts(n_pairs: int, extra: list[int] | tuple[int, ...] = ()) -> list[int]:
+    """The slot counts a report shows by default: 10/25/50/75/100 % of the pairs, plus `extra` (e.g. the profile's)."""
+    picks = {int(round(n_pairs * f)) for f in (0.1, 0.25, 0.5, 0.75, 1.0)} | {int(e) for e in extra}
+    return sorted(p for p in picks if 0 <= p <= n_pairs)

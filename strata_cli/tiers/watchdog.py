@@ -1,6 +1,6 @@
 """Watchdog release: no GPU spin or wait may outlive a stalled window or its process.
 
-Every GPU engine's tier host (engine/gpu/tier_host.py) registers itself here. The watchdog thread looks at the busy ones; when one has made no
+Every GPU engine's tier host (tiers/host.py) registers itself here. The watchdog thread looks at the busy ones; when one has made no
 progress for `timeout_s`, it releases every live verifier (flags to 0xFFFFFFFF, fence, bounded wait for the
 streams) and reports one line per verifier. SIGINT/SIGTERM during a window release the same way, then act as
 they would have. The first registration starts the process's own watchdog: STRATA_WATCHDOG_S seconds (default

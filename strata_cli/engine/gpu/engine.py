@@ -192,7 +192,7 @@ class GPUEngine:
             self.graph(T, profile).launch(self.stream)
 
     def _launch_tiered(self, T: int, eager: bool, profile: bool = False) -> None:
-        """Launch the window (graph, or eager launches from a helper thread) and serve its steps (tier_host.py);
+        """Launch the window (graph, or eager launches from a helper thread) and serve its steps (tiers/host.py);
         returns when the window's stream is idle. Cyclic GC paused and device frees deferred meanwhile (as under
         capture): a finalizer's cudaFreeHost synchronises the device, which waits for the host's flags, so a free
         on the serving or launching thread would hold a spin-wait to its bound."""
