@@ -12,6 +12,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from . import settings
 from .errors import StrataError
 from .fileio import os_reason, output_stream
 from .synth import estimate_size, load_preset, write_model
@@ -28,8 +29,8 @@ class CacheError(StrataError):
 
 def _cache_source() -> tuple[Path, str]:
     """(the cache directory, the setting it came from, for messages)."""
-    if os.environ.get("STRATA_CACHE"):
-        return Path(os.environ["STRATA_CACHE"]).expanduser(), "$STRATA_CACHE"
+    if settings.CACHE.value():
+        return Path(settings.CACHE.value()).expanduser(), "$STRATA_CACHE"
     xdg = os.environ.get("XDG_CACHE_HOME")
     if xdg and os.path.isabs(xdg):  # the XDG spec: a relative value is invalid and must be ignored
         return Path(xdg) / "strata", "$XDG_CACHE_HOME"

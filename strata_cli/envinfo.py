@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from . import __version__
+from . import __version__, settings
 
 _REPO = Path(__file__).resolve().parent.parent
 _CUPY_DISTS = ("cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cupy")
@@ -35,7 +34,7 @@ def git_commit() -> str | None:
     """Short hash of the checkout strata runs from, + "-dirty" with uncommitted changes, or None outside one.
     $STRATA_GIT_COMMIT, when set, wins and is marked "(declared)": a copy of the tree on a remote GPU machine may
     carry no .git, or a stale one whose HEAD is not the commit being measured."""
-    declared = os.environ.get("STRATA_GIT_COMMIT")
+    declared = settings.GIT_COMMIT.value()
     if declared:
         return f"{declared} (declared)"
     top = _git("rev-parse", "--show-toplevel")

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 
+from strata_cli import settings
 from strata_cli.errors import InputError
 
 from strata_cli.gpu import launch_util as U
@@ -112,13 +113,13 @@ def test_grid_math():
 def test_tensor_core_gemv_is_chosen_by_env_and_window(monkeypatch):
     """STRATA_GEMV_TC=1 sends Q8_0_R32 dense GEMVs of T >= 2 to gemv_q8r_tc_t<NT>; T = 1 and the default stay on
     the CUDA-core kernels. The split sees the tensor-core warp's 64 rows."""
-    monkeypatch.delenv(U.Q8T_ENV, raising=False)
+    monkeypatch.delenv(settings.GEMV_TC.name, raising=False)
     assert not any(U.q8r_tensor_cores(t) for t in (1, 2, 8, 16))
-    monkeypatch.setenv(U.Q8T_ENV, "1")
+    monkeypatch.setenv(settings.GEMV_TC.name, "1")
     assert [U.q8r_tensor_cores(t) for t in (1, 2, 8, 16, 40)] == [False, True, True, True, True]
-    monkeypatch.setenv(U.Q8T_ENV, "0")
+    monkeypatch.setenv(settings.GEMV_TC.name, "0")
     assert not U.q8r_tensor_cores(8)
-    monkeypatch.setenv(U.Q8T_ENV, "yes")  # neither 0 nor 1: one line naming the variable, never a silent choice
+    monkeypatch.setenv(settings.GEMV_TC.name, "yes")  # neither 0 nor 1: one line naming the variable, never a silent choice
     with pytest.raises(InputError, match="STRATA_GEMV_TC='yes': expected 0 or 1"):
         U.q8r_tensor_cores(8)
     assert U.q8r_split(248320, 2560, 8, rpw=64) == (2, 1)  # the head: 3880 warps of 64 rows, 40 blocks each

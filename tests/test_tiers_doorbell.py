@@ -16,10 +16,10 @@ from test_tier_engine_host import _expert_out, _sim
 
 from strata_cli.tiers.doorbell import FLAG, FLAG_A, FLAG_B, RELEASED
 from strata_cli.tiers.host import SRC_CPU, SRC_PCIE, SRC_VRAM, EngineReleased, TierHost
-from strata_cli.errors import InputError, StrataError
+from strata_cli.errors import StrataError
 from strata_cli.gpu.launch_util import GEMV_MAXT
 from strata_cli.tiers import watchdog
-from strata_cli.tiers.doorbell import raise_word, stall_window, store_word, wait_word
+from strata_cli.tiers.doorbell import raise_word, store_word, wait_word
 from strata_cli.tiers.plan import n_pcie
 
 
@@ -96,15 +96,6 @@ def test_words():
     assert wait_word(flag, 9, 2.0) == RELEASED  # a release passes every wait
 
 
-def test_stall_env(monkeypatch):
-    assert stall_window({}) == 0 and stall_window({"STRATA_TEST_VERIFY_STALL": "3"}) == 3
-    assert stall_window({"STRATA_TEST_VERIFY_STALL": "0"}) == 0
-    with pytest.raises(InputError, match="STRATA_TEST_VERIFY_STALL='x'"):
-        stall_window({"STRATA_TEST_VERIFY_STALL": "x"})
-    monkeypatch.setenv("STRATA_TEST_VERIFY_STALL", "4")
-    assert stall_window() == 4
-
-
 class FakeVerifier:
     def __init__(self, name, busy, last):
         self.name, self.busy, self.last_progress, self.released, self.calls = name, busy, last, False, []
@@ -155,14 +146,6 @@ def test_sigterm_releases_busy_verifiers_then_exits():
         watchdog.unregister(v)
         watchdog.unregister(idle)
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-
-
-def test_env_watchdog_timeout(monkeypatch):
-    assert watchdog.env_timeout({}) == 60.0 and watchdog.env_timeout({"STRATA_WATCHDOG_S": "0"}) == 0.0
-    assert watchdog.env_timeout({"STRATA_WATCHDOG_S": "2.5"}) == 2.5
-    for bad in ("-1", "soon", "inf", "nan"):
-        with pytest.raises(InputError, match=f"STRATA_WATCHDOG_S='{bad}'"):
-            watchdog.env_timeout({"STRATA_WATCHDOG_S": bad})
 
 
 def test_first_registration_starts_the_process_watchdog(monkeypatch, capsys):

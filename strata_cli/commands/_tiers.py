@@ -34,10 +34,10 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache
     engine ignores the tiers), or None when no tier option was given and no stall window asked for (every expert in
     VRAM, today's graph). stall_window None: STRATA_TEST_VERIFY_STALL's."""
     from ..tiers.config import TierConfig
-    from ..tiers.doorbell import stall_window as env_stall_window
+    from .. import settings
 
     cache = cache_override if cache_override is not None else expert_cache
-    stall = env_stall_window() if stall_window is None else stall_window
+    stall = settings.TEST_VERIFY_STALL.value() if stall_window is None else stall_window
     # default 0, the CPU pool alone: a PCIe share on Flash-Next-size experts is not yet shown to finish its windows
     # on the H200 (docs/BENCHMARKS.md); auto and numbers are the user's choice.
     cfg = TierConfig(profile=expert_profile, cache="all" if cache is None else cache,

@@ -7,7 +7,6 @@ tested on CPU (tests/test_launch_checks.py). Every check raises ValueError namin
 from __future__ import annotations
 
 import contextlib
-import os
 
 import numpy as np
 
@@ -185,30 +184,18 @@ Q8R_MAX_ZROWS = 16384  # z splits (raw sums in the shared partial buffer) only u
 
 
 Q8T_LANE_ROWS = 2  # row groups per warp of the tensor-core kernels gemv_q8r_tc_t<NT> (Q8T_ROWS in the kernel)
-Q8T_ENV = "STRATA_GEMV_TC"  # "1": Q8_0_R32 dense GEMVs of T >= 2 on tensor cores (kernels/gemv_q8r.cu); default off
 
 
 def q8r_rows_per_warp(T: int) -> int:
     return Q8R_GROUP * Q8R_LANE_ROWS[nt_bucket(T)]
 
 
-def env_switch(name: str, default: bool) -> bool:
-    """A 0/1 environment switch (STRATA_GEMV_TC, STRATA_FUSED_HC, ...): unset or empty is the default; any value
-    but 0 or 1 is one clear error naming the variable, never a silent choice."""
-    raw = os.environ.get(name, "").strip()
-    if raw in ("0", "1"):
-        return raw == "1"
-    if raw:
-        from ..errors import InputError
-
-        raise InputError(f"{name}={raw!r}: expected 0 or 1")
-    return default
-
-
 def q8r_tensor_cores(T: int) -> bool:
     """Whether a dense Q8_0_R32 GEMV of T window rows takes the tensor-core kernel: T >= 2 and STRATA_GEMV_TC=1
     (read at each launch, so a process can compare both; graphs keep what was chosen at capture)."""
-    return T >= 2 and env_switch(Q8T_ENV, False)
+    from .. import settings
+
+    return T >= 2 and settings.GEMV_TC.value()
 
 
 def q8r_split(n_out: int, n_in: int, T: int = 1, n_matrices: int = 1, max_z: int = 1,

@@ -10,12 +10,10 @@ between slices, at releases and at the GPU stream.
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
-from ..errors import InputError
 from . import native
 
 RELEASED = 0xFFFFFFFF
@@ -23,19 +21,6 @@ RELEASED = 0xFFFFFFFF
 # timed-out wait's code
 SEQ, FLAG_A, FLAG_B, FLAG, ERR = range(5)
 N_WORDS = 8
-STALL_ENV = "STRATA_TEST_VERIFY_STALL"
-
-
-def stall_window(env=os.environ) -> int:
-    """STRATA_TEST_VERIFY_STALL: the 1-based window whose last flag the host withholds; 0 = never."""
-    text = env.get(STALL_ENV, "").strip()
-    if text in ("", "0"):
-        return 0
-    if not text.isdigit():
-        raise InputError(f"{STALL_ENV}={text!r}: expected a window number (1-based) or 0")
-    return int(text)
-
-
 # ---- one 32-bit word: C (no GIL) when the host kernels are built, numpy otherwise
 def _addr(word: np.ndarray) -> int:
     return word.ctypes.data

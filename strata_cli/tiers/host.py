@@ -25,13 +25,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import StrataError
-from ..gpu.launch_util import GEMV_MAXT, env_switch
+from .. import settings
+from ..gpu.launch_util import GEMV_MAXT
 from ..gpu.runtime import check, cudart
 from .doorbell import ERR, FLAG, FLAG_A, FLAG_B, RELEASED, SEQ
 from .plan import ExpertEntries, build_plan
 
 SRC_VRAM, SRC_PCIE, SRC_CPU = 0, 1, 2
-COPY_THREAD_ENV = "STRATA_PCIE_COPY_THREAD"
 POLL_S = 0.002  # how often a waiting host asks the driver whether the stream failed or finished
 
 
@@ -109,7 +109,7 @@ class TierHost:
         # issued on this thread the copies would then run before the pool, not beside it. One copy thread issues them
         # (in step order); STRATA_PCIE_COPY_THREAD=0 issues them here (the earlier path).
         self._copier = None
-        if getattr(tiers, "pcie", False) and env_switch(COPY_THREAD_ENV, True):
+        if getattr(tiers, "pcie", False) and settings.PCIE_COPY_THREAD.value():
             self._copier = self._make_copier()
         from .watchdog import register
 

@@ -19,10 +19,11 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from .. import settings
+
 
 SOURCE = "expert_pool.c"
 HEADERS = ("expert_pool_decode.h",)  # next to SOURCE, part of the build key
-ENV_DISABLE = "STRATA_POOL_NATIVE"
 # GGML type ids the C file has kernels for (its dequant_row switch)
 NATIVE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10,
                 "Q3_K": 11, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14, "IQ2_XXS": 16, "IQ2_XS": 17, "IQ3_XXS": 18,
@@ -134,7 +135,7 @@ def build(out_dir: Path | None = None, defines: tuple[str, ...] = ()) -> Path | 
 @lru_cache(maxsize=1)
 def load():
     """The loaded library with argtypes set, or None (no compiler, build failed, or STRATA_POOL_NATIVE=0)."""
-    if os.environ.get(ENV_DISABLE, "1") == "0":
+    if not settings.POOL_NATIVE.value():
         return None
     return load_variant(())
 

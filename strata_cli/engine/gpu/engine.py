@@ -11,12 +11,12 @@ STRATA_VERIFY_PROFILE set every window runs that variant and its stamps are kept
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import numpy as np
 
+from ... import settings
 from ...errors import InputError
 from ...gpu import launch_sampling
 from ...gpu.graphs import CapturedGraph, new_stream
@@ -33,7 +33,6 @@ from .weights import DeviceWeights
 from .window import fused_gdn, fused_hc, record_commit, record_window
 
 DEFAULT_MAX_T = GEMV_MAXT
-PROFILE_ENV = "STRATA_VERIFY_PROFILE"
 
 
 def _is_expert_tensor(name: str) -> bool:
@@ -94,7 +93,7 @@ class GPUEngine:
         self.profile_graphs: dict[int, CapturedGraph] = {}
         self.profile_plans: dict = {}            # T -> stage_profile.Plan of its profiling window
         self.verify_profile: Accumulator | None = None
-        if os.environ.get(PROFILE_ENV, "") not in ("", "0"):
+        if settings.VERIFY_PROFILE.value():
             self.verify_profile = register(Accumulator())
         self._warm_up()
 

@@ -11,6 +11,7 @@ no stamp node.
 
 from __future__ import annotations
 
+from ... import settings
 from ...gpu import launch_embed as embed
 from ...gpu import launch_gdn as gdn
 from ...gpu import launch_gemv
@@ -19,7 +20,6 @@ from ...gpu import launch_moe as moe
 from ...gpu import launch_ple as ple
 from ...gpu import launch_qsa as qsa
 from ...gpu import launch_sampling as sampling
-from ...gpu.launch_util import env_switch
 from ...gpu.runtime import check, cudart
 from ...model.names import PLE_TABLE
 from .buffers import argmax_scratch, split_k
@@ -58,13 +58,13 @@ def _hc(e, prefix: str, T: int, inject: bool, stream, r0: int = 0, mark=None):
 def fused_hc() -> bool:
     """STRATA_FUSED_HC=1: the hyper-connection reads take launch_hyper.hc_read_fused, which also applies the
     previous block's residual write (4 nodes per read, no write node); 0 or unset: hc_read + hc_write (6)."""
-    return env_switch("STRATA_FUSED_HC", False)
+    return settings.FUSED_HC.value()
 
 
 def fused_gdn() -> bool:
     """STRATA_FUSED_GDN=1: a GDN layer's conv and q/k/v split are one launch (launch_gdn.gdn_conv_split), and its
     alpha and beta projections with their gates one more (launch_gdn.gdn_ab_gates): 2 launches instead of 5."""
-    return env_switch("STRATA_FUSED_GDN", False)
+    return settings.FUSED_GDN.value()
 
 
 def _hc_fused(e, prefix: str, T: int, inject: bool, pending: bool, stream, mark=None):
