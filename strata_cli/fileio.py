@@ -299,19 +299,6 @@ def stdout_text() -> IO[str]:
     return sys.stdout
 
 
-def write_stdout(text: str) -> None:
-    """Write and flush data on stdout; a full device or a closed stdout is one StrataError line."""
-    out = stdout_text()
-    try:
-        out.write(text)
-        out.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise os_error(exc, "stdout", "write the output") from None
-
-
-@contextmanager
 def output_stream(path, *, what: str, binary: bool = False, wait: bool = False) -> Iterator[IO]:
     """A file object for `path` (`-`/None = stdout): see the module docstring. Flushed (and fsynced) before the
     rename; stdout is flushed at the end so a full device is reported here, not at exit."""

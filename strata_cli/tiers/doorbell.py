@@ -1,5 +1,5 @@
-"""The doorbell words of the expert tiers, host side: one 32-bit word loaded, stored, raised and waited for, and the
-stall hook's window number.
+"""The doorbell words of the expert tiers, host side: their layout, and the bounded wait for one 32-bit word (the
+host writes its flags as plain numpy stores into the mapped words).
 
 The protocol itself (per step: wait for the GPU's ring on `seq`, plan, flagA / flagB / flag) is served by one
 implementation, `tiers/host.py` TierHost; its CPU tests drive it against a simulated GPU
@@ -21,30 +21,11 @@ RELEASED = 0xFFFFFFFF
 # timed-out wait's code
 SEQ, FLAG_A, FLAG_B, FLAG, ERR = range(5)
 N_WORDS = 8
-# ---- one 32-bit word: C (no GIL) when the host kernels are built, numpy otherwise
+
+
+# ---- the wait: C (no GIL) when the host kernels are built, numpy otherwise
 def _addr(word: np.ndarray) -> int:
     return word.ctypes.data
-
-
-def load_word(word: np.ndarray) -> int:
-    return int(word[0])
-
-
-def store_word(word: np.ndarray, value: int) -> None:
-    lib = native.load()
-    if lib is not None:
-        lib.strata_store(_addr(word), value & RELEASED)
-    else:
-        word[0] = value & RELEASED
-
-
-def raise_word(word: np.ndarray, value: int) -> None:
-    """word = max(word, value), atomically (flagB is raised from the copy stream's thread too)."""
-    lib = native.load()
-    if lib is not None:
-        lib.strata_raise(_addr(word), value & RELEASED)
-    else:
-        word[0] = max(int(word[0]), value & RELEASED)
 
 
 def wait_word(word: np.ndarray, want: int, max_s: float) -> int:

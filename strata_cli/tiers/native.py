@@ -151,10 +151,6 @@ def load_variant(defines: tuple[str, ...]):
                                        _VP, _VP, _VP, _VP, _VP, _VP]
     lib.strata_wait_geq.restype = _U32
     lib.strata_wait_geq.argtypes = [_VP, _U32, _I64]
-    lib.strata_raise.restype = None
-    lib.strata_raise.argtypes = [_VP, _U32]
-    lib.strata_store.restype = None
-    lib.strata_store.argtypes = [_VP, _U32]
     lib.strata_stream_read.restype = ctypes.c_double
     lib.strata_stream_read.argtypes = [_I32, _I32, _VP, _VP]
     lib.strata_dequant_row.restype = _I32
