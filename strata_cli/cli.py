@@ -10,7 +10,8 @@ import click
 
 from . import __version__, settings
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, StrataError
-from .fileio import exit_code_for_interrupt, install_sigbus_handler, os_reason, signal_handlers
+from .sysio.signals import exit_code_for_interrupt, install_sigbus_handler, signal_handlers
+from .sysio.files import os_reason
 
 # name -> (module under strata_cli.commands exposing a click command `command`, short help for `strata --help`).
 # The short help lives here so that `strata --help` imports no command module (and no numpy, CuPy, ...).
@@ -83,7 +84,7 @@ class LazyGroup(click.Group):
                 raise
             _error_line(_one_line(exc))
             ctx.exit(exc.exit_code)
-        except KeyboardInterrupt as exc:  # Ctrl-C, and SIGTERM / SIGHUP through fileio.signal_handlers
+        except KeyboardInterrupt as exc:  # Ctrl-C, and SIGTERM / SIGHUP through sysio/signals.signal_handlers
             click.echo("", err=True)
             ctx.exit(exit_code_for_interrupt(exc))
         except BrokenPipeError:
@@ -154,7 +155,7 @@ def _verify_profile_lines() -> None:
     """STRATA_VERIFY_PROFILE: the seed's one-line stage summary of the GPU windows the command ran (stderr)."""
     if not settings.VERIFY_PROFILE.value():
         return
-    from .stage_profile import pending_lines
+    from .engine.stage_timing import pending_lines
 
     for line in pending_lines():
         click.echo(line, err=True)

@@ -72,8 +72,8 @@ class Setting:
 
 TRACEBACK = Setting("STRATA_TRACEBACK", _switch, False)                  # 1: errors raise with their traceback
 VERIFY_PROFILE = Setting("STRATA_VERIFY_PROFILE", _switch, False)        # 1: GPU windows stamped, one-line summary
-CACHE = Setting("STRATA_CACHE", _text, None)                             # the cache directory (default_model.py)
-GIT_COMMIT = Setting("STRATA_GIT_COMMIT", _text, None)                   # the commit a record names (envinfo.py)
+CACHE = Setting("STRATA_CACHE", _text, None)                             # the cache directory (sysio/cache.py)
+GIT_COMMIT = Setting("STRATA_GIT_COMMIT", _text, None)                   # the commit a record names (report/envinfo.py)
 WATCHDOG_S = Setting("STRATA_WATCHDOG_S", _seconds, 60.0)                # tiers/watchdog.py; 0 = off
 TEST_VERIFY_STALL = Setting("STRATA_TEST_VERIFY_STALL", _window_number, 0)  # test hook: window whose flag is withheld
 POOL_NATIVE = Setting("STRATA_POOL_NATIVE", _switch, True)               # 0: the CPU pool computes with numpy

@@ -298,7 +298,7 @@ def test_interrupt_during_a_window_releases(monkeypatch, fixture_dir):
 
 def test_verify_bench_tier_columns_average_the_timed_windows():
     from strata_cli.tiers.stats import TIER_COLUMNS, add_tier_stats
-    from strata_cli.records import BenchRecord
+    from strata_cli.report.records import BenchRecord
 
     def window(T, cpu, pool_ms):
         return {"T": T, "vram": 10 - cpu, "pcie": 0, "cpu": cpu, "vram_share": (10 - cpu) / 10, "pcie_share": 0.0,

@@ -12,7 +12,7 @@ import numpy as np
 
 from .divergence import DivergenceStats, PositionArrays
 from .dumps import LogprobRow, nonfinite_rows, read_dump
-from .errors import InputError, NonFiniteError
+from ..errors import InputError, NonFiniteError
 
 
 @dataclass(frozen=True)

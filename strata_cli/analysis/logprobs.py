@@ -13,8 +13,8 @@ from typing import Iterator
 import numpy as np
 
 from .dumps import LogprobRow
-from .errors import NonFiniteError
-from .ops.basic import log_softmax64
+from ..errors import NonFiniteError
+from ..ops.basic import log_softmax64
 from .speculation import LoopStats
 
 

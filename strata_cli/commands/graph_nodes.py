@@ -20,10 +20,10 @@ from ._tiers import tier_config, tier_options
 def command(model, window, commit, profile, fmt, n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
     """Node count, edge count, and one row per node kind (kernel function names via the driver API, memcpy,
     memset, host), most frequent first. Needs a CUDA GPU."""
-    from ..envinfo import environment_record, header_line
+    from ..report.envinfo import environment_record, header_line
     from ..errors import InputError
-    from ..present import Column, emit
-    from ..progress import step_progress
+    from ..report.present import Column, emit
+    from ..report.progress import step_progress
 
     if commit and profile:
         raise InputError("--profile describes the profiling window graph; the commit graph has no stamps")

@@ -31,7 +31,7 @@ def command(model, stall_at, timeout_s, n_tokens, n_ctx, expert_profile, expert_
 
     from ..engine import make_engine
     from ..errors import StrataError
-    from ..present import err_console
+    from ..report.present import err_console
     from ..tiers.host import EngineReleased
     from ..tiers.watchdog import Watchdog
 

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from ..errors import InputError
-from ..fileio import available_memory
+from ..sysio.memory import available_memory
 from ..model.gguf_file import GGUFModel
 from ..ops import basic, gdn, hyper, moe, ple, qsa, sampling
 from .contract import Capabilities, WindowResult, WindowTimer

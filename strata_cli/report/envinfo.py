@@ -7,9 +7,9 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from . import __version__, settings
+from .. import __version__, settings
 
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = Path(__file__).resolve().parents[2]
 _CUPY_DISTS = ("cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cupy")
 
 
@@ -78,7 +78,7 @@ def gpu_record() -> dict:
     """gpu_name, driver, cuda_runtime of the current CuPy device; each None where it cannot be read."""
     rec: dict = {"gpu_name": None, "driver": None, "cuda_runtime": None}
     try:
-        from .gpu import runtime  # noqa: F401  (CUDA_MODULE_LOADING before the driver starts)
+        from ..gpu import runtime  # noqa: F401  (CUDA_MODULE_LOADING before the driver starts)
         import cupy
 
         runtime = cupy.cuda.runtime

@@ -12,7 +12,7 @@ import gguf
 import numpy as np
 
 from ..errors import InputError
-from ..fileio import output_path
+from ..sysio.files import output_path
 from ..model.geometry import ARCH
 from . import fill
 from .plan import ModelPlan, build_plan

@@ -12,7 +12,7 @@ writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never ru
 
 Release: every flag to 0xFFFFFFFF (each GPU wait passes), then wait, bounded, until the streams are
 idle; the engine refuses every later window. Any exception while a window is served releases it: host errors,
-Ctrl-C, and SIGTERM / SIGHUP, which the CLI turns into KeyboardInterrupt (fileio.signal_handlers), so no spin
+Ctrl-C, and SIGTERM / SIGHUP, which the CLI turns into KeyboardInterrupt (sysio/signals.signal_handlers), so no spin
 kernel outlives the process.
 """
 

@@ -102,7 +102,7 @@ def _warn(message: str) -> None:
 def build(out_dir: Path | None = None, defines: tuple[str, ...] = ()) -> Path | None:
     """The shared library for this source + flags + compiler, compiled once (atomically) into the cache.
     `defines` ("NAME=VALUE") override the kernel's tuning macros (bench/pool_bench.py --variant)."""
-    from ..default_model import cache_dir
+    from ..sysio.cache import cache_dir
 
     cc = _compiler()
     if cc is None:

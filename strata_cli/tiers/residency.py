@@ -66,7 +66,7 @@ def ranked_pairs(model, profile_path: str | None) -> np.ndarray:
     default = np.stack(np.meshgrid(np.arange(L), np.arange(E), indexing="xy"), axis=-1).reshape(-1, 2)
     if profile_path is None:
         return default.astype(np.int64)
-    from .profile import load_profile
+    from .expert_profile import load_profile
 
     profile = load_profile(profile_path)
     profile.check_model(g, profile_path)

@@ -15,7 +15,7 @@ from ...gpu.launch_gemv import ZSPLIT_TILES, SplitK
 from ...gpu.launch_sampling import ARGMAX_MAX_PARTS, ArgmaxScratch
 from ...gpu.launch_util import GEMV_MAXT, GEMV_PARTIAL_FLOATS
 from ...gpu.runtime import MappedBuffer, cupy
-from ...stage_profile import n_slots
+from ..stage_timing import n_slots
 
 ALIGN = 256
 

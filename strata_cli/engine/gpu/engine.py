@@ -5,7 +5,7 @@ memory, launches the T graph and reads the greedy ids back from mapped memory; l
 until asked for. Sampling runs after the replay (a graph never bakes in its parameters).
 
 Each T also has a profiling variant, captured separately on first use (graph(T, profile=True)): the same
-launches plus one `%globaltimer` stamp per stage boundary (strata_cli/stage_profile.py). With
+launches plus one `%globaltimer` stamp per stage boundary (strata_cli/engine/stage_timing.py). With
 STRATA_VERIFY_PROFILE set every window runs that variant and its stamps are kept for the one-line summary.
 """
 
@@ -23,7 +23,7 @@ from ...gpu.graphs import CapturedGraph, new_stream
 from ...gpu.launch_util import GEMV_MAXT, q8r_tensor_cores
 from ...gpu.launch_stamp import stamp_kernel
 from ...gpu.runtime import capture_guard, cupy
-from ...stage_profile import Accumulator, register
+from ..stage_timing import Accumulator, register
 from ..contract import Capabilities, WindowResult, WindowTimer
 from ..state import check_n_keep, check_window, resolve_ctx
 from .buffers import Staging, plan_buffers
@@ -73,7 +73,7 @@ class GPUEngine:
             self.tiers.bind(self.buf)
         self.stage = Staging(self.max_t)
         if g.attn_layers:
-            from ...fileio import available_memory
+            from ...sysio.memory import available_memory
             from ...ops.qsa import rope_tables
             from ..state import check_memory
 
@@ -91,7 +91,7 @@ class GPUEngine:
         self._commit_graph: CapturedGraph | None = None
         self.stamper: Stamper | None = None      # set only while a profiling window is recorded
         self.profile_graphs: dict[int, CapturedGraph] = {}
-        self.profile_plans: dict = {}            # T -> stage_profile.Plan of its profiling window
+        self.profile_plans: dict = {}            # T -> stage_timing.Plan of its profiling window
         self.verify_profile: Accumulator | None = None
         if settings.VERIFY_PROFILE.value():
             self.verify_profile = register(Accumulator())

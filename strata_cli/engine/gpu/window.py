@@ -4,7 +4,7 @@ Both recorders only launch kernels on preallocated buffers, so the same calls ru
 Per-window values (tokens, positions, n_keep) are read by the kernels from device buffers that the recorded
 graph fills from mapped staging first; nothing window-specific is baked into a graph except T.
 
-Profiling: `stamp(e, layer, stage, stream)` marks the end of each stage (names in strata_cli/stage_profile.py).
+Profiling: `stamp(e, layer, stage, stream)` marks the end of each stage (names in strata_cli/engine/stage_timing.py).
 It launches a stamp only while the engine records its profiling variant (e.stamper set); the normal graph has
 no stamp node.
 """
