@@ -10,8 +10,8 @@ import click
 
 from . import __version__, settings
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, StrataError
-from .sysio.signals import exit_code_for_interrupt, install_sigbus_handler, signal_handlers
 from .sysio.files import os_reason
+from .sysio.signals import exit_code_for_interrupt, install_sigbus_handler, signal_handlers
 
 # name -> (module under strata_cli.commands exposing a click command `command`, short help for `strata --help`).
 # The short help lives here so that `strata --help` imports no command module (and no numpy, CuPy, ...).

@@ -57,9 +57,9 @@ def deprecated_alias(old: str, new: str, dest: str, type=None, flag_value=None):
 
 def load_model(model_arg: str | None):
     """Open MODEL, or the embedded default tiny model (generated once into the cache)."""
-    from ..synth.default_model import resolve_model
     from ..model.gguf_file import open_model
     from ..report.present import warn
+    from ..synth.default_model import resolve_model
 
     model = open_model(resolve_model(model_arg))
     for message in model.geometry.warnings:

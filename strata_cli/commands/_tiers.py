@@ -33,8 +33,8 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache
     """The one TierConfig of the options (each parsed here, once; a bad value is one line on any device, the numpy
     engine ignores the tiers), or None when no tier option was given and no stall window asked for (every expert in
     VRAM, today's graph). stall_window None: STRATA_TEST_VERIFY_STALL's."""
-    from ..tiers.config import TierConfig
     from .. import settings
+    from ..tiers.config import TierConfig
 
     cache = cache_override if cache_override is not None else expert_cache
     stall = settings.TEST_VERIFY_STALL.value() if stall_window is None else stall_window

@@ -33,11 +33,11 @@ def command(base, other, token_file, n_random, text, text_file, seed, window, pe
     99.9, max), PPL of each and their ratio, top-1 agreement, Δp = p_other(target) - p_base(target) (mean, RMS,
     percentiles). Text is tokenized by BASE's tokenizer. The expert-tier options apply to both GPU engines."""
     from ..analysis.divergence import DivergenceStats, compare_engines
-    from ..report.envinfo import environment_record, header_line
     from ..errors import InputError
+    from ..model.tokens import check_range, tokens_from_options
+    from ..report.envinfo import environment_record, header_line
     from ..report.present import Column, emit
     from ..report.progress import step_progress
-    from ..model.tokens import check_range, tokens_from_options
 
     m_base, m_other = load_model(base), load_model(other)
     if m_base.geometry.n_vocab != m_other.geometry.n_vocab:

@@ -20,8 +20,8 @@ from ._tiers import tier_config, tier_options
 def command(model, window, commit, profile, fmt, n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
     """Node count, edge count, and one row per node kind (kernel function names via the driver API, memcpy,
     memset, host), most frequent first. Needs a CUDA GPU."""
-    from ..report.envinfo import environment_record, header_line
     from ..errors import InputError
+    from ..report.envinfo import environment_record, header_line
     from ..report.present import Column, emit
     from ..report.progress import step_progress
 

@@ -59,15 +59,15 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
     --acceptance-from. TSV rows are written as each window produces them.
     """
     from ..analysis.dumps import format_row, rows_to_json
-    from ..engine.state import resolve_ctx
-    from ..report.envinfo import environment_record, header_line
-    from ..errors import InputError
-    from ..sysio.files import check_output_path, is_stdio, output_stream
     from ..analysis.logprobs import speculative_dump
+    from ..analysis.speculation import DUMP_TAG
+    from ..engine.state import resolve_ctx
+    from ..errors import InputError
+    from ..model.tokens import check_range, tokens_from_options
+    from ..report.envinfo import environment_record, header_line
     from ..report.present import Column, emit, err_console, warn
     from ..report.progress import step_progress
-    from ..analysis.speculation import DUMP_TAG
-    from ..model.tokens import check_range, tokens_from_options
+    from ..sysio.files import check_output_path, is_stdio, output_stream
 
     if full_dist and fmt not in ("json", "jsonl"):
         raise InputError("--full-dist writes whole distributions: it needs --format json or jsonl")

@@ -9,13 +9,13 @@ import click
 from rich.console import Console
 
 from ..errors import InputError
-from ..sysio.memory import available_memory
-from ..sysio.files import check_output_path, stdout_text
 from ..report.progress import byte_progress
 from ..synth import estimate_size, load_preset, write_model
 from ..synth.presets import PRESET_NAMES
 from ..synth.recipes import FILE_TYPES, RECIPE_NAMES
 from ..synth.writer import size_lower_bound
+from ..sysio.files import check_output_path, stdout_text
+from ..sysio.memory import available_memory
 from ._common import SEED, format_option
 
 GIB = 1 << 30

@@ -37,12 +37,12 @@ def command(profile_path, slots, holdout, model_arg, window, fmt, n_ctx):
     the hit rate of held-out routing."""
     from pathlib import Path
 
+    from ..engine.routing import count_routing
     from ..errors import InputError
+    from ..model.tokens import check_range, read_token_file
     from ..report.progress import step_progress
     from ..tiers.expert_profile import BINARY_SUFFIXES, STRP_MAGIC, YAML_SUFFIXES, load_profile
-    from ..engine.routing import count_routing
     from ..tiers.expert_profile import slot_counts
-    from ..model.tokens import check_range, read_token_file
     from ._common import load_model
 
     profile = load_profile(profile_path)

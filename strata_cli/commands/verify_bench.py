@@ -32,8 +32,8 @@ def _windows(text: str) -> list[int]:
 
 def _add_floor(records, model) -> None:
     """Bytes each window reads, and the measured device copy rate (the floor follows from both)."""
-    from ..gpu.runtime import copy_bandwidth
     from ..analysis.traffic import window_bytes
+    from ..gpu.runtime import copy_bandwidth
 
     bandwidth = copy_bandwidth()
     for rec in records:
@@ -83,13 +83,13 @@ def command(model, window_list, repetitions, warmup, depth, acceptance, acceptan
 
 def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, fmt, device,
            n_ctx, tiers):
-    from ..report.envinfo import environment_record, header_line
+    from ..analysis.speculation import Acceptance, acceptance_from_dump
+    from ..analysis.window_timing import run_bench
     from ..errors import InputError
+    from ..report.envinfo import environment_record, header_line
     from ..report.present import Column, emit
     from ..report.progress import step_progress
     from ..report.records import ModelIdentity, Provenance, command_line, utc_timestamp
-    from ..analysis.speculation import Acceptance, acceptance_from_dump
-    from ..analysis.window_timing import run_bench
 
     windows = _windows(window_list)
     if acceptance is not None and acceptance_dump:

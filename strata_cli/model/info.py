@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import re
 
-from .gguf_file import GGUFModel
 from .geometry import Geometry
+from .gguf_file import GGUFModel
 
 
 def geometry_numbers(g: Geometry) -> dict:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import StrataError
 from .. import settings
+from ..errors import StrataError
 from ..gpu.launch_util import GEMV_MAXT
 from ..gpu.runtime import check, cudart
 from .doorbell import ERR, FLAG, FLAG_A, FLAG_B, RELEASED, SEQ

@@ -20,15 +20,15 @@ from ... import settings
 from ...errors import InputError
 from ...gpu import launch_sampling
 from ...gpu.graphs import CapturedGraph, new_stream
-from ...gpu.launch_util import GEMV_MAXT, q8r_tensor_cores
 from ...gpu.launch_stamp import stamp_kernel
+from ...gpu.launch_util import GEMV_MAXT, q8r_tensor_cores
 from ...gpu.runtime import capture_guard, cupy
-from ..stage_timing import Accumulator, register
+from ...tiers.config import TierConfig
 from ..contract import Capabilities, WindowResult, WindowTimer
+from ..stage_timing import Accumulator, register
 from ..state import check_n_keep, check_window, resolve_ctx
 from .buffers import Staging, plan_buffers
 from .stamps import Stamper
-from ...tiers.config import TierConfig
 from .weights import DeviceWeights
 from .window import fused_gdn, fused_hc, record_commit, record_window
 
@@ -73,8 +73,8 @@ class GPUEngine:
             self.tiers.bind(self.buf)
         self.stage = Staging(self.max_t)
         if g.attn_layers:
-            from ...sysio.memory import available_memory
             from ...ops.qsa import rope_tables
+            from ...sysio.memory import available_memory
             from ..state import check_memory
 
             # the host builds the tables in float64 before they go to the device
