@@ -91,7 +91,7 @@ step(count_nodes)
 
 import pytest  # noqa: E402
 
-rc = pytest.main(["-q", "-p", "no:cacheprovider", "tests/test_gpu_profile.py", "tests/test_stage_profile.py",
+rc = pytest.main(["-q", "-p", "no:cacheprovider", "tests/test_gpu_profile.py", "tests/test_stage_timing.py",
                   "tests/test_gpu_engine.py::test_graph_replay_equals_eager",
                   "tests/test_gpu_engine.py::test_graph_summaries"])
 log(f"pytest exit {rc}")

@@ -15,7 +15,7 @@ import numpy as np
 
 from benchlib import patch_kernels
 from strata_cli.gpu.runtime import cupy
-from strata_cli.window_timing import TokenStream, prefill
+from strata_cli.analysis.window_timing import TokenStream, prefill
 
 RECORDS: list = []
 

@@ -17,7 +17,7 @@ XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 step gpu-tests 80 python3 -m pytest -v -p no:cacheprovider $XDIST -m gpu tests/test_gpu_hc_fused.py \
   tests/test_gpu_q8r.py tests/test_gpu_engine.py tests/test_gpu_graphs.py tests/test_gpu_profile.py \
   tests/test_gpu_window_contract.py
-step cpu-tests 20 python3 -m pytest -q -p no:cacheprovider tests/test_window_steps.py tests/test_stage_profile.py \
+step cpu-tests 20 python3 -m pytest -q -p no:cacheprovider tests/test_window_steps.py tests/test_stage_timing.py \
   tests/test_launch_checks.py
 for T in 1 4; do
   step "graph-nodes default T=$T" 15 bash -c "python3 -m strata_cli graph-nodes --window $T | head -4"

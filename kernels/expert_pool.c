@@ -249,17 +249,6 @@ uint32_t strata_wait_geq(const uint32_t *word, uint32_t want, int64_t max_ns) {
     }
 }
 
-void strata_raise(uint32_t *word, uint32_t value) {
-    uint32_t cur = __atomic_load_n(word, __ATOMIC_RELAXED);
-    while (cur < value && !__atomic_compare_exchange_n(word, &cur, value, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED)) {
-    }
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-}
-
-void strata_store(uint32_t *word, uint32_t value) {
-    __atomic_store_n(word, value, __ATOMIC_SEQ_CST);
-}
-
 /* ---- the plain parallel read the pool is measured against: the sum of every byte of n buffers */
 double strata_stream_read(int n_threads, int n, const uint64_t *ptrs, const int64_t *sizes) {
     const int64_t chunk = 1 << 20;

@@ -1,4 +1,4 @@
-// Stage stamps of the profiling window graph (strata_cli/stage_profile.py names the slots).
+// Stage stamps of the profiling window graph (strata_cli/engine/stage_timing.py names the slots).
 // Legend: slots [(n_layers + 1) * stages] uint64 nanoseconds, one per (layer, stage).
 
 // One thread: slots[slot] <- the GPU's global nanosecond timer. On a stream (and in the captured graph) the

@@ -1,12 +1,12 @@
 // tiers.cu: the GPU side of the expert tiers: doorbell publish, bounded waits on mapped words, grouping
 // of the VRAM-resident entries through the residency table, and the combine of VRAM/PCIe/CPU expert outputs.
-// Host reference: strata_cli/engine/gpu/tier_host.py (plan) and ops/moe.py (combine).
+// Host reference: strata_cli/tiers/host.py (plan) and ops/moe.py (combine).
 // Legend: M window rows (max), T rows of one token group starting at row r0, K experts per row, D hidden,
 // J = T*K (row, slot) entries of the group, entry j (global) = row*K + slot; E experts of a layer.
 // Mapped words (u32, host-visible): seq (GPU rings), flagA, flagB, flag (host raises), err (first timed-out wait).
 #include "common.cuh"
 
-// Where an entry's unweighted expert output comes from (the host plan's src[], tier_host.SRC_*).
+// Where an entry's unweighted expert output comes from (the host plan's src[], tiers/host.py SRC_*).
 #define SRC_VRAM 0
 #define SRC_PCIE 1
 #define SRC_CPU 2

@@ -8,9 +8,10 @@ import sys
 
 import click
 
-from . import __version__
+from . import __version__, settings
 from .errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, StrataError
-from .fileio import exit_code_for_interrupt, install_sigbus_handler, os_reason, signal_handlers
+from .sysio.files import os_reason
+from .sysio.signals import exit_code_for_interrupt, install_sigbus_handler, signal_handlers
 
 # name -> (module under strata_cli.commands exposing a click command `command`, short help for `strata --help`).
 # The short help lives here so that `strata --help` imports no command module (and no numpy, CuPy, ...).
@@ -29,10 +30,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "stall-test": ("stall_test", "Stall a verify window on purpose; the watchdog must release it (GPU)."),
     "profile": ("profile", "Per-stage GPU time of a verify window (stamped profiling graph)."),
 }
-
-TRACEBACK_ENV = "STRATA_TRACEBACK"
-VERIFY_PROFILE_ENV = "STRATA_VERIFY_PROFILE"
-
 
 def _one_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
@@ -88,7 +85,7 @@ class LazyGroup(click.Group):
                 raise
             _error_line(_one_line(exc))
             ctx.exit(exc.exit_code)
-        except KeyboardInterrupt as exc:  # Ctrl-C, and SIGTERM / SIGHUP through fileio.signal_handlers
+        except KeyboardInterrupt as exc:  # Ctrl-C, and SIGTERM / SIGHUP through sysio/signals.signal_handlers
             click.echo("", err=True)
             ctx.exit(exit_code_for_interrupt(exc))
         except BrokenPipeError:
@@ -157,9 +154,9 @@ def _tolerant_encoding() -> None:
 
 def _verify_profile_lines() -> None:
     """STRATA_VERIFY_PROFILE: the seed's one-line stage summary of the GPU windows the command ran (stderr)."""
-    if os.environ.get(VERIFY_PROFILE_ENV, "") in ("", "0"):
+    if not settings.VERIFY_PROFILE.value():
         return
-    from .stage_profile import pending_lines
+    from .engine.stage_timing import pending_lines
 
     for line in pending_lines():
         click.echo(line, err=True)
@@ -175,7 +172,10 @@ def _silence_stdout() -> None:
 
 
 def _traceback_wanted() -> bool:
-    return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
+    try:
+        return settings.TRACEBACK.value()
+    except settings.SettingError:  # the error being reported may be this very setting's
+        return False
 
 
 def _error_line(message: str) -> None:
@@ -216,3 +216,4 @@ def main():
     Errors are printed as one line (exit 1; usage errors exit 2; compare thresholds 3; non-finite values 4;
     signals 128+N); set STRATA_TRACEBACK=1 to see the traceback.
     """
+    settings.check_environment()  # a bad STRATA_* value is one line (exit 2) before any work

@@ -36,3 +36,30 @@ def assert_close(name, ref, got, rtol=1e-4, atol=1e-4, floor=1e-30):
     assert not np.isnan(got).any(), f"{name}: {int(np.isnan(got).sum())} NaN left (unwritten or bad math)"
     scale = max(float(np.abs(ref).max()), floor)
     np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * scale, err_msg=name)
+
+
+def assert_replay_equals_eager(record, outputs, replays: int = 3) -> list[np.ndarray]:
+    """record(stream) launched eagerly, then captured into a graph replayed `replays` times with every device array of
+    `outputs` NaN-filled first: each replay writes the eager bits, and the eager outputs hold no NaN. Returns the
+    eager outputs (host copies)."""
+    import cupy as cp
+
+    from strata_cli.gpu.graphs import CapturedGraph, new_stream
+
+    stream = new_stream()
+    cp.cuda.Device().synchronize()
+    record(stream)
+    stream.synchronize()
+    eager = [out.get() for out in outputs]
+    graph = CapturedGraph(record, stream)
+    for _ in range(replays):  # every replay finds the z-split tile counters reset
+        for out in outputs:
+            out.fill(np.nan)
+        cp.cuda.Device().synchronize()
+        graph.launch()
+        stream.synchronize()
+        for out, want in zip(outputs, eager):
+            np.testing.assert_array_equal(out.get(), want)
+    assert not any(np.isnan(want).any() for want in eager)
+    graph.destroy()
+    return eager

@@ -11,9 +11,9 @@ import pytest
 
 from strata_cli.engine.contract import WindowResult
 from strata_cli.engine.state import check_n_keep, check_window
-from strata_cli.logprobs import speculative_dump
-from strata_cli.speculation import Acceptance
-from strata_cli.window_timing import run_bench, time_window
+from strata_cli.analysis.logprobs import speculative_dump
+from strata_cli.analysis.speculation import Acceptance
+from strata_cli.analysis.window_timing import run_bench, time_window
 
 
 class FakeEngine:

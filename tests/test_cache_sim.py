@@ -14,7 +14,7 @@ from strata_cli.tiers.trace import load_trace
 
 def test_trace_holds_every_pick_in_the_order_served(model, tokens, tmp_path):
     from strata_cli.model.gguf_file import open_model
-    from strata_cli.tiers.profile import load_profile
+    from strata_cli.tiers.expert_profile import load_profile
     from strata_cli.tiers.residency import expert_bytes
 
     res = cli("make-profile", model, "--tokens", tokens[0], "--window", 5, "-o", tmp_path / "p.yaml",
@@ -121,7 +121,7 @@ def _random_trace(rng, L, E, n_windows, k):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_every_policy_equals_the_brute_force_reference(kind, seed):
     from strata_cli.tiers.cache_policy import replay
-    from strata_cli.tiers.profile import ExpertProfile
+    from strata_cli.tiers.expert_profile import ExpertProfile
     from strata_cli.tiers.residency import fill_order, slot_table
 
     rng = np.random.default_rng(seed)

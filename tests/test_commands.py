@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from random_models import random_preset, write_random_file
 
 from strata_cli.cli import main
-from strata_cli.dumps import N_FIXED, read_tsv
+from strata_cli.analysis.dumps import N_FIXED, read_tsv
 
 N_TOKENS = 24  # crosses position 19, where QSA selection turns sparse
 TOPK = 5

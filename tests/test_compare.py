@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from strata_cli.cli import main
-from strata_cli.compare import compare_rows, threshold_failures
-from strata_cli.dumps import LogprobRow, write_tsv
+from strata_cli.analysis.compare import compare_rows, threshold_failures
+from strata_cli.analysis.dumps import LogprobRow, write_tsv
 from strata_cli.errors import InputError
 
 N = 50

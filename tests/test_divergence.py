@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from strata_cli.cli import main
-from strata_cli.divergence import DivergenceStats, position_arrays
+from strata_cli.analysis.divergence import DivergenceStats, position_arrays
 from strata_cli.engine.reference import ReferenceEngine
 from strata_cli.model.gguf_file import open_model
 from strata_cli.synth import load_preset, write_model

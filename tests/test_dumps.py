@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from strata_cli.dumps import LogprobRow, read_tsv, rows_to_json, write_tsv
+from strata_cli.analysis.dumps import LogprobRow, read_tsv, rows_to_json, write_tsv
 from strata_cli.errors import InputError
 
 NAN = float("nan")

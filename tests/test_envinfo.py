@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import strata_cli.envinfo as envinfo
+import strata_cli.report.envinfo as envinfo
 
 
 def test_checkout_commit_is_a_short_hash(monkeypatch):

@@ -299,7 +299,7 @@ def test_compress_ratios_all_zero_warns_and_runs_dense(f32, tmp_path, ref_tokens
 # ---------------------------------------------------------------- tokens, windows, options
 
 def test_token_id_out_of_range(q8, tmp_path):
-    from strata_cli.tokens import check_range, read_token_file
+    from strata_cli.model.tokens import check_range, read_token_file
 
     path = write_tokens(tmp_path, "1 2 999999 4\n")
     tokens = read_token_file(path)
@@ -308,7 +308,7 @@ def test_token_id_out_of_range(q8, tmp_path):
 
 
 def test_negative_token_id(q8, tmp_path):
-    from strata_cli.tokens import check_range, read_token_file
+    from strata_cli.model.tokens import check_range, read_token_file
 
     path = write_tokens(tmp_path, "5, -3, 7\n")
     library_error(InputError, lambda: check_range(read_token_file(path), 512, str(path)), "-3", "0..511")
@@ -335,7 +335,7 @@ def test_window_past_the_context(q8):
 
 
 def test_empty_token_file(q8, tmp_path):
-    from strata_cli.tokens import read_token_file
+    from strata_cli.model.tokens import read_token_file
 
     path = write_tokens(tmp_path, "\n \n")
     library_error(InputError, lambda: read_token_file(path), str(path), "no token ids")
@@ -343,7 +343,7 @@ def test_empty_token_file(q8, tmp_path):
 
 
 def test_token_file_with_a_non_integer(q8, tmp_path):
-    from strata_cli.tokens import read_token_file
+    from strata_cli.model.tokens import read_token_file
 
     path = write_tokens(tmp_path, "1 2 3\n4 five 6\n")
     library_error(InputError, lambda: read_token_file(path), f"{path}:2", "'five'")

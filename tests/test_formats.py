@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from strata_cli.cli import main
-from strata_cli.present import RECORD_FORMATS
+from strata_cli.report.present import RECORD_FORMATS
 from strata_cli.synth import load_preset, write_model
 
 NUMBER = re.compile(r"^-?\d+(\.\d+)?([eE][-+]?\d+)?$")
@@ -118,7 +118,7 @@ def test_verify_bench_reading_formats(bench_outputs, fmt):
 
 def test_model_sha256_covers_header_not_data(model, tmp_path):
     from strata_cli.model.gguf_file import open_model
-    from strata_cli.records import ModelIdentity
+    from strata_cli.report.records import ModelIdentity
 
     ident = ModelIdentity.of(open_model(model))
     copy = tmp_path / "copy.gguf"
@@ -207,7 +207,7 @@ def token_file(tmp_path_factory):
 
 @pytest.mark.parametrize("fmt", ["tsv"] + list(RECORD_FORMATS))
 def test_logprobs_every_format_parses_back_to_the_same_rows(model, token_file, fmt):
-    from strata_cli.dumps import read_tsv
+    from strata_cli.analysis.dumps import read_tsv
 
     reference = read_tsv(_write(token_file.parent / "ref.tsv",
                                 run("logprobs", model, "--tokens", token_file, "--topk", 3, "--device", "cpu").stdout))

@@ -37,7 +37,7 @@ def test_gpu_trace_equals_numpy(fixture_dir):
 
     from strata_cli.model.gguf_file import open_model
     from strata_cli.tiers.residency import expert_bytes
-    from strata_cli.tiers.routing import count_routing
+    from strata_cli.engine.routing import count_routing
     from strata_cli.tiers.trace import TraceRecorder
 
     model = open_model(fixture_dir / "model-q8_0.gguf")

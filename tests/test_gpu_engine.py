@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gpu_engines import gpu_engine, rel_err, synthetic_model
 from spec_windows import speculative_run
 
 from strata_cli.engine.reference import ReferenceEngine
@@ -15,32 +16,13 @@ pytestmark = pytest.mark.gpu
 N_TOKENS = 48
 
 
-def _rel_err(a, b) -> float:
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
-
-
-def _gpu(model, **kw):
-    from strata_cli.engine.gpu import GPUEngine
-
-    return GPUEngine(model, **kw)
-
-
-def _synthetic(tmp_path, preset, seed, ggml_type, **overrides):
-    from strata_cli.synth import load_preset, write_model
-
-    p = load_preset(preset).with_overrides(**overrides) if overrides else load_preset(preset)
-    path = tmp_path / f"{preset}-{seed}-{ggml_type}.gguf"
-    write_model(path, p, seed=seed, ggml_type=ggml_type)
-    return open_model(path)
-
-
 def _models(fixture_dir, tmp_path):
     yield "fixture-f32", open_model(fixture_dir / "model-f32.gguf")
     yield "fixture-bf16", open_model(fixture_dir / "model-bf16.gguf")
     yield "fixture-q8_0", open_model(fixture_dir / "model-q8_0.gguf")
-    yield "tiny-q8_0", _synthetic(tmp_path, "tiny", 3, "Q8_0")
-    yield "tiny-f16-6layers", _synthetic(tmp_path, "tiny", 4, "F16", layers=6, experts=12)
-    yield "small-bf16-4layers", _synthetic(tmp_path, "small", 5, "BF16", layers=4, vocab=4096)
+    yield "tiny-q8_0", synthetic_model(tmp_path, "tiny", 3, "Q8_0")
+    yield "tiny-f16-6layers", synthetic_model(tmp_path, "tiny", 4, "F16", layers=6, experts=12)
+    yield "small-bf16-4layers", synthetic_model(tmp_path, "small", 5, "BF16", layers=4, vocab=4096)
 
 
 def test_gpu_matches_numpy_engine(fixture_dir, tmp_path):
@@ -50,8 +32,8 @@ def test_gpu_matches_numpy_engine(fixture_dir, tmp_path):
         if model.geometry.eos_token_id is not None:
             tokens[N_TOKENS // 3] = model.geometry.eos_token_id
         ref = ReferenceEngine(model).run(tokens, 0)
-        gpu, gpu_ids = speculative_run(_gpu(model), tokens, np.random.default_rng(1), 16)
-        err = _rel_err(gpu, ref.logits)
+        gpu, gpu_ids = speculative_run(gpu_engine(model), tokens, np.random.default_rng(1), 16)
+        err = rel_err(gpu, ref.logits)
         assert err <= 1e-3, f"{name}: max relative error {err:.2e}"
         np.testing.assert_array_equal(gpu_ids, ref.ids, err_msg=name)
 
@@ -59,7 +41,7 @@ def test_gpu_matches_numpy_engine(fixture_dir, tmp_path):
 def test_graph_replay_equals_eager(fixture_dir):
     model = open_model(fixture_dir / "model-q8_0.gguf")
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
-    eng = _gpu(model)
+    eng = gpu_engine(model)
     runs = {}
     for eager in (True, False):
         eng.reset()
@@ -70,34 +52,34 @@ def test_graph_replay_equals_eager(fixture_dir):
         runs[eager] = np.concatenate(rows)
     np.testing.assert_array_equal(runs[True], runs[False])
     numpy_rows = ReferenceEngine(model).run(tokens[:40], 0).logits
-    assert _rel_err(runs[False], numpy_rows) <= 1e-3
+    assert rel_err(runs[False], numpy_rows) <= 1e-3
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_window_commit_property_on_gpu(fixture_dir, seed):
     model = open_model(fixture_dir / "model-f32.gguf")
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
-    eng = _gpu(model)
+    eng = gpu_engine(model)
     base, _ = speculative_run(eng, tokens, np.random.default_rng(100), 1)            # one token per window
     got, ids = speculative_run(eng, tokens, np.random.default_rng(seed), 16, allow_zero=True)
     assert np.abs(got - base).max() <= 1e-4
     numpy_got, numpy_ids = speculative_run(ReferenceEngine(model), tokens, np.random.default_rng(seed), 16,
                                            allow_zero=True)
-    assert _rel_err(got, numpy_got) <= 1e-3
+    assert rel_err(got, numpy_got) <= 1e-3
     np.testing.assert_array_equal(ids, numpy_ids)
 
 
 def test_fixture_transformers_logits_on_gpu(fixture_dir):
     ref = np.load(fixture_dir / "reference.npz")
-    eng = _gpu(open_model(fixture_dir / "model-f32.gguf"))
+    eng = gpu_engine(open_model(fixture_dir / "model-f32.gguf"))
     got, ids = speculative_run(eng, ref["tokens"], np.random.default_rng(7), 8)
-    assert _rel_err(got, ref["logits"]) <= 1e-3
+    assert rel_err(got, ref["logits"]) <= 1e-3
     np.testing.assert_array_equal(ids, ref["logits"].argmax(1))
 
 
 def test_sampling_matches_numpy_draws(fixture_dir):
     model = open_model(fixture_dir / "model-f32.gguf")
-    eng = _gpu(model)
+    eng = gpu_engine(model)
     tokens = np.arange(10, 22)
     eng.run(tokens[:6], 0)
     eng.commit(6)
@@ -109,7 +91,7 @@ def test_sampling_matches_numpy_draws(fixture_dir):
 
 
 def test_graph_summaries(fixture_dir):
-    eng = _gpu(open_model(fixture_dir / "model-q8_0.gguf"))
+    eng = gpu_engine(open_model(fixture_dir / "model-q8_0.gguf"))
     one, four = eng.graph(1).summary(), eng.graph(4).summary()
     assert one.nodes == four.nodes > 100 and one.edges > 0
     kinds = dict(four.kinds)
@@ -126,11 +108,11 @@ def test_repacked_q8_0_matches_raw_q8_0(fixture_dir):
     """The engine repacks Q8_0 GEMV matrices by default; raw and repacked weights give the same windows."""
     model = open_model(fixture_dir / "model-q8_0.gguf")
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
-    packed_eng, raw_eng = _gpu(model), _gpu(model, pack_q8=False)
+    packed_eng, raw_eng = gpu_engine(model), gpu_engine(model, pack_q8=False)
     assert packed_eng.w.packed > 0 and raw_eng.w.packed == 0
     a, a_ids = speculative_run(packed_eng, tokens, np.random.default_rng(3), 8)
     b, b_ids = speculative_run(raw_eng, tokens, np.random.default_rng(3), 8)
-    assert _rel_err(a, b) <= 1e-4
+    assert rel_err(a, b) <= 1e-4
     np.testing.assert_array_equal(a_ids, b_ids)
     numpy_logits = ReferenceEngine(model).run(tokens, 0).logits
-    assert _rel_err(a, numpy_logits) <= 1e-3
+    assert rel_err(a, numpy_logits) <= 1e-3

@@ -80,9 +80,9 @@ def test_normal_graph_has_no_stamps_and_the_profile_graph_one_per_stage(fixture_
 
 @pytest.mark.parametrize("T", [1, 8])
 def test_stamps_are_ordered_and_inside_the_event_time(fixture_dir, T):
-    from strata_cli.speculation import Acceptance
-    from strata_cli.stage_profile import aggregate, stage_durations
-    from strata_cli.window_timing import profile_windows
+    from strata_cli.analysis.speculation import Acceptance
+    from strata_cli.engine.stage_timing import aggregate, stage_durations
+    from strata_cli.analysis.window_timing import profile_windows
 
     eng = _engine(fixture_dir)
     run = profile_windows(eng, T, 6, 16, 1, Acceptance.assumed(0.7))
@@ -120,10 +120,10 @@ def test_profile_command_and_graph_nodes_profile(fixture_dir):
 
 
 def test_verify_profile_env_prints_the_summary(fixture_dir, monkeypatch):
-    from strata_cli import stage_profile
+    from strata_cli.engine import stage_timing
 
     monkeypatch.setenv("STRATA_VERIFY_PROFILE", "1")
-    monkeypatch.setattr(stage_profile, "ACTIVE", [])
+    monkeypatch.setattr(stage_timing, "ACTIVE", [])
     model = str(fixture_dir / "model-q8_0.gguf")
     res = CliRunner().invoke(main, ["verify-bench", model, "--device", "gpu", "--window", "1,4", "-r", "3",
                                     "-d", "8", "--format", "json"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import assert_close, poisoned, raw_weight, to_dev
+from kernel_helpers import assert_close, assert_replay_equals_eager, poisoned, raw_weight, to_dev
 
 from strata_cli.model import packed, quants
 from strata_cli.ops import gemv as ref
@@ -127,7 +127,6 @@ def test_graph_replay_is_bit_identical_to_eager():
 
     from strata_cli.gpu import launch_gemv, launch_moe
     from strata_cli.gpu import launch_util as U
-    from strata_cli.gpu.graphs import CapturedGraph, new_stream
 
     rng = np.random.default_rng(9)
     T, K, E, F, D = 5, 3, 6, 64, 10240
@@ -145,23 +144,8 @@ def test_graph_replay_is_bit_identical_to_eager():
         launch_moe.routed_experts(x, ids, w, dev[1], dev[2], dev[3], (R32,) * 3, out=out, scratch=scratch,
                                   stream=stream)
 
-    stream = new_stream()
-    cp.cuda.Device().synchronize()
-    record(stream)
-    stream.synchronize()
-    eager_y, eager_out = y.get(), out.get()
-    graph = CapturedGraph(record, stream)
     assert U.q8r_split(32, D, T, max_z=U.GEMV_MAX_ZSPLIT)[1] > 1  # the dense GEMV splits across blocks
-    for _ in range(3):  # every replay finds the z-split tile counters reset
-        y.fill(np.nan)
-        out.fill(np.nan)
-        cp.cuda.Device().synchronize()
-        graph.launch()
-        stream.synchronize()
-        np.testing.assert_array_equal(y.get(), eager_y)
-        np.testing.assert_array_equal(out.get(), eager_out)
-    assert not np.isnan(eager_y).any() and not np.isnan(eager_out).any()
-    graph.destroy()
+    assert_replay_equals_eager(record, (y, out))
 
 
 # The tensor-core kernels (gemv_q8r_tc_t<NT>, tensor_cores=True; windows of T >= 4 by default) for T >= 2. Their error against the exact
@@ -213,29 +197,15 @@ def test_tensor_core_gemv_keeps_tiny_and_huge_inputs(T):
 def test_tensor_core_graph_replay_equals_eager_bit_for_bit(n_out, n_in, T):
     """Deterministic reductions (MMA order, ksplit and zsplit sums): a replayed graph writes the eager bits, and
     the CUDA-core path (tensor_cores=False) agrees within the tolerance."""
-    import cupy as cp
-
     from strata_cli.gpu import launch_gemv
-    from strata_cli.gpu.graphs import CapturedGraph, new_stream
 
     rng = np.random.default_rng(n_out + T)
     raw = raw_weight(rng, (n_out, n_in), Q8_0)
     w, x = to_dev(packed.pack_q8_0(raw, n_in)), to_dev(rng.standard_normal((T, n_in)).astype(np.float32))
-    eager, replay = poisoned((T, n_out)), poisoned((T, n_out))
+    out = poisoned((T, n_out))
     split = launch_gemv.SplitK.empty()
-    stream = new_stream()
-    cp.cuda.Device().synchronize()
-    launch_gemv.gemv(w, R32, n_in, x, out=eager, split=split, stream=stream, tensor_cores=True)
-    stream.synchronize()
-    graph = CapturedGraph(lambda s: launch_gemv.gemv(w, R32, n_in, x, out=replay, split=split, stream=s,
-                                                     tensor_cores=True), stream)
-    for _ in range(3):
-        replay.fill(np.nan)
-        cp.cuda.Device().synchronize()
-        graph.launch()
-        stream.synchronize()
-        np.testing.assert_array_equal(replay.get(), eager.get())
-    graph.destroy()
+    eager, = assert_replay_equals_eager(lambda s: launch_gemv.gemv(w, R32, n_in, x, out=out, split=split, stream=s,
+                                                                   tensor_cores=True), (out,))
     assert_close("tc vs numpy", ref.gemv(raw, Q8_0, n_in, x.get()), eager, floor=1.0)
     cuda_cores = launch_gemv.gemv(w, R32, n_in, x, out=poisoned((T, n_out)), tensor_cores=False)
     assert_close("tc vs cuda cores", cuda_cores.get(), eager, floor=1.0)

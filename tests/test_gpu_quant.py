@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import assert_close, poisoned, to_dev
+from kernel_helpers import assert_close, assert_replay_equals_eager, poisoned, to_dev
 
 from strata_cli.gpu.quant_source import TYPES
 from strata_cli.model import quants as Q
@@ -164,7 +164,6 @@ def test_graph_replay_is_bit_identical_to_eager(ggml_type, gemv_version):
     import cupy as cp
 
     from strata_cli.gpu import launch_gemv, launch_moe
-    from strata_cli.gpu.graphs import CapturedGraph, new_stream
 
     rng = np.random.default_rng(9 + ggml_type)
     T, K, E, F, D = 5, 3, 6, 512, 10240
@@ -181,22 +180,7 @@ def test_graph_replay_is_bit_identical_to_eager(ggml_type, gemv_version):
         launch_gemv.gemv(w_dense, ggml_type, D, x, out=y, split=split, stream=stream)
         launch_moe.routed_experts(x, ids, w, *experts, types, out=out, scratch=scratch, stream=stream)
 
-    stream = new_stream()
-    cp.cuda.Device().synchronize()
-    record(stream)
-    stream.synchronize()
-    eager_y, eager_out = y.get(), out.get()
-    graph = CapturedGraph(record, stream)
-    for _ in range(3):
-        y.fill(np.nan)
-        out.fill(np.nan)
-        cp.cuda.Device().synchronize()
-        graph.launch()
-        stream.synchronize()
-        np.testing.assert_array_equal(y.get(), eager_y)
-        np.testing.assert_array_equal(out.get(), eager_out)
-    assert not np.isnan(eager_y).any() and not np.isnan(eager_out).any()
-    graph.destroy()
+    assert_replay_equals_eager(record, (y, out))
 
 
 @pytest.mark.parametrize("kind", ["q4_k_m", "q3_k_m", "iq3_s", "iq2_xs"])

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from gpu_engines import rel_err, synthetic_model, tiered_engine
 from spec_windows import speculative_run
 
 from strata_cli.model.gguf_file import open_model
@@ -19,29 +20,9 @@ pytestmark = pytest.mark.gpu
 N_TOKENS = 40
 
 
-def _rel_err(a, b) -> float:
-    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
-
-
-def _engine(model, n_ctx=None, **tiers):
-    from strata_cli.engine.gpu import GPUEngine
-    from strata_cli.engine.gpu.tiers import TierConfig
-
-    return GPUEngine(model, n_ctx=n_ctx, tiers=TierConfig(**tiers) if tiers else None)
-
-
-def _synthetic(tmp_path, preset, seed, ggml_type, **overrides):
-    from strata_cli.synth import load_preset, write_model
-
-    p = load_preset(preset).with_overrides(**overrides)
-    path = tmp_path / f"{preset}-{seed}-{ggml_type}.gguf"
-    write_model(path, p, seed=seed, ggml_type=ggml_type)
-    return open_model(path)
-
-
 def _model(name, fixture_dir, tmp_path):
     if name == "tiny-f16-5layers":
-        return _synthetic(tmp_path, "tiny", 11, "F16", layers=5, experts=12)
+        return synthetic_model(tmp_path, "tiny", 11, "F16", layers=5, experts=12)
     return open_model(fixture_dir / f"model-{name.split('-')[1]}.gguf")
 
 
@@ -55,12 +36,12 @@ FEW = [0, 4, 7, 9]  # cache 0 / some, PCIe 0 / 0.5 / auto, split on and off
 def _equal_all_resident(name, model, configs, n_ctx=None, n_tokens=N_TOKENS):
     """Every config's speculative windows with commits (draft noise) against the all-resident engine's."""
     tokens = np.random.default_rng(2).integers(0, model.geometry.n_vocab, n_tokens)
-    base, base_ids = speculative_run(_engine(model, n_ctx), tokens, np.random.default_rng(5), 8)
+    base, base_ids = speculative_run(tiered_engine(model, n_ctx), tokens, np.random.default_rng(5), 8)
     for cfg in configs:
-        eng = _engine(model, n_ctx, **cfg)
+        eng = tiered_engine(model, n_ctx, **cfg)
         assert eng.tiers is not None and not eng.tiers.all_resident
         got, ids = speculative_run(eng, tokens, np.random.default_rng(5), 8)
-        err = _rel_err(got, base)
+        err = rel_err(got, base)
         assert err <= 1e-4, f"{name} {cfg}: max relative error {err:.2e}"
         np.testing.assert_array_equal(ids, base_ids, err_msg=f"{name} {cfg}")
         served = eng.tier_host.history
@@ -88,7 +69,7 @@ def test_tiers_equal_all_resident(fixture_dir, tmp_path, name, configs):
 def test_scaled_flash_next_equals_all_resident(tmp_path):
     """The Flash-Next geometry (hidden 2560, 10 experts per row, QSA every 4th layer, PLE) shrunk to 4 layers of 12
     experts: at T = 1 a layer misses 10 distinct experts, so auto sends a PCIe share and keeps a CPU share."""
-    model = _synthetic(tmp_path, "flash-next", 3, "Q8_0", layers=4, experts=12, vocab=512, ngram_vocab=1000)
+    model = synthetic_model(tmp_path, "flash-next", 3, "Q8_0", layers=4, experts=12, vocab=512, ngram_vocab=1000)
     configs = [dict(cache="0", pcie_frac="auto"), dict(cache="0"), dict(cache="0", pcie_frac=1.0),
                dict(cache="20", pcie_frac=0.5, split=True)]
     for cfg, eng, total in _equal_all_resident("flash-next-L4-E12", model, configs, n_ctx=64, n_tokens=24):
@@ -109,7 +90,7 @@ def test_random_geometries_equal_all_resident(tmp_path, seed, ggml_type):
 
 def test_gpu_routing_counts_equal_numpy(fixture_dir):
     """make-profile --device gpu: the picks the host is rung with are the numpy engine's."""
-    from strata_cli.tiers.routing import count_routing
+    from strata_cli.engine.routing import count_routing
 
     model = open_model(fixture_dir / "model-q8_0.gguf")
     tokens = np.load(fixture_dir / "reference.npz")["tokens"][:24]
@@ -121,9 +102,9 @@ def test_gpu_routing_counts_equal_numpy(fixture_dir):
 
 def test_cache_all_keeps_todays_graph(fixture_dir):
     model = open_model(fixture_dir / "model-q8_0.gguf")
-    eng = _engine(model, cache="all")
+    eng = tiered_engine(model, cache="all")
     assert eng.tiers is None and "zero-doorbell" in eng.tier_note
-    plain = _engine(model)
+    plain = tiered_engine(model)
     assert eng.graph(4).summary().nodes == plain.graph(4).summary().nodes
 
 
@@ -131,7 +112,7 @@ def test_tiered_graph_replay_equals_eager(fixture_dir):
     model = open_model(fixture_dir / "model-q8_0.gguf")
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
     for cfg in (dict(cache="5", pcie_frac=0.5), dict(cache="5", pcie_frac=0.5, split=True)):
-        eng = _engine(model, **cfg)
+        eng = tiered_engine(model, **cfg)
         runs = {}
         for eager in (True, False):
             eng.reset()

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 
+from strata_cli import settings
 from strata_cli.errors import InputError
 
 from strata_cli.gpu import launch_util as U

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from strata_cli.cli import main
-from strata_cli.progress import byte_progress, step_progress
+from strata_cli.report.progress import byte_progress, step_progress
 
 
 def _console(terminal: bool) -> tuple[Console, io.StringIO]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from strata_cli import settings
 from strata_cli.cli import COMMANDS, main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +38,7 @@ def test_every_environment_variable_is_documented():
         names |= set(re.findall(r"environ(?:\.get)?\(\s*\"([A-Z_]+)\"", path.read_text()))
         names |= set(re.findall(r"environ\[\"([A-Z_]+)\"\]", path.read_text()))
         names |= set(re.findall(r"^\w*ENV\w* = \"([A-Z_]+)\"", path.read_text(), re.M))  # TRACEBACK_ENV = "..."
+    names |= {setting.name for setting in settings.ALL}
     names |= {"_STRATA_COMPLETE", "STRATA_FIXTURES", "STRATA_REQUIRE_FIXTURES", "CI"}
     env_section = README[README.index("### Environment variables"):]
     for name in sorted(names):

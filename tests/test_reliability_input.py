@@ -296,11 +296,11 @@ def test_model_replaced_by_rename_is_harmless(model, tmp_path):
 SIGBUS_SCRIPT = textwrap.dedent("""
     import os, sys
     import numpy as np
-    from strata_cli import fileio
-    assert fileio.install_sigbus_handler()
+    from strata_cli.sysio import files, signals
+    assert signals.install_sigbus_handler()
     model, target = sys.argv[1], sys.argv[2]
     mapped = np.memmap(model, dtype=np.float32, mode="r")
-    with fileio.output_stream(target, what="logprob dump") as out:
+    with files.output_stream(target, what="logprob dump") as out:
         out.write("0\\t1\\trow computed before the fault\\n")
         out.flush()
         os.truncate(model, 4096)                     # another process truncates the model in place

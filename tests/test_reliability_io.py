@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from strata_cli import fileio
+from strata_cli.sysio import files, signals
 from strata_cli.cli import main
 from strata_cli.errors import InputError, StrataError
 
@@ -55,23 +55,23 @@ def model(fixture_dir):
 
 
 def no_partials(directory: Path) -> None:
-    leftovers = [p.name for p in directory.iterdir() if fileio.PARTIAL_SUFFIX in p.name]
+    leftovers = [p.name for p in directory.iterdir() if files.PARTIAL_SUFFIX in p.name]
     assert not leftovers, leftovers
 
 
-# ---------------------------------------------------------------- the fileio module itself
+# ---------------------------------------------------------------- the sysio modules themselves
 
 def test_output_stream_replaces_only_when_complete(tmp_path):
     target = tmp_path / "out.tsv"
     target.write_text("old contents\n")
     with pytest.raises(RuntimeError):
-        with fileio.output_stream(target, what="dump") as fh:
+        with files.output_stream(target, what="dump") as fh:
             fh.write("half")
-            assert fileio.partial_path(target).exists() and target.read_text() == "old contents\n"
+            assert files.partial_path(target).exists() and target.read_text() == "old contents\n"
             raise RuntimeError("a crash mid-write")
     assert target.read_text() == "old contents\n"
     no_partials(tmp_path)
-    with fileio.output_stream(target, what="dump") as fh:
+    with files.output_stream(target, what="dump") as fh:
         fh.write("new\n")
     assert target.read_text() == "new\n"
     no_partials(tmp_path)
@@ -79,9 +79,9 @@ def test_output_stream_replaces_only_when_complete(tmp_path):
 
 def test_output_stream_interrupt_and_terminate_clean_up(tmp_path):
     target = tmp_path / "out.tsv"
-    for exc in (KeyboardInterrupt(), fileio.Terminated(signal.SIGTERM), fileio.Terminated(signal.SIGHUP)):
+    for exc in (KeyboardInterrupt(), signals.Terminated(signal.SIGTERM), signals.Terminated(signal.SIGHUP)):
         with pytest.raises(KeyboardInterrupt):
-            with fileio.output_stream(target, what="dump") as fh:
+            with files.output_stream(target, what="dump") as fh:
                 fh.write("x")
                 raise exc
         assert not target.exists()
@@ -90,10 +90,10 @@ def test_output_stream_interrupt_and_terminate_clean_up(tmp_path):
 
 def test_second_writer_of_one_path_is_refused(tmp_path):
     target = tmp_path / "m.gguf"
-    with fileio.output_path(target, what="model") as tmp:
+    with files.output_path(target, what="model") as tmp:
         tmp.write_bytes(b"first")
         with pytest.raises(InputError, match="another strata process is writing"):
-            with fileio.output_path(target, what="model"):
+            with files.output_path(target, what="model"):
                 pass
     assert target.read_bytes() == b"first"
     no_partials(tmp_path)
@@ -101,8 +101,8 @@ def test_second_writer_of_one_path_is_refused(tmp_path):
 
 def test_stale_partial_of_a_killed_run_is_reused(tmp_path):
     target = tmp_path / "out.tsv"
-    fileio.partial_path(target).write_text("garbage of a SIGKILLed run")
-    with fileio.output_stream(target, what="dump") as fh:
+    files.partial_path(target).write_text("garbage of a SIGKILLed run")
+    with files.output_stream(target, what="dump") as fh:
         fh.write("ok\n")
     assert target.read_text() == "ok\n"
     no_partials(tmp_path)
@@ -118,14 +118,14 @@ def test_stale_partial_of_a_killed_run_is_reused(tmp_path):
 def test_check_output_path(tmp_path, monkeypatch, name, needle):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InputError) as info:
-        fileio.check_output_path(name, what="dump")
+        files.check_output_path(name, what="dump")
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 
 def test_partial_name_of_a_long_target_fits(tmp_path):
     target = tmp_path / ("b" * 250)
-    assert len(fileio.partial_path(target).name) <= 255
-    with fileio.output_stream(target, what="dump") as fh:
+    assert len(files.partial_path(target).name) <= 255
+    with files.output_stream(target, what="dump") as fh:
         fh.write("ok")
     assert target.read_text() == "ok"
 
@@ -136,12 +136,12 @@ def test_devices_and_fifos_are_written_into_not_replaced(tmp_path):
         os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))  # a second /dev/null node, safe to lose
     except PermissionError:
         pytest.skip("mknod needs root")
-    with fileio.output_stream(null, what="dump") as fh:
+    with files.output_stream(null, what="dump") as fh:
         fh.write("into the device\n")
     assert stat.S_ISCHR(os.stat(null).st_mode)
     no_partials(tmp_path)
     with pytest.raises(InputError, match="is a character device"):
-        with fileio.output_path(null, what="model"):
+        with files.output_path(null, what="model"):
             pass
     assert stat.S_ISCHR(os.stat(null).st_mode)
 
@@ -154,7 +154,7 @@ def test_fifo_output_is_streamed(tmp_path):
     got = []
     reader = threading.Thread(target=lambda: got.append(open(fifo).read()))
     reader.start()
-    with fileio.output_stream(fifo, what="dump") as fh:
+    with files.output_stream(fifo, what="dump") as fh:
         fh.write("rows\n")
     reader.join(10)
     assert got == ["rows\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
@@ -165,7 +165,7 @@ def test_symlinked_output_is_written_through(tmp_path):
     real.write_text("old\n")
     link = tmp_path / "link.tsv"
     link.symlink_to(real)
-    with fileio.output_stream(link, what="dump") as fh:
+    with files.output_stream(link, what="dump") as fh:
         fh.write("new\n")
     assert link.is_symlink() and real.read_text() == "new\n"
     no_partials(tmp_path)
@@ -174,7 +174,7 @@ def test_symlinked_output_is_written_through(tmp_path):
 def test_existing_file_needs_force(tmp_path):
     (tmp_path / "x").write_text("keep")
     with pytest.raises(InputError, match="file exists"):
-        fileio.check_output_path(tmp_path / "x", what="model", force=False)
+        files.check_output_path(tmp_path / "x", what="model", force=False)
 
 
 @pytest.mark.parametrize("kind", ["missing", "dangling", "loop", "fifo", "dir", "notdir", "unreadable_dir"])
@@ -203,7 +203,7 @@ def test_input_problems_are_named(tmp_path, kind):
                 "fifo": "FIFO", "dir": "is a directory", "notdir": "not a directory",
                 "unreadable_dir": "permission denied"}[kind]
     try:
-        problem = fileio.input_problem(path)
+        problem = files.input_problem(path)
     finally:
         if kind == "unreadable_dir":
             (tmp_path / "d").chmod(0o755)
@@ -217,13 +217,13 @@ def test_read_text_refuses_binary_and_other_encodings(tmp_path, data, needle):
     path = tmp_path / "t.txt"
     path.write_bytes(data)
     with pytest.raises(InputError, match=needle):
-        fileio.read_text(path, what="token file")
+        files.read_text(path, what="token file")
 
 
 def test_read_text_accepts_utf8_bom(tmp_path):
     path = tmp_path / "t.txt"
     path.write_bytes(b"\xef\xbb\xbf1 2 3")
-    assert fileio.read_text(path, what="token file") == "1 2 3"
+    assert files.read_text(path, what="token file") == "1 2 3"
 
 
 # ---------------------------------------------------------------- the CLI's one policy
@@ -317,7 +317,7 @@ def test_signals_clean_up_make_model(tmp_path, sig):
     proc = subprocess.Popen([sys.executable, "-m", "strata_cli", "make-model", str(out), "--preset", "small",
                              "--layers", "4", "--type", "F32"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
-    partial = fileio.partial_path(out)
+    partial = files.partial_path(out)
     deadline = time.monotonic() + 60
     while not (partial.exists() and partial.stat().st_size > 0) and proc.poll() is None:
         assert time.monotonic() < deadline, "make-model never started writing"
@@ -334,7 +334,7 @@ def test_signals_clean_up_make_model(tmp_path, sig):
 
 def test_two_make_models_to_one_path(tmp_path):
     out = tmp_path / "m.gguf"
-    partial = fileio.partial_path(out)
+    partial = files.partial_path(out)
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)  # what a running first make-model holds
     try:
@@ -374,7 +374,7 @@ def test_unusable_cache_is_one_line(tmp_path, model, setup):
 
 
 def test_default_model_checksum_rebuilds_a_same_size_corruption(tmp_cache):
-    from strata_cli import default_model
+    from strata_cli.synth import default_model
 
     path = default_model.default_model_path()
     good = path.read_bytes()

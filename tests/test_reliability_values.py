@@ -252,7 +252,7 @@ def test_fuzz_metadata_values_never_give_silent_nan(fixture_dir, tmp_path):
 
 
 def test_default_model_same_size_corruption_is_rebuilt(tmp_cache):
-    from strata_cli import default_model
+    from strata_cli.synth import default_model
 
     path = default_model.default_model_path()
     good = path.read_bytes()

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from strata_cli.cli import main
 from strata_cli.engine.reference import ReferenceEngine
 from strata_cli.errors import InputError
-from strata_cli.logprobs import speculative_dump
+from strata_cli.analysis.logprobs import speculative_dump
 from strata_cli.model.gguf_file import open_model
-from strata_cli.speculation import Acceptance, LoopStats, acceptance_from_dump
+from strata_cli.analysis.speculation import Acceptance, LoopStats, acceptance_from_dump
 from strata_cli.synth import load_preset, write_model
 
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from strata_cli import default_model
+from strata_cli.synth import default_model
+from strata_cli.sysio import cache
 from strata_cli.commands.make_model import command as make_model
 from strata_cli.errors import InputError
 from strata_cli.model import quants
@@ -194,4 +195,4 @@ def test_default_model_is_generated_once(tmp_path, monkeypatch):
 def test_cache_dir_falls_back_to_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv("STRATA_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert default_model.cache_dir() == tmp_path / "strata"
+    assert cache.cache_dir() == tmp_path / "strata"

@@ -8,11 +8,12 @@ import time
 
 import numpy as np
 import pytest
-from strata_cli.engine.gpu.tier_host import SRC_CPU, SRC_PCIE, SRC_VRAM, EngineReleased, TierHost, plan_step, write_plan
-from strata_cli.engine.gpu.tiers import (FLAG, FLAG_A, FLAG_B, N_WORDS, RELEASED, SEQ, ExpertTiers, TierConfig,
-                                         choose_residency, ranked_pairs, residency_table)
+from strata_cli.engine.gpu.tiers import ExpertTiers
 from strata_cli.gpu.launch_util import GEMV_MAXT
-from strata_cli.tiers.residency import expert_bytes
+from strata_cli.tiers.config import TierConfig
+from strata_cli.tiers.doorbell import FLAG, FLAG_A, FLAG_B, N_WORDS, RELEASED, SEQ
+from strata_cli.tiers.host import SRC_CPU, SRC_PCIE, SRC_VRAM, EngineReleased, TierHost, plan_step, write_plan
+from strata_cli.tiers.residency import choose_residency, expert_bytes, ranked_pairs, residency_table
 
 
 def _entries(part):
@@ -91,7 +92,7 @@ def test_ranking_residency_and_sizes():
     assert int((table >= 0).sum()) == 5  # (2000 - 500) // 300
 
 
-# ---- the host's per-step loop (tier_host.TierHost) against a simulated GPU side over the same words
+# ---- the host's per-step loop (tiers/host.py TierHost) against a simulated GPU side over the same words
 
 
 class _Mapped:
@@ -272,7 +273,7 @@ def test_stalled_window_released_by_the_watchdog(monkeypatch, fixture_dir):
 
 
 def test_interrupt_during_a_window_releases(monkeypatch, fixture_dir):
-    from strata_cli.engine.gpu.tier_host import ExpertSource
+    from strata_cli.tiers.host import ExpertSource
 
     model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
     calls = []
@@ -296,8 +297,8 @@ def test_interrupt_during_a_window_releases(monkeypatch, fixture_dir):
 
 
 def test_verify_bench_tier_columns_average_the_timed_windows():
-    from strata_cli.engine.gpu.tier_stats import TIER_COLUMNS, add_tier_stats
-    from strata_cli.records import BenchRecord
+    from strata_cli.tiers.stats import TIER_COLUMNS, add_tier_stats
+    from strata_cli.report.records import BenchRecord
 
     def window(T, cpu, pool_ms):
         return {"T": T, "vram": 10 - cpu, "pcie": 0, "cpu": cpu, "vram_share": (10 - cpu) / 10, "pcie_share": 0.0,
@@ -336,7 +337,7 @@ def test_tier_options_check_the_cache_spec_on_any_device(fixture_dir, command):
 
 def test_a_release_during_a_step_is_never_undone_by_the_host(monkeypatch, fixture_dir):
     """The watchdog may fire while the host computes a step: the host must not lower the released flags after."""
-    from strata_cli.engine.gpu.tier_host import ExpertSource
+    from strata_cli.tiers.host import ExpertSource
 
     model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
     original = ExpertSource.compute_into

@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from strata_cli.cli import main
-from strata_cli.tiers.profile import ExpertProfile, load_profile, save_profile
-from strata_cli.tiers.routing import count_routing
+from strata_cli.tiers.expert_profile import ExpertProfile, load_profile, save_profile
+from strata_cli.engine.routing import count_routing
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from strata_cli.errors import InputError
-from strata_cli.tiers.profile import (STRP_HEADER, ExpertProfile, geometry_fingerprint, load_profile, rank_by_counts,
-                                      save_profile)
+from strata_cli.tiers.expert_profile import (STRP_HEADER, ExpertProfile, geometry_fingerprint, load_profile,
+                                            rank_by_counts, save_profile)
 from strata_cli.tiers.residency import parse_cache_spec
 
 

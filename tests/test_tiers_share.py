@@ -7,10 +7,12 @@ import pytest
 from click.testing import CliRunner
 
 from strata_cli.commands._tiers import tier_config
-from strata_cli.engine.gpu.tier_setup import residency_for
+from strata_cli.engine.gpu.buffers import plan_buffers
 from strata_cli.errors import InputError
+from strata_cli.tiers.config import TierConfig
 from strata_cli.tiers.share import (PCIE_GBS, POOL_GBS, balanced_pcie_frac, parse_pcie_frac,
                                     resolve_pcie_frac)
+from strata_cli.tiers.setup import residency_for
 
 
 def test_balance_rule_ends_both_streams_together():
@@ -51,22 +53,22 @@ def test_cli_default_is_the_cpu_pool_alone_and_auto_is_asked_for():
     assert tier_config(None, "0", "auto", False, "spin").pcie_frac == "auto"
     assert tier_config(None, "0", "0.5", False, "spin").pcie_frac == 0.5
     assert tier_config(None, "0", "0", False, "spin").pcie_frac == 0.0
-    assert tier_config(None, None, "auto", False, "spin").cache == "all"
+    assert tier_config(None, None, "auto", False, "spin").cache.kind == "all"
 
 
 def test_engine_setup_resolves_auto_and_says_so(fixture_dir, monkeypatch):
-    from strata_cli.engine.gpu.tiers import TierConfig
     from strata_cli.model.gguf_file import open_model
 
     monkeypatch.delenv("STRATA_TEST_VERIFY_STALL", raising=False)
     model = open_model(fixture_dir / "model-q8_0.gguf")
-    table, note, cfg = residency_for(model, TierConfig(cache="3", pcie_frac="auto"), 64, 8)
+    arena = plan_buffers(model.geometry, 64, 8).planned_bytes()
+    table, note, cfg = residency_for(model, TierConfig(cache="3", pcie_frac="auto"), arena, 8)
     assert cfg.pcie_frac == balanced_pcie_frac() and (table < 0).any()
     assert note.startswith("expert cache: 3 of") and "PCIe share: " in note and "--pcie-frac auto" in note
-    table, note, cfg = residency_for(model, TierConfig(cache="all", pcie_frac="auto"), 64, 8)
+    table, note, cfg = residency_for(model, TierConfig(cache="all", pcie_frac="auto"), arena, 8)
     assert table is None and "zero-doorbell" in note and "PCIe" not in note  # nothing missed: nothing to share
-    assert residency_for(model, None, 64, 8) == (None, None, None)
-    _, _, cfg = residency_for(model, TierConfig(cache="0", pcie_frac=0.5), 64, 8)
+    assert residency_for(model, None, arena, 8) == (None, None, None)
+    _, _, cfg = residency_for(model, TierConfig(cache="0", pcie_frac=0.5), arena, 8)
     assert cfg.pcie_frac == 0.5
 
 

@@ -14,7 +14,7 @@ from strata_cli.cli import main
 from strata_cli.errors import InputError
 from strata_cli.model.gguf_file import open_model
 from strata_cli.synth import load_preset, write_model
-from strata_cli.tokenizer import build_tokenizer, encode
+from strata_cli.model.tokenizer import build_tokenizer, encode
 
 TEXTS = [
     "Hello world, the quick brown fox jumps over the lazy dog.",

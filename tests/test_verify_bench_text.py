@@ -8,8 +8,8 @@ import numpy as np
 from click.testing import CliRunner
 
 from strata_cli.cli import main
-from strata_cli.speculation import Acceptance
-from strata_cli.window_timing import time_window
+from strata_cli.analysis.speculation import Acceptance
+from strata_cli.analysis.window_timing import time_window
 
 
 class _Engine:

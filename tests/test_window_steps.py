@@ -169,7 +169,7 @@ def test_split_window_interleaves_two_token_groups(monkeypatch, geometry, fused_
 def test_split_window_is_stamped_as_a_whole(monkeypatch, geometry):
     """A two-group window gets a begin and an end stamp only: stamps of its interleaved groups would repeat
     stages (the seed profiles single-group windows only); the stamper is back afterwards."""
-    from strata_cli import stage_profile as sp
+    from strata_cli.engine import stage_timing as sp
     from strata_cli.engine.gpu import window
 
     g = geometry

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..present import RECORD_FORMATS
+from ..report.present import RECORD_FORMATS
 
 
 class FiniteFloatRange(click.FloatRange):
@@ -45,7 +45,7 @@ def deprecated_alias(old: str, new: str, dest: str, type=None, flag_value=None):
     def fill(ctx, param, value):
         if value is None or value is False:
             return
-        from ..present import warn
+        from ..report.present import warn
 
         warn(f"{old} is deprecated: use {new}")
         ctx.params[dest] = flag_value if flag_value is not None else value
@@ -57,9 +57,9 @@ def deprecated_alias(old: str, new: str, dest: str, type=None, flag_value=None):
 
 def load_model(model_arg: str | None):
     """Open MODEL, or the embedded default tiny model (generated once into the cache)."""
-    from ..default_model import resolve_model
     from ..model.gguf_file import open_model
-    from ..present import warn
+    from ..report.present import warn
+    from ..synth.default_model import resolve_model
 
     model = open_model(resolve_model(model_arg))
     for message in model.geometry.warnings:
@@ -71,7 +71,7 @@ def load_engine(model, device: str, n_ctx: int | None = None, max_t: int | None 
     """The verify engine for `model` on `device`, behind a spinner (the GPU engine uploads every weight; with expert
     tiers (commands/_tiers.py) only the resident experts)."""
     from ..engine import make_engine
-    from ..progress import step_progress
+    from ..report.progress import step_progress
 
     with step_progress(f"loading {model.path} (--device {device})"):
         return make_engine(model, device, n_ctx=n_ctx, max_t=max_t, tiers=tiers)

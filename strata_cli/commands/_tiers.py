@@ -1,4 +1,4 @@
-"""The expert-tier options of every command that builds the GPU engine (engine/gpu/tiers.py)."""
+"""The expert-tier options of every command that builds the GPU engine, parsed into one tiers/config.TierConfig."""
 
 from __future__ import annotations
 
@@ -39,22 +39,22 @@ def tier_options(f):
 
 
 def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, expert_policy="static",
-                expert_max_copy=None, cache_override: str | None = None):
-    """A TierConfig, or None when no tier option was given (every expert in VRAM, today's graph)."""
-    from ..engine.gpu.tiers import TierConfig
-    from ..tiers.residency import parse_cache_spec, parse_size
+                expert_max_copy=None, cache_override: str | None = None, stall_window: int | None = None):
+    """The one TierConfig of the options (each parsed here, once; a bad value is one line on any device, the numpy
+    engine ignores the tiers), or None when no tier option was given and no stall window asked for (every expert in
+    VRAM, today's graph). stall_window None: STRATA_TEST_VERIFY_STALL's."""
+    from .. import settings
     from ..tiers.cache_policy import DEFAULT_MAX_COPY
-    from ..tiers.share import parse_pcie_frac
+    from ..tiers.config import TierConfig
 
     cache = cache_override if cache_override is not None else expert_cache
+    stall = settings.TEST_VERIFY_STALL.value() if stall_window is None else stall_window
     # default 0, the CPU pool alone: a PCIe share on Flash-Next-size experts is not yet shown to finish its windows
-    # on the H200 (docs/BENCHMARKS.md); auto and numbers are the user's choice. Bad values: one line on any device.
-    frac = 0.0 if pcie_frac is None else parse_pcie_frac(pcie_frac)
-    max_copy = parse_size(DEFAULT_MAX_COPY if expert_max_copy is None else expert_max_copy, "--expert-max-copy")
+    # on the H200 (docs/BENCHMARKS.md); auto and numbers are the user's choice.
+    cfg = TierConfig(profile=expert_profile, cache="all" if cache is None else cache,
+                     pcie_frac=0.0 if pcie_frac is None else pcie_frac, split=split, wait=tier_wait, stall_window=stall,
+                     policy=expert_policy, max_copy=DEFAULT_MAX_COPY if expert_max_copy is None else expert_max_copy)
     if cache is None and expert_profile is None and pcie_frac is None and not split and tier_wait == "spin" \
-            and expert_policy == "static" and expert_max_copy is None:
+            and not stall and expert_policy == "static" and expert_max_copy is None:
         return None
-    if cache is not None:
-        parse_cache_spec(cache)  # a bad spec is one line on any device (the numpy engine ignores the tiers)
-    return TierConfig(profile=expert_profile, cache=cache or "all", pcie_frac=frac, split=split, wait=tier_wait,
-                      policy=expert_policy, max_copy=max_copy)
+    return cfg

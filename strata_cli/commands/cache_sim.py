@@ -26,7 +26,7 @@ def command(trace_path, slots, policies, profile_path, max_copy, per_layer, fmt)
     first N ranked pairs; lru and lfu start from that set and update it between windows) and print per policy and
     size the hit rate (picks served from VRAM / all picks) and the bytes copied into VRAM per window."""
     from ..errors import InputError
-    from ..present import Column, emit
+    from ..report.present import Column, emit
     from ..tiers.cache_policy import check_policy, replay
     from ..tiers.residency import parse_size
     from ..tiers.trace import load_trace
@@ -42,7 +42,7 @@ def command(trace_path, slots, policies, profile_path, max_copy, per_layer, fmt)
             raise InputError(f"--slots {n}: the trace's model has {n_pairs} (layer, expert) pairs")
     profile = None
     if profile_path is not None:
-        from ..tiers.profile import load_profile
+        from ..tiers.expert_profile import load_profile
 
         profile = load_profile(profile_path)
         if (profile.n_layers, profile.n_expert) != (trace.n_layers, trace.n_expert):

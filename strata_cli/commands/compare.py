@@ -61,8 +61,8 @@ def command(ctx, dump_a, dump_b, max_delta, min_top1, fmt, per_position):
     RMS, percentiles), and KLD (mean ± error, percentiles) when both are JSON dumps written with --full-dist.
     Thresholds apply only when given.
     """
-    from ..compare import compare_files, threshold_failures
-    from ..present import Column, emit
+    from ..analysis.compare import compare_files, threshold_failures
+    from ..report.present import Column, emit
 
     summary, diffs = compare_files(dump_a, dump_b)
     failures = threshold_failures(summary, max_delta=max_delta, min_top1=min_top1)

@@ -32,12 +32,12 @@ def command(base, other, token_file, n_random, text, text_file, seed, window, pe
     as `llama-perplexity --kl-divergence` does: mean KLD ± its standard error, KLD percentiles (median, 90, 99,
     99.9, max), PPL of each and their ratio, top-1 agreement, Δp = p_other(target) - p_base(target) (mean, RMS,
     percentiles). Text is tokenized by BASE's tokenizer. The expert-tier options apply to both GPU engines."""
-    from ..divergence import DivergenceStats, compare_engines
-    from ..envinfo import environment_record, header_line
+    from ..analysis.divergence import DivergenceStats, compare_engines
     from ..errors import InputError
-    from ..present import Column, emit
-    from ..progress import step_progress
-    from ..tokens import check_range, tokens_from_options
+    from ..model.tokens import check_range, tokens_from_options
+    from ..report.envinfo import environment_record, header_line
+    from ..report.present import Column, emit
+    from ..report.progress import step_progress
 
     m_base, m_other = load_model(base), load_model(other)
     if m_base.geometry.n_vocab != m_other.geometry.n_vocab:

@@ -21,10 +21,10 @@ def command(model, window, commit, profile, fmt, n_ctx, **tier_args):
     """Node count, edge count, the nodes each layer adds (window graphs of one token group), and one row per node
     kind (kernel function names via the driver API, memcpy, memset, host), most frequent first. Needs a CUDA
     GPU."""
-    from ..envinfo import environment_record, header_line
     from ..errors import InputError
-    from ..present import Column, emit
-    from ..progress import step_progress
+    from ..report.envinfo import environment_record, header_line
+    from ..report.present import Column, emit
+    from ..report.progress import step_progress
 
     if commit and profile:
         raise InputError("--profile describes the profiling window graph; the commit graph has no stamps")

@@ -22,7 +22,7 @@ def command(model, fmt, list_tensors):
     table and md print the geometry, the layers, the tensor types (and with --tensors every tensor); json is one
     document of numbers (geometry, layers, types, tensors, warnings); csv and jsonl list one row per tensor."""
     from ..model.info import describe, layer_extras
-    from ..present import Column, emit
+    from ..report.present import Column, emit
 
     m = load_model(model)
     d = describe(m)

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from ..present import RECORD_FORMATS
+from ..report.present import RECORD_FORMATS
 from ._common import (SEED, FiniteFloatRange, ctx_option, device_option, format_option, load_engine, load_model,
                       model_argument)
 from ._tiers import tier_config, tier_options
@@ -64,16 +64,16 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
     into the dump (TSV: a `# speculation {json}` line after the rows; JSON: meta.speculation), for verify-bench
     --acceptance-from. TSV rows are written as each window produces them.
     """
-    from ..dumps import format_row, rows_to_json
+    from ..analysis.dumps import format_row, rows_to_json
+    from ..analysis.logprobs import speculative_dump
+    from ..analysis.speculation import DUMP_TAG
     from ..engine.state import resolve_ctx
-    from ..envinfo import environment_record, header_line
     from ..errors import InputError
-    from ..fileio import check_output_path, is_stdio, output_stream
-    from ..logprobs import speculative_dump
-    from ..present import Column, emit, err_console, warn
-    from ..progress import step_progress
-    from ..speculation import DUMP_TAG
-    from ..tokens import check_range, tokens_from_options
+    from ..model.tokens import check_range, tokens_from_options
+    from ..report.envinfo import environment_record, header_line
+    from ..report.present import Column, emit, err_console, warn
+    from ..report.progress import step_progress
+    from ..sysio.files import check_output_path, is_stdio, output_stream
 
     if full_dist and fmt not in ("json", "jsonl"):
         raise InputError("--full-dist writes whole distributions: it needs --format json or jsonl")

@@ -9,12 +9,13 @@ import click
 from rich.console import Console
 
 from ..errors import InputError
-from ..fileio import available_memory, check_output_path, stdout_text
-from ..progress import byte_progress
+from ..report.progress import byte_progress
 from ..synth import estimate_size, load_preset, write_model
 from ..synth.presets import PRESET_NAMES
 from ..synth.recipes import FILE_TYPES, RECIPE_NAMES
 from ..synth.writer import size_lower_bound
+from ..sysio.files import check_output_path, stdout_text
+from ..sysio.memory import available_memory
 from ._common import SEED, format_option
 
 GIB = 1 << 30
@@ -44,7 +45,7 @@ def command(out: str, preset: str, seed: int, ggml_type: str | None, recipe: str
             experts: int | None, vocab: int | None, ngram_vocab: int | None, force: bool, fmt: str) -> None:
     """Write a random-weight qwen4exp model to OUT (a GGUF that strata loads like a converted one), then print
     what was written (path, bytes, preset, type, seed)."""
-    from ..present import emit, warn
+    from ..report.present import emit, warn
     from ..synth.plan import fallbacks
     from ..synth.recipes import load_recipe
 

@@ -33,13 +33,13 @@ def command(model, token_file, n_random, text, text_file, seed, holdout, slots, 
     picked each (layer, expert) pair, rank the pairs hottest first and write the profile atomically. Prints the
     share of the counted picks the first N ranked pairs serve (coverage) and, with --holdout, the hit rate on the
     held-out tokens."""
+    from ..engine.routing import count_routing
     from ..errors import InputError
-    from ..progress import step_progress
-    from ..tiers.profile import ExpertProfile, check_profile_path, save_profile
+    from ..model.tokens import check_range, read_token_file, tokens_from_options
+    from ..report.progress import step_progress
+    from ..tiers.expert_profile import ExpertProfile, check_profile_path, save_profile, slot_counts
     from ..tiers.residency import expert_bytes
-    from ..tiers.routing import count_routing, slot_counts
     from ..tiers.trace import TraceRecorder, check_trace_path, save_trace
-    from ..tokens import check_range, read_token_file, tokens_from_options
     from .profile_info import report
 
     check_profile_path(output)  # before the run, not after it

@@ -34,13 +34,13 @@ def command(model, window, repetitions, warmup, depth, acceptance, seed, per_lay
     """ms per window per stage (GDN and QSA layers apart, then the window's own stages: embedding, head), its
     share of the CUDA-event time of the same windows and a bar; the stamps' total against that event time, and
     the time of as many windows of the normal graph. Needs a CUDA GPU."""
-    from ..envinfo import environment_record, header_line
+    from ..analysis.speculation import Acceptance
+    from ..analysis.window_timing import check_finite, profile_windows
+    from ..engine.stage_timing import accounting_line, aggregate, table_rows
     from ..errors import InputError
-    from ..present import Column, emit
-    from ..progress import step_progress
-    from ..speculation import Acceptance
-    from ..stage_profile import accounting_line, aggregate, table_rows
-    from ..window_timing import check_finite, profile_windows
+    from ..report.envinfo import environment_record, header_line
+    from ..report.present import Column, emit
+    from ..report.progress import step_progress
 
     m = load_model(model)
     engine = load_engine(m, "gpu", n_ctx)

@@ -37,11 +37,12 @@ def command(profile_path, slots, holdout, model_arg, window, fmt, n_ctx):
     the hit rate of held-out routing."""
     from pathlib import Path
 
+    from ..engine.routing import count_routing
     from ..errors import InputError
-    from ..progress import step_progress
-    from ..tiers.profile import BINARY_SUFFIXES, STRP_MAGIC, YAML_SUFFIXES, load_profile
-    from ..tiers.routing import count_routing, slot_counts
-    from ..tokens import check_range, read_token_file
+    from ..model.tokens import check_range, read_token_file
+    from ..report.progress import step_progress
+    from ..tiers.expert_profile import BINARY_SUFFIXES, STRP_MAGIC, YAML_SUFFIXES, load_profile
+    from ..tiers.expert_profile import slot_counts
     from ._common import load_model
 
     profile = load_profile(profile_path)
@@ -78,13 +79,13 @@ def command(profile_path, slots, holdout, model_arg, window, fmt, n_ctx):
 
 def report(profile, path, slots, held, holdout, model, fmt, head=()):
     """One row per slot count: pairs, share, VRAM (with a model), coverage, held-out hit rate."""
-    from ..present import Column, emit
+    from ..report.present import Column, emit
     from ..tiers.residency import expert_bytes
 
     slot_bytes = int(expert_bytes(model).max()) if model is not None else None
     from pathlib import Path
 
-    from ..tiers.profile import BINARY_SUFFIXES
+    from ..tiers.expert_profile import BINARY_SUFFIXES
 
     kind = "STRP v1" if profile.counts is None or Path(path).suffix.lower() in BINARY_SUFFIXES else "YAML"
     routed = "-" if profile.counts is None else f"{int((profile.counts > 0).sum())} pairs routed"

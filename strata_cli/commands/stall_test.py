@@ -21,34 +21,25 @@ STALL_RELEASED = 5  # exit code: the stalled window was released (README, Exit c
 @ctx_option
 @tier_options
 def command(model, stall_at, timeout_s, n_tokens, n_ctx, **tier_args):
-    """Runs windows with STRATA_TEST_VERIFY_STALL=WINDOW: the host withholds that window's last flag, the GPU waits,
+    """Runs windows until window WINDOW, whose last flag the host withholds (tiers/config.py stall_window): the GPU waits,
     and the watchdog (no progress for --timeout s) releases every GPU wait, prints one line and the engine refuses
     later windows. Then a fresh engine must run a window. Exits 5 after a release (the stall is the point), 1 if
     anything else goes wrong."""
-    import os
     import sys
 
     import numpy as np
 
     from ..engine import make_engine
-    from ..engine.gpu.tier_host import EngineReleased
-    from ..tiers.doorbell import STALL_ENV
     from ..errors import StrataError
-    from ..present import err_console
+    from ..report.present import err_console
+    from ..tiers.host import EngineReleased
     from ..tiers.watchdog import Watchdog
 
     m = load_model(model)
     tiers = tier_config(**tier_args)
+    stalled = tier_config(**tier_args, stall_window=stall_at)
     rng = np.random.default_rng(0)
-    saved = os.environ.get(STALL_ENV)
-    os.environ[STALL_ENV] = str(stall_at)
-    try:
-        engine = make_engine(m, "gpu", n_ctx=n_ctx, max_t=n_tokens, tiers=tiers)
-    finally:
-        if saved is None:
-            os.environ.pop(STALL_ENV, None)
-        else:
-            os.environ[STALL_ENV] = saved
+    engine = make_engine(m, "gpu", n_ctx=n_ctx, max_t=n_tokens, tiers=stalled)
     dog = Watchdog(timeout_s).start()  # tiers/watchdog.py: releases every live verifier, one line each
     released = None
     try:

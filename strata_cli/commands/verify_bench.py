@@ -34,8 +34,8 @@ def _windows(text: str) -> list[int]:
 
 def _add_floor(records, model) -> None:
     """Bytes each window reads, and the measured device copy rate (the floor follows from both)."""
+    from ..analysis.traffic import window_bytes
     from ..gpu.runtime import copy_bandwidth
-    from ..traffic import window_bytes
 
     bandwidth = copy_bandwidth()
     for rec in records:
@@ -90,7 +90,7 @@ def _text_ids(m, sources: dict, need: int):
     """The ids of --tokens / --text / --text-file (None: random ids), checked against the vocabulary and long
     enough for the context and the largest window."""
     from ..errors import InputError
-    from ..tokens import check_range, tokens_from_options
+    from ..model.tokens import check_range, tokens_from_options
 
     if all(v is None for v in sources.values()):
         return None, "random ids"
@@ -103,13 +103,13 @@ def _text_ids(m, sources: dict, need: int):
 
 def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, fmt, device,
            n_ctx, tiers, sources):
-    from ..envinfo import environment_record, header_line
+    from ..analysis.speculation import Acceptance, acceptance_from_dump
+    from ..analysis.window_timing import run_bench
     from ..errors import InputError
-    from ..present import Column, emit
-    from ..progress import step_progress
-    from ..records import ModelIdentity, Provenance, command_line, utc_timestamp
-    from ..speculation import Acceptance, acceptance_from_dump
-    from ..window_timing import run_bench
+    from ..report.envinfo import environment_record, header_line
+    from ..report.present import Column, emit
+    from ..report.progress import step_progress
+    from ..report.records import ModelIdentity, Provenance, command_line, utc_timestamp
 
     windows = _windows(window_list)
     if acceptance is not None and acceptance_dump:
@@ -145,8 +145,8 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
     if engine.capabilities.graphs:
         for rec in records:
             rec.capture_ms = engine.capture_ms.get(rec.window)
-    if engine.tiers is not None:  # expert tiers: shares and waits per T (engine/gpu/tier_stats.py)
-        from ..engine.gpu.tier_stats import TIER_COLUMNS, add_tier_stats
+    if engine.tiers is not None:  # expert tiers: shares and waits per T (tiers/stats.py)
+        from ..tiers.stats import TIER_COLUMNS, add_tier_stats
 
         add_tier_stats(records, engine, repetitions)
         columns += [Column(k, h, f) for k, h, f in TIER_COLUMNS]

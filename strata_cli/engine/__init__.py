@@ -51,7 +51,7 @@ def resolve_device(device: str) -> str:
     if why is None:
         return "gpu"
     if installed:
-        from ..present import warn
+        from ..report.present import warn
 
         warn(f"--device auto: {why}; running the numpy engine (--device cpu)")
     return "cpu"
@@ -59,7 +59,7 @@ def resolve_device(device: str) -> str:
 
 def make_engine(model, device: str = "cpu", n_ctx: int | None = None, max_t: int | None = None,
                 tiers=None) -> Engine:
-    """tiers: a TierConfig (engine/gpu/tiers.py) for the GPU engine's expert tiers; the numpy engine ignores it."""
+    """tiers: a TierConfig (tiers/config.py) for the GPU engine's expert tiers; the numpy engine ignores it."""
     device = resolve_device(device)
     if device == "gpu":
         _, why = gpu_probe()
@@ -69,12 +69,12 @@ def make_engine(model, device: str = "cpu", n_ctx: int | None = None, max_t: int
 
         engine = GPUEngine(model, n_ctx=n_ctx, max_t=max_t, tiers=tiers)
         if engine.tier_note:
-            from ..present import err_console
+            from ..report.present import err_console
 
             err_console().print(engine.tier_note, style="dim", highlight=False)
         return engine
     if tiers is not None:
-        from ..present import warn
+        from ..report.present import warn
 
         warn("--expert-cache/--expert-profile/--pcie-frac/--split apply to the GPU engine only: the numpy engine "
              "keeps every expert in memory")

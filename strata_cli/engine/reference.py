@@ -11,9 +11,9 @@ import time
 import numpy as np
 
 from ..errors import InputError
-from ..fileio import available_memory
 from ..model.gguf_file import GGUFModel
 from ..ops import basic, gdn, hyper, moe, ple, qsa, sampling
+from ..sysio.memory import available_memory
 from .contract import Capabilities, WindowResult, WindowTimer
 from .state import (GDNRecord, SequenceState, WindowRecord, check_memory, check_n_keep, check_window, resolve_ctx,
                     state_bytes)

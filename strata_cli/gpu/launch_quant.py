@@ -15,7 +15,6 @@ Legend: T window rows, n_in / n_out GEMV widths, J (row, slot) entries of the Mo
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
@@ -29,8 +28,6 @@ QROWS = {1: 4, 2: 4, 4: 4, 8: 2, 16: 2}  # output rows per warp by window bucket
 QUANT_TARGET_WARPS = 4096  # split K until a launch has about this many warps ...
 QUANT_MIN_STEPS = 1  # ... but leave every warp at least this many 256-element steps
 GATHER_BLOCK = 256
-GEMV_ENV = "STRATA_QUANT_GEMV"
-GEMV_VERSIONS = ("v1", "v2")
 
 
 def handles(ggml_type: int) -> bool:
@@ -44,10 +41,9 @@ def _kernel(ggml_type: int, function: str):
 
 def gemv_version() -> str:
     """'v1' or 'v2' from STRATA_QUANT_GEMV (default v1); anything else is one clear error."""
-    version = os.environ.get(GEMV_ENV, "v1").strip().lower() or "v1"
-    if version not in GEMV_VERSIONS:
-        raise ValueError(f"{GEMV_ENV}={os.environ.get(GEMV_ENV)!r}: expected one of {', '.join(GEMV_VERSIONS)}")
-    return version
+    from .. import settings
+
+    return settings.QUANT_GEMV.value()
 
 
 def block_align(ggml_type: int) -> int:

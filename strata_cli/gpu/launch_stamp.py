@@ -1,6 +1,6 @@
 """CuPy launcher of kernels/stamp.cu: one `%globaltimer` stamp of the profiling window graph.
 
-Legend: slots [S] uint64 ns, one per (layer, stage) (strata_cli/stage_profile.py lays them out).
+Legend: slots [S] uint64 ns, one per (layer, stage) (strata_cli/engine/stage_timing.py lays them out).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """CuPy launchers of kernels/tiers.cu (doorbell, bounded waits, resident grouping, tiered combine) and the grouped
 expert GEMVs of one token group over any expert array (VRAM slots or PCIe staging slots).
 
-References: the host plan (strata_cli/engine/gpu/tier_host.py) and ops/moe.py; the GPU tests compare whole
+References: the host plan (strata_cli/tiers/host.py) and ops/moe.py; the GPU tests compare whole
 windows against the all-resident engine. Arguments are preallocated CuPy arrays (graph capture allocates nothing);
 mapped words are CuPy views of MappedBuffer.device. Waits come in two kinds: a spin kernel (one SM thread, bounded
 by %globaltimer, writes the time it waited) or a captured cuStreamWaitValue32 node (no SM; bounded only by the

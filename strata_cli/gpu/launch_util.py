@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -191,19 +190,6 @@ Q8T_LANE_ROWS = 2  # row groups per warp of the tensor-core kernels gemv_q8r_tc_
 
 def q8r_rows_per_warp(T: int) -> int:
     return Q8R_GROUP * Q8R_LANE_ROWS[nt_bucket(T)]
-
-
-def env_switch(name: str, default: bool) -> bool:
-    """A 0/1 environment switch (STRATA_PCIE_COPY_THREAD): unset or empty is the default; any value
-    but 0 or 1 is one clear error naming the variable, never a silent choice."""
-    raw = os.environ.get(name, "").strip()
-    if raw in ("0", "1"):
-        return raw == "1"
-    if raw:
-        from ..errors import InputError
-
-        raise InputError(f"{name}={raw!r}: expected 0 or 1")
-    return default
 
 
 @dataclass(frozen=True)

@@ -91,7 +91,7 @@ def _check_tensor_extents(path: str, size: int, start_offs: int, fields, alignme
 def _open_reader(path: str):
     import gguf
 
-    from ..fileio import input_problem
+    from ..sysio.files import input_problem
 
     problem = input_problem(path)
     if problem:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import re
 
-from .gguf_file import GGUFModel
 from .geometry import Geometry
+from .gguf_file import GGUFModel
 
 
 def geometry_numbers(g: Geometry) -> dict:
@@ -67,8 +67,8 @@ def _roles(m: GGUFModel) -> list[dict]:
 
 
 def tokenizer_summary(md: dict) -> dict:
-    """What the GGUF's tokenizer.ggml.* keys hold: whether `--text` can use them (strata_cli/tokenizer.py)."""
-    from ..tokenizer import PRE_TOKENIZER_REGEX
+    """What the GGUF's tokenizer.ggml.* keys hold: whether `--text` can use them (strata_cli/model/tokenizer.py)."""
+    from .tokenizer import PRE_TOKENIZER_REGEX
 
     def count(key):
         value = md.get(key)

@@ -149,7 +149,7 @@ def load_preset(name_or_path: str) -> Preset:
         path = presets_dir() / f"{name_or_path}.yaml"
     if not path.is_file():
         raise InputError(f"preset '{name_or_path}': no such file {path} (presets: {', '.join(PRESET_NAMES)})")
-    from ..fileio import read_text
+    from ..sysio.files import read_text
 
     try:
         data = yaml.safe_load(read_text(path, what="preset")) or {}

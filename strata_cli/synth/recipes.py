@@ -93,7 +93,7 @@ def load_recipe(name_or_path: str) -> Recipe:
         if not path.is_file():
             raise InputError(f"--recipe {name_or_path}: no such recipe (built in: {', '.join(RECIPE_NAMES)}; "
                              "or give a YAML file's path)")
-    from ..fileio import read_text
+    from ..sysio.files import read_text
 
     try:
         data = yaml.safe_load(read_text(path, what="recipe"))

@@ -12,12 +12,12 @@ import gguf
 import numpy as np
 
 from ..errors import InputError
-from ..fileio import output_path
 from ..model.geometry import ARCH
+from ..sysio.files import output_path
 from . import fill
 from .plan import ModelPlan, build_plan
-from .recipes import Recipe
 from .presets import Preset
+from .recipes import Recipe
 
 Progress = Callable[[int, int], None]  # (bytes_done, bytes_total)
 

@@ -1,8 +1,8 @@
-"""The doorbell words of the expert tiers, host side: one 32-bit word loaded, stored, raised and waited for, and the
-stall hook's window number.
+"""The doorbell words of the expert tiers, host side: their layout, and the bounded wait for one 32-bit word (the
+host writes its flags as plain numpy stores into the mapped words).
 
 The protocol itself (per step: wait for the GPU's ring on `seq`, plan, flagA / flagB / flag) is served by one
-implementation, the GPU engine's `engine/gpu/tier_host.py` TierHost; its CPU tests drive it against a simulated GPU
+implementation, `tiers/host.py` TierHost; its CPU tests drive it against a simulated GPU
 side (tests/test_tiers_doorbell.py, tests/test_tier_engine_host.py). The wait here is a pause-spin in C without the
 GIL (tiers/native.py) in slices the caller chooses, so the serving thread reacts in microseconds and still looks,
 between slices, at releases and at the GPU stream.
@@ -10,52 +10,22 @@ between slices, at releases and at the GPU stream.
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 
-from ..errors import InputError
 from . import native
 
 RELEASED = 0xFFFFFFFF
-STALL_ENV = "STRATA_TEST_VERIFY_STALL"
+# the mapped u32 words (engine/gpu/tiers.py records the GPU's side, host.py serves the host's), then the first
+# timed-out wait's code
+SEQ, FLAG_A, FLAG_B, FLAG, ERR = range(5)
+N_WORDS = 8
 
 
-def stall_window(env=os.environ) -> int:
-    """STRATA_TEST_VERIFY_STALL: the 1-based window whose last flag the host withholds; 0 = never."""
-    text = env.get(STALL_ENV, "").strip()
-    if text in ("", "0"):
-        return 0
-    if not text.isdigit():
-        raise InputError(f"{STALL_ENV}={text!r}: expected a window number (1-based) or 0")
-    return int(text)
-
-
-# ---- one 32-bit word: C (no GIL) when the host kernels are built, numpy otherwise
+# ---- the wait: C (no GIL) when the host kernels are built, numpy otherwise
 def _addr(word: np.ndarray) -> int:
     return word.ctypes.data
-
-
-def load_word(word: np.ndarray) -> int:
-    return int(word[0])
-
-
-def store_word(word: np.ndarray, value: int) -> None:
-    lib = native.load()
-    if lib is not None:
-        lib.strata_store(_addr(word), value & RELEASED)
-    else:
-        word[0] = value & RELEASED
-
-
-def raise_word(word: np.ndarray, value: int) -> None:
-    """word = max(word, value), atomically (flagB is raised from the copy stream's thread too)."""
-    lib = native.load()
-    if lib is not None:
-        lib.strata_raise(_addr(word), value & RELEASED)
-    else:
-        word[0] = max(int(word[0]), value & RELEASED)
 
 
 def wait_word(word: np.ndarray, want: int, max_s: float) -> int:

@@ -19,12 +19,12 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
+from .. import settings
 from ..model.quant_tables import host_header
 from ..model.quants import TYPE_IDS
 
 SOURCE = "expert_pool.c"
 HEADERS = ("expert_pool_decode.h",)  # next to SOURCE, part of the build key
-ENV_DISABLE = "STRATA_POOL_NATIVE"
 # The GGML types the C file decodes: every type of the table (tests/test_tiers_pool.py holds each to gguf.quants)
 NATIVE_TYPES = dict(TYPE_IDS)
 _VP, _I32, _I64, _U32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
@@ -76,7 +76,7 @@ def _warn(message: str) -> None:
 def build(out_dir: Path | None = None, defines: tuple[str, ...] = ()) -> Path | None:
     """The shared library for this source + flags + compiler, compiled once (atomically) into the cache.
     `defines` ("NAME=VALUE") override the kernel's tuning macros (bench/pool_bench.py --variant)."""
-    from ..default_model import cache_dir
+    from ..sysio.cache import cache_dir
 
     cc = _compiler()
     if cc is None:
@@ -109,7 +109,7 @@ def build(out_dir: Path | None = None, defines: tuple[str, ...] = ()) -> Path | 
 @lru_cache(maxsize=1)
 def load():
     """The loaded library with argtypes set, or None (no compiler, build failed, or STRATA_POOL_NATIVE=0)."""
-    if os.environ.get(ENV_DISABLE, "1") == "0":
+    if not settings.POOL_NATIVE.value():
         return None
     return load_variant(())
 
@@ -125,10 +125,6 @@ def load_variant(defines: tuple[str, ...]):
                                        _VP, _VP, _VP, _VP, _VP, _VP]
     lib.strata_wait_geq.restype = _U32
     lib.strata_wait_geq.argtypes = [_VP, _U32, _I64]
-    lib.strata_raise.restype = None
-    lib.strata_raise.argtypes = [_VP, _U32]
-    lib.strata_store.restype = None
-    lib.strata_store.argtypes = [_VP, _U32]
     lib.strata_stream_read.restype = ctypes.c_double
     lib.strata_stream_read.argtypes = [_I32, _I32, _VP, _VP]
     lib.strata_dequant_row.restype = _I32

@@ -4,7 +4,7 @@ An *entry* is one routed pick: token row t, pick j (0..k-1), expert ids[t, j]; i
 is dst = t·k + j. A *group* is the entries sharing one expert, in routing order (row-major over ids), groups ordered
 by their expert's first pick. Entries of VRAM-resident experts go to the GPU's grouped kernel; of the distinct
 misses, the LAST ⌊nmiss·pcie_frac⌋ in routing order are copied over PCIe into staging slots, the rest are computed
-once per expert by the CPU pool. The GPU engine's host (engine/gpu/tier_host.py) writes its own plan words.
+once per expert by the CPU pool. The GPU engine's host (tiers/host.py) writes its own plan words.
 """
 
 from __future__ import annotations

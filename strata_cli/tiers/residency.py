@@ -1,6 +1,6 @@
 """`--expert-cache all|auto|N|SIZE` parsed, the bytes of one routed expert per layer, the order the cache fills in
-(a profile's, or the default) and the slot table of its first N pairs. How many pairs fit is chosen by the GPU engine
-that uploads them (strata_cli/engine/gpu/tiers.py `choose_residency`); `strata cache-sim` replays the same tables.
+(a profile's, or the default), the slot table of its first N pairs, and the residency: which (layer, expert) pairs
+the VRAM cache holds (`choose_residency`; the GPU engine uploads them). `strata cache-sim` replays the same tables.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ EXPERT_ROLES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([a-z]+)")
+AUTO_MARGIN = 1 << 30  # bytes left free by --expert-cache auto (CuPy pools, cuBLAS-free kernels' launches, driver)
 
 
 @dataclass(frozen=True)
@@ -86,3 +87,55 @@ def slot_table(n_layers: int, n_expert: int, ranked: np.ndarray, n_pairs: int) -
         ids = np.flatnonzero(chosen[layer])
         table[layer, ids] = np.arange(len(ids), dtype=np.int32)
     return table
+
+
+def expert_names(layer: int) -> list[str]:
+    return [f"blk.{layer}.{role}.weight" for role in EXPERT_ROLES]
+
+
+def is_expert_tensor(name: str) -> bool:
+    return name.endswith(tuple(f"{role}.weight" for role in EXPERT_ROLES))
+
+
+def ranked_pairs(model, profile_path: str | None) -> np.ndarray:
+    """(layer, expert) pairs hottest first [L*E, 2]: fill_order of the profile (checked against the model), or the
+    default order without one."""
+    g = model.geometry
+    profile = None
+    if profile_path is not None:
+        from .expert_profile import load_profile
+
+        profile = load_profile(profile_path)
+        profile.check_model(g, profile_path)
+    return fill_order(g.n_layers, g.n_expert, profile)
+
+
+def residency_table(model, ranked: np.ndarray, n_pairs: int) -> np.ndarray:
+    """[L, E] int32 slot table of the model's first n_pairs ranked pairs (slot_table)."""
+    return slot_table(model.geometry.n_layers, model.geometry.n_expert, ranked, n_pairs)
+
+
+def choose_residency(model, cfg, free_bytes: int | None, fixed_bytes: int) -> tuple[np.ndarray, str]:
+    """The residency table for cfg (a TierConfig), and the one line saying what was chosen. free_bytes: device memory
+    free now (None: unknown); fixed_bytes: what the engine needs besides routed experts (dense weights, arena)."""
+    g = model.geometry
+    kind, value = cfg.cache.kind, cfg.cache.value
+    per_pair = expert_bytes(model)
+    ranked = ranked_pairs(model, cfg.profile)
+    total_pairs = g.n_layers * g.n_expert
+    cum = np.cumsum(per_pair[ranked[:, 0]])
+    if kind == "all":
+        n = total_pairs
+    elif kind == "slots":
+        n = min(value, total_pairs)
+    else:
+        budget = value if kind == "bytes" else max(0, (free_bytes or 0) - fixed_bytes - AUTO_MARGIN)
+        n = int(np.searchsorted(cum, budget, side="right"))
+    table = residency_table(model, ranked, n)
+    gib = float(cum[n - 1]) / 2**30 if n else 0.0
+    source = f"profile {cfg.profile}" if cfg.profile else "no profile: expert id order"
+    what = f"expert cache: {n} of {total_pairs} (layer, expert) pairs in VRAM ({gib:.2f} GiB, " \
+           f"{n / total_pairs:.1%}; --expert-cache {cfg.cache.text}, {source})"
+    if kind == "auto" and free_bytes is not None:
+        what += f"; {free_bytes / 2**30:.1f} GiB free before loading"
+    return table, what

@@ -41,9 +41,8 @@ def parse_pcie_frac(text) -> float | str:
     return value
 
 
-def resolve_pcie_frac(value) -> tuple[float, str]:
-    """(the share to use, the line saying what was chosen)."""
-    parsed = parse_pcie_frac(value)
+def resolve_pcie_frac(parsed: float | str) -> tuple[float, str]:
+    """(the share to use, the line saying what was chosen) of a parsed --pcie-frac (TierConfig.pcie_frac)."""
     if parsed == AUTO:
         frac = balanced_pcie_frac()
         return frac, (f"PCIe share: {frac:.2f} of each layer's distinct misses over PCIe, the rest on the CPU pool "

@@ -73,7 +73,7 @@ class TraceRecorder:
 
 def save_trace(trace: RoutingTrace, path) -> None:
     """Write the archive atomically (fileio: temp file + rename)."""
-    from ..fileio import output_stream
+    from ..sysio.files import output_stream
 
     buf = io.BytesIO()
     np.savez(buf, **{k: getattr(trace, k).astype(np.int32) for k in PICK_ARRAYS},
@@ -84,7 +84,7 @@ def save_trace(trace: RoutingTrace, path) -> None:
 
 
 def check_trace_path(path) -> None:
-    from ..fileio import check_output_path
+    from ..sysio.files import check_output_path
 
     if not str(path).lower().endswith(".npz"):
         raise InputError(f"{path}: a routing trace is a NumPy archive: name it .npz")
@@ -95,7 +95,7 @@ def load_trace(path) -> RoutingTrace:
     """The archive at path; anything malformed is one InputError naming the file and the problem."""
     import zipfile
 
-    from ..fileio import read_bytes
+    from ..sysio.files import read_bytes
 
     data = read_bytes(path, what="routing trace")
     try:

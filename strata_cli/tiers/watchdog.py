@@ -1,6 +1,6 @@
 """Watchdog release: no GPU spin or wait may outlive a stalled window or its process.
 
-Every GPU engine's tier host (engine/gpu/tier_host.py) registers itself here. The watchdog thread looks at the busy ones; when one has made no
+Every GPU engine's tier host (tiers/host.py) registers itself here. The watchdog thread looks at the busy ones; when one has made no
 progress for `timeout_s`, it releases every live verifier (flags to 0xFFFFFFFF, fence, bounded wait for the
 streams) and reports one line per verifier. SIGINT/SIGTERM during a window release the same way, then act as
 they would have. The first registration starts the process's own watchdog: STRATA_WATCHDOG_S seconds (default
@@ -9,7 +9,6 @@ they would have. The first registration starts the process's own watchdog: STRAT
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -17,33 +16,17 @@ import time
 import weakref
 from typing import Callable
 
-WATCHDOG_ENV = "STRATA_WATCHDOG_S"
-DEFAULT_WATCHDOG_S = 60.0
+from .. import settings
+
 _live: "weakref.WeakSet" = weakref.WeakSet()
 _live_lock = threading.Lock()
 _env_watchdog: "Watchdog | None" = None
 
 
-def env_timeout(env=os.environ) -> float:
-    """STRATA_WATCHDOG_S: seconds without progress before the process's watchdog releases (0 = off)."""
-    from ..errors import InputError
-
-    text = env.get(WATCHDOG_ENV, "").strip()
-    if text == "":
-        return DEFAULT_WATCHDOG_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise InputError(f"{WATCHDOG_ENV}={text!r}: expected seconds >= 0 (0 = no watchdog)")
-    return value
-
-
 def register(verifier) -> None:
     """A live verifier (busy, last_progress, released, describe_stall(), release(timeout_ms, reason))."""
     global _env_watchdog
-    timeout = env_timeout() if _env_watchdog is None else 0.0
+    timeout = settings.WATCHDOG_S.value() if _env_watchdog is None else 0.0
     with _live_lock:
         _live.add(verifier)
         if _env_watchdog is None and timeout > 0:

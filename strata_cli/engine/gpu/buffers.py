@@ -15,9 +15,13 @@ from ...gpu.launch_gemv import ZSPLIT_TILES, SplitK
 from ...gpu.launch_sampling import ARGMAX_MAX_PARTS, ArgmaxScratch
 from ...gpu.launch_util import GEMV_MAXT, GEMV_PARTIAL_FLOATS
 from ...gpu.runtime import MappedBuffer, cupy
-from ...stage_profile import n_slots
+from ..stage_timing import n_slots
 
 ALIGN = 256
+
+
+def _aligned_bytes(shape, dtype) -> int:
+    return -(-max(int(np.prod(shape)) * dtype.itemsize, 1) // ALIGN) * ALIGN
 
 
 class Arena:
@@ -31,13 +35,17 @@ class Arena:
     def add(self, name: str, shape, dtype=np.float32) -> None:
         self.specs.append((name, tuple(int(s) for s in shape), np.dtype(dtype)))
 
+    def planned_bytes(self) -> int:
+        """What allocate() will take for the buffers added so far."""
+        return sum(_aligned_bytes(shape, dtype) for _, shape, dtype in self.specs)
+
     def allocate(self) -> dict:
         """Views of one zeroed allocation (zero matters: the split-K tile counters must start at zero)."""
         cp = cupy()
         offsets, total = [], 0
         for _, shape, dtype in self.specs:
             offsets.append(total)
-            total += -(-max(int(np.prod(shape)) * dtype.itemsize, 1) // ALIGN) * ALIGN
+            total += _aligned_bytes(shape, dtype)
         free, _ = cp.cuda.runtime.memGetInfo()
         if total > free:  # refuse in one line rather than die in cupy's OutOfMemoryError
             raise InputError(f"the GPU arena (KV cache and window buffers for this --ctx) needs "

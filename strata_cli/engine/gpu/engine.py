@@ -5,40 +5,40 @@ memory, launches the T graph and reads the greedy ids back from mapped memory; l
 until asked for. Sampling runs after the replay (a graph never bakes in its parameters).
 
 Each T also has a profiling variant, captured separately on first use (graph(T, profile=True)): the same
-launches plus one `%globaltimer` stamp per stage boundary (strata_cli/stage_profile.py). With
+launches plus one `%globaltimer` stamp per stage boundary (strata_cli/engine/stage_timing.py). With
 STRATA_VERIFY_PROFILE set every window runs that variant and its stamps are kept for the one-line summary.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from ... import settings
 from ...errors import InputError
 from ...gpu import launch_sampling
 from ...gpu.graphs import CapturedGraph, captured_nodes, new_stream
 from ...gpu.launch_util import GEMV_MAXT, WindowPath, window_path
 from ...gpu.launch_stamp import stamp_kernel
+from ...gpu.launch_util import GEMV_MAXT, q8r_tensor_cores
 from ...gpu.runtime import capture_guard, cupy
-from ...stage_profile import Accumulator, register
+from ...tiers.config import TierConfig
 from ..contract import Capabilities, WindowResult, WindowTimer
+from ..stage_timing import Accumulator, register
 from ..state import check_n_keep, check_window, resolve_ctx
 from .buffers import Staging, plan_buffers
 from .stamps import Stamper
-from .tiers import TierConfig
 from .weights import DeviceWeights
 from .window import record_commit, record_window
 
 DEFAULT_MAX_T = GEMV_MAXT
-PROFILE_ENV = "STRATA_VERIFY_PROFILE"
 
 
 def _is_expert_tensor(name: str) -> bool:
-    from .tiers import is_expert_tensor
+    from ...tiers.residency import is_expert_tensor
 
     return is_expert_tensor(name)
 
@@ -57,16 +57,16 @@ class GPUEngine:
             raise InputError(f"max_t {self.max_t} outside 1..{GEMV_MAXT} (the GPU kernels take up to {GEMV_MAXT} rows)")
         self.window_paths = window_paths  # the launch variant of each T (tests pick one for every T)
         # ---- expert tiers (tiers.py): the residency is chosen before anything is uploaded; None = all in VRAM
-        from .tier_setup import residency_for
+        from ...tiers.setup import residency_for
 
         self.tiers = None
-        table, self.tier_note, tiers = residency_for(model, tiers, self.n_ctx, self.max_t)
+        self.arena = plan_buffers(g, self.n_ctx, self.max_t)
+        table, self.tier_note, tiers = residency_for(model, tiers, self.arena.planned_bytes(), self.max_t)
         skip = None if table is None else _is_expert_tensor
         self.w = DeviceWeights(model, pack_q8=pack_q8, skip=skip)  # pack_q8=False keeps raw Q8_0 (for comparisons)
-        self.arena = plan_buffers(g, self.n_ctx, self.max_t)
         self.stream = new_stream()
         if table is not None:
-            from .tier_setup import attach_tiers
+            from .tiers import attach_tiers
 
             attach_tiers(self, table, tiers or TierConfig(), pack_q8)
         self.buf = self.arena.allocate()
@@ -74,8 +74,8 @@ class GPUEngine:
             self.tiers.bind(self.buf)
         self.stage = Staging(self.max_t)
         if g.attn_layers:
-            from ...fileio import available_memory
             from ...ops.qsa import rope_tables
+            from ...sysio.memory import available_memory
             from ..state import check_memory
 
             # the host builds the tables in float64 before they go to the device
@@ -92,9 +92,9 @@ class GPUEngine:
         self._commit_graph: CapturedGraph | None = None
         self.stamper: Stamper | None = None      # set only while a profiling window is recorded
         self.profile_graphs: dict[int, CapturedGraph] = {}
-        self.profile_plans: dict = {}            # T -> stage_profile.Plan of its profiling window
+        self.profile_plans: dict = {}            # T -> stage_timing.Plan of its profiling window
         self.verify_profile: Accumulator | None = None
-        if os.environ.get(PROFILE_ENV, "") not in ("", "0"):
+        if settings.VERIFY_PROFILE.value():
             self.verify_profile = register(Accumulator())
         self._warm_up()
 
@@ -209,7 +209,7 @@ class GPUEngine:
             self.graph(T, profile).launch(self.stream)
 
     def _launch_tiered(self, T: int, eager: bool, profile: bool = False) -> None:
-        """Launch the window (graph, or eager launches from a helper thread) and serve its steps (tier_host.py);
+        """Launch the window (graph, or eager launches from a helper thread) and serve its steps (tiers/host.py);
         returns when the window's stream is idle. Cyclic GC paused and device frees deferred meanwhile (as under
         capture): a finalizer's cudaFreeHost synchronises the device, which waits for the host's flags, so a free
         on the serving or launching thread would hold a spin-wait to its bound."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...errors import StrataError
 from ...gpu.runtime import MappedBuffer, check, cudart, cupy
-from .tiers import expert_names
+from ...tiers.residency import expert_names
 
 
 class DeviceSlots:

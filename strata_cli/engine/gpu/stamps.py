@@ -1,9 +1,9 @@
-"""The profiling variant of the window: which stamps it records, in graph order (strata_cli/stage_profile.py)."""
+"""The profiling variant of the window: which stamps it records, in graph order (strata_cli/engine/stage_timing.py)."""
 
 from __future__ import annotations
 
 from ...gpu.launch_stamp import stamp
-from ...stage_profile import Plan
+from ..stage_timing import Plan
 
 
 class Stamper:

@@ -5,16 +5,15 @@ Per (layer, token group) the window graph runs pre(): router, top-k, publish the
 mapped memory and ring `seq`, the shared expert, then the VRAM-resident entries (grouped on the device through the
 residency table, no host round trip). post(): [wait flagB, copy the host's plan, the PCIe share's experts from the
 copy engine's staging slots], wait flag, then combine VRAM/PCIe rows (device) with the CPU rows (mapped `ymiss`).
-The host side of each step lives in tier_host.py. A model whose experts all fit keeps today's graph (no tiers
-object at all); STRATA_TEST_VERIFY_STALL forces the doorbell graph even then.
+The host side (the config, the residency choice, the server of each step) lives in strata_cli/tiers/. A model whose
+experts all fit keeps today's graph (no tiers object at all); a stall window (tiers/config.py) forces the doorbell
+graph even then.
 
 Legend: L layers, E experts per layer, K experts per row, M max window rows, JM = M*K entries, D hidden,
 G token groups (2 with --split and T >= 2), Q staging slots per group (distinct PCIe experts of one step).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,89 +23,13 @@ from ...gpu import launch_tiers as tl
 from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.runtime import MappedBuffer, cupy
 from ...model import packed
-from ...tiers.cache_policy import DEFAULT_MAX_COPY_BYTES
-from ...tiers.doorbell import RELEASED  # noqa: F401 - the value every released flag holds (tier_host.py)
-from ...tiers.residency import EXPERT_ROLES
+from ...tiers.config import TierConfig
+from ...tiers.doorbell import ERR, FLAG, FLAG_B, N_WORDS, SEQ
+from ...tiers.residency import expert_names
 
 PROJ = ("gate", "up", "down")
-# mapped u32 words, then the first timed-out wait's code
-SEQ, FLAG_A, FLAG_B, FLAG, ERR = range(5)
-N_WORDS = 8
 # wait kinds in the error code and the wait-time table
 WAIT_B, WAIT_FLAG = 0, 1
-AUTO_MARGIN = 1 << 30  # bytes left free by --expert-cache auto (CuPy pools, cuBLAS-free kernels' launches, driver)
-
-
-@dataclass
-class TierConfig:
-    profile: str | None = None      # expert profile (YAML or STRP); None ranks pairs layer by layer, expert id order
-    cache: str = "all"              # all | auto | N slots | SIZE (12GiB, 500MB)
-    pcie_frac: float | str = 0.0    # share of a step's distinct misses copied by the copy engine, or "auto"
-    #                                 (tiers/share.py; tier_setup.residency_for resolves it to a number)
-    split: bool = False             # two token groups per window
-    wait: str = "spin"              # spin kernels or captured cuStreamWaitValue32
-    timeout_s: float = 20.0         # bound of every GPU wait and of the host's wait for a ring
-    policy: str = "static"          # --expert-policy (tiers/cache_policy.py): how the slots change between windows
-    max_copy: int = DEFAULT_MAX_COPY_BYTES  # bytes an adaptive policy copies into VRAM per window at most
-
-
-def expert_names(layer: int) -> list[str]:
-    return [f"blk.{layer}.{role}.weight" for role in EXPERT_ROLES]
-
-
-def is_expert_tensor(name: str) -> bool:
-    return name.endswith(tuple(f"{role}.weight" for role in EXPERT_ROLES))
-
-
-def ranked_pairs(model, profile_path: str | None) -> np.ndarray:
-    """(layer, expert) pairs hottest first [L*E, 2]: tiers/residency.fill_order of the profile (checked against the
-    model), or the default order without one."""
-    from ...tiers.residency import fill_order
-
-    g = model.geometry
-    profile = None
-    if profile_path is not None:
-        from ...tiers.profile import load_profile
-
-        profile = load_profile(profile_path)
-        profile.check_model(g, profile_path)
-    return fill_order(g.n_layers, g.n_expert, profile)
-
-
-def residency_table(model, ranked: np.ndarray, n_pairs: int) -> np.ndarray:
-    """[L, E] int32 slot table of the first n_pairs ranked pairs (tiers/residency.slot_table)."""
-    from ...tiers.residency import slot_table
-
-    return slot_table(model.geometry.n_layers, model.geometry.n_expert, ranked, n_pairs)
-
-
-def choose_residency(model, cfg: TierConfig, free_bytes: int | None, fixed_bytes: int) -> tuple[np.ndarray, str]:
-    """The residency table for --expert-cache, and the one line saying what was chosen. free_bytes: device memory
-    free now (None: unknown); fixed_bytes: what the engine needs besides routed experts (dense weights, arena)."""
-    from ...tiers.residency import expert_bytes, parse_cache_spec
-
-    g = model.geometry
-    spec = parse_cache_spec(cfg.cache)
-    kind, value = spec.kind, spec.value
-    per_pair = expert_bytes(model)
-    ranked = ranked_pairs(model, cfg.profile)
-    total_pairs = g.n_layers * g.n_expert
-    cum = np.cumsum(per_pair[ranked[:, 0]])
-    if kind == "all":
-        n = total_pairs
-    elif kind == "slots":
-        n = min(value, total_pairs)
-    else:
-        budget = value if kind == "bytes" else max(0, (free_bytes or 0) - fixed_bytes - AUTO_MARGIN)
-        n = int(np.searchsorted(cum, budget, side="right"))
-    table = residency_table(model, ranked, n)
-    gib = float(cum[n - 1]) / 2**30 if n else 0.0
-    source = f"profile {cfg.profile}" if cfg.profile else "no profile: expert id order"
-    what = f"expert cache: {n} of {total_pairs} (layer, expert) pairs in VRAM ({gib:.2f} GiB, " \
-           f"{n / total_pairs:.1%}; --expert-cache {cfg.cache}, {source})"
-    if kind == "auto" and free_bytes is not None:
-        what += f"; {free_bytes / 2**30:.1f} GiB free before loading"
-    return table, what
 
 
 def upload_resident(model, table: np.ndarray, pack_q8: bool):
@@ -305,3 +228,18 @@ class ExpertTiers:
             self.pinned.free()
         if self.fill is not None:
             self.fill.device.free()
+
+
+def attach_tiers(engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool) -> None:
+    """Upload the resident experts, add the tier buffers to the engine's arena (before it is allocated) and make
+    the host server; engine.tiers.bind(buf) follows the allocation."""
+    from ...tiers.host import TierHost
+
+    engine.tiers = ExpertTiers(engine, table, cfg, pack_q8)
+    if cfg.policy != "static":
+        engine.tier_note = (f"{engine.tier_note}; --expert-policy {cfg.policy}: the slots change between windows, "
+                            f"at most {cfg.max_copy / 2**20:.0f} MiB copied per window")
+    if engine.tiers.pin_note:
+        engine.tier_note = f"{engine.tier_note}; {engine.tiers.pin_note}"
+    engine.tiers.add_buffers(engine.arena)
+    engine.tier_host = TierHost(engine.tiers, engine, cfg.stall_window)

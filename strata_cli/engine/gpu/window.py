@@ -6,13 +6,14 @@ Both recorders only launch kernels on preallocated buffers, so the same calls ru
 Per-window values (tokens, positions, n_keep) are read by the kernels from device buffers that the recorded
 graph fills from mapped staging first; nothing window-specific is baked into a graph except T.
 
-Profiling: `stamp(e, layer, stage, stream)` marks the end of each stage (names in strata_cli/stage_profile.py).
+Profiling: `stamp(e, layer, stage, stream)` marks the end of each stage (names in strata_cli/engine/stage_timing.py).
 It launches a stamp only while the engine records its profiling variant (e.stamper set); the normal graph has
 no stamp node.
 """
 
 from __future__ import annotations
 
+from ... import settings
 from ...gpu import launch_embed as embed
 from ...gpu import launch_gdn as gdn
 from ...gpu import launch_gemv

@@ -12,7 +12,7 @@ writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never ru
 
 Release: every flag to 0xFFFFFFFF (each GPU wait passes), then wait, bounded, until the streams are
 idle; the engine refuses every later window. Any exception while a window is served releases it: host errors,
-Ctrl-C, and SIGTERM / SIGHUP, which the CLI turns into KeyboardInterrupt (fileio.signal_handlers), so no spin
+Ctrl-C, and SIGTERM / SIGHUP, which the CLI turns into KeyboardInterrupt (sysio/signals.signal_handlers), so no spin
 kernel outlives the process.
 """
 
@@ -24,14 +24,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import StrataError
-from ...gpu.launch_util import GEMV_MAXT, env_switch
-from ...gpu.runtime import check, cudart
-from ...tiers.plan import ExpertEntries, build_plan
-from .tiers import ERR, FLAG, FLAG_A, FLAG_B, RELEASED, SEQ
+from .. import settings
+from ..errors import StrataError
+from ..gpu.launch_util import GEMV_MAXT
+from ..gpu.runtime import check, cudart
+from .doorbell import ERR, FLAG, FLAG_A, FLAG_B, RELEASED, SEQ
+from .plan import ExpertEntries, build_plan
 
 SRC_VRAM, SRC_PCIE, SRC_CPU = 0, 1, 2
-COPY_THREAD_ENV = "STRATA_PCIE_COPY_THREAD"
 POLL_S = 0.002  # how often a waiting host asks the driver whether the stream failed or finished
 
 
@@ -76,7 +76,7 @@ class ExpertSource:
     group's rows of mapped `ymiss`."""
 
     def __init__(self, model):
-        from ...tiers.pool import ExpertPool
+        from .pool import ExpertPool
 
         self.pool = ExpertPool(model)
 
@@ -103,15 +103,15 @@ class TierHost:
         self._lock = threading.Lock()
         self.launching = False
         self.history: list[dict] = []  # window_stats() of every window served
-        self.route_hook = None  # (layer, ids [n, K]) of every step served (tiers/routing.py counts them)
+        self.route_hook = None  # (layer, ids [n, K]) of every step served (engine/routing.py counts them)
         # The PCIe share's copies come from the memory-mapped file, page-locked in place (tiers.ExpertTiers.pinned);
         # were a registration ever missing, cudaMemcpyAsync would return only after the driver staged the bytes, and
         # issued on this thread the copies would then run before the pool, not beside it. One copy thread issues them
         # (in step order); STRATA_PCIE_COPY_THREAD=0 issues them here (the earlier path).
         self._copier = None
-        if getattr(tiers, "pcie", False) and env_switch(COPY_THREAD_ENV, True):
+        if getattr(tiers, "pcie", False) and settings.PCIE_COPY_THREAD.value():
             self._copier = self._make_copier()
-        from ...tiers.watchdog import register
+        from .watchdog import register
 
         register(self)
 
@@ -246,7 +246,7 @@ class TierHost:
     def _copy_pcie(self, layer: int, grp: int, plan: StepPlan, want: int) -> None:
         """The PCIe share's expert blobs from the memory-mapped file into the group's staging slots (copy engine),
         then flagB = want on the copy stream (after the copies land)."""
-        from ...gpu.launch_tiers import write_word
+        from ..gpu.launch_tiers import write_word
 
         t, rt = self.t, cudart()
         kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
@@ -281,7 +281,7 @@ class TierHost:
     def _await_ring(self, want: int, layer: int) -> None:
         """seq >= want. The wait itself is tiers/doorbell.wait_word (a pause-spin in C with the GIL released, so an
         eager launching thread and the watchdog run); every POLL_S: released? stream finished without ringing?"""
-        from ...tiers.doorbell import wait_word
+        from .doorbell import wait_word
 
         seq = self.t.words.host[SEQ:SEQ + 1]
         start = time.monotonic()

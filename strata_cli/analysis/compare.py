@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import InputError, NonFiniteError
 from .divergence import DivergenceStats, PositionArrays
 from .dumps import LogprobRow, nonfinite_rows, read_dump
-from .errors import InputError, NonFiniteError
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from typing import Iterator
 
 import numpy as np
 
+from ..errors import NonFiniteError
+from ..ops.basic import log_softmax64
 from .dumps import LogprobRow
-from .errors import NonFiniteError
-from .ops.basic import log_softmax64
 from .speculation import LoopStats
 
 

@@ -26,7 +26,7 @@ def add_tier_stats(records, engine, n_windows: int) -> None:
             return float(np.mean([h.get(key, 0) for h in rows]))
 
         pool_ms = mean("pool_ms")
-        rec.tiers = dict(expert_cache=t.cfg.cache, pcie_frac=t.cfg.pcie_frac, split=t.cfg.split,
+        rec.tiers = dict(expert_cache=t.cfg.cache.text, pcie_frac=t.cfg.pcie_frac, split=t.cfg.split,
                          tier_wait=t.cfg.wait, vram_pairs=vram_pairs, vram_share=mean("vram_share"),
                          pcie_share=mean("pcie_share"), cpu_share=mean("cpu_share"), wait_b_ms=mean("wait_b_ms"),
                          wait_flag_ms=mean("wait_flag_ms"), host_ring_ms=mean("host_wait_ms"), pool_ms=pool_ms,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 
 DUMP_TAG = "speculation"  # the key of the JSON dump's meta and the `# speculation ` comment line of a TSV dump
 
@@ -118,7 +118,7 @@ class Acceptance:
 
 
 def _stats_from_dump(path: Path) -> dict:
-    from .fileio import read_text
+    from ..sysio.files import read_text
 
     text = read_text(path, what="logprob dump")
     if text.lstrip().startswith("{"):

@@ -8,8 +8,8 @@ KV cache reads are small next to the weights at the contexts benchmarked, so bot
 
 from __future__ import annotations
 
-from .model.gguf_file import GGUFModel
-from .model.names import GATHERED
+from ..model.gguf_file import GGUFModel
+from ..model.names import GATHERED
 
 EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")
 

@@ -8,7 +8,7 @@ No BOS is prepended (qwen-family models have none).
 
 from __future__ import annotations
 
-from .errors import InputError
+from ..errors import InputError
 
 TOKEN_CONTROL, TOKEN_USER_DEFINED = 3, 4
 

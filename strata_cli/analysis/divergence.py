@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .errors import InputError
-from .ops.basic import log_softmax64
+from ..errors import InputError
+from ..ops.basic import log_softmax64
 
 KLD_PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 DP_PERCENTILES = (1.0, 5.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 99.0)

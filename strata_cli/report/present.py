@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Iterable, Sequence
 
-from .errors import InputError
-from .fileio import stdout_text
+from ..errors import InputError
+from ..sysio.files import stdout_text
 
 FORMATS = ("table", "json", "jsonl", "csv", "md", "tsv")
 # what every command's --format offers (tsv only where a command has a dump format of its own)
@@ -155,7 +155,7 @@ def emit(rows: list[dict], columns: Sequence[Column | str] | None, fmt: str, *, 
     except BrokenPipeError:
         raise
     except OSError as exc:  # a full device behind stdout or -o: one line naming where
-        from .fileio import os_error
+        from ..sysio.files import os_error
 
         raise os_error(exc, getattr(out, "name", None) or "stdout", "write the output") from None
 

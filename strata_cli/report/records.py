@@ -109,7 +109,7 @@ class BenchRecord:
     dense_bytes: int | None = None
     expert_bytes: int | None = None
     copy_bytes_per_s: float | None = None  # GPU: measured device-to-device copy rate
-    tiers: dict | None = None  # GPU expert tiers: shares, waits, pool time (engine/gpu/tier_stats.py)
+    tiers: dict | None = None  # GPU expert tiers: shares, waits, pool time (tiers/stats.py)
     provenance: Provenance | None = None
 
     @property

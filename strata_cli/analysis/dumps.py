@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable
 
-from .errors import InputError
+from ..errors import InputError
 
 N_FIXED = 8
 _FIELDS = ("pos", "target", "lp_target", "top_id", "lp_top", "match", "lp_extra", "lp_target_renorm")
@@ -86,7 +86,7 @@ def _parse_line(fields: list[str], where: str) -> LogprobRow:
 
 def _read_text(path: str | Path) -> str:
     """The dump's text (`-` = stdin); unreadable, binary or non-UTF-8 files fail in one line naming why."""
-    from .fileio import read_text
+    from ..sysio.files import read_text
 
     return read_text(path, what="logprob dump")
 

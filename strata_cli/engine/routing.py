@@ -3,7 +3,7 @@ pairs the router chose (the input of `strata make-profile` and of held-out hit r
 
 device "cpu": the numpy reference engine's route hook. device "gpu": the GPU engine with no routed expert in VRAM
 (--expert-cache 0, no PCIe share), so every (layer, token group) of every window rings the host with its routed ids
-(engine/gpu/tier_host.py route_hook): the same counts, from the engine that will use the profile, far faster."""
+(tiers/host.py route_hook): the same counts, from the engine that will use the profile, far faster."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from typing import Callable
 import numpy as np
 
 
-
 def _routing_engine(model, device: str, n_ctx: int | None, hook):
     if device == "gpu":
-        from ..engine import make_engine
-        from ..engine.gpu.tiers import TierConfig
+        from ..tiers.config import TierConfig
+        from . import make_engine
 
         engine = make_engine(model, "gpu", n_ctx, tiers=TierConfig(cache="0", pcie_frac=0.0))
         engine.tier_host.route_hook = hook  # after the engine's own warm-up window
@@ -57,9 +56,3 @@ def count_routing(model, tokens: np.ndarray, window: int = 8, n_ctx: int | None 
         if progress is not None:
             progress(done)
     return counts
-
-
-def slot_counts(n_pairs: int, extra: list[int] | tuple[int, ...] = ()) -> list[int]:
-    """The slot counts a report shows by default: 10/25/50/75/100 % of the pairs, plus `extra` (e.g. the profile's)."""
-    picks = {int(round(n_pairs * f)) for f in (0.1, 0.25, 0.5, 0.75, 1.0)} | {int(e) for e in extra}
-    return sorted(p for p in picks if 0 <= p <= n_pairs)

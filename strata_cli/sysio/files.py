@@ -4,7 +4,7 @@ How to use it (commands and library code alike):
 
 * Writing an output that may be `-` (stdout)::
 
-      from strata_cli.fileio import output_stream
+      from strata_cli.sysio.files import output_stream
       with output_stream(path_or_dash, what="logprob dump") as fh:   # text; binary=True for bytes
           fh.write(...)
 
@@ -30,8 +30,8 @@ How to use it (commands and library code alike):
 
 * `os_error(exc, path, action)` turns any OSError into the one-line `StrataError`.
 
-* Signals: `cli.main` calls `signal_handlers()`, which turns SIGTERM and SIGHUP into `Terminated` (a
-  KeyboardInterrupt), so every cleanup that runs on Ctrl-C also runs on TERM/HUP; the exit code is 128 + signal.
+Signals (SIGTERM / SIGHUP as Ctrl-C, the SIGBUS handler that keeps partial outputs) are signals.py's; the memory
+probe is memory.py's.
 """
 
 from __future__ import annotations
@@ -40,25 +40,17 @@ import errno
 import fcntl
 import hashlib
 import os
-import signal
 import stat
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator
 
-from .errors import InputError, StrataError
+from ..errors import InputError, StrataError
 
 STDIO = "-"
 PARTIAL_SUFFIX = ".partial"
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM / SIGHUP delivered as an exception, so `finally` blocks and temp-file cleanup run."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
+ACTIVE_OUTPUTS: list[tuple[Path, Path]] = []  # (temporary file, target) of outputs being written now (signals.py)
 
 
 def is_stdio(path) -> bool:
@@ -254,7 +246,7 @@ def output_path(path, *, what: str, wait: bool = False) -> Iterator[Path]:
             os.close(fd)
             fd = -1
         os.ftruncate(fd, 0)  # a stale file of a killed run
-        _ACTIVE_OUTPUTS.append((tmp, target))
+        ACTIVE_OUTPUTS.append((tmp, target))
         try:
             yield tmp
             os.replace(tmp, target)
@@ -262,7 +254,7 @@ def output_path(path, *, what: str, wait: bool = False) -> Iterator[Path]:
             _unlink_quietly(tmp)
             raise
         finally:
-            _ACTIVE_OUTPUTS.remove((tmp, target))
+            ACTIVE_OUTPUTS.remove((tmp, target))
     except OSError as exc:
         raise os_error(exc, target, f"write the {what}") from None
     finally:
@@ -299,18 +291,6 @@ def stdout_text() -> IO[str]:
     return sys.stdout
 
 
-def write_stdout(text: str) -> None:
-    """Write and flush data on stdout; a full device or a closed stdout is one StrataError line."""
-    out = stdout_text()
-    try:
-        out.write(text)
-        out.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise os_error(exc, "stdout", "write the output") from None
-
-
 @contextmanager
 def output_stream(path, *, what: str, binary: bool = False, wait: bool = False) -> Iterator[IO]:
     """A file object for `path` (`-`/None = stdout): see the module docstring. Flushed (and fsynced) before the
@@ -344,97 +324,3 @@ def output_stream(path, *, what: str, binary: bool = False, wait: bool = False) 
                 os.fsync(fh.fileno())
         except OSError as exc:
             raise os_error(exc, path, f"write the {what}") from None
-
-
-# ---------------------------------------------------------------- sizes
-
-def available_memory() -> int | None:
-    """Bytes of memory the host can still give (MemAvailable), or None where /proc/meminfo does not say."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-# ---------------------------------------------------------------- signals
-
-_ACTIVE_OUTPUTS: list[tuple[Path, Path]] = []  # (temporary file, target) of outputs being written now
-_SIGBUS_HANDLER = None  # the ctypes callback, kept alive for the life of the process
-
-def _raise_terminated(signum, frame):
-    raise Terminated(signum)
-
-
-@contextmanager
-def signal_handlers():
-    """SIGTERM and SIGHUP raise Terminated while the block runs (main thread only; previous handlers restored)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        try:
-            previous[sig] = signal.signal(sig, _raise_terminated)
-        except (ValueError, OSError):
-            pass
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _on_sigbus(signum) -> None:
-    """Runs on SIGBUS, inside whatever C code touched the vanished page: keep the rows written so far (rename each
-    temporary output to a visible NAME.partial), say so in one line, and exit 135 (128 + SIGBUS) at once."""
-    kept = []
-    for tmp, target in list(_ACTIVE_OUTPUTS):
-        keep = f"{target}.partial"
-        try:
-            os.rename(tmp, keep)
-            kept.append(keep)
-        except OSError:
-            pass
-    line = ("strata: error: SIGBUS: a memory-mapped file (the model) was truncated or rewritten on disk while in "
-            "use; stopped" + (f"; the rows written so far are in {', '.join(kept)}" if kept else "") + "\n")
-    try:
-        os.write(2, line.encode("utf-8", "backslashreplace"))
-    finally:
-        os._exit(128 + signal.SIGBUS)
-
-
-def install_sigbus_handler() -> bool:
-    """Catch SIGBUS (a memory-mapped model truncated under us) with a C-level handler that calls _on_sigbus.
-
-    Python's own signal handlers cannot do this: the C handler returns, the faulting load runs again and the
-    process spins. A ctypes callback runs Python code in the faulting thread instead (it takes the GIL the thread
-    holds or can get); it only renames files, writes one line and _exits. What it cannot do: resume the run, or
-    help when the GIL is held forever by another thread. Linux/glibc only; returns whether it was installed."""
-    global _SIGBUS_HANDLER
-    if _SIGBUS_HANDLER is not None:
-        return True
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        handler_type = ctypes.CFUNCTYPE(None, ctypes.c_int)
-        handler = handler_type(_on_sigbus)
-        libc.signal.restype = ctypes.c_void_p
-        libc.signal.argtypes = [ctypes.c_int, handler_type]
-        if libc.signal(signal.SIGBUS, handler) == ctypes.c_void_p(-1).value:
-            return False
-    except (OSError, AttributeError, ValueError):
-        return False
-    _SIGBUS_HANDLER = handler
-    return True
-
-
-def exit_code_for_interrupt(exc: KeyboardInterrupt) -> int:
-    """128 + the signal number: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP."""
-    return 128 + getattr(exc, "signum", signal.SIGINT)

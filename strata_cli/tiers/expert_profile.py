@@ -6,7 +6,7 @@ in (hottest first). Two file formats, chosen by extension on write and by conten
   u32 slots | u32 n_ranked | n_ranked x (u16 layer, u16 expert) | n_layers x n_expert x i32 (each pair's rank,
   -1 = unranked). It has no counts: a profile read from it has counts None.
 
-Every malformed file is one InputError naming the file and the problem; writes are atomic (strata_cli.fileio: temp file + rename).
+Every malformed file is one InputError naming the file and the problem; writes are atomic (strata_cli/sysio/files.py: temp file + rename).
 """
 
 from __future__ import annotations
@@ -274,7 +274,7 @@ def _int_array(path, label: str, value) -> np.ndarray:
 
 # ---- files
 def load_profile(path) -> ExpertProfile:
-    from ..fileio import read_bytes
+    from ..sysio.files import read_bytes
 
     data = read_bytes(path, what="expert profile")
     path = Path(path)
@@ -287,7 +287,7 @@ def load_profile(path) -> ExpertProfile:
 
 def check_profile_path(path) -> Path:
     """Refuse an output path before any work: unknown extension, missing or unwritable directory."""
-    from ..fileio import check_output_path
+    from ..sysio.files import check_output_path
 
     path = Path(path)
     if path.suffix.lower() not in BINARY_SUFFIXES + YAML_SUFFIXES:
@@ -296,10 +296,16 @@ def check_profile_path(path) -> Path:
 
 
 def save_profile(profile: ExpertProfile, path) -> None:
-    """Write as STRP (.bin/.strp) or YAML (.yaml/.yml), atomically (fileio: temp file + rename)."""
-    from ..fileio import output_stream
+    """Write as STRP (.bin/.strp) or YAML (.yaml/.yml), atomically (sysio/files.py: temp file + rename)."""
+    from ..sysio.files import output_stream
 
     path = check_profile_path(path)
     payload = _strp_bytes(profile) if path.suffix.lower() in BINARY_SUFFIXES else _yaml_text(profile).encode()
     with output_stream(path, what="expert profile", binary=True) as fh:
         fh.write(payload)
+
+
+def slot_counts(n_pairs: int, extra: list[int] | tuple[int, ...] = ()) -> list[int]:
+    """The slot counts a report shows by default: 10/25/50/75/100 % of the pairs, plus `extra` (e.g. the profile's)."""
+    picks = {int(round(n_pairs * f)) for f in (0.1, 0.25, 0.5, 0.75, 1.0)} | {int(e) for e in extra}
+    return sorted(p for p in picks if 0 <= p <= n_pairs)

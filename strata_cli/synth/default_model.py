@@ -6,63 +6,20 @@ Beside it lies `NAME.sha256`, the SHA-256 of the file as written; a model whose 
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import os
 from pathlib import Path
 
-from .errors import StrataError
-from .fileio import os_reason, output_stream
-from .synth import estimate_size, load_preset, write_model
-from .progress import byte_progress
+from ..errors import StrataError
+from ..report.progress import byte_progress
+from ..sysio.cache import CacheError, usable_cache_dir
+from ..sysio.files import os_reason, output_stream
+from . import estimate_size, load_preset, write_model
 
 DEFAULT_PRESET, DEFAULT_TYPE, DEFAULT_SEED = "tiny", "F32", 0
 DEFAULT_NAME = f"qwen4exp-{DEFAULT_PRESET}-{DEFAULT_TYPE.lower()}-seed{DEFAULT_SEED}.gguf"
 CHECKSUM_SUFFIX = ".sha256"
-
-
-class CacheError(StrataError):
-    """The strata cache directory cannot be used."""
-
-
-def _cache_source() -> tuple[Path, str]:
-    """(the cache directory, the setting it came from, for messages)."""
-    if os.environ.get("STRATA_CACHE"):
-        return Path(os.environ["STRATA_CACHE"]).expanduser(), "$STRATA_CACHE"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg and os.path.isabs(xdg):  # the XDG spec: a relative value is invalid and must be ignored
-        return Path(xdg) / "strata", "$XDG_CACHE_HOME"
-    home = os.environ.get("HOME")
-    if not home:
-        try:
-            home = str(Path.home())
-        except (RuntimeError, KeyError):
-            raise CacheError("no cache directory: HOME is not set (set STRATA_CACHE to a writable directory, "
-                             "or give a MODEL)") from None
-    return Path(home).expanduser() / ".cache" / "strata", "$HOME"
-
-
-def cache_dir() -> Path:
-    """$STRATA_CACHE, else $XDG_CACHE_HOME/strata (if absolute), else ~/.cache/strata."""
-    return _cache_source()[0]
-
-
-def _usable_cache_dir() -> Path:
-    """The cache directory, created if needed; a CacheError line when it cannot be used."""
-    path, source = _cache_source()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise PermissionError(errno.EACCES, "Permission denied (not writable)")
-    except OSError as exc:
-        if exc.errno == errno.EEXIST or isinstance(exc, (FileExistsError, NotADirectoryError)):
-            reason = "a file is in the way (not a directory)"
-        else:
-            reason = os_reason(exc)
-        raise CacheError(f"{path}: cannot use as the strata cache (from {source}): {reason}; set STRATA_CACHE "
-                         "to a writable directory, or give a MODEL") from None
-    return path
 
 
 def file_sha256(path: Path) -> str:
@@ -89,7 +46,7 @@ def default_model_path() -> Path:
     match its checksum."""
     preset = load_preset(DEFAULT_PRESET)
     size = estimate_size(preset, DEFAULT_TYPE)
-    directory = _usable_cache_dir()
+    directory = usable_cache_dir()
     path = directory / DEFAULT_NAME
     if _intact(path, size):
         return path

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from . import __version__
+from .. import __version__, settings
 
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = Path(__file__).resolve().parents[2]
 _CUPY_DISTS = ("cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x", "cupy")
 
 
@@ -35,7 +34,7 @@ def git_commit() -> str | None:
     """Short hash of the checkout strata runs from, + "-dirty" with uncommitted changes, or None outside one.
     $STRATA_GIT_COMMIT, when set, wins and is marked "(declared)": a copy of the tree on a remote GPU machine may
     carry no .git, or a stale one whose HEAD is not the commit being measured."""
-    declared = os.environ.get("STRATA_GIT_COMMIT")
+    declared = settings.GIT_COMMIT.value()
     if declared:
         return f"{declared} (declared)"
     top = _git("rev-parse", "--show-toplevel")
@@ -79,7 +78,7 @@ def gpu_record() -> dict:
     """gpu_name, driver, cuda_runtime of the current CuPy device; each None where it cannot be read."""
     rec: dict = {"gpu_name": None, "driver": None, "cuda_runtime": None}
     try:
-        from .gpu import runtime  # noqa: F401  (CUDA_MODULE_LOADING before the driver starts)
+        from ..gpu import runtime  # noqa: F401  (CUDA_MODULE_LOADING before the driver starts)
         import cupy
 
         runtime = cupy.cuda.runtime

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
-from .fileio import read_text
+from ..errors import InputError
+from ..sysio.files import read_text
 
 
 MAX_ID_DIGITS = 18  # below 2**63: anything longer cannot be a token id of any vocabulary

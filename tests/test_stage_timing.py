@@ -1,4 +1,4 @@
-"""The stage-stamp aggregation (strata_cli/stage_profile.py) on synthetic stamp arrays: exact recovery, gaps,
+"""The stage-stamp aggregation (strata_cli/engine/stage_timing.py) on synthetic stamp arrays: exact recovery, gaps,
 zeros, reordering, stale and runaway stamps, wrap-around of the 64-bit timer, missing layers."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from strata_cli import stage_profile as sp
+from strata_cli.engine import stage_timing as sp
 from test_window_steps import _Buffers, _Rows
 
 GDN_STAGES = ["hc0-norm", "hc0-down", "hc0-up", "hc-read0", "qkv", "conv", "ab", "rec", "z", "gate", "out-proj"]

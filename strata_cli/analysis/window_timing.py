@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .records import BenchRecord
+from ..report.records import BenchRecord
 from .speculation import Acceptance
 
 
@@ -71,7 +71,7 @@ def time_window(engine, window: int, repetitions: int, acceptance: Acceptance, d
 
 def check_finite(engine, window: int, seed: int) -> None:
     """One untimed window first: timing a model whose values go NaN/Inf would report numbers of nothing."""
-    from .errors import NonFiniteError
+    from ..errors import NonFiniteError
     from .logprobs import window_nonfinite
 
     engine.reset()
@@ -109,7 +109,7 @@ def run_bench(engine, windows: list[int], repetitions: int, acceptance: Acceptan
 def profile_windows(engine, window: int, repetitions: int, depth: int, seed: int, acceptance: Acceptance,
                     warmup: int = 2) -> dict:
     """GPU: `repetitions` windows of the profiling graph after `depth` tokens (stamps [N, slots] uint64 and the
-    CUDA-event ms of each window alone), their stage_profile.Plan, and the median event ms of as many normal
+    CUDA-event ms of each window alone), their stage_timing.Plan, and the median event ms of as many normal
     windows (what the stamps cost). Windows commit the rows `acceptance` draws, as in time_window."""
     sink: list = []
     stamped = time_window(engine, window, repetitions, acceptance, depth, seed, engine.window_only_timer(True, sink),

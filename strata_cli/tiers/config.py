@@ -1,0 +1,31 @@
+"""The expert tiers' configuration: one typed value, every option parsed once when it is made (commands/_tiers.py
+makes it from the CLI options; tests and tools make it directly)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cache_policy import DEFAULT_MAX_COPY_BYTES
+from .residency import CacheSpec, parse_cache_spec, parse_size
+from .share import parse_pcie_frac
+
+
+@dataclass
+class TierConfig:
+    profile: str | None = None        # expert profile (YAML or STRP); None ranks pairs layer by layer, expert id order
+    cache: CacheSpec | str = "all"    # --expert-cache all | auto | N slots | SIZE (12GiB, 500MB); a CacheSpec once made
+    pcie_frac: float | str = 0.0      # share of a step's distinct misses copied by the copy engine, or "auto"
+    #                                   (tiers/share.py; setup.residency_for resolves it to a number)
+    split: bool = False               # two token groups per window
+    wait: str = "spin"                # spin kernels or captured cuStreamWaitValue32
+    timeout_s: float = 20.0           # bound of every GPU wait and of the host's wait for a ring
+    stall_window: int = 0             # 1-based window whose last flag the host withholds (stall-test); 0 = never
+    policy: str = "static"            # --expert-policy (tiers/cache_policy.py): how the slots change between windows
+    max_copy: int | str = DEFAULT_MAX_COPY_BYTES  # bytes an adaptive policy copies into VRAM per window at most
+
+    def __post_init__(self):
+        self.pcie_frac = parse_pcie_frac(self.pcie_frac)
+        if not isinstance(self.cache, CacheSpec):
+            self.cache = parse_cache_spec(self.cache)
+        if not isinstance(self.max_copy, int):
+            self.max_copy = parse_size(self.max_copy, "--expert-max-copy")

@@ -1,0 +1,51 @@
+"""Choosing the residency of a GPU engine's expert tiers before any upload: --expert-cache, --pcie-frac auto
+resolved, and whether the engine needs the doorbell graph at all (engine/gpu/tiers.py attaches the tiers after).
+
+--expert-cache auto keeps what fits: device memory free before loading, less the dense weights, the arena
+(KV cache, window buffers, staging slots) and a margin, filled with the ranked (layer, expert) pairs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..gpu.runtime import cupy
+from ..model.names import PLE_TABLE
+from .config import TierConfig
+from .residency import choose_residency, is_expert_tensor
+from .share import resolve_pcie_frac
+
+
+def _dense_bytes(model) -> int:
+    names = list(model.specs) + ([PLE_TABLE] if model.geometry.ple is not None else [])
+    return sum(model.info(n).n_bytes for n in names if not is_expert_tensor(n))
+
+
+def _staging_bytes(model, cfg: TierConfig, max_t: int) -> int:
+    if cfg.pcie_frac <= 0:
+        return 0
+    g = model.geometry
+    q = min(g.n_expert, max_t * g.n_expert_used)
+    per = [max(model.info(f"blk.{layer}.ffn_{p}_exps.weight").n_bytes // g.n_expert for layer in range(g.n_layers))
+           for p in ("gate", "up", "down")]
+    return (2 if cfg.split else 1) * q * sum(per)
+
+
+def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int):
+    """(residency table [L, E] or None when every expert stays in VRAM on today's graph, the line(s) to print, the
+    config with --pcie-frac auto resolved to a number). arena_bytes: the engine's window buffers and KV cache."""
+    if cfg is None:
+        return None, None, None
+    stall = cfg.stall_window
+    frac, pcie_note = resolve_pcie_frac(cfg.pcie_frac)
+    cfg = dataclasses.replace(cfg, pcie_frac=frac)
+    free = None
+    fixed = _dense_bytes(model) + arena_bytes + _staging_bytes(model, cfg, max_t)
+    if cfg.cache.kind == "auto":
+        free = int(cupy().cuda.runtime.memGetInfo()[0])
+    table, note = choose_residency(model, cfg, free, fixed)
+    if (table >= 0).all() and not stall:
+        return None, note + " -> zero-doorbell graph", cfg
+    if (table >= 0).all():
+        note += f" -> doorbell graph (stall window {stall})"
+    return table, f"{note}; {pcie_note}", cfg
