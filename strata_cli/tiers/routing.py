@@ -38,18 +38,18 @@ def count_routing(model, tokens: np.ndarray, window: int = 8, n_ctx: int | None 
     def hook(layer: int, ids: np.ndarray) -> None:
         counts[layer] += np.bincount(ids.reshape(-1), minlength=g.n_expert)
 
-    engine = _routing_engine(model, device, n_ctx, hook)
-    window = min(window, engine.max_t or window)
-    done = 0
-    while done < len(tokens):
-        if engine.n_past >= engine.n_ctx:
-            engine.reset()
-        n = min(window, len(tokens) - done, engine.n_ctx - engine.n_past)
-        engine.run(tokens[done:done + n])
-        engine.commit(n)
-        done += n
-        if progress is not None:
-            progress(done)
+    with _routing_engine(model, device, n_ctx, hook) as engine:
+        window = min(window, engine.max_t or window)
+        done = 0
+        while done < len(tokens):
+            if engine.n_past >= engine.n_ctx:
+                engine.reset()
+            n = min(window, len(tokens) - done, engine.n_ctx - engine.n_past)
+            engine.run(tokens[done:done + n])
+            engine.commit(n)
+            done += n
+            if progress is not None:
+                progress(done)
     return counts
 
 

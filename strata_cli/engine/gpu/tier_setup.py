@@ -66,7 +66,5 @@ def attach_tiers(engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool) -> N
     from .tier_host import TierHost
 
     engine.tiers = ExpertTiers(engine, table, cfg, pack_q8)
-    if engine.tiers.pin_note:
-        engine.tier_note = f"{engine.tier_note}; {engine.tiers.pin_note}"
     engine.tiers.add_buffers(engine.arena)
     engine.tier_host = TierHost(engine.tiers, engine, stall_window())
