@@ -63,8 +63,10 @@ def residency_for(model, cfg: TierConfig | None, n_ctx: int, max_t: int):
 def attach_tiers(engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool) -> None:
     """Upload the resident experts, add the tier buffers to the engine's arena (before it is allocated) and make
     the host server; engine.tiers.bind(buf) follows the allocation."""
+    from ...tiers.prefault import prefault_experts
     from .tier_host import TierHost
 
     engine.tiers = ExpertTiers(engine, table, cfg, pack_q8)
+    prefault_experts(model=engine.model, table=table)  # the CPU / PCIe shares read these pages: no window faults them
     engine.tiers.add_buffers(engine.arena)
     engine.tier_host = TierHost(engine.tiers, engine, stall_window())
