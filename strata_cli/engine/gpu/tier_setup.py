@@ -13,7 +13,7 @@ import numpy as np
 
 from ...gpu.runtime import cupy
 from ...model.names import PLE_TABLE
-from ...tiers.share import resolve_pcie_frac
+from ...tiers.share import AUTO, parse_pcie_frac, probe_pool_gbs, resolve_pcie_frac
 from .buffers import ALIGN, plan_buffers
 from ...tiers.doorbell import stall_window
 from .tiers import ExpertTiers, TierConfig, choose_residency, is_expert_tensor
@@ -45,7 +45,8 @@ def residency_for(model, cfg: TierConfig | None, n_ctx: int, max_t: int):
     if cfg is None and not stall:
         return None, None, None
     cfg = cfg or TierConfig()
-    frac, pcie_note = resolve_pcie_frac(cfg.pcie_frac)
+    pool_gbs = probe_pool_gbs(model) if parse_pcie_frac(cfg.pcie_frac) == AUTO else None
+    frac, pcie_note = resolve_pcie_frac(cfg.pcie_frac, pool_gbs)
     cfg = dataclasses.replace(cfg, pcie_frac=frac)
     free = None
     fixed = _dense_bytes(model) + _arena_bytes(plan_buffers(model.geometry, n_ctx, max_t)) \
