@@ -51,3 +51,58 @@ def test_gather_fills_the_front_of_the_groups_buffer_in_plan_order(monkeypatch, 
     ring.close()
     ring.close()
     assert FakePinned.freed == 6  # every buffer freed once, however often close() runs
+
+
+def test_tier_host_gathers_then_copies_each_projection_between_two_events(monkeypatch):
+    """TierHost._copy_pcie with the driver faked: the step's experts land in the group's device slots in plan order,
+    one DMA per projection between the step's event pair, flagB after them; _copy_ms sums the pairs' times."""
+    import ctypes
+    import types
+
+    from strata_cli.engine.gpu import tier_host
+    from strata_cli.gpu import launch_tiers
+
+    log = []
+
+    class FakeRt:
+        cudaMemcpyKind = types.SimpleNamespace(cudaMemcpyHostToDevice="h2d")
+
+        def cudaMemcpyAsync(self, dst, src, n, kind, stream):
+            ctypes.memmove(dst, src, n)
+            log.append(("copy", n))
+            return (0,)
+
+        def cudaEventCreate(self):
+            return (0, object())
+
+        def cudaEventRecord(self, event, stream):
+            log.append(("event",))
+            return (0,)
+
+        def cudaEventElapsedTime(self, a, b):
+            return (0, 1.5)
+
+    monkeypatch.setattr(tier_host, "cudart", lambda: FakeRt())
+    monkeypatch.setattr(launch_tiers, "write_word", lambda word, value, stream: log.append(("flagB", value)))
+    rng = np.random.default_rng(1)
+    E, K, Q = 6, 2, 4
+    src = [rng.integers(0, 256, (E, n), dtype=np.uint8) for n in (24, 24, 40)]
+    device = {f"tier_stage.{g}.{p}": np.zeros(Q * 40, np.uint8) for g in range(2) for p in range(3)}
+    slots = {k: types.SimpleNamespace(data=types.SimpleNamespace(ptr=v.ctypes.data)) for k, v in device.items()}
+    t = types.SimpleNamespace(ring_stage=StagingRing(2, [Q * 40] * 3, FakePinned, threads=2), G=2,
+                              expert_src=[src], copy_stream=types.SimpleNamespace(ptr=0), buf=slots,
+                              words=types.SimpleNamespace(device=np.zeros(8, np.uint32)))
+    host = tier_host.TierHost.__new__(tier_host.TierHost)
+    host.t, host.stats, host._events, host._timed_copies = t, {"gather_ms": 0.0}, [], []
+    ids = np.array([[4, 1], [1, 5]])
+    plan = tier_host.plan_step(ids, np.full(E, -1, np.int32), 1.0)
+    host._copy_pcie(0, 1, plan, want=7)
+    experts = plan.pcie.experts.tolist()
+    assert sorted(experts) == [1, 4, 5]
+    for p in range(3):
+        n = src[p].shape[1]
+        np.testing.assert_array_equal(device[f"tier_stage.1.{p}"][:3 * n].reshape(3, n), src[p][experts])
+        assert not device[f"tier_stage.0.{p}"].any()  # the other group's slots are untouched
+    assert log == [("event",), ("copy", 72), ("copy", 72), ("copy", 120), ("event",), ("flagB", 7)]
+    assert len(host._events) == 2 and host._copy_ms() == 1.5 and host._timed_copies == []
+    t.ring_stage.close()

@@ -52,10 +52,11 @@ class StagingRing:
         nq, nbytes = len(experts), int(src.shape[1])
         out = buf.host[:nq * nbytes].reshape(nq, nbytes)
         chunks = gather_chunks(nq, self.threads if nq * nbytes >= GATHER_SPLIT_BYTES else 1)
-        if self._pool is None or len(chunks) == 1:
-            np.take(src, experts, axis=0, out=out)
+        # mode "clip": with "raise" numpy buffers `out` (a second copy); the plan's expert ids are always in range
+        if self._pool is None or len(chunks) <= 1:
+            np.take(src, experts, axis=0, out=out, mode="clip")
         else:
-            jobs = [self._pool.submit(np.take, src, experts[a:b], 0, out[a:b]) for a, b in chunks]
+            jobs = [self._pool.submit(np.take, src, experts[a:b], 0, out[a:b], "clip") for a, b in chunks]
             for job in jobs:
                 job.result()
         return buf.host_ptr, nq * nbytes

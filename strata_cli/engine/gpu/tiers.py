@@ -305,3 +305,4 @@ class ExpertTiers:
             self.ring_stage = None
         for buf in (self.pub_x, self.pub_ids, self.pub_w, self.words, self.ymiss, self.plan, self.wait_ns):
             buf.free()
+        self.resident = self.buf = None  # the resident experts and arena views: device memory back to the pool
