@@ -3,22 +3,22 @@
 # --expert-cache 0 with --pcie-frac 0 / 0.5 / 1 / auto and --pcie-frac 0 --split, each under a timeout, with its load
 # time (the engine's "engine built in" and "expert pages in" lines); a short table last.
 #   bench/tiers_device.sh MODEL.gguf [OUT_DIR]
-# Env: TIERS_TEST_S (tests' timeout, default 150), TIERS_RUN_S (each verify-bench's timeout, default 45),
-# TIERS_WINDOWS (default 1,8), TIERS_REPS (default 5).
+# Env: TIERS_TEST_S (the tests' timeout, default 120), TIERS_RUN_S (each verify-bench's timeout, default 36),
+# TIERS_WINDOWS (default 1,8), TIERS_REPS (default 5), TIERS_DEVICE (default gpu; cpu checks the script here).
 set -u
 model=${1:?usage: bench/tiers_device.sh MODEL.gguf [OUT_DIR]}
 out=${2:-${OUT:-/tmp/tiers_device}}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-timeout "${TIERS_TEST_S:-150}" python -m pytest -v -m gpu tests/test_gpu_tiers.py tests/test_gpu_tiers_pcie.py \
-    2>&1 | tee "$out/tests.log" | grep -E "PASSED|FAILED|ERROR|passed|failed" 
+timeout "${TIERS_TEST_S:-120}" python -m pytest -v -m gpu tests/test_gpu_tiers.py tests/test_gpu_tiers_pcie.py \
+    2>&1 | tee "$out/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped"
 echo "tests rc ${PIPESTATUS[0]}" | tee -a "$out/tests.log"
 runs=("0" "0.5" "1" "auto" "0 --split")
 for spec in "${runs[@]}"; do
     name=$(echo "pcie $spec" | tr ' ' '_')
     t0=$(date +%s%N)
     # shellcheck disable=SC2086
-    timeout "${TIERS_RUN_S:-45}" python -m strata_cli verify-bench "$model" --device gpu --expert-cache 0 \
+    timeout "${TIERS_RUN_S:-36}" python -m strata_cli verify-bench "$model" --device "${TIERS_DEVICE:-gpu}" --expert-cache 0 \
         --pcie-frac $spec --window "${TIERS_WINDOWS:-1,8}" -r "${TIERS_REPS:-5}" --warmup 1 --format json \
         >"$out/$name.json" 2>"$out/$name.err"
     rc=$?
