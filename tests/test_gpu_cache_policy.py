@@ -26,7 +26,7 @@ def test_adaptive_policies_equal_all_resident(fixture_dir, tmp_path, name):
         assert total["vram"] > 0
         assert (eng.tiers.table_host >= 0).sum() + len(eng.tiers.fill.policy.pending) == 7  # the slots stay
         assert len(eng.graphs) >= 1  # replayed graphs, captured once per T
-        eng.tiers.free()
+        eng.close()
 
 
 

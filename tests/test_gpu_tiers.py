@@ -36,7 +36,8 @@ FEW = [0, 4, 7, 9]  # cache 0 / some, PCIe 0 / 0.5 / auto, split on and off
 def _equal_all_resident(name, model, configs, n_ctx=None, n_tokens=N_TOKENS):
     """Every config's speculative windows with commits (draft noise) against the all-resident engine's."""
     tokens = np.random.default_rng(2).integers(0, model.geometry.n_vocab, n_tokens)
-    base, base_ids = speculative_run(tiered_engine(model, n_ctx), tokens, np.random.default_rng(5), 8)
+    with tiered_engine(model, n_ctx) as base_engine:
+        base, base_ids = speculative_run(base_engine, tokens, np.random.default_rng(5), 8)
     for cfg in configs:
         eng = tiered_engine(model, n_ctx, **cfg)
         assert eng.tiers is not None and not eng.tiers.all_resident
@@ -55,6 +56,7 @@ def _equal_all_resident(name, model, configs, n_ctx=None, n_tokens=N_TOKENS):
         if frac == 0:
             assert total["pcie"] == 0 and total["cpu"] > 0
         yield cfg, eng, total
+        eng.close()  # before the next engine is built (engine.close() releases threads and pinned memory)
 
 
 @pytest.mark.parametrize("name,configs", [("fixture-q8_0", CONFIGS[:6]), ("fixture-q8_0", CONFIGS[6:]),
@@ -121,6 +123,7 @@ def test_tiered_graph_replay_equals_eager(fixture_dir):
                 rows.append(eng.run(tokens[pos:pos + 6], pos, eager=eager).logits)
                 eng.commit(6, eager=eager)
             runs[eager] = np.concatenate(rows)
+        eng.close()
         np.testing.assert_array_equal(runs[True], runs[False], err_msg=str(cfg))
 
 

@@ -20,7 +20,7 @@ ALLOWED: dict[str, set[str]] = {
     "gpu": BASE | {"settings", "model", "ops"},
     "report": BASE | {"settings", "sysio", "model", "gpu"},
     "synth": BASE | {"settings", "sysio", "model", "report"},
-    "tiers": BASE | {"settings", "sysio", "model", "ops", "gpu"},
+    "tiers": BASE | {"settings", "sysio", "model", "ops", "gpu", "report"},
     "engine": BASE | {"settings", "sysio", "model", "ops", "gpu", "report", "tiers"},
     "analysis": BASE | {"settings", "sysio", "model", "ops", "report", "engine"},
     "commands": BASE | {"settings", "sysio", "model", "ops", "gpu", "report", "synth", "tiers", "engine", "analysis"},

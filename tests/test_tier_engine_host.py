@@ -319,6 +319,27 @@ def test_verify_bench_tier_columns_average_the_timed_windows():
     assert all(key in row for key, _, _ in TIER_COLUMNS)
 
 
+def test_tier_breakdown_gpu_time_copy_rate_and_tier_floor():
+    from strata_cli.tiers.stats import add_tier_stats, tier_floor_ms
+    from strata_cli.report.records import BenchRecord
+
+    # 10 MB at 10 GB/s of pool and 51 MB at 51 GB/s of copies overlap: 1 ms over the all-resident 2 ms
+    assert tier_floor_ms(2.0, 10e6, 51e6, pool_gbs=10.0, pcie_gbs=51.0) == pytest.approx(3.0)
+    assert tier_floor_ms(2.0, 30e6, 51e6, pool_gbs=10.0, pcie_gbs=51.0) == pytest.approx(5.0)
+    assert tier_floor_ms(None, 1.0, 1.0) is None
+    history = [{"T": 2, "vram": 0, "pcie": 4, "cpu": 4, "vram_share": 0.0, "pcie_share": 0.5, "cpu_share": 0.5,
+                "wait_b_ms": 1.5, "wait_flag_ms": 2.5, "host_wait_ms": 0.1, "pool_ms": 4.0, "pcie_bytes": 8e6,
+                "cpu_bytes": 8e6, "gather_ms": 0.5, "copy_ms": 0.25}]
+    tiers = type("T", (), {"table_host": np.array([[-1, -1]]), "cfg": TierConfig(cache="0", pcie_frac=0.5)})()
+    engine = type("E", (), {"tiers": tiers, "tier_host": type("H", (), {"history": history})()})()
+    rec = BenchRecord(window=2, samples_ms=[10.0], host_samples_ms=[10.0], kept=[1], expected_tokens=1.0,
+                      read_bytes=int(1e9), copy_bytes_per_s=1e12)
+    add_tier_stats([rec], engine, n_windows=1)
+    row = rec.flat()
+    assert row["gpu_ms"] == pytest.approx(6.0) and row["copy_gb_s"] == pytest.approx(32.0)
+    assert row["gather_ms"] == 0.5 and row["tier_floor_ms"] == pytest.approx(1.0 + tier_floor_ms(0.0, 8e6, 8e6))
+
+
 @pytest.mark.parametrize("command", [["logprobs", "--random", "5"], ["verify-bench", "--window", "1", "-r", "1"]])
 def test_tier_options_check_the_cache_spec_on_any_device(fixture_dir, command):
     from click.testing import CliRunner

@@ -47,6 +47,27 @@ def test_resolve_says_what_it_chose():
     assert frac == 0.25 and "--pcie-frac 0.25" in note
 
 
+def test_pool_probe_times_the_pool_on_layer_0_experts_with_their_pages_in(fixture_dir):
+    from strata_cli.model.gguf_file import open_model
+    from strata_cli.tiers.share import probe_pool_gbs
+
+    model = open_model(fixture_dir / "model-q8_0.gguf")
+    calls = []
+
+    class Pool:
+        def expert_bytes(self, layer):
+            return 1_000_000
+
+        def compute(self, layer, x, plan):
+            calls.append((layer, x.shape, plan.n_groups, sorted(plan.experts.tolist())))
+
+    g = model.geometry
+    gbs = probe_pool_gbs(model, pool=Pool(), repeats=2)
+    rows = max(1, min(32, g.n_expert) // g.n_expert_used)
+    assert len(calls) == 2 and gbs > 0
+    assert calls[0] == (0, (rows, g.n_embd), rows * g.n_expert_used, list(range(rows * g.n_expert_used)))
+
+
 def test_cli_default_is_the_cpu_pool_alone_and_auto_is_asked_for():
     assert tier_config(None, None, None, False, "spin") is None  # no tier option: every expert in VRAM
     assert tier_config(None, "0", None, False, "spin").pcie_frac == 0.0
@@ -61,9 +82,13 @@ def test_engine_setup_resolves_auto_and_says_so(fixture_dir, monkeypatch):
 
     monkeypatch.delenv("STRATA_TEST_VERIFY_STALL", raising=False)
     model = open_model(fixture_dir / "model-q8_0.gguf")
+    from strata_cli.tiers import setup
+
+    monkeypatch.setattr(setup, "probe_pool_gbs", lambda m: 17.0)  # the pool's rate on this model's experts
     arena = plan_buffers(model.geometry, 64, 8).planned_bytes()
     table, note, cfg = residency_for(model, TierConfig(cache="3", pcie_frac="auto"), arena, 8)
-    assert cfg.pcie_frac == balanced_pcie_frac() and (table < 0).any()
+    assert cfg.pcie_frac == balanced_pcie_frac(PCIE_GBS, 17.0) and (table < 0).any()
+    assert "CPU pool 17.0 GB/s measured" in note
     assert note.startswith("expert cache: 3 of") and "PCIe share: " in note and "--pcie-frac auto" in note
     table, note, cfg = residency_for(model, TierConfig(cache="all", pcie_frac="auto"), arena, 8)
     assert table is None and "zero-doorbell" in note and "PCIe" not in note  # nothing missed: nothing to share

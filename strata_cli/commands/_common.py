@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import click
 
 from ..report.present import RECORD_FORMATS
@@ -73,5 +75,11 @@ def load_engine(model, device: str, n_ctx: int | None = None, max_t: int | None 
     from ..engine import make_engine
     from ..report.progress import step_progress
 
+    t0 = time.perf_counter()
     with step_progress(f"loading {model.path} (--device {device})"):
-        return make_engine(model, device, n_ctx=n_ctx, max_t=max_t, tiers=tiers)
+        engine = make_engine(model, device, n_ctx=n_ctx, max_t=max_t, tiers=tiers)
+    if engine.tiers is not None:  # a tiered load also brings the experts' pages in: say how long it took
+        from ..report.present import err_console
+
+        err_console().print(f"engine built in {time.perf_counter() - t0:.1f} s", style="dim", highlight=False)
+    return engine

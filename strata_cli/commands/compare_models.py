@@ -55,6 +55,8 @@ def command(base, other, token_file, n_random, text, text_file, seed, window, pe
                          f"{min(e_base.n_ctx, e_other.n_ctx)} (raise --ctx)")
     with step_progress("comparing", total=len(tokens) - 1) as progress:
         arrays = compare_engines(e_base, e_other, tokens, window, lambda done, total: progress(done))
+    e_base.close()
+    e_other.close()
     stats = DivergenceStats.of(arrays)
     env = environment_record(e_base.device)
     head = [header_line(env), f"base {m_base.path} | other {m_other.path} | tokens {source} ({len(tokens)}) | "

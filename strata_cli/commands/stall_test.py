@@ -62,9 +62,10 @@ def command(model, stall_at, timeout_s, n_tokens, n_ctx, **tier_args):
         err_console().print(f"the released engine refuses later windows: {exc}", style="dim", highlight=False)
     else:
         raise StrataError("the released engine ran another window (it must refuse)")
-    fresh = make_engine(m, "gpu", n_ctx=n_ctx, max_t=n_tokens, tiers=tiers)
-    result = fresh.run(rng.integers(0, m.geometry.n_vocab, n_tokens), 0)
-    fresh.commit(n_tokens)
+    engine.close()  # its threads and pinned buffers go before the fresh engine is built
+    with make_engine(m, "gpu", n_ctx=n_ctx, max_t=n_tokens, tiers=tiers) as fresh:
+        result = fresh.run(rng.integers(0, m.geometry.n_vocab, n_tokens), 0)
+        fresh.commit(n_tokens)
     print(f"a fresh engine ran a {n_tokens}-token window (greedy ids {' '.join(map(str, result.ids.tolist()))})",
           flush=True)
     sys.exit(STALL_RELEASED)

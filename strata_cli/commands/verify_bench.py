@@ -150,6 +150,7 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
 
         add_tier_stats(records, engine, repetitions)
         columns += [Column(k, h, f) for k, h, f in TIER_COLUMNS]
+    engine.close()
     prov = Provenance(timestamp=utc_timestamp(), command=command_line(), seed=seed, depth=depth,
                       n_ctx=engine.n_ctx, warmup=warmup, repetitions=repetitions,
                       acceptance=accept.rates[0] if accept.constant else None,

@@ -44,6 +44,16 @@ class ReferenceEngine:
         self.route_hook = None  # route_hook(layer, ids [T, k]) sees every router pick (strata make-profile)
         self.reset()
 
+    def close(self) -> None:
+        """The contract's release (engine/contract.py): drops the float64 weight copies and the sequence state."""
+        self.w = self.state = self._pending = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def reset(self) -> None:
         self.state = SequenceState.fresh(self.g, self.n_ctx)
         self._pending: WindowRecord | None = None

@@ -40,19 +40,19 @@ def count_routing(model, tokens: np.ndarray, window: int = 8, n_ctx: int | None 
         if trace is not None:
             trace.pick(layer, ids)
 
-    engine = _routing_engine(model, device, n_ctx, hook)
-    window = min(window, engine.max_t or window)
-    done = n_windows = 0
-    while done < len(tokens):
-        if engine.n_past >= engine.n_ctx:
-            engine.reset()
-        n = min(window, len(tokens) - done, engine.n_ctx - engine.n_past)
-        if trace is not None:
-            trace.window(n_windows, done)
-        n_windows += 1
-        engine.run(tokens[done:done + n])
-        engine.commit(n)
-        done += n
-        if progress is not None:
-            progress(done)
+    with _routing_engine(model, device, n_ctx, hook) as engine:
+        window = min(window, engine.max_t or window)
+        done = n_windows = 0
+        while done < len(tokens):
+            if engine.n_past >= engine.n_ctx:
+                engine.reset()
+            n = min(window, len(tokens) - done, engine.n_ctx - engine.n_past)
+            if trace is not None:
+                trace.window(n_windows, done)
+            n_windows += 1
+            engine.run(tokens[done:done + n])
+            engine.commit(n)
+            done += n
+            if progress is not None:
+                progress(done)
     return counts

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import mmap
 import os
 import weakref
 from contextlib import contextmanager
@@ -121,72 +120,12 @@ class MappedBuffer:
         self.host = np.frombuffer(raw, dtype=self.dtype, count=int(np.prod(shape))).reshape(shape)
         mem = cp.cuda.UnownedMemory(self.dev_ptr, max(self.nbytes, 1), owner=self, device_id=0)
         self.device = cp.ndarray(shape, self.dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
-        # freed when the last view goes (the device view keeps this object alive through its owner)
-        weakref.finalize(self, free_later_if_capturing, rt.cudaFreeHost, self.host_ptr)
-
-
-def page_spans(ranges, page: int = mmap.PAGESIZE) -> list[tuple[int, int]]:
-    """(address, nbytes) host ranges -> the fewest page-aligned (start, nbytes) spans covering them: ranges that
-    share or touch a page merge (cudaHostRegister takes whole pages, and a page registered twice is refused)."""
-    spans: list[list[int]] = []
-    for addr, nbytes in sorted((int(a), int(n)) for a, n in ranges if n > 0):
-        lo, hi = addr // page * page, -(-(addr + nbytes) // page) * page
-        if spans and lo <= spans[-1][1]:
-            spans[-1][1] = max(spans[-1][1], hi)
-        else:
-            spans.append([lo, hi])
-    return [(lo, hi - lo) for lo, hi in spans]
-
-
-_pinned_refs: dict[tuple[int, int], int] = {}  # (start, nbytes) -> engines holding that registration
-
-
-class PinnedHostSpans:
-    """Host ranges (e.g. a memory-mapped GGUF's expert tensors) page-locked in place for the copy engine.
-
-    Why: a cudaMemcpyAsync from pageable memory is staged by the driver, and a large staged copy waits for the
-    device: while a window's graph spins on a mapped word that only this copy's completion raises (the PCIe share's
-    flagB), the copy and the wait hold each other until the spin's time bound. From page-locked memory the copy is a
-    plain DMA on its own stream. Read-only registration: the file is mapped read-only. Spans are counted per
-    process, so several engines over one mapped model (a --expert-cache sweep) share one registration; the last
-    holder's free (or its finalizer) unregisters."""
-
-    def __init__(self, ranges):
-        self.spans: list[tuple[int, int]] = []
-        try:
-            for span in page_spans(ranges):
-                _pin(span)
-                self.spans.append(span)
-        except BaseException:
-            self.free()
-            raise
-        weakref.finalize(self, _unpin_all, self.spans)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(n for _, n in self.spans)
+        # freed when the last view goes (the device view keeps this object alive through its owner), or by free()
+        self._finalizer = weakref.finalize(self, free_later_if_capturing, rt.cudaFreeHost, self.host_ptr)
 
     def free(self) -> None:
-        _unpin_all(self.spans)
-
-
-def _pin(span: tuple[int, int]) -> None:
-    if not _pinned_refs.get(span):
-        rt = cudart()
-        start, nbytes = span
-        check(rt.cudaHostRegister(start, nbytes, rt.cudaHostRegisterReadOnly | rt.cudaHostRegisterPortable),
-              f"cudaHostRegister of {nbytes} bytes of the model file")
-    _pinned_refs[span] = _pinned_refs.get(span, 0) + 1
-
-
-def _unpin_all(spans: list[tuple[int, int]]) -> None:
-    """Drop these holds (the list empties, so a second call does nothing); unregister the spans nobody holds."""
-    while spans:
-        span = spans.pop()
-        _pinned_refs[span] -= 1
-        if not _pinned_refs[span]:
-            del _pinned_refs[span]
-            free_later_if_capturing(cudart().cudaHostUnregister, span[0])
+        """Free the pinned memory now (an engine's close(); idempotent). No view may be used afterwards."""
+        self._finalizer()
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, repeats: int = 10) -> float:

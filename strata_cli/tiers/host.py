@@ -104,11 +104,11 @@ class TierHost:
         self.launching = False
         self.history: list[dict] = []  # window_stats() of every window served
         self.route_hook = None  # (layer, ids [n, K]) of every step served (engine/routing.py counts them)
-        # The PCIe share's copies come from the memory-mapped file, page-locked in place (tiers.ExpertTiers.pinned);
-        # were a registration ever missing, cudaMemcpyAsync would return only after the driver staged the bytes, and
-        # issued on this thread the copies would then run before the pool, not beside it. One copy thread issues them
-        # (in step order); STRATA_PCIE_COPY_THREAD=0 issues them here (the earlier path).
+        # The PCIe share's gathers and copies run on one copy thread (in step order) while this thread runs the pool;
+        # STRATA_PCIE_COPY_THREAD=0 issues them here, before the pool (the earlier path).
         self._copier = None
+        self._events: list = []        # per step (start, end) cudaEvents around its DMAs
+        self._timed_copies: list = []  # the pairs recorded in this window
         if getattr(tiers, "pcie", False) and settings.PCIE_COPY_THREAD.value():
             self._copier = self._make_copier()
         from .watchdog import register
@@ -123,6 +123,19 @@ class TierHost:
         device = check(cudart().cudaGetDevice(), "cudaGetDevice")
         return ThreadPoolExecutor(1, thread_name_prefix="strata-pcie-copy",
                                   initializer=lambda: check(cudart().cudaSetDevice(device), "cudaSetDevice"))
+
+    def close(self) -> None:
+        """Stop the copy thread, destroy the copy events, leave the watchdog's list (the engine's close())."""
+        from ...tiers.watchdog import unregister
+
+        if self._copier is not None:
+            self._copier.shutdown(wait=True)
+            self._copier = None
+        rt = cudart()
+        while self._events:
+            for event in self._events.pop():
+                check(rt.cudaEventDestroy(event), "cudaEventDestroy")
+        unregister(self)
 
     # ---- the watchdog's view (tiers/watchdog.py)
     @property
@@ -162,7 +175,8 @@ class TierHost:
         self.active = True
         self.progress = time.monotonic()
         self.stats = {"T": T, "vram": 0, "pcie": 0, "cpu": 0, "pool_ms": 0.0, "host_wait_ms": 0.0, "pcie_bytes": 0,
-                      "cpu_bytes": 0, **filled}
+                      "cpu_bytes": 0, "gather_ms": 0.0, "copy_ms": 0.0, **filled}
+        self._timed_copies.clear()
 
     def launched(self, T: int, launch) -> None:
         """begin(T), launch() (the window's graph launch, or the start of the eager launcher), serve(T). A launch
@@ -190,6 +204,7 @@ class TierHost:
                 self._step(k, layer, grp, *groups[grp], G)
             self._await_idle()
             self._check_err(G)
+            self.stats["copy_ms"] = self._copy_ms()
             self.history.append(self.window_stats())
         except BaseException as exc:
             self._drain_copies()  # no copy job may write flagB after the release below
@@ -244,21 +259,41 @@ class TierHost:
         self.progress = time.monotonic()
 
     def _copy_pcie(self, layer: int, grp: int, plan: StepPlan, want: int) -> None:
-        """The PCIe share's expert blobs from the memory-mapped file into the group's staging slots (copy engine),
-        then flagB = want on the copy stream (after the copies land)."""
+        """The PCIe share's expert blobs gathered from the memory-mapped file into the group's pinned staging
+        buffers (pcie_stage.py), one DMA per projection into the device staging slots (copy engine), then flagB =
+        want on the copy stream (after the copies land). The DMAs sit between two events (copy GB/s)."""
         from ..gpu.launch_tiers import write_word
 
         t, rt = self.t, cudart()
         kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
         stream = t.copy_stream
-        for p, name in enumerate(f"blk.{layer}.ffn_{x}_exps.weight" for x in ("gate", "up", "down")):
-            raw = t.model.info(name).raw
-            nbytes = t.expert_bytes[layer][p]
-            base = t.buf[f"tier_stage.{grp}.{p}"].data.ptr
-            for q, e in enumerate(plan.pcie.experts.tolist()):
-                src = raw.ctypes.data + e * nbytes
-                check(rt.cudaMemcpyAsync(base + q * nbytes, src, nbytes, kind, stream.ptr), "cudaMemcpyAsync")
+        experts = plan.pcie.experts.astype(np.intp)
+        g0 = time.perf_counter()
+        staged = [t.ring_stage.gather(grp, p, t.expert_src[layer][p], experts) for p in range(3)]
+        self.stats["gather_ms"] += (time.perf_counter() - g0) * 1e3
+        start, end = self._copy_events(layer * t.G + grp)
+        check(rt.cudaEventRecord(start, stream.ptr), "cudaEventRecord")
+        for p, (host_ptr, nbytes) in enumerate(staged):
+            check(rt.cudaMemcpyAsync(t.buf[f"tier_stage.{grp}.{p}"].data.ptr, host_ptr, nbytes, kind, stream.ptr),
+                  "cudaMemcpyAsync")
+        check(rt.cudaEventRecord(end, stream.ptr), "cudaEventRecord")
+        self._timed_copies.append((start, end))
         write_word(t.words.device[FLAG_B:FLAG_B + 1], want, stream)
+
+    def _copy_events(self, step: int):
+        """The (start, end) event pair of one step's DMAs, made on first use and reused by every window."""
+        while len(self._events) <= step:
+            rt = cudart()
+            self._events.append((check(rt.cudaEventCreate(), "cudaEventCreate"),
+                                 check(rt.cudaEventCreate(), "cudaEventCreate")))
+        return self._events[step]
+
+    def _copy_ms(self) -> float:
+        """The DMA time of the window's PCIe share (the streams are idle: every event has completed)."""
+        rt = cudart()
+        total = sum(check(rt.cudaEventElapsedTime(a, b), "cudaEventElapsedTime") for a, b in self._timed_copies)
+        self._timed_copies.clear()
+        return float(total)
 
     def _drain_copies(self) -> None:
         """Wait (bounded) until the copy thread has issued every queued step; its errors are the step's to raise."""

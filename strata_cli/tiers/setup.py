@@ -13,7 +13,7 @@ from ..gpu.runtime import cupy
 from ..model.names import PLE_TABLE
 from .config import TierConfig
 from .residency import choose_residency, is_expert_tensor
-from .share import resolve_pcie_frac
+from .share import AUTO, probe_pool_gbs, resolve_pcie_frac
 
 
 def _dense_bytes(model) -> int:
@@ -37,7 +37,8 @@ def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int):
     if cfg is None:
         return None, None, None
     stall = cfg.stall_window
-    frac, pcie_note = resolve_pcie_frac(cfg.pcie_frac)
+    pool_gbs = probe_pool_gbs(model) if cfg.pcie_frac == AUTO else None
+    frac, pcie_note = resolve_pcie_frac(cfg.pcie_frac, pool_gbs)
     cfg = dataclasses.replace(cfg, pcie_frac=frac)
     free = None
     fixed = _dense_bytes(model) + arena_bytes + _staging_bytes(model, cfg, max_t)

@@ -1,20 +1,27 @@
 """`--pcie-frac auto|F`: the share of each step's distinct VRAM misses copied over PCIe, the CPU pool computing the rest.
 
 auto balances the two streams: a miss share f over PCIe takes f·B/pcie_rate, the rest (1-f)·B/pool_rate; both end
-together at f = pcie_rate / (pcie_rate + pool_rate). The rates are constants measured on the H200 host, not probed
-at engine setup: a probe there would time the copy of cold memory-mapped pages (the file's page cache, not the
-link), and in a window the copies and the pool share the host's memory bandwidth, which a lone probe does not see.
-    PCIE_GBS  51 GB/s  cudaMemcpyAsync host -> device (docs/gpu-toolchain-notes.md §7)
-    POOL_GBS  77.7 GB/s  the CPU pool on Q8_0 experts, 16 cores (docs/BENCHMARKS.md, the pool's table)
+together at f = pcie_rate / (pcie_rate + pool_rate). The pool's rate depends on the experts' block types (2.8 to
+80 GB/s on the H200 host), so engine setup measures it on the model's own experts (probe_pool_gbs: a few experts of
+layer 0, their pages brought in first, so it times the pool and not page faults); the copy engine's rate is a
+constant (a lone probe would not see the pool sharing the host's memory bandwidth in a window).
+    PCIE_GBS  51 GB/s  cudaMemcpyAsync host -> device from pinned memory (docs/gpu-toolchain-notes.md §7)
+    POOL_GBS  77.7 GB/s  the CPU pool on Q8_0 experts, 16 cores (docs/BENCHMARKS.md): the rate without a probe
 """
 
 from __future__ import annotations
+
+import time
+
+import numpy as np
 
 from ..errors import InputError
 
 PCIE_GBS = 51.0
 POOL_GBS = 77.7
 AUTO = "auto"
+PROBE_EXPERTS = 32   # experts of layer 0 the pool probe computes (one row each), at most
+PROBE_REPEATS = 3    # the best of these is the rate
 
 
 def balanced_pcie_frac(pcie_gbs: float = PCIE_GBS, pool_gbs: float = POOL_GBS) -> float:
@@ -41,11 +48,38 @@ def parse_pcie_frac(text) -> float | str:
     return value
 
 
-def resolve_pcie_frac(parsed: float | str) -> tuple[float, str]:
-    """(the share to use, the line saying what was chosen) of a parsed --pcie-frac (TierConfig.pcie_frac)."""
+def probe_pool_gbs(model, pool=None, repeats: int = PROBE_REPEATS) -> float:
+    """The CPU pool's rate (GB/s of expert weights) on up to PROBE_EXPERTS experts of layer 0, one row each, the
+    best of `repeats`; their pages are brought in first (tiers/prefault.py)."""
+    from .plan import build_plan
+    from .pool import ExpertPool
+    from .prefault import expert_spans, page_pieces, prefault
+
+    g = model.geometry
+    E, K = g.n_expert, g.n_expert_used
+    rows = max(1, min(PROBE_EXPERTS, E) // K)
+    table = np.zeros((1, E), dtype=np.int32)
+    table[0, :rows * K] = -1
+    prefault(page_pieces(expert_spans(model, table)))
+    pool = pool or ExpertPool(model)
+    plan = build_plan(0, np.arange(rows * K, dtype=np.int64).reshape(rows, K), table[0], 0.0).cpu
+    x = (np.random.default_rng(0).standard_normal((rows, g.n_embd)) * 0.1).astype(np.float32)
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        pool.compute(0, x, plan)
+        best = min(best, time.perf_counter() - t0)
+    return plan.n_groups * pool.expert_bytes(0) / 1e9 / max(best, 1e-9)
+
+
+def resolve_pcie_frac(parsed: float | str, pool_gbs: float | None = None) -> tuple[float, str]:
+    """(the share to use, the line saying what was chosen) of a parsed --pcie-frac (TierConfig.pcie_frac). pool_gbs:
+    the pool's measured rate for auto (None: the constant POOL_GBS)."""
     if parsed == AUTO:
-        frac = balanced_pcie_frac()
+        pool = POOL_GBS if pool_gbs is None else pool_gbs
+        frac = balanced_pcie_frac(PCIE_GBS, pool)
+        source = "constant" if pool_gbs is None else "measured on this model's experts"
         return frac, (f"PCIe share: {frac:.2f} of each layer's distinct misses over PCIe, the rest on the CPU pool "
-                      f"(--pcie-frac auto: copy engine {PCIE_GBS:g} GB/s, CPU pool {POOL_GBS:g} GB/s, both streams "
-                      "end together)")
+                      f"(--pcie-frac auto: copy engine {PCIE_GBS:g} GB/s, CPU pool {pool:.1f} GB/s {source}, both "
+                      "streams end together)")
     return parsed, f"PCIe share: {parsed:g} of each layer's distinct misses over PCIe (--pcie-frac {parsed:g})"

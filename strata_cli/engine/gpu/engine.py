@@ -98,6 +98,34 @@ class GPUEngine:
             self.verify_profile = register(Accumulator())
         self._warm_up()
 
+    # ---- lifetime
+    def close(self) -> None:
+        """Release what this engine holds now, not at a garbage collection: the tier host's copy thread and
+        events, the staging ring and every mapped buffer (pinned host memory), the captured graphs, the device arena
+        and weights (back to CuPy's pool, whose unused blocks are returned). Idempotent; the engine runs no window
+        afterwards. Commands and tests close an engine before they build the next one."""
+        if getattr(self, "closed", False):
+            return
+        self.closed = True
+        self.stream.synchronize()
+        if self.tiers is not None:
+            self.tier_host.close()
+            self.tiers.close()
+        for graph in [*self.graphs.values(), *self.profile_graphs.values(), self._commit_graph]:
+            if graph is not None:
+                graph.destroy()
+        self.graphs, self.profile_graphs, self._commit_graph = {}, {}, None
+        for buf in vars(self.stage).values():
+            buf.free()
+        self.buf = self.w = self.arena = None
+        cupy().get_default_memory_pool().free_all_blocks()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     # ---- state
     def reset(self) -> None:
         """Zero every recurrent/conv/indexer/PLE state (KV cells need no reset: a query sees only its past)."""

@@ -1,6 +1,7 @@
 """The GPU side of an adaptive expert cache (--expert-policy lru|lfu; tiers/cache_policy.SlotFiller decides): the
-admitted experts are copied by the copy engine on a side stream from the page-locked memory-mapped file into
-their VRAM slots while the next window runs; the slot table the window graph reads (the device array `tier_table`,
+admitted experts are gathered from the memory-mapped file into a pinned staging buffer of --expert-max-copy bytes
+(one batch at a time: a batch starts only once the last one's copies finished) and copied by the copy engine on a
+side stream into their VRAM slots while the next window runs (the file itself is never page-locked: issue 17); the slot table the window graph reads (the device array `tier_table`,
 read by tier_group at run time, so no graph is recaptured) is uploaded on the engine's stream from a pinned copy.
 
 The resident arrays of an adaptive cache hold the file's raw blocks (no Q8_0_R32 repacking), so a copy is one DMA
@@ -21,7 +22,6 @@ class DeviceSlots:
 
     def __init__(self, tiers):
         from ...gpu.graphs import new_stream
-        from ...gpu.runtime import PinnedHostSpans
 
         self.t = tiers
         self.stream = new_stream()
@@ -29,20 +29,22 @@ class DeviceSlots:
         self.pending = False
         self.table_pinned = MappedBuffer(tiers.table_host.shape, np.int32)
         infos = [[tiers.model.info(n) for n in expert_names(layer)] for layer in range(tiers.L)]
-        self.src = [[(info.raw.ctypes.data, info.n_bytes // tiers.E) for info in layer] for layer in infos]
+        # [layer][projection]: the file's bytes of that projection, one row per expert
+        self.src = [[np.asarray(info.raw).reshape(-1).view(np.uint8).reshape(tiers.E, -1) for info in layer]
+                    for layer in infos]
         for layer, (arrays, n_slots) in enumerate(tiers.resident):
             for p, (arr, _) in enumerate(arrays):
-                if arr.nbytes // int(arr.shape[0]) != self.src[layer][p][1]:
+                if arr.nbytes // int(arr.shape[0]) != self.src[layer][p].shape[1]:
                     raise StrataError(f"layer {layer}: a VRAM slot of {arr.nbytes // int(arr.shape[0])} bytes does "
-                                      f"not hold one expert of the file ({self.src[layer][p][1]} bytes)")
-        try:  # the PCIe share's registration when there is one: spans are counted per process (runtime.py)
-            self.pinned = PinnedHostSpans((info.raw.ctypes.data, info.n_bytes) for layer in infos for info in layer)
-        except RuntimeError as exc:
-            raise StrataError(f"--expert-policy {tiers.cfg.policy}: the model file could not be page-locked for the "
-                              f"copy engine ({exc})") from None
+                                      f"not hold one expert of the file ({self.src[layer][p].shape[1]} bytes)")
+        self.staging = MappedBuffer((max(int(tiers.cfg.max_copy), 1),), np.uint8)  # one batch's bytes, pinned
+        self.used = 0  # staging bytes the batch being issued holds
 
     def done(self) -> bool:
-        return not self.pending or self.event.done
+        finished = not self.pending or self.event.done
+        if finished:
+            self.used = 0  # no copy still reads the staging buffer: the next batch starts at its front
+        return finished
 
     def upload_table(self, table: np.ndarray) -> None:
         """Through the pinned copy: the last upload finished (the window after it was served to the end)."""
@@ -57,19 +59,24 @@ class DeviceSlots:
         rt = cudart()
         arrays, _ = self.t.resident[layer]
         for p, (arr, _) in enumerate(arrays):
-            base, nbytes = self.src[layer][p]
-            check(rt.cudaMemcpyAsync(arr.data.ptr + slot * nbytes, base + expert * nbytes, nbytes,
+            row = self.src[layer][p][expert]
+            nbytes = row.nbytes
+            if self.used + nbytes > self.staging.nbytes:  # the policy keeps a batch within --expert-max-copy
+                raise StrataError(f"--expert-policy: a batch past the {self.staging.nbytes}-byte staging buffer")
+            self.staging.host[self.used:self.used + nbytes] = row
+            check(rt.cudaMemcpyAsync(arr.data.ptr + slot * nbytes, self.staging.host_ptr + self.used, nbytes,
                                      rt.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream.ptr),
                   f"cudaMemcpyAsync of expert {expert} of layer {layer}")
+            self.used += nbytes
 
     def issued(self) -> None:
         self.event.record(self.stream)
         self.pending = True
 
     def free(self) -> None:
-        """Unpin the file once no copy still reads it."""
+        """Free the staging buffer once no copy still reads it (idempotent)."""
         self.stream.synchronize()
-        self.pinned.free()
+        self.staging.free()
 
 
 def make_filler(tiers):

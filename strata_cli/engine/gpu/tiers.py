@@ -92,24 +92,18 @@ class ExpertTiers:
         self.plan = MappedBuffer((2, self.plan_words), np.int32)
         self.wait_ns = MappedBuffer((self.L * 2, 2), np.uint64)
         self.copy_stream = None
-        self.pinned = None
-        self.pin_note = None
+        self.ring_stage = None
         if self.pcie:
             from ...gpu.graphs import new_stream
-            from ...gpu.runtime import PinnedHostSpans
+            from .pcie_stage import StagingRing, expert_bytes_view
 
             self.copy_stream = new_stream()
-            # the PCIe share copies straight from the mapped file: page-locked so each copy is a plain DMA
-            # (runtime.PinnedHostSpans says why a staged pageable copy may not run under the window's waits). A host
-            # that refuses the registration (no read-only registration, a locked-memory limit) keeps staged copies,
-            # and the engine's tier line says so.
-            try:
-                self.pinned = PinnedHostSpans(
-                    (info.raw.ctypes.data, info.n_bytes)
-                    for info in (model.info(n) for layer in range(self.L) for n in expert_names(layer)))
-            except RuntimeError as exc:
-                self.pin_note = (f"PCIe copies staged by the driver: the model file could not be page-locked ({exc}); "
-                                 "on large experts a window may wait to its time bound")
+            # the PCIe share's experts go through pinned staging buffers (pcie_stage.py says why the file itself is
+            # never page-locked); the byte views of the mapped expert tensors are made once here
+            self.expert_src = [[expert_bytes_view(model.info(n).raw, self.E) for n in expert_names(layer)]
+                               for layer in range(self.L)]
+            sizes = [self.Q * max(self.expert_bytes[layer][p] for layer in range(self.L)) for p in range(3)]
+            self.ring_stage = StagingRing(self.G, sizes, lambda n: MappedBuffer((n,), np.uint8))
         self.timeout_ns = int(cfg.timeout_s * 1e9)
 
     # ---- buffers
@@ -222,24 +216,29 @@ class ExpertTiers:
         tl.combine(b["moe_parts"], self.ymiss.device, plan_dev[:self.JM], b["route_w"], b["shared"], b["block_out"],
                    r0, n, stream)
 
-    def free(self) -> None:
-        """Unpin the model file's expert tensors now (the mapped buffers go with their finalizers)."""
-        if self.pinned is not None:
-            self.pinned.free()
+    def close(self) -> None:
+        """Free the mapped buffers, the staging ring and its threads, an adaptive cache's staging buffer now (the
+        engine's close(); idempotent)."""
+        if self.ring_stage is not None:
+            self.ring_stage.close()
+            self.ring_stage = None
         if self.fill is not None:
             self.fill.device.free()
+        for buf in (self.pub_x, self.pub_ids, self.pub_w, self.words, self.ymiss, self.plan, self.wait_ns):
+            buf.free()
+        self.resident = self.buf = None  # the resident experts and arena views: device memory back to the pool
 
 
 def attach_tiers(engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool) -> None:
     """Upload the resident experts, add the tier buffers to the engine's arena (before it is allocated) and make
     the host server; engine.tiers.bind(buf) follows the allocation."""
     from ...tiers.host import TierHost
+    from ...tiers.prefault import prefault_experts
 
     engine.tiers = ExpertTiers(engine, table, cfg, pack_q8)
     if cfg.policy != "static":
         engine.tier_note = (f"{engine.tier_note}; --expert-policy {cfg.policy}: the slots change between windows, "
                             f"at most {cfg.max_copy / 2**20:.0f} MiB copied per window")
-    if engine.tiers.pin_note:
-        engine.tier_note = f"{engine.tier_note}; {engine.tiers.pin_note}"
+    prefault_experts(model=engine.model, table=table)  # the CPU / PCIe shares read these pages: no window faults them
     engine.tiers.add_buffers(engine.arena)
     engine.tier_host = TierHost(engine.tiers, engine, cfg.stall_window)

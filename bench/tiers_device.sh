@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The expert tiers on the device, one call (<= 5 minutes): the GPU tier tests (-v), then verify-bench at
+# --expert-cache 0 with --pcie-frac 0 / 0.5 / 1 / auto and --pcie-frac 0 --split, each under a timeout, with its load
+# time (the engine's "engine built in" and "expert pages in" lines); a short table last.
+#   bench/tiers_device.sh MODEL.gguf [OUT_DIR]
+# Env: TIERS_TEST_S (the tests' timeout, default 120), TIERS_RUN_S (each verify-bench's timeout, default 36),
+# TIERS_WINDOWS (default 1,8), TIERS_REPS (default 5), TIERS_DEVICE (default gpu; cpu checks the script here).
+set -u
+model=${1:?usage: bench/tiers_device.sh MODEL.gguf [OUT_DIR]}
+out=${2:-${OUT:-/tmp/tiers_device}}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+timeout "${TIERS_TEST_S:-120}" python -m pytest -v -m gpu tests/test_gpu_tiers.py tests/test_gpu_tiers_pcie.py \
+    2>&1 | tee "$out/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped"
+echo "tests rc ${PIPESTATUS[0]}" | tee -a "$out/tests.log"
+runs=("0" "0.5" "1" "auto" "0 --split")
+for spec in "${runs[@]}"; do
+    name=$(echo "pcie $spec" | tr ' ' '_')
+    t0=$(date +%s%N)
+    # shellcheck disable=SC2086
+    timeout "${TIERS_RUN_S:-36}" python -m strata_cli verify-bench "$model" --device "${TIERS_DEVICE:-gpu}" --expert-cache 0 \
+        --pcie-frac $spec --window "${TIERS_WINDOWS:-1,8}" -r "${TIERS_REPS:-5}" --warmup 1 --format json \
+        >"$out/$name.json" 2>"$out/$name.err"
+    rc=$?
+    printf '%s: rc %s, %s ms wall; %s\n' "$name" "$rc" "$(( ($(date +%s%N) - t0) / 1000000 ))" \
+        "$(grep -E 'engine built|expert pages in' "$out/$name.err" | tr '\n' ' ')"
+done
+python - "$out" "${runs[@]}" <<'PY'
+import json, sys
+out, runs = sys.argv[1], sys.argv[2:]
+cols = ["window", "ms_median", "pcie_share", "cpu_share", "gpu_ms", "wait_b_ms", "wait_flag_ms", "host_ring_ms",
+        "pool_ms", "cpu_mb", "pool_gb_s", "gather_ms", "copy_ms", "pcie_mb", "copy_gb_s", "tier_floor_ms"]
+print("| run | " + " | ".join(cols) + " |")
+print("|" + "---|" * (len(cols) + 1))
+for spec in runs:
+    name = ("pcie " + spec).replace(" ", "_")
+    try:
+        rows = json.load(open(f"{out}/{name}.json"))["rows"]
+    except (OSError, ValueError, KeyError):
+        print(f"| {name} | " + " | ".join(["-"] * len(cols)) + " |")
+        continue
+    for r in rows:
+        cells = [f"{r.get(c):.3g}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+PY
