@@ -237,6 +237,22 @@ struct QSlice {
     }
 };
 
+// Sum the ksplit warps (as reduce_store), then y[y_rows[t], o0 + r] = silu(gate row r) * (up row r) for r < ROWS / 2
+// (acc rows 0..ROWS/2-1 gate, the rest up; N accumulator columns: NT, or 1 for a one-entry group).
+template <int ROWS, int N>
+__device__ __forceinline__ void gateup_store(float (&acc)[ROWS][N], int o0, int n_out, int nt, int ksplit,
+                                             int kslice, int group, float* y, const int* y_rows) {
+    constexpr int R = ROWS / 2;
+    if (!ksplit_sums(acc, ksplit, kslice, group)) return;
+    const int lane = threadIdx.x & (WARP - 1);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < N; ++t)
+            if (lane == (r * N + t) % WARP && o0 + r < n_out && t < nt)
+                y[(i64)y_rows[t] * n_out + o0 + r] = apply_act(acc[r][t], ACT_SILU) * acc[R + r][t];
+}
+
 // The gate and up projections of the grouped experts in one pass (grid as qgemv_expert_*'s with R rows per warp
 // of each matrix): acc rows 0..R-1 are gate rows o0.., rows R..2R-1 the same up rows, all staged together, so an
 // expert's gate and up bytes are in flight at once and read once for all its entries; y[j, o] = silu(gate) * up.
@@ -258,14 +274,7 @@ __device__ __forceinline__ void gateup_grouped(const u8* Wg, const u8* Wu, i64 e
                 x, xs, n, n_in, kslice, ksplit, acc);
         },
         [&](auto& acc, int o0, int kslice, int group, const auto& ys, int n) {
-            if (!ksplit_sums(acc, ksplit, kslice, group)) return;
-            const int lane = threadIdx.x & (WARP - 1);
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int t = 0; t < NT; ++t)
-                    if (lane == (r * NT + t) % WARP && o0 + r < n_out && t < n)
-                        y[(i64)ys[t] * n_out + o0 + r] = apply_act(acc[r][t], ACT_SILU) * acc[R + r][t];
+            gateup_store(acc, o0, n_out, n, ksplit, kslice, group, y, ys);
         });
 }
 

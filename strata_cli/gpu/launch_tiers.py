@@ -17,7 +17,7 @@ import numpy as np
 
 from . import compile as nvrtc
 from . import launch_util as U
-from .launch_moe import launch_expert_gemv, launch_swiglu_experts
+from .launch_moe import launch_swiglu_experts
 from .runtime import check, cudrv
 
 WAIT_KINDS = ("spin", "stream")
@@ -60,20 +60,6 @@ def group_resident(ids, j0: int, J: int, slot_of, n_expert: int, g_expert, g_cou
     nvrtc.kernel("tiers", "tier_group")((1,), (max(32, -(-J // 32) * 32),), (
         ids, np.int32(j0), np.int32(J), slot_of, np.int32(n_expert), np.int32(U.GEMV_MAXT), g_expert, g_count,
         g_entries), stream=stream)
-
-
-def expert_gemv(w, ggml_type: int, n_expert: int, groups, n_groups: int, nt: int, x, x_div: int, n_in: int, y,
-                stream, *, act=U.ACT_NONE, mul=None, mul_strides=(0, 0)) -> None:
-    """y[j] = W[group's expert] . x[j // x_div] for every entry j of the n_groups groups, through launch_moe's
-    grouped expert GEMV (every weight type it launches). Entries are global (row*K + slot), so y and x are the whole
-    window buffers; n_groups sizes the grid (the kernel writes row j of the buffer, j < its row count).
-    w [E, n_out, row] raw or Q8_0_R32; nt >= entries of any group."""
-    if not 1 <= n_groups <= y.shape[0]:
-        raise ValueError(f"n_groups: {n_groups} outside 1..{y.shape[0]} (the entry buffer's rows)")
-    stride = int(w.nbytes // max(int(w.shape[0]), 1))
-    with U.on_stream(stream):
-        launch_expert_gemv(w, ggml_type, stride, n_expert, groups, n_groups, nt, x, x_div, n_in, y, act=act, mul=mul,
-                           mul_strides=mul_strides)
 
 
 def swiglu_experts(gate, up, down, n_expert: int, groups, n_groups: int, nt: int, x, K: int, h, parts,
