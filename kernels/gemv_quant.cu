@@ -101,11 +101,12 @@ __device__ __forceinline__ int4* qstage_slot() {
     return stage[threadIdx.x / WARP];
 }
 
-// acc[r][t] += this warp's K slice of row(r) . x[xr[t]], r < R, t < nt; row(r) is the start of a weight row, or
-// nullptr for a row past n_out (never loaded, never stored).
-template <int R, int NT, typename Row>
-__device__ __forceinline__ void qslice_rows(Row row, const float* __restrict__ x, const int (&xr)[NT], int nt,
-                                            int n_in, int kslice, int kstride, float (&acc)[R][NT]) {
+// acc[r][t] += this warp's K slice of row(r) . x[xr[t]], r < R, t < nt; row(r) is the start of weight row r, asked
+// only where live(r) (false: a row past n_out, never loaded, never stored; an integer test, so that the R row
+// pointers need not stay in registers).
+template <int R, int NT, typename Row, typename Live>
+__device__ __forceinline__ void qslice_rows(Row row, Live live, const float* __restrict__ x, const int (&xr)[NT],
+                                            int nt, int n_in, int kslice, int kstride, float (&acc)[R][NT]) {
     constexpr int SB = qstage_steps(R), NCHUNK = R * SB * QCHUNKS, NCH = (NCHUNK + WARP - 1) / WARP;
     const int lane = threadIdx.x & (WARP - 1);
     const int n_steps = (n_in + QSTEP - 1) / QSTEP;
@@ -125,7 +126,7 @@ __device__ __forceinline__ void qslice_rows(Row row, const float* __restrict__ x
             const int u = c / QCHUNKS, k = c - u * QCHUNKS;
             const int r = u / SB, j = u - r * SB;
             const int s = kslice + (st * SB + j) * kstride;
-            if (c < NCHUNK && row(r) != nullptr && s < n_steps) {
+            if (c < NCHUNK && live(r) && s < n_steps) {
                 const u8* start = row(r) + (i64)s * QSTEP_BYTES;
                 const int len = (int)min((i64)QSTEP_BYTES, row_bytes - (i64)s * QSTEP_BYTES);
                 const int head = (int)((size_t)start & 15);
@@ -165,7 +166,7 @@ __device__ __forceinline__ void qslice_rows(Row row, const float* __restrict__ x
                 }
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
-                    if (row(r) == nullptr) continue;  // rows past the end are never stored
+                    if (!live(r)) continue;  // rows past the end are never stored
                     float q[8], d, m = 0.0f;
                     qdec8<QTYPE>(slot(r), g, q, d, m);
 #pragma unroll
@@ -184,7 +185,7 @@ __device__ __forceinline__ void qslice_rows(Row row, const float* __restrict__ x
                 for (int r = 0; r < R; ++r) {
                     d[r] = 0.0f;
                     m[r] = 0.0f;
-                    if (row(r) != nullptr) {
+                    if (live(r)) {
                         qdec8<QTYPE>(slot(r), g, q[r], d[r], m[r]);
                     } else {
                         zero8(q[r]);
@@ -231,9 +232,8 @@ struct QSlice {
     __device__ __forceinline__ void operator()(const u8* __restrict__ W, i64 row_stride, int o0, int n_out,
                                                const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in,
                                                int kslice, int kstride, float (&acc)[R][NT]) const {
-        qslice_rows(
-            [&](int r) -> const u8* { return o0 + r < n_out ? W + (i64)(o0 + r) * row_stride : nullptr; }, x, xr,
-            nt, n_in, kslice, kstride, acc);
+        qslice_rows([&](int r) { return W + (i64)(o0 + r) * row_stride; }, [&](int r) { return o0 + r < n_out; }, x,
+                    xr, nt, n_in, kslice, kstride, acc);
     }
 };
 
@@ -266,12 +266,8 @@ __device__ __forceinline__ void gateup_grouped(const u8* Wg, const u8* Wu, i64 e
         [&](int e, int o0, int kslice, auto& acc, const auto& xs, int n) {
             const u8* G = Wg + (i64)e * expert_stride;
             const u8* U = Wu + (i64)e * expert_stride;
-            qslice_rows(
-                [&](int r) -> const u8* {
-                    const int o = o0 + (r < R ? r : r - R);
-                    return o < n_out ? (r < R ? G : U) + (i64)o * row_stride : nullptr;
-                },
-                x, xs, n, n_in, kslice, ksplit, acc);
+            qslice_rows([&](int r) { return (r < R ? G : U) + (i64)(o0 + (r < R ? r : r - R)) * row_stride; },
+                        [&](int r) { return o0 + (r < R ? r : r - R) < n_out; }, x, xs, n, n_in, kslice, ksplit, acc);
         },
         [&](auto& acc, int o0, int kslice, int group, const auto& ys, int n) {
             gateup_store(acc, o0, n_out, n, ksplit, kslice, group, y, ys);
