@@ -275,7 +275,8 @@ __device__ __forceinline__ void gateup_grouped(const u8* Wg, const u8* Wu, i64 e
 }
 
 // blocks per SM the register allocation must allow, by window bucket (3 at 256 threads: <= 85 registers; 2:
-// <= 128): resident warps are what keeps enough stages in flight (ptxas -v, sm_90: T = 1 fits 80 without spills)
+// <= 128): resident warps are what keeps enough stages in flight (ptxas -v, sm_90, q2_k: T = 1 at 80 registers
+// spills 36-64 bytes a thread to L1-cached local memory, as before the gate/up kernel)
 #define QMIN_BLOCKS(NT) ((NT) == 1 ? 3 : 2)
 
 #define QGEMV_KERNELS(NT)                                                                                              \
