@@ -1,39 +1,87 @@
-"""GB/s of the block-type GEMVs (kernels/gemv_quant.cu) per GGML type: dense at T = 1, 4, 8, 16 and the routed
-experts (512 experts, top-10, Flash-Next's 2560 x 640) at T = 1 and 8, next to the repacked Q8_0 kernels.
+"""GB/s of the routed-expert GEMVs per GGML block type on Flash-Next's expert shapes (512 experts of gate / up
+[640 x 2560] and down [2560 x 640], top-10), T = 1, 2, 4, 8 window rows, against a measured device-to-device copy.
 
-    python3 bench/quant_gemv_bench.py [--window T ...] [--launches N] [--mbytes M] [--types Q4_K,IQ2_XS,...]
-                                      [--versions v1,v2]
+    python3 bench/quant_gemv_bench.py [--types Q4_K,IQ2_XS,...] [--window T ...] [--launches N] [--jobs J]
+                                      [--dense-windows T ...]
 
---versions runs every type under each of gemv_quant.cu's kernel sets (launch_quant's STRATA_QUANT_GEMV: v1 the
-per-lane decoder, v2 the staged one), one table row per type and version (Q8_0_R32 has one kernel: one row).
+Per type, first the check: routed_experts (moe_group, gate + up in one launch, down, combine) on valid random
+blocks of a few experts of the real shapes against ops/moe.routed_experts_raw (numpy over gguf.quants), as the max
+error relative to the reference's largest value. Then the timing, on random bytes of all 512 experts (values do not
+change the time: no data-dependent control flow; i-quant grid lookups stay random as in real files), each of the N
+launches of one CUDA graph with its own routing (T rows of 10 distinct experts drawn at random, grouped by
+moe_group before the capture), so the experts a launch reads are rarely still in the 50 MB L2:
+  gateup   launch_moe.launch_gateup_experts: bytes = gate + up rows of the window's distinct experts
+  down     the down projection (the type itself when 640 holds whole blocks, else Q4_0, as llama-quantize's
+           files have it: the row names its down type); bytes = the distinct experts' down rows
+  moe      launch_moe.routed_experts whole (group, gateup, down, combine); bytes = both
+GB/s = bytes / time per launch; %copy = GB/s / the copy rate, where the copy rate is what cupy's device-to-device
+copy of 2 GB reaches counting the bytes read and written (the bandwidth a streaming read can get).
+--dense-windows adds the dense GEMV (one ~512 MB matrix, 5120-wide rows) at those T.
 
-Dense: one matrix of about M MB (default 512, far over the 50 MB L2) with 5120-wide rows, launched N times back to
-back inside one CUDA graph (as gemv_bench.py); GB/s = the matrix's bytes / time per launch. Experts: moe_group, the
-three grouped GEMVs and the combine in one launch sequence; GB/s = the bytes of the distinct experts the routing
-selects / time. Down projections whose 640-wide rows do not fit the type's block use Q5_0 (llama-quantize's
-fallback for Q4_K; the bytes count what is read). Weights are random bytes made on the device: values do not
-change the time (no data-dependent control flow; the i-quant grid lookups stay random, as in real files).
+Last line: one JSON document {"copy_gbs": ..., "rows": [{"type", "down_type", "T", "rel_err", "gateup_gbs",
+"gateup_pct", "down_gbs", "down_pct", "moe_gbs", "moe_pct", "moe_us"}, ...], "dense": [...], "seconds": ...}.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from gemv_bench import graph_ms
+from warm_kernels import _compile
 
 from strata_cli.gpu import launch_gemv, launch_moe
+from strata_cli.gpu import launch_util as U
 from strata_cli.gpu.graphs import new_stream
-from strata_cli.gpu.quant_source import TYPES
+from strata_cli.gpu.quant_source import BASE, variant
 from strata_cli.gpu.runtime import cupy
 from strata_cli.model import quants as Q
-from strata_cli.model.packed import Q8_0_R32
+from strata_cli.ops import moe as ref_moe
+from strata_cli.synth.blocks import random_tensor
 
-PEAK_GBS = 4400.0  # what a device-to-device copy reaches on the H200 (docs/BENCHMARKS.md); reported as a fraction
-N_IN = 5120
 E, F, D, K = 512, 640, 2560, 10
+CHECK_E, CHECK_T, CHECK_K = 6, 3, 2  # the reference check: a few experts of the real shapes
+DEFAULT_TYPES = "Q8_0,Q4_0,Q4_K,Q5_K,Q6_K,Q2_K,Q3_K,IQ2_XS,IQ3_XXS,IQ4_XS,MXFP4"
+DENSE_N_IN, DENSE_MB = 5120, 512
+
+
+def copy_gbs() -> float:
+    """Device-to-device copy rate of a 2 GB buffer, bytes read + written per second (GB/s)."""
+    cp = cupy()
+    n = 2 * 10**9
+    src, dst = cp.ones(n, cp.uint8), cp.empty(n, cp.uint8)
+    dst[...] = src
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(5):
+        dst[...] = src
+    end.record()
+    end.synchronize()
+    ms = cp.cuda.get_elapsed_time(start, end) / 5
+    del src, dst
+    cp.get_default_memory_pool().free_all_blocks()
+    return 2 * n / ms / 1e6
+
+
+def down_type(ggml_type: int) -> int:
+    return ggml_type if F % Q.BLOCK[ggml_type][0] == 0 else Q.Q4_0
+
+
+def check_rel_err(ggml_type: int, rng) -> float:
+    """max |gpu - numpy| / max |numpy| of routed_experts on CHECK_E valid random experts of the real shapes."""
+    types = (ggml_type, ggml_type, down_type(ggml_type))
+    gate = random_tensor(rng, types[0], (CHECK_E, F, D), 0.05)
+    up = random_tensor(rng, types[1], (CHECK_E, F, D), 0.05)
+    down = random_tensor(rng, types[2], (CHECK_E, D, F), 0.05)
+    x = rng.standard_normal((CHECK_T, D)).astype(np.float32)
+    ids, w = ref_moe.router_topk(rng.standard_normal((CHECK_T, CHECK_E)).astype(np.float32), CHECK_K)
+    want = ref_moe.routed_experts_raw(x, ids, w, gate, up, down, types)
+    out = cupy().full((CHECK_T, D), np.nan, np.float32)
+    got = launch_moe.routed_experts(*(cupy().asarray(a) for a in (x, ids, w, gate, up, down)), types, out=out).get()
+    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
 
 
 def _random_bytes(n: int):
@@ -41,79 +89,123 @@ def _random_bytes(n: int):
     return cp.random.randint(0, 256, size=n, dtype=cp.uint8)
 
 
-def dense_rows(ggml_type: int, n_in: int, T: int, launches: int, mbytes: int, stream) -> tuple[float, int]:
+def expert_times(ggml_type: int, windows, launches: int, stream, rng) -> list[dict]:
+    """Per T: ms per launch of gateup, down and the whole routed_experts, and the bytes each reads."""
     cp = cupy()
-    row_bytes = Q.row_bytes(Q.Q8_0 if ggml_type == Q8_0_R32 else ggml_type, n_in)
-    n_out = max(32, (mbytes * 10**6 // row_bytes) // 32 * 32)
+    gt, dt = ggml_type, down_type(ggml_type)
+    rb_gate, rb_down = Q.row_bytes(gt, D), Q.row_bytes(dt, F)
+    gate = _random_bytes(E * F * rb_gate).reshape(E, F, rb_gate)
+    up = _random_bytes(E * F * rb_gate).reshape(E, F, rb_gate)
+    down = _random_bytes(E * D * rb_down).reshape(E, D, rb_down)
+    gs, ds = F * rb_gate, D * rb_down
+    rows = []
+    for T in windows:
+        J = T * K
+        sets = []
+        for _ in range(launches):
+            ids_host = np.stack([rng.choice(E, K, replace=False) for _ in range(T)]).astype(np.int32)
+            ids = cp.asarray(ids_host)
+            groups = [cp.empty((J,), cp.int32), cp.empty((J,), cp.int32), cp.empty((J, U.GEMV_MAXT), cp.int32)]
+            launch_moe.group_entries(ids, J, groups)
+            sets.append((ids, groups, len(np.unique(ids_host))))
+        n_distinct = sum(s[2] for s in sets) / launches
+        x = cp.ones((T, D), cp.float32)
+        wts = cp.full((T, K), 0.1, cp.float32)
+        y = cp.empty((T, D), cp.float32)
+        scratch = launch_moe.MoeScratch.empty(J, F, D)
+        h, parts = scratch.h, scratch.parts
+        turn = [0]
+
+        def next_set():
+            turn[0] += 1
+            return sets[turn[0] % launches]
+
+        def gateup(s):
+            with U.on_stream(s):
+                launch_moe.launch_gateup_experts((gate, gt, gs), (up, gt, gs), E, next_set()[1], J, T, x, K, h)
+
+        def down_only(s):
+            with U.on_stream(s):
+                launch_moe.launch_expert_gemv(down, dt, ds, E, next_set()[1], J, T, h, 1, F, parts)
+
+        def whole(s):
+            launch_moe.routed_experts(x, next_set()[0], wts, gate, up, down, (gt, gt, dt), out=y, scratch=scratch,
+                                      stream=s)
+
+        times = {name: graph_ms(fn, launches, stream) for name, fn in
+                 (("gateup", gateup), ("down", down_only), ("moe", whole))}
+        nbytes = {"gateup": n_distinct * 2 * gs, "down": n_distinct * ds}
+        nbytes["moe"] = nbytes["gateup"] + nbytes["down"]
+        rows.append({"T": T, "ms": times, "bytes": nbytes})
+    del gate, up, down
+    cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def dense_gbs(ggml_type: int, T: int, launches: int, stream) -> float:
+    cp = cupy()
+    row_bytes = Q.row_bytes(ggml_type, DENSE_N_IN)
+    n_out = max(32, (DENSE_MB * 10**6 // row_bytes) // 32 * 32)
     w = _random_bytes(n_out * row_bytes).reshape(n_out, row_bytes)
-    x = cp.ones((T, n_in), cp.float32)
-    y = cp.empty((T, n_out), cp.float32)
+    x, y = cp.ones((T, DENSE_N_IN), cp.float32), cp.empty((T, n_out), cp.float32)
     split = launch_gemv.SplitK.empty()
-    ms = graph_ms(lambda s: launch_gemv.gemv(w, ggml_type, n_in, x, out=y, split=split, stream=s), launches, stream)
+    ms = graph_ms(lambda s: launch_gemv.gemv(w, ggml_type, DENSE_N_IN, x, out=y, split=split, stream=s), launches,
+                  stream)
     del w
-    return ms, n_out * row_bytes
+    return n_out * row_bytes / ms / 1e6
 
 
-def expert_rows(ggml_type: int, T: int, launches: int, stream, rng) -> tuple[float, int]:
-    cp = cupy()
-    down_type = ggml_type if F % Q.BLOCK[Q.Q8_0 if ggml_type == Q8_0_R32 else ggml_type][0] == 0 else Q.Q5_0
-    types = (ggml_type, ggml_type, down_type)
-
-    def rb(t, n):
-        return Q.row_bytes(Q.Q8_0 if t == Q8_0_R32 else t, n)
-
-    gate = _random_bytes(E * F * rb(ggml_type, D)).reshape(E, F, -1)
-    up = _random_bytes(E * F * rb(ggml_type, D)).reshape(E, F, -1)
-    down = _random_bytes(E * D * rb(down_type, F)).reshape(E, D, -1)
-    ids_host = np.stack([rng.choice(E, K, replace=False) for _ in range(T)]).astype(np.int32)
-    ids = cp.asarray(ids_host)
-    wts = cp.full((T, K), 0.1, cp.float32)
-    x = cp.ones((T, D), cp.float32)
-    y = cp.empty((T, D), cp.float32)
-    scratch = launch_moe.MoeScratch.empty(T * K, F, D)
-    ms = graph_ms(lambda s: launch_moe.routed_experts(x, ids, wts, gate, up, down, types, out=y, scratch=scratch,
-                                                      stream=s), launches, stream)
-    n_distinct = len(np.unique(ids_host))
-    per_expert = 2 * F * rb(ggml_type, D) + D * rb(down_type, F)
-    return ms, n_distinct * per_expert
+def warm(types, jobs: int) -> None:
+    """Compile the modules the bench launches in parallel processes (CuPy's disk cache), before any timing."""
+    mods = {"gemv", "moe"} | {f"{BASE}.{variant(t)}" for t in types if t != Q.Q8_0}
+    mods |= {f"{BASE}.{variant(down_type(t))}" for t in types if down_type(t) != Q.Q8_0}
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(_compile, sorted(mods)))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--window", type=int, nargs="+", default=[1, 4, 8, 16])
-    ap.add_argument("--launches", type=int, default=10)
-    ap.add_argument("--mbytes", type=int, default=512)
-    ap.add_argument("--types", default="")
-    ap.add_argument("--versions", default="", help="comma-separated STRATA_QUANT_GEMV values (default: as set)")
+    ap.add_argument("--types", default=DEFAULT_TYPES)
+    ap.add_argument("--window", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--launches", type=int, default=20)
+    ap.add_argument("--jobs", type=int, default=16)
+    ap.add_argument("--dense-windows", type=int, nargs="*", default=[])
     args = ap.parse_args()
-    versions = [v.strip() for v in args.versions.split(",") if v.strip()] or [os.environ.get("STRATA_QUANT_GEMV", "")]
-    cupy()
+    names = {Q.TYPE_NAMES[t]: t for t in Q.BLOCK_TYPES}
+    unknown = [n for n in args.types.split(",") if n.strip() and n.strip().upper() not in names]
+    if unknown:
+        raise SystemExit(f"quant_gemv_bench: --types: unknown {', '.join(unknown)}")
+    types = [names[n.strip().upper()] for n in args.types.split(",") if n.strip()]
+    t0 = time.perf_counter()
+    warm(types, args.jobs)
+    print(f"# compiled in {time.perf_counter() - t0:.1f} s", flush=True)
     stream = new_stream()
     rng = np.random.default_rng(0)
-    names = {Q.TYPE_NAMES[t]: t for t in TYPES} | {"Q8_0_R32": Q8_0_R32}
-    chosen = [names[n.strip().upper() if n.strip().upper() in names else n.strip()]
-              for n in args.types.split(",") if n.strip()] or [Q8_0_R32, *TYPES]
-    t0 = time.perf_counter()
-    print(f"{'type':9} {'gemv':>4} {'bpw':>6} " + " ".join(f"{'T=' + str(T) + ' GB/s':>11}" for T in args.window)
-          + f" {'%peak T=1':>9} {'moe T=1 GB/s':>13} {'moe T=8 GB/s':>13} {'moe T=1 ms':>10}", flush=True)
-    for t in chosen:
-        name = "Q8_0_R32" if t == Q8_0_R32 else Q.TYPE_NAMES[t]
-        bpw = Q.QUANT_TYPES[Q.Q8_0 if t == Q8_0_R32 else t].bits_per_weight
-        for version in versions[:1] if t == Q8_0_R32 else versions:
-            if version:
-                os.environ["STRATA_QUANT_GEMV"] = version
-            dense = []
-            for T in args.window:
-                ms, nbytes = dense_rows(t, N_IN, T, args.launches, args.mbytes, stream)
-                dense.append(nbytes / ms / 1e6)
-            moe1, bytes1 = expert_rows(t, 1, args.launches, stream, rng)
-            moe8, bytes8 = expert_rows(t, 8, args.launches, stream, rng)
-            cupy().get_default_memory_pool().free_all_blocks()
-            print(f"{name:9} {version or '-':>4} {bpw:6.3f} " + " ".join(f"{g:11.0f}" for g in dense)
-                  + f" {100 * dense[0] / PEAK_GBS:8.1f}% {bytes1 / moe1 / 1e6:13.0f} {bytes8 / moe8 / 1e6:13.0f}"
-                  + f" {moe1:10.4f}", flush=True)
-    print(f"# {time.perf_counter() - t0:.1f} s; dense {args.mbytes} MB matrices x {N_IN} wide; moe E={E} F={F} "
-          f"D={D} K={K}; {args.launches} launches per graph", flush=True)
+    copy = copy_gbs()
+    print(f"# device-to-device copy {copy:.0f} GB/s (read + written)", flush=True)
+    print(f"{'type':8} {'down':6} {'T':>2} {'rel_err':>8} {'gateup GB/s':>11} {'%':>5} {'down GB/s':>10} {'%':>5} "
+          f"{'moe GB/s':>9} {'%':>5} {'moe us':>8}", flush=True)
+    rows, dense = [], []
+    for t in types:
+        err = check_rel_err(t, rng)
+        for r in expert_times(t, args.window, args.launches, stream, rng):
+            gbs = {k: r["bytes"][k] / r["ms"][k] / 1e6 for k in r["ms"]}
+            row = {"type": Q.TYPE_NAMES[t], "down_type": Q.TYPE_NAMES[down_type(t)], "T": r["T"], "rel_err": err}
+            for k in ("gateup", "down", "moe"):
+                row[f"{k}_gbs"] = round(gbs[k], 1)
+                row[f"{k}_pct"] = round(100 * gbs[k] / copy, 1)
+            row["moe_us"] = round(1000 * r["ms"]["moe"], 2)
+            rows.append(row)
+            print(f"{row['type']:8} {row['down_type']:6} {r['T']:2} {err:8.1e} {gbs['gateup']:11.0f} "
+                  f"{row['gateup_pct']:5.1f} {gbs['down']:10.0f} {row['down_pct']:5.1f} {gbs['moe']:9.0f} "
+                  f"{row['moe_pct']:5.1f} {row['moe_us']:8.1f}", flush=True)
+        for T in args.dense_windows:
+            g = dense_gbs(t, T, args.launches, stream)
+            dense.append({"type": Q.TYPE_NAMES[t], "T": T, "gbs": round(g, 1), "pct": round(100 * g / copy, 1)})
+            print(f"# dense {Q.TYPE_NAMES[t]} T={T}: {g:.0f} GB/s ({100 * g / copy:.1f} %)", flush=True)
+    print(json.dumps({"copy_gbs": round(copy, 1), "rows": rows, "dense": dense,
+                      "shape": {"E": E, "F": F, "D": D, "K": K, "launches": args.launches},
+                      "seconds": round(time.perf_counter() - t0, 1)}))
 
 
 if __name__ == "__main__":

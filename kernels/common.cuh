@@ -216,13 +216,10 @@ __device__ __forceinline__ bool ksplit_reduce(float (&acc)[ROWS][NT], int ksplit
     return true;
 }
 
-// Sum the ksplit warps of each row group, then the group's first warp writes its ROWS rows o0.. of every window
-// row (gemv.cu and gemv_quant.cu: lane (r * NT + t) % 32 writes row r of window row t). y_rows[t] is the output
-// row of window row t (dense: t0 + t; expert: the entry). Every warp of the block must call it.
+// Sum each warp's lanes, then the ksplit warps of each row group into the group's first warp (kslice 0, every lane
+// holding the sums); true for that warp, false for the others. Every warp of the block must call it.
 template <int ROWS, int NT>
-__device__ __forceinline__ void reduce_store(float (&acc)[ROWS][NT], int o0, int n_out, int nt, int ksplit,
-                                             int kslice, int group, float* y, const int* y_rows, int act,
-                                             float div, const float* mul, int mul_st, int mul_so) {
+__device__ __forceinline__ bool ksplit_sums(float (&acc)[ROWS][NT], int ksplit, int kslice, int group) {
     __shared__ float part[GEMV_WARPS][ROWS][NT];
     const int lane = threadIdx.x & (WARP - 1);
     const int warp = threadIdx.x / WARP;
@@ -230,9 +227,19 @@ __device__ __forceinline__ void reduce_store(float (&acc)[ROWS][NT], int o0, int
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
         for (int t = 0; t < NT; ++t) acc[r][t] = warp_sum(acc[r][t]);
-    if (!ksplit_reduce(acc, ksplit, kslice, lane == 0, [&](int r, int t) -> float& { return part[warp][r][t]; },
-                       [&](int s, int r, int t) { return part[group * ksplit + s][r][t]; }))
-        return;
+    return ksplit_reduce(acc, ksplit, kslice, lane == 0, [&](int r, int t) -> float& { return part[warp][r][t]; },
+                         [&](int s, int r, int t) { return part[group * ksplit + s][r][t]; });
+}
+
+// Sum the ksplit warps of each row group, then the group's first warp writes its ROWS rows o0.. of every window
+// row (gemv.cu and gemv_quant.cu: lane (r * NT + t) % 32 writes row r of window row t). y_rows[t] is the output
+// row of window row t (dense: t0 + t; expert: the entry). Every warp of the block must call it.
+template <int ROWS, int NT>
+__device__ __forceinline__ void reduce_store(float (&acc)[ROWS][NT], int o0, int n_out, int nt, int ksplit,
+                                             int kslice, int group, float* y, const int* y_rows, int act,
+                                             float div, const float* mul, int mul_st, int mul_so) {
+    if (!ksplit_sums(acc, ksplit, kslice, group)) return;
+    const int lane = threadIdx.x & (WARP - 1);
 #pragma unroll
     for (int r = 0; r < ROWS; ++r)
 #pragma unroll
@@ -320,16 +327,16 @@ __device__ __forceinline__ void grouped_dot_store(int nt, const int (&xr)[NT], c
     store(acc, rows, nt);
 }
 
-// The grouped expert GEMV of gemv.cu and gemv_quant.cu (R output rows per warp): group u = blockIdx.y holds up to
-// NT (row, slot) entries routed to expert g_expert[u] (moe.cu's moe_group), whose rows W + e * expert_stride the
-// block reads once for all of them; entry j reads x row j / x_div and writes y row j. Unused groups (count 0) leave
-// at once; an expert id outside 0..E-1 writes NaN to its entries' rows instead of reading stray memory.
-// dot(We, o0, kslice, acc, xr, n) adds this warp's K slice of the expert's rows o0.. into acc.
-template <int NT, int R, typename Dot>
-__device__ __forceinline__ void grouped_rows(const u8* W, i64 expert_stride, int n_expert, const int* g_expert,
-                                             const int* g_count, const int* g_entries, int x_div, float* y,
-                                             int n_out, int ksplit, int act, float div, const float* mul, int mul_st,
-                                             int mul_so, Dot dot) {
+// The grouped expert GEMVs of gemv.cu and gemv_quant.cu (R output rows per warp, ROWS accumulator rows: R per
+// matrix read): group u = blockIdx.y holds up to NT (row, slot) entries routed to expert g_expert[u] (moe.cu's
+// moe_group), whose rows the block reads once for all of them; entry j reads x row j / x_div and writes y row j.
+// Unused groups (count 0) leave at once; an expert id outside 0..E-1 writes NaN to its entries' rows instead of
+// reading stray memory. dot(e, o0, kslice, acc, xr, n) adds this warp's K slice of expert e's rows o0.. into acc;
+// store(acc, o0, kslice, group, rows, n) adds up the warps and writes y rows rows[0..n-1].
+template <int NT, int R, int ROWS, typename Dot, typename Store>
+__device__ __forceinline__ void grouped_entries(int n_expert, const int* g_expert, const int* g_count,
+                                                const int* g_entries, int x_div, float* y, int n_out, int ksplit,
+                                                Dot dot, Store store) {
     const int u = blockIdx.y;
     const int nt = min(g_count[u], NT);
     if (nt == 0) return;  // the whole block leaves: no barrier is left waiting
@@ -344,17 +351,31 @@ __device__ __forceinline__ void grouped_rows(const u8* W, i64 expert_stride, int
             for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + o0 + lane] = QNAN;
         return;
     }
-    const u8* We = W + (i64)e * expert_stride;
-    grouped_dot_store<NT, R>(
-        nt, xr, rows, [&](auto& acc, const auto& xs, int n) { dot(We, o0, kslice, acc, xs, n); },
-        [&](auto& acc, const auto& ys, int n) {
+    grouped_dot_store<NT, ROWS>(
+        nt, xr, rows, [&](auto& acc, const auto& xs, int n) { dot(e, o0, kslice, acc, xs, n); },
+        [&](auto& acc, const auto& ys, int n) { store(acc, o0, kslice, group, ys, n); });
+}
+
+// One matrix's grouped GEMV: experts W + e * expert_stride, dot(We, o0, kslice, acc, xr, n); epilogue as
+// reduce_store.
+template <int NT, int R, typename Dot>
+__device__ __forceinline__ void grouped_rows(const u8* W, i64 expert_stride, int n_expert, const int* g_expert,
+                                             const int* g_count, const int* g_entries, int x_div, float* y,
+                                             int n_out, int ksplit, int act, float div, const float* mul, int mul_st,
+                                             int mul_so, Dot dot) {
+    grouped_entries<NT, R, R>(
+        n_expert, g_expert, g_count, g_entries, x_div, y, n_out, ksplit,
+        [&](int e, int o0, int kslice, auto& acc, const auto& xs, int n) {
+            dot(W + (i64)e * expert_stride, o0, kslice, acc, xs, n);
+        },
+        [&](auto& acc, int o0, int kslice, int group, const auto& ys, int n) {
             reduce_store(acc, o0, n_out, n, ksplit, kslice, group, y, ys, act, div, mul, mul_st, mul_so);
         });
 }
 
 // The dense and grouped GEMVs of one file's K-slice dot product over raw rows: slice(W, row_stride, o0, n_out, x,
 // xr, nt, n_in, kslice, kstride, acc) adds this warp's slice of rows o0.. of W times window rows xr of x into acc
-// (gemv.cu's slice_dot, gemv_quant.cu's qslice_dot / qslice_dot2). R rows per warp; grids as dense_rows and
+// (gemv.cu's slice_dot, gemv_quant.cu's QSlice). R rows per warp; grids as dense_rows and
 // grouped_rows say.
 template <int NT, int R, typename Slice>
 __device__ __forceinline__ void slice_dense(Slice slice, const u8* W, i64 row_stride, const float* x, int n_in,

@@ -2,11 +2,13 @@
 // dequantized copy of a weight on the device). Compiled once per block type: strata_cli/gpu/quant_source.py puts
 // `#define QTYPE <id>` and the type's tables before this file (launch_quant.py launches it).
 //
-//   y[t, o] = act(sum_i W[o, i] * x[t, i] / div) * (mul ? mul[t * mul_st + o * mul_so] : 1)
+//   y[t, o] = act(sum_i W[o, i] * x[t, i] / div) * (mul ? mul[t * mul_st + o * mul_so] : 1)     qgemv_*, qgemv_expert_*
+//   y[j, o] = silu(W_gate[e] . x[j / x_div])[o] * (W_up[e] . x[j / x_div])[o]                   qgemv_gateup_*
 //
 // Legend: T window rows, n_in input width (a multiple of the type's block), n_out output rows, J = T*K (row, slot)
 // entries of the MoE, E experts, QK elements per block.
-//   W      raw rows of row_stride bytes (n_in / QK blocks each); experts expert_stride bytes apart
+//   W      raw rows of row_stride bytes (n_in / QK blocks each); experts expert_stride bytes apart; every row and
+//          expert starts at the block's natural alignment (QAl: launch_quant checks the base)
 //   x      [T, n_in] f32 (dense) or [J / x_div, n_in] f32 (grouped experts: entry j reads row j / x_div), rows
 //          16-byte aligned (read as float4)
 //   y      [T, n_out] or [J, n_out] f32; mul may alias y (as in gemv.cu)
@@ -14,8 +16,9 @@
 // Every weight is decoded exactly (quant_decode.cuh: the float gguf.quants gives) and multiplied by the float32
 // activation; sums are float32. The activations are never quantized. Work split as in gemv.cu: the input axis is cut
 // in steps of 256 elements, lane l decoding elements 8l .. 8l+7 of a step (a 256-block, or 256/QK smaller blocks);
-// a warp owns QROWS(NT) output rows and reuses each x load for all of them; the warps of a row group (ksplit) and
-// the blocks along grid z (zsplit, dense only) take interleaved steps and add up in shared memory / zsplit_finish.
+// a warp owns QROWS(NT) output rows (the gate/up kernel QROWS(NT)/2 rows of each matrix) and reuses each x load for
+// all of them; the warps of a row group (ksplit) and the blocks along grid z (zsplit, dense only) take interleaved
+// steps and add up in shared memory / zsplit_finish.
 #include "quant_decode.cuh"
 
 #ifndef QTYPE
@@ -41,58 +44,11 @@ __device__ __forceinline__ void zero8(float (&w)[8]) {
     for (int k = 0; k < 8; ++k) w[k] = 0.0f;
 }
 
-// acc[r][t] += this warp's K slice of W[o0 + r] . x[xr[t]], r < R (QROWS of the window's bucket; rows >= n_out
-// skipped), t < nt.
-template <int R, int NT>
-__device__ __forceinline__ void qslice_dot(const u8* __restrict__ W, i64 row_stride, int o0, int n_out,
-                                           const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in,
-                                           int kslice, int kstride, float (&acc)[R][NT]) {
-    const int lane = threadIdx.x & (WARP - 1);
-    const int n_steps = (n_in + QSTEP - 1) / QSTEP;
-    for (int s = kslice; s < n_steps; s += kstride) {
-        const int i = s * QSTEP + lane * 8;  // first of this lane's 8 elements
-        if (i >= n_in) continue;  // the last step of an n_in that is no multiple of 256 (whole 8-groups: QK >= 32)
-        const int blk = i / QB::qk, g = (i % QB::qk) / 8;
-        float w[R][8];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            if (o0 + r < n_out) {
-                decode8<QTYPE>(W + (i64)(o0 + r) * row_stride + (i64)blk * QB::bytes, g, w[r]);
-            } else {
-                zero8(w[r]);
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-            if (t < nt) {
-                float4 a, b;
-                load_x8(x, xr[t], n_in, i, a, b);
-#pragma unroll
-                for (int r = 0; r < R; ++r) {
-                    float v = acc[r][t];
-                    v = fmaf(w[r][0], a.x, v);
-                    v = fmaf(w[r][1], a.y, v);
-                    v = fmaf(w[r][2], a.z, v);
-                    v = fmaf(w[r][3], a.w, v);
-                    v = fmaf(w[r][4], b.x, v);
-                    v = fmaf(w[r][5], b.y, v);
-                    v = fmaf(w[r][6], b.z, v);
-                    v = fmaf(w[r][7], b.w, v);
-                    acc[r][t] = v;
-                }
-            }
-        }
-    }
-}
-
-
-
-// ===================================================================================================================
-// v2, the staged GEMV (qgemv2_t*, qgemv2_expert_t*; launch_quant.py selects it with STRATA_QUANT_GEMV=v2).
+// The staged dot product (every kernel of this file).
 //
-// Why: v1 lets every lane fetch its own 8 weights with narrow loads straight from global memory and round each
-// weight (__fmul_rn chains, ~12 instructions a weight), so it is instruction- and latency-bound (7-20 % of the
-// H200's bandwidth). v2 separates streaming from decoding:
+// Why: a lane that fetches its own 8 weights with narrow loads straight from global memory and rounds each weight
+// (__fmul_rn chains, ~12 instructions a weight) is instruction- and latency-bound (7-20 % of the H200's bandwidth,
+// the per-lane decoder this replaced). Here streaming and decoding are separate:
 //   copy  a warp fetches the raw bytes of its next stage with aligned 16-byte loads (coalesced: consecutive lanes
 //         read consecutive 16 bytes of one row), all of them issued before it decodes the current stage, so a
 //         whole stage (~QSTAGE_BYTES) per warp stays in flight; then it parks them in its shared-memory slot.
@@ -103,11 +59,11 @@ __device__ __forceinline__ void qslice_dot(const u8* __restrict__ W, i64 row_str
 //         float32 sum is reassociated. x stays float32, read as float4 from L1 and reused for all R rows.
 //         No cross-lane shuffles until the final warp_sum of reduce_store.
 //
-// Shape legend (one warp; R = QROWS(NT) output rows o0 .. o0+R-1, NT window rows):
+// Shape legend (one warp; R rows row(0) .. row(R-1), NT window rows):
 //   step s      256 input elements of a row = QSTEP_BYTES raw bytes (256 / QK blocks); the warp takes steps
-//               s = kslice, kslice + kstride, ... (split-K as v1: the block's ksplit warps and grid z)
+//               s = kslice, kslice + kstride, ... (split-K: the block's ksplit warps and grid z)
 //   stage st    QSB consecutive steps of the warp (its steps j = st*QSB .. st*QSB+QSB-1) for all R rows:
-//               U = R * QSB units, unit u = r * QSB + j = one contiguous byte range of row o0 + r
+//               U = R * QSB units, unit u = r * QSB + j = one contiguous byte range of row r
 //   chunk       a unit widened to 16-byte boundaries is at most QCHUNKS aligned 16-byte chunks (every loaded chunk
 //               holds at least one byte of its unit, so no load leaves the weight's pages); chunk c = u * QCHUNKS
 //               + k of a stage is loaded by lane c % 32 into register slot c / 32 and stored at stage[warp][c].
@@ -145,11 +101,12 @@ __device__ __forceinline__ int4* qstage_slot() {
     return stage[threadIdx.x / WARP];
 }
 
-// acc[r][t] += this warp's K slice of W[o0 + r] . x[xr[t]] (as qslice_dot), staged.
-template <int R, int NT>
-__device__ __forceinline__ void qslice_dot2(const u8* __restrict__ W, i64 row_stride, int o0, int n_out,
-                                            const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in,
-                                            int kslice, int kstride, float (&acc)[R][NT]) {
+// acc[r][t] += this warp's K slice of row(r) . x[xr[t]], r < R, t < nt; row(r) is the start of weight row r, asked
+// only where live(r) (false: a row past n_out, never loaded, never stored; an integer test, so that the R row
+// pointers need not stay in registers).
+template <int R, int NT, typename Row, typename Live>
+__device__ __forceinline__ void qslice_rows(Row row, Live live, const float* __restrict__ x, const int (&xr)[NT],
+                                            int nt, int n_in, int kslice, int kstride, float (&acc)[R][NT]) {
     constexpr int SB = qstage_steps(R), NCHUNK = R * SB * QCHUNKS, NCH = (NCHUNK + WARP - 1) / WARP;
     const int lane = threadIdx.x & (WARP - 1);
     const int n_steps = (n_in + QSTEP - 1) / QSTEP;
@@ -169,8 +126,8 @@ __device__ __forceinline__ void qslice_dot2(const u8* __restrict__ W, i64 row_st
             const int u = c / QCHUNKS, k = c - u * QCHUNKS;
             const int r = u / SB, j = u - r * SB;
             const int s = kslice + (st * SB + j) * kstride;
-            if (c < NCHUNK && o0 + r < n_out && s < n_steps) {
-                const u8* start = W + (i64)(o0 + r) * row_stride + (i64)s * QSTEP_BYTES;
+            if (c < NCHUNK && live(r) && s < n_steps) {
+                const u8* start = row(r) + (i64)s * QSTEP_BYTES;
                 const int len = (int)min((i64)QSTEP_BYTES, row_bytes - (i64)s * QSTEP_BYTES);
                 const int head = (int)((size_t)start & 15);
                 if (16 * k < head + len) ring[i] = __ldg(reinterpret_cast<const int4*>(start - head) + k);
@@ -191,7 +148,7 @@ __device__ __forceinline__ void qslice_dot2(const u8* __restrict__ W, i64 row_st
             if (i >= n_in) continue;  // the partial last step
             const int blk = lane * 8 / QB::qk, g = lane * 8 % QB::qk / 8;
             auto slot = [&](int r) {  // this lane's block of row o0 + r in the stage
-                const size_t head = (size_t)(W + (i64)(o0 + r) * row_stride + (i64)s * QSTEP_BYTES) & 15;
+                const size_t head = (size_t)(row(r) + (i64)s * QSTEP_BYTES) & 15;
                 return reinterpret_cast<const u8*>(stage + (r * SB + j) * QCHUNKS) + head + blk * QB::bytes;
             };
             if constexpr (NT <= 4) {
@@ -209,7 +166,7 @@ __device__ __forceinline__ void qslice_dot2(const u8* __restrict__ W, i64 row_st
                 }
 #pragma unroll
                 for (int r = 0; r < R; ++r) {
-                    if (o0 + r >= n_out) continue;  // rows past the end are never stored
+                    if (!live(r)) continue;  // rows past the end are never stored
                     float q[8], d, m = 0.0f;
                     qdec8<QTYPE>(slot(r), g, q, d, m);
 #pragma unroll
@@ -228,7 +185,7 @@ __device__ __forceinline__ void qslice_dot2(const u8* __restrict__ W, i64 row_st
                 for (int r = 0; r < R; ++r) {
                     d[r] = 0.0f;
                     m[r] = 0.0f;
-                    if (o0 + r < n_out) {
+                    if (live(r)) {
                         qdec8<QTYPE>(slot(r), g, q[r], d[r], m[r]);
                     } else {
                         zero8(q[r]);
@@ -267,54 +224,83 @@ __device__ __forceinline__ void qslice_dot2(const u8* __restrict__ W, i64 row_st
     }
 }
 
-// One K slice of either kernel generation as a value for common.cuh's slice_dense / slice_grouped: V = 1 decodes
-// per lane (qslice_dot), V = 2 stages whole blocks (qslice_dot2). Grids: QROWS(NT) rows per warp, as gemv.cu's;
-// grouped experts as gemv.cu's (an id outside 0..E-1 writes NaN to its entries' rows).
-template <int V>
+// This warp's K slice of rows o0 .. o0+R-1 of one matrix as a value for common.cuh's slice_dense / slice_grouped.
+// Grids: QROWS(NT) rows per warp, as gemv.cu's; grouped experts as gemv.cu's (an id outside 0..E-1 writes NaN to
+// its entries' rows).
 struct QSlice {
-    template <typename... A>
-    __device__ __forceinline__ void operator()(A&&... a) const {
-        if constexpr (V == 2)
-            qslice_dot2(a...);
-        else
-            qslice_dot(a...);
+    template <int R, int NT>
+    __device__ __forceinline__ void operator()(const u8* __restrict__ W, i64 row_stride, int o0, int n_out,
+                                               const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in,
+                                               int kslice, int kstride, float (&acc)[R][NT]) const {
+        qslice_rows([&](int r) { return W + (i64)(o0 + r) * row_stride; }, [&](int r) { return o0 + r < n_out; }, x,
+                    xr, nt, n_in, kslice, kstride, acc);
     }
 };
 
-// v2 blocks per SM the register allocation must allow, by window bucket (3 at 256 threads: <= 85 registers; 2:
-// <= 128): resident warps are what keeps enough stages in flight (ptxas -v, sm_90: T = 1 fits 80 without spills)
-#define QV2_MIN_BLOCKS(NT) ((NT) == 1 ? 3 : 2)
+// Sum the ksplit warps (as reduce_store), then y[y_rows[t], o0 + r] = silu(gate row r) * (up row r) for r < ROWS / 2
+// (acc rows 0..ROWS/2-1 gate, the rest up; N accumulator columns: NT, or 1 for a one-entry group).
+template <int ROWS, int N>
+__device__ __forceinline__ void gateup_store(float (&acc)[ROWS][N], int o0, int n_out, int nt, int ksplit,
+                                             int kslice, int group, float* y, const int* y_rows) {
+    constexpr int R = ROWS / 2;
+    if (!ksplit_sums(acc, ksplit, kslice, group)) return;
+    const int lane = threadIdx.x & (WARP - 1);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < N; ++t)
+            if (lane == (r * N + t) % WARP && o0 + r < n_out && t < nt)
+                y[(i64)y_rows[t] * n_out + o0 + r] = apply_act(acc[r][t], ACT_SILU) * acc[R + r][t];
+}
+
+// The gate and up projections of the grouped experts in one pass (grid as qgemv_expert_*'s with R rows per warp
+// of each matrix): acc rows 0..R-1 are gate rows o0.., rows R..2R-1 the same up rows, all staged together, so an
+// expert's gate and up bytes are in flight at once and read once for all its entries; y[j, o] = silu(gate) * up.
+template <int NT, int R>
+__device__ __forceinline__ void gateup_grouped(const u8* Wg, const u8* Wu, i64 expert_stride, i64 row_stride,
+                                               int n_expert, const int* g_expert, const int* g_count,
+                                               const int* g_entries, const float* x, int x_div, int n_in, float* y,
+                                               int n_out, int ksplit) {
+    grouped_entries<NT, R, 2 * R>(
+        n_expert, g_expert, g_count, g_entries, x_div, y, n_out, ksplit,
+        [&](int e, int o0, int kslice, auto& acc, const auto& xs, int n) {
+            const u8* G = Wg + (i64)e * expert_stride;
+            const u8* U = Wu + (i64)e * expert_stride;
+            qslice_rows([&](int r) { return (r < R ? G : U) + (i64)(o0 + (r < R ? r : r - R)) * row_stride; },
+                        [&](int r) { return o0 + (r < R ? r : r - R) < n_out; }, x, xs, n, n_in, kslice, ksplit, acc);
+        },
+        [&](auto& acc, int o0, int kslice, int group, const auto& ys, int n) {
+            gateup_store(acc, o0, n_out, n, ksplit, kslice, group, y, ys);
+        });
+}
+
+// blocks per SM the register allocation must allow, by window bucket (3 at 256 threads: <= 85 registers; 2:
+// <= 128): resident warps are what keeps enough stages in flight (ptxas -v, sm_90, q2_k: T = 1 at 80 registers
+// spills 36-64 bytes a thread to L1-cached local memory, as before the gate/up kernel)
+#define QMIN_BLOCKS(NT) ((NT) == 1 ? 3 : 2)
 
 #define QGEMV_KERNELS(NT)                                                                                              \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                    \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QMIN_BLOCKS(NT))                                   \
         qgemv_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int ksplit,     \
                     int act, float div, const float* mul, int mul_st, int mul_so, float* partial,                      \
                     unsigned* tile_done) {                                                                             \
-        slice_dense<NT, QROWS(NT)>(QSlice<1>{}, W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st,    \
+        slice_dense<NT, QROWS(NT)>(QSlice{}, W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st,       \
                                    mul_so, partial, tile_done);                                                        \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                    \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QMIN_BLOCKS(NT))                                   \
         qgemv_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,          \
                            const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,              \
                            float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st,          \
                            int mul_so) {                                                                               \
-        slice_grouped<NT, QROWS(NT)>(QSlice<1>{}, W, expert_stride, row_stride, n_expert, g_expert, g_count,           \
-                                     g_entries, x, x_div, n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);      \
+        slice_grouped<NT, QROWS(NT)>(QSlice{}, W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries,   \
+                                     x, x_div, n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);                 \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QV2_MIN_BLOCKS(NT))                                \
-        qgemv2_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T,                \
-                     int ksplit, int act, float div, const float* mul, int mul_st, int mul_so, float* partial,         \
-                     unsigned* tile_done) {                                                                            \
-        slice_dense<NT, QROWS(NT)>(QSlice<2>{}, W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st,    \
-                                   mul_so, partial, tile_done);                                                        \
-    }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QV2_MIN_BLOCKS(NT))                                \
-        qgemv2_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,         \
-                            const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,             \
-                            float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st,         \
-                            int mul_so) {                                                                              \
-        slice_grouped<NT, QROWS(NT)>(QSlice<2>{}, W, expert_stride, row_stride, n_expert, g_expert, g_count,           \
-                                     g_entries, x, x_div, n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);      \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QMIN_BLOCKS(NT))                                   \
+        qgemv_gateup_t##NT(const u8* Wg, const u8* Wu, i64 expert_stride, i64 row_stride, int n_expert,                \
+                           const int* g_expert, const int* g_count, const int* g_entries, const float* x, int x_div,   \
+                           int n_in, float* y, int n_out, int ksplit) {                                                \
+        gateup_grouped<NT, QROWS(NT) / 2>(Wg, Wu, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries,  \
+                                          x, x_div, n_in, y, n_out, ksplit);                                           \
     }
 
 QGEMV_KERNELS(1)

@@ -330,7 +330,7 @@ template <> __device__ __forceinline__ void decode8<T_TQ2_0>(const u8* b, int g,
 }
 
 // =====================================================================================================================
-// q-form decoders of the staged GEMV (gemv_quant.cu, STRATA_QUANT_GEMV=v2). The same 8 values of group g as decode8,
+// q-form decoders of the staged GEMV (every GEMV of gemv_quant.cu). The same 8 values of group g as decode8,
 // written as w_k = d * q_k (+ m for the types with a min, QHasMin): q_k exact small integers or (signed) grid
 // values as floats, d and m the floats gguf computes. For every type gguf's value is exactly fl(fl(d * q_k) + m)
 // (or fl(d * q_k)): tests/test_quant_decode_host.py checks that bit for bit. The GEMV then adds d * sum_k q_k x_k

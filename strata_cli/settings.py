@@ -49,14 +49,6 @@ def _seconds(name: str, raw: str) -> float:
     return value
 
 
-def _gemv_version(name: str, raw: str) -> str:
-    version = raw.lower()
-    if version not in GEMV_VERSIONS:
-        raise SettingError(f"{name}={raw!r}: expected one of {', '.join(GEMV_VERSIONS)}")
-    return version
-
-
-GEMV_VERSIONS = ("v1", "v2")
 
 
 @dataclass(frozen=True)
@@ -78,10 +70,8 @@ WATCHDOG_S = Setting("STRATA_WATCHDOG_S", _seconds, 60.0)                # tiers
 TEST_VERIFY_STALL = Setting("STRATA_TEST_VERIFY_STALL", _window_number, 0)  # test hook: window whose flag is withheld
 POOL_NATIVE = Setting("STRATA_POOL_NATIVE", _switch, True)               # 0: the CPU pool computes with numpy
 PCIE_COPY_THREAD = Setting("STRATA_PCIE_COPY_THREAD", _switch, True)     # 0: PCIe copies from the serving thread
-QUANT_GEMV = Setting("STRATA_QUANT_GEMV", _gemv_version, "v1")           # gemv_quant.cu's kernel set
 
-ALL = (TRACEBACK, VERIFY_PROFILE, CACHE, GIT_COMMIT, WATCHDOG_S, TEST_VERIFY_STALL, POOL_NATIVE, PCIE_COPY_THREAD,
-       QUANT_GEMV)
+ALL = (TRACEBACK, VERIFY_PROFILE, CACHE, GIT_COMMIT, WATCHDOG_S, TEST_VERIFY_STALL, POOL_NATIVE, PCIE_COPY_THREAD)
 
 
 def check_environment(env: Mapping[str, str] | None = None) -> None:

@@ -23,20 +23,6 @@ pytestmark = pytest.mark.gpu
 IDS = [Q.TYPE_NAMES[t] for t in TYPES]
 
 
-@pytest.fixture(params=["v1", "v2"])
-def gemv_version(request, monkeypatch):
-    """Both GEMV kernel sets of gemv_quant.cu (launch_quant's STRATA_QUANT_GEMV): v1, and the staged v2."""
-    monkeypatch.setenv("STRATA_QUANT_GEMV", request.param)
-    return request.param
-
-
-def _check_kernel(ggml_type, w_dev, version):
-    """The launcher picks the kernel set under test for this weight (v2 needs the block-aligned base it has)."""
-    from strata_cli.gpu.launch_quant import kernel_prefix
-
-    assert kernel_prefix(ggml_type, w_dev) == ("qgemv2" if version == "v2" else "qgemv")
-
-
 def _widths(ggml_type):
     """Odd input widths: one block, a step and a half, several steps (QK 32, 64 or 256)."""
     qk = Q.BLOCK[ggml_type][0]
@@ -45,14 +31,13 @@ def _widths(ggml_type):
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
 @pytest.mark.parametrize("n_out", (1, 5, 67))
-def test_gemv_every_type_matches_reference(ggml_type, n_out, gemv_version):
+def test_gemv_every_type_matches_reference(ggml_type, n_out):
     from strata_cli.gpu import launch_gemv
 
     rng = np.random.default_rng(100 * ggml_type + n_out)
     for n_in in _widths(ggml_type):
         w = random_tensor(rng, ggml_type, (n_out, n_in), 0.05)
         w_dev = to_dev(w)
-        _check_kernel(ggml_type, w_dev, gemv_version)
         for T in range(1, 17):
             x = rng.standard_normal((T, n_in)).astype(np.float32)
             got = launch_gemv.gemv(w_dev, ggml_type, n_in, to_dev(x), out=poisoned((T, n_out)))
@@ -61,7 +46,7 @@ def test_gemv_every_type_matches_reference(ggml_type, n_out, gemv_version):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
-def test_gemv_epilogue_and_zsplit(ggml_type, gemv_version):
+def test_gemv_epilogue_and_zsplit(ggml_type):
     """A 3-row matrix with a long input axis splits over grid z; silu(W.x / 2) * mul runs in the epilogue."""
     from strata_cli.gpu import launch_gemv
     from strata_cli.gpu import launch_util as U
@@ -82,7 +67,7 @@ def test_gemv_epilogue_and_zsplit(ggml_type, gemv_version):
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
 @pytest.mark.parametrize("K", (1, 4))
-def test_routed_experts_every_type(ggml_type, K, gemv_version):
+def test_routed_experts_every_type(ggml_type, K):
     from strata_cli.gpu import launch_moe
 
     rng = np.random.default_rng(10 * ggml_type + K)
@@ -101,9 +86,62 @@ def test_routed_experts_every_type(ggml_type, K, gemv_version):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
-def test_gemv_long_rows_and_row_views(ggml_type, gemv_version, monkeypatch):
-    """Split-K off (every warp streams whole rows: v2 runs several stages, the next one in flight, and a partial
-    last one) on weights that start inside a larger matrix (a row view: the base is only block-aligned, so v2's
+def test_gateup_one_launch_odd_rows_and_bad_id(ggml_type):
+    """launch_gateup_quant alone: silu(gate . x) * (up . x) per entry on an odd expert width (rows past the last
+    warp's), odd windows and groups of 1 .. 16 entries; an expert id out of range writes NaN to its entry only."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_moe, launch_quant
+    from strata_cli.gpu import launch_util as U
+
+    rng = np.random.default_rng(13 * ggml_type)
+    E, F, K = 6, 37, 3
+    D = 3 * Q.BLOCK[ggml_type][0] if Q.BLOCK[ggml_type][0] < 256 else 512
+    gate = random_tensor(rng, ggml_type, (E, F, D), 0.05)
+    up = random_tensor(rng, ggml_type, (E, F, D), 0.05)
+    gd, ud = to_dev(gate), to_dev(up)
+    stride = gate.nbytes // E
+    for T in (1, 2, 3, 5, 8, 11, 16):
+        x = rng.standard_normal((T, D)).astype(np.float32)
+        ids = moe.router_topk(rng.standard_normal((T, E)).astype(np.float32), K)[0]
+        if T == 5:
+            ids[2, 1] = E  # out of range: entry 2*K + 1 is NaN, the rest as the reference
+        J = T * K
+        groups = [cp.empty((J,), cp.int32), cp.empty((J,), cp.int32), cp.empty((J, U.GEMV_MAXT), cp.int32)]
+        launch_moe.group_entries(to_dev(ids), J, groups)
+        h = poisoned((J, F))
+        launch_quant.launch_gateup_quant(gd, ud, ggml_type, stride, E, groups, J, T, to_dev(x), K, D, h)
+        got = h.get()
+        rows = np.repeat(np.arange(T), K)
+        e = ids.reshape(-1)
+        ok = e < E
+        g = np.stack([ref.gemv(gate[i], ggml_type, D, x[t:t + 1])[0] for t, i in zip(rows[ok], e[ok])])
+        u = np.stack([ref.gemv(up[i], ggml_type, D, x[t:t + 1])[0] for t, i in zip(rows[ok], e[ok])])
+        assert np.isnan(got[~ok]).all()
+        assert_close(f"gateup {Q.TYPE_NAMES[ggml_type]} T={T}", g / (1.0 + np.exp(-g)) * u, got[ok], floor=0.05)
+
+
+def test_routed_experts_gate_up_of_two_types_run_apart():
+    """Gate and up of different block types take two launches (the fused one needs one type); same result."""
+    from strata_cli.gpu import launch_moe
+
+    rng = np.random.default_rng(21)
+    E, F, D, T, K = 5, 256, 512, 6, 2
+    types = (Q.Q4_K, Q.Q6_K, Q.Q4_0)
+    gate, up = (random_tensor(rng, t, (E, F, D), 0.05) for t in types[:2])
+    down = random_tensor(rng, types[2], (E, D, F), 0.05)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    ids, w = moe.router_topk(rng.standard_normal((T, E)).astype(np.float32), K)
+    got = launch_moe.routed_experts(to_dev(x), to_dev(ids), to_dev(w), to_dev(gate), to_dev(up), to_dev(down), types,
+                                    out=poisoned((T, D)))
+    assert_close("routed_experts Q4_K/Q6_K/Q4_0", moe.routed_experts_raw(x, ids, w, gate, up, down, types), got,
+                 floor=0.05)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+def test_gemv_long_rows_and_row_views(ggml_type, monkeypatch):
+    """Split-K off (every warp streams whole rows: it runs several stages, the next one in flight, and a partial
+    last one) on weights that start inside a larger matrix (a row view: the base is only block-aligned, so the
     staged ranges start at every offset mod 16); 1 .. 16-row windows over a long odd input axis."""
     from strata_cli.gpu import launch_gemv, launch_quant
 
@@ -116,7 +154,6 @@ def test_gemv_long_rows_and_row_views(ggml_type, gemv_version, monkeypatch):
     w_all = to_dev(w)
     for first in (0, 1, 3):
         w_dev = w_all[first:first + n_out]
-        _check_kernel(ggml_type, w_dev, gemv_version)
         for T in (1, 2, 7, 16):
             x = rng.standard_normal((T, n_in)).astype(np.float32)
             got = launch_gemv.gemv(w_dev, ggml_type, n_in, to_dev(x), out=poisoned((T, n_out)))
@@ -125,7 +162,7 @@ def test_gemv_long_rows_and_row_views(ggml_type, gemv_version, monkeypatch):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
-def test_routed_experts_long_rows(ggml_type, gemv_version, monkeypatch):
+def test_routed_experts_long_rows(ggml_type, monkeypatch):
     """Grouped expert GEMVs with split-K off over a long input axis (19 steps of 256 per warp for gate / up)."""
     from strata_cli.gpu import launch_moe, launch_quant
 
@@ -159,7 +196,7 @@ def test_gather_rows_bit_exact(ggml_type):
 
 
 @pytest.mark.parametrize("ggml_type", (Q.Q4_K, Q.IQ2_XS, Q.Q5_0, Q.IQ1_M, Q.NVFP4), ids=lambda t: Q.TYPE_NAMES[t])
-def test_graph_replay_is_bit_identical_to_eager(ggml_type, gemv_version):
+def test_graph_replay_is_bit_identical_to_eager(ggml_type):
     """A z-split dense GEMV and the grouped expert GEMVs captured in one graph replay to the eager bits."""
     import cupy as cp
 
@@ -184,7 +221,7 @@ def test_graph_replay_is_bit_identical_to_eager(ggml_type, gemv_version):
 
 
 @pytest.mark.parametrize("kind", ["q4_k_m", "q3_k_m", "iq3_s", "iq2_xs"])
-def test_fixture_quantized_files_gpu_vs_numpy(fixture_c_dir, kind, gemv_version):
+def test_fixture_quantized_files_gpu_vs_numpy(fixture_c_dir, kind):
     """llama-quantize's files: the GPU engine (graphs, random windows, partial commits) against the numpy engine."""
     from spec_windows import speculative_run
 

@@ -61,26 +61,19 @@ def test_unknown_variant_is_one_clear_error():
         S.prefix("q8_0")
 
 
-def test_gemv_version_env_and_kernel_choice(monkeypatch):
-    """STRATA_QUANT_GEMV picks gemv_quant.cu's kernel set; v2 only for weights whose base has the block alignment
-    its decoders assume (a misaligned view runs v1); a bad value is one clear error."""
-    from strata_cli import settings
+def test_block_alignment_check():
+    """The GEMVs decode blocks in place: a weight (or expert stride) off the block's natural alignment is one clear
+    error, any block-aligned view runs."""
     from strata_cli.gpu import launch_quant as L
 
-    monkeypatch.delenv(settings.QUANT_GEMV.name, raising=False)
-    assert L.gemv_version() == "v1"
     buf = np.zeros(4096, np.uint8)
     base = -buf.ctypes.data % 16
     aligned, odd = buf[base:base + 2048], buf[base + 2:base + 2050]
-    assert L.kernel_prefix(Q.Q4_K, aligned) == "qgemv"
-    monkeypatch.setenv(settings.QUANT_GEMV.name, "V2")
-    assert L.gemv_version() == "v2"
-    assert L.kernel_prefix(Q.Q4_K, aligned) == "qgemv2"
-    assert L.kernel_prefix(Q.Q4_K, aligned, expert_stride=144 * 3) == "qgemv2"
-    assert L.kernel_prefix(Q.Q4_K, odd) == "qgemv"  # Q4_K blocks are 144 bytes: 16-aligned
-    assert L.kernel_prefix(Q.Q3_K, odd) == "qgemv2"  # 110 bytes: 2-aligned
-    assert L.kernel_prefix(Q.Q4_K, aligned, expert_stride=8) == "qgemv"
+    L.check_block_align("w", Q.Q4_K, aligned)
+    L.check_block_align("w", Q.Q4_K, aligned, expert_stride=144 * 3)
+    L.check_block_align("w", Q.Q3_K, odd)  # 110-byte blocks: 2-aligned
+    with pytest.raises(ValueError, match="w: Q4_K weights must start 16-byte aligned"):
+        L.check_block_align("w", Q.Q4_K, odd)
+    with pytest.raises(ValueError, match="gate_raw: Q4_K weights must start 16-byte aligned"):
+        L.check_block_align("gate_raw", Q.Q4_K, aligned, expert_stride=8)
     assert [L.block_align(t) for t in (Q.Q4_0, Q.Q4_1, Q.Q5_1, Q.Q4_K, Q.MXFP4)] == [2, 4, 8, 16, 1]
-    monkeypatch.setenv(settings.QUANT_GEMV.name, "v3")
-    with pytest.raises(settings.SettingError, match="STRATA_QUANT_GEMV='v3': expected one of v1, v2"):
-        L.gemv_version()

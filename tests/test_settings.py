@@ -8,8 +8,7 @@ from click.testing import CliRunner
 from strata_cli import settings
 
 BAD = {"STRATA_TRACEBACK": "yes", "STRATA_VERIFY_PROFILE": "on", "STRATA_WATCHDOG_S": "soon",
-       "STRATA_TEST_VERIFY_STALL": "x", "STRATA_POOL_NATIVE": "off", "STRATA_PCIE_COPY_THREAD": "2",
-       "STRATA_QUANT_GEMV": "v3"}
+       "STRATA_TEST_VERIFY_STALL": "x", "STRATA_POOL_NATIVE": "off", "STRATA_PCIE_COPY_THREAD": "2"}
 FREE_TEXT = {"STRATA_CACHE", "STRATA_GIT_COMMIT"}  # any string is a path / a commit name
 
 
@@ -30,10 +29,9 @@ def test_a_bad_value_is_one_line_naming_the_variable_exit_2(name, tmp_path):
 def test_defaults_and_values():
     values = {s.name: s.value({}) for s in settings.ALL}
     assert values["STRATA_WATCHDOG_S"] == 60.0 and values["STRATA_TEST_VERIFY_STALL"] == 0
-    assert values["STRATA_QUANT_GEMV"] == "v1" and values["STRATA_POOL_NATIVE"] is True
+    assert values["STRATA_POOL_NATIVE"] is True
     assert settings.TEST_VERIFY_STALL.value({"STRATA_TEST_VERIFY_STALL": "3"}) == 3
     assert settings.WATCHDOG_S.value({"STRATA_WATCHDOG_S": "2.5"}) == 2.5
-    assert settings.QUANT_GEMV.value({"STRATA_QUANT_GEMV": " V2 "}) == "v2"
     assert settings.PCIE_COPY_THREAD.value({"STRATA_PCIE_COPY_THREAD": ""}) is True  # empty is unset
     for bad in ("-1", "inf", "nan"):
         with pytest.raises(settings.SettingError, match=f"STRATA_WATCHDOG_S='{bad}'"):

@@ -63,6 +63,28 @@ def launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, n_groups, 
         g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), *epilogue))
 
 
+def launch_gateup_experts(gate, up, n_expert, groups, n_groups, T, x, K, h) -> None:
+    """h[j] = silu(gate_e . x[j // K]) * (up_e . x[j // K]) for the groups' entries; gate / up = (raw [E, F, D],
+    type, expert stride); arguments already checked. Gate and up of one block type and stride are one launch that
+    reads both (launch_quant.launch_gateup_quant), else two."""
+    (gw, gt, gs), (uw, ut, us) = gate, up
+    D, F = x.shape[1], h.shape[1]
+    if gt == ut and gs == us and launch_quant.handles(gt):
+        launch_quant.launch_gateup_quant(gw, uw, gt, gs, n_expert, groups, n_groups, T, x, K, D, h)
+        return
+    launch_expert_gemv(uw, ut, us, n_expert, groups, n_groups, T, x, K, D, h)
+    launch_expert_gemv(gw, gt, gs, n_expert, groups, n_groups, T, x, K, D, h, act=U.ACT_SILU, mul=h,
+                       mul_strides=(F, 1))
+
+
+def launch_swiglu_experts(gate, up, down, n_expert, groups, n_groups, T, x, K, h, parts) -> None:
+    """parts[j] = down_e . h[j] after launch_gateup_experts (unweighted); down = (raw [E, D, F], type, expert
+    stride); h [*, F] and parts [*, D] entry rows; arguments already checked."""
+    launch_gateup_experts(gate, up, n_expert, groups, n_groups, T, x, K, h)
+    dw, dt, ds = down
+    launch_expert_gemv(dw, dt, ds, n_expert, groups, n_groups, T, h, 1, h.shape[1], parts)
+
+
 @dataclass
 class MoeScratch:
     """Intermediates of routed_experts: h [J, F] (up, then silu(gate) * up), parts [J, D], and the grouping of the
@@ -93,6 +115,13 @@ def _group_buffers(s: MoeScratch, J: int):
             raise ValueError(f"scratch.{name}: {buf.shape[0]} rows, the window needs {J}")
         out.append(buf[:J])
     return out
+
+
+def group_entries(ids, J: int, groups) -> None:
+    """moe_group: the J (row, slot) entries of ids [T, K] grouped by expert into groups = (g_expert [J], g_count
+    [J], g_entries [J, GEMV_MAXT]) (checked by the caller)."""
+    nvrtc.kernel("moe", "moe_group")((1, 1, 1), (max(32, -(-J // 32) * 32), 1, 1), (
+        ids, np.int32(J), np.int32(U.GEMV_MAXT), *groups))
 
 
 def _check_types(name: str, ggml_types, n: int) -> tuple[int, ...]:
@@ -131,12 +160,9 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         out = U.out_array("out", out, (T, D), np.float32, empty)
 
         # group the entries by expert; entry j = t*K + k reads x row t = j // K; h and parts are indexed by entry
-        nvrtc.kernel("moe", "moe_group")((1, 1, 1), (max(32, -(-J // 32) * 32), 1, 1), (
-            ids, np.int32(J), np.int32(U.GEMV_MAXT), *groups))
-        launch_expert_gemv(up_raw, ut, up_stride, E, groups, J, T, x, K, D, h)
-        launch_expert_gemv(gate_raw, gt, gate_stride, E, groups, J, T, x, K, D, h, act=U.ACT_SILU, mul=h,
-                            mul_strides=(F, 1))
-        launch_expert_gemv(down_raw, dt, down_stride, E, groups, J, T, h, 1, F, parts)
+        group_entries(ids, J, groups)
+        launch_swiglu_experts((gate_raw, gt, gate_stride), (up_raw, ut, up_stride), (down_raw, dt, down_stride), E,
+                              groups, J, T, x, K, h, parts)
         if mark is not None:
             mark("experts")
         grid, block = U.elementwise_grid(T * D)

@@ -4,17 +4,15 @@ types other than Q8_0 (K-quants, i-quants, legacy 4/5-bit, TQ, FP4), one compile
 types here after their own checks; the numpy references are theirs (ops/gemv.gemv, ops/moe.routed_experts_raw,
 ops/embed.gather_rows), over model/quants.dequantize.
 
-Two GEMV kernel sets live in the module: v1 (qgemv_t*, qgemv_expert_t*: every lane loads and rounds its own
-weights) and v2 (qgemv2_*: a warp stages its rows' blocks in shared memory with 16-byte loads and sums in q-form,
-kernels/gemv_quant.cu). STRATA_QUANT_GEMV=v2 selects v2; v1 stays the default until the device has shown v2
-correct and faster. v2 also needs the weight's base address at the block's natural alignment (quant_decode.cuh
-QAl); a weight view that lacks it runs v1.
+The GEMVs stage whole blocks of a warp's rows in shared memory with 16-byte loads and sum per scale group
+(kernels/gemv_quant.cu); they need the weight's base address at the block's natural alignment (quant_decode.cuh
+QAl), which every GGUF tensor and every row or expert view of one has (check_block_align says so otherwise).
+The routed experts' gate and up projections of one type run as one launch (launch_gateup_quant).
 
 Legend: T window rows, n_in / n_out GEMV widths, J (row, slot) entries of the MoE, N gathered rows.
 """
 
 from __future__ import annotations
-
 
 import numpy as np
 
@@ -22,6 +20,7 @@ from ..model import quants as Q
 from . import compile as nvrtc
 from . import launch_util as U
 from .quant_source import TYPES, variant
+from .splitk import zsplit_args
 
 QSTEP = 256  # input elements per warp step (kernels/gemv_quant.cu)
 QROWS = {1: 4, 2: 4, 4: 4, 8: 2, 16: 2}  # output rows per warp by window bucket (QROWS(NT) in the kernel)
@@ -39,27 +38,20 @@ def _kernel(ggml_type: int, function: str):
     return nvrtc.kernel(f"gemv_quant.{variant(ggml_type)}", function)
 
 
-def gemv_version() -> str:
-    """'v1' or 'v2' from STRATA_QUANT_GEMV (default v1); anything else is one clear error."""
-    from .. import settings
-
-    return settings.QUANT_GEMV.value()
-
-
 def block_align(ggml_type: int) -> int:
     """The natural alignment of a type's blocks (largest power of two <= 16 dividing the block size): quant_decode.cuh
-    QAl, what v2's decoders assume of every block start."""
+    QAl, what the decoders assume of every block start."""
     nbytes = U.row_stride(ggml_type, Q.BLOCK[ggml_type][0])
     return min(16, nbytes & -nbytes)
 
 
-def kernel_prefix(ggml_type: int, w, expert_stride: int = 0) -> str:
-    """Kernel name prefix for weight w: 'qgemv2' when v2 is chosen and w's base (and every expert's) has the block
-    alignment v2 assumes, else 'qgemv'."""
+def check_block_align(name: str, ggml_type: int, w, expert_stride: int = 0) -> None:
+    """The GEMVs decode blocks in place: w's base (and every expert's, expert_stride bytes apart) must have the block
+    alignment quant_decode.cuh assumes."""
     align = block_align(ggml_type)
-    if gemv_version() == "v2" and U.data_ptr(w) % align == 0 and expert_stride % align == 0:
-        return "qgemv2"
-    return "qgemv"
+    if U.data_ptr(w) % align or expert_stride % align:
+        raise ValueError(f"{name}: {Q.TYPE_NAMES[ggml_type]} weights must start {align}-byte aligned "
+                         f"(base {U.data_ptr(w) % 16} mod 16, expert stride {expert_stride})")
 
 
 def quant_split(n_out: int, n_in: int, T: int = 1, n_matrices: int = 1, max_z: int = 1) -> tuple[int, int]:
@@ -83,13 +75,12 @@ def launch_gemv_quant(w, ggml_type: int, n_in: int, x, y, work, *, act: int = U.
     T, n_out = y.shape
     U.check_vector_rows("x", x)
     max_z = U.GEMV_MAX_ZSPLIT if T <= U.GEMV_MAXT else 1
+    check_block_align("w", ggml_type, w)
     ksplit, zsplit = quant_split(n_out, n_in, T, max_z=max_z)
     rpw = QROWS[U.nt_bucket(T)]
     grid, block = U.gemv_grid(n_out, T, ksplit, zsplit, rpw=rpw)
-    from .launch_gemv import zsplit_args  # launch_gemv dispatches the block-quant types here
-
     partial, tile_done = zsplit_args(grid, zsplit, work)
-    _kernel(ggml_type, f"{kernel_prefix(ggml_type, w)}_t{U.nt_bucket(T)}")(grid, block, (
+    _kernel(ggml_type, f"qgemv_t{U.nt_bucket(T)}")(grid, block, (
         w, np.int64(U.row_stride(ggml_type, n_in)), x, np.int32(n_in), y, np.int32(n_out), np.int32(T),
         np.int32(ksplit), np.int32(act), np.float32(div), U.null_or(mul), np.int32(mul_strides[0]),
         np.int32(mul_strides[1]), partial, tile_done))
@@ -102,13 +93,31 @@ def launch_expert_gemv_quant(w, ggml_type: int, expert_stride: int, n_expert: in
     moe_group or tier_group); arguments checked by launch_moe."""
     J, n_out = n_groups, y.shape[1]
     U.check_vector_rows("x", x)
+    check_block_align("w", ggml_type, w, expert_stride)
     g_expert, g_count, g_entries = groups
     ksplit, _ = quant_split(n_out, n_in, T, n_matrices=J)
     grid, block = U.expert_grid(n_out, J, ksplit, rpw=QROWS[U.nt_bucket(T)])
-    _kernel(ggml_type, f"{kernel_prefix(ggml_type, w, expert_stride)}_expert_t{U.nt_bucket(T)}")(grid, block, (
+    _kernel(ggml_type, f"qgemv_expert_t{U.nt_bucket(T)}")(grid, block, (
         w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert, g_count,
         g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), np.int32(act),
         np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
+
+
+def launch_gateup_quant(gate, up, ggml_type: int, expert_stride: int, n_expert: int, groups, n_groups: int, T: int,
+                        x, x_div: int, n_in: int, y) -> None:
+    """y [*, n_out] = silu(gate_e . x) * (up_e . x) for entry j of each group (x row j // x_div): one launch that
+    stages an expert's gate and up rows together (gate and up of one type and geometry); arguments checked by
+    launch_moe."""
+    J, n_out = n_groups, y.shape[1]
+    U.check_vector_rows("x", x)
+    check_block_align("gate_raw", ggml_type, gate, expert_stride)
+    check_block_align("up_raw", ggml_type, up, expert_stride)
+    g_expert, g_count, g_entries = groups
+    ksplit, _ = quant_split(n_out, n_in, T, n_matrices=2 * J)  # a warp holds half its rows of each matrix
+    grid, block = U.expert_grid(n_out, J, ksplit, rpw=QROWS[U.nt_bucket(T)] // 2)
+    _kernel(ggml_type, f"qgemv_gateup_t{U.nt_bucket(T)}")(grid, block, (
+        gate, up, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert,
+        g_count, g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit)))
 
 
 def launch_gather_quant(rows, table, ggml_type: int, row_len: int, out) -> None:

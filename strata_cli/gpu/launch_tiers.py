@@ -17,7 +17,7 @@ import numpy as np
 
 from . import compile as nvrtc
 from . import launch_util as U
-from .launch_moe import launch_expert_gemv
+from .launch_moe import launch_swiglu_experts
 from .runtime import check, cudrv
 
 WAIT_KINDS = ("spin", "stream")
@@ -62,29 +62,15 @@ def group_resident(ids, j0: int, J: int, slot_of, n_expert: int, g_expert, g_cou
         g_entries), stream=stream)
 
 
-def expert_gemv(w, ggml_type: int, n_expert: int, groups, n_groups: int, nt: int, x, x_div: int, n_in: int, y,
-                stream, *, act=U.ACT_NONE, mul=None, mul_strides=(0, 0)) -> None:
-    """y[j] = W[group's expert] . x[j // x_div] for every entry j of the n_groups groups, through launch_moe's
-    grouped expert GEMV (every weight type it launches). Entries are global (row*K + slot), so y and x are the whole
-    window buffers; n_groups sizes the grid (the kernel writes row j of the buffer, j < its row count).
-    w [E, n_out, row] raw or Q8_0_R32; nt >= entries of any group."""
-    if not 1 <= n_groups <= y.shape[0]:
-        raise ValueError(f"n_groups: {n_groups} outside 1..{y.shape[0]} (the entry buffer's rows)")
-    stride = int(w.nbytes // max(int(w.shape[0]), 1))
-    with U.on_stream(stream):
-        launch_expert_gemv(w, ggml_type, stride, n_expert, groups, n_groups, nt, x, x_div, n_in, y, act=act, mul=mul,
-                           mul_strides=mul_strides)
-
-
 def swiglu_experts(gate, up, down, n_expert: int, groups, n_groups: int, nt: int, x, K: int, h, parts,
                    stream) -> None:
     """parts[j] = down_e . (silu(gate_e . x[j // K]) * (up_e . x[j // K])) for the groups' entries (unweighted).
     gate/up/down = (array [E, rows, row], type); x [M, D], h [M*K, F], parts [M*K, D] whole buffers."""
-    (gw, gt), (uw, ut), (dw, dt) = gate, up, down
-    D, F = x.shape[1], h.shape[1]
-    expert_gemv(uw, ut, n_expert, groups, n_groups, nt, x, K, D, h, stream)
-    expert_gemv(gw, gt, n_expert, groups, n_groups, nt, x, K, D, h, stream, act=U.ACT_SILU, mul=h, mul_strides=(F, 1))
-    expert_gemv(dw, dt, n_expert, groups, n_groups, nt, h, 1, F, parts, stream)
+    if not 1 <= n_groups <= h.shape[0]:
+        raise ValueError(f"n_groups: {n_groups} outside 1..{h.shape[0]} (the entry buffer's rows)")
+    with U.on_stream(stream):
+        launch_swiglu_experts(*((w, t, int(w.nbytes // max(int(w.shape[0]), 1))) for w, t in (gate, up, down)),
+                              n_expert, groups, n_groups, nt, x, K, h, parts)
 
 
 def combine(parts, ymiss, src, w, shared, out, r0: int, T: int, stream) -> None:
