@@ -7,7 +7,7 @@ import json
 import click
 
 from ..present import RECORD_FORMATS
-from ._common import (SEED, FiniteFloatRange, ctx_option, device_option, format_option, load_engine, load_model,
+from ._common import (SEED, FiniteFloatRange, context_hint, ctx_option, device_option, format_option, load_engine, load_model,
                       model_argument)
 from ._tiers import tier_config, tier_options
 
@@ -61,7 +61,7 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
     from ..dumps import format_row, rows_to_json
     from ..engine.state import resolve_ctx
     from ..envinfo import environment_record, header_line
-    from ..errors import InputError
+    from ..errors import InputError, OptionError
     from ..fileio import check_output_path, is_stdio, output_stream
     from ..logprobs import speculative_dump
     from ..present import Column, emit, err_console, warn
@@ -70,7 +70,7 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
     from ..tokens import check_range, tokens_from_options
 
     if full_dist and fmt not in ("json", "jsonl"):
-        raise InputError("--full-dist writes whole distributions: it needs --format json or jsonl")
+        raise OptionError("--full-dist writes whole distributions: it needs --format json or jsonl")
     if not is_stdio(output):
         check_output_path(output, what="logprob dump")
     m = load_model(model)
@@ -86,7 +86,7 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
     if extra_id is None:
         extra_id = g.eos_token_id
     elif not 0 <= extra_id < g.n_vocab:
-        raise InputError(f"--extra-id {extra_id} out of range 0..{g.n_vocab - 1}")
+        raise OptionError(f"--extra-id {extra_id} out of range 0..{g.n_vocab - 1}")
     check_positions(len(tokens), ctx, source, g.n_ctx)  # before the engine allocates its caches
     engine = load_engine(m, device, n_ctx, tiers=tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait))
     env = environment_record(engine.device)
@@ -142,6 +142,6 @@ def check_positions(n_tokens: int, n_ctx: int, source: str, model_ctx: int) -> N
     from ..errors import InputError
 
     if n_tokens - 1 > n_ctx:
-        hint = f"raise --ctx, up to the model's {model_ctx}" if n_ctx < model_ctx else "the model's context_length"
+        hint = context_hint(n_ctx, model_ctx, "the number of tokens")
         raise InputError(f"{source}: {n_tokens} tokens need {n_tokens - 1} positions, past the context "
                          f"{n_ctx} ({hint})")

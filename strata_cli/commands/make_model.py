@@ -8,7 +8,7 @@ from contextlib import nullcontext
 import click
 from rich.console import Console
 
-from ..errors import InputError
+from ..errors import InputError, OptionError
 from ..fileio import available_memory, check_output_path, stdout_text
 from ..progress import byte_progress
 from ..synth import estimate_size, load_preset, write_model
@@ -49,13 +49,13 @@ def command(out: str, preset: str, seed: int, ggml_type: str | None, recipe: str
     from ..synth.recipes import load_recipe
 
     if preset not in PRESET_NAMES and not preset.endswith((".yaml", ".yml")):
-        raise InputError(f"--preset '{preset}': expected one of {', '.join(PRESET_NAMES)} or a path ending in .yaml")
+        raise OptionError(f"--preset '{preset}': expected one of {', '.join(PRESET_NAMES)} or a path ending in .yaml")
     stdout_text()  # the summary goes there at the end: refuse a closed stdout before writing gigabytes
     out = check_output_path(out, what="model", force=force)
     geometry = load_preset(preset).with_overrides(layers=layers, experts=experts, vocab=vocab,
                                                   ngram_vocab=ngram_vocab)
     if recipe is not None and ggml_type is not None:
-        raise InputError("--type and --recipe: give one of them")
+        raise OptionError("--type and --recipe: give one of them")
     choice = load_recipe(recipe) if recipe is not None else \
         (ggml_type or ("Q8_0" if geometry.name.startswith("flash-next") else "F32")).upper()
     type_label = choice.name if recipe is not None else choice

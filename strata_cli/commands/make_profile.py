@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import click
 
-from ._common import ctx_option, format_option, load_model, model_argument
+from ._common import SEED, ctx_option, format_option, load_model, model_argument
 from .logprobs import token_options
 
 
 @click.command(short_help="Count the router's picks of a run and write an expert profile (YAML or STRP).")
 @model_argument
 @token_options
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --random.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of --random.")
 @click.option("--holdout", type=click.Path(dir_okay=False),
               help="Token file of held-out text: report the profile's hit rate on it per slot count.")
 @click.option("--slots", type=click.IntRange(min=0), default=None,
@@ -30,7 +30,7 @@ def command(model, token_file, n_random, text, text_file, seed, holdout, slots, 
     picked each (layer, expert) pair, rank the pairs hottest first and write the profile atomically. Prints the
     share of the counted picks the first N ranked pairs serve (coverage) and, with --holdout, the hit rate on the
     held-out tokens."""
-    from ..errors import InputError
+    from ..errors import OptionError
     from ..progress import step_progress
     from ..tiers.profile import ExpertProfile, check_profile_path, save_profile
     from ..tiers.routing import count_routing, slot_counts
@@ -41,7 +41,7 @@ def command(model, token_file, n_random, text, text_file, seed, holdout, slots, 
     m = load_model(model)
     g = m.geometry
     if slots is not None and slots > g.n_layers * g.n_expert:
-        raise InputError(f"--slots {slots}: the model has {g.n_layers * g.n_expert} (layer, expert) pairs")
+        raise OptionError(f"--slots {slots}: the model has {g.n_layers * g.n_expert} (layer, expert) pairs")
     tokens, source = tokens_from_options(m, token_file=token_file, n_random=n_random, text=text,
                                          text_file=text_file, seed=seed)
     check_range(tokens, g.n_vocab, source)

@@ -37,7 +37,7 @@ def command(profile_path, slots, holdout, model_arg, window, fmt, n_ctx):
     the hit rate of held-out routing."""
     from pathlib import Path
 
-    from ..errors import InputError
+    from ..errors import InputError, OptionError
     from ..progress import step_progress
     from ..tiers.profile import BINARY_SUFFIXES, STRP_MAGIC, YAML_SUFFIXES, load_profile
     from ..tiers.routing import count_routing, slot_counts
@@ -72,7 +72,7 @@ def command(profile_path, slots, holdout, model_arg, window, fmt, n_ctx):
                 held = count_routing(model, tokens, window, n_ctx, progress)
     for n in slots or ():
         if n > profile.n_pairs:
-            raise InputError(f"--slots {n}: the profile has {profile.n_pairs} (layer, expert) pairs")
+            raise OptionError(f"--slots {n}: the profile has {profile.n_pairs} (layer, expert) pairs")
     report(profile, profile_path, slots or slot_counts(profile.n_pairs, [profile.slots]), held, holdout, model, fmt)
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ._common import (SEED, FiniteFloatRange, ctx_option, deprecated_alias, device_option, format_option,
-                      load_engine, load_model, model_argument)
+from ._common import (SEED, FiniteFloatRange, context_hint, ctx_option, deprecated_alias, device_option, format_option,
+                      load_engine, load_model, model_argument, parse_window_list)
 from ._tiers import tier_config, tier_options
 
 # (key, table header, display format): the table/md columns; csv/json/jsonl print every key of the record, raw
@@ -16,18 +16,6 @@ COLUMNS = [("window", "T", None), ("ms_median", "ms/window", ".3f"), ("ms_p10", 
 GPU_COLUMNS = [("capture_ms", "capture ms", ".1f"), ("read_bytes", "GB read", lambda v: f"{v / 1e9:.3f}"),
                ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f")]
 DEFAULT_ACCEPTANCE = 0.7
-
-
-def _windows(text: str) -> list[int]:
-    from ..errors import InputError
-
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise InputError(f"--window '{text}': expected comma-separated integers like 1,2,4,8") from None
-    if not values or min(values) < 1:
-        raise InputError(f"--window '{text}': window sizes must be >= 1")
-    return values
 
 
 def _add_floor(records, model) -> None:
@@ -69,11 +57,11 @@ def command(model, window_list, repetitions, warmup, depth, acceptance, acceptan
     window and the speedup over T = 1 at the assumed or measured acceptance, under the run's provenance.
     With expert tiers (GPU): the VRAM / PCIe / CPU shares of the routed entries, the GPU's time in each wait and
     the host's time per window; --expert-cache as a list (0,4096,12GiB,all) sweeps the cache sizes."""
-    from ..errors import InputError
+    from ..errors import InputError, OptionError
 
     caches = [c.strip() for c in expert_cache.split(",")] if expert_cache else [None]
     if "" in caches:
-        raise InputError(f"--expert-cache '{expert_cache}': an empty cache size in the list")
+        raise OptionError(f"--expert-cache '{expert_cache}': an empty cache size in the list")
     configs = [tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache_override=cache)
                for cache in caches]  # every spec checked before the first run
     for tiers in configs:
@@ -84,16 +72,16 @@ def command(model, window_list, repetitions, warmup, depth, acceptance, acceptan
 def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, fmt, device,
            n_ctx, tiers):
     from ..envinfo import environment_record, header_line
-    from ..errors import InputError
+    from ..errors import InputError, OptionError
     from ..present import Column, emit
     from ..progress import step_progress
     from ..records import ModelIdentity, Provenance, command_line, utc_timestamp
     from ..speculation import Acceptance, acceptance_from_dump
     from ..window_timing import run_bench
 
-    windows = _windows(window_list)
+    windows = parse_window_list(window_list)
     if acceptance is not None and acceptance_dump:
-        raise InputError("give --acceptance A or --acceptance-from DUMP, not both")
+        raise OptionError("give --acceptance A or --acceptance-from DUMP, not both")
     accept = acceptance_from_dump(acceptance_dump) if acceptance_dump else \
         Acceptance.assumed(DEFAULT_ACCEPTANCE if acceptance is None else acceptance)
     if accept.max_window() is not None and max(windows) > accept.max_window():
@@ -102,11 +90,12 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
     m = load_model(model)
     engine = load_engine(m, device, n_ctx, tiers=tiers)
     if eager and not engine.capabilities.eager:
-        raise InputError("--eager compares graph replay with eager launches: it needs --device gpu")
+        raise OptionError("--eager compares graph replay with eager launches: it needs --device gpu")
     if engine.max_t is not None and max(windows) > engine.max_t:
-        raise InputError(f"--window {max(windows)} exceeds the engine's max_t {engine.max_t}")
+        raise OptionError(f"--window {max(windows)} exceeds the engine's max_t {engine.max_t}")
     if depth + max(windows) > engine.n_ctx:
-        raise InputError(f"--depth {depth} + window {max(windows)} past the context {engine.n_ctx} (raise --ctx)")
+        raise OptionError(f"--depth {depth} + window {max(windows)} past the context {engine.n_ctx} "
+                          f"({context_hint(engine.n_ctx, m.geometry.n_ctx, '-d/--depth')})")
     env = environment_record(engine.device)
     mode = "eager" if eager else ("graph" if engine.capabilities.graphs else "numpy")
     timer = engine.window_timer(eager)

@@ -10,7 +10,7 @@ link), and in a window the copies and the pool share the host's memory bandwidth
 
 from __future__ import annotations
 
-from ..errors import InputError
+from ..errors import OptionError
 
 PCIE_GBS = 51.0
 POOL_GBS = 77.7
@@ -35,9 +35,9 @@ def parse_pcie_frac(text) -> float | str:
         try:
             value = float(raw)
         except ValueError:
-            raise InputError(f"--pcie-frac {raw!r}: expected auto or a share between 0 and 1") from None
+            raise OptionError(f"--pcie-frac {raw!r}: expected auto or a share between 0 and 1") from None
     if not 0.0 <= value <= 1.0:
-        raise InputError(f"--pcie-frac {text!r}: expected auto or a share between 0 and 1")
+        raise OptionError(f"--pcie-frac {text!r}: expected auto or a share between 0 and 1")
     return value
 
 

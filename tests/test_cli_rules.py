@@ -1,0 +1,101 @@
+"""Issue 19's one rules for every command: a bad option value exits 2, a bad input file 1, each in one line; option
+names that mean one thing (stall-test --stall-window/--window, compare-models --device auto, the GPU-only commands
+naming what they need)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from strata_cli.cli import main
+
+
+def cli(*args):
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def one_line(result, code: int, *needles: str) -> str:
+    assert "Traceback" not in result.output, result.output
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("strata: error: ")]
+    assert len(errors) == 1, result.stderr
+    for needle in needles:
+        assert needle in errors[0], (needle, errors[0])
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def model(fixture_dir):
+    return fixture_dir / "model-f32.gguf"
+
+
+BAD_OPTION_VALUES = {  # exit 2: the option's value is wrong, whatever the files are
+    "bench-expert-cache": (["verify-bench", "--expert-cache", "foo", "--device", "cpu"], "--expert-cache"),
+    "bench-pcie-frac": (["verify-bench", "--pcie-frac", "2", "--device", "cpu"], "--pcie-frac"),
+    "bench-window-repeated": (["verify-bench", "--window", "4,4", "--device", "cpu"], "4 given twice"),
+    "bench-window-empty-item": (["verify-bench", "--window", "1,,2", "--device", "cpu"], "empty item"),
+    "bench-depth-past-model": (["verify-bench", "-d", "5000", "-r", "1", "--window", "1", "--device", "cpu"],
+                               "the model's context_length is 4096: lower -d/--depth"),
+    "bench-depth-past-ctx": (["verify-bench", "-d", "100", "--ctx", "64", "-r", "1", "--window", "1",
+                              "--device", "cpu"], "raise --ctx, up to the model's context_length 4096"),
+    "ctx-past-model": (["verify-bench", "--ctx", "8192", "--device", "cpu"], "context 8192 outside 1..4096"),
+    "profile-seed-negative": (["make-profile", "--seed", "-1", "--random", "4", "-o", "p.yaml"], "--seed"),
+    "profile-seed-too-big": (["make-profile", "--seed", str(2**64), "--random", "4", "-o", "p.yaml"], "--seed"),
+    "logprobs-window-zero": (["logprobs", "--window", "0", "--random", "4"], "--window"),
+    "cm-two-token-sources": (["compare-models", "--random", "4", "--text", "x"], "exactly one"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_OPTION_VALUES))
+def test_bad_option_values_exit_2(name, model, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args, needle = BAD_OPTION_VALUES[name]
+    models = [model, model] if args[0] == "compare-models" else [model]
+    args = [args[0], *models, *args[1:]]
+    one_line(cli(*args), 2, needle)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--layers", "0"], "--layers 0"), (["--preset", "nope"], "--preset 'nope'"),
+    (["--experts", "0"], "--experts"), (["--type", "F32", "--recipe", "q2_k-mix"], "--type and --recipe"),
+])
+def test_make_model_bad_option_values_exit_2(args, needle, tmp_path):
+    one_line(cli("make-model", tmp_path / "m.gguf", *args), 2, needle)
+    assert not (tmp_path / "m.gguf").exists()
+
+
+def test_bad_input_files_exit_1(model, tmp_path):
+    one_line(cli("logprobs", model, "--tokens", tmp_path / "none.txt", "--device", "cpu"), 1, "none.txt")
+    one_line(cli("verify-bench", tmp_path / "none.gguf", "--device", "cpu"), 1, "none.gguf")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("format: [1, 2]\n")
+    one_line(cli("profile-info", bad), 1, str(bad))
+
+
+@pytest.mark.parametrize("command", ["graph-nodes", "profile", "stall-test"])
+def test_gpu_only_commands_name_what_they_need(command, model):
+    from strata_cli.engine import gpu_probe
+
+    if gpu_probe()[1] is None:
+        pytest.skip("a usable GPU: the command runs")
+    line = one_line(cli(command, model), 1, f"{command} runs on the GPU only", "CuPy")
+    assert "--device" not in line  # they take no --device option
+
+
+def test_stall_test_option_names():
+    from strata_cli.commands.stall_test import command
+
+    names = {opt: param.name for param in command.params for opt in param.opts}
+    assert names["--stall-window"] == "stall_at" and names["--window"] == "n_tokens"
+    result = cli("stall-test", "--tokens", "3", "--stall-window", "1", "/nonexistent.gguf")
+    assert "--tokens is deprecated: use --window" in result.stderr
+
+
+def test_compare_models_device_defaults_to_auto():
+    from strata_cli.commands.compare_models import command as compare_models
+    from strata_cli.commands.logprobs import command as logprobs
+
+    def default(command):
+        return next(p.default for p in command.params if p.name == "device")
+
+    assert default(compare_models) == default(logprobs) == "auto"
