@@ -99,3 +99,43 @@ def test_compare_models_device_defaults_to_auto():
         return next(p.default for p in command.params if p.name == "device")
 
     assert default(compare_models) == default(logprobs) == "auto"
+
+
+def test_one_overwrite_policy(model, tmp_path):
+    """Every output file is refused when it exists, unless --force (README "Commands")."""
+    dump, profile = tmp_path / "d.tsv", tmp_path / "p.yaml"
+    runs = {dump: ["logprobs", model, "--random", 4, "--device", "cpu", "-o", dump],
+            profile: ["make-profile", model, "--random", 4, "-o", profile]}
+    for path, args in runs.items():
+        path.write_text("old\n")
+        one_line(cli(*args), 1, str(path), "file exists (use --force")
+        assert path.read_text() == "old\n"
+        assert cli(*args, "--force").exit_code == 0
+        assert path.read_text() != "old\n"
+
+
+def test_dash_means_stdout_or_one_refusal(model, tmp_path):
+    result = cli("make-profile", model, "--random", 8, "-o", "-")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("# strata expert profile") and "format: strata-expert-profile" in result.stdout
+    assert "expert cache by profile" in result.stderr  # the report goes to stderr
+    yaml_path = tmp_path / "p.yaml"
+    yaml_path.write_text(result.stdout)
+    back = CliRunner().invoke(main, ["profile-info", "-", "--format", "json"], input=result.stdout)
+    assert back.exit_code == 0, back.output
+    one_line(cli("make-model", "-"), 2, "make-model OUT '-'")
+    one_line(cli("quantize", model, "-", "--type", "Q8_0"), 2, "quantize OUT '-'")
+    assert not (tmp_path / "-").exists()
+
+
+def test_profile_info_takes_the_model_as_an_argument(model, tmp_path):
+    import json
+
+    profile = tmp_path / "p.yaml"
+    assert cli("make-profile", model, "--random", 8, "-o", profile).exit_code == 0
+    by_argument = cli("profile-info", profile, model, "--format", "json")
+    by_option = cli("profile-info", profile, "--model", model, "--format", "json")
+    assert by_argument.exit_code == by_option.exit_code == 0
+    rows = json.loads(by_argument.stdout)["rows"]
+    assert rows == json.loads(by_option.stdout)["rows"] and "vram_gib" in rows[0]
+    one_line(cli("profile-info", profile, model, "--model", tmp_path / "other.gguf"), 2, "give the model once")

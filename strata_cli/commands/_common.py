@@ -114,3 +114,12 @@ def require_gpu(command: str) -> None:
     _, why = gpu_probe()
     if why is not None:
         raise DeviceUnavailable(f"{command} runs on the GPU only (an NVIDIA GPU with CUDA and CuPy): {why}")
+
+
+def refuse_stdout_model(out: str, command: str) -> None:
+    """`make-model -` / `quantize IN -`: a model is a file (memory-mapped by every reader), never stdout."""
+    from ..errors import OptionError
+    from ..fileio import is_stdio
+
+    if is_stdio(out):
+        raise OptionError(f"{command} OUT '-': a model is written to a file, not to stdout (give a path)")

@@ -43,13 +43,14 @@ def token_options(command):
 @format_option(("tsv",) + RECORD_FORMATS, default="tsv")
 @click.option("-o", "--output", default="-", show_default=True,
               help="Write the dump here (- = stdout); a file appears only when complete.")
+@click.option("--force", is_flag=True, help="Overwrite the -o file if it exists.")
 @click.option("--allow-nonfinite", is_flag=True,
               help="Write windows whose values went NaN/Inf (warned and marked) instead of stopping (exit 4).")
 @device_option
 @ctx_option
 @tier_options
 def command(model, token_file, n_random, text, text_file, seed, topk, window, extra_id, draft_noise, full_dist, fmt,
-            output, allow_nonfinite, device, n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
+            output, force, allow_nonfinite, device, n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
     """One row per position p = 0..N-2: the distribution after tokens[0..p], target tokens[p+1].
 
     TSV columns: pos, target, logprob(target), top_id, logprob(top_id), match, logprob(extra_id),
@@ -72,7 +73,7 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
     if full_dist and fmt not in ("json", "jsonl"):
         raise OptionError("--full-dist writes whole distributions: it needs --format json or jsonl")
     if not is_stdio(output):
-        check_output_path(output, what="logprob dump")
+        check_output_path(output, what="logprob dump", force=force)
     m = load_model(model)
     g = m.geometry
     ctx = resolve_ctx(g, n_ctx)

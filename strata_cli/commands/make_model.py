@@ -15,7 +15,7 @@ from ..synth import estimate_size, load_preset, write_model
 from ..synth.presets import PRESET_NAMES
 from ..synth.recipes import FILE_TYPES, RECIPE_NAMES
 from ..synth.writer import size_lower_bound
-from ._common import SEED, format_option
+from ._common import SEED, format_option, refuse_stdout_model
 
 GIB = 1 << 30
 DISK_MARGIN = 1 * GIB
@@ -50,6 +50,7 @@ def command(out: str, preset: str, seed: int, ggml_type: str | None, recipe: str
 
     if preset not in PRESET_NAMES and not preset.endswith((".yaml", ".yml")):
         raise OptionError(f"--preset '{preset}': expected one of {', '.join(PRESET_NAMES)} or a path ending in .yaml")
+    refuse_stdout_model(out, "make-model")
     stdout_text()  # the summary goes there at the end: refuse a closed stdout before writing gigabytes
     out = check_output_path(out, what="model", force=force)
     geometry = load_preset(preset).with_overrides(layers=layers, experts=experts, vocab=vocab,

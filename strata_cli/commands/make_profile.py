@@ -19,25 +19,31 @@ from .logprobs import token_options
 @click.option("--window", type=click.IntRange(1, 64), default=8, show_default=True,
               help="Tokens per window of the counting run (the counts do not depend on it).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="Profile to write: .yaml (counts, ranked order) or .bin (the seed's STRP v1).")
+              help="Profile to write: .yaml (counts, ranked order) or .bin (the seed's STRP v1); - = YAML on "
+              "stdout (the report then goes to stderr).")
+@click.option("--force", is_flag=True, help="Overwrite the -o file if it exists.")
 @click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
               help="Count on the numpy engine, or on the GPU engine with every routed expert served by the host "
               "(the same picks, far faster on a large model).")
 @format_option()
 @ctx_option
-def command(model, token_file, n_random, text, text_file, seed, holdout, slots, window, output, fmt, n_ctx, device):
+def command(model, token_file, n_random, text, text_file, seed, holdout, slots, window, output, force, fmt, n_ctx,
+            device):
     """Run MODEL's numpy reference engine (or with --device gpu the GPU engine) over the tokens (every row committed), count how often the router
     picked each (layer, expert) pair, rank the pairs hottest first and write the profile atomically. Prints the
     share of the counted picks the first N ranked pairs serve (coverage) and, with --holdout, the hit rate on the
     held-out tokens."""
+    import sys
+
     from ..errors import OptionError
+    from ..fileio import is_stdio
     from ..progress import step_progress
     from ..tiers.profile import ExpertProfile, check_profile_path, save_profile
     from ..tiers.routing import count_routing, slot_counts
     from ..tokens import check_range, read_token_file, tokens_from_options
     from .profile_info import report
 
-    check_profile_path(output)  # before the run, not after it
+    check_profile_path(output, force=force)  # before the run, not after it
     m = load_model(model)
     g = m.geometry
     if slots is not None and slots > g.n_layers * g.n_expert:
@@ -57,4 +63,5 @@ def command(model, token_file, n_random, text, text_file, seed, holdout, slots, 
         with step_progress(f"routing {len(held_tokens)} held-out tokens", total=len(held_tokens)) as progress:
             held = count_routing(m, held_tokens, window, n_ctx, progress, device)
     report(profile, output, slot_counts(profile.n_pairs, [profile.slots]), held, holdout, m, fmt,
-           head=[f"wrote {output}: {source} ({len(tokens)} tokens) through {m.path}"])
+           head=[f"wrote {output}: {source} ({len(tokens)} tokens) through {m.path}"],
+           out=sys.stderr if is_stdio(output) else None)

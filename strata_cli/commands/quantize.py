@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
-from ..errors import InputError
-from ..fileio import check_input_file, check_output_path, stdout_text
+from ..errors import InputError, OptionError
+from ..fileio import check_input_file, check_output_path, is_stdio, stdout_text
 from ..synth.recipes import FILE_TYPES, RECIPE_NAMES
-from ._common import format_option
+from ._common import format_option, refuse_stdout_model
 
 
 @click.command("quantize", short_help="Quantize an F32/F16/BF16 qwen4exp GGUF to another type or a recipe.")
@@ -32,6 +32,9 @@ def command(in_path: str, out: str, ggml_type: str | None, recipe: str | None, f
 
     if (recipe is None) == (ggml_type is None):
         raise click.UsageError("give one of --type and --recipe")
+    refuse_stdout_model(out, "quantize")
+    if is_stdio(in_path):
+        raise OptionError("quantize IN '-': a model is read from a file (memory-mapped), not from stdin")
     check_input_file(in_path, what="model")
     stdout_text()
     target = check_output_path(out, what="model", force=force)

@@ -285,20 +285,27 @@ def load_profile(path) -> ExpertProfile:
     return _read_yaml(path, data)
 
 
-def check_profile_path(path) -> Path:
-    """Refuse an output path before any work: unknown extension, missing or unwritable directory."""
-    from ..fileio import check_output_path
+def check_profile_path(path, force: bool = True) -> Path:
+    """Refuse an output path before any work: unknown extension, missing or unwritable directory, an existing file
+    without force. `-` is stdout (YAML)."""
+    from ..fileio import check_output_path, is_stdio
 
+    if is_stdio(path):
+        return Path("-")
     path = Path(path)
     if path.suffix.lower() not in BINARY_SUFFIXES + YAML_SUFFIXES:
         raise InputError(f"{path}: unknown profile extension '{path.suffix}' (use .yaml or .bin)")
-    return check_output_path(path, what="expert profile")
+    return check_output_path(path, what="expert profile", force=force)
 
 
 def save_profile(profile: ExpertProfile, path) -> None:
-    """Write as STRP (.bin/.strp) or YAML (.yaml/.yml), atomically (fileio: temp file + rename)."""
-    from ..fileio import output_stream
+    """Write as STRP (.bin/.strp) or YAML (.yaml/.yml), atomically (fileio: temp file + rename); `-`: YAML on
+    stdout."""
+    from ..fileio import is_stdio, output_stream, write_stdout
 
+    if is_stdio(path):
+        write_stdout(_yaml_text(profile))
+        return
     path = check_profile_path(path)
     payload = _strp_bytes(profile) if path.suffix.lower() in BINARY_SUFFIXES else _yaml_text(profile).encode()
     with output_stream(path, what="expert profile", binary=True) as fh:
