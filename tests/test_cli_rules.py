@@ -139,3 +139,41 @@ def test_profile_info_takes_the_model_as_an_argument(model, tmp_path):
     rows = json.loads(by_argument.stdout)["rows"]
     assert rows == json.loads(by_option.stdout)["rows"] and "vram_gib" in rows[0]
     one_line(cli("profile-info", profile, model, "--model", tmp_path / "other.gguf"), 2, "give the model once")
+
+
+def test_compare_reads_json_and_jsonl_dumps_with_kld(fixture_dir, tmp_path):
+    import json
+
+    dumps = {}
+    for fmt, name in (("jsonl", "model-f32.gguf"), ("json", "model-q8_0.gguf")):
+        dumps[fmt] = tmp_path / f"d.{fmt}"
+        result = cli("logprobs", fixture_dir / name, "--random", 10, "--device", "cpu", "--format", fmt,
+                     "--full-dist", "-o", dumps[fmt])
+        assert result.exit_code == 0, result.output
+    for a, b in ((dumps["jsonl"], dumps["json"]), (dumps["jsonl"], dumps["jsonl"])):
+        result = cli("compare", a, b, "--format", "json")
+        assert result.exit_code == 0, result.output
+        summary = json.loads(result.stdout)["meta"]["summary"]
+        assert summary["rows"] == 9 and summary["divergence"]["kld_mean"] >= 0
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(dumps["jsonl"].read_text().splitlines()[0] + "\n{not json\n")
+    one_line(cli("compare", bad, dumps["json"]), 1, f"{bad}:2")
+
+
+def test_json_dumps_carry_verify_bench_provenance(fixture_dir):
+    import json
+
+    f32, q8 = fixture_dir / "model-f32.gguf", fixture_dir / "model-q8_0.gguf"
+    bench = json.loads(cli("verify-bench", f32, "--device", "cpu", "--window", 1, "-r", 1, "--warmup", 0,
+                           "--format", "json").stdout)["meta"]["provenance"]
+    dump = json.loads(cli("logprobs", f32, "--random", 4, "--device", "cpu", "--format", "json").stdout)
+    pairs = json.loads(cli("compare-models", f32, q8, "--random", 4, "--device", "cpu", "--format", "json").stdout)
+    logprobs_prov, compare_prov = dump["meta"]["provenance"], pairs["meta"]["provenance"]
+    shared = {"timestamp", "command", "seed", "n_ctx", "model", "model_bytes", "model_sha256", "model_types"}
+    assert shared <= set(bench) and shared <= set(logprobs_prov)
+    assert logprobs_prov["model_sha256"] == bench["model_sha256"]
+    assert logprobs_prov["command"].startswith("strata logprobs ")
+    assert compare_prov["base_sha256"] == bench["model_sha256"] and compare_prov["other_sha256"] != bench["model_sha256"]
+    env_keys = set(bench) - shared - {"depth", "warmup", "repetitions", "acceptance", "acceptance_per_position",
+                                      "acceptance_source", "mode"}
+    assert env_keys <= set(logprobs_prov) and env_keys <= set(compare_prov)

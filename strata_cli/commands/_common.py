@@ -123,3 +123,18 @@ def refuse_stdout_model(out: str, command: str) -> None:
 
     if is_stdio(out):
         raise OptionError(f"{command} OUT '-': a model is written to a file, not to stdout (give a path)")
+
+
+def run_provenance(env: dict, seed: int, n_ctx: int, **models) -> dict:
+    """The provenance a JSON dump carries, in verify-bench's record keys (records.Provenance.flat): timestamp, the
+    command line, seed, n_ctx, per model (by role: model, base, other) its path, bytes, header sha256 and type mix,
+    and the environment record."""
+    from ..records import ModelIdentity, command_line, utc_timestamp
+
+    out = {"timestamp": utc_timestamp(), "command": command_line(), "seed": seed, "n_ctx": n_ctx}
+    for role, model in models.items():
+        ident = ModelIdentity.of(model)
+        out.update({role: ident.path, f"{role}_bytes": ident.size_bytes, f"{role}_sha256": ident.header_sha256,
+                    f"{role}_types": ident.type_mix})
+    out.update(env)
+    return out

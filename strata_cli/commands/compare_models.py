@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ._common import SEED, context_hint, ctx_option, device_option, format_option, load_engine, load_model
+from ._common import (SEED, context_hint, ctx_option, device_option, format_option, load_engine, load_model,
+                      run_provenance)
 from ._tiers import tier_config, tier_options
 from .logprobs import token_options
 
@@ -65,7 +66,8 @@ def command(base, other, token_file, n_random, text, text_file, seed, window, pe
     if fmt == "json":
         emit(positions if per_position else [], columns, "json",
              meta={"env": env, "base": m_base.path, "other": m_other.path, "tokens": source,
-                   "summary": stats.flat()})
+                   "summary": stats.flat(),
+                   "provenance": run_provenance(env, seed, e_base.n_ctx, base=m_base, other=m_other)})
     elif fmt in ("csv", "jsonl"):
         emit(positions if per_position else [summary], columns if per_position else None, fmt)
     else:

@@ -7,8 +7,8 @@ import json
 import click
 
 from ..present import RECORD_FORMATS
-from ._common import (SEED, FiniteFloatRange, context_hint, ctx_option, device_option, format_option, load_engine, load_model,
-                      model_argument)
+from ._common import (SEED, FiniteFloatRange, context_hint, ctx_option, device_option, format_option, load_engine,
+                      load_model, model_argument, run_provenance)
 from ._tiers import tier_config, tier_options
 
 TABLE_COLUMNS = [("pos", None), ("target", None), ("lp_target", ".6f"), ("top_id", None), ("lp_top", ".6f"),
@@ -120,7 +120,7 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
         elif fmt in ("json", "jsonl"):
             meta = {"env": env, "model": m.path, "tokens": source, "window": window, "draft_noise": draft_noise,
                     "extra_id": extra_id, "windows": stats.windows, "nonfinite_windows": stats.nonfinite_windows,
-                    DUMP_TAG: spec}
+                    DUMP_TAG: spec, "provenance": run_provenance(env, seed, engine.n_ctx, model=m)}
             emit(rows_to_json(rows), None, fmt, out=out, meta=meta)
         elif fmt == "csv":  # raw numbers; top-k as space-separated id:logprob pairs
             flat = [dict(r.__dict__, topk=" ".join(f"{i}:{lp!r}" for i, lp in r.topk)) for r in rows]

@@ -22,10 +22,10 @@ STALL_RELEASED = 5  # exit code: the stalled window was released (README, Exit c
 @ctx_option
 @tier_options
 def command(model, stall_at, timeout_s, n_tokens, n_ctx, expert_profile, expert_cache, pcie_frac, split, tier_wait):
-    """Runs windows of --window T tokens with STRATA_TEST_VERIFY_STALL=N (--stall-window): the host withholds that window's last flag, the GPU waits,
-    and the watchdog (no progress for --timeout s) releases every GPU wait, prints one line and the engine refuses
-    later windows. Then a fresh engine must run a window. Exits 5 after a release (the stall is the point), 1 if
-    anything else goes wrong."""
+    """Runs windows of --window T tokens with STRATA_TEST_VERIFY_STALL=N (--stall-window): the host withholds
+    window N's last flag, the GPU waits, and the watchdog (no progress for --timeout s) releases every GPU wait,
+    prints one line and the engine refuses later windows. Then a fresh engine must run a window. Exits 5 after a
+    release (the stall is the point), 1 if anything else goes wrong."""
     import os
     import sys
 
