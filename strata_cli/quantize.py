@@ -40,17 +40,19 @@ def _metadata(path: str, reader, recipe: Recipe) -> list:
     import gguf
     from gguf import GGUFValueType as VT
 
+    from .model.gguf_file import field_value
+
     kvs = []
     alignment = reader.fields.get("general.alignment")
-    if alignment is not None and alignment.contents() != 32:
-        raise ModelFileError(f"{path}: general.alignment = {alignment.contents()}: quantize writes 32-byte "
-                             "alignment only")
+    if alignment is not None and field_value(reader, alignment) != 32:
+        raise ModelFileError(f"{path}: general.alignment = {field_value(reader, alignment)}: quantize writes "
+                             "32-byte alignment only")
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key in SKIPPED_KEYS:
             continue
         vtype = field.types[0]
         sub = field.types[-1] if vtype == VT.ARRAY else None
-        value = recipe.ftype if key == "general.file_type" else field.contents()
+        value = recipe.ftype if key == "general.file_type" else field_value(reader, field)
         kvs.append((key, value, vtype, sub))
     if "general.file_type" not in reader.fields:
         kvs.append(("general.file_type", recipe.ftype, VT.UINT32, None))
@@ -62,12 +64,10 @@ def _metadata(path: str, reader, recipe: Recipe) -> list:
 def plan_quantize(in_path: str, recipe: Recipe) -> tuple[ModelPlan, list[Source]]:
     """The output file's plan and, per tensor, where its input bytes are. Refuses an input that holds a tensor of a
     type other than F32/F16/BF16 and an output type gguf.quants cannot encode, before anything is written."""
-    import gguf
-
     from .model.gguf_file import open_model
 
     model = open_model(in_path)  # a valid qwen4exp file, or one error line naming what is wrong with it
-    reader = gguf.GGUFReader(in_path, "r")
+    reader = model.reader
     tensors, sources = [], []
     unencodable: dict[str, int] = {}
     for t in reader.tensors:
