@@ -177,3 +177,23 @@ def test_json_dumps_carry_verify_bench_provenance(fixture_dir):
     env_keys = set(bench) - shared - {"depth", "warmup", "repetitions", "acceptance", "acceptance_per_position",
                                       "acceptance_source", "mode"}
     assert env_keys <= set(logprobs_prov) and env_keys <= set(compare_prov)
+
+
+@pytest.mark.parametrize("tensor", ["blk.0.attn_qkv.weight", "blk.2.ffn_gate_inp.weight"])
+def test_make_profile_refuses_nan_routing(fixture_dir, tmp_path, tensor):
+    """Values that go NaN while make-profile counts: exit 4 as logprobs, and no profile written."""
+    import shutil
+
+    import numpy as np
+
+    from strata_cli.model.gguf_file import open_model
+
+    model = tmp_path / "nan.gguf"
+    shutil.copy(fixture_dir / "model-f32.gguf", model)
+    info = open_model(fixture_dir / "model-f32.gguf").tensors[tensor]
+    with open(model, "r+b") as fh:
+        fh.seek(info.offset)
+        fh.write(np.full(info.n_bytes // 4, np.nan, np.float32).tobytes())
+    out = tmp_path / "p.yaml"
+    one_line(cli("make-profile", model, "--random", 16, "-o", out), 4, "non-finite", "no profile written")
+    assert not out.exists()
