@@ -7,21 +7,10 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
+from test_reliability_values import cli, poison, set_all
+from test_reliability_values import error_line as one_line
+
 from strata_cli.cli import main
-
-
-def cli(*args):
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def one_line(result, code: int, *needles: str) -> str:
-    assert "Traceback" not in result.output, result.output
-    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
-    errors = [line for line in result.stderr.splitlines() if line.startswith("strata: error: ")]
-    assert len(errors) == 1, result.stderr
-    for needle in needles:
-        assert needle in errors[0], (needle, errors[0])
-    return errors[0]
 
 
 @pytest.fixture(scope="module")
@@ -182,18 +171,7 @@ def test_json_dumps_carry_verify_bench_provenance(fixture_dir):
 @pytest.mark.parametrize("tensor", ["blk.0.attn_qkv.weight", "blk.2.ffn_gate_inp.weight"])
 def test_make_profile_refuses_nan_routing(fixture_dir, tmp_path, tensor):
     """Values that go NaN while make-profile counts: exit 4 as logprobs, and no profile written."""
-    import shutil
-
-    import numpy as np
-
-    from strata_cli.model.gguf_file import open_model
-
-    model = tmp_path / "nan.gguf"
-    shutil.copy(fixture_dir / "model-f32.gguf", model)
-    info = open_model(fixture_dir / "model-f32.gguf").tensors[tensor]
-    with open(model, "r+b") as fh:
-        fh.seek(info.offset)
-        fh.write(np.full(info.n_bytes // 4, np.nan, np.float32).tobytes())
+    model = poison(fixture_dir / "model-f32.gguf", tmp_path / "nan.gguf", tensor, set_all(float("nan")))
     out = tmp_path / "p.yaml"
     one_line(cli("make-profile", model, "--random", 16, "-o", out), 4, "non-finite", "no profile written")
     assert not out.exists()
