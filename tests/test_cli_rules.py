@@ -175,3 +175,15 @@ def test_make_profile_refuses_nan_routing(fixture_dir, tmp_path, tensor):
     out = tmp_path / "p.yaml"
     one_line(cli("make-profile", model, "--random", 16, "-o", out), 4, "non-finite", "no profile written")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["verify-bench", "logprobs", "compare-models"])
+def test_expert_profile_is_checked_on_any_device(command, model, tmp_path):
+    """The numpy engine ignores the tiers, but a missing or malformed --expert-profile is still one line, exit 1."""
+    models = [model, model] if command == "compare-models" else [model]
+    extra = ["--random", 4] if command != "verify-bench" else ["-r", 1, "--window", 1]
+    missing = tmp_path / "missing.yaml"
+    one_line(cli(command, *models, "--device", "cpu", *extra, "--expert-profile", missing), 1, str(missing))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("format: [unclosed\n")
+    one_line(cli(command, *models, "--device", "cpu", *extra, "--expert-profile", bad), 1, str(bad))

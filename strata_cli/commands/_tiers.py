@@ -36,6 +36,9 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache
 
     from ..tiers.share import parse_pcie_frac
 
+    from ..fileio import is_stdio
+    from ..tiers.profile import load_profile
+
     cache = cache_override if cache_override is not None else expert_cache
     # default 0, the CPU pool alone: a PCIe share on Flash-Next-size experts is not yet shown to finish its windows
     # on the H200 (docs/BENCHMARKS.md); auto and numbers are the user's choice. Bad values: one line on any device.
@@ -44,4 +47,6 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, cache
         return None
     if cache is not None:
         parse_cache_spec(cache)  # a bad spec is one line on any device (the numpy engine ignores the tiers)
+    if expert_profile is not None and not is_stdio(expert_profile):
+        load_profile(expert_profile)  # so is a missing or malformed profile (stdin is read once, by the engine)
     return TierConfig(profile=expert_profile, cache=cache or "all", pcie_frac=frac, split=split, wait=tier_wait)
