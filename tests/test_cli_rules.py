@@ -187,3 +187,31 @@ def test_expert_profile_is_checked_on_any_device(command, model, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("format: [unclosed\n")
     one_line(cli(command, *models, "--device", "cpu", *extra, "--expert-profile", bad), 1, str(bad))
+
+
+def test_strp_whose_table_contradicts_its_ranked_pairs(model, tmp_path):
+    import struct
+
+    import numpy as np
+
+    from strata_cli.tiers.profile import STRP_HEADER
+
+    good = tmp_path / "p.bin"
+    assert cli("make-profile", model, "--random", 16, "-o", good).exit_code == 0
+    data = bytearray(good.read_bytes())
+    _, _, n_layers, n_expert, _, n_ranked = STRP_HEADER.unpack_from(data)
+    ranked = np.frombuffer(bytes(data), "<u2", 2 * n_ranked, STRP_HEADER.size).reshape(-1, 2)
+    table_at = STRP_HEADER.size + 4 * n_ranked
+
+    def with_table(values) -> bytes:
+        out = bytearray(data)
+        for (layer, expert), value in zip(ranked, values):
+            struct.pack_into("<i", out, table_at + 4 * (int(layer) * n_expert + int(expert)), value)
+        return bytes(out)
+
+    counts_path = tmp_path / "counts.bin"  # a count table in the ranked order: accepted
+    counts_path.write_bytes(with_table(range(n_ranked, 0, -1)))
+    assert cli("profile-info", counts_path, "--format", "json").exit_code == 0
+    rising = tmp_path / "rising.bin"  # counts that rise along the ranked order contradict it
+    rising.write_bytes(with_table(range(1, n_ranked + 1)))
+    one_line(cli("profile-info", rising), 1, str(rising), "contradicts the ranked pairs")
