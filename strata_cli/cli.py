@@ -18,6 +18,7 @@ from .sysio.signals import exit_code_for_interrupt, install_sigbus_handler, sign
 COMMANDS: dict[str, tuple[str, str]] = {
     "info": ("info", "Show a model's geometry, layer layout, tensor types and sizes."),
     "make-model": ("make_model", "Write a synthetic random-weight qwen4exp GGUF."),
+    "quantize": ("quantize", "Quantize an F32/F16/BF16 qwen4exp GGUF to another type or a recipe."),
     "logprobs": ("logprobs", "Dump per-position logprobs of a token sequence."),
     "compare": ("compare", "Compare two logprob dumps of the same tokens."),
     "compare-models": ("compare_models", "KL divergence, PPL ratio, Δp and top-1 agreement of one model against "

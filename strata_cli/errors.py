@@ -36,3 +36,9 @@ class NonFiniteError(StrataError):
     """A window produced NaN/Inf (or a dump holds them): names the first layer/stage where it appeared."""
 
     exit_code = EXIT_NONFINITE
+
+
+class OptionError(InputError):
+    """A bad option value (out of range, malformed list, a type the command cannot write): a usage error, exit 2."""
+
+    exit_code = EXIT_USAGE

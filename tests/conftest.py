@@ -104,11 +104,17 @@ def pytest_runtest_setup(item):
         pytest.fail(reason, pytrace=False)
 
 
+FIXTURE_SKIP = "fixture not found: "  # the prefix of every missing-fixture skip, counted at the end of the run
+FIXTURE_HOWTO = ("the fixtures live in the project's shared checkout: put it beside this clone as ../shared "
+                 f"(expected at {DEFAULT_FIXTURES}), or set STRATA_FIXTURES to the qwen4exp-tiny directory; "
+                 "the fixture directory's README.md says how its files were made")
+
+
 def require_fixture(path: Path, what: str) -> Path:
     """path, or a skip naming it; a failure instead where the fixture must exist (fixtures_required())."""
     if path.exists():
         return path
-    message = f"{what} not found at {path} (set STRATA_FIXTURES)"
+    message = f"{FIXTURE_SKIP}{what} at {path} (set STRATA_FIXTURES)"
     if fixtures_required():
         pytest.fail(f"{message}; required here (CI=true or STRATA_REQUIRE_FIXTURES=1)", pytrace=False)
     pytest.skip(message)
@@ -140,3 +146,12 @@ def tmp_cache(tmp_path, monkeypatch) -> Path:
     cache.mkdir()
     monkeypatch.setenv("STRATA_CACHE", str(cache))
     return cache
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Once per run: how many tests skipped for a missing fixture, and how to get it (a fresh clone has none)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    missing = [report for report in skipped if FIXTURE_SKIP in str(report.longrepr)]
+    if missing:
+        terminalreporter.write_sep("-", f"{len(missing)} tests skipped: a fixture is missing")
+        terminalreporter.write_line(FIXTURE_HOWTO)

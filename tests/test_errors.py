@@ -45,10 +45,11 @@ def cli(*args):
     return CliRunner().invoke(main, [str(a) for a in args])
 
 
-def assert_one_line_error(result, *needles: str) -> str:
-    """Exit 1, exactly one non-empty stderr line `strata: error: ...` containing every needle, no traceback."""
+def assert_one_line_error(result, *needles: str, code: int = 1) -> str:
+    """Exit `code` (1 bad input, 2 a bad option value), exactly one non-empty stderr line `strata: error: ...`
+    containing every needle, no traceback."""
     assert "Traceback" not in result.output, result.output
-    assert result.exit_code == 1, (result.exit_code, result.output, result.exception)
+    assert result.exit_code == code, (result.exit_code, result.output, result.exception)
     assert isinstance(result.exception, SystemExit), repr(result.exception)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
@@ -331,7 +332,7 @@ def test_window_past_the_context(q8):
     library_error(InputError, lambda: ReferenceEngine(open_model(q8), n_ctx=5000), "5000", "4096")
     assert_one_line_error(cli("logprobs", q8, "--ctx", 8, "--random", 20, "--device", "cpu"), "context 8", "--ctx")
     assert_one_line_error(cli("verify-bench", q8, "--ctx", 8, "--window", 4, "-r", 1, "--device", "cpu"),
-                          "context 8")
+                          "context 8", "raise --ctx, up to the model's context_length 4096", code=2)
 
 
 def test_empty_token_file(q8, tmp_path):
@@ -362,23 +363,24 @@ def test_single_token_and_missing_token_file(q8, tmp_path):
 def test_tokens_and_random_both_or_neither(q8, tmp_path):
     path = write_tokens(tmp_path, "1 2 3\n")
     assert_one_line_error(cli("logprobs", q8, "--tokens", path, "--random", 5, "--device", "cpu"),
-                          "--tokens", "--random")
-    assert_one_line_error(cli("logprobs", q8, "--device", "cpu"), "--tokens", "--random")
+                          "--tokens", "--random", code=2)
+    assert_one_line_error(cli("logprobs", q8, "--device", "cpu"), "--tokens", "--random", code=2)
 
 
 @pytest.mark.parametrize("spec, needle", [("0", "--window '0'"), ("a,b", "--window 'a,b'"), ("2,-1", "--window"),
-                                          (",", "--window")])
+                                          (",", "empty item"), ("1,,2", "empty item"), ("4,4", "4 given twice"),
+                                          ("1,2,1,2", "1, 2 given twice")])
 def test_verify_bench_bad_window_list(spec, needle, q8):
-    from strata_cli.commands.verify_bench import _windows
+    from strata_cli.commands._common import parse_window_list
 
-    library_error(InputError, lambda: _windows(spec), needle)
-    assert_one_line_error(cli("verify-bench", q8, "--window", spec, "-r", 1, "--device", "cpu"), needle)
+    library_error(InputError, lambda: parse_window_list(spec), needle)
+    assert_one_line_error(cli("verify-bench", q8, "--window", spec, "-r", 1, "--device", "cpu"), needle, code=2)
 
 
 @pytest.mark.parametrize("extra", [99999, 512, -1])
 def test_extra_id_out_of_range(extra, q8):
     assert_one_line_error(cli("logprobs", q8, "--random", 5, "--extra-id", extra, "--device", "cpu"),
-                          f"--extra-id {extra}", "0..511")
+                          f"--extra-id {extra}", "0..511", code=2)
 
 
 def test_unwritable_output(q8, tmp_path):

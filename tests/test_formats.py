@@ -282,7 +282,7 @@ def test_make_model_preset_yaml(tmp_path):
     doc = json.loads(run("info", out, "--format", "json").stdout)["meta"]
     assert doc["geometry"]["vocab"] == 96
     bad = CliRunner().invoke(main, ["make-model", str(tmp_path / "x.gguf"), "--preset", "nonesuch"])
-    assert bad.exit_code == 1 and "nonesuch" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    assert bad.exit_code == 2 and "nonesuch" in bad.stderr and len(bad.stderr.splitlines()) == 1  # an option value
 
 
 # ---------------------------------------------------------------- graph-nodes (GPU)

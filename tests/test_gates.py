@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import conftest
 import pytest
 
@@ -32,6 +34,24 @@ def test_missing_fixture_skips_or_fails(monkeypatch, tmp_path, env, required):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     outcome = pytest.fail.Exception if required else pytest.skip.Exception
-    with pytest.raises(outcome, match="not found at"):
+    with pytest.raises(outcome, match="fixture not found: a fixture at"):
         conftest.require_fixture(tmp_path / "absent", "a fixture")
     assert conftest.require_fixture(tmp_path, "a fixture") == tmp_path
+
+
+def test_missing_fixture_skips_are_counted_once_with_the_way_to_get_them(tmp_path):
+    """A fresh clone (no ../shared): the run ends with one line counting the fixture skips and one saying how to
+    get the fixtures, whatever the number of skipped tests."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, STRATA_FIXTURES=str(tmp_path / "absent"))
+    for key in ("CI", "STRATA_REQUIRE_FIXTURES"):
+        env.pop(key, None)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "tests/test_quantize.py::test_quantize_reproduces_the_converter", "tests/test_quantize.py::"
+                           "test_quantize_from_bf16_is_readable"], cwd=conftest.REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("3 tests skipped: a fixture is missing") == 1, proc.stdout
+    assert proc.stdout.count("set STRATA_FIXTURES to the qwen4exp-tiny directory") == 1, proc.stdout

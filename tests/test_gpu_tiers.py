@@ -130,8 +130,8 @@ def test_tiered_graph_replay_equals_eager(fixture_dir):
 def test_stall_test_releases_and_a_fresh_engine_runs(fixture_dir):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     env.pop("STRATA_TEST_VERIFY_STALL", None)
-    cmd = [sys.executable, "-m", "strata_cli", "stall-test", str(fixture_dir / "model-q8_0.gguf"), "--window", "2",
-           "--timeout", "0.5", "--expert-cache", "3"]
+    cmd = [sys.executable, "-m", "strata_cli", "stall-test", str(fixture_dir / "model-q8_0.gguf"),
+           "--stall-window", "2", "--timeout", "0.5", "--expert-cache", "3"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 5, proc.stderr
     lines = proc.stdout.splitlines()

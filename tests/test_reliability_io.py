@@ -296,7 +296,7 @@ def _file_size_limit(limit):
 def test_failed_write_keeps_the_old_file(model, tmp_path):
     old = tmp_path / "old.tsv"
     old.write_text("# precious\n")
-    proc = strata("logprobs", model, "--random", "40", "--topk", "8", "-o", old, "--device", "cpu",
+    proc = strata("logprobs", model, "--random", "40", "--topk", "8", "-o", old, "--force", "--device", "cpu",
                   preexec_fn=_file_size_limit(4096))
     one_line(proc, str(old), "cannot write the logprob dump")
     assert old.read_text() == "# precious\n"

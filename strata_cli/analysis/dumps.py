@@ -8,8 +8,8 @@ the last two fixed fields are nan where there is no extra id (or it is the targe
 comments.
 
 The JSON dump (`strata logprobs --format json`) holds the same rows as objects under "rows" (topk as [[id, logprob],
-...], nan as null) and, with `--full-dist`, each row's whole log-prob distribution under "dist". `read_dump` reads
-either kind.
+...], nan as null) and, with `--full-dist`, each row's whole log-prob distribution under "dist"; the JSONL dump
+(`--format jsonl`) one such object per line. `read_dump` reads all three kinds.
 """
 
 from __future__ import annotations
@@ -152,10 +152,33 @@ def read_json(path: str | Path, text: str | None = None) -> list[LogprobRow]:
     return [_row_from_json(obj, f"{path}: row {i}") for i, obj in enumerate(rows)]
 
 
+def read_jsonl(path: str | Path, text: str | None = None) -> list[LogprobRow]:
+    """Rows of a JSONL dump (one row object per line, as `strata logprobs --format jsonl` writes it)."""
+    text = _read_text(path) if text is None else text
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        rows.append(_row_from_json(obj, f"{path}:{lineno}"))
+    return rows
+
+
 def read_dump(path: str | Path) -> list[LogprobRow]:
-    """A TSV or JSON logprob dump, told apart by its first non-blank character."""
+    """A TSV, JSON or JSONL logprob dump: TSV unless the first non-blank character is `{`; then one JSON document
+    with a "rows" list, or (a first line that is a whole row object) one row per line."""
     text = _read_text(path)
-    return read_json(path, text) if text.lstrip().startswith("{") else read_tsv(path, text)
+    if not text.lstrip().startswith("{"):
+        return read_tsv(path, text)
+    first = text.lstrip().split("\n", 1)[0]
+    try:
+        is_row = "rows" not in json.loads(first)
+    except (json.JSONDecodeError, TypeError):
+        is_row = False
+    return read_jsonl(path, text) if is_row else read_json(path, text)
 
 
 def nonfinite_rows(rows: Iterable[LogprobRow]) -> list[LogprobRow]:

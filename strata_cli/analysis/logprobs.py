@@ -12,6 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..engine.contract import window_nonfinite
 from ..errors import NonFiniteError
 from ..ops.basic import log_softmax64
 from .dumps import LogprobRow
@@ -61,16 +62,6 @@ def window_logits(engine, tokens: np.ndarray, window: int, progress=None) -> Ite
 
 def _wrong_token(rng: np.random.Generator, true_id: int, vocab: int) -> int:
     return int((true_id + rng.integers(1, vocab)) % vocab)
-
-
-def window_nonfinite(result) -> str | None:
-    """Where a window first went non-finite: the engine's own finding (the reference engine checks every layer
-    and stage), else "the logits" when only the logits show it (the GPU engine's host copy); None if finite."""
-    if result.nonfinite:
-        return result.nonfinite
-    if result.logits is not None and not np.isfinite(result.logits).all():
-        return "the logits"
-    return None
 
 
 def speculative_dump(engine, tokens: np.ndarray, window: int, *, draft_noise: float = 0.0, seed: int = 0,

@@ -72,7 +72,7 @@ def time_window(engine, window: int, repetitions: int, acceptance: Acceptance, d
 def check_finite(engine, window: int, seed: int) -> None:
     """One untimed window first: timing a model whose values go NaN/Inf would report numbers of nothing."""
     from ..errors import NonFiniteError
-    from .logprobs import window_nonfinite
+    from ..engine.contract import window_nonfinite
 
     engine.reset()
     tokens = np.random.default_rng(seed).integers(0, engine.g.n_vocab, min(window, engine.n_ctx))

@@ -83,3 +83,67 @@ def load_engine(model, device: str, n_ctx: int | None = None, max_t: int | None 
 
         err_console().print(f"engine built in {time.perf_counter() - t0:.1f} s", style="dim", highlight=False)
     return engine
+
+
+
+def parse_window_list(text: str, option: str = "--window") -> list[int]:
+    """`1,2,4,8` -> [1, 2, 4, 8]; an empty item, a repeated size, a non-integer or a size below 1 is one usage error
+    (exit 2) naming the option."""
+    from ..errors import OptionError
+
+    items = [item.strip() for item in text.split(",")]
+    if "" in items:
+        raise OptionError(f"{option} '{text}': an empty item in the list (expected e.g. 1,2,4,8)")
+    try:
+        values = [int(item) for item in items]
+    except ValueError:
+        raise OptionError(f"{option} '{text}': expected comma-separated integers like 1,2,4,8") from None
+    if min(values) < 1:
+        raise OptionError(f"{option} '{text}': window sizes must be >= 1")
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise OptionError(f"{option} '{text}': {', '.join(map(str, repeated))} given twice")
+    return values
+
+
+def context_hint(n_ctx: int, model_ctx: int, lower: str) -> str:
+    """What to change when a run does not fit the context: --ctx up to the model's context_length where that is
+    larger, else `lower` (the option that asks for the positions)."""
+    if n_ctx < model_ctx:
+        return f"raise --ctx, up to the model's context_length {model_ctx}"
+    return f"the model's context_length is {model_ctx}: lower {lower}"
+
+
+def require_gpu(command: str) -> None:
+    """The GPU-only commands (graph-nodes, profile, stall-test) have no numpy engine and no --device option: say
+    what they need, not an option they do not take."""
+    from ..engine import gpu_probe
+    from ..errors import DeviceUnavailable
+
+    _, why = gpu_probe()
+    if why is not None:
+        raise DeviceUnavailable(f"{command} runs on the GPU only (an NVIDIA GPU with CUDA and CuPy): {why}")
+
+
+def refuse_stdout_model(out: str, command: str) -> None:
+    """`make-model -` / `quantize IN -`: a model is a file (memory-mapped by every reader), never stdout."""
+    from ..errors import OptionError
+    from ..sysio.files import is_stdio
+
+    if is_stdio(out):
+        raise OptionError(f"{command} OUT '-': a model is written to a file, not to stdout (give a path)")
+
+
+def run_provenance(env: dict, seed: int, n_ctx: int, **models) -> dict:
+    """The provenance a JSON dump carries, in verify-bench's record keys (records.Provenance.flat): timestamp, the
+    command line, seed, n_ctx, per model (by role: model, base, other) its path, bytes, header sha256 and type mix,
+    and the environment record."""
+    from ..report.records import ModelIdentity, command_line, utc_timestamp
+
+    out = {"timestamp": utc_timestamp(), "command": command_line(), "seed": seed, "n_ctx": n_ctx}
+    for role, model in models.items():
+        ident = ModelIdentity.of(model)
+        out.update({role: ident.path, f"{role}_bytes": ident.size_bytes, f"{role}_sha256": ident.header_sha256,
+                    f"{role}_types": ident.type_mix})
+    out.update(env)
+    return out

@@ -45,7 +45,9 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, exper
     VRAM, today's graph). stall_window None: STRATA_TEST_VERIFY_STALL's."""
     from .. import settings
     from ..tiers.cache_policy import DEFAULT_MAX_COPY
+    from ..sysio.files import is_stdio
     from ..tiers.config import TierConfig
+    from ..tiers.expert_profile import load_profile
 
     cache = cache_override if cache_override is not None else expert_cache
     stall = settings.TEST_VERIFY_STALL.value() if stall_window is None else stall_window
@@ -57,4 +59,6 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, exper
     if cache is None and expert_profile is None and pcie_frac is None and not split and tier_wait == "spin" \
             and not stall and expert_policy == "static" and expert_max_copy is None:
         return None
+    if expert_profile is not None and not is_stdio(expert_profile):
+        load_profile(expert_profile)  # so is a missing or malformed profile (stdin is read once, by the engine)
     return cfg

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ._common import SEED, ctx_option, device_option, format_option, load_engine, load_model
+from ._common import (SEED, context_hint, ctx_option, device_option, format_option, load_engine, load_model,
+                      run_provenance)
 from ._tiers import tier_config, tier_options
 from .logprobs import token_options
 
@@ -22,8 +23,7 @@ POSITION_COLUMNS = [("pos", None), ("target", None), ("kld", ".6f"), ("lp_base",
 @click.option("--per-position", is_flag=True,
               help="Also list every position (csv/jsonl: the positions instead of the summary row).")
 @format_option()
-@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="cpu", show_default=True,
-              help="cpu = numpy reference; gpu = CUDA graph engine; auto = gpu if one is usable, else cpu.")
+@device_option
 @ctx_option
 @tier_options
 def command(base, other, token_file, n_random, text, text_file, seed, window, per_position, fmt, device, n_ctx,
@@ -52,7 +52,8 @@ def command(base, other, token_file, n_random, text, text_file, seed, window, pe
     e_base, e_other = load_engine(m_base, device, n_ctx, tiers=tiers), load_engine(m_other, device, n_ctx, tiers=tiers)
     if len(tokens) - 1 > min(e_base.n_ctx, e_other.n_ctx):
         raise InputError(f"{source}: {len(tokens)} tokens need {len(tokens) - 1} positions, past the context "
-                         f"{min(e_base.n_ctx, e_other.n_ctx)} (raise --ctx)")
+                         f"{min(e_base.n_ctx, e_other.n_ctx)} "
+                         f"({context_hint(min(e_base.n_ctx, e_other.n_ctx), m_base.geometry.n_ctx, 'the tokens')})")
     with step_progress("comparing", total=len(tokens) - 1) as progress:
         arrays = compare_engines(e_base, e_other, tokens, window, lambda done, total: progress(done))
     e_base.close()
@@ -67,7 +68,8 @@ def command(base, other, token_file, n_random, text, text_file, seed, window, pe
     if fmt == "json":
         emit(positions if per_position else [], columns, "json",
              meta={"env": env, "base": m_base.path, "other": m_other.path, "tokens": source,
-                   "summary": stats.flat()})
+                   "summary": stats.flat(),
+                   "provenance": run_provenance(env, seed, e_base.n_ctx, base=m_base, other=m_other)})
     elif fmt in ("csv", "jsonl"):
         emit(positions if per_position else [summary], columns if per_position else None, fmt)
     else:

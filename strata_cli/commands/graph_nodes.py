@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._common import ctx_option, format_option, load_engine, load_model, model_argument
+from ._common import ctx_option, format_option, load_engine, load_model, model_argument, require_gpu
 from ._tiers import tier_config, tier_options
 
 
@@ -21,14 +21,15 @@ def command(model, window, commit, profile, fmt, n_ctx, **tier_args):
     """Node count, edge count, the nodes each layer adds (window graphs of one token group), and one row per node
     kind (kernel function names via the driver API, memcpy, memset, host), most frequent first. Needs a CUDA
     GPU."""
-    from ..errors import InputError
+    from ..errors import OptionError
     from ..report.envinfo import environment_record, header_line
     from ..report.present import Column, emit
     from ..report.progress import step_progress
 
     if commit and profile:
-        raise InputError("--profile describes the profiling window graph; the commit graph has no stamps")
+        raise OptionError("--profile describes the profiling window graph; the commit graph has no stamps")
     m = load_model(model)
+    require_gpu("graph-nodes")
     engine = load_engine(m, "gpu", n_ctx, tiers=tier_config(**tier_args))
     with step_progress("capturing the commit graph" if commit else f"capturing the T = {window} window graph"):
         graph = engine.commit_graph() if commit else engine.graph(window, profile=profile)

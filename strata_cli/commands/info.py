@@ -21,11 +21,13 @@ def command(model, fmt, list_tensors):
 
     table and md print the geometry, the layers, the tensor types (and with --tensors every tensor); json is one
     document of numbers (geometry, layers, types, tensors, warnings); csv and jsonl list one row per tensor."""
-    from ..model.info import describe, layer_extras
+    from ..model.info import describe, layer_extras, params_text
     from ..report.present import Column, emit
+    from ..report.progress import step_progress
 
-    m = load_model(model)
-    d = describe(m)
+    with step_progress(f"reading the header of {model or 'the default model'}"):  # no tensor data is read
+        m = load_model(model)
+        d = describe(m)
     tensor_columns = [Column(k, h, f, j) for k, h, f, j in TENSOR_COLUMNS]
     if fmt == "json":  # numbers and names only: the roles' "Q4_K x47, Q5_K" text is the table's
         emit([], None, "json", meta=dict(d, roles=[{k: v for k, v in r.items() if k != "types"} for r in d["roles"]]))
@@ -34,7 +36,8 @@ def command(model, fmt, list_tensors):
         emit(d["tensors"], [c.key for c in tensor_columns], fmt)
         return
     head = [f"{d['path']}: {d['file_bytes'] / 2**20:.1f} MiB, {d['tensor_count']} tensors, "
-            f"{d['bits_per_weight']:.3f} bits per weight"]
+            f"{d['bits_per_weight']:.3f} bits per weight, {params_text(d['params_total'])} parameters "
+            f"({params_text(d['params_active'])} active per token)"]
     tok = d["tokenizer"]
     tokenizer = (f"{tok['model']}/{tok['pre']}, {tok['tokens']} tokens, {tok['merges']} merges"
                  + ("" if tok["text_input"] else " (--text not available)")) if tok["model"] else "none"

@@ -7,8 +7,8 @@ import json
 import click
 
 from ..report.present import RECORD_FORMATS
-from ._common import (SEED, FiniteFloatRange, ctx_option, device_option, format_option, load_engine, load_model,
-                      model_argument)
+from ._common import (SEED, FiniteFloatRange, context_hint, ctx_option, device_option, format_option, load_engine,
+                      load_model, model_argument, run_provenance)
 from ._tiers import tier_config, tier_options
 
 TABLE_COLUMNS = [("pos", None), ("target", None), ("lp_target", ".6f"), ("top_id", None), ("lp_top", ".6f"),
@@ -49,13 +49,14 @@ def token_options(command=None, *, with_random: bool = True):
 @format_option(("tsv",) + RECORD_FORMATS, default="tsv")
 @click.option("-o", "--output", default="-", show_default=True,
               help="Write the dump here (- = stdout); a file appears only when complete.")
+@click.option("--force", is_flag=True, help="Overwrite the -o file if it exists.")
 @click.option("--allow-nonfinite", is_flag=True,
               help="Write windows whose values went NaN/Inf (warned and marked) instead of stopping (exit 4).")
 @device_option
 @ctx_option
 @tier_options
 def command(model, token_file, n_random, text, text_file, seed, topk, window, extra_id, draft_noise, full_dist, fmt,
-            output, allow_nonfinite, device, n_ctx, **tier_args):
+            output, force, allow_nonfinite, device, n_ctx, **tier_args):
     """One row per position p = 0..N-2: the distribution after tokens[0..p], target tokens[p+1].
 
     TSV columns: pos, target, logprob(target), top_id, logprob(top_id), match, logprob(extra_id),
@@ -68,7 +69,7 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
     from ..analysis.logprobs import speculative_dump
     from ..analysis.speculation import DUMP_TAG
     from ..engine.state import resolve_ctx
-    from ..errors import InputError
+    from ..errors import InputError, OptionError
     from ..model.tokens import check_range, tokens_from_options
     from ..report.envinfo import environment_record, header_line
     from ..report.present import Column, emit, err_console, warn
@@ -76,9 +77,9 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
     from ..sysio.files import check_output_path, is_stdio, output_stream
 
     if full_dist and fmt not in ("json", "jsonl"):
-        raise InputError("--full-dist writes whole distributions: it needs --format json or jsonl")
+        raise OptionError("--full-dist writes whole distributions: it needs --format json or jsonl")
     if not is_stdio(output):
-        check_output_path(output, what="logprob dump")
+        check_output_path(output, what="logprob dump", force=force)
     m = load_model(model)
     g = m.geometry
     ctx = resolve_ctx(g, n_ctx)
@@ -92,7 +93,7 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
     if extra_id is None:
         extra_id = g.eos_token_id
     elif not 0 <= extra_id < g.n_vocab:
-        raise InputError(f"--extra-id {extra_id} out of range 0..{g.n_vocab - 1}")
+        raise OptionError(f"--extra-id {extra_id} out of range 0..{g.n_vocab - 1}")
     check_positions(len(tokens), ctx, source, g.n_ctx)  # before the engine allocates its caches
     engine = load_engine(m, device, n_ctx, tiers=tier_config(**tier_args))
     env = environment_record(engine.device)
@@ -125,7 +126,7 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
         elif fmt in ("json", "jsonl"):
             meta = {"env": env, "model": m.path, "tokens": source, "window": window, "draft_noise": draft_noise,
                     "extra_id": extra_id, "windows": stats.windows, "nonfinite_windows": stats.nonfinite_windows,
-                    DUMP_TAG: spec}
+                    DUMP_TAG: spec, "provenance": run_provenance(env, seed, engine.n_ctx, model=m)}
             emit(rows_to_json(rows), None, fmt, out=out, meta=meta)
         elif fmt == "csv":  # raw numbers; top-k as space-separated id:logprob pairs
             flat = [dict(r.__dict__, topk=" ".join(f"{i}:{lp!r}" for i, lp in r.topk)) for r in rows]
@@ -148,6 +149,6 @@ def check_positions(n_tokens: int, n_ctx: int, source: str, model_ctx: int) -> N
     from ..errors import InputError
 
     if n_tokens - 1 > n_ctx:
-        hint = f"raise --ctx, up to the model's {model_ctx}" if n_ctx < model_ctx else "the model's context_length"
+        hint = context_hint(n_ctx, model_ctx, "the number of tokens")
         raise InputError(f"{source}: {n_tokens} tokens need {n_tokens - 1} positions, past the context "
                          f"{n_ctx} ({hint})")

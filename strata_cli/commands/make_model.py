@@ -8,7 +8,7 @@ from contextlib import nullcontext
 import click
 from rich.console import Console
 
-from ..errors import InputError
+from ..errors import InputError, OptionError
 from ..report.progress import byte_progress
 from ..synth import estimate_size, load_preset, write_model
 from ..synth.presets import PRESET_NAMES
@@ -16,7 +16,7 @@ from ..synth.recipes import FILE_TYPES, RECIPE_NAMES
 from ..synth.writer import size_lower_bound
 from ..sysio.files import check_output_path, stdout_text
 from ..sysio.memory import available_memory
-from ._common import SEED, format_option
+from ._common import SEED, format_option, refuse_stdout_model
 
 GIB = 1 << 30
 DISK_MARGIN = 1 * GIB
@@ -50,13 +50,14 @@ def command(out: str, preset: str, seed: int, ggml_type: str | None, recipe: str
     from ..synth.recipes import load_recipe
 
     if preset not in PRESET_NAMES and not preset.endswith((".yaml", ".yml")):
-        raise InputError(f"--preset '{preset}': expected one of {', '.join(PRESET_NAMES)} or a path ending in .yaml")
+        raise OptionError(f"--preset '{preset}': expected one of {', '.join(PRESET_NAMES)} or a path ending in .yaml")
+    refuse_stdout_model(out, "make-model")
     stdout_text()  # the summary goes there at the end: refuse a closed stdout before writing gigabytes
     out = check_output_path(out, what="model", force=force)
     geometry = load_preset(preset).with_overrides(layers=layers, experts=experts, vocab=vocab,
                                                   ngram_vocab=ngram_vocab)
     if recipe is not None and ggml_type is not None:
-        raise InputError("--type and --recipe: give one of them")
+        raise OptionError("--type and --recipe: give one of them")
     choice = load_recipe(recipe) if recipe is not None else \
         (ggml_type or ("Q8_0" if geometry.name.startswith("flash-next") else "F32")).upper()
     type_label = choice.name if recipe is not None else choice

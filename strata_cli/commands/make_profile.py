@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import click
 
-from ._common import ctx_option, format_option, load_model, model_argument
+from ._common import SEED, ctx_option, format_option, load_model, model_argument
 from .logprobs import token_options
 
 
 @click.command(short_help="Count the router's picks of a run and write an expert profile (YAML or STRP).")
 @model_argument
 @token_options
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of --random.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of --random.")
 @click.option("--holdout", type=click.Path(dir_okay=False),
               help="Token file of held-out text: report the profile's hit rate on it per slot count.")
 @click.option("--slots", type=click.IntRange(min=0), default=None,
@@ -19,7 +19,9 @@ from .logprobs import token_options
 @click.option("--window", type=click.IntRange(1, 64), default=8, show_default=True,
               help="Tokens per window of the counting run (the counts do not depend on it).")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
-              help="Profile to write: .yaml (counts, ranked order) or .bin (the seed's STRP v1).")
+              help="Profile to write: .yaml (counts, ranked order) or .bin (the seed's STRP v1); - = YAML on "
+              "stdout (the report then goes to stderr).")
+@click.option("--force", is_flag=True, help="Overwrite the -o file if it exists.")
 @click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
               help="Count on the numpy engine, or on the GPU engine with every routed expert served by the host "
               "(the same picks, far faster on a large model).")
@@ -27,28 +29,31 @@ from .logprobs import token_options
               help="Also write every routed pick of the counting run here (.npz; the input of `strata cache-sim`).")
 @format_option()
 @ctx_option
-def command(model, token_file, n_random, text, text_file, seed, holdout, slots, window, output, trace_path, fmt,
-            n_ctx, device):
+def command(model, token_file, n_random, text, text_file, seed, holdout, slots, window, output, force, trace_path,
+            fmt, n_ctx, device):
     """Run MODEL's numpy reference engine (or with --device gpu the GPU engine) over the tokens (every row committed), count how often the router
     picked each (layer, expert) pair, rank the pairs hottest first and write the profile atomically. Prints the
     share of the counted picks the first N ranked pairs serve (coverage) and, with --holdout, the hit rate on the
     held-out tokens."""
+    import sys
+
     from ..engine.routing import count_routing
-    from ..errors import InputError
+    from ..errors import OptionError
     from ..model.tokens import check_range, read_token_file, tokens_from_options
     from ..report.progress import step_progress
+    from ..sysio.files import is_stdio
     from ..tiers.expert_profile import ExpertProfile, check_profile_path, save_profile, slot_counts
     from ..tiers.residency import expert_bytes
     from ..tiers.trace import TraceRecorder, check_trace_path, save_trace
     from .profile_info import report
 
-    check_profile_path(output)  # before the run, not after it
+    check_profile_path(output, force=force)  # before the run, not after it
     if trace_path is not None:
         check_trace_path(trace_path)
     m = load_model(model)
     g = m.geometry
     if slots is not None and slots > g.n_layers * g.n_expert:
-        raise InputError(f"--slots {slots}: the model has {g.n_layers * g.n_expert} (layer, expert) pairs")
+        raise OptionError(f"--slots {slots}: the model has {g.n_layers * g.n_expert} (layer, expert) pairs")
     tokens, source = tokens_from_options(m, token_file=token_file, n_random=n_random, text=text,
                                          text_file=text_file, seed=seed)
     check_range(tokens, g.n_vocab, source)
@@ -69,4 +74,5 @@ def command(model, token_file, n_random, text, text_file, seed, holdout, slots, 
     if holdout is not None:
         with step_progress(f"routing {len(held_tokens)} held-out tokens", total=len(held_tokens)) as progress:
             held = count_routing(m, held_tokens, window, n_ctx, progress, device)
-    report(profile, output, slot_counts(profile.n_pairs, [profile.slots]), held, holdout, m, fmt, head=head)
+    report(profile, output, slot_counts(profile.n_pairs, [profile.slots]), held, holdout, m, fmt, head=head,
+           out=sys.stderr if is_stdio(output) else None)

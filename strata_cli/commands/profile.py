@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ._common import (SEED, FiniteFloatRange, ctx_option, deprecated_alias, format_option, load_engine, load_model,
-                      model_argument)
+from ._common import (SEED, FiniteFloatRange, context_hint, ctx_option, deprecated_alias, format_option, load_engine,
+                      load_model, model_argument, require_gpu)
 
 # (key, table header, display format, justify): the table/md columns; csv/json/jsonl print every key, raw
 COLUMNS = [("layer", "layer", None, "left"), ("group", "group", None, "left"), ("stage", "stage", None, "left"),
@@ -37,17 +37,19 @@ def command(model, window, repetitions, warmup, depth, acceptance, seed, per_lay
     from ..analysis.speculation import Acceptance
     from ..analysis.window_timing import check_finite, profile_windows
     from ..engine.stage_timing import accounting_line, aggregate, table_rows
-    from ..errors import InputError
+    from ..errors import InputError, OptionError
     from ..report.envinfo import environment_record, header_line
     from ..report.present import Column, emit
     from ..report.progress import step_progress
 
     m = load_model(model)
+    require_gpu("profile")
     engine = load_engine(m, "gpu", n_ctx)
     if window > engine.max_t:
-        raise InputError(f"--window {window} exceeds the engine's max_t {engine.max_t}")
+        raise OptionError(f"--window {window} exceeds the engine's max_t {engine.max_t}")
     if depth + window > engine.n_ctx:
-        raise InputError(f"--depth {depth} + window {window} past the context {engine.n_ctx} (raise --ctx)")
+        raise OptionError(f"--depth {depth} + window {window} past the context {engine.n_ctx} "
+                          f"({context_hint(engine.n_ctx, m.geometry.n_ctx, '-d/--depth')})")
     check_finite(engine, window, seed)
     with step_progress(f"profiling {repetitions} windows of T = {window}"):
         run = profile_windows(engine, window, repetitions, depth, seed, Acceptance.assumed(acceptance),

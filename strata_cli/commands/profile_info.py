@@ -21,6 +21,7 @@ def _slot_list(ctx, param, value):
 
 @click.command(short_help="Show an expert profile: coverage and held-out hit rate per cache size.")
 @click.argument("profile_path", metavar="P", type=click.Path(dir_okay=False))
+@click.argument("model_pos", metavar="[MODEL]", required=False)
 @click.option("--slots", callback=_slot_list, help="Cache sizes to report, e.g. 0,1024,4096 (default: 10/25/50/75/"
               "100 % of the pairs and the profile's own).")
 @click.option("--holdout", type=click.Path(dir_okay=False),
@@ -31,20 +32,22 @@ def _slot_list(ctx, param, value):
               help="Tokens per window of a held-out run.")
 @format_option()
 @ctx_option
-def command(profile_path, slots, holdout, model_arg, window, fmt, n_ctx):
+def command(profile_path, model_pos, slots, holdout, model_arg, window, fmt, n_ctx):
     """Print the profile's model, tokens seen and suggested slots, then per cache size N (the first N ranked pairs
     in VRAM): the share of pairs, the VRAM it takes (with --model), the coverage of the profile's own counts and
     the hit rate of held-out routing."""
     from pathlib import Path
 
     from ..engine.routing import count_routing
-    from ..errors import InputError
+    from ..errors import InputError, OptionError
     from ..model.tokens import check_range, read_token_file
     from ..report.progress import step_progress
-    from ..tiers.expert_profile import BINARY_SUFFIXES, STRP_MAGIC, YAML_SUFFIXES, load_profile
-    from ..tiers.expert_profile import slot_counts
+    from ..tiers.expert_profile import BINARY_SUFFIXES, STRP_MAGIC, YAML_SUFFIXES, load_profile, slot_counts
     from ._common import load_model
 
+    if model_pos is not None and model_arg is not None and model_pos != model_arg:
+        raise OptionError(f"MODEL {model_pos} and --model {model_arg}: give the model once")
+    model_arg = model_pos if model_pos is not None else model_arg
     profile = load_profile(profile_path)
     model = None
     if model_arg is not None:
@@ -73,11 +76,11 @@ def command(profile_path, slots, holdout, model_arg, window, fmt, n_ctx):
                 held = count_routing(model, tokens, window, n_ctx, progress)
     for n in slots or ():
         if n > profile.n_pairs:
-            raise InputError(f"--slots {n}: the profile has {profile.n_pairs} (layer, expert) pairs")
+            raise OptionError(f"--slots {n}: the profile has {profile.n_pairs} (layer, expert) pairs")
     report(profile, profile_path, slots or slot_counts(profile.n_pairs, [profile.slots]), held, holdout, model, fmt)
 
 
-def report(profile, path, slots, held, holdout, model, fmt, head=()):
+def report(profile, path, slots, held, holdout, model, fmt, head=(), out=None):
     """One row per slot count: pairs, share, VRAM (with a model), coverage, held-out hit rate."""
     from ..report.present import Column, emit
     from ..tiers.residency import expert_bytes
@@ -113,4 +116,4 @@ def report(profile, path, slots, held, holdout, model, fmt, head=()):
     meta = {"profile": str(path), "format": kind, "model": profile.model_file, "layers": profile.n_layers,
             "experts": profile.n_expert, "tokens_seen": profile.tokens_seen, "ranked": len(profile.ranked),
             "slots_suggested": profile.slots, "holdout": holdout}
-    emit(rows, cols, fmt, title="expert cache by profile", header_lines=lines, meta=meta)
+    emit(rows, cols, fmt, title="expert cache by profile", header_lines=lines, meta=meta, out=out)

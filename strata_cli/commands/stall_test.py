@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._common import ctx_option, load_model, model_argument
+from ._common import ctx_option, deprecated_alias, load_model, model_argument, require_gpu
 from ._tiers import tier_config, tier_options
 
 STALL_RELEASED = 5  # exit code: the stalled window was released (README, Exit codes)
@@ -12,19 +12,20 @@ STALL_RELEASED = 5  # exit code: the stalled window was released (README, Exit c
 
 @click.command(short_help="Stall a verify window on purpose; the watchdog must release it (GPU).")
 @model_argument
-@click.option("--window", "stall_at", type=click.IntRange(min=1), default=2, show_default=True,
+@click.option("--stall-window", "stall_at", type=click.IntRange(min=1), default=2, show_default=True,
               help="The window (1-based) whose last flag the host withholds.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.01), default=1.0, show_default=True,
               help="Seconds without progress before the watchdog releases the GPU waits.")
-@click.option("--tokens", "n_tokens", type=click.IntRange(1, 16), default=4, show_default=True,
-              help="Tokens per window.")
+@click.option("--window", "n_tokens", type=click.IntRange(1, 16), default=4, show_default=True,
+              help="Tokens per verify window T (as --window everywhere else).")
+@deprecated_alias("--tokens", "--window", "n_tokens", type=click.IntRange(1, 16))
 @ctx_option
 @tier_options
 def command(model, stall_at, timeout_s, n_tokens, n_ctx, **tier_args):
-    """Runs windows until window WINDOW, whose last flag the host withholds (tiers/config.py stall_window): the GPU waits,
-    and the watchdog (no progress for --timeout s) releases every GPU wait, prints one line and the engine refuses
-    later windows. Then a fresh engine must run a window. Exits 5 after a release (the stall is the point), 1 if
-    anything else goes wrong."""
+    """Runs windows of --window T tokens until window N (--stall-window), whose last flag the host withholds
+    (tiers/config.py stall_window): the GPU waits, and the watchdog (no progress for --timeout s) releases every GPU
+    wait, prints one line and the engine refuses later windows. Then a fresh engine must run a window. Exits 5 after
+    a release (the stall is the point), 1 if anything else goes wrong."""
     import sys
 
     import numpy as np
@@ -36,6 +37,7 @@ def command(model, stall_at, timeout_s, n_tokens, n_ctx, **tier_args):
     from ..tiers.watchdog import Watchdog
 
     m = load_model(model)
+    require_gpu("stall-test")
     tiers = tier_config(**tier_args)
     stalled = tier_config(**tier_args, stall_window=stall_at)
     rng = np.random.default_rng(0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ._common import (SEED, FiniteFloatRange, ctx_option, deprecated_alias, device_option, format_option,
-                      load_engine, load_model, model_argument)
+from ._common import (SEED, FiniteFloatRange, context_hint, ctx_option, deprecated_alias, device_option, format_option,
+                      load_engine, load_model, model_argument, parse_window_list)
 from ._tiers import tier_config, tier_options
 from .logprobs import token_options
 
@@ -18,18 +18,6 @@ COLUMNS = [("window", "T", None), ("ms_median", "ms/window", ".3f"), ("ms_p10", 
 GPU_COLUMNS = [("capture_ms", "capture ms", ".1f"), ("read_bytes", "GB read", lambda v: f"{v / 1e9:.3f}"),
                ("floor_ms", "floor ms", ".3f"), ("x_floor", "x floor", ".2f")]
 DEFAULT_ACCEPTANCE = 0.7
-
-
-def _windows(text: str) -> list[int]:
-    from ..errors import InputError
-
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise InputError(f"--window '{text}': expected comma-separated integers like 1,2,4,8") from None
-    if not values or min(values) < 1:
-        raise InputError(f"--window '{text}': window sizes must be >= 1")
-    return values
 
 
 def _add_floor(records, model) -> None:
@@ -73,12 +61,12 @@ def command(model, window_list, repetitions, warmup, depth, acceptance, acceptan
     With expert tiers (GPU): the VRAM / PCIe / CPU shares of the routed entries, the GPU's time in each wait and
     the host's time per window; --expert-cache as a list (0,4096,12GiB,all) sweeps the cache sizes. With --tokens,
     --text or --text-file the context and the windows follow that text (else seeded random ids)."""
-    from ..errors import InputError
+    from ..errors import OptionError
 
     expert_cache = tier_args["expert_cache"]
     caches = [c.strip() for c in expert_cache.split(",")] if expert_cache else [None]
     if "" in caches:
-        raise InputError(f"--expert-cache '{expert_cache}': an empty cache size in the list")
+        raise OptionError(f"--expert-cache '{expert_cache}': an empty cache size in the list")
     configs = [tier_config(**tier_args, cache_override=cache) for cache in caches]  # every spec checked before the first run
     sources = dict(token_file=token_file, text=text, text_file=text_file)
     for tiers in configs:
@@ -105,15 +93,15 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
            n_ctx, tiers, sources):
     from ..analysis.speculation import Acceptance, acceptance_from_dump
     from ..analysis.window_timing import run_bench
-    from ..errors import InputError
+    from ..errors import InputError, OptionError
     from ..report.envinfo import environment_record, header_line
     from ..report.present import Column, emit
     from ..report.progress import step_progress
     from ..report.records import ModelIdentity, Provenance, command_line, utc_timestamp
 
-    windows = _windows(window_list)
+    windows = parse_window_list(window_list)
     if acceptance is not None and acceptance_dump:
-        raise InputError("give --acceptance A or --acceptance-from DUMP, not both")
+        raise OptionError("give --acceptance A or --acceptance-from DUMP, not both")
     accept = acceptance_from_dump(acceptance_dump) if acceptance_dump else \
         Acceptance.assumed(DEFAULT_ACCEPTANCE if acceptance is None else acceptance)
     if accept.max_window() is not None and max(windows) > accept.max_window():
@@ -123,11 +111,12 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
     text, text_label = _text_ids(m, sources, depth + max(windows))
     engine = load_engine(m, device, n_ctx, tiers=tiers)
     if eager and not engine.capabilities.eager:
-        raise InputError("--eager compares graph replay with eager launches: it needs --device gpu")
+        raise OptionError("--eager compares graph replay with eager launches: it needs --device gpu")
     if engine.max_t is not None and max(windows) > engine.max_t:
-        raise InputError(f"--window {max(windows)} exceeds the engine's max_t {engine.max_t}")
+        raise OptionError(f"--window {max(windows)} exceeds the engine's max_t {engine.max_t}")
     if depth + max(windows) > engine.n_ctx:
-        raise InputError(f"--depth {depth} + window {max(windows)} past the context {engine.n_ctx} (raise --ctx)")
+        raise OptionError(f"--depth {depth} + window {max(windows)} past the context {engine.n_ctx} "
+                          f"({context_hint(engine.n_ctx, m.geometry.n_ctx, '-d/--depth')})")
     env = environment_record(engine.device)
     mode = "eager" if eager else ("graph" if engine.capabilities.graphs else "numpy")
     timer = engine.window_timer(eager)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..errors import DeviceUnavailable, InputError
+from ..errors import DeviceUnavailable, OptionError
 from .contract import Capabilities, Engine, WindowResult
 
 __all__ = ["DEVICES", "Capabilities", "Engine", "WindowResult", "gpu_probe", "make_engine", "resolve_device"]
@@ -44,7 +44,7 @@ def resolve_device(device: str) -> str:
     """cpu or gpu. auto is the GPU when usable; when the GPU stack is installed but broken, auto says why in one
     warning line on stderr before it runs the numpy engine."""
     if device not in DEVICES:
-        raise InputError(f"unknown device '{device}' (choose from {', '.join(DEVICES)})")
+        raise OptionError(f"unknown device '{device}' (choose from {', '.join(DEVICES)})")
     if device != "auto":
         return device
     installed, why = gpu_probe()

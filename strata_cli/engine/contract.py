@@ -65,3 +65,13 @@ class Engine(Protocol):
     def window_timer(self, eager: bool = False) -> WindowTimer: ...
 
     def close(self) -> None: ...  # release threads, pinned and device memory now (idempotent); also `with engine:`
+
+
+def window_nonfinite(result) -> str | None:
+    """Where a window first went non-finite: the engine's own finding (the reference engine checks every layer
+    and stage), else "the logits" when only the logits show it (the GPU engine's host copy); None if finite."""
+    if result.nonfinite:
+        return result.nonfinite
+    if result.logits is not None and not np.isfinite(result.logits).all():
+        return "the logits"
+    return None

@@ -32,6 +32,9 @@ def count_routing(model, tokens: np.ndarray, window: int = 8, n_ctx: int | None 
     """int64 [L, E]: how often the router picked each pair over `tokens` (each token routed once per layer).
     Sequences longer than the context restart from an empty context. trace: a tiers/trace.TraceRecorder that also
     gets every pick, window by window (make-profile --trace)."""
+    from ..errors import NonFiniteError
+    from .contract import window_nonfinite
+
     g = model.geometry
     counts = np.zeros((g.n_layers, g.n_expert), dtype=np.int64)
 
@@ -50,7 +53,10 @@ def count_routing(model, tokens: np.ndarray, window: int = 8, n_ctx: int | None 
             if trace is not None:
                 trace.window(n_windows, done)
             n_windows += 1
-            engine.run(tokens[done:done + n])
+            bad = window_nonfinite(engine.run(tokens[done:done + n]))
+            if bad:  # the router's picks over NaN scores mean nothing: no profile is counted from them
+                raise NonFiniteError(f"{model.path}: non-finite values (NaN/Inf) in the window at tokens {done}.."
+                                     f"{done + n - 1}, first in {bad}: no profile written")
             engine.commit(n)
             done += n
             if progress is not None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, OptionError
 from ..model.geometry import Geometry
 
 
@@ -91,7 +91,7 @@ def resolve_ctx(g: Geometry, n_ctx: int | None) -> int:
     """Context cells an engine allocates: min(model context, DEFAULT_CTX) unless given, within the model's."""
     n_ctx = min(g.n_ctx, DEFAULT_CTX) if n_ctx is None else int(n_ctx)
     if not 1 <= n_ctx <= g.n_ctx:
-        raise InputError(f"context {n_ctx} outside 1..{g.n_ctx} (the model's context_length)")
+        raise OptionError(f"context {n_ctx} outside 1..{g.n_ctx} (the model's context_length)")
     return n_ctx
 
 

@@ -77,6 +77,14 @@ def _short(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+
+def float32_text(value: float) -> str:
+    """A float32 metadata value as people write it: the shortest decimal that reads back as the same float32
+    (1e-06, not 9.999999974752427e-07)."""
+    import numpy as np
+
+    return str(np.float32(value))
+
 @dataclass(frozen=True)
 class PLEGeometry:
     """Hashed n-gram (per-layer embedding) block at one layer."""
@@ -189,7 +197,7 @@ class Geometry:
             "hyper_connections": f"{self.hc} streams, rank {self.hc_lowrank}",
             "moe": f"{self.n_expert} experts, top-{self.n_expert_used}, ff {self.n_ff_exp}, shared ff "
             f"{self.n_ff_shexp}",
-            "eps": self.eps,
+            "eps": float32_text(self.eps),
             "eos": self.eos_token_id,
         }
         if self.ple is not None:

@@ -35,16 +35,79 @@ class TensorInfo:
         return name
 
 
+def field_value(reader, field):
+    """A metadata field's value: gguf's ReaderField.contents(), or the string list the fast reader parsed."""
+    strings = getattr(reader, "string_arrays", {}).get(field.offset)
+    return list(strings) if strings is not None else field.contents()
+
+
 def _read_metadata(reader, path: str) -> dict:
     values = {}
     for key, field in reader.fields.items():
         if key.startswith("GGUF."):
             continue
         try:
-            values[key] = field.contents()
+            values[key] = field_value(reader, field)
         except Exception:  # an exotic value type we never read: keep the key, drop the value
             values[key] = None
     return values
+
+
+def _fast_reader_class():
+    """gguf.GGUFReader with arrays parsed in one pass: gguf builds one numpy view per array element, 5 million views
+    (tens of seconds) for the released model's 248k tokens and merges; here a scalar array is one view and a string
+    array one list of str (kept in string_arrays by the field's offset; field_value reads it)."""
+    import struct
+
+    import gguf
+    from gguf import GGUFValueType as VT
+
+    class FastReader(gguf.GGUFReader):
+        string_arrays: dict
+
+        def _build_fields(self, offs, count):
+            self.string_arrays = {}
+            self._kv_start = None
+            return super()._build_fields(offs, count)
+
+        def _get_str(self, offset):
+            if self._kv_start is None:
+                self._kv_start = offset  # the first string read for a KV is its key: the field's offset
+            return super()._get_str(offset)
+
+        def _get_field_parts(self, orig_offs, raw_type):
+            kv_start = self._kv_start
+            try:
+                return self._parts(orig_offs, raw_type, kv_start)
+            finally:
+                self._kv_start = None  # the next string read is the next KV's key
+
+        def _parts(self, orig_offs, raw_type, kv_start):
+            if raw_type != VT.ARRAY or self.byte_order != "I":
+                return gguf.GGUFReader._get_field_parts(self, orig_offs, raw_type)
+            raw_itype = self._get(orig_offs, np.uint32)
+            alen = self._get(orig_offs + 4, np.uint64)
+            item_type, count, offs = int(raw_itype[0]), int(alen[0]), orig_offs + 12
+            types = [VT.ARRAY, VT(item_type)]
+            if item_type == VT.STRING:
+                view, end, strings = memoryview(self.data), len(self.data), []
+                for _ in range(count):
+                    (n,) = struct.unpack_from("<Q", view, offs)
+                    if offs + 8 + n > end:
+                        raise ValueError("a string length points past the end of the file")
+                    strings.append(str(view[offs + 8:offs + 8 + n], "utf-8"))
+                    offs += 8 + n
+                self.string_arrays[kv_start] = strings
+                return offs - orig_offs, [raw_itype, alen], [], types
+            nptype = self.gguf_scalar_to_np.get(VT(item_type))
+            if nptype is None:  # nested arrays: gguf's own walk
+                return gguf.GGUFReader._get_field_parts(self, orig_offs, raw_type)
+            values = self._get(offs, nptype, count)
+            if len(values) != count:
+                raise ValueError("an array points past the end of the file")
+            return 12 + int(values.nbytes), [raw_itype, alen, values], [2] if count else [], types
+
+    return FastReader
 
 
 def _alignment(path: str, reader) -> int:
@@ -89,7 +152,7 @@ def _check_tensor_extents(path: str, size: int, start_offs: int, fields, alignme
 
 
 def _open_reader(path: str):
-    import gguf
+    import struct
 
     from ..sysio.files import input_problem
 
@@ -105,7 +168,7 @@ def _open_reader(path: str):
     if magic != b"GGUF":
         raise ModelFileError(f"{path}: not a GGUF file (magic {magic!r}, {size} bytes)")
 
-    class Reader(gguf.GGUFReader):
+    class Reader(_fast_reader_class()):
         def _build_tensors(self, start_offs, fields):
             _check_tensor_extents(path, size, start_offs, fields, _alignment(path, self))
             super()._build_tensors(start_offs, fields)
@@ -114,7 +177,7 @@ def _open_reader(path: str):
         return Reader(path, "r"), size
     except OSError as exc:
         raise ModelFileError(f"{path}: cannot read the model ({exc.strerror or exc})") from None
-    except (ValueError, IndexError, KeyError, OverflowError, MemoryError, UnicodeDecodeError) as exc:
+    except (ValueError, IndexError, KeyError, OverflowError, MemoryError, UnicodeDecodeError, struct.error) as exc:
         # gguf's reader walks the header with numpy views: its errors ("index 0 is out of bounds") say nothing
         # about the file, so say what they mean
         raise ModelFileError(f"{path}: truncated or corrupt GGUF header ({size} bytes): {_header_fault(exc)}") \
@@ -152,6 +215,7 @@ class GGUFModel:
     def __init__(self, path: str):
         self.path = str(path)
         reader, self.file_size = _open_reader(self.path)
+        self.reader = reader  # the header as gguf parsed it (field types: strata quantize copies them)
         self._identity = _identity(self.path)
         self.metadata = _read_metadata(reader, self.path)
         self.tensors: dict[str, TensorInfo] = {}

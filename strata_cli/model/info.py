@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import re
 
-from .geometry import Geometry
+from .geometry import Geometry, float32_text
 from .gguf_file import GGUFModel
+from .names import PLE_TABLE
 
 
 def geometry_numbers(g: Geometry) -> dict:
@@ -19,9 +20,10 @@ def geometry_numbers(g: Geometry) -> dict:
                "eos": p.eos_token_id}
     return {
         "layers": g.n_layers, "context": g.n_ctx, "hidden": g.n_embd, "vocab": g.n_vocab,
-        "layout": "".join("A" if a else "G" for a in g.layer_is_attn), "eps": g.eps, "eos": g.eos_token_id,
+        "layout": "".join("A" if a else "G" for a in g.layer_is_attn), "eps": float(float32_text(g.eps)),
+        "eos": g.eos_token_id,
         "attention": {"heads_q": g.n_head, "heads_kv": g.n_head_kv, "head_dim": g.head_dim, "rope_dims": g.n_rot,
-                      "rope_base": g.rope_base},
+                      "rope_base": float(float32_text(g.rope_base))},
         "qsa": {"indexer_heads": g.idx_heads, "indexer_dim": g.idx_dim, "budget_tokens": g.idx_budget,
                 "compress_ratios": list(g.compress_ratios)},
         "gdn": {"k_heads": g.ssm_nk, "k_dim": g.ssm_dk, "v_heads": g.ssm_nv, "v_dim": g.ssm_dv,
@@ -112,4 +114,33 @@ def describe(m: GGUFModel) -> dict:
         "bits_per_weight": round(8.0 * sum(i.n_bytes for i in m.tensors.values())
                                  / max(sum(math.prod(i.shape) for i in m.tensors.values()), 1), 3),
         "tokenizer": tokenizer_summary(m.metadata), "tensors": tensors, "warnings": list(g.warnings),
+        **parameter_counts(m),
     }
+
+
+def parameter_counts(m: GGUFModel) -> dict:
+    """params_total: every tensor's elements. params_active: the weights one token is computed with: the routed
+    experts (`*_exps`) at experts_used / experts of their elements, the lookup tables at the rows a token reads
+    (token_embd one row; the PLE n-gram table one row per head), everything else whole."""
+    g = m.geometry
+    total = active = 0
+    for info in m.tensors.values():
+        n = math.prod(info.shape)
+        total += n
+        if "_exps." in info.name:
+            active += n * g.n_expert_used // max(g.n_expert, 1)
+        elif info.name == "token_embd.weight":
+            active += info.shape[0]
+        elif info.name == PLE_TABLE and g.ple is not None:
+            active += info.shape[0] * g.ple.n_heads
+        else:
+            active += n
+    return {"params_total": total, "params_active": active}
+
+
+def params_text(n: int) -> str:
+    """3.21B / 35.1M / 812K: a parameter count as model cards write it."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return str(n)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, OptionError
 from ..sysio.files import read_text
 
 
@@ -43,7 +43,7 @@ def _clip(field: str) -> str:
 
 def random_tokens(n: int, vocab: int, seed: int) -> np.ndarray:
     if n < 1:
-        raise InputError(f"--random {n}: need at least 1 token")
+        raise OptionError(f"--random {n}: need at least 1 token")
     return np.random.default_rng(seed).integers(0, vocab, size=n, dtype=np.int64)
 
 
@@ -61,7 +61,7 @@ def tokens_from_options(model, *, token_file: str | None = None, n_random: int |
     given = [name for name, value in (("--tokens", token_file), ("--random", n_random), ("--text", text),
                                       ("--text-file", text_file)) if value is not None]
     if len(given) != 1:
-        raise InputError(f"give exactly one of --tokens FILE, --random N, --text STR or --text-file FILE"
+        raise OptionError(f"give exactly one of --tokens FILE, --random N, --text STR or --text-file FILE"
                          f"{' (got ' + ', '.join(given) + ')' if given else ''}")
     if token_file is not None:
         return read_token_file(token_file), "stdin" if str(token_file) == "-" else str(token_file)

@@ -125,16 +125,57 @@ def _table(rows: list[dict], cols: list[Column], title: str | None, header_lines
         con = Console(file=con.file, no_color=True, highlight=False, width=1 << 14, legacy_windows=False)
     for line in header_lines:
         con.print(line, style=None if plain else "dim", markup=False, highlight=False, soft_wrap=True)
-    table = Table(title=title, box=box.ASCII if plain else box.HEAVY_HEAD, title_style=None if plain else "italic")
+    cells = [[c.render(row.get(c.key)) for c in cols] for row in rows]
+    if not plain:  # a terminal: cells keep their full width, headers wrap; too wide even so, one block per row
+        table = _fitted_table(cols, cells, title, con.width)
+        con.print(table)
+        con.file.flush()
+        return
+    table = Table(title=title, box=box.ASCII, title_style=None)
     for c in cols:
         table.add_column(c.title, justify=c.justify)
-    for row in rows:
-        table.add_row(*(c.render(row.get(c.key)) for c in cols))
+    for row in cells:
+        table.add_row(*row)
     if plain:
         width = con.measure(table).maximum
         con = Console(file=con.file, no_color=True, highlight=False, width=width)
     con.print(table)
     con.file.flush()
+
+
+def _fitted_table(cols: list[Column], cells: list[list[str]], title: str | None, width: int):
+    """A terminal table no wider than `width` whose cells are never cut (rich would squeeze a wide table into
+    `33.1…` cells and `ms/w…` headers): every column at least as wide as its widest cell, headers folded onto more
+    lines; where even that does not fit, the table turned (one row per column, one column per row), and where that
+    does not fit either, one key/value block per row."""
+    from rich import box
+    from rich.cells import cell_len
+    from rich.console import Group
+    from rich.table import Table
+
+    def table_of(columns, rows, table_title, show_header=True):
+        table = Table(title=table_title, box=box.HEAVY_HEAD if show_header else box.SIMPLE, title_style="italic",
+                      show_header=show_header)
+        for title_text, justify, min_width in columns:
+            table.add_column(title_text, justify=justify, min_width=min_width, no_wrap=False, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        return table
+
+    widths = [max([cell_len(row[i]) for row in cells] + [1]) for i in range(len(cols))]
+    header_words = [max([cell_len(w) for w in c.title.split()] + [1]) for c in cols]
+    needed = sum(max(w, min(h, 10)) + 3 for w, h in zip(widths, header_words)) + 1
+    if needed <= width or len(cols) <= 2:
+        return table_of([(c.title, c.justify, w) for c, w in zip(cols, widths)], cells, title)
+    key_width = max(cell_len(c.title) for c in cols)
+    row_widths = [max([cell_len(row[i]) for i in range(len(cols))] + [1]) for row in cells]
+    if key_width + sum(w + 3 for w in row_widths) + 4 <= width:
+        turned = [[c.title, *(row[i] for row in cells)] for i, c in enumerate(cols)]
+        return table_of([("", "left", key_width), *(("", "right", w) for w in row_widths)], turned, title,
+                        show_header=False)
+    blocks = [table_of([("key", "left", key_width), ("value", "right", max(widths))],
+                       [[c.title, value] for c, value in zip(cols, row)], None, show_header=False) for row in cells]
+    return Group(*([f"[italic]{title}[/italic]"] if title else []), *blocks)
 
 
 def emit(rows: list[dict], columns: Sequence[Column | str] | None, fmt: str, *, title: str | None = None,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import quants
-from . import blocks, recipes
+from . import blocks, encode, recipes
 from .recipes import ALWAYS_F32, FILE_TYPES, LLAMA_FTYPE, Recipe  # noqa: F401  (the type rules live there)
 
 CHUNK_ELEMENTS = 1 << 22  # a multiple of every block (32, 64, 256)
@@ -59,39 +59,26 @@ def _rng(seed: int, tensor_index: int, chunk_index: int) -> np.random.Generator:
     return np.random.Generator(np.random.SFC64(np.random.SeedSequence([seed, tensor_index, chunk_index])))
 
 
-def _q8_0_blocks(rng: np.random.Generator, n: int, std: float) -> np.ndarray:
-    """Valid Q8_0 blocks written directly: uniform codes in [-127, 127] and a per-block fp16 scale.
-
-    A uniform code has std 127/sqrt(3); the scale spreads +-50% around the value giving the target std.
-    """
-    n_blocks = n // quants.QK8_0
-    out = np.empty((n_blocks, 34), dtype=np.uint8)
-    codes = rng.bit_generator.random_raw(n_blocks * 4).view(np.int8).reshape(n_blocks, 32)
-    np.maximum(codes, -127, out=codes)  # -128 is never produced by ggml's quantizer
-    out[:, 2:] = codes.view(np.uint8)
-    scale = rng.random(n_blocks, dtype=np.float32) + np.float32(0.5)
-    scale *= np.float32(std * math.sqrt(3.0) / 127.0)
-    out[:, :2] = scale.astype(np.float16).view(np.uint8).reshape(-1, 2)
-    return out.reshape(-1)
+def chunk_values(init: Init, n: int, rng: np.random.Generator) -> np.ndarray:
+    """`n` float32 values of the F32 model's tensor (the values every encodable type quantizes)."""
+    if init.neg_uniform is not None:
+        low, high = init.neg_uniform
+        return -rng.uniform(low, high, n).astype(np.float32)
+    values = rng.standard_normal(n, dtype=np.float32)
+    values *= np.float32(init.std)
+    values += np.float32(init.mean)
+    return values
 
 
 def chunk_bytes(init: Init, ggml_type: int, n: int, seed: int, tensor_index: int, chunk_index: int) -> np.ndarray:
-    """Raw bytes (uint8) of `n` consecutive elements of a tensor."""
+    """Raw bytes (uint8) of `n` consecutive elements of a tensor: the F32 model's values encoded (synth/encode.py),
+    or, for a type strata cannot encode (K-quants, i-quants, NVFP4), valid random blocks (synth/blocks.py)."""
     rng = _rng(seed, tensor_index, chunk_index)
-    if ggml_type == quants.Q8_0 and init.neg_uniform is None and init.mean == 0.0:
-        return _q8_0_blocks(rng, n, init.std)
-    if ggml_type in quants.BLOCK_TYPES:  # valid random blocks written directly (synth/blocks.py says how)
-        if init.neg_uniform is not None or init.mean != 0.0:
-            raise ValueError(f"{quants.TYPE_NAMES[ggml_type]}: block types are written for zero-mean tensors only")
-        return blocks.random_blocks(rng, ggml_type, n // quants.BLOCK[ggml_type][0], init.std).reshape(-1)
-    if init.neg_uniform is not None:
-        low, high = init.neg_uniform
-        values = -rng.uniform(low, high, n).astype(np.float32)
-    else:
-        values = rng.standard_normal(n, dtype=np.float32)
-        values *= np.float32(init.std)
-        values += np.float32(init.mean)
-    return np.ascontiguousarray(quants.quantize(values, ggml_type)).view(np.uint8).reshape(-1)
+    if encode.encodable(ggml_type):
+        return encode.encode(chunk_values(init, n, rng), ggml_type)
+    if init.neg_uniform is not None or init.mean != 0.0:
+        raise ValueError(f"{quants.TYPE_NAMES[ggml_type]}: block types are written for zero-mean tensors only")
+    return blocks.random_blocks(rng, ggml_type, n // quants.BLOCK[ggml_type][0], init.std).reshape(-1)
 
 
 def chunk_sizes(n_elements: int) -> list[int]:

@@ -77,7 +77,8 @@ def _pad(n: int) -> int:
     return -(-n // ALIGNMENT) * ALIGNMENT
 
 
-_SCALAR_BYTES = {VT.UINT32: 4, VT.INT32: 4, VT.FLOAT32: 4, VT.UINT64: 8, VT.BOOL: 1}
+_SCALAR_BYTES = {VT.UINT8: 1, VT.INT8: 1, VT.UINT16: 2, VT.INT16: 2, VT.UINT32: 4, VT.INT32: 4, VT.FLOAT32: 4,
+                 VT.UINT64: 8, VT.INT64: 8, VT.FLOAT64: 8, VT.BOOL: 1}
 
 
 def _value_size(value, vtype: VT) -> int:

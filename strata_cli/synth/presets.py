@@ -7,7 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, OptionError
 from . import ple_hash
 
 PRESET_NAMES = ("tiny", "small", "flash-next")
@@ -99,22 +99,22 @@ class Preset:
         p = self
         if layers is not None:
             if layers < 1:
-                raise InputError(f"--layers {layers}: must be >= 1")
+                raise OptionError(f"--layers {layers}: must be >= 1")
             p = dataclasses.replace(p, num_hidden_layers=layers, name=f"{p.name}-L{layers}")
             p = dataclasses.replace(p, ple_layer=_gdn_layer_at_or_below(p, p.ple_layer))
         if experts is not None:
             if experts < 1:
-                raise InputError(f"--experts {experts}: must be >= 1")
+                raise OptionError(f"--experts {experts}: must be >= 1")
             p = dataclasses.replace(p, num_experts=experts, name=f"{p.name}-E{experts}",
                                     num_experts_per_tok=min(p.num_experts_per_tok, experts))
         if vocab is not None:
             if vocab < 8:
-                raise InputError(f"--vocab {vocab}: must be >= 8")
+                raise OptionError(f"--vocab {vocab}: must be >= 8")
             eos = p.eos_token_id if p.eos_token_id < vocab else vocab - 3  # keep <|endoftext|> inside
             p = dataclasses.replace(p, vocab_size=vocab, eos_token_id=eos, name=f"{p.name}-V{vocab}")
         if ngram_vocab is not None:
             if ngram_vocab < 2:
-                raise InputError(f"--ngram-vocab {ngram_vocab}: must be >= 2")
+                raise OptionError(f"--ngram-vocab {ngram_vocab}: must be >= 2")
             p = dataclasses.replace(p, ngram_vocab_size_base=ngram_vocab, name=f"{p.name}-N{ngram_vocab}")
         return p
 
@@ -148,7 +148,7 @@ def load_preset(name_or_path: str) -> Preset:
     if not path.suffix:
         path = presets_dir() / f"{name_or_path}.yaml"
     if not path.is_file():
-        raise InputError(f"preset '{name_or_path}': no such file {path} (presets: {', '.join(PRESET_NAMES)})")
+        raise OptionError(f"preset '{name_or_path}': no such file {path} (presets: {', '.join(PRESET_NAMES)})")
     from ..sysio.files import read_text
 
     try:

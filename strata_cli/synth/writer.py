@@ -20,6 +20,8 @@ from .presets import Preset
 from .recipes import Recipe
 
 Progress = Callable[[int, int], None]  # (bytes_done, bytes_total)
+# (tensor index, chunk index, elements) -> the chunk's raw bytes; chunks are fill.chunk_sizes of each tensor
+ChunkSource = Callable[[int, int, int], np.ndarray]
 
 
 def parse_type(ggml_type: str | int | Recipe) -> int | Recipe:
@@ -77,8 +79,16 @@ def write_model(out_path, preset: Preset, *, seed: int = 0, ggml_type: str | int
     # a locked temporary file beside OUT, removed on any exception (Ctrl-C, SIGTERM/SIGHUP via the CLI, a full
     # disk); a second writer of the same OUT is refused
     with output_path(out, what="model") as partial:
-        _write(plan, partial, seed, progress)
+        write_plan(plan, partial, _random_chunks(plan, seed), progress)
     return out
+
+
+def _random_chunks(plan: ModelPlan, seed: int) -> ChunkSource:
+    def chunk(ti: int, ci: int, n: int) -> np.ndarray:
+        t = plan.tensors[ti]
+        return fill.chunk_bytes(t.init, t.ggml_type, n, seed, ti, ci)
+
+    return chunk
 
 
 def _open_writer(plan: ModelPlan, path: Path) -> gguf.GGUFWriter:
@@ -103,7 +113,9 @@ def _chunk_jobs(plan: ModelPlan):
             yield ti, ci, n, ci == len(sizes) - 1
 
 
-def _write(plan: ModelPlan, path: Path, seed: int, progress: Progress | None) -> None:
+def write_plan(plan: ModelPlan, path: Path, chunks: ChunkSource, progress: Progress | None) -> None:
+    """Write the GGUF of `plan` to `path`: the header, then every tensor's chunks from `chunks`, generated ahead on
+    all cores and written in file order."""
     total = plan.file_bytes()
     writer = _open_writer(plan, path)
     try:
@@ -129,7 +141,7 @@ def _write(plan: ModelPlan, path: Path, seed: int, progress: Progress | None) ->
             # generate ahead on all cores, write in order; memory stays at about one chunk per worker
             for ti, ci, n, last in _chunk_jobs(plan):
                 t = plan.tensors[ti]
-                pending.append((pool.submit(fill.chunk_bytes, t.init, t.ggml_type, n, seed, ti, ci), t, last))
+                pending.append((pool.submit(chunks, ti, ci, n), t, last))
                 if len(pending) >= workers + 2:
                     done = drain_one()
                     if progress:

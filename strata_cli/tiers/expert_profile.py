@@ -164,7 +164,27 @@ def _read_strp(path, data: bytes) -> ExpertProfile:
             raise InputError(f"{path}: table entry (layer {layer}, expert {expert}) = {int(table[layer, expert])} is "
                              f"neither that pair's rank ({int(ranks[layer, expert])}) nor a count")
         counts = table.astype(np.int64)
+        _check_counts_agree(path, ranked, counts)
     return ExpertProfile(n_layers=n_layers, n_expert=n_expert, ranked=ranked, slots=int(slots), counts=counts)
+
+
+def _check_counts_agree(path, ranked: np.ndarray, counts: np.ndarray) -> None:
+    """A table of counts must agree with the ranked pairs: hottest first (ties in any order), and no unranked pair
+    hotter than a ranked one; else the file contradicts itself and neither order can be trusted."""
+    ranked_counts = counts[ranked[:, 0], ranked[:, 1]]
+    rises = np.flatnonzero(np.diff(ranked_counts) > 0)
+    if rises.size:
+        i = int(rises[0])
+        raise InputError(f"{path}: the table contradicts the ranked pairs: ranked entry {i} (layer {ranked[i, 0]}, "
+                         f"expert {ranked[i, 1]}) has count {ranked_counts[i]}, entry {i + 1} has "
+                         f"{ranked_counts[i + 1]}")
+    unranked = np.ones(counts.shape, dtype=bool)
+    unranked[ranked[:, 0], ranked[:, 1]] = False
+    if ranked_counts.size and unranked.any() and counts[unranked].max() > ranked_counts[-1]:
+        layer, expert = (int(v) for v in np.argwhere(unranked & (counts > ranked_counts[-1]))[0])
+        raise InputError(f"{path}: the table contradicts the ranked pairs: unranked pair (layer {layer}, expert "
+                         f"{expert}) has count {int(counts[layer, expert])}, more than ranked entry "
+                         f"{len(ranked_counts) - 1} ({int(ranked_counts[-1])})")
 
 
 def _strp_bytes(p: ExpertProfile) -> bytes:
@@ -285,23 +305,30 @@ def load_profile(path) -> ExpertProfile:
     return _read_yaml(path, data)
 
 
-def check_profile_path(path) -> Path:
-    """Refuse an output path before any work: unknown extension, missing or unwritable directory."""
-    from ..sysio.files import check_output_path
+def check_profile_path(path, force: bool = True) -> Path:
+    """Refuse an output path before any work: unknown extension, missing or unwritable directory, an existing file
+    without force. `-` is stdout (YAML)."""
+    from ..sysio.files import check_output_path, is_stdio
 
+    if is_stdio(path):
+        return Path("-")
     path = Path(path)
     if path.suffix.lower() not in BINARY_SUFFIXES + YAML_SUFFIXES:
         raise InputError(f"{path}: unknown profile extension '{path.suffix}' (use .yaml or .bin)")
-    return check_output_path(path, what="expert profile")
+    return check_output_path(path, what="expert profile", force=force)
 
 
 def save_profile(profile: ExpertProfile, path) -> None:
-    """Write as STRP (.bin/.strp) or YAML (.yaml/.yml), atomically (sysio/files.py: temp file + rename)."""
-    from ..sysio.files import output_stream
+    """Write as STRP (.bin/.strp) or YAML (.yaml/.yml), atomically (sysio/files.py: temp file + rename); `-`: YAML on
+    stdout."""
+    from ..sysio.files import is_stdio, output_stream
 
-    path = check_profile_path(path)
-    payload = _strp_bytes(profile) if path.suffix.lower() in BINARY_SUFFIXES else _yaml_text(profile).encode()
-    with output_stream(path, what="expert profile", binary=True) as fh:
+    if is_stdio(path):
+        payload = _yaml_text(profile).encode()
+    else:
+        path = check_profile_path(path)
+        payload = _strp_bytes(profile) if path.suffix.lower() in BINARY_SUFFIXES else _yaml_text(profile).encode()
+    with output_stream(path, what="expert profile", binary=True) as fh:  # `-`: stdout
         fh.write(payload)
 
 

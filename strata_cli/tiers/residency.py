@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import OptionError
 
 EXPERT_ROLES = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -37,7 +37,7 @@ def parse_cache_spec(text) -> CacheSpec:
     m = _SIZE.fullmatch(low)
     if m and m.group(2) in _UNITS:
         return CacheSpec("bytes", int(float(m.group(1)) * _UNITS[m.group(2)]), raw)
-    raise InputError(f"--expert-cache {raw!r}: expected all, auto, a slot count (e.g. 4096) or a size (e.g. 12GiB)")
+    raise OptionError(f"--expert-cache {raw!r}: expected all, auto, a slot count (e.g. 4096) or a size (e.g. 12GiB)")
 
 
 def parse_size(text, option: str) -> int:

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import OptionError
 
 PCIE_GBS = 51.0
 POOL_GBS = 77.7
@@ -42,9 +42,9 @@ def parse_pcie_frac(text) -> float | str:
         try:
             value = float(raw)
         except ValueError:
-            raise InputError(f"--pcie-frac {raw!r}: expected auto or a share between 0 and 1") from None
+            raise OptionError(f"--pcie-frac {raw!r}: expected auto or a share between 0 and 1") from None
     if not 0.0 <= value <= 1.0:
-        raise InputError(f"--pcie-frac {text!r}: expected auto or a share between 0 and 1")
+        raise OptionError(f"--pcie-frac {text!r}: expected auto or a share between 0 and 1")
     return value
 
 

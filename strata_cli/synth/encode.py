@@ -1,0 +1,47 @@
+"""Float32 values -> the raw bytes of a GGML type, by gguf.quants (the converter's and the Python reference's
+encoder, bit-identical to ggml's reference quantizers for the types it implements).
+
+Both `strata quantize` and `make-model` encode through `encode`, so a synthetic model of any encodable type is the
+F32 model of the same seed quantized. gguf.quants implements F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, TQ1_0,
+TQ2_0 and MXFP4; the K-quants, i-quants and NVFP4 (llama.cpp's searches) it does not, and neither does strata.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..model import quants as Q
+
+ENCODABLE = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.TQ1_0, Q.TQ2_0, Q.MXFP4)
+
+
+def encodable(ggml_type: int) -> bool:
+    return ggml_type in ENCODABLE
+
+
+def encode(values: np.ndarray, ggml_type: int) -> np.ndarray:
+    """Flat float32 values (a whole number of the type's blocks, never spanning a row) -> flat uint8 bytes."""
+    import gguf
+    from gguf import quants as gq
+
+    if ggml_type == Q.F32:
+        return np.ascontiguousarray(values, dtype=np.float32).view(np.uint8).reshape(-1)
+    if ggml_type == Q.F16:
+        return np.ascontiguousarray(values, dtype=np.float16).view(np.uint8).reshape(-1)
+    if ggml_type not in ENCODABLE:
+        raise ValueError(f"{Q.TYPE_NAMES.get(ggml_type, ggml_type)}: gguf.quants has no encoder for this type")
+    elems = Q.BLOCK[ggml_type][0] if ggml_type in Q.BLOCK else 1
+    rows = np.ascontiguousarray(values, dtype=np.float32).reshape(-1, elems)
+    return np.ascontiguousarray(gq.quantize(rows, gguf.GGMLQuantizationType(ggml_type))).view(np.uint8).reshape(-1)
+
+
+def decode(raw: np.ndarray, ggml_type: int) -> np.ndarray:
+    """Flat uint8 bytes of an F32, F16 or BF16 tensor -> flat float32 values (the inputs `quantize` reads)."""
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
+    if ggml_type == Q.F32:
+        return raw.view(np.float32)
+    if ggml_type == Q.F16:
+        return raw.view(np.float16).astype(np.float32)
+    if ggml_type == Q.BF16:
+        return Q.dequant_bf16(raw)
+    raise ValueError(f"{Q.TYPE_NAMES.get(ggml_type, ggml_type)}: not a float type")
