@@ -20,107 +20,20 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(STRATA_NO_SIMD)
 #include <immintrin.h>
 #define STRATA_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define STRATA_AVX512 1 /* the fused kernels' 16 lanes in one zmm register */
+#endif
 #endif
 
-#define MAX_M 8          /* entries (token rows) one pass over a weight row serves */
+#define MAX_M 16         /* entries (token rows) one work item serves per pass over its weight rows */
 #define ROWS_GATE_UP 16  /* gate/up rows per work item */
 #define ROWS_DOWN 64     /* down rows per work item */
 
-/* type ids, value tables, row decoders */
+/* type ids, value tables, row decoders, the fused kernels */
 #include "expert_pool_decode.h"
 
-/* ---- dot products of one weight row with m token rows
- * The kernels are specialised on the rows per pass M (1..4, constants after inlining, so the accumulators live in
- * registers) and use A accumulators per row so that no FMA chain waits on the one before it (4-cycle latency):
- * M = 1 -> 4 chains, M = 2..4 -> 2 chains per row. More than 4 rows: passes of 4 (the weight row is in L1 by then).
- */
-#define PASS_M 4
-#ifndef PREFETCH_AHEAD
-#define PREFETCH_AHEAD 1088 /* bytes ahead of the block being read (32 blocks) */
-#endif
-
-#ifdef STRATA_AVX2
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* Q8_0 straight from the 34-byte blocks: w = q * d (exactly the dequantized float), then FMA with each row. */
-static inline __attribute__((always_inline)) void q8_pass(const uint8_t *row, int nb, const float *const *xs,
-                                                          float *out, const int M, const int A) {
-    __m256 acc[PASS_M][4];
-    for (int r = 0; r < M; r++)
-        for (int a = 0; a < A; a++) acc[r][a] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = row + 34 * b;
-        if (!(b & 1)) __builtin_prefetch(blk + PREFETCH_AHEAD);
-        const __m256 d = _mm256_set1_ps(f16_to_f32(rd16(blk)));
-        __m256 w[4];  /* sign-extending loads of 8 codes each (no shuffles of a 32-byte register) */
-        for (int v = 0; v < 4; v++)
-            w[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                       _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * v)))), d);
-        for (int r = 0; r < M; r++) {
-            const float *xb = xs[r] + 32 * b;
-            for (int v = 0; v < 4; v++)
-                acc[r][v % A] = _mm256_fmadd_ps(w[v], _mm256_loadu_ps(xb + 8 * v), acc[r][v % A]);
-        }
-    }
-    for (int r = 0; r < M; r++) {
-        __m256 t = acc[r][0];
-        for (int a = 1; a < A; a++) t = _mm256_add_ps(t, acc[r][a]);
-        out[r] = hsum(t);
-    }
-}
-
-/* float32 weights (F32 rows, or a row dequantized into scratch), n a multiple of 8 */
-static inline __attribute__((always_inline)) void f32_pass(const float *w, int n, const float *const *xs,
-                                                           float *out, const int M, const int A) {
-    __m256 acc[PASS_M][4];
-    for (int r = 0; r < M; r++)
-        for (int a = 0; a < A; a++) acc[r][a] = _mm256_setzero_ps();
-    for (int i = 0; i < n; i += 32) {
-        if (!(i & 63)) __builtin_prefetch(w + i + 512);
-        for (int v = 0; v < 4 && i + 8 * v < n; v++) {
-            const __m256 wv = _mm256_loadu_ps(w + i + 8 * v);
-            for (int r = 0; r < M; r++)
-                acc[r][v % A] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[r] + i + 8 * v), acc[r][v % A]);
-        }
-    }
-    for (int r = 0; r < M; r++) {
-        __m256 t = acc[r][0];
-        for (int a = 1; a < A; a++) t = _mm256_add_ps(t, acc[r][a]);
-        out[r] = hsum(t);
-    }
-}
-
-static void dot_q8_0_rows(const uint8_t *row, int n, const float *const *xs, int m, float *out) {
-    for (int r0 = 0; r0 < m; r0 += PASS_M) {
-        switch (m - r0 < PASS_M ? m - r0 : PASS_M) {
-        case 1: q8_pass(row, n / 32, xs + r0, out + r0, 1, 4); break;
-        case 2: q8_pass(row, n / 32, xs + r0, out + r0, 2, 2); break;
-        case 3: q8_pass(row, n / 32, xs + r0, out + r0, 3, 2); break;
-        default: q8_pass(row, n / 32, xs + r0, out + r0, 4, 2); break;
-        }
-    }
-}
-#endif
-
+/* scalar fallback (no AVX2, or -DSTRATA_NO_SIMD): the row dequantized into scratch, then 8 partial sums per row */
 static void dot_f32_rows(const float *w, int n, const float *const *xs, int m, float *out) {
-#ifdef STRATA_AVX2
-    if (n % 8 == 0) {
-        for (int r0 = 0; r0 < m; r0 += PASS_M) {
-            switch (m - r0 < PASS_M ? m - r0 : PASS_M) {
-            case 1: f32_pass(w, n, xs + r0, out + r0, 1, 4); break;
-            case 2: f32_pass(w, n, xs + r0, out + r0, 2, 2); break;
-            case 3: f32_pass(w, n, xs + r0, out + r0, 3, 2); break;
-            default: f32_pass(w, n, xs + r0, out + r0, 4, 2); break;
-            }
-        }
-        return;
-    }
-#endif
     for (int r = 0; r < m; r++) {
         float s[8] = {0};
         for (int i = 0; i < n; i++) s[i % 8] += w[i] * xs[r][i];
@@ -128,18 +41,16 @@ static void dot_f32_rows(const float *w, int n, const float *const *xs, int m, f
     }
 }
 
-/* one weight row (type, n elements) against m token rows; buf = n floats of scratch */
+/* one weight row (type, n elements) against m token rows: the fused kernel of the type (expert_pool_groups.h),
+ * or the scalar path; buf = n floats of scratch */
 static void row_dots(int type, const uint8_t *row, int n, const float *const *xs, int m, float *out, float *buf) {
 #ifdef STRATA_AVX2
-    if (type == T_Q8_0) {
-        dot_q8_0_rows(row, n, xs, m, out);
+    const dots_fn fused = fused_dots(type, n);
+    if (fused) {
+        fused(row, n, xs, m, out);
         return;
     }
 #endif
-    if (type == T_F32) {
-        dot_f32_rows((const float *)row, n, xs, m, out);
-        return;
-    }
     dequant_row(type, row, n, buf);
     dot_f32_rows(buf, n, xs, m, out);
 }

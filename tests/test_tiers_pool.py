@@ -24,12 +24,15 @@ SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0
           "IQ1_M": (), "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": ()}
 ALL_TYPES = sorted(native.NATIVE_TYPES, key=native.NATIVE_TYPES.get)
 needs_native = pytest.mark.skipif(native.load() is None, reason="no C compiler: the pool runs on numpy here")
-# the library as built for this CPU, and its scalar twin (-DSTRATA_NO_SIMD): both must decode bit for bit
-BUILDS = pytest.mark.parametrize("build", [(), ("STRATA_NO_SIMD=1",)], ids=["simd", "scalar"])
+# every ISA build this CPU runs (AVX-512, AVX2) and the scalar twin (-DSTRATA_NO_SIMD): all must decode bit for bit
+# and agree with numpy
+BUILDS = pytest.mark.parametrize("build", [isa for isa in native.host_isas() if isa != "scalar"] + ["no-simd"])
 
 
 def library(build):
-    return native.load() if not build else native.load_variant(build)
+    if build == "no-simd":
+        return native.load_variant(("STRATA_NO_SIMD=1",))
+    return native.load_variant((), isa=build)
 
 
 def random_raw(type_name: str, rows: int, n: int, rng) -> np.ndarray:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 
 SOURCE = "expert_pool.c"
-HEADERS = ("expert_pool_decode.h",)  # next to SOURCE, part of the build key
+HEADERS = ("expert_pool_decode.h", "expert_pool_groups.h")  # next to SOURCE, part of the build key
 ENV_DISABLE = "STRATA_POOL_NATIVE"
 # GGML type ids the C file has kernels for (its dequant_row switch)
 NATIVE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q2_K": 10,
@@ -57,13 +57,26 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def compile_flags() -> list[str]:
+# the instruction sets the pool is built for, best first: (name, /proc/cpuinfo flags it needs, compiler flags)
+ISAS = (("avx512", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"},
+         ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"]),
+        ("avx2", {"avx2", "fma", "f16c"}, ["-mavx2", "-mfma", "-mf16c"]),
+        ("scalar", set(), []))
+
+
+def host_isas() -> list[str]:
+    """The ISA builds this CPU can run, best first ("scalar" always: plain C)."""
+    cpu = _cpu_flags()
+    return [name for name, needs, _ in ISAS if needs <= cpu]
+
+
+def compile_flags(isa: str) -> list[str]:
     """-ffp-contract=off: the dequantizers must round like numpy (no fused d*q - m); the dots use explicit FMAs."""
     flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-std=c11"]
-    cpu = _cpu_flags()
-    if {"avx2", "fma", "f16c"} <= cpu:
-        flags += ["-mavx2", "-mfma", "-mf16c"]
-    return flags
+    for name, _, isa_flags in ISAS:
+        if name == isa:
+            return flags + isa_flags
+    raise ValueError(f"unknown pool ISA {isa!r} (known: {', '.join(n for n, _, _ in ISAS)})")
 
 
 def tables_header() -> str:
@@ -98,9 +111,10 @@ def _warn(message: str) -> None:
     print(f"strata: warning: {message}", file=sys.stderr)
 
 
-def build(out_dir: Path | None = None, defines: tuple[str, ...] = ()) -> Path | None:
-    """The shared library for this source + flags + compiler, compiled once (atomically) into the cache.
-    `defines` ("NAME=VALUE") override the kernel's tuning macros (bench/pool_bench.py --variant)."""
+def build(out_dir: Path | None = None, defines: tuple[str, ...] = (), isa: str | None = None) -> Path | None:
+    """The shared library for this source + ISA + flags + compiler, compiled once (atomically) into the cache.
+    `defines` ("NAME=VALUE") override the kernel's tuning macros (bench/pool_bench.py --variant); `isa` one of
+    ISAS (default: the best this CPU runs)."""
     from ..default_model import cache_dir
 
     cc = _compiler()
@@ -108,7 +122,7 @@ def build(out_dir: Path | None = None, defines: tuple[str, ...] = ()) -> Path | 
         return None
     src = source_path()
     tables = tables_header()
-    flags = compile_flags() + [f"-D{d}" for d in defines]
+    flags = compile_flags(isa or host_isas()[0]) + [f"-D{d}" for d in defines]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     text = src.read_bytes() + b"".join((src.parent / h).read_bytes() for h in HEADERS)
     key = hashlib.sha1(text + tables.encode() + " ".join(flags + version).encode()).hexdigest()[:16]
@@ -139,12 +153,15 @@ def load():
     return load_variant(())
 
 
-def load_variant(defines: tuple[str, ...]):
-    """The library built with the given tuning macros (not cached: the benchmark compares variants)."""
-    path = build(defines=defines)
+def load_variant(defines: tuple[str, ...], isa: str | None = None):
+    """The library built with the given tuning macros for `isa` (default: the best this CPU runs); not cached:
+    the benchmark and the tests compare variants. lib.isa names the build."""
+    isa = isa or host_isas()[0]
+    path = build(defines=defines, isa=isa)
     if path is None:
         return None
     lib = ctypes.CDLL(str(path))
+    lib.isa = "scalar" if "STRATA_NO_SIMD=1" in defines else isa
     lib.strata_pool_swiglu.restype = _I32
     lib.strata_pool_swiglu.argtypes = [_I32, _I32, _I32, _I32, _VP, _VP, _VP, _I64, _I64, _I64, _I32, _I32, _I32,
                                        _VP, _VP, _VP, _VP, _VP, _VP]
