@@ -9,19 +9,13 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType as GT
-from gguf import quants as gq
 
 from strata_cli.ops import moe
 from strata_cli.tiers import native
 from strata_cli.tiers.plan import build_plan
 from strata_cli.tiers.pool import ExpertPool
+from strata_cli.tiers.random_blocks import block_elems as native_block, dequant_ref, random_raw
 
-# (f16 scale fields' byte offsets in a block) for random valid blocks
-SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "IQ4_NL": (0,),
-          "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,),
-          "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ1_S": (0,),
-          "IQ1_M": (), "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": ()}
 ALL_TYPES = sorted(native.NATIVE_TYPES, key=native.NATIVE_TYPES.get)
 needs_native = pytest.mark.skipif(native.load() is None, reason="no C compiler: the pool runs on numpy here")
 # every ISA build this CPU runs (AVX-512, AVX2) and the scalar twin (-DSTRATA_NO_SIMD): all must decode bit for bit
@@ -33,44 +27,6 @@ def library(build):
     if build == "no-simd":
         return native.load_variant(("STRATA_NO_SIMD=1",))
     return native.load_variant((), isa=build)
-
-
-def random_raw(type_name: str, rows: int, n: int, rng) -> np.ndarray:
-    """[rows, row bytes | n] raw data of a valid tensor: random codes, finite scales of both signs (some zero)."""
-    if type_name == "F32":
-        return rng.standard_normal((rows, n)).astype(np.float32) * 0.1
-    if type_name == "F16":
-        return (rng.standard_normal((rows, n)) * 0.1).astype(np.float16)
-    if type_name == "BF16":
-        return gq.quantize(rng.standard_normal((rows, n)).astype(np.float32) * 0.1, GT.BF16)
-    block, size = GGML_QUANT_SIZES[GT[type_name]]
-    raw = rng.integers(0, 256, size=(rows, n // block, size), dtype=np.uint8)
-    for off in SCALES[type_name]:
-        d = (rng.uniform(0.0002, 0.002, size=raw.shape[:2]) * rng.choice([-1, 1, 1, 1], size=raw.shape[:2]))
-        d.reshape(-1)[::17] = 0.0
-        raw[:, :, off:off + 2] = d.astype(np.float16).view(np.uint8).reshape(*raw.shape[:2], 2)
-    if type_name == "IQ1_M":  # the fp16 d lives in the top nibbles of the four u16 scale words at 48..55
-        d = (rng.uniform(0.0002, 0.002, size=raw.shape[:2]) * rng.choice([-1, 1], size=raw.shape[:2]))
-        bits = d.astype(np.float16).view(np.uint16)
-        words = raw[:, :, 48:56].copy().view(np.uint16) & 0x0FFF
-        for i in range(4):
-            words[..., i] |= ((bits >> (4 * i)) & 0xF) << 12
-        raw[:, :, 48:56] = words.view(np.uint8)
-    if type_name == "MXFP4":  # e8m0 exponents near 2^-8 (0 and 1 decode to subnormal halves: kept in)
-        raw[:, :, 0] = rng.choice(np.r_[0, 1, np.arange(110, 125)], size=raw.shape[:2])
-    if type_name == "NVFP4":  # ue4m3 scales, small and subnormal ones, zero and 0x7F (both decode to 0)
-        raw[:, :, 0:4] = rng.choice(np.r_[0, 1, 5, 0x7F, np.arange(0x20, 0x38)], size=(*raw.shape[:2], 4))
-    return raw.reshape(rows, -1)
-
-
-def native_block(type_name: str) -> int:
-    return 1 if type_name in ("F32", "F16", "BF16") else GGML_QUANT_SIZES[GT[type_name]][0]
-
-
-def dequant_ref(raw: np.ndarray, type_name: str) -> np.ndarray:
-    if type_name in ("F32", "F16"):
-        return raw.astype(np.float32)
-    return gq.dequantize(raw, GT[type_name])
 
 
 @needs_native
@@ -160,12 +116,38 @@ def test_native_pool_matches_numpy(type_name, build):
 
 
 @needs_native
-def test_mixed_types_and_more_rows_than_one_pass():
-    types = ("Q8_0", "BF16", "F16")
-    model = FakeModel(types, E=4, k=2)
-    pool = ExpertPool(model, n_threads=2)
-    ids = np.stack([[0, 1 + i % 3] for i in range(11)])  # expert 0 on 11 rows: two passes of 8
+@BUILDS
+@pytest.mark.parametrize("types", [("Q8_0", "BF16", "F16"), ("Q2_K", "Q2_K", "Q4_0"), ("IQ2_XS", "IQ3_XXS", "MXFP4"),
+                                   ("Q4_K", "Q6_K", "IQ4_NL")], ids=lambda t: "+".join(t))
+def test_mixed_types_and_more_rows_than_one_pass(types, build):
+    """19 rows on expert 0: one work item serves 16 per pass over its weight rows, a pass of the fused kernel 8
+    (AVX-512) or 4 (AVX2), then the rest in smaller passes."""
+    big = any(native_block(t) > 32 for t in types)
+    model = FakeModel(types, E=4, k=2, H=256 if big else 64, F=256 if big else 96)
+    pool = ExpertPool(model, n_threads=2, lib=library(build))
+    ids = np.stack([[0, 1 + i % 3] for i in range(19)])
     check_pool(model, pool, types, ids, layer=0)
+
+
+@needs_native
+@BUILDS
+def test_float_rows_of_odd_length(build):
+    """rows that are no multiple of the fused kernels' 16 lanes take the scalar path and stay right"""
+    types = ("F32", "F16", "BF16")
+    model = FakeModel(types, E=3, k=2, H=72, F=40)
+    pool = ExpertPool(model, n_threads=3, lib=library(build))
+    check_pool(model, pool, types, routed(7, 3, 2, np.random.default_rng(4)), layer=1)
+
+
+def test_pool_threads_setting(monkeypatch):
+    from strata_cli.errors import InputError
+    from strata_cli.tiers.pool import default_threads
+
+    monkeypatch.setenv("STRATA_POOL_THREADS", "3")
+    assert default_threads() == 3
+    monkeypatch.setenv("STRATA_POOL_THREADS", "0")
+    with pytest.raises(InputError, match="STRATA_POOL_THREADS"):
+        default_threads()
 
 
 def test_numpy_fallback_is_the_reference_engine_arithmetic(monkeypatch):
