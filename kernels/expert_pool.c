@@ -41,18 +41,40 @@ static void dot_f32_rows(const float *w, int n, const float *const *xs, int m, f
     }
 }
 
-/* one weight row (type, n elements) against m token rows: the fused kernel of the type (expert_pool_groups.h),
- * or the scalar path; buf = n floats of scratch */
-static void row_dots(int type, const uint8_t *row, int n, const float *const *xs, int m, float *out, float *buf) {
+/* rows w0 + i * stride (i < nrows) of a type, n elements each, against m token rows: out[i * MAX_M + r].
+ * The fused kernels run in column chunks that keep the m x-row slices in L1 (m * chunk * 4 bytes <= 16 KB) while
+ * the item's weight rows stream past them: a row of 2560 floats is 10 KB, so four whole x rows would not fit beside
+ * the weights. Chunks start at multiples of 256 elements (whole blocks of every type). Without a fused kernel: each
+ * row dequantized into buf (n floats), then the scalar dot products. */
+static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, int n, const float *const *xs, int m,
+                      float *out, float *buf) {
 #ifdef STRATA_AVX2
     const dots_fn fused = fused_dots(type, n);
     if (fused) {
-        fused(row, n, xs, m, out);
+        int elems, bytes;
+        block_of(type, &elems, &bytes);
+        int chunk = (4096 / m) & ~255;
+        if (chunk < 256) chunk = 256;
+        const float *xc[MAX_M];
+        float part[MAX_M];
+        for (int i = 0; i < nrows; i++)
+            for (int r = 0; r < m; r++) out[i * MAX_M + r] = 0.0f;
+        for (int c0 = 0; c0 < n; c0 += chunk) {
+            const int len = n - c0 < chunk ? n - c0 : chunk;
+            const int64_t at = (int64_t)c0 / elems * bytes;
+            for (int r = 0; r < m; r++) xc[r] = xs[r] + c0;
+            for (int i = 0; i < nrows; i++) {
+                fused(w0 + i * stride + at, len, xc, m, part);
+                for (int r = 0; r < m; r++) out[i * MAX_M + r] += part[r];
+            }
+        }
         return;
     }
 #endif
-    dequant_row(type, row, n, buf);
-    dot_f32_rows(buf, n, xs, m, out);
+    for (int i = 0; i < nrows; i++) {
+        dequant_row(type, w0 + i * stride, n, buf);
+        dot_f32_rows(buf, n, xs, m, out + i * MAX_M);
+    }
 }
 
 static int row_ok(int type, int n) {
@@ -76,7 +98,7 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
             failed = 1;
         }
         const float *xs[MAX_M];
-        float gv[MAX_M], uv[MAX_M];
+        float gv[ROWS_GATE_UP * MAX_M], uv[ROWS_GATE_UP * MAX_M];
 #pragma omp for schedule(dynamic, 1)
         for (int item = 0; item < G * items_gu; item++) {
             if (!buf) continue;
@@ -86,18 +108,17 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) xs[r] = x + (int64_t)tok[e0 + r] * H;
-                for (int f = f0; f < f1; f++) {
-                    row_dots(gate_type, wg + f * gate_row, H, xs, m, gv, buf);
-                    row_dots(up_type, wu + f * up_row, H, xs, m, uv, buf);
+                rows_dots(gate_type, wg + f0 * gate_row, gate_row, f1 - f0, H, xs, m, gv, buf);
+                rows_dots(up_type, wu + f0 * up_row, up_row, f1 - f0, H, xs, m, uv, buf);
+                for (int f = f0; f < f1; f++)
                     for (int r = 0; r < m; r++) {
-                        const float s = gv[r] * (1.0f / (1.0f + expf(-gv[r])));
-                        h[(int64_t)(e0 + r) * F + f] = s * uv[r];
+                        const float gr = gv[(f - f0) * MAX_M + r];
+                        h[(int64_t)(e0 + r) * F + f] = gr * (1.0f / (1.0f + expf(-gr))) * uv[(f - f0) * MAX_M + r];
                     }
-                }
             }
         }
         /* implicit barrier: every h row is complete */
-        float out[MAX_M];
+        float out[ROWS_DOWN * MAX_M];
 #pragma omp for schedule(dynamic, 1)
         for (int item = 0; item < G * items_dn; item++) {
             if (!buf) continue;
@@ -107,10 +128,9 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) xs[r] = h + (int64_t)(e0 + r) * F;
-                for (int d = d0; d < d1; d++) {
-                    row_dots(down_type, wd + d * down_row, F, xs, m, out, buf);
-                    for (int r = 0; r < m; r++) y[(int64_t)dst[e0 + r] * H + d] = out[r];
-                }
+                rows_dots(down_type, wd + d0 * down_row, down_row, d1 - d0, F, xs, m, out, buf);
+                for (int d = d0; d < d1; d++)
+                    for (int r = 0; r < m; r++) y[(int64_t)dst[e0 + r] * H + d] = out[(d - d0) * MAX_M + r];
             }
         }
         free(buf);

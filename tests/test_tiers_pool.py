@@ -168,10 +168,11 @@ def test_native_pool_matches_numpy(type_name, build):
 @pytest.mark.parametrize("types", [("Q8_0", "BF16", "F16"), ("Q2_K", "Q2_K", "Q4_0"), ("IQ2_XS", "IQ3_XXS", "MXFP4"),
                                    ("Q4_K", "Q6_K", "IQ4_NL")], ids=lambda t: "+".join(t))
 def test_mixed_types_and_more_rows_than_one_pass(types, build):
-    """19 rows on expert 0: one work item serves 16 per pass over its weight rows, a pass of the fused kernel 8
-    (AVX-512) or 4 (AVX2), then the rest in smaller passes."""
+    """19 rows on expert 0: one work item serves 16 per pass over its weight rows (in column chunks of 256 at 16
+    rows: 768 = 3 chunks, 544 = 256 + 256 + 32), a pass of the fused kernel 8 (AVX-512) or 4 (AVX2) rows, then
+    the other 3 rows in smaller passes."""
     big = any(native_block(t) > 32 for t in types)
-    model = FakeModel(types, E=4, k=2, H=256 if big else 64, F=256 if big else 96)
+    model = FakeModel(types, E=4, k=2, H=768 if big else 544, F=512 if big else 96)
     pool = ExpertPool(model, n_threads=2, lib=library(build))
     ids = np.stack([[0, 1 + i % 3] for i in range(19)])
     check_pool(model, pool, types, ids, layer=0)
