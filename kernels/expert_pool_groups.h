@@ -110,24 +110,24 @@ AI int k_scale6(const uint8_t *sc, int j) { /* Q3_K's 6-bit signed sub-block sca
 }
 
 /* ---- group j of one block of each type (the layouts: the scalar decoders in expert_pool_decode.h) */
-AI v16 g_q4_0(const uint8_t *b, int j) {
+AI v16 g_q4_0(const uint8_t *b, int j, const float *ps) {
     return scaled(_mm_sub_epi8(nib(ld16b(b + 2), j), _mm_set1_epi8(8)), rdh(b));
 }
-AI v16 g_q4_1(const uint8_t *b, int j) { return scaled_add(nib(ld16b(b + 4), j), rdh(b), rdh(b + 2)); }
+AI v16 g_q4_1(const uint8_t *b, int j, const float *ps) { return scaled_add(nib(ld16b(b + 4), j), rdh(b), rdh(b + 2)); }
 AI __m128i q5_codes(const uint8_t *b, int j, int qh_at, int qs_at) {
     const uint32_t qh = rd32(b + qh_at) >> (16 * j);
     return _mm_or_si128(nib(ld16b(b + qs_at), j), _mm_and_si128(bitmask16(qh & 0xFFFF), _mm_set1_epi8(0x10)));
 }
-AI v16 g_q5_0(const uint8_t *b, int j) { return scaled(_mm_sub_epi8(q5_codes(b, j, 2, 6), _mm_set1_epi8(16)), rdh(b)); }
-AI v16 g_q5_1(const uint8_t *b, int j) { return scaled_add(q5_codes(b, j, 4, 8), rdh(b), rdh(b + 2)); }
-AI v16 g_q8_0(const uint8_t *b, int j) { return v16_mul(v16_i8(ld16b(b + 2 + 16 * j)), v16_set1(rdh(b))); }
-AI v16 g_iq4_nl(const uint8_t *b, int j) { return scaled(lut16(kvalues_iq4nl, nib(ld16b(b + 2), j)), rdh(b)); }
-AI v16 g_mxfp4(const uint8_t *b, int j) { return scaled(lut16(kvalues_fp4, nib(ld16b(b + 1), j)), e8m0_half(b[0])); }
-AI v16 g_nvfp4(const uint8_t *b, int j) {
+AI v16 g_q5_0(const uint8_t *b, int j, const float *ps) { return scaled(_mm_sub_epi8(q5_codes(b, j, 2, 6), _mm_set1_epi8(16)), rdh(b)); }
+AI v16 g_q5_1(const uint8_t *b, int j, const float *ps) { return scaled_add(q5_codes(b, j, 4, 8), rdh(b), rdh(b + 2)); }
+AI v16 g_q8_0(const uint8_t *b, int j, const float *ps) { return v16_mul(v16_i8(ld16b(b + 2 + 16 * j)), v16_set1(rdh(b))); }
+AI v16 g_iq4_nl(const uint8_t *b, int j, const float *ps) { return scaled(lut16(kvalues_iq4nl, nib(ld16b(b + 2), j)), rdh(b)); }
+AI v16 g_mxfp4(const uint8_t *b, int j, const float *ps) { return scaled(lut16(kvalues_fp4, nib(ld16b(b + 1), j)), e8m0_half(b[0])); }
+AI v16 g_nvfp4(const uint8_t *b, int j, const float *ps) {
     const __m128i q = ld8(b + 4 + 8 * j);
     return scaled(lut16(kvalues_fp4, _mm_unpacklo_epi64(nib(q, 0), nib(q, 1))), ue4m3_half(b[j]));
 }
-AI v16 g_iq4_xs(const uint8_t *b, int j) {
+AI v16 g_iq4_xs(const uint8_t *b, int j, const float *ps) {
     const int s = j / 2, lo = (b[4 + s / 2] >> (4 * (s % 2))) & 0xF, hi = (rd16(b + 2) >> (2 * s)) & 3;
     return scaled(lut16(kvalues_iq4nl, nib(ld16b(b + 8 + 16 * s), j & 1)), rdh(b) * (float)((int8_t)(lo | (hi << 4)) - 32));
 }
@@ -140,27 +140,33 @@ AI v16 g_q45_k(const uint8_t *b, int j, int five) {
         q = _mm_or_si128(q, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(ld16b(b + 16 + l0), s), _mm_set1_epi8(1)), 4));
     return scaled_sub(q, rdh(b) * (float)sc, rdh(b + 2) * (float)m);
 }
-AI v16 g_q4_k(const uint8_t *b, int j) { return g_q45_k(b, j, 0); }
-AI v16 g_q5_k(const uint8_t *b, int j) { return g_q45_k(b, j, 1); }
-AI v16 g_q6_k(const uint8_t *b, int j) {
+AI v16 g_q4_k(const uint8_t *b, int j, const float *ps) { (void)ps; return g_q45_k(b, j, 0); }
+AI v16 g_q5_k(const uint8_t *b, int j, const float *ps) { (void)ps; return g_q45_k(b, j, 1); }
+AI v16 g_q6_k(const uint8_t *b, int j, const float *ps) {
     const int c = j / 2, l0 = 16 * (j & 1), h = c / 4, s = (c % 4) / 2;
     const __m128i lo = nib(ld16b(b + h * 64 + (c % 2) * 32 + l0), s);
     const __m128i hi = crumb(ld16b(b + 128 + h * 32 + l0), c % 4);
     const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
-    return scaled(q, rdh(b + 208) * (float)(int8_t)b[192 + j]);
+    return v16_mul(v16_set1(ps[j]), v16_i8(q));
 }
+AI void prep_q6_k(const uint8_t *b, float *ps) { v16_st(ps, v16_mul(v16_set1(rdh(b + 208)), v16_i8(ld16b(b + 192)))); }
 /* the 2-bit planes of Q2_K / Q3_K / TQ2_0: group j = plane (j % 8) / 2 of bytes 32 (j / 8) + 16 (j & 1) */
 AI __m128i plane2(const uint8_t *qs, int j) { return crumb(ld16b(qs + 32 * (j / 8) + 16 * (j & 1)), (j % 8) / 2); }
-AI v16 g_q2_k(const uint8_t *b, int j) {
-    return scaled_sub(plane2(b + 16, j), rdh(b + 80) * (float)(b[j] & 0xF), rdh(b + 82) * (float)(b[j] >> 4));
+AI void prep_q2_k(const uint8_t *b, float *ps) { /* the 16 sub-block scales d * sc, then the mins dmin * m */
+    const __m128i sc = ld16b(b);
+    v16_st(ps, v16_mul(v16_set1(rdh(b + 80)), v16_i8(nib(sc, 0))));
+    v16_st(ps + 16, v16_mul(v16_set1(rdh(b + 82)), v16_i8(nib(sc, 1))));
 }
-AI v16 g_q3_k(const uint8_t *b, int j) {
+AI v16 g_q2_k(const uint8_t *b, int j, const float *ps) {
+    return v16_sub(v16_mul(v16_set1(ps[j]), v16_i8(plane2(b + 16, j))), v16_set1(ps[16 + j]));
+}
+AI v16 g_q3_k(const uint8_t *b, int j, const float *ps) {
     const __m128i hb = _mm_and_si128(_mm_srli_epi16(ld16b(b + 16 * (j & 1)), j / 2), _mm_set1_epi8(1));
     const __m128i q = _mm_sub_epi8(plane2(b + 32, j), _mm_slli_epi16(_mm_xor_si128(hb, _mm_set1_epi8(1)), 2));
     return scaled(q, rdh(b + 108) * (float)k_scale6(b + 96, j));
 }
-AI v16 g_tq2_0(const uint8_t *b, int j) { return scaled(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), rdh(b + 64)); }
-AI v16 g_tq1_0(const uint8_t *b, int j) { /* base-3 digits: rare, decoded scalar into 16 bytes */
+AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) { return scaled(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), rdh(b + 64)); }
+AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) { /* base-3 digits: rare, decoded scalar into 16 bytes */
     static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
     int8_t q[16];
     for (int k = 0; k < 16; k++) {
@@ -174,26 +180,32 @@ AI v16 g_tq1_0(const uint8_t *b, int j) { /* base-3 digits: rare, decoded scalar
     return scaled(ld16b((const uint8_t *)q), rdh(b + 52));
 }
 /* i-quants: (db * grid) * sign = db * (sign * grid) exactly */
-AI v16 g_iq2_xxs(const uint8_t *b, int j) {
+AI v16 g_iq2_xxs(const uint8_t *b, int j, const float *ps) {
     const int g = j / 2, l = 2 * (j & 1);
     const uint32_t a0 = rd32(b + 2 + 8 * g), a1 = rd32(b + 6 + 8 * g);
     const __m128i q = two8(grid_iq2xxs[(a0 >> (8 * l)) & 0xFF], grid_iq2xxs[(a0 >> (8 * l + 8)) & 0xFF]);
     const uint32_t sg = ksigns_iq2xs[(a1 >> (7 * l)) & 127] | (uint32_t)ksigns_iq2xs[(a1 >> (7 * l + 7)) & 127] << 8;
     return scaled(signed16(q, sg), rdh(b) * (0.5f + (float)(a1 >> 28)) * 0.25f);
 }
-AI v16 g_iq2_xs(const uint8_t *b, int j) {
+/* IQ2_XS / IQ2_S: the 16 scales d * (0.5 + s) * 0.25, s the nibbles of 8 bytes at `at`, low first */
+AI void prep_iq2_scales(const uint8_t *b, int at, float *ps) {
+    const __m128i q = ld8(b + at);
+    const v16 s = v16_add(v16_set1(0.5f), v16_i8(_mm_unpacklo_epi8(nib(q, 0), nib(q, 1))));
+    v16_st(ps, v16_mul(v16_mul(v16_set1(rdh(b)), s), v16_set1(0.25f)));
+}
+AI void prep_iq2_xs(const uint8_t *b, float *ps) { prep_iq2_scales(b, 66, ps); }
+AI void prep_iq2_s(const uint8_t *b, float *ps) { prep_iq2_scales(b, 74, ps); }
+AI v16 g_iq2_xs(const uint8_t *b, int j, const float *ps) {
     const uint16_t q0 = rd16(b + 4 * j + 2), q1 = rd16(b + 4 * j + 4);
     const uint32_t sg = ksigns_iq2xs[q0 >> 9] | (uint32_t)ksigns_iq2xs[q1 >> 9] << 8;
-    const float db = rdh(b) * (0.5f + (float)((b[66 + j / 2] >> (4 * (j % 2))) & 0xF)) * 0.25f;
-    return scaled(signed16(two8(grid_iq2xs[q0 & 511], grid_iq2xs[q1 & 511]), sg), db);
+    return scaled(signed16(two8(grid_iq2xs[q0 & 511], grid_iq2xs[q1 & 511]), sg), ps[j]);
 }
-AI v16 g_iq2_s(const uint8_t *b, int j) {
+AI v16 g_iq2_s(const uint8_t *b, int j, const float *ps) {
     const int i = 2 * j, hi = b[66 + i / 4] >> (2 * (i % 4));
     const int id0 = b[2 + i] | ((hi & 3) << 8), id1 = b[3 + i] | (((hi >> 2) & 3) << 8);
-    const float db = rdh(b) * (0.5f + (float)((b[74 + j / 2] >> (4 * (j % 2))) & 0xF)) * 0.25f;
-    return scaled(signed16(two8(grid_iq2s[id0], grid_iq2s[id1]), rd16(b + 34 + i)), db);
+    return scaled(signed16(two8(grid_iq2s[id0], grid_iq2s[id1]), rd16(b + 34 + i)), ps[j]);
 }
-AI v16 g_iq3_xxs(const uint8_t *b, int j) {
+AI v16 g_iq3_xxs(const uint8_t *b, int j, const float *ps) {
     const int g = j / 2, l = 2 * (j & 1);
     const uint32_t sc = rd32(b + 66 + 4 * g);
     const uint8_t *ids = b + 2 + 8 * g + 2 * l;
@@ -201,7 +213,7 @@ AI v16 g_iq3_xxs(const uint8_t *b, int j) {
     const uint32_t sg = ksigns_iq2xs[(sc >> (7 * l)) & 127] | (uint32_t)ksigns_iq2xs[(sc >> (7 * l + 7)) & 127] << 8;
     return scaled(signed16(q, sg), rdh(b) * (0.5f + (float)(sc >> 28)) * 0.5f);
 }
-AI v16 g_iq3_s(const uint8_t *b, int j) {
+AI v16 g_iq3_s(const uint8_t *b, int j, const float *ps) {
     const int g = j / 2, i = 4 * j, hb = b[66 + i / 8] >> (i % 8);
     const __m128i q = four4(grid_iq3s[b[2 + i] | ((hb & 1) << 8)], grid_iq3s[b[3 + i] | ((hb & 2) << 7)],
                             grid_iq3s[b[4 + i] | ((hb & 4) << 6)], grid_iq3s[b[5 + i] | ((hb & 8) << 5)]);
@@ -213,14 +225,14 @@ AI v16 iq1_value(__m128i grid, uint32_t neg, float dl) {
     const __m128i delta8 = _mm_or_si128(bitmask16(neg), _mm_set1_epi8(1)); /* -1 or +1 per byte */
     return v16_mul(v16_set1(dl), v16_add(v16_i8(grid), v16_mul(v16_i8(delta8), v16_set1(0.125f))));
 }
-AI v16 g_iq1_s(const uint8_t *b, int j) {
+AI v16 g_iq1_s(const uint8_t *b, int j, const float *ps) {
     const int g = j / 2, l = 2 * (j & 1);
     const uint16_t h = rd16(b + 34 + 2 * g);
     const __m128i q = two8(grid_iq1s[b[2 + 4 * g + l] | (((h >> (3 * l)) & 7) << 8)],
                            grid_iq1s[b[3 + 4 * g + l] | (((h >> (3 * l + 3)) & 7) << 8)]);
     return iq1_value(q, (h & 0x8000) ? 0xFFFF : 0, rdh(b) * (float)(2 * ((h >> 12) & 7) + 1));
 }
-AI v16 g_iq1_m(const uint8_t *b, int j) {
+AI v16 g_iq1_m(const uint8_t *b, int j, const float *ps) {
     const uint16_t s0 = rd16(b + 48), s1 = rd16(b + 50), s2 = rd16(b + 52), s3 = rd16(b + 54);
     const float d = f16_to_f32((uint16_t)(((s0 & 0xF000) >> 12) | ((s1 & 0xF000) >> 8) | ((s2 & 0xF000) >> 4) |
                                           (s3 & 0xF000)));
@@ -230,20 +242,27 @@ AI v16 g_iq1_m(const uint8_t *b, int j) {
     return iq1_value(q, ((h & 8) ? 0xFF : 0) | ((h & 0x80) ? 0xFF00 : 0), d * (float)(2 * ((sw >> (3 * (j % 4))) & 7) + 1));
 }
 /* float rows: a "block" of 16 values */
-AI v16 g_f32(const uint8_t *b, int j) { (void)j; return v16_ld((const float *)b); }
-AI v16 g_f16(const uint8_t *b, int j) { (void)j; return v16_f16(b); }
-AI v16 g_bf16(const uint8_t *b, int j) { (void)j; return v16_bf16(b); }
+AI v16 g_f32(const uint8_t *b, int j, const float *ps) { (void)j; (void)ps; return v16_ld((const float *)b); }
+AI v16 g_f16(const uint8_t *b, int j, const float *ps) { (void)j; (void)ps; return v16_f16(b); }
+AI v16 g_bf16(const uint8_t *b, int j, const float *ps) { (void)j; (void)ps; return v16_bf16(b); }
 
-/* every type: (id, decoder, groups per block, block bytes) */
+AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
+
+/* every type: (id, decoder, groups per block, block bytes, per-block prep of the scales the decoder reads from ps:
+ * vector ops once per block instead of scalar ones per group) */
 #define FUSED_TYPES(X) \
-    X(T_F32, g_f32, 1, 64) X(T_F16, g_f16, 1, 32) X(T_BF16, g_bf16, 1, 32) X(T_Q4_0, g_q4_0, 2, 18) \
-    X(T_Q4_1, g_q4_1, 2, 20) X(T_Q5_0, g_q5_0, 2, 22) X(T_Q5_1, g_q5_1, 2, 24) X(T_Q8_0, g_q8_0, 2, 34) \
-    X(T_IQ4_NL, g_iq4_nl, 2, 18) X(T_MXFP4, g_mxfp4, 2, 17) X(T_NVFP4, g_nvfp4, 4, 36) \
-    X(T_Q2_K, g_q2_k, 16, 84) X(T_Q3_K, g_q3_k, 16, 110) X(T_Q4_K, g_q4_k, 16, 144) X(T_Q5_K, g_q5_k, 16, 176) \
-    X(T_Q6_K, g_q6_k, 16, 210) X(T_IQ4_XS, g_iq4_xs, 16, 136) X(T_IQ2_XXS, g_iq2_xxs, 16, 66) \
-    X(T_IQ2_XS, g_iq2_xs, 16, 74) X(T_IQ2_S, g_iq2_s, 16, 82) X(T_IQ3_XXS, g_iq3_xxs, 16, 98) \
-    X(T_IQ3_S, g_iq3_s, 16, 110) X(T_IQ1_S, g_iq1_s, 16, 50) X(T_IQ1_M, g_iq1_m, 16, 56) \
-    X(T_TQ1_0, g_tq1_0, 16, 54) X(T_TQ2_0, g_tq2_0, 16, 66)
+    X(T_F32, g_f32, 1, 64, prep_none) X(T_F16, g_f16, 1, 32, prep_none) X(T_BF16, g_bf16, 1, 32, prep_none) \
+    X(T_Q4_0, g_q4_0, 2, 18, prep_none) X(T_Q4_1, g_q4_1, 2, 20, prep_none) X(T_Q5_0, g_q5_0, 2, 22, prep_none) \
+    X(T_Q5_1, g_q5_1, 2, 24, prep_none) X(T_Q8_0, g_q8_0, 2, 34, prep_none) \
+    X(T_IQ4_NL, g_iq4_nl, 2, 18, prep_none) X(T_MXFP4, g_mxfp4, 2, 17, prep_none) \
+    X(T_NVFP4, g_nvfp4, 4, 36, prep_none) X(T_Q2_K, g_q2_k, 16, 84, prep_q2_k) \
+    X(T_Q3_K, g_q3_k, 16, 110, prep_none) X(T_Q4_K, g_q4_k, 16, 144, prep_none) \
+    X(T_Q5_K, g_q5_k, 16, 176, prep_none) X(T_Q6_K, g_q6_k, 16, 210, prep_q6_k) \
+    X(T_IQ4_XS, g_iq4_xs, 16, 136, prep_none) X(T_IQ2_XXS, g_iq2_xxs, 16, 66, prep_none) \
+    X(T_IQ2_XS, g_iq2_xs, 16, 74, prep_iq2_xs) X(T_IQ2_S, g_iq2_s, 16, 82, prep_iq2_s) \
+    X(T_IQ3_XXS, g_iq3_xxs, 16, 98, prep_none) X(T_IQ3_S, g_iq3_s, 16, 110, prep_none) \
+    X(T_IQ1_S, g_iq1_s, 16, 50, prep_none) X(T_IQ1_M, g_iq1_m, 16, 56, prep_none) \
+    X(T_TQ1_0, g_tq1_0, 16, 54, prep_none) X(T_TQ2_0, g_tq2_0, 16, 66, prep_none)
 
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048 /* bytes ahead of the block being read */
@@ -251,15 +270,17 @@ AI v16 g_bf16(const uint8_t *b, int j) { (void)j; return v16_bf16(b); }
 
 /* one pass: a weight row of nb blocks against M token rows (M a constant after inlining); 2 accumulators per row
  * so that consecutive groups' FMAs do not wait on each other */
-#define FUSED_PASS(ID, DEC, GPB, BPB)                                                                               \
+#define FUSED_PASS(ID, DEC, GPB, BPB, PREP)                                                                               \
     AI void pass_##DEC(const uint8_t *row, int nb, const float *const *xs, float *out, const int M) {              \
         v16 acc[PASS_M][2];                                                                                         \
+        float ps[32] __attribute__((aligned(64)));                                                                  \
         for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();                                             \
         for (int b = 0; b < nb; b++) {                                                                              \
             const uint8_t *blk = row + (int64_t)BPB * b;                                                            \
             for (int p = 0; p < BPB; p += 64) __builtin_prefetch(blk + PREFETCH_AHEAD + p);                         \
+            PREP(blk, ps);                                                                                          \
             _Pragma("GCC unroll 16") for (int j = 0; j < GPB; j++) {                                                \
-                const v16 w = DEC(blk, j);                                                                          \
+                const v16 w = DEC(blk, j, ps);                                                                        \
                 const int64_t off = 16 * ((int64_t)GPB * b + j);                                                    \
                 for (int r = 0; r < M; r++) acc[r][j & 1] = v16_fma(w, v16_ld(xs[r] + off), acc[r][j & 1]);         \
             }                                                                                                       \
@@ -277,9 +298,11 @@ AI v16 g_bf16(const uint8_t *b, int j) { (void)j; return v16_bf16(b); }
         }                                                                                                           \
     }                                                                                                               \
     static void rowdeq_##DEC(const uint8_t *src, int64_t n, float *y) {                                            \
+        float ps[32] __attribute__((aligned(64)));                                                                  \
         for (int64_t b = 0; b < n / (16 * GPB); b++) {                                                              \
+            PREP(src + (int64_t)BPB * b, ps);                                                                       \
             _Pragma("GCC unroll 16") for (int j = 0; j < GPB; j++)                                                  \
-                v16_st(y + 16 * (GPB * b + j), DEC(src + (int64_t)BPB * b, j));                                     \
+                v16_st(y + 16 * (GPB * b + j), DEC(src + (int64_t)BPB * b, j, ps));                                 \
         }                                                                                                           \
     }
 FUSED_TYPES(FUSED_PASS)
@@ -287,13 +310,13 @@ FUSED_TYPES(FUSED_PASS)
 typedef void (*dots_fn)(const uint8_t *row, int n, const float *const *xs, int m, float *out);
 /* the fused kernel of a type, or NULL; rows of n elements need n % (16 * groups per block) == 0 */
 static dots_fn fused_dots(int type, int n) {
-#define FUSED_CASE(ID, DEC, GPB, BPB) case ID: return n % (16 * GPB) == 0 ? dots_##DEC : NULL;
+#define FUSED_CASE(ID, DEC, GPB, BPB, PREP) case ID: return n % (16 * GPB) == 0 ? dots_##DEC : NULL;
     switch (type) { FUSED_TYPES(FUSED_CASE) default: return NULL; }
 #undef FUSED_CASE
 }
 /* one row dequantized through the same decoders (the tests hold them to gguf bit for bit); 0 if not served */
 static int fused_dequant_row(int type, const uint8_t *src, int64_t n, float *y) {
-#define FUSED_CASE(ID, DEC, GPB, BPB) case ID: if (n % (16 * GPB)) return 0; rowdeq_##DEC(src, n, y); return 1;
+#define FUSED_CASE(ID, DEC, GPB, BPB, PREP) case ID: if (n % (16 * GPB)) return 0; rowdeq_##DEC(src, n, y); return 1;
     switch (type) { FUSED_TYPES(FUSED_CASE) default: return 0; }
 #undef FUSED_CASE
 }
