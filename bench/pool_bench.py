@@ -9,7 +9,8 @@ whole blocks (else Q4_0, as the full-size file pairs Q2_K gate/up with Q4_0 down
 as make `--gb` GB in all (far more than the last-level cache; 4 distinct experts' bytes copied into every expert's
 own memory). T rows per expert: per iteration and layer, T tokens all route to the same 10 random distinct experts,
 and the pool computes each of them once for its T rows (one ctypes call per layer). GB/s = the distinct experts'
-bytes / wall time of the layers. Before timing, every T is checked on layer 0 against the numpy reference
+bytes / wall time of the layers; GB_per_cpu_s = those bytes / the process's CPU seconds (what one core does, also
+on a shared host). Before timing, every T is checked on layer 0 against the numpy reference
 (float64 SwiGLU on strata_cli/model/quants.dequantize): rel err = max |pool - numpy| / max |numpy|, <= 1e-4 or no
 timing. The plain read sums bytes of the same size with the same threads (strata_stream_read).
 Last line: one JSON document, a row per type and T (type, down_type, T, GB_s, ms_median, rel_err).
@@ -105,22 +106,25 @@ def check(model, pool, n_tokens: int, rng) -> float:
     return float(np.abs(out - ref).max() / np.abs(ref).max())
 
 
-def time_pool(model, pool, n_tokens: int, iters: int, rng) -> tuple[list[float], int]:
+def time_pool(model, pool, n_tokens: int, iters: int, rng) -> tuple[list[float], int, float]:
+    """Wall times of the iterations, the bytes of one, and the process's CPU seconds per iteration (all threads:
+    on a shared host the CPU time, not the wall time, says what a core does)."""
     g = model.geometry
     none = np.full(g.n_expert, -1, np.int32)
     x = rng.standard_normal((n_tokens, g.n_embd)).astype(np.float32)
     out = np.zeros((n_tokens * g.n_expert_used, g.n_embd), np.float32)
-    times, nbytes = [], 0
+    times, nbytes, cpu = [], 0, 0.0
     for it in range(iters + 2):
         plans = [build_plan(layer, routing(model, n_tokens, rng), none) for layer in range(g.n_layers)]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for plan in plans:
             pool.compute(plan.layer, x, plan.cpu, out=out)
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         if it >= 2:  # two warm-up iterations (thread team, page faults)
             times.append(dt)
+            cpu += dc
             nbytes += sum(p.cpu.n_groups for p in plans) * pool.expert_bytes(0)
-    return times, nbytes // iters
+    return times, nbytes // iters, cpu / iters
 
 
 def time_read(lib, threads: int, nbytes: int, iters: int) -> float:
@@ -161,13 +165,14 @@ def bench_type(name: str, args, lib, rows: list[dict]) -> None:
         if rel_err > 1e-4:
             raise SystemExit(f"pool_bench: {label} T={n_tokens}: the pool disagrees with the numpy reference "
                              f"(rel err {rel_err:.2e}): no timing reported")
-        times, nbytes = time_pool(model, pool, n_tokens, args.iters, rng)
+        times, nbytes, cpu_s = time_pool(model, pool, n_tokens, args.iters, rng)
         med = statistics.median(times)
         rows.append({"type": name, "down_type": quants.TYPE_NAMES[types[2]], "T": n_tokens, "GB_s": nbytes / med / 1e9,
-                     "GB_s_per_thread": nbytes / med / 1e9 / args.threads, "ms_median": med * 1e3,
-                     "MB": nbytes / 1e6, "rel_err": rel_err})
-        print(f"  T={n_tokens:<3} {rows[-1]['GB_s']:7.1f} GB/s ({rows[-1]['GB_s_per_thread']:.2f} per thread)  "
-              f"{med * 1e3:8.2f} ms for {nbytes / 1e6:.0f} MB   rel err {rel_err:.1e}", flush=True)
+                     "GB_s_per_thread": nbytes / med / 1e9 / args.threads, "GB_per_cpu_s": nbytes / cpu_s / 1e9,
+                     "ms_median": med * 1e3, "MB": nbytes / 1e6, "rel_err": rel_err})
+        print(f"  T={n_tokens:<3} {rows[-1]['GB_s']:7.1f} GB/s ({rows[-1]['GB_s_per_thread']:.2f} per thread, "
+              f"{rows[-1]['GB_per_cpu_s']:.2f} per CPU second)  {med * 1e3:8.2f} ms for {nbytes / 1e6:.0f} MB   "
+              f"rel err {rel_err:.1e}", flush=True)
 
 
 def main() -> None:

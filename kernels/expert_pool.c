@@ -28,6 +28,9 @@
 #define MAX_M 16         /* entries (token rows) one work item serves per pass over its weight rows */
 #define ROWS_GATE_UP 16  /* gate/up rows per work item */
 #define ROWS_DOWN 64     /* down rows per work item */
+#ifndef X_CHUNK_FLOATS
+#define X_CHUNK_FLOATS 4096 /* floats of x (all rows of a pass together) one column chunk keeps in L1 */
+#endif
 
 /* type ids, value tables, row decoders, the fused kernels */
 #include "expert_pool_decode.h"
@@ -42,29 +45,33 @@ static void dot_f32_rows(const float *w, int n, const float *const *xs, int m, f
 }
 
 /* rows w0 + i * stride (i < nrows) of a type, n elements each, against m token rows: out[i * MAX_M + r].
- * The fused kernels run in column chunks that keep the m x-row slices in L1 (m * chunk * 4 bytes <= 16 KB) while
+ * The fused kernels run in column chunks that keep the m x-row slices in L1 (m * chunk <= X_CHUNK_FLOATS) while
  * the item's weight rows stream past them: a row of 2560 floats is 10 KB, so four whole x rows would not fit beside
- * the weights. Chunks start at multiples of 256 elements (whole blocks of every type). Without a fused kernel: each
+ * the weights. Chunks start at multiples of 256 elements (whole blocks of every type). xsum[r]: the 16-element group
+ * sums of x row r where the type's kernel needs them (fused_needs_sums), else unread. Without a fused kernel: each
  * row dequantized into buf (n floats), then the scalar dot products. */
-static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, int n, const float *const *xs, int m,
-                      float *out, float *buf) {
+static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, int n, const float *const *xs,
+                      const float *const *xsum, int m, float *out, float *buf) {
 #ifdef STRATA_AVX2
     const dots_fn fused = fused_dots(type, n);
     if (fused) {
         int elems, bytes;
         block_of(type, &elems, &bytes);
-        int chunk = (4096 / m) & ~255;
+        int chunk = (X_CHUNK_FLOATS / m) & ~255;
         if (chunk < 256) chunk = 256;
-        const float *xc[MAX_M];
+        const float *xc[MAX_M], *sc[MAX_M];
         float part[MAX_M];
         for (int i = 0; i < nrows; i++)
             for (int r = 0; r < m; r++) out[i * MAX_M + r] = 0.0f;
         for (int c0 = 0; c0 < n; c0 += chunk) {
             const int len = n - c0 < chunk ? n - c0 : chunk;
             const int64_t at = (int64_t)c0 / elems * bytes;
-            for (int r = 0; r < m; r++) xc[r] = xs[r] + c0;
+            for (int r = 0; r < m; r++) {
+                xc[r] = xs[r] + c0;
+                sc[r] = xsum[r] + c0 / 16;
+            }
             for (int i = 0; i < nrows; i++) {
-                fused(w0 + i * stride + at, len, xc, m, part);
+                fused(w0 + i * stride + at, len, xc, sc, m, part);
                 for (int r = 0; r < m; r++) out[i * MAX_M + r] += part[r];
             }
         }
@@ -75,6 +82,24 @@ static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, in
         dequant_row(type, w0 + i * stride, n, buf);
         dot_f32_rows(buf, n, xs, m, out + i * MAX_M);
     }
+}
+
+/* the x group sums of the fused kernels' min term (expert_pool_groups.h) */
+static int needs_sums(int type) {
+#ifdef STRATA_AVX2
+    return fused_needs_sums(type);
+#else
+    (void)type;
+    return 0;
+#endif
+}
+
+static void sums_of(const float *const *xs, int m, int n, float *const *xsum) {
+#ifdef STRATA_AVX2
+    for (int r = 0; r < m; r++) group_sums(xs[r], n, xsum[r]);
+#else
+    (void)xs, (void)m, (void)n, (void)xsum;
+#endif
 }
 
 static int row_ok(int type, int n) {
@@ -92,12 +117,16 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
     int failed = 0;
 #pragma omp parallel num_threads(n_threads)
     {
-        float *buf = (float *)malloc(sizeof(float) * (size_t)(H > F ? H : F));
+        const int n_max = H > F ? H : F;
+        float *buf = (float *)malloc(sizeof(float) * (size_t)(n_max + MAX_M * (n_max / 16 + 1)));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
         }
         const float *xs[MAX_M];
+        float *xsum[MAX_M];
+        const float *const *sums = (const float *const *)xsum;
+        for (int r = 0; r < MAX_M; r++) xsum[r] = buf ? buf + n_max + r * (n_max / 16 + 1) : NULL;
         float gv[ROWS_GATE_UP * MAX_M], uv[ROWS_GATE_UP * MAX_M];
 #pragma omp for schedule(dynamic, 1)
         for (int item = 0; item < G * items_gu; item++) {
@@ -108,8 +137,9 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) xs[r] = x + (int64_t)tok[e0 + r] * H;
-                rows_dots(gate_type, wg + f0 * gate_row, gate_row, f1 - f0, H, xs, m, gv, buf);
-                rows_dots(up_type, wu + f0 * up_row, up_row, f1 - f0, H, xs, m, uv, buf);
+                if (needs_sums(gate_type) || needs_sums(up_type)) sums_of(xs, m, H, xsum);
+                rows_dots(gate_type, wg + f0 * gate_row, gate_row, f1 - f0, H, xs, sums, m, gv, buf);
+                rows_dots(up_type, wu + f0 * up_row, up_row, f1 - f0, H, xs, sums, m, uv, buf);
                 for (int f = f0; f < f1; f++)
                     for (int r = 0; r < m; r++) {
                         const float gr = gv[(f - f0) * MAX_M + r];
@@ -128,7 +158,8 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) xs[r] = h + (int64_t)(e0 + r) * F;
-                rows_dots(down_type, wd + d0 * down_row, down_row, d1 - d0, F, xs, m, out, buf);
+                if (needs_sums(down_type)) sums_of(xs, m, F, xsum);
+                rows_dots(down_type, wd + d0 * down_row, down_row, d1 - d0, F, xs, sums, m, out, buf);
                 for (int d = d0; d < d1; d++)
                     for (int r = 0; r < m; r++) y[(int64_t)dst[e0 + r] * H + d] = out[(d - d0) * MAX_M + r];
             }

@@ -48,10 +48,12 @@ AI v16 v16_fma(v16 x, v16 y, v16 z) { return (v16){_mm256_fmadd_ps(x.a, y.a, z.a
 AI v16 v16_ld(const float *p) { return (v16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
 AI void v16_st(float *p, v16 x) { _mm256_storeu_ps(p, x.a); _mm256_storeu_ps(p + 8, x.b); }
 AI v16 v16_i8(__m128i q) {
-    return (v16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))};
+    return (v16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))};
 }
 AI v16 v16_f16(const uint8_t *p) {
-    return (v16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))};
+    return (v16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))};
 }
 AI __m256 bf16x8(const uint8_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
@@ -66,10 +68,9 @@ AI float v16_hsum(v16 x) {
 }
 #endif
 
-/* d * (float)code, d * code + m, d * code - m: gguf's operations, in its order */
+/* d * (float)code, d * code + m: gguf's operations, in its order */
 AI v16 scaled(__m128i q, float d) { return v16_mul(v16_set1(d), v16_i8(q)); }
 AI v16 scaled_add(__m128i q, float d, float m) { return v16_add(v16_mul(v16_set1(d), v16_i8(q)), v16_set1(m)); }
-AI v16 scaled_sub(__m128i q, float d, float m) { return v16_sub(v16_mul(v16_set1(d), v16_i8(q)), v16_set1(m)); }
 
 /* ---- 16 int8 codes with 128-bit integer ops */
 AI __m128i ld16b(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
@@ -85,7 +86,9 @@ AI __m128i bitmask16(uint32_t bits) { /* byte i = 0xFF where bit i of bits (0..1
     return _mm_cmpeq_epi8(_mm_and_si128(v, sel), sel);
 }
 /* q negated where bit i of bits is set (grid values times gguf's +-1 signs; exact in int8) */
-AI __m128i signed16(__m128i q, uint32_t bits) { return _mm_sign_epi8(q, _mm_or_si128(bitmask16(bits), _mm_set1_epi8(1))); }
+AI __m128i signed16(__m128i q, uint32_t bits) {
+    return _mm_sign_epi8(q, _mm_or_si128(bitmask16(bits), _mm_set1_epi8(1)));
+}
 AI __m128i two8(const void *a, const void *b) { return _mm_unpacklo_epi64(ld8(a), ld8(b)); }
 AI __m128i four4(const void *a, const void *b, const void *c, const void *d) {
     return _mm_setr_epi32((int)rd32(a), (int)rd32(b), (int)rd32(c), (int)rd32(d));
@@ -118,30 +121,48 @@ AI __m128i q5_codes(const uint8_t *b, int j, int qh_at, int qs_at) {
     const uint32_t qh = rd32(b + qh_at) >> (16 * j);
     return _mm_or_si128(nib(ld16b(b + qs_at), j), _mm_and_si128(bitmask16(qh & 0xFFFF), _mm_set1_epi8(0x10)));
 }
-AI v16 g_q5_0(const uint8_t *b, int j, const float *ps) { return scaled(_mm_sub_epi8(q5_codes(b, j, 2, 6), _mm_set1_epi8(16)), rdh(b)); }
+AI v16 g_q5_0(const uint8_t *b, int j, const float *ps) {
+    return scaled(_mm_sub_epi8(q5_codes(b, j, 2, 6), _mm_set1_epi8(16)), rdh(b));
+}
 AI v16 g_q5_1(const uint8_t *b, int j, const float *ps) { return scaled_add(q5_codes(b, j, 4, 8), rdh(b), rdh(b + 2)); }
-AI v16 g_q8_0(const uint8_t *b, int j, const float *ps) { return v16_mul(v16_i8(ld16b(b + 2 + 16 * j)), v16_set1(rdh(b))); }
-AI v16 g_iq4_nl(const uint8_t *b, int j, const float *ps) { return scaled(lut16(kvalues_iq4nl, nib(ld16b(b + 2), j)), rdh(b)); }
-AI v16 g_mxfp4(const uint8_t *b, int j, const float *ps) { return scaled(lut16(kvalues_fp4, nib(ld16b(b + 1), j)), e8m0_half(b[0])); }
+AI v16 g_q8_0(const uint8_t *b, int j, const float *ps) {
+    return v16_mul(v16_i8(ld16b(b + 2 + 16 * j)), v16_set1(rdh(b)));
+}
+AI v16 g_iq4_nl(const uint8_t *b, int j, const float *ps) {
+    return scaled(lut16(kvalues_iq4nl, nib(ld16b(b + 2), j)), rdh(b));
+}
+AI v16 g_mxfp4(const uint8_t *b, int j, const float *ps) {
+    return scaled(lut16(kvalues_fp4, nib(ld16b(b + 1), j)), e8m0_half(b[0]));
+}
 AI v16 g_nvfp4(const uint8_t *b, int j, const float *ps) {
     const __m128i q = ld8(b + 4 + 8 * j);
     return scaled(lut16(kvalues_fp4, _mm_unpacklo_epi64(nib(q, 0), nib(q, 1))), ue4m3_half(b[j]));
 }
 AI v16 g_iq4_xs(const uint8_t *b, int j, const float *ps) {
     const int s = j / 2, lo = (b[4 + s / 2] >> (4 * (s % 2))) & 0xF, hi = (rd16(b + 2) >> (2 * s)) & 3;
-    return scaled(lut16(kvalues_iq4nl, nib(ld16b(b + 8 + 16 * s), j & 1)), rdh(b) * (float)((int8_t)(lo | (hi << 4)) - 32));
+    const float dl = rdh(b) * (float)((int8_t)(lo | (hi << 4)) - 32);
+    return scaled(lut16(kvalues_iq4nl, nib(ld16b(b + 8 + 16 * s), j & 1)), dl);
 }
-AI v16 g_q45_k(const uint8_t *b, int j, int five) {
+/* the types with a min (Q2_K, Q4_K, Q5_K): prep writes the 16 groups' scales to ps[0..15] and mins to ps[16..31];
+ * the decoder returns scale * code, the weight is that minus the min (gguf's d * q - m, in that order) */
+AI void prep_q45_k(const uint8_t *b, float *ps) {
+    const float d = rdh(b), dmin = rdh(b + 2);
+    for (int s = 0; s < 8; s++) {
+        uint8_t sc, m;
+        get_scale_min_k4(b + 4, s, &sc, &m);
+        ps[2 * s] = ps[2 * s + 1] = d * (float)sc;
+        ps[16 + 2 * s] = ps[17 + 2 * s] = dmin * (float)m;
+    }
+}
+AI v16 g_q45_k(const uint8_t *b, int j, int five, const float *ps) {
     const int s = j / 2, l0 = 16 * (j & 1);
-    uint8_t sc, m;
-    get_scale_min_k4(b + 4, s, &sc, &m);
     __m128i q = nib(ld16b(b + (five ? 48 : 16) + (s / 2) * 32 + l0), s % 2);
     if (five)
         q = _mm_or_si128(q, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(ld16b(b + 16 + l0), s), _mm_set1_epi8(1)), 4));
-    return scaled_sub(q, rdh(b) * (float)sc, rdh(b + 2) * (float)m);
+    return scaled(q, ps[j]);
 }
-AI v16 g_q4_k(const uint8_t *b, int j, const float *ps) { (void)ps; return g_q45_k(b, j, 0); }
-AI v16 g_q5_k(const uint8_t *b, int j, const float *ps) { (void)ps; return g_q45_k(b, j, 1); }
+AI v16 g_q4_k(const uint8_t *b, int j, const float *ps) { return g_q45_k(b, j, 0, ps); }
+AI v16 g_q5_k(const uint8_t *b, int j, const float *ps) { return g_q45_k(b, j, 1, ps); }
 AI v16 g_q6_k(const uint8_t *b, int j, const float *ps) {
     const int c = j / 2, l0 = 16 * (j & 1), h = c / 4, s = (c % 4) / 2;
     const __m128i lo = nib(ld16b(b + h * 64 + (c % 2) * 32 + l0), s);
@@ -158,14 +179,16 @@ AI void prep_q2_k(const uint8_t *b, float *ps) { /* the 16 sub-block scales d * 
     v16_st(ps + 16, v16_mul(v16_set1(rdh(b + 82)), v16_i8(nib(sc, 1))));
 }
 AI v16 g_q2_k(const uint8_t *b, int j, const float *ps) {
-    return v16_sub(v16_mul(v16_set1(ps[j]), v16_i8(plane2(b + 16, j))), v16_set1(ps[16 + j]));
+    return v16_mul(v16_set1(ps[j]), v16_i8(plane2(b + 16, j)));
 }
 AI v16 g_q3_k(const uint8_t *b, int j, const float *ps) {
     const __m128i hb = _mm_and_si128(_mm_srli_epi16(ld16b(b + 16 * (j & 1)), j / 2), _mm_set1_epi8(1));
     const __m128i q = _mm_sub_epi8(plane2(b + 32, j), _mm_slli_epi16(_mm_xor_si128(hb, _mm_set1_epi8(1)), 2));
     return scaled(q, rdh(b + 108) * (float)k_scale6(b + 96, j));
 }
-AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) { return scaled(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), rdh(b + 64)); }
+AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
+    return scaled(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), rdh(b + 64));
+}
 AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) { /* base-3 digits: rare, decoded scalar into 16 bytes */
     static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
     int8_t q[16];
@@ -239,7 +262,8 @@ AI v16 g_iq1_m(const uint8_t *b, int j, const float *ps) {
     const uint16_t sw = rd16(b + 48 + 2 * (j / 4));
     const int h = b[32 + j];
     const __m128i q = two8(grid_iq1s[b[2 * j] | ((h & 7) << 8)], grid_iq1s[b[2 * j + 1] | (((h >> 4) & 7) << 8)]);
-    return iq1_value(q, ((h & 8) ? 0xFF : 0) | ((h & 0x80) ? 0xFF00 : 0), d * (float)(2 * ((sw >> (3 * (j % 4))) & 7) + 1));
+    const float dl = d * (float)(2 * ((sw >> (3 * (j % 4))) & 7) + 1);
+    return iq1_value(q, ((h & 8) ? 0xFF : 0) | ((h & 0x80) ? 0xFF00 : 0), dl);
 }
 /* float rows: a "block" of 16 values */
 AI v16 g_f32(const uint8_t *b, int j, const float *ps) { (void)j; (void)ps; return v16_ld((const float *)b); }
@@ -249,74 +273,113 @@ AI v16 g_bf16(const uint8_t *b, int j, const float *ps) { (void)j; (void)ps; ret
 AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
 
 /* every type: (id, decoder, groups per block, block bytes, per-block prep of the scales the decoder reads from ps:
- * vector ops once per block instead of scalar ones per group) */
+ * vector ops once per block instead of scalar ones per group, MINS: the weight is the decoder's value minus the
+ * group's min ps[16 + j], and GPB is 16) */
 #define FUSED_TYPES(X) \
-    X(T_F32, g_f32, 1, 64, prep_none) X(T_F16, g_f16, 1, 32, prep_none) X(T_BF16, g_bf16, 1, 32, prep_none) \
-    X(T_Q4_0, g_q4_0, 2, 18, prep_none) X(T_Q4_1, g_q4_1, 2, 20, prep_none) X(T_Q5_0, g_q5_0, 2, 22, prep_none) \
-    X(T_Q5_1, g_q5_1, 2, 24, prep_none) X(T_Q8_0, g_q8_0, 2, 34, prep_none) \
-    X(T_IQ4_NL, g_iq4_nl, 2, 18, prep_none) X(T_MXFP4, g_mxfp4, 2, 17, prep_none) \
-    X(T_NVFP4, g_nvfp4, 4, 36, prep_none) X(T_Q2_K, g_q2_k, 16, 84, prep_q2_k) \
-    X(T_Q3_K, g_q3_k, 16, 110, prep_none) X(T_Q4_K, g_q4_k, 16, 144, prep_none) \
-    X(T_Q5_K, g_q5_k, 16, 176, prep_none) X(T_Q6_K, g_q6_k, 16, 210, prep_q6_k) \
-    X(T_IQ4_XS, g_iq4_xs, 16, 136, prep_none) X(T_IQ2_XXS, g_iq2_xxs, 16, 66, prep_none) \
-    X(T_IQ2_XS, g_iq2_xs, 16, 74, prep_iq2_xs) X(T_IQ2_S, g_iq2_s, 16, 82, prep_iq2_s) \
-    X(T_IQ3_XXS, g_iq3_xxs, 16, 98, prep_none) X(T_IQ3_S, g_iq3_s, 16, 110, prep_none) \
-    X(T_IQ1_S, g_iq1_s, 16, 50, prep_none) X(T_IQ1_M, g_iq1_m, 16, 56, prep_none) \
-    X(T_TQ1_0, g_tq1_0, 16, 54, prep_none) X(T_TQ2_0, g_tq2_0, 16, 66, prep_none)
+    X(T_F32, g_f32, 1, 64, prep_none, 0) X(T_F16, g_f16, 1, 32, prep_none, 0) \
+    X(T_BF16, g_bf16, 1, 32, prep_none, 0) X(T_Q4_0, g_q4_0, 2, 18, prep_none, 0) \
+    X(T_Q4_1, g_q4_1, 2, 20, prep_none, 0) X(T_Q5_0, g_q5_0, 2, 22, prep_none, 0) \
+    X(T_Q5_1, g_q5_1, 2, 24, prep_none, 0) X(T_Q8_0, g_q8_0, 2, 34, prep_none, 0) \
+    X(T_IQ4_NL, g_iq4_nl, 2, 18, prep_none, 0) X(T_MXFP4, g_mxfp4, 2, 17, prep_none, 0) \
+    X(T_NVFP4, g_nvfp4, 4, 36, prep_none, 0) X(T_Q2_K, g_q2_k, 16, 84, prep_q2_k, 1) \
+    X(T_Q3_K, g_q3_k, 16, 110, prep_none, 0) X(T_Q4_K, g_q4_k, 16, 144, prep_q45_k, 1) \
+    X(T_Q5_K, g_q5_k, 16, 176, prep_q45_k, 1) X(T_Q6_K, g_q6_k, 16, 210, prep_q6_k, 0) \
+    X(T_IQ4_XS, g_iq4_xs, 16, 136, prep_none, 0) X(T_IQ2_XXS, g_iq2_xxs, 16, 66, prep_none, 0) \
+    X(T_IQ2_XS, g_iq2_xs, 16, 74, prep_iq2_xs, 0) X(T_IQ2_S, g_iq2_s, 16, 82, prep_iq2_s, 0) \
+    X(T_IQ3_XXS, g_iq3_xxs, 16, 98, prep_none, 0) X(T_IQ3_S, g_iq3_s, 16, 110, prep_none, 0) \
+    X(T_IQ1_S, g_iq1_s, 16, 50, prep_none, 0) X(T_IQ1_M, g_iq1_m, 16, 56, prep_none, 0) \
+    X(T_TQ1_0, g_tq1_0, 16, 54, prep_none, 0) X(T_TQ2_0, g_tq2_0, 16, 66, prep_none, 0)
 
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048 /* bytes ahead of the block being read */
 #endif
 
+/* The min term: in the AVX-512 build the MINS types FMA scale * code with x and subtract sum_g min_g * xsum_g once
+ * per block (xsum: the sums of x over its 16-element groups, computed once per token row and work item), one float
+ * operation fewer per 16 weights and row; the AVX2 build (16 ymm registers) subtracts the min from each weight. */
+#ifdef STRATA_AVX512
+#define MIN_TERM 1
+#else
+#define MIN_TERM 0
+#endif
+
 /* one pass: a weight row of nb blocks against M token rows (M a constant after inlining); 2 accumulators per row
  * so that consecutive groups' FMAs do not wait on each other */
-#define FUSED_PASS(ID, DEC, GPB, BPB, PREP)                                                                               \
-    AI void pass_##DEC(const uint8_t *row, int nb, const float *const *xs, float *out, const int M) {              \
-        v16 acc[PASS_M][2];                                                                                         \
+#define FUSED_PASS(ID, DEC, GPB, BPB, PREP, MINS)                                                                  \
+    AI void pass_##DEC(const uint8_t *row, int nb, const float *const *xs, const float *const *xsum, float *out,   \
+                       const int M) {                                                                              \
+        v16 acc[PASS_M][2], macc[PASS_M];                                                                           \
         float ps[32] __attribute__((aligned(64)));                                                                  \
-        for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();                                             \
+        for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = macc[r] = v16_zero();                                   \
         for (int b = 0; b < nb; b++) {                                                                              \
             const uint8_t *blk = row + (int64_t)BPB * b;                                                            \
             for (int p = 0; p < BPB; p += 64) __builtin_prefetch(blk + PREFETCH_AHEAD + p);                         \
             PREP(blk, ps);                                                                                          \
+            if (MINS && MIN_TERM)                                                                                   \
+                for (int r = 0; r < M; r++) macc[r] = v16_fma(v16_ld(ps + 16), v16_ld(xsum[r] + 16 * b), macc[r]); \
             _Pragma("GCC unroll 16") for (int j = 0; j < GPB; j++) {                                                \
-                const v16 w = DEC(blk, j, ps);                                                                        \
+                v16 w = DEC(blk, j, ps);                                                                            \
+                if (MINS && !MIN_TERM) w = v16_sub(w, v16_set1(ps[16 + j]));                                        \
                 const int64_t off = 16 * ((int64_t)GPB * b + j);                                                    \
                 for (int r = 0; r < M; r++) acc[r][j & 1] = v16_fma(w, v16_ld(xs[r] + off), acc[r][j & 1]);         \
             }                                                                                                       \
         }                                                                                                           \
-        for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));                               \
+        for (int r = 0; r < M; r++)                                                                                 \
+            out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1])) - (MINS && MIN_TERM ? v16_hsum(macc[r]) : 0.0f);      \
     }                                                                                                               \
-    static void dots_##DEC(const uint8_t *row, int n, const float *const *xs, int m, float *out) {                 \
+    static void dots_##DEC(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,     \
+                           float *out) {                                                                            \
         const int nb = n / (16 * GPB);                                                                              \
         for (int r0 = 0; r0 < m;) {                                                                                 \
-            const int left = m - r0;                                                                                \
-            if (PASS_M >= 8 && left >= 8) { pass_##DEC(row, nb, xs + r0, out + r0, PASS_M >= 8 ? 8 : 1); r0 += 8; } \
-            else if (left >= 4) { pass_##DEC(row, nb, xs + r0, out + r0, 4); r0 += 4; }                            \
-            else if (left >= 2) { pass_##DEC(row, nb, xs + r0, out + r0, 2); r0 += 2; }                            \
-            else { pass_##DEC(row, nb, xs + r0, out + r0, 1); r0 += 1; }                                            \
+            const int left = m - r0, M = PASS_M >= 8 && left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;         \
+            if (M == 8) pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, PASS_M >= 8 ? 8 : 1);                     \
+            else if (M == 4) pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, 4);                                  \
+            else if (M == 2) pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, 2);                                  \
+            else pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, 1);                                              \
+            r0 += M;                                                                                                \
         }                                                                                                           \
     }                                                                                                               \
     static void rowdeq_##DEC(const uint8_t *src, int64_t n, float *y) {                                            \
         float ps[32] __attribute__((aligned(64)));                                                                  \
         for (int64_t b = 0; b < n / (16 * GPB); b++) {                                                              \
             PREP(src + (int64_t)BPB * b, ps);                                                                       \
-            _Pragma("GCC unroll 16") for (int j = 0; j < GPB; j++)                                                  \
-                v16_st(y + 16 * (GPB * b + j), DEC(src + (int64_t)BPB * b, j, ps));                                 \
+            _Pragma("GCC unroll 16") for (int j = 0; j < GPB; j++) {                                                \
+                v16 w = DEC(src + (int64_t)BPB * b, j, ps);                                                         \
+                if (MINS) w = v16_sub(w, v16_set1(ps[16 + j]));                                                     \
+                v16_st(y + 16 * (GPB * b + j), w);                                                                  \
+            }                                                                                                       \
         }                                                                                                           \
     }
 FUSED_TYPES(FUSED_PASS)
 
-typedef void (*dots_fn)(const uint8_t *row, int n, const float *const *xs, int m, float *out);
+/* xsum[r][g] = sum of x[r][16 g .. 16 g + 15] (the min term's sums; any order: it is not part of the weights) */
+static void group_sums(const float *x, int n, float *xsum) {
+    for (int g = 0; g < n / 16; g++) {
+        const float *p = x + 16 * g;
+        float s = 0.0f;
+        for (int k = 0; k < 16; k++) s += p[k];
+        xsum[g] = s;
+    }
+}
+
+typedef void (*dots_fn)(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,
+                        float *out);
 /* the fused kernel of a type, or NULL; rows of n elements need n % (16 * groups per block) == 0 */
 static dots_fn fused_dots(int type, int n) {
-#define FUSED_CASE(ID, DEC, GPB, BPB, PREP) case ID: return n % (16 * GPB) == 0 ? dots_##DEC : NULL;
+#define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) case ID: return n % (16 * GPB) == 0 ? dots_##DEC : NULL;
     switch (type) { FUSED_TYPES(FUSED_CASE) default: return NULL; }
+#undef FUSED_CASE
+}
+/* whether the type's fused kernel reads the x group sums */
+static int fused_needs_sums(int type) {
+#define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) case ID: return MINS && MIN_TERM;
+    switch (type) { FUSED_TYPES(FUSED_CASE) default: return 0; }
 #undef FUSED_CASE
 }
 /* one row dequantized through the same decoders (the tests hold them to gguf bit for bit); 0 if not served */
 static int fused_dequant_row(int type, const uint8_t *src, int64_t n, float *y) {
-#define FUSED_CASE(ID, DEC, GPB, BPB, PREP) case ID: if (n % (16 * GPB)) return 0; rowdeq_##DEC(src, n, y); return 1;
+#define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) \
+    case ID: if (n % (16 * GPB)) return 0; rowdeq_##DEC(src, n, y); return 1;
     switch (type) { FUSED_TYPES(FUSED_CASE) default: return 0; }
 #undef FUSED_CASE
 }
