@@ -12,7 +12,7 @@ and the pool computes each of them once for its T rows (one ctypes call per laye
 bytes / wall time of the layers; GB_per_cpu_s = those bytes / the process's CPU seconds (what one core does, also
 on a shared host). Before timing, every T is checked on layer 0 against the numpy reference
 (float64 SwiGLU on strata_cli/model/quants.dequantize): rel err = max |pool - numpy| / max |numpy|, <= 1e-4 or no
-timing. The plain read sums bytes of the same size with the same threads (strata_stream_read).
+timing. The plain read sums --gb / 8 bytes at a time with the same threads (strata_stream_read).
 Last line: one JSON document, a row per type and T (type, down_type, T, GB_s, ms_median, rel_err).
 """
 
@@ -128,9 +128,10 @@ def time_pool(model, pool, n_tokens: int, iters: int, rng) -> tuple[list[float],
 
 
 def time_read(lib, threads: int, nbytes: int, iters: int) -> float:
-    """GB/s of a plain parallel read of nbytes in expert-sized pieces, each iteration fresh memory."""
+    """GB/s of a plain parallel read of nbytes in expert-sized pieces, cycling through 4 such buffers (4 x nbytes,
+    more than the last-level cache)."""
     piece = 5 << 20
-    bufs = [np.ones(max(nbytes // 2, piece), np.uint8) for _ in range(4)]  # more than the L3 in all
+    bufs = [np.ones(max(nbytes, piece), np.uint8) for _ in range(4)]
     speeds = []
     for it in range(iters + 2):
         buf = bufs[it % len(bufs)]
