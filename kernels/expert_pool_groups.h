@@ -85,9 +85,17 @@ AI __m128i bitmask16(uint32_t bits) { /* byte i = 0xFF where bit i of bits (0..1
                                        _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
     return _mm_cmpeq_epi8(_mm_and_si128(v, sel), sel);
 }
-/* q negated where bit i of bits is set (grid values times gguf's +-1 signs; exact in int8) */
+/* sign_of[s][k] = -1 where bit k of the sign byte s is set, else +1 (one 8-byte load instead of expanding bits) */
+#define SIGN1(s, k) (((s) >> (k)) & 1 ? -1 : 1)
+#define SIGNS(s) {SIGN1(s, 0), SIGN1(s, 1), SIGN1(s, 2), SIGN1(s, 3), SIGN1(s, 4), SIGN1(s, 5), SIGN1(s, 6), SIGN1(s, 7)}
+#define SIGNS4(s) SIGNS(s), SIGNS((s) + 1), SIGNS((s) + 2), SIGNS((s) + 3)
+#define SIGNS16(s) SIGNS4(s), SIGNS4((s) + 4), SIGNS4((s) + 8), SIGNS4((s) + 12)
+#define SIGNS64(s) SIGNS16(s), SIGNS16((s) + 16), SIGNS16((s) + 32), SIGNS16((s) + 48)
+static const int8_t sign_of[256][8] = {SIGNS64(0), SIGNS64(64), SIGNS64(128), SIGNS64(192)};
+/* q negated where bit i of bits (0..15) is set (grid values times gguf's +-1 signs; exact in int8) */
 AI __m128i signed16(__m128i q, uint32_t bits) {
-    return _mm_sign_epi8(q, _mm_or_si128(bitmask16(bits), _mm_set1_epi8(1)));
+    return _mm_sign_epi8(q, _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)sign_of[bits & 0xFF]),
+                                               _mm_loadl_epi64((const __m128i *)sign_of[(bits >> 8) & 0xFF])));
 }
 AI __m128i two8(const void *a, const void *b) { return _mm_unpacklo_epi64(ld8(a), ld8(b)); }
 AI __m128i four4(const void *a, const void *b, const void *c, const void *d) {
