@@ -256,3 +256,11 @@ def test_rows_are_checked_and_any_x_layout_works():
         pool.compute(1, x[:2], plan.cpu)
     with pytest.raises(ValueError, match="rows of 64 expected"):
         pool.compute(1, x[:, :32], plan.cpu)
+
+
+@needs_native
+def test_a_build_the_compiler_refuses_falls_back_to_the_next_isa(monkeypatch, capsys):
+    monkeypatch.setattr(native, "ISAS", (("bogus", set(), ["-mno-such-isa-flag"]),) + native.ISAS)
+    lib = native.load.__wrapped__()
+    assert lib is not None and lib.isa == native.host_isas()[1]
+    assert "cannot build expert_pool.c for bogus" in capsys.readouterr().err

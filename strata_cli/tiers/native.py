@@ -122,7 +122,8 @@ def build(out_dir: Path | None = None, defines: tuple[str, ...] = (), isa: str |
         return None
     src = source_path()
     tables = tables_header()
-    flags = compile_flags(isa or host_isas()[0]) + [f"-D{d}" for d in defines]
+    isa = isa or host_isas()[0]
+    flags = compile_flags(isa) + [f"-D{d}" for d in defines]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     text = src.read_bytes() + b"".join((src.parent / h).read_bytes() for h in HEADERS)
     key = hashlib.sha1(text + tables.encode() + " ".join(flags + version).encode()).hexdigest()[:16]
@@ -139,7 +140,7 @@ def build(out_dir: Path | None = None, defines: tuple[str, ...] = (), isa: str |
     if result.returncode != 0:
         tmp.unlink(missing_ok=True)
         first = (result.stderr.strip().splitlines() or ["?"])[0]
-        _warn(f"cannot build {src.name} with {cc} ({first}); the CPU expert pool uses numpy")
+        _warn(f"cannot build {src.name} for {isa} with {cc} ({first})")
         return None
     os.replace(tmp, lib)
     return lib
@@ -147,10 +148,19 @@ def build(out_dir: Path | None = None, defines: tuple[str, ...] = (), isa: str |
 
 @lru_cache(maxsize=1)
 def load():
-    """The loaded library with argtypes set, or None (no compiler, build failed, or STRATA_POOL_NATIVE=0)."""
+    """The loaded library with argtypes set for the best ISA this CPU runs whose build succeeds (a compiler that
+    knows no AVX-512 falls back to AVX2, then plain C), or None (no compiler, every build failed, or
+    STRATA_POOL_NATIVE=0)."""
     if os.environ.get(ENV_DISABLE, "1") == "0":
         return None
-    return load_variant(())
+    if _compiler() is None:
+        return None
+    for isa in host_isas():
+        lib = load_variant((), isa=isa)
+        if lib is not None:
+            return lib
+    _warn("the CPU expert pool uses numpy")
+    return None
 
 
 def load_variant(defines: tuple[str, ...], isa: str | None = None):
