@@ -1,20 +1,26 @@
-"""The CPU expert pool's GB/s of expert weights on Qwen3.8-Flash-Next shapes, against a plain parallel read.
+"""The CPU expert pool's GB/s of expert weights per block type on Qwen3.8-Flash-Next shapes, against a plain read.
 
-    python3 bench/pool_bench.py [--threads N] [--layers 8] [--experts 48] [--tokens 1,2,4,8] [--iters 20]
-                                [--variant PREFETCH_AHEAD=4096 ...]
+    python3 bench/pool_bench.py [--types Q8_0,Q4_0,Q2_K,...|all] [--threads N] [--isa avx512|avx2|scalar]
+                                [--gb 4] [--layers 8] [--tokens 1,4] [--iters 10] [--variant PREFETCH_AHEAD=4096 ...]
 
-Q8_0 routed experts (gate/up [640 x 2560], down [2560 x 640], 5.2 MB each) held in memory as the GGUF stores them
-(34-byte blocks), `--experts` per layer so that the working set (8 x 48 x 5.2 MB = 2 GB) is far larger than the
-last-level cache. Per iteration and layer, each token routes to 10 random distinct experts; the pool computes every
-distinct expert once for its rows (one ctypes call per layer). GB/s = distinct expert bytes / wall time of the 8
-layers; the plain read sums the same bytes with the same threads (strata_stream_read). Before timing, the pool's
-output on one layer is checked against the numpy reference (float64 on the dequantized weights).
+Per type: routed experts gate/up [640 x 2560] of that type and down [2560 x 640] of it too where 640 weights hold
+whole blocks (else Q4_0, as the full-size file pairs Q2_K gate/up with Q4_0 down), valid random blocks
+(strata_cli/synth/blocks.py) held in memory as the GGUF stores them, `--layers` layers with as many experts each
+as make `--gb` GB in all (far more than the last-level cache; 4 distinct experts' bytes copied into every expert's
+own memory). T rows per expert: per iteration and layer, T tokens all route to the same 10 random distinct experts,
+and the pool computes each of them once for its T rows (one ctypes call per layer). GB/s = the distinct experts'
+bytes / wall time of the layers; GB_per_cpu_s = those bytes / the process's CPU seconds (what one core does, also
+on a shared host). Before timing, every T is checked on layer 0 against the numpy reference
+(float64 SwiGLU on strata_cli/model/quants.dequantize): rel err = max |pool - numpy| / max |numpy|, <= 1e-4 or no
+timing. The plain read sums --gb / 8 bytes at a time with the same threads (strata_stream_read).
+Last line: one JSON document, a row per type and T (type, down_type, T, GB_s, ms_median, rel_err).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from types import SimpleNamespace
@@ -23,139 +29,188 @@ import numpy as np
 
 from strata_cli.model import quants
 from strata_cli.ops import moe
+from strata_cli.synth.blocks import random_tensor
 from strata_cli.tiers import native
 from strata_cli.tiers.plan import build_plan
 from strata_cli.tiers.pool import ExpertPool, default_threads
 
-Q8 = quants.Q8_0
+ROLES = ("gate", "up", "down")
+DISTINCT = 4  # distinct experts' bytes per tensor (copied into every expert: values do not change the time)
+
+
+def random_expert(ggml_type: int, rows: int, n: int, rng) -> np.ndarray:
+    """uint8 [rows, row bytes] of one expert's tensor: valid random blocks, or random floats."""
+    if ggml_type in quants.BLOCK_TYPES:
+        return random_tensor(rng, ggml_type, (rows, n), 0.05)
+    x = rng.standard_normal((rows, n)).astype(np.float32) * np.float32(0.05)
+    return np.ascontiguousarray(quants.quantize(x, ggml_type)).view(np.uint8).reshape(rows, -1)
 
 
 class SyntheticExperts:
-    """What ExpertPool reads from a model: geometry + blk.L.ffn_*_exps infos, Q8_0 raw blocks in memory."""
+    """What ExpertPool reads from a model: geometry + blk.L.ffn_*_exps infos, raw blocks in memory."""
 
-    def __init__(self, n_layers: int, n_expert: int, hidden: int, ff: int, k: int, seed: int = 0):
+    def __init__(self, types: tuple[int, int, int], n_layers: int, n_expert: int, hidden: int, ff: int, k: int,
+                 seed: int = 0):
         rng = np.random.default_rng(seed)
         self.geometry = SimpleNamespace(n_layers=n_layers, n_expert=n_expert, n_embd=hidden, n_ff_exp=ff,
                                         n_expert_used=k)
+        self.types = types
+        shapes = {"gate": (ff, hidden), "up": (ff, hidden), "down": (hidden, ff)}
+        self.distinct = {role: np.stack([random_expert(t, *shapes[role], rng) for _ in range(DISTINCT)])
+                         for role, t in zip(ROLES, types)}
         self.tensors = {}
-        ones = {role: quants.quantize_q8_0(rng.standard_normal((rows, n)).astype(np.float32) * 0.05)
-                for role, rows, n in (("gate", ff, hidden), ("up", ff, hidden), ("down", hidden, ff))}
         for layer in range(n_layers):
-            for role, rows, n in (("gate", ff, hidden), ("up", ff, hidden), ("down", hidden, ff)):
-                one = ones[role]
-                raw = np.empty((n_expert, rows, one.shape[1]), dtype=np.uint8)
-                raw[:] = one  # every expert the same bytes, in its own memory (values do not change the time)
-                raw[1:, :, 2] ^= np.arange(1, n_expert, dtype=np.uint8)[:, None]  # but not identical experts
+            for role, t in zip(ROLES, types):
+                one = self.distinct[role]
+                raw = np.empty((n_expert, *one.shape[1:]), dtype=np.uint8)
+                for d in range(DISTINCT):
+                    raw[d::DISTINCT] = one[d]
+                rows, n = shapes[role]
                 self.tensors[f"blk.{layer}.ffn_{role}_exps.weight"] = SimpleNamespace(
-                    raw=raw, ggml_type=Q8, n_bytes=raw.nbytes, shape=(n, rows, n_expert))
+                    raw=raw, ggml_type=t, n_bytes=raw.nbytes, shape=(n, rows, n_expert))
 
     def info(self, name):
         return self.tensors[name]
 
+    def reference(self, x: np.ndarray, experts) -> dict[int, np.ndarray]:
+        """float64 SwiGLU of rows x through the given experts (expert e holds distinct bytes e % DISTINCT)."""
+        w = {}
+        out = {}
+        for e in experts:
+            d = int(e) % DISTINCT
+            if d not in w:
+                w[d] = [quants.dequantize(self.distinct[role][d], t).astype(np.float64)
+                        for role, t in zip(ROLES, self.types)]
+            out[int(e)] = moe.swiglu(x, *w[d])
+        return out
 
-def check(model, pool, rng) -> float:
-    """Max |pool - numpy| / max |numpy| on layer 0, three rows, 10 experts each."""
+
+def routing(model, n_tokens: int, rng) -> np.ndarray:
+    """[T, k]: T tokens, all routed to the same k distinct random experts (T rows per expert)."""
     g = model.geometry
-    ids = np.stack([rng.choice(g.n_expert, g.n_expert_used, replace=False) for _ in range(3)])
-    x = rng.standard_normal((3, g.n_embd)).astype(np.float32)
+    return np.tile(rng.choice(g.n_expert, g.n_expert_used, replace=False), (n_tokens, 1))
+
+
+def check(model, pool, n_tokens: int, rng) -> float:
+    """Max |pool - numpy| / max |numpy| on layer 0 at T rows per expert."""
+    g = model.geometry
+    ids = routing(model, n_tokens, rng)
+    x = rng.standard_normal((n_tokens, g.n_embd)).astype(np.float32)
     plan = build_plan(0, ids, np.full(g.n_expert, -1, np.int32))
     out = pool.compute(0, x, plan.cpu)
-    ref = np.zeros_like(out)
+    ref = np.zeros_like(out, dtype=np.float64)
+    per_expert = model.reference(x, plan.cpu.experts)
     for i, e in enumerate(plan.cpu.experts):
-        w = [quants.dequantize(model.info(f"blk.0.ffn_{r}_exps.weight").raw[e], Q8).astype(np.float64)
-             for r in ("gate", "up", "down")]
         tok, dst = plan.cpu.entries(i)
-        ref[dst] = moe.swiglu(x[tok], *w)
+        ref[dst] = per_expert[int(e)][tok]
     return float(np.abs(out - ref).max() / np.abs(ref).max())
 
 
-def time_pool(model, pool, n_tokens: int, iters: int, rng) -> tuple[list[float], int]:
+def time_pool(model, pool, n_tokens: int, iters: int, rng) -> tuple[list[float], int, float]:
+    """Wall times of the iterations, the bytes of one, and the process's CPU seconds per iteration (all threads:
+    on a shared host the CPU time, not the wall time, says what a core does)."""
     g = model.geometry
     none = np.full(g.n_expert, -1, np.int32)
     x = rng.standard_normal((n_tokens, g.n_embd)).astype(np.float32)
     out = np.zeros((n_tokens * g.n_expert_used, g.n_embd), np.float32)
-    times, nbytes = [], 0
+    times, nbytes, cpu = [], 0, 0.0
     for it in range(iters + 2):
-        plans = [build_plan(layer, np.stack([rng.choice(g.n_expert, g.n_expert_used, replace=False)
-                                             for _ in range(n_tokens)]), none) for layer in range(g.n_layers)]
-        t0 = time.perf_counter()
+        plans = [build_plan(layer, routing(model, n_tokens, rng), none) for layer in range(g.n_layers)]
+        t0, c0 = time.perf_counter(), time.process_time()
         for plan in plans:
             pool.compute(plan.layer, x, plan.cpu, out=out)
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         if it >= 2:  # two warm-up iterations (thread team, page faults)
             times.append(dt)
+            cpu += dc
             nbytes += sum(p.cpu.n_groups for p in plans) * pool.expert_bytes(0)
-    return times, nbytes // iters
+    return times, nbytes // iters, cpu / iters
 
 
-def time_read(model, lib, threads: int, n_experts: int, iters: int, rng) -> list[float]:
-    g = model.geometry
-    out = []
+def time_read(lib, threads: int, nbytes: int, iters: int) -> float:
+    """GB/s of a plain parallel read of nbytes in expert-sized pieces, cycling through 4 such buffers (4 x nbytes,
+    more than the last-level cache)."""
+    piece = 5 << 20
+    bufs = [np.ones(max(nbytes, piece), np.uint8) for _ in range(4)]
+    speeds = []
     for it in range(iters + 2):
-        ptrs, sizes = [], []
-        for layer in range(g.n_layers):
-            for e in rng.choice(g.n_expert, n_experts, replace=False):
-                for role in ("gate", "up", "down"):
-                    raw = model.info(f"blk.{layer}.ffn_{role}_exps.weight").raw
-                    ptrs.append(raw[e].ctypes.data)
-                    sizes.append(raw[e].nbytes)
-        p, s = np.array(ptrs, dtype=np.uint64), np.array(sizes, dtype=np.int64)
+        buf = bufs[it % len(bufs)]
+        ptrs = np.array([buf[o:].ctypes.data for o in range(0, buf.size - piece + 1, piece)], dtype=np.uint64)
+        sizes = np.full(len(ptrs), piece, dtype=np.int64)
         t0 = time.perf_counter()
-        lib.strata_stream_read(threads, len(p), p.ctypes.data, s.ctypes.data)
+        lib.strata_stream_read(threads, len(ptrs), ptrs.ctypes.data, sizes.ctypes.data)
         if it >= 2:
-            out.append((time.perf_counter() - t0, int(s.sum())))
-    return out
+            speeds.append(int(sizes.sum()) / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(speeds)
+
+
+def down_type(ggml_type: int, ff: int) -> int:
+    return ggml_type if quants.fits(ggml_type, ff) else quants.Q4_0
+
+
+def bench_type(name: str, args, lib, rows: list[dict]) -> None:
+    t = quants.TYPE_IDS[name]
+    types = (t, t, down_type(t, args.ff))
+    one = SyntheticExperts(types, 1, DISTINCT, args.hidden, args.ff, args.k)
+    expert_bytes = ExpertPool(one, n_threads=1, lib=lib).expert_bytes(0)
+    n_expert = max(args.k, math.ceil(args.gb * 1e9 / args.layers / expert_bytes))
+    t0 = time.perf_counter()
+    model = SyntheticExperts(types, args.layers, n_expert, args.hidden, args.ff, args.k)
+    pool = ExpertPool(model, n_threads=args.threads, lib=lib)
+    label = f"{name}+{quants.TYPE_NAMES[types[2]]}" if types[2] != t else name
+    print(f"{label}: {args.layers} layers x {n_expert} experts ({args.layers * n_expert * expert_bytes / 1e9:.2f} GB,"
+          f" built in {time.perf_counter() - t0:.1f} s), pool {pool.backend}", flush=True)
+    rng = np.random.default_rng(1)
+    for n_tokens in args.tokens:
+        rel_err = check(model, pool, n_tokens, rng)
+        if rel_err > 1e-4:
+            raise SystemExit(f"pool_bench: {label} T={n_tokens}: the pool disagrees with the numpy reference "
+                             f"(rel err {rel_err:.2e}): no timing reported")
+        times, nbytes, cpu_s = time_pool(model, pool, n_tokens, args.iters, rng)
+        med = statistics.median(times)
+        rows.append({"type": name, "down_type": quants.TYPE_NAMES[types[2]], "T": n_tokens, "GB_s": nbytes / med / 1e9,
+                     "GB_s_per_thread": nbytes / med / 1e9 / args.threads, "GB_per_cpu_s": nbytes / cpu_s / 1e9,
+                     "ms_median": med * 1e3, "MB": nbytes / 1e6, "rel_err": rel_err})
+        print(f"  T={n_tokens:<3} {rows[-1]['GB_s']:7.1f} GB/s ({rows[-1]['GB_s_per_thread']:.2f} per thread, "
+              f"{rows[-1]['GB_per_cpu_s']:.2f} per CPU second)  {med * 1e3:8.2f} ms for {nbytes / 1e6:.0f} MB   "
+              f"rel err {rel_err:.1e}", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--threads", type=int, default=default_threads())
+    ap.add_argument("--types", default="Q8_0,Q4_0,Q2_K",
+                    help="comma-separated GGML type names, or 'all' (every type the pool has a kernel for)")
+    ap.add_argument("--threads", type=int, default=None, help="pool threads (default: STRATA_POOL_THREADS or all cores)")
+    ap.add_argument("--isa", choices=[name for name, _, _ in native.ISAS], default=None,
+                    help="the kernel build (default: the best this CPU runs)")
+    ap.add_argument("--gb", type=float, default=4.0, help="expert weights in memory per type, GB")
     ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--experts", type=int, default=48, help="experts per layer held in memory")
     ap.add_argument("--hidden", type=int, default=2560)
     ap.add_argument("--ff", type=int, default=640)
     ap.add_argument("--k", type=int, default=10)
-    ap.add_argument("--tokens", default="1,2,4,8")
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--tokens", default="1,4", help="rows per expert, comma-separated")
+    ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--variant", action="append", default=[],
-                    help="also time T=1 with the kernel built with -DNAME=VALUE (e.g. PREFETCH_AHEAD=4096)")
+                    help="build the kernel with -DNAME=VALUE (e.g. PREFETCH_AHEAD=4096)")
     args = ap.parse_args()
-    rng = np.random.default_rng(1)
-    t0 = time.perf_counter()
-    model = SyntheticExperts(args.layers, args.experts, args.hidden, args.ff, args.k)
-    setup_s = time.perf_counter() - t0
-    pool = ExpertPool(model, n_threads=args.threads)
-    lib = native.load()
-    rel_err = check(model, pool, rng)
-    print(f"pool: {pool.backend}; {args.layers} layers x {args.experts} Q8_0 experts in memory "
-          f"({args.layers * args.experts * pool.expert_bytes(0) / 1e9:.2f} GB, built in {setup_s:.1f} s); "
-          f"check vs numpy: max rel err {rel_err:.2e}")
-    if rel_err > 1e-4:
-        raise SystemExit("the pool disagrees with the numpy reference: no timing reported")
-    rows = []
-    for n_tokens in (int(t) for t in args.tokens.split(",")):
-        times, nbytes = time_pool(model, pool, n_tokens, args.iters, rng)
-        med = statistics.median(times)
-        rows.append({"what": f"pool T={n_tokens}", "MB": nbytes / 1e6, "ms_median": med * 1e3,
-                     "ms_min": min(times) * 1e3, "GB_s": nbytes / med / 1e9})
-    for define in args.variant:
-        vpool = ExpertPool(model, n_threads=args.threads, lib=native.load_variant((define,)))
-        if check(model, vpool, rng) > 1e-4:
-            raise SystemExit(f"variant {define} disagrees with the numpy reference")
-        times, nbytes = time_pool(model, vpool, 1, args.iters, rng)
-        med = statistics.median(times)
-        rows.append({"what": f"T=1 {define}", "MB": nbytes / 1e6, "ms_median": med * 1e3,
-                     "ms_min": min(times) * 1e3, "GB_s": nbytes / med / 1e9})
-    if lib is not None:
-        reads = time_read(model, lib, args.threads, args.k, args.iters, rng)
-        med = statistics.median(t for t, _ in reads)
-        nbytes = reads[0][1]
-        rows.append({"what": "plain read", "MB": nbytes / 1e6, "ms_median": med * 1e3,
-                     "ms_min": min(t for t, _ in reads) * 1e3, "GB_s": nbytes / med / 1e9})
-    print(f"{'what':<22}{'MB':>9}{'ms med':>9}{'ms min':>9}{'GB/s':>8}   ({args.threads} threads, {args.iters} iters)")
-    for r in rows:
-        print(f"{r['what']:<22}{r['MB']:>9.1f}{r['ms_median']:>9.2f}{r['ms_min']:>9.2f}{r['GB_s']:>8.1f}")
-    print(json.dumps({"threads": args.threads, "rel_err": rel_err, "rows": rows}))
+    args.threads = args.threads or default_threads()
+    args.tokens = [int(t) for t in args.tokens.split(",")]
+    names = sorted(native.NATIVE_TYPES, key=native.NATIVE_TYPES.get) if args.types == "all" else args.types.split(",")
+    unknown = [n for n in names if n not in native.NATIVE_TYPES]
+    if unknown:
+        raise SystemExit(f"pool_bench: --types: no pool kernel for {', '.join(unknown)} "
+                         f"(known: {', '.join(sorted(native.NATIVE_TYPES))})")
+    isa = args.isa or native.host_isas()[0]
+    lib = native.load_variant(tuple(args.variant), isa=isa)
+    if lib is None:
+        raise SystemExit("pool_bench: no C compiler, the pool would run on numpy: nothing to measure")
+    rows: list[dict] = []
+    for name in names:
+        bench_type(name, args, lib, rows)
+    read = time_read(lib, args.threads, int(args.gb * 1e9 / 8), args.iters)
+    print(f"plain read: {read:.1f} GB/s ({args.threads} threads, isa {lib.isa})")
+    print(json.dumps({"threads": args.threads, "isa": lib.isa, "variant": args.variant, "gb": args.gb,
+                      "plain_read_GB_s": read, "rows": [dict(r, threads=args.threads, isa=lib.isa) for r in rows]}))
 
 
 if __name__ == "__main__":

@@ -20,107 +20,23 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(STRATA_NO_SIMD)
 #include <immintrin.h>
 #define STRATA_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define STRATA_AVX512 1 /* the fused kernels' 16 lanes in one zmm register */
+#endif
 #endif
 
-#define MAX_M 8          /* entries (token rows) one pass over a weight row serves */
+#define MAX_M 16         /* entries (token rows) one work item serves per pass over its weight rows */
 #define ROWS_GATE_UP 16  /* gate/up rows per work item */
 #define ROWS_DOWN 64     /* down rows per work item */
+#ifndef X_CHUNK_FLOATS
+#define X_CHUNK_FLOATS 4096 /* floats of x (all rows of a pass together) one column chunk keeps in L1 */
+#endif
 
-/* type ids, value tables, row decoders */
+/* type ids, value tables, row decoders, the fused kernels */
 #include "expert_pool_decode.h"
 
-/* ---- dot products of one weight row with m token rows
- * The kernels are specialised on the rows per pass M (1..4, constants after inlining, so the accumulators live in
- * registers) and use A accumulators per row so that no FMA chain waits on the one before it (4-cycle latency):
- * M = 1 -> 4 chains, M = 2..4 -> 2 chains per row. More than 4 rows: passes of 4 (the weight row is in L1 by then).
- */
-#define PASS_M 4
-#ifndef PREFETCH_AHEAD
-#define PREFETCH_AHEAD 1088 /* bytes ahead of the block being read (32 blocks) */
-#endif
-
-#ifdef STRATA_AVX2
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* Q8_0 straight from the 34-byte blocks: w = q * d (exactly the dequantized float), then FMA with each row. */
-static inline __attribute__((always_inline)) void q8_pass(const uint8_t *row, int nb, const float *const *xs,
-                                                          float *out, const int M, const int A) {
-    __m256 acc[PASS_M][4];
-    for (int r = 0; r < M; r++)
-        for (int a = 0; a < A; a++) acc[r][a] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = row + 34 * b;
-        if (!(b & 1)) __builtin_prefetch(blk + PREFETCH_AHEAD);
-        const __m256 d = _mm256_set1_ps(f16_to_f32(rd16(blk)));
-        __m256 w[4];  /* sign-extending loads of 8 codes each (no shuffles of a 32-byte register) */
-        for (int v = 0; v < 4; v++)
-            w[v] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-                       _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * v)))), d);
-        for (int r = 0; r < M; r++) {
-            const float *xb = xs[r] + 32 * b;
-            for (int v = 0; v < 4; v++)
-                acc[r][v % A] = _mm256_fmadd_ps(w[v], _mm256_loadu_ps(xb + 8 * v), acc[r][v % A]);
-        }
-    }
-    for (int r = 0; r < M; r++) {
-        __m256 t = acc[r][0];
-        for (int a = 1; a < A; a++) t = _mm256_add_ps(t, acc[r][a]);
-        out[r] = hsum(t);
-    }
-}
-
-/* float32 weights (F32 rows, or a row dequantized into scratch), n a multiple of 8 */
-static inline __attribute__((always_inline)) void f32_pass(const float *w, int n, const float *const *xs,
-                                                           float *out, const int M, const int A) {
-    __m256 acc[PASS_M][4];
-    for (int r = 0; r < M; r++)
-        for (int a = 0; a < A; a++) acc[r][a] = _mm256_setzero_ps();
-    for (int i = 0; i < n; i += 32) {
-        if (!(i & 63)) __builtin_prefetch(w + i + 512);
-        for (int v = 0; v < 4 && i + 8 * v < n; v++) {
-            const __m256 wv = _mm256_loadu_ps(w + i + 8 * v);
-            for (int r = 0; r < M; r++)
-                acc[r][v % A] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xs[r] + i + 8 * v), acc[r][v % A]);
-        }
-    }
-    for (int r = 0; r < M; r++) {
-        __m256 t = acc[r][0];
-        for (int a = 1; a < A; a++) t = _mm256_add_ps(t, acc[r][a]);
-        out[r] = hsum(t);
-    }
-}
-
-static void dot_q8_0_rows(const uint8_t *row, int n, const float *const *xs, int m, float *out) {
-    for (int r0 = 0; r0 < m; r0 += PASS_M) {
-        switch (m - r0 < PASS_M ? m - r0 : PASS_M) {
-        case 1: q8_pass(row, n / 32, xs + r0, out + r0, 1, 4); break;
-        case 2: q8_pass(row, n / 32, xs + r0, out + r0, 2, 2); break;
-        case 3: q8_pass(row, n / 32, xs + r0, out + r0, 3, 2); break;
-        default: q8_pass(row, n / 32, xs + r0, out + r0, 4, 2); break;
-        }
-    }
-}
-#endif
-
+/* scalar fallback (no AVX2, or -DSTRATA_NO_SIMD): the row dequantized into scratch, then 8 partial sums per row */
 static void dot_f32_rows(const float *w, int n, const float *const *xs, int m, float *out) {
-#ifdef STRATA_AVX2
-    if (n % 8 == 0) {
-        for (int r0 = 0; r0 < m; r0 += PASS_M) {
-            switch (m - r0 < PASS_M ? m - r0 : PASS_M) {
-            case 1: f32_pass(w, n, xs + r0, out + r0, 1, 4); break;
-            case 2: f32_pass(w, n, xs + r0, out + r0, 2, 2); break;
-            case 3: f32_pass(w, n, xs + r0, out + r0, 3, 2); break;
-            default: f32_pass(w, n, xs + r0, out + r0, 4, 2); break;
-            }
-        }
-        return;
-    }
-#endif
     for (int r = 0; r < m; r++) {
         float s[8] = {0};
         for (int i = 0; i < n; i++) s[i % 8] += w[i] * xs[r][i];
@@ -128,20 +44,62 @@ static void dot_f32_rows(const float *w, int n, const float *const *xs, int m, f
     }
 }
 
-/* one weight row (type, n elements) against m token rows; buf = n floats of scratch */
-static void row_dots(int type, const uint8_t *row, int n, const float *const *xs, int m, float *out, float *buf) {
+/* rows w0 + i * stride (i < nrows) of a type, n elements each, against m token rows: out[i * MAX_M + r].
+ * The fused kernels run in column chunks that keep the m x-row slices in L1 (m * chunk <= X_CHUNK_FLOATS) while
+ * the item's weight rows stream past them: a row of 2560 floats is 10 KB, so four whole x rows would not fit beside
+ * the weights. Chunks start at multiples of 256 elements (whole blocks of every type). xsum[r]: the 16-element group
+ * sums of x row r where the type's kernel needs them (fused_needs_sums), else unread. Without a fused kernel: each
+ * row dequantized into buf (n floats), then the scalar dot products. */
+static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, int n, const float *const *xs,
+                      const float *const *xsum, int m, float *out, float *buf) {
 #ifdef STRATA_AVX2
-    if (type == T_Q8_0) {
-        dot_q8_0_rows(row, n, xs, m, out);
+    const dots_fn fused = fused_dots(type, n);
+    if (fused) {
+        int elems, bytes;
+        block_of(type, &elems, &bytes);
+        int chunk = (X_CHUNK_FLOATS / m) & ~255;
+        if (chunk < 256) chunk = 256;
+        const float *xc[MAX_M], *sc[MAX_M];
+        float part[MAX_M];
+        for (int i = 0; i < nrows; i++)
+            for (int r = 0; r < m; r++) out[i * MAX_M + r] = 0.0f;
+        for (int c0 = 0; c0 < n; c0 += chunk) {
+            const int len = n - c0 < chunk ? n - c0 : chunk;
+            const int64_t at = (int64_t)c0 / elems * bytes;
+            for (int r = 0; r < m; r++) {
+                xc[r] = xs[r] + c0;
+                sc[r] = xsum[r] + c0 / 16;
+            }
+            for (int i = 0; i < nrows; i++) {
+                fused(w0 + i * stride + at, len, xc, sc, m, part);
+                for (int r = 0; r < m; r++) out[i * MAX_M + r] += part[r];
+            }
+        }
         return;
     }
 #endif
-    if (type == T_F32) {
-        dot_f32_rows((const float *)row, n, xs, m, out);
-        return;
+    for (int i = 0; i < nrows; i++) {
+        dequant_row(type, w0 + i * stride, n, buf);
+        dot_f32_rows(buf, n, xs, m, out + i * MAX_M);
     }
-    dequant_row(type, row, n, buf);
-    dot_f32_rows(buf, n, xs, m, out);
+}
+
+/* the x group sums of the fused kernels' min term (expert_pool_groups.h) */
+static int needs_sums(int type) {
+#ifdef STRATA_AVX2
+    return fused_needs_sums(type);
+#else
+    (void)type;
+    return 0;
+#endif
+}
+
+static void sums_of(const float *const *xs, int m, int n, float *const *xsum) {
+#ifdef STRATA_AVX2
+    for (int r = 0; r < m; r++) group_sums(xs[r], n, xsum[r]);
+#else
+    (void)xs, (void)m, (void)n, (void)xsum;
+#endif
 }
 
 static int row_ok(int type, int n) {
@@ -159,13 +117,17 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
     int failed = 0;
 #pragma omp parallel num_threads(n_threads)
     {
-        float *buf = (float *)malloc(sizeof(float) * (size_t)(H > F ? H : F));
+        const int n_max = H > F ? H : F;
+        float *buf = (float *)malloc(sizeof(float) * (size_t)(n_max + MAX_M * (n_max / 16 + 1)));
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
         }
         const float *xs[MAX_M];
-        float gv[MAX_M], uv[MAX_M];
+        float *xsum[MAX_M];
+        const float *const *sums = (const float *const *)xsum;
+        for (int r = 0; r < MAX_M; r++) xsum[r] = buf ? buf + n_max + r * (n_max / 16 + 1) : NULL;
+        float gv[ROWS_GATE_UP * MAX_M], uv[ROWS_GATE_UP * MAX_M];
 #pragma omp for schedule(dynamic, 1)
         for (int item = 0; item < G * items_gu; item++) {
             if (!buf) continue;
@@ -175,18 +137,18 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) xs[r] = x + (int64_t)tok[e0 + r] * H;
-                for (int f = f0; f < f1; f++) {
-                    row_dots(gate_type, wg + f * gate_row, H, xs, m, gv, buf);
-                    row_dots(up_type, wu + f * up_row, H, xs, m, uv, buf);
+                if (needs_sums(gate_type) || needs_sums(up_type)) sums_of(xs, m, H, xsum);
+                rows_dots(gate_type, wg + f0 * gate_row, gate_row, f1 - f0, H, xs, sums, m, gv, buf);
+                rows_dots(up_type, wu + f0 * up_row, up_row, f1 - f0, H, xs, sums, m, uv, buf);
+                for (int f = f0; f < f1; f++)
                     for (int r = 0; r < m; r++) {
-                        const float s = gv[r] * (1.0f / (1.0f + expf(-gv[r])));
-                        h[(int64_t)(e0 + r) * F + f] = s * uv[r];
+                        const float gr = gv[(f - f0) * MAX_M + r];
+                        h[(int64_t)(e0 + r) * F + f] = gr * (1.0f / (1.0f + expf(-gr))) * uv[(f - f0) * MAX_M + r];
                     }
-                }
             }
         }
         /* implicit barrier: every h row is complete */
-        float out[MAX_M];
+        float out[ROWS_DOWN * MAX_M];
 #pragma omp for schedule(dynamic, 1)
         for (int item = 0; item < G * items_dn; item++) {
             if (!buf) continue;
@@ -196,10 +158,10 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) xs[r] = h + (int64_t)(e0 + r) * F;
-                for (int d = d0; d < d1; d++) {
-                    row_dots(down_type, wd + d * down_row, F, xs, m, out, buf);
-                    for (int r = 0; r < m; r++) y[(int64_t)dst[e0 + r] * H + d] = out[r];
-                }
+                if (needs_sums(down_type)) sums_of(xs, m, F, xsum);
+                rows_dots(down_type, wd + d0 * down_row, down_row, d1 - d0, F, xs, sums, m, out, buf);
+                for (int d = d0; d < d1; d++)
+                    for (int r = 0; r < m; r++) y[(int64_t)dst[e0 + r] * H + d] = out[(d - d0) * MAX_M + r];
             }
         }
         free(buf);

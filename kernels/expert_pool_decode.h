@@ -1,7 +1,8 @@
 /* expert_pool_decode.h: the weight decoders of kernels/expert_pool.c (included there, after its includes and
  * STRATA_AVX2): one row of any type strata reads -> float32, exactly as
  * gguf.quants.dequantize computes it (the same float32 operations in the same order; the file is compiled with
- * -ffp-contract=off). An AVX2 decoder per type where the CPU has it, the scalar one otherwise (and for TQ1_0).
+ * -ffp-contract=off). These scalar decoders are the no-SIMD path and the layout reference; the SIMD builds decode
+ * through the fused kernels' group decoders (expert_pool_groups.h, included below the block table).
  */
 #ifndef STRATA_EXPERT_POOL_DECODE_H
 #define STRATA_EXPERT_POOL_DECODE_H
@@ -70,289 +71,9 @@ static int block_of(int type, int *elems, int *bytes) {
     }
 }
 
-#ifdef STRATA_AVX2
-/* ---- AVX2 decoders: the same float32 operations as the scalar ones below, 8 values at a time */
-static inline __m256 cvt8_i8(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); } /* low 8 bytes */
-static inline void st16_mul(float *y, __m128i q, __m256 d) { /* y[0..15] = d * (float)(int8)q */
-    _mm256_storeu_ps(y, _mm256_mul_ps(d, cvt8_i8(q)));
-    _mm256_storeu_ps(y + 8, _mm256_mul_ps(d, cvt8_i8(_mm_srli_si128(q, 8))));
-}
-static inline void st16_mul_add(float *y, __m128i q, __m256 d, __m256 m) { /* d * q + m */
-    _mm256_storeu_ps(y, _mm256_add_ps(_mm256_mul_ps(d, cvt8_i8(q)), m));
-    _mm256_storeu_ps(y + 8, _mm256_add_ps(_mm256_mul_ps(d, cvt8_i8(_mm_srli_si128(q, 8))), m));
-}
-static inline void st16_mul_sub(float *y, __m128i q, __m256 d, __m256 m) { /* d * q - m */
-    _mm256_storeu_ps(y, _mm256_sub_ps(_mm256_mul_ps(d, cvt8_i8(q)), m));
-    _mm256_storeu_ps(y + 8, _mm256_sub_ps(_mm256_mul_ps(d, cvt8_i8(_mm_srli_si128(q, 8))), m));
-}
-static inline __m128i lo_nib(__m128i q) { return _mm_and_si128(q, _mm_set1_epi8(0x0F)); }
-static inline __m128i hi_nib(__m128i q) { return _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0F)); }
-static inline __m128i ld16b(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
-/* 16 bytes, 0x10 where bit i of `bits` is set (the 5th bit of Q5_x codes) */
-static inline __m128i bit4_16(uint32_t bits) {
-    const __m128i sel = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
-    __m128i v = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)bits), _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1,
-                                                                              1, 1, 1));
-    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(v, sel), sel), _mm_set1_epi8(0x10));
-}
-/* the sign bit of lane k where bit k of sg is set: x XOR it = x * (-1) exactly */
-static inline __m256 sign8(unsigned sg) {
-    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-    const __m256i m = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_set1_epi32((int)sg), bit), bit);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(m, 31));
-}
-static inline __m128i ld8(const void *p) { return _mm_loadl_epi64((const __m128i *)p); }
-static inline __m128i ld4x2(const void *a, const void *b) { /* two 4-byte grid rows as 8 bytes */
-    uint32_t x, y;
-    memcpy(&x, a, 4);
-    memcpy(&y, b, 4);
-    return _mm_setr_epi32((int)x, (int)y, 0, 0);
-}
-/* db * grid * sign for 8 values */
-static inline void st8_grid_sign(float *y, __m128i grid8, __m256 db, unsigned sg) {
-    _mm256_storeu_ps(y, _mm256_xor_ps(_mm256_mul_ps(db, cvt8_i8(grid8)), sign8(sg)));
-}
-/* 2-bit codes: byte l of 32 bytes >> (2 s) & 3 */
-static inline __m256i crumbs32(const uint8_t *p, int s) {
-    return _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)p), _mm_cvtsi32_si128(2 * s)),
-                            _mm256_set1_epi8(3));
-}
-static inline __m128i lo128(__m256i v) { return _mm256_castsi256_si128(v); }
-static inline __m128i hi128(__m256i v) { return _mm256_extracti128_si256(v, 1); }
-
-static int dequant_block_avx2(int type, const uint8_t *b, float *y) {
-    switch (type) {
-    case T_Q4_0: {
-        const __m256 d = _mm256_set1_ps(rdh(b));
-        const __m128i q = ld16b(b + 2), eight = _mm_set1_epi8(8);
-        st16_mul(y, _mm_sub_epi8(lo_nib(q), eight), d);
-        st16_mul(y + 16, _mm_sub_epi8(hi_nib(q), eight), d);
-        return 1;
-    }
-    case T_Q4_1: {
-        const __m256 d = _mm256_set1_ps(rdh(b)), m = _mm256_set1_ps(rdh(b + 2));
-        const __m128i q = ld16b(b + 4);
-        st16_mul_add(y, lo_nib(q), d, m);
-        st16_mul_add(y + 16, hi_nib(q), d, m);
-        return 1;
-    }
-    case T_Q5_0: case T_Q5_1: {
-        const int one = type == T_Q5_1;
-        const __m256 d = _mm256_set1_ps(rdh(b));
-        const uint32_t qh = rd32(b + (one ? 4 : 2));
-        const __m128i q = ld16b(b + (one ? 8 : 6));
-        __m128i lo = _mm_or_si128(lo_nib(q), bit4_16(qh & 0xFFFF)), hi = _mm_or_si128(hi_nib(q), bit4_16(qh >> 16));
-        if (one) {
-            const __m256 m = _mm256_set1_ps(rdh(b + 2));
-            st16_mul_add(y, lo, d, m);
-            st16_mul_add(y + 16, hi, d, m);
-        } else {
-            const __m128i sixteen = _mm_set1_epi8(16);
-            st16_mul(y, _mm_sub_epi8(lo, sixteen), d);
-            st16_mul(y + 16, _mm_sub_epi8(hi, sixteen), d);
-        }
-        return 1;
-    }
-    case T_IQ4_NL: case T_MXFP4: {
-        const __m128i table = ld16b(type == T_IQ4_NL ? (const uint8_t *)kvalues_iq4nl : (const uint8_t *)kvalues_fp4);
-        float dv;
-        if (type == T_IQ4_NL) {
-            dv = rdh(b);
-        } else {
-            const uint32_t e = b[0], bits = e < 2 ? 0x00200000u << e : (e - 1) << 23;
-            memcpy(&dv, &bits, 4);
-        }
-        const __m256 d = _mm256_set1_ps(dv);
-        const __m128i q = ld16b(b + (type == T_IQ4_NL ? 2 : 1));
-        st16_mul(y, _mm_shuffle_epi8(table, lo_nib(q)), d);
-        st16_mul(y + 16, _mm_shuffle_epi8(table, hi_nib(q)), d);
-        return 1;
-    }
-    case T_NVFP4: {
-        const __m128i table = ld16b((const uint8_t *)kvalues_fp4);
-        for (int s = 0; s < 4; s++) {
-            const uint8_t x = b[s];
-            const int ex = (x >> 3) & 0xF;
-            const float man = (float)(x & 7);
-            const float raw = ex == 0 ? man * 0x1p-9f : (1.0f + man / 8.0f) * pow2i(ex - 7);
-            const __m256 d = _mm256_set1_ps((x == 0 || x == 0x7F) ? 0.0f : raw * 0.5f);
-            const __m128i q = ld8(b + 4 + 8 * s);
-            st16_mul(y + 16 * s, _mm_shuffle_epi8(table, _mm_unpacklo_epi64(lo_nib(q), hi_nib(q))), d);
-        }
-        return 1;
-    }
-    case T_IQ4_XS: {
-        const __m128i table = ld16b((const uint8_t *)kvalues_iq4nl);
-        const float d = rdh(b);
-        const uint16_t sh = rd16(b + 2);
-        for (int j = 0; j < 8; j++) {
-            const int lo = (b[4 + j / 2] >> (4 * (j % 2))) & 0xF, hi = (sh >> (2 * j)) & 3;
-            const __m256 dl = _mm256_set1_ps(d * (float)((int8_t)(lo | (hi << 4)) - 32));
-            const __m128i q = ld16b(b + 8 + 16 * j);
-            st16_mul(y + 32 * j, _mm_shuffle_epi8(table, lo_nib(q)), dl);
-            st16_mul(y + 32 * j + 16, _mm_shuffle_epi8(table, hi_nib(q)), dl);
-        }
-        return 1;
-    }
-    case T_Q4_K: case T_Q5_K: {
-        const float d = rdh(b), dmin = rdh(b + 2);
-        const uint8_t *sc = b + 4, *qs = b + (type == T_Q4_K ? 16 : 48);
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 16));
-        for (int j = 0; j < 8; j++) {
-            uint8_t s, m;
-            get_scale_min_k4(sc, j, &s, &m);
-            const __m256 dd = _mm256_set1_ps(d * (float)s), dm = _mm256_set1_ps(dmin * (float)m);
-            __m256i q = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(qs + (j / 2) * 32)),
-                                                          _mm_cvtsi32_si128(4 * (j % 2))), _mm256_set1_epi8(0x0F));
-            if (type == T_Q5_K) {
-                const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
-                q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
-            }
-            st16_mul_sub(y + 32 * j, lo128(q), dd, dm);
-            st16_mul_sub(y + 32 * j + 16, hi128(q), dd, dm);
-        }
-        return 1;
-    }
-    case T_Q6_K: {
-        const int8_t *sc = (const int8_t *)(b + 192);
-        const float d = rdh(b + 208);
-        for (int c = 0; c < 8; c++) {
-            const int h = c / 4, s = (c % 4) / 2;
-            const __m256i lo = _mm256_and_si256(
-                _mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)(b + h * 64 + (c % 2) * 32)), _mm_cvtsi32_si128(4 * s)),
-                _mm256_set1_epi8(0x0F));
-            const __m256i hi = crumbs32(b + 128 + h * 32, c % 4);
-            const __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
-            st16_mul(y + 32 * c, lo128(q), _mm256_set1_ps(d * (float)sc[2 * c]));
-            st16_mul(y + 32 * c + 16, hi128(q), _mm256_set1_ps(d * (float)sc[2 * c + 1]));
-        }
-        return 1;
-    }
-    case T_Q2_K: case T_Q3_K: case T_TQ2_0: {
-        /* chunk (half, s) = elements 128 half + 32 s .. +31: codes (qs[32 half + l] >> 2 s) & 3; subs of 16 */
-        const uint8_t *qs = b + (type == T_Q2_K ? 16 : type == T_Q3_K ? 32 : 0);
-        for (int c = 0; c < 8; c++) {
-            const int half = c / 4, s = c % 4, sub = 2 * c;
-            __m256i q = crumbs32(qs + 32 * half, s);
-            if (type == T_Q2_K) {
-                const float d = rdh(b + 80), dmin = rdh(b + 82);
-                for (int u = 0; u < 2; u++) {
-                    const uint8_t scb = b[sub + u];
-                    const __m256 dl = _mm256_set1_ps(d * (float)(scb & 0xF)), ml = _mm256_set1_ps(dmin * (float)(scb >> 4));
-                    st16_mul_sub(y + 32 * c + 16 * u, u ? hi128(q) : lo128(q), dl, ml);
-                }
-            } else if (type == T_Q3_K) {
-                const uint8_t *sc = b + 96;
-                const float d = rdh(b + 108);
-                /* 5th... the high bit: (hmask[l] >> c) & 1, code - 4 when it is 0 */
-                const __m256i hb = _mm256_and_si256(_mm256_srl_epi16(_mm256_loadu_si256((const __m256i *)b),
-                                                                     _mm_cvtsi32_si128(c)), _mm256_set1_epi8(1));
-                q = _mm256_sub_epi8(q, _mm256_slli_epi16(_mm256_xor_si256(hb, _mm256_set1_epi8(1)), 2));
-                for (int u = 0; u < 2; u++) {
-                    const int j = sub + u;
-                    const int lo = j < 8 ? (sc[j] & 0xF) : (sc[j - 8] >> 4), hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
-                    st16_mul(y + 32 * c + 16 * u, u ? hi128(q) : lo128(q),
-                             _mm256_set1_ps(d * (float)((int8_t)(lo | (hi << 4)) - 32)));
-                }
-            } else {
-                const __m256 d = _mm256_set1_ps(rdh(b + 64));
-                q = _mm256_sub_epi8(q, _mm256_set1_epi8(1));
-                st16_mul(y + 32 * c, lo128(q), d);
-                st16_mul(y + 32 * c + 16, hi128(q), d);
-            }
-        }
-        return 1;
-    }
-    case T_IQ2_XXS: {
-        const float d = rdh(b);
-        for (int g = 0; g < 8; g++) {
-            const uint32_t a0 = rd32(b + 2 + 8 * g), a1 = rd32(b + 6 + 8 * g);
-            const __m256 db = _mm256_set1_ps(d * (0.5f + (float)(a1 >> 28)) * 0.25f);
-            for (int l = 0; l < 4; l++)
-                st8_grid_sign(y + 32 * g + 8 * l, ld8(grid_iq2xxs[(a0 >> (8 * l)) & 0xFF]), db,
-                              ksigns_iq2xs[(a1 >> (7 * l)) & 127]);
-        }
-        return 1;
-    }
-    case T_IQ2_XS: {
-        const float d = rdh(b);
-        for (int i = 0; i < 32; i++) {
-            const uint16_t q = rd16(b + 2 + 2 * i);
-            const __m256 db = _mm256_set1_ps(d * (0.5f + (float)((b[66 + i / 4] >> (4 * ((i / 2) % 2))) & 0xF)) * 0.25f);
-            st8_grid_sign(y + 8 * i, ld8(grid_iq2xs[q & 511]), db, ksigns_iq2xs[q >> 9]);
-        }
-        return 1;
-    }
-    case T_IQ2_S: {
-        const float d = rdh(b);
-        for (int i = 0; i < 32; i++) {
-            const int id = b[2 + i] | (((b[66 + i / 4] >> (2 * (i % 4))) & 3) << 8);
-            const __m256 db = _mm256_set1_ps(d * (0.5f + (float)((b[74 + i / 4] >> (4 * ((i / 2) % 2))) & 0xF)) * 0.25f);
-            st8_grid_sign(y + 8 * i, ld8(grid_iq2s[id]), db, b[34 + i]);
-        }
-        return 1;
-    }
-    case T_IQ3_XXS: {
-        const float d = rdh(b);
-        for (int g = 0; g < 8; g++) {
-            const uint32_t sc = rd32(b + 66 + 4 * g);
-            const __m256 db = _mm256_set1_ps(d * (0.5f + (float)(sc >> 28)) * 0.5f);
-            for (int l = 0; l < 4; l++) {
-                const uint8_t *ids = b + 2 + 8 * g + 2 * l;
-                st8_grid_sign(y + 32 * g + 8 * l, ld4x2(grid_iq3xxs[ids[0]], grid_iq3xxs[ids[1]]), db,
-                              ksigns_iq2xs[(sc >> (7 * l)) & 127]);
-            }
-        }
-        return 1;
-    }
-    case T_IQ3_S: {
-        const float d = rdh(b);
-        for (int t = 0; t < 32; t++) { /* elements 8t .. 8t+7: grid ids 2t, 2t+1, sign byte t */
-            const int g = t / 4, i0 = 2 * t, i1 = 2 * t + 1;
-            const __m256 db = _mm256_set1_ps(d * (float)(1 + 2 * ((b[106 + g / 2] >> (4 * (g % 2))) & 0xF)));
-            const int id0 = b[2 + i0] | (((b[66 + i0 / 8] >> (i0 % 8)) & 1) << 8);
-            const int id1 = b[2 + i1] | (((b[66 + i1 / 8] >> (i1 % 8)) & 1) << 8);
-            st8_grid_sign(y + 8 * t, ld4x2(grid_iq3s[id0], grid_iq3s[id1]), db, b[74 + t]);
-        }
-        return 1;
-    }
-    case T_IQ1_S: case T_IQ1_M: {
-        if (type == T_IQ1_S) {
-            const float d = rdh(b);
-            for (int g = 0; g < 8; g++) {
-                const uint16_t h = rd16(b + 34 + 2 * g);
-                const __m256 dl = _mm256_set1_ps(d * (float)(2 * ((h >> 12) & 7) + 1));
-                const __m256 delta = _mm256_set1_ps((h & 0x8000) ? -0.125f : 0.125f);
-                for (int l = 0; l < 4; l++) {
-                    const __m128i gr = ld8(grid_iq1s[b[2 + 4 * g + l] | (((h >> (3 * l)) & 7) << 8)]);
-                    _mm256_storeu_ps(y + 32 * g + 8 * l, _mm256_mul_ps(dl, _mm256_add_ps(cvt8_i8(gr), delta)));
-                }
-            }
-        } else {
-            const uint16_t s0 = rd16(b + 48), s1 = rd16(b + 50), s2 = rd16(b + 52), s3 = rd16(b + 54);
-            const uint16_t sc[4] = {s0, s1, s2, s3};
-            const float d = f16_to_f32((uint16_t)(((s0 & 0xF000) >> 12) | ((s1 & 0xF000) >> 8) |
-                                                  ((s2 & 0xF000) >> 4) | (s3 & 0xF000)));
-            for (int i = 0; i < 32; i++) {
-                const int j = i / 2, h = (b[32 + i / 2] >> (4 * (i % 2))) & 0xF;
-                const __m256 dl = _mm256_set1_ps(d * (float)(2 * ((sc[j / 4] >> (3 * (j % 4))) & 7) + 1));
-                const __m256 delta = _mm256_set1_ps((h & 8) ? -0.125f : 0.125f);
-                const __m128i gr = ld8(grid_iq1s[b[i] | ((h & 7) << 8)]);
-                _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(dl, _mm256_add_ps(cvt8_i8(gr), delta)));
-            }
-        }
-        return 1;
-    }
-    default:
-        return 0;
-    }
-}
-#endif
+#include "expert_pool_groups.h"
 
 static void dequant_block(int type, const uint8_t *b, float *y) {
-#ifdef STRATA_AVX2
-    if (dequant_block_avx2(type, b, y)) return;
-#endif
     switch (type) {
     case T_Q4_0: {
         const float d = rdh(b);
@@ -590,16 +311,14 @@ static void dequant_block(int type, const uint8_t *b, float *y) {
 }
 
 static void dequant_row(int type, const uint8_t *src, int64_t n, float *y) {
+#ifdef STRATA_AVX2
+    if (fused_dequant_row(type, src, n, y)) return;
+#endif
     switch (type) {
     case T_F32: memcpy(y, src, (size_t)n * 4); return;
-    case T_F16: {
-        int64_t i = 0;
-#ifdef STRATA_AVX2
-        for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + 2 * i))));
-#endif
-        for (; i < n; i++) y[i] = f16_to_f32(rd16(src + 2 * i));
+    case T_F16:
+        for (int64_t i = 0; i < n; i++) y[i] = f16_to_f32(rd16(src + 2 * i));
         return;
-    }
     case T_BF16:
         for (int64_t i = 0; i < n; i++) {
             uint32_t bits = (uint32_t)rd16(src + 2 * i) << 16;

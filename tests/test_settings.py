@@ -8,7 +8,8 @@ from click.testing import CliRunner
 from strata_cli import settings
 
 BAD = {"STRATA_TRACEBACK": "yes", "STRATA_VERIFY_PROFILE": "on", "STRATA_WATCHDOG_S": "soon",
-       "STRATA_TEST_VERIFY_STALL": "x", "STRATA_POOL_NATIVE": "off", "STRATA_PCIE_COPY_THREAD": "2"}
+       "STRATA_TEST_VERIFY_STALL": "x", "STRATA_POOL_NATIVE": "off", "STRATA_PCIE_COPY_THREAD": "2",
+       "STRATA_POOL_THREADS": "0"}
 FREE_TEXT = {"STRATA_CACHE", "STRATA_GIT_COMMIT"}  # any string is a path / a commit name
 
 

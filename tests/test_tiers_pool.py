@@ -22,18 +22,15 @@ SCALES = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0
           "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,),
           "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ1_S": (0,),
           "IQ1_M": (), "TQ1_0": (52,), "TQ2_0": (64,), "MXFP4": (), "NVFP4": ()}
-ALL_TYPES = sorted(native.NATIVE_TYPES, key=native.NATIVE_TYPES.get)
-needs_native = pytest.mark.skipif(native.load() is None, reason="no C compiler: the pool runs on numpy here")
-# the library as built for this CPU, and its scalar twin (-DSTRATA_NO_SIMD): both must decode bit for bit
-BUILDS = pytest.mark.parametrize("build", [(), ("STRATA_NO_SIMD=1",)], ids=["simd", "scalar"])
+FLOATS = ("F32", "F16", "BF16")
 
 
-def library(build):
-    return native.load() if not build else native.load_variant(build)
+def native_block(type_name: str) -> int:
+    return 1 if type_name in FLOATS else GGML_QUANT_SIZES[GT[type_name]][0]
 
 
 def random_raw(type_name: str, rows: int, n: int, rng) -> np.ndarray:
-    """[rows, row bytes | n] raw data of a valid tensor: random codes, finite scales of both signs (some zero)."""
+    """[rows, row bytes | n] raw data of a valid tensor of `rows` rows of n weights."""
     if type_name == "F32":
         return rng.standard_normal((rows, n)).astype(np.float32) * 0.1
     if type_name == "F16":
@@ -60,14 +57,24 @@ def random_raw(type_name: str, rows: int, n: int, rng) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
-def native_block(type_name: str) -> int:
-    return 1 if type_name in ("F32", "F16", "BF16") else GGML_QUANT_SIZES[GT[type_name]][0]
-
-
 def dequant_ref(raw: np.ndarray, type_name: str) -> np.ndarray:
+    """gguf's numpy dequantization (the format reference) of rows of raw data."""
     if type_name in ("F32", "F16"):
         return raw.astype(np.float32)
     return gq.dequantize(raw, GT[type_name])
+
+
+ALL_TYPES = sorted(native.NATIVE_TYPES, key=native.NATIVE_TYPES.get)
+needs_native = pytest.mark.skipif(native.load() is None, reason="no C compiler: the pool runs on numpy here")
+# every ISA build this CPU runs (AVX-512, AVX2) and the scalar twin (-DSTRATA_NO_SIMD): all must decode bit for bit
+# and agree with numpy
+BUILDS = pytest.mark.parametrize("build", [isa for isa in native.host_isas() if isa != "scalar"] + ["no-simd"])
+
+
+def library(build):
+    if build == "no-simd":
+        return native.load_variant(("STRATA_NO_SIMD=1",))
+    return native.load_variant((), isa=build)
 
 
 @needs_native
@@ -157,12 +164,39 @@ def test_native_pool_matches_numpy(type_name, build):
 
 
 @needs_native
-def test_mixed_types_and_more_rows_than_one_pass():
-    types = ("Q8_0", "BF16", "F16")
-    model = FakeModel(types, E=4, k=2)
-    pool = ExpertPool(model, n_threads=2)
-    ids = np.stack([[0, 1 + i % 3] for i in range(11)])  # expert 0 on 11 rows: two passes of 8
+@BUILDS
+@pytest.mark.parametrize("types", [("Q8_0", "BF16", "F16"), ("Q2_K", "Q2_K", "Q4_0"), ("IQ2_XS", "IQ3_XXS", "MXFP4"),
+                                   ("Q4_K", "Q6_K", "IQ4_NL")], ids=lambda t: "+".join(t))
+def test_mixed_types_and_more_rows_than_one_pass(types, build):
+    """19 rows on expert 0: one work item serves 16 per pass over its weight rows (in column chunks of 256 at 16
+    rows: 768 = 3 chunks, 544 = 256 + 256 + 32), a pass of the fused kernel 8 (AVX-512) or 4 (AVX2) rows, then
+    the other 3 rows in smaller passes."""
+    big = any(native_block(t) > 32 for t in types)
+    model = FakeModel(types, E=4, k=2, H=768 if big else 544, F=512 if big else 96)
+    pool = ExpertPool(model, n_threads=2, lib=library(build))
+    ids = np.stack([[0, 1 + i % 3] for i in range(19)])
     check_pool(model, pool, types, ids, layer=0)
+
+
+@needs_native
+@BUILDS
+def test_float_rows_of_odd_length(build):
+    """rows that are no multiple of the fused kernels' 16 lanes take the scalar path and stay right"""
+    types = ("F32", "F16", "BF16")
+    model = FakeModel(types, E=3, k=2, H=72, F=40)
+    pool = ExpertPool(model, n_threads=3, lib=library(build))
+    check_pool(model, pool, types, routed(7, 3, 2, np.random.default_rng(4)), layer=1)
+
+
+def test_pool_threads_setting(monkeypatch):
+    from strata_cli.errors import InputError
+    from strata_cli.tiers.pool import default_threads
+
+    monkeypatch.setenv("STRATA_POOL_THREADS", "3")
+    assert default_threads() == 3
+    monkeypatch.setenv("STRATA_POOL_THREADS", "0")
+    with pytest.raises(InputError, match="STRATA_POOL_THREADS"):
+        default_threads()
 
 
 def test_numpy_fallback_is_the_reference_engine_arithmetic(monkeypatch):
@@ -218,3 +252,11 @@ def test_rows_are_checked_and_any_x_layout_works():
         pool.compute(1, x[:2], plan.cpu)
     with pytest.raises(ValueError, match="rows of 64 expected"):
         pool.compute(1, x[:, :32], plan.cpu)
+
+
+@needs_native
+def test_a_build_the_compiler_refuses_falls_back_to_the_next_isa(monkeypatch, capsys):
+    monkeypatch.setattr(native, "ISAS", (("bogus", set(), ["-mno-such-isa-flag"]),) + native.ISAS)
+    lib = native.load.__wrapped__()
+    assert lib is not None and lib.isa == native.host_isas()[1]
+    assert "cannot build expert_pool.c for bogus" in capsys.readouterr().err

@@ -24,7 +24,7 @@ from ..model.quant_tables import host_header
 from ..model.quants import TYPE_IDS
 
 SOURCE = "expert_pool.c"
-HEADERS = ("expert_pool_decode.h",)  # next to SOURCE, part of the build key
+HEADERS = ("expert_pool_decode.h", "expert_pool_groups.h")  # next to SOURCE, part of the build key
 # The GGML types the C file decodes: every type of the table (tests/test_tiers_pool.py holds each to gguf.quants)
 NATIVE_TYPES = dict(TYPE_IDS)
 _VP, _I32, _I64, _U32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
@@ -53,13 +53,26 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def compile_flags() -> list[str]:
+# the instruction sets the pool is built for, best first: (name, /proc/cpuinfo flags it needs, compiler flags)
+ISAS = (("avx512", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"},
+         ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"]),
+        ("avx2", {"avx2", "fma", "f16c"}, ["-mavx2", "-mfma", "-mf16c"]),
+        ("scalar", set(), []))
+
+
+def host_isas() -> list[str]:
+    """The ISA builds this CPU can run, best first ("scalar" always: plain C)."""
+    cpu = _cpu_flags()
+    return [name for name, needs, _ in ISAS if needs <= cpu]
+
+
+def compile_flags(isa: str) -> list[str]:
     """-ffp-contract=off: the dequantizers must round like numpy (no fused d*q - m); the dots use explicit FMAs."""
     flags = ["-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off", "-std=c11"]
-    cpu = _cpu_flags()
-    if {"avx2", "fma", "f16c"} <= cpu:
-        flags += ["-mavx2", "-mfma", "-mf16c"]
-    return flags
+    for name, _, isa_flags in ISAS:
+        if name == isa:
+            return flags + isa_flags
+    raise ValueError(f"unknown pool ISA {isa!r} (known: {', '.join(n for n, _, _ in ISAS)})")
 
 
 def _compiler() -> str | None:
@@ -73,9 +86,10 @@ def _warn(message: str) -> None:
     print(f"strata: warning: {message}", file=sys.stderr)
 
 
-def build(out_dir: Path | None = None, defines: tuple[str, ...] = ()) -> Path | None:
-    """The shared library for this source + flags + compiler, compiled once (atomically) into the cache.
-    `defines` ("NAME=VALUE") override the kernel's tuning macros (bench/pool_bench.py --variant)."""
+def build(out_dir: Path | None = None, defines: tuple[str, ...] = (), isa: str | None = None) -> Path | None:
+    """The shared library for this source + ISA + flags + compiler, compiled once (atomically) into the cache.
+    `defines` ("NAME=VALUE") override the kernel's tuning macros (bench/pool_bench.py --variant); `isa` one of
+    ISAS (default: the best this CPU runs)."""
     from ..sysio.cache import cache_dir
 
     cc = _compiler()
@@ -83,7 +97,8 @@ def build(out_dir: Path | None = None, defines: tuple[str, ...] = ()) -> Path | 
         return None
     src = source_path()
     tables = host_header()  # the type table and the decoders' value tables, generated from model/quants.py
-    flags = compile_flags() + [f"-D{d}" for d in defines]
+    isa = isa or host_isas()[0]
+    flags = compile_flags(isa) + [f"-D{d}" for d in defines]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     text = src.read_bytes() + b"".join((src.parent / h).read_bytes() for h in HEADERS)
     key = hashlib.sha1(text + tables.encode() + " ".join(flags + version).encode()).hexdigest()[:16]
@@ -100,7 +115,7 @@ def build(out_dir: Path | None = None, defines: tuple[str, ...] = ()) -> Path | 
     if result.returncode != 0:
         tmp.unlink(missing_ok=True)
         first = (result.stderr.strip().splitlines() or ["?"])[0]
-        _warn(f"cannot build {src.name} with {cc} ({first}); the CPU expert pool uses numpy")
+        _warn(f"cannot build {src.name} for {isa} with {cc} ({first})")
         return None
     os.replace(tmp, lib)
     return lib
@@ -108,18 +123,30 @@ def build(out_dir: Path | None = None, defines: tuple[str, ...] = ()) -> Path | 
 
 @lru_cache(maxsize=1)
 def load():
-    """The loaded library with argtypes set, or None (no compiler, build failed, or STRATA_POOL_NATIVE=0)."""
+    """The loaded library with argtypes set for the best ISA this CPU runs whose build succeeds (a compiler that
+    knows no AVX-512 falls back to AVX2, then plain C), or None (no compiler, every build failed, or
+    STRATA_POOL_NATIVE=0)."""
     if not settings.POOL_NATIVE.value():
         return None
-    return load_variant(())
+    if _compiler() is None:
+        return None
+    for isa in host_isas():
+        lib = load_variant((), isa=isa)
+        if lib is not None:
+            return lib
+    _warn("the CPU expert pool uses numpy")
+    return None
 
 
-def load_variant(defines: tuple[str, ...]):
-    """The library built with the given tuning macros (not cached: the benchmark compares variants)."""
-    path = build(defines=defines)
+def load_variant(defines: tuple[str, ...], isa: str | None = None):
+    """The library built with the given tuning macros for `isa` (default: the best this CPU runs); not cached:
+    the benchmark and the tests compare variants. lib.isa names the build."""
+    isa = isa or host_isas()[0]
+    path = build(defines=defines, isa=isa)
     if path is None:
         return None
     lib = ctypes.CDLL(str(path))
+    lib.isa = "scalar" if "STRATA_NO_SIMD=1" in defines else isa
     lib.strata_pool_swiglu.restype = _I32
     lib.strata_pool_swiglu.argtypes = [_I32, _I32, _I32, _I32, _VP, _VP, _VP, _I64, _I64, _I64, _I32, _I32, _I32,
                                        _VP, _VP, _VP, _VP, _VP, _VP]

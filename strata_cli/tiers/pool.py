@@ -4,7 +4,8 @@ straight from the memory-mapped GGUF blocks.
 y = down · (silu(gate · x) ⊙ (up · x)), unweighted (the GPU applies the router weights when it combines).
 The native path (kernels/expert_pool.c, built on first use, see tiers/native.py) runs the whole layer in one
 ctypes call (the GIL is released) over an OpenMP team: float32 arithmetic on the exactly dequantized weights,
-8-wide FMA dot products. The numpy path, used when no C compiler is found or a type has no kernel, computes exactly
+decoded into registers and FMA'd with every row routed to the expert in one pass (AVX-512 or AVX2, chosen at run
+time; STRATA_POOL_THREADS sets the team size). The numpy path, used when no C compiler is found or a type has no kernel, computes exactly
 what the numpy reference engine computes (float64 weights, ops.moe.swiglu).
 """
 
@@ -16,6 +17,7 @@ import threading
 
 import numpy as np
 
+from .. import settings
 from ..model import quants
 from ..ops import moe
 from . import native
@@ -26,6 +28,10 @@ _ptr = ctypes.c_void_p
 
 
 def default_threads() -> int:
+    """STRATA_POOL_THREADS (a positive integer) where set, else every core this process may run on."""
+    threads = settings.POOL_THREADS.value()
+    if threads is not None:
+        return threads
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:
@@ -68,7 +74,7 @@ class ExpertPool:
     def backend(self) -> str:
         n = sum(self.native_layers)
         if n == len(self.layers):
-            return f"native ({self.n_threads} threads)"
+            return f"native {self.lib.isa} ({self.n_threads} threads)"
         return "numpy" if n == 0 else f"native on {n} of {len(self.layers)} layers, numpy on the rest"
 
     def expert_bytes(self, layer: int) -> int:

@@ -1,0 +1,396 @@
+/* expert_pool_groups.h: the fused kernels of kernels/expert_pool.c (included by expert_pool_decode.h after the
+ * block table): every weight type decoded into registers, 16 weights at a time, and multiplied with up to PASS_M
+ * token rows while the weights are in registers: no float scratch row, one pass over the quantized bytes.
+ *
+ * A "group" is 16 consecutive weights of a block. g_TYPE(block, j) returns group j as 16 float32 values equal bit
+ * for bit to gguf.quants.dequantize (the same float operations in the same order: codes as int8 -> float, then the
+ * group's scale and min; the file is compiled with -ffp-contract=off, the dots use explicit FMAs). The codes are
+ * extracted with 128-bit integer ops (SSSE3 and up, in both builds); a v16 is one zmm register in the AVX-512 build
+ * and two ymm registers in the AVX2 build, so each decoder is written once for both.
+ *
+ * Why the weights and not "q·x per sub-block, scale once": with the exact weights in registers every extra token
+ * row costs one FMA per 16 weights; a per-sub-block scale costs one more FMA per row and sub-block (per 16 weights
+ * for the K-quants' 16-weight sub-blocks), so it only ties at one row and loses at several.
+ */
+#ifndef STRATA_EXPERT_POOL_GROUPS_H
+#define STRATA_EXPERT_POOL_GROUPS_H
+#ifdef STRATA_AVX2
+
+#define AI static inline __attribute__((always_inline))
+
+/* ---- v16: 16 float32 lanes */
+#ifdef STRATA_AVX512
+typedef __m512 v16;
+#define PASS_M 8 /* token rows per pass over a weight row: 8 rows x 2 accumulators = 16 of 32 zmm */
+AI v16 v16_zero(void) { return _mm512_setzero_ps(); }
+AI v16 v16_set1(float a) { return _mm512_set1_ps(a); }
+AI v16 v16_mul(v16 a, v16 b) { return _mm512_mul_ps(a, b); }
+AI v16 v16_add(v16 a, v16 b) { return _mm512_add_ps(a, b); }
+AI v16 v16_sub(v16 a, v16 b) { return _mm512_sub_ps(a, b); }
+AI v16 v16_fma(v16 a, v16 b, v16 c) { return _mm512_fmadd_ps(a, b, c); }
+AI v16 v16_ld(const float *p) { return _mm512_loadu_ps(p); }
+AI void v16_st(float *p, v16 a) { _mm512_storeu_ps(p, a); }
+AI v16 v16_i8(__m128i q) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)); }
+AI v16 v16_f16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+AI v16 v16_bf16(const uint8_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+AI float v16_hsum(v16 a) { return _mm512_reduce_add_ps(a); }
+#else
+typedef struct { __m256 a, b; } v16;
+#define PASS_M 4 /* 4 rows x one v16 accumulator = 8 of 16 ymm */
+AI v16 v16_zero(void) { return (v16){_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+AI v16 v16_set1(float a) { return (v16){_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
+AI v16 v16_mul(v16 x, v16 y) { return (v16){_mm256_mul_ps(x.a, y.a), _mm256_mul_ps(x.b, y.b)}; }
+AI v16 v16_add(v16 x, v16 y) { return (v16){_mm256_add_ps(x.a, y.a), _mm256_add_ps(x.b, y.b)}; }
+AI v16 v16_sub(v16 x, v16 y) { return (v16){_mm256_sub_ps(x.a, y.a), _mm256_sub_ps(x.b, y.b)}; }
+AI v16 v16_fma(v16 x, v16 y, v16 z) { return (v16){_mm256_fmadd_ps(x.a, y.a, z.a), _mm256_fmadd_ps(x.b, y.b, z.b)}; }
+AI v16 v16_ld(const float *p) { return (v16){_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+AI void v16_st(float *p, v16 x) { _mm256_storeu_ps(p, x.a); _mm256_storeu_ps(p + 8, x.b); }
+AI v16 v16_i8(__m128i q) {
+    return (v16){_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)),
+                 _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)))};
+}
+AI v16 v16_f16(const uint8_t *p) {
+    return (v16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)),
+                 _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)))};
+}
+AI __m256 bf16x8(const uint8_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+AI v16 v16_bf16(const uint8_t *p) { return (v16){bf16x8(p), bf16x8(p + 16)}; }
+AI float v16_hsum(v16 x) {
+    const __m256 v = _mm256_add_ps(x.a, x.b);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
+/* d * (float)code, d * code + m: gguf's operations, in its order */
+AI v16 scaled(__m128i q, float d) { return v16_mul(v16_set1(d), v16_i8(q)); }
+AI v16 scaled_add(__m128i q, float d, float m) { return v16_add(v16_mul(v16_set1(d), v16_i8(q)), v16_set1(m)); }
+
+/* ---- 16 int8 codes with 128-bit integer ops */
+AI __m128i ld16b(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
+AI __m128i ld8(const void *p) { return _mm_loadl_epi64((const __m128i *)p); }
+AI __m128i nib(__m128i q, int hi) { /* low or high nibbles of 16 bytes */
+    return _mm_and_si128(hi ? _mm_srli_epi16(q, 4) : q, _mm_set1_epi8(0x0F));
+}
+AI __m128i crumb(__m128i q, int s) { return _mm_and_si128(_mm_srli_epi16(q, 2 * s), _mm_set1_epi8(3)); }
+AI __m128i bitmask16(uint32_t bits) { /* byte i = 0xFF where bit i of bits (0..15) is set */
+    const __m128i sel = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
+    const __m128i v = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)bits),
+                                       _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    return _mm_cmpeq_epi8(_mm_and_si128(v, sel), sel);
+}
+/* sign_of[s][k] = -1 where bit k of the sign byte s is set, else +1 (one 8-byte load instead of expanding bits) */
+#define SIGN1(s, k) (((s) >> (k)) & 1 ? -1 : 1)
+#define SIGNS(s) {SIGN1(s, 0), SIGN1(s, 1), SIGN1(s, 2), SIGN1(s, 3), SIGN1(s, 4), SIGN1(s, 5), SIGN1(s, 6), SIGN1(s, 7)}
+#define SIGNS4(s) SIGNS(s), SIGNS((s) + 1), SIGNS((s) + 2), SIGNS((s) + 3)
+#define SIGNS16(s) SIGNS4(s), SIGNS4((s) + 4), SIGNS4((s) + 8), SIGNS4((s) + 12)
+#define SIGNS64(s) SIGNS16(s), SIGNS16((s) + 16), SIGNS16((s) + 32), SIGNS16((s) + 48)
+static const int8_t sign_of[256][8] = {SIGNS64(0), SIGNS64(64), SIGNS64(128), SIGNS64(192)};
+/* q negated where bit i of bits (0..15) is set (grid values times gguf's +-1 signs; exact in int8) */
+AI __m128i signed16(__m128i q, uint32_t bits) {
+    return _mm_sign_epi8(q, _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)sign_of[bits & 0xFF]),
+                                               _mm_loadl_epi64((const __m128i *)sign_of[(bits >> 8) & 0xFF])));
+}
+AI __m128i two8(const void *a, const void *b) { return _mm_unpacklo_epi64(ld8(a), ld8(b)); }
+AI __m128i four4(const void *a, const void *b, const void *c, const void *d) {
+    return _mm_setr_epi32((int)rd32(a), (int)rd32(b), (int)rd32(c), (int)rd32(d));
+}
+AI __m128i lut16(const int8_t *table, __m128i idx) { return _mm_shuffle_epi8(ld16b((const uint8_t *)table), idx); }
+/* the e8m0 scale of MXFP4 as gguf computes it */
+AI float e8m0_half(uint8_t e) {
+    const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float d;
+    memcpy(&d, &bits, 4);
+    return d;
+}
+AI float ue4m3_half(uint8_t x) { /* NVFP4's scale, halved for the doubled e2m1 table */
+    const int ex = (x >> 3) & 0xF;
+    const float man = (float)(x & 7);
+    const float raw = ex == 0 ? man * 0x1p-9f : (1.0f + man / 8.0f) * pow2i(ex - 7);
+    return (x == 0 || x == 0x7F) ? 0.0f : raw * 0.5f;
+}
+AI int k_scale6(const uint8_t *sc, int j) { /* Q3_K's 6-bit signed sub-block scale j (0..15) */
+    const int lo = j < 8 ? (sc[j] & 0xF) : (sc[j - 8] >> 4), hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+    return (int8_t)(lo | (hi << 4)) - 32;
+}
+
+/* ---- group j of one block of each type (the layouts: the scalar decoders in expert_pool_decode.h) */
+AI v16 g_q4_0(const uint8_t *b, int j, const float *ps) {
+    return scaled(_mm_sub_epi8(nib(ld16b(b + 2), j), _mm_set1_epi8(8)), rdh(b));
+}
+AI v16 g_q4_1(const uint8_t *b, int j, const float *ps) { return scaled_add(nib(ld16b(b + 4), j), rdh(b), rdh(b + 2)); }
+AI __m128i q5_codes(const uint8_t *b, int j, int qh_at, int qs_at) {
+    const uint32_t qh = rd32(b + qh_at) >> (16 * j);
+    return _mm_or_si128(nib(ld16b(b + qs_at), j), _mm_and_si128(bitmask16(qh & 0xFFFF), _mm_set1_epi8(0x10)));
+}
+AI v16 g_q5_0(const uint8_t *b, int j, const float *ps) {
+    return scaled(_mm_sub_epi8(q5_codes(b, j, 2, 6), _mm_set1_epi8(16)), rdh(b));
+}
+AI v16 g_q5_1(const uint8_t *b, int j, const float *ps) { return scaled_add(q5_codes(b, j, 4, 8), rdh(b), rdh(b + 2)); }
+AI v16 g_q8_0(const uint8_t *b, int j, const float *ps) {
+    return v16_mul(v16_i8(ld16b(b + 2 + 16 * j)), v16_set1(rdh(b)));
+}
+AI v16 g_iq4_nl(const uint8_t *b, int j, const float *ps) {
+    return scaled(lut16(kvalues_iq4nl, nib(ld16b(b + 2), j)), rdh(b));
+}
+AI v16 g_mxfp4(const uint8_t *b, int j, const float *ps) {
+    return scaled(lut16(kvalues_fp4, nib(ld16b(b + 1), j)), e8m0_half(b[0]));
+}
+AI v16 g_nvfp4(const uint8_t *b, int j, const float *ps) {
+    const __m128i q = ld8(b + 4 + 8 * j);
+    return scaled(lut16(kvalues_fp4, _mm_unpacklo_epi64(nib(q, 0), nib(q, 1))), ue4m3_half(b[j]));
+}
+AI v16 g_iq4_xs(const uint8_t *b, int j, const float *ps) {
+    const int s = j / 2, lo = (b[4 + s / 2] >> (4 * (s % 2))) & 0xF, hi = (rd16(b + 2) >> (2 * s)) & 3;
+    const float dl = rdh(b) * (float)((int8_t)(lo | (hi << 4)) - 32);
+    return scaled(lut16(kvalues_iq4nl, nib(ld16b(b + 8 + 16 * s), j & 1)), dl);
+}
+/* the types with a min (Q2_K, Q4_K, Q5_K): prep writes the 16 groups' scales to ps[0..15] and mins to ps[16..31];
+ * the decoder returns scale * code, the weight is that minus the min (gguf's d * q - m, in that order) */
+AI void prep_q45_k(const uint8_t *b, float *ps) {
+    const float d = rdh(b), dmin = rdh(b + 2);
+    for (int s = 0; s < 8; s++) {
+        uint8_t sc, m;
+        get_scale_min_k4(b + 4, s, &sc, &m);
+        ps[2 * s] = ps[2 * s + 1] = d * (float)sc;
+        ps[16 + 2 * s] = ps[17 + 2 * s] = dmin * (float)m;
+    }
+}
+AI v16 g_q45_k(const uint8_t *b, int j, int five, const float *ps) {
+    const int s = j / 2, l0 = 16 * (j & 1);
+    __m128i q = nib(ld16b(b + (five ? 48 : 16) + (s / 2) * 32 + l0), s % 2);
+    if (five)
+        q = _mm_or_si128(q, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(ld16b(b + 16 + l0), s), _mm_set1_epi8(1)), 4));
+    return scaled(q, ps[j]);
+}
+AI v16 g_q4_k(const uint8_t *b, int j, const float *ps) { return g_q45_k(b, j, 0, ps); }
+AI v16 g_q5_k(const uint8_t *b, int j, const float *ps) { return g_q45_k(b, j, 1, ps); }
+AI v16 g_q6_k(const uint8_t *b, int j, const float *ps) {
+    const int c = j / 2, l0 = 16 * (j & 1), h = c / 4, s = (c % 4) / 2;
+    const __m128i lo = nib(ld16b(b + h * 64 + (c % 2) * 32 + l0), s);
+    const __m128i hi = crumb(ld16b(b + 128 + h * 32 + l0), c % 4);
+    const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    return v16_mul(v16_set1(ps[j]), v16_i8(q));
+}
+AI void prep_q6_k(const uint8_t *b, float *ps) { v16_st(ps, v16_mul(v16_set1(rdh(b + 208)), v16_i8(ld16b(b + 192)))); }
+/* the 2-bit planes of Q2_K / Q3_K / TQ2_0: group j = plane (j % 8) / 2 of bytes 32 (j / 8) + 16 (j & 1) */
+AI __m128i plane2(const uint8_t *qs, int j) { return crumb(ld16b(qs + 32 * (j / 8) + 16 * (j & 1)), (j % 8) / 2); }
+AI void prep_q2_k(const uint8_t *b, float *ps) { /* the 16 sub-block scales d * sc, then the mins dmin * m */
+    const __m128i sc = ld16b(b);
+    v16_st(ps, v16_mul(v16_set1(rdh(b + 80)), v16_i8(nib(sc, 0))));
+    v16_st(ps + 16, v16_mul(v16_set1(rdh(b + 82)), v16_i8(nib(sc, 1))));
+}
+AI v16 g_q2_k(const uint8_t *b, int j, const float *ps) {
+    return v16_mul(v16_set1(ps[j]), v16_i8(plane2(b + 16, j)));
+}
+AI v16 g_q3_k(const uint8_t *b, int j, const float *ps) {
+    const __m128i hb = _mm_and_si128(_mm_srli_epi16(ld16b(b + 16 * (j & 1)), j / 2), _mm_set1_epi8(1));
+    const __m128i q = _mm_sub_epi8(plane2(b + 32, j), _mm_slli_epi16(_mm_xor_si128(hb, _mm_set1_epi8(1)), 2));
+    return scaled(q, rdh(b + 108) * (float)k_scale6(b + 96, j));
+}
+AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
+    return scaled(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), rdh(b + 64));
+}
+AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) { /* base-3 digits: rare, decoded scalar into 16 bytes */
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    int8_t q[16];
+    for (int k = 0; k < 16; k++) {
+        const int e = 16 * j + k;
+        uint8_t v;
+        if (e < 160) v = (uint8_t)(b[e % 32] * pow3[e / 32]);
+        else if (e < 240) v = (uint8_t)(b[32 + (e - 160) % 16] * pow3[(e - 160) / 16]);
+        else v = (uint8_t)(b[48 + (e - 240) % 4] * pow3[(e - 240) / 4]);
+        q[k] = (int8_t)((((uint16_t)v * 3) >> 8) - 1);
+    }
+    return scaled(ld16b((const uint8_t *)q), rdh(b + 52));
+}
+/* i-quants: (db * grid) * sign = db * (sign * grid) exactly */
+AI v16 g_iq2_xxs(const uint8_t *b, int j, const float *ps) {
+    const int g = j / 2, l = 2 * (j & 1);
+    const uint32_t a0 = rd32(b + 2 + 8 * g), a1 = rd32(b + 6 + 8 * g);
+    const __m128i q = two8(grid_iq2xxs[(a0 >> (8 * l)) & 0xFF], grid_iq2xxs[(a0 >> (8 * l + 8)) & 0xFF]);
+    const uint32_t sg = ksigns_iq2xs[(a1 >> (7 * l)) & 127] | (uint32_t)ksigns_iq2xs[(a1 >> (7 * l + 7)) & 127] << 8;
+    return scaled(signed16(q, sg), rdh(b) * (0.5f + (float)(a1 >> 28)) * 0.25f);
+}
+/* IQ2_XS / IQ2_S: the 16 scales d * (0.5 + s) * 0.25, s the nibbles of 8 bytes at `at`, low first */
+AI void prep_iq2_scales(const uint8_t *b, int at, float *ps) {
+    const __m128i q = ld8(b + at);
+    const v16 s = v16_add(v16_set1(0.5f), v16_i8(_mm_unpacklo_epi8(nib(q, 0), nib(q, 1))));
+    v16_st(ps, v16_mul(v16_mul(v16_set1(rdh(b)), s), v16_set1(0.25f)));
+}
+AI void prep_iq2_xs(const uint8_t *b, float *ps) { prep_iq2_scales(b, 66, ps); }
+AI void prep_iq2_s(const uint8_t *b, float *ps) { prep_iq2_scales(b, 74, ps); }
+AI v16 g_iq2_xs(const uint8_t *b, int j, const float *ps) {
+    const uint16_t q0 = rd16(b + 4 * j + 2), q1 = rd16(b + 4 * j + 4);
+    const uint32_t sg = ksigns_iq2xs[q0 >> 9] | (uint32_t)ksigns_iq2xs[q1 >> 9] << 8;
+    return scaled(signed16(two8(grid_iq2xs[q0 & 511], grid_iq2xs[q1 & 511]), sg), ps[j]);
+}
+AI v16 g_iq2_s(const uint8_t *b, int j, const float *ps) {
+    const int i = 2 * j, hi = b[66 + i / 4] >> (2 * (i % 4));
+    const int id0 = b[2 + i] | ((hi & 3) << 8), id1 = b[3 + i] | (((hi >> 2) & 3) << 8);
+    return scaled(signed16(two8(grid_iq2s[id0], grid_iq2s[id1]), rd16(b + 34 + i)), ps[j]);
+}
+AI v16 g_iq3_xxs(const uint8_t *b, int j, const float *ps) {
+    const int g = j / 2, l = 2 * (j & 1);
+    const uint32_t sc = rd32(b + 66 + 4 * g);
+    const uint8_t *ids = b + 2 + 8 * g + 2 * l;
+    const __m128i q = four4(grid_iq3xxs[ids[0]], grid_iq3xxs[ids[1]], grid_iq3xxs[ids[2]], grid_iq3xxs[ids[3]]);
+    const uint32_t sg = ksigns_iq2xs[(sc >> (7 * l)) & 127] | (uint32_t)ksigns_iq2xs[(sc >> (7 * l + 7)) & 127] << 8;
+    return scaled(signed16(q, sg), rdh(b) * (0.5f + (float)(sc >> 28)) * 0.5f);
+}
+AI v16 g_iq3_s(const uint8_t *b, int j, const float *ps) {
+    const int g = j / 2, i = 4 * j, hb = b[66 + i / 8] >> (i % 8);
+    const __m128i q = four4(grid_iq3s[b[2 + i] | ((hb & 1) << 8)], grid_iq3s[b[3 + i] | ((hb & 2) << 7)],
+                            grid_iq3s[b[4 + i] | ((hb & 4) << 6)], grid_iq3s[b[5 + i] | ((hb & 8) << 5)]);
+    const float db = rdh(b) * (float)(1 + 2 * ((b[106 + g / 2] >> (4 * (g % 2))) & 0xF));
+    return scaled(signed16(q, rd16(b + 74 + 2 * j)), db);
+}
+/* IQ1: dl * (grid + delta) with delta = +-1/8: grid + delta is exact, so the lanes add it in float */
+AI v16 iq1_value(__m128i grid, uint32_t neg, float dl) {
+    const __m128i delta8 = _mm_or_si128(bitmask16(neg), _mm_set1_epi8(1)); /* -1 or +1 per byte */
+    return v16_mul(v16_set1(dl), v16_add(v16_i8(grid), v16_mul(v16_i8(delta8), v16_set1(0.125f))));
+}
+AI v16 g_iq1_s(const uint8_t *b, int j, const float *ps) {
+    const int g = j / 2, l = 2 * (j & 1);
+    const uint16_t h = rd16(b + 34 + 2 * g);
+    const __m128i q = two8(grid_iq1s[b[2 + 4 * g + l] | (((h >> (3 * l)) & 7) << 8)],
+                           grid_iq1s[b[3 + 4 * g + l] | (((h >> (3 * l + 3)) & 7) << 8)]);
+    return iq1_value(q, (h & 0x8000) ? 0xFFFF : 0, rdh(b) * (float)(2 * ((h >> 12) & 7) + 1));
+}
+AI v16 g_iq1_m(const uint8_t *b, int j, const float *ps) {
+    const uint16_t s0 = rd16(b + 48), s1 = rd16(b + 50), s2 = rd16(b + 52), s3 = rd16(b + 54);
+    const float d = f16_to_f32((uint16_t)(((s0 & 0xF000) >> 12) | ((s1 & 0xF000) >> 8) | ((s2 & 0xF000) >> 4) |
+                                          (s3 & 0xF000)));
+    const uint16_t sw = rd16(b + 48 + 2 * (j / 4));
+    const int h = b[32 + j];
+    const __m128i q = two8(grid_iq1s[b[2 * j] | ((h & 7) << 8)], grid_iq1s[b[2 * j + 1] | (((h >> 4) & 7) << 8)]);
+    const float dl = d * (float)(2 * ((sw >> (3 * (j % 4))) & 7) + 1);
+    return iq1_value(q, ((h & 8) ? 0xFF : 0) | ((h & 0x80) ? 0xFF00 : 0), dl);
+}
+/* float rows: a "block" of 16 values */
+AI v16 g_f32(const uint8_t *b, int j, const float *ps) { (void)j; (void)ps; return v16_ld((const float *)b); }
+AI v16 g_f16(const uint8_t *b, int j, const float *ps) { (void)j; (void)ps; return v16_f16(b); }
+AI v16 g_bf16(const uint8_t *b, int j, const float *ps) { (void)j; (void)ps; return v16_bf16(b); }
+
+AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
+
+/* every type: (id, decoder, groups per block, block bytes, per-block prep of the scales the decoder reads from ps:
+ * vector ops once per block instead of scalar ones per group, MINS: the weight is the decoder's value minus the
+ * group's min ps[16 + j], and GPB is 16) */
+#define FUSED_TYPES(X) \
+    X(T_F32, g_f32, 1, 64, prep_none, 0) X(T_F16, g_f16, 1, 32, prep_none, 0) \
+    X(T_BF16, g_bf16, 1, 32, prep_none, 0) X(T_Q4_0, g_q4_0, 2, 18, prep_none, 0) \
+    X(T_Q4_1, g_q4_1, 2, 20, prep_none, 0) X(T_Q5_0, g_q5_0, 2, 22, prep_none, 0) \
+    X(T_Q5_1, g_q5_1, 2, 24, prep_none, 0) X(T_Q8_0, g_q8_0, 2, 34, prep_none, 0) \
+    X(T_IQ4_NL, g_iq4_nl, 2, 18, prep_none, 0) X(T_MXFP4, g_mxfp4, 2, 17, prep_none, 0) \
+    X(T_NVFP4, g_nvfp4, 4, 36, prep_none, 0) X(T_Q2_K, g_q2_k, 16, 84, prep_q2_k, 1) \
+    X(T_Q3_K, g_q3_k, 16, 110, prep_none, 0) X(T_Q4_K, g_q4_k, 16, 144, prep_q45_k, 1) \
+    X(T_Q5_K, g_q5_k, 16, 176, prep_q45_k, 1) X(T_Q6_K, g_q6_k, 16, 210, prep_q6_k, 0) \
+    X(T_IQ4_XS, g_iq4_xs, 16, 136, prep_none, 0) X(T_IQ2_XXS, g_iq2_xxs, 16, 66, prep_none, 0) \
+    X(T_IQ2_XS, g_iq2_xs, 16, 74, prep_iq2_xs, 0) X(T_IQ2_S, g_iq2_s, 16, 82, prep_iq2_s, 0) \
+    X(T_IQ3_XXS, g_iq3_xxs, 16, 98, prep_none, 0) X(T_IQ3_S, g_iq3_s, 16, 110, prep_none, 0) \
+    X(T_IQ1_S, g_iq1_s, 16, 50, prep_none, 0) X(T_IQ1_M, g_iq1_m, 16, 56, prep_none, 0) \
+    X(T_TQ1_0, g_tq1_0, 16, 54, prep_none, 0) X(T_TQ2_0, g_tq2_0, 16, 66, prep_none, 0)
+
+#ifndef PREFETCH_AHEAD
+#define PREFETCH_AHEAD 2048 /* bytes ahead of the block being read */
+#endif
+
+/* The min term: in the AVX-512 build the MINS types FMA scale * code with x and subtract sum_g min_g * xsum_g once
+ * per block (xsum: the sums of x over its 16-element groups, computed once per token row and work item), one float
+ * operation fewer per 16 weights and row; the AVX2 build (16 ymm registers) subtracts the min from each weight. */
+#ifdef STRATA_AVX512
+#define MIN_TERM 1
+#else
+#define MIN_TERM 0
+#endif
+
+/* one pass: a weight row of nb blocks against M token rows (M a constant after inlining); 2 accumulators per row
+ * so that consecutive groups' FMAs do not wait on each other */
+#define FUSED_PASS(ID, DEC, GPB, BPB, PREP, MINS)                                                                  \
+    AI void pass_##DEC(const uint8_t *row, int nb, const float *const *xs, const float *const *xsum, float *out,   \
+                       const int M) {                                                                              \
+        v16 acc[PASS_M][2], macc[PASS_M];                                                                           \
+        float ps[32] __attribute__((aligned(64)));                                                                  \
+        for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = macc[r] = v16_zero();                                   \
+        for (int b = 0; b < nb; b++) {                                                                              \
+            const uint8_t *blk = row + (int64_t)BPB * b;                                                            \
+            for (int p = 0; p < BPB; p += 64) __builtin_prefetch(blk + PREFETCH_AHEAD + p);                         \
+            PREP(blk, ps);                                                                                          \
+            if (MINS && MIN_TERM)                                                                                   \
+                for (int r = 0; r < M; r++) macc[r] = v16_fma(v16_ld(ps + 16), v16_ld(xsum[r] + 16 * b), macc[r]); \
+            _Pragma("GCC unroll 16") for (int j = 0; j < GPB; j++) {                                                \
+                v16 w = DEC(blk, j, ps);                                                                            \
+                if (MINS && !MIN_TERM) w = v16_sub(w, v16_set1(ps[16 + j]));                                        \
+                const int64_t off = 16 * ((int64_t)GPB * b + j);                                                    \
+                for (int r = 0; r < M; r++) acc[r][j & 1] = v16_fma(w, v16_ld(xs[r] + off), acc[r][j & 1]);         \
+            }                                                                                                       \
+        }                                                                                                           \
+        for (int r = 0; r < M; r++)                                                                                 \
+            out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1])) - (MINS && MIN_TERM ? v16_hsum(macc[r]) : 0.0f);      \
+    }                                                                                                               \
+    static void dots_##DEC(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,     \
+                           float *out) {                                                                            \
+        const int nb = n / (16 * GPB);                                                                              \
+        for (int r0 = 0; r0 < m;) {                                                                                 \
+            const int left = m - r0, M = PASS_M >= 8 && left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;         \
+            if (M == 8) pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, PASS_M >= 8 ? 8 : 1);                     \
+            else if (M == 4) pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, 4);                                  \
+            else if (M == 2) pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, 2);                                  \
+            else pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, 1);                                              \
+            r0 += M;                                                                                                \
+        }                                                                                                           \
+    }                                                                                                               \
+    static void rowdeq_##DEC(const uint8_t *src, int64_t n, float *y) {                                            \
+        float ps[32] __attribute__((aligned(64)));                                                                  \
+        for (int64_t b = 0; b < n / (16 * GPB); b++) {                                                              \
+            PREP(src + (int64_t)BPB * b, ps);                                                                       \
+            _Pragma("GCC unroll 16") for (int j = 0; j < GPB; j++) {                                                \
+                v16 w = DEC(src + (int64_t)BPB * b, j, ps);                                                         \
+                if (MINS) w = v16_sub(w, v16_set1(ps[16 + j]));                                                     \
+                v16_st(y + 16 * (GPB * b + j), w);                                                                  \
+            }                                                                                                       \
+        }                                                                                                           \
+    }
+FUSED_TYPES(FUSED_PASS)
+
+/* xsum[r][g] = sum of x[r][16 g .. 16 g + 15] (the min term's sums; any order: it is not part of the weights) */
+static void group_sums(const float *x, int n, float *xsum) {
+    for (int g = 0; g < n / 16; g++) {
+        const float *p = x + 16 * g;
+        float s = 0.0f;
+        for (int k = 0; k < 16; k++) s += p[k];
+        xsum[g] = s;
+    }
+}
+
+typedef void (*dots_fn)(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,
+                        float *out);
+/* the fused kernel of a type, or NULL; rows of n elements need n % (16 * groups per block) == 0 */
+static dots_fn fused_dots(int type, int n) {
+#define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) case ID: return n % (16 * GPB) == 0 ? dots_##DEC : NULL;
+    switch (type) { FUSED_TYPES(FUSED_CASE) default: return NULL; }
+#undef FUSED_CASE
+}
+/* whether the type's fused kernel reads the x group sums */
+static int fused_needs_sums(int type) {
+#define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) case ID: return MINS && MIN_TERM;
+    switch (type) { FUSED_TYPES(FUSED_CASE) default: return 0; }
+#undef FUSED_CASE
+}
+/* one row dequantized through the same decoders (the tests hold them to gguf bit for bit); 0 if not served */
+static int fused_dequant_row(int type, const uint8_t *src, int64_t n, float *y) {
+#define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) \
+    case ID: if (n % (16 * GPB)) return 0; rowdeq_##DEC(src, n, y); return 1;
+    switch (type) { FUSED_TYPES(FUSED_CASE) default: return 0; }
+#undef FUSED_CASE
+}
+
+#endif /* STRATA_AVX2 */
+#endif /* STRATA_EXPERT_POOL_GROUPS_H */
