@@ -13,11 +13,13 @@
 #   gpu=EXPR     the GPU tests whose file names match EXPR (a pytest -k expression over tests/test_gpu_*.py)
 #   pool         bench/pool_bench.py on the host's cores, every type the engine reads
 #   gemv         bench/quant_gemv_bench.py (routed-expert GEMVs per type and T)
+#   nodes        graph-nodes of the default model's T = 1 / 4 / 8 window graphs (total and per layer)
+#   kcache       pack CuPy's kernel cache into $OUT/kcache.tar.xz (a later call can start from it)
 #   sbs=CONFIGS  .peer/side_by_side.sh run CONFIGS (comma-separated: resident,c0,c12,c24): strata and llama.cpp on
 #                the full-size file in this call
 # Logs go to $LOGS (default /tmp/strata-device); where the device tool's $OUT is set they come back packed in
 # $OUT/logs.tgz (it returns at most 8 files).
-# Env: LOGS, STRATA_GIT_COMMIT (the tree's commit: the device copy has no .git history).
+# Env: LOGS, POOL_ARGS / GEMV_ARGS (extra bench options), STRATA_GIT_COMMIT (the tree's commit: the device copy has no .git history).
 set -u
 BACK=${OUT:-}; OUT=${LOGS:-/tmp/strata-device}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -56,8 +58,12 @@ for arg in "$@"; do
         warm) run_step warm "$limit" python3 bench/warm_kernels.py --jobs "$(nproc)";;
         gpu) run_step gpu "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests";;
         gpu=*) run_step gpu-k "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests '${name#gpu=}'";;
-        pool) run_step pool "$limit" python3 bench/pool_bench.py --threads "$(nproc)";;
-        gemv) run_step gemv "$limit" python3 bench/quant_gemv_bench.py;;
+        pool) run_step pool "$limit" python3 bench/pool_bench.py --threads "$(nproc)" ${POOL_ARGS:-};;
+        gemv) run_step gemv "$limit" python3 bench/quant_gemv_bench.py --jobs "$(nproc)" ${GEMV_ARGS:-};;
+        nodes) run_step nodes "$limit" bash -c 'for T in 1 4 8; do python3 -m strata_cli graph-nodes --window $T \
+            | grep -E "nodes|per layer" | head -3; done';;
+        kcache) run_step kcache "$limit" bash -c '[ -n "'"$BACK"'" ] && tar cJf "'"$BACK"'/kcache.tar.xz" -C ~/.cupy kernel_cache \
+            && ls -la "'"$BACK"'/kcache.tar.xz"';;
         sbs=*) cfg=${name#sbs=}; OUT=$OUT/sbs run_step sbs "$limit" bash .peer/side_by_side.sh run ${cfg//,/ };;
         *) echo "unknown step $name"; SUMMARY+=("$(printf '%-18s unknown' "$name")");;
     esac
