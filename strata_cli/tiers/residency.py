@@ -48,7 +48,7 @@ def parse_size(text, option: str) -> int:
     m = _SIZE.fullmatch(low)
     if m and m.group(2) in _UNITS:
         return int(float(m.group(1)) * _UNITS[m.group(2)])
-    raise InputError(f"{option} {str(text).strip()!r}: expected a size in bytes like 512MiB, 2GB or 4096")
+    raise OptionError(f"{option} {str(text).strip()!r}: expected a size in bytes like 512MiB, 2GB or 4096")
 
 
 def expert_bytes(model) -> np.ndarray:
