@@ -190,4 +190,4 @@ def test_cache_sim_errors(model, tokens, tmp_path, args, message):
     assert cli("make-profile", model, "--random", "4", "-o", tmp_path / "p.yaml",
                "--trace", tmp_path / "t.npz").exit_code == 0
     res = cli("cache-sim", tmp_path / "t.npz", *args)
-    assert res.exit_code == 1 and message in res.output, res.output
+    assert res.exit_code == 2 and message in res.output, res.output  # a bad option value: usage error

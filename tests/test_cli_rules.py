@@ -164,7 +164,7 @@ def test_json_dumps_carry_verify_bench_provenance(fixture_dir):
     assert logprobs_prov["command"].startswith("strata logprobs ")
     assert compare_prov["base_sha256"] == bench["model_sha256"] and compare_prov["other_sha256"] != bench["model_sha256"]
     env_keys = set(bench) - shared - {"depth", "warmup", "repetitions", "acceptance", "acceptance_per_position",
-                                      "acceptance_source", "mode"}
+                                      "acceptance_source", "mode", "tokens"}
     assert env_keys <= set(logprobs_prov) and env_keys <= set(compare_prov)
 
 

@@ -153,11 +153,11 @@ def test_compare_models_bad_inputs_are_one_line(models, tmp_path):
     (m1, m2), _, token_file = models
     other = tmp_path / "v72.gguf"
     write_model(other, load_preset("tiny").with_overrides(layers=4, experts=4, vocab=72), seed=1, ggml_type="F32")
-    for args, needle in ((["compare-models", m1, other, "--tokens", token_file], "vocabulary"),
-                         (["compare-models", m1, m2], "exactly one of"),
-                         (["compare-models", m1, m2, "--text", "hello"], "no tokenizer")):
+    for args, needle, code in ((["compare-models", m1, other, "--tokens", token_file], "vocabulary", 1),
+                               (["compare-models", m1, m2], "exactly one of", 2),  # no token source: usage error
+                               (["compare-models", m1, m2, "--text", "hello"], "no tokenizer", 1)):
         result = CliRunner().invoke(main, [str(a) for a in args])
-        assert result.exit_code == 1 and needle in result.stderr, (args, result.stderr)
+        assert result.exit_code == code and needle in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
 
 

@@ -98,8 +98,8 @@ def test_user_recipe_path_and_bad_recipes(tmp_path):
         lines = result.output.strip().splitlines()
         assert result.exit_code == 1 and len(lines) == 1 and needle in lines[0], (text, result.output)
     result = CliRunner().invoke(main, ["make-model", str(tmp_path / "x.gguf"), "--recipe", "nope"])
-    assert result.exit_code == 1 and "no such recipe" in result.output
+    assert result.exit_code == 2 and "no such recipe" in result.output  # a bad option value (a bad recipe file: 1)
     result = CliRunner().invoke(main, ["make-model", str(tmp_path / "x.gguf"), "--recipe", "q2_k-mix",
                                        "--type", "Q4_0"])
-    assert result.exit_code == 1 and "one of them" in result.output
+    assert result.exit_code == 2 and "one of them" in result.output
     assert uniform(Q.IQ2_XS).ftype == 20

@@ -116,15 +116,15 @@ def test_acceptance_errors_are_one_line(model, tmp_path):
     no_stats.write_text(json.dumps({"meta": {}, "rows": []}))
     w1 = tmp_path / "w1.tsv"
     run("logprobs", model, "--random", 20, "--window", 1, "--device", "cpu", "-o", w1)
-    cases = [(["--window", "4", "--acceptance-from", dump], "up to T = 3"),
-             (["--acceptance-from", dump, "--acceptance", "0.5"], "not both"),
-             (["--acceptance-from", no_stats], "no speculation statistics"),
-             (["--acceptance-from", w1], "offered no drafts"),
-             (["--acceptance-from", tmp_path / "missing.json"], "missing.json")]
-    for args, needle in cases:
+    cases = [(["--window", "4", "--acceptance-from", dump], "up to T = 3", 1),
+             (["--acceptance-from", dump, "--acceptance", "0.5"], "not both", 2),  # two options: a usage error
+             (["--acceptance-from", no_stats], "no speculation statistics", 1),
+             (["--acceptance-from", w1], "offered no drafts", 1),
+             (["--acceptance-from", tmp_path / "missing.json"], "missing.json", 1)]
+    for args, needle, code in cases:
         result = CliRunner().invoke(main, ["verify-bench", str(model), "--device", "cpu", "-r", "1",
                                            *map(str, args)])
-        assert result.exit_code == 1 and needle in result.stderr, (args, result.stderr)
+        assert result.exit_code == code and needle in result.stderr, (args, result.stderr)
         assert len(result.stderr.strip().splitlines()) == 1
     with pytest.raises(InputError, match="not a count"):
         bad = tmp_path / "bad.json"

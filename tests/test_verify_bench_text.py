@@ -74,4 +74,4 @@ def test_verify_bench_text_file_cpu(fixture_dir, tmp_path):
     assert short.exit_code == 1 and "20 tokens; --depth and the largest --window need 34" in short.output
     both = CliRunner().invoke(main, ["verify-bench", model, "--device", "cpu", "--tokens", str(tmp_path / "ids.txt"),
                                      "--text", "hi"])
-    assert both.exit_code == 1 and "give exactly one of" in both.output
+    assert both.exit_code == 2 and "give exactly one of" in both.output  # two token sources: usage error

@@ -25,7 +25,7 @@ def command(trace_path, slots, policies, profile_path, max_copy, per_layer, fmt)
     """Serve the trace's windows in order from a VRAM cache of N slots under each policy (static = the profile's
     first N ranked pairs; lru and lfu start from that set and update it between windows) and print per policy and
     size the hit rate (picks served from VRAM / all picks) and the bytes copied into VRAM per window."""
-    from ..errors import InputError
+    from ..errors import InputError, OptionError
     from ..report.present import Column, emit
     from ..tiers.cache_policy import check_policy, replay
     from ..tiers.residency import parse_size
@@ -33,13 +33,13 @@ def command(trace_path, slots, policies, profile_path, max_copy, per_layer, fmt)
 
     names = [check_policy(p.strip()) for p in policies.split(",") if p.strip()]
     if not names:
-        raise InputError(f"--policy {policies!r}: name at least one policy")
+        raise OptionError(f"--policy {policies!r}: name at least one policy")
     budget = parse_size(max_copy, "--max-copy")
     trace = load_trace(trace_path)
     n_pairs = trace.n_layers * trace.n_expert
     for n in slots:
         if n > n_pairs:
-            raise InputError(f"--slots {n}: the trace's model has {n_pairs} (layer, expert) pairs")
+            raise OptionError(f"--slots {n}: the trace's model has {n_pairs} (layer, expert) pairs")
     profile = None
     if profile_path is not None:
         from ..tiers.expert_profile import load_profile

@@ -14,7 +14,7 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, OptionError
 from ..model import quants as Q
 
 RECIPE_NAMES = ("ud-q4_k_xl", "iq2_xs-mix", "q2_k-mix")
@@ -91,7 +91,7 @@ def load_recipe(name_or_path: str) -> Recipe:
     if not path.suffix and not path.exists():
         path = recipes_dir() / f"{name_or_path}.yaml"
         if not path.is_file():
-            raise InputError(f"--recipe {name_or_path}: no such recipe (built in: {', '.join(RECIPE_NAMES)}; "
+            raise OptionError(f"--recipe {name_or_path}: no such recipe (built in: {', '.join(RECIPE_NAMES)}; "
                              "or give a YAML file's path)")
     from ..sysio.files import read_text
 

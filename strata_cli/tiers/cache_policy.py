@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import OptionError
 
 POLICIES = ("static", "lru", "lfu")
 DEFAULT_MAX_COPY = "512MiB"  # cache-sim --max-copy and the engine's --expert-max-copy: ~10 ms at the H200's H2D rate
@@ -39,7 +39,7 @@ NEVER = -1  # last_use of a pair never picked
 
 def check_policy(name: str, option: str = "--policy") -> str:
     if name not in POLICIES:
-        raise InputError(f"{option} {name!r}: expected one of {', '.join(POLICIES)}")
+        raise OptionError(f"{option} {name!r}: expected one of {', '.join(POLICIES)}")
     return name
 
 
