@@ -13,6 +13,10 @@
 #   gpu=EXPR     the GPU tests whose file names match EXPR (a pytest -k expression over tests/test_gpu_*.py)
 #   pool         bench/pool_bench.py on the host's cores, every type the engine reads
 #   gemv         bench/quant_gemv_bench.py (routed-expert GEMVs per type and T)
+#   tiers        bench/tiers_device.sh on the full-size file (PCIe shares 0 / 0.5 / 1 / auto, --split, at cache 0)
+#   window       bench/window_device.sh on the full-size file (window paths by T, nodes per layer, T = 1..16)
+#   cache        bench/cache_policy.sh on the full-size file (issue 20: profile, held-out trace, cache-sim, policies)
+#                (the full-size file: $FN, else the one .peer/side_by_side.sh prepare wrote)
 #   nodes        graph-nodes of the default model's T = 1 / 4 / 8 window graphs (total and per layer)
 #   kcache       pack CuPy's kernel cache into $OUT/kcache.tar.xz (a later call can start from it)
 #   sbs=CONFIGS  .peer/side_by_side.sh run CONFIGS (comma-separated: resident,c0,c12,c24): strata and llama.cpp on
@@ -34,6 +38,8 @@ run_step() {  # run_step NAME SECONDS CMD...: output to $OUT/NAME.log and to std
     SUMMARY+=("$(printf '%-18s rc=%-4s %5ss' "$name" "$rc" "$(( $(date +%s) - s ))")")
     return $rc
 }
+
+full_size() { echo "${FN:-$(ls -S /tmp/peer_work/synth_*q2_k*.gguf 2>/dev/null | head -1)}"; }
 
 gpu_tests() {  # gpu_tests [K]: the gpu-marked tests (those matching K), names kept, failures listed last
     local files=(tests/test_gpu_*.py) k=()
@@ -60,6 +66,9 @@ for arg in "$@"; do
         gpu=*) run_step gpu-k "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests '${name#gpu=}'";;
         pool) run_step pool "$limit" python3 bench/pool_bench.py --threads "$(nproc)" ${POOL_ARGS:-};;
         gemv) run_step gemv "$limit" python3 bench/quant_gemv_bench.py --jobs "$(nproc)" ${GEMV_ARGS:-};;
+        tiers) run_step tiers "$limit" bash bench/tiers_device.sh "$(full_size)" "$OUT/tiers";;
+        window) run_step window "$limit" bash bench/window_device.sh "$(full_size)";;
+        cache) FN=$(full_size) run_step cache "$limit" bash bench/cache_policy.sh;;
         nodes) run_step nodes "$limit" bash -c 'for T in 1 4 8; do python3 -m strata_cli graph-nodes --window $T \
             | grep -E "nodes|per layer" | head -3; done';;
         kcache) run_step kcache "$limit" bash -c '[ -n "'"$BACK"'" ] && tar cJf "'"$BACK"'/kcache.tar.xz" -C ~/.cupy kernel_cache \
