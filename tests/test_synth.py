@@ -170,13 +170,24 @@ def test_make_model_rejects_bad_overrides(tmp_path):
     assert isinstance(result.exception, InputError) and "--layers" in str(result.exception)
 
 
+def test_a_changed_generator_names_a_new_default_model(tmp_path, monkeypatch):
+    """The default model's name follows the generator's sources: an older strata's file is never taken for it."""
+    from pathlib import Path
+
+    before = default_model.default_name()
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda self: real(self) + (b"#" if self.name == "fill.py" else b""))
+    assert default_model.default_name() != before
+
+
 def test_default_model_is_generated_once(tmp_path, monkeypatch):
     monkeypatch.setenv("STRATA_CACHE", str(tmp_path / "cache"))
     writes = []
     real_write = default_model.write_model
     monkeypatch.setattr(default_model, "write_model", lambda *a, **kw: writes.append(a) or real_write(*a, **kw))
     path = default_model.default_model_path()
-    assert path == tmp_path / "cache" / "qwen4exp-tiny-f32-seed0.gguf" and len(writes) == 1
+    assert path == tmp_path / "cache" / f"qwen4exp-tiny-f32-seed0-{default_model.generator_tag()}.gguf"
+    assert len(writes) == 1
     # no partial file left behind: the model, its checksum and the first-use lock
     assert sorted(p.name for p in path.parent.iterdir()) == sorted(
         [path.name, path.name + default_model.CHECKSUM_SUFFIX, f".{path.name}.lock"])

@@ -1,7 +1,9 @@
 """The embedded default model: the `tiny` preset (F32, seed 0), generated once into the strata cache.
 
-Beside it lies `NAME.sha256`, the SHA-256 of the file as written; a model whose size or checksum does not match
-(a stale preset, a same-size corruption) is regenerated. Concurrent first uses wait on `.NAME.lock`.
+Its name carries a hash of the generator (synth/*.py and the preset files), so a strata whose synthetic weights
+differ never uses an older strata's file. Beside it lies `NAME.sha256`, the SHA-256 of the file as written; a model
+whose size or checksum does not match (a same-size corruption) is regenerated. Concurrent first uses wait on
+`.NAME.lock`.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from ..sysio.files import os_reason, output_stream
 from . import estimate_size, load_preset, write_model
 
 DEFAULT_PRESET, DEFAULT_TYPE, DEFAULT_SEED = "tiny", "F32", 0
-DEFAULT_NAME = f"qwen4exp-{DEFAULT_PRESET}-{DEFAULT_TYPE.lower()}-seed{DEFAULT_SEED}.gguf"
+DEFAULT_STEM = f"qwen4exp-{DEFAULT_PRESET}-{DEFAULT_TYPE.lower()}-seed{DEFAULT_SEED}"
 CHECKSUM_SUFFIX = ".sha256"
 
 
@@ -41,16 +43,34 @@ def _intact(path: Path, size: int) -> bool:
         return False
 
 
+def generator_tag() -> str:
+    """12 hex digits of the SHA-256 of what decides the default model's bytes: the synth package's sources and the
+    preset files."""
+    from . import presets
+
+    here = Path(__file__).resolve().parent
+    files = sorted(here.glob("*.py")) + sorted(presets.presets_dir().glob("*.yaml"))
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def default_name() -> str:
+    return f"{DEFAULT_STEM}-{generator_tag()}.gguf"
+
+
 def default_model_path() -> Path:
     """Path of the default model, generating it (a few MB, well under a second) on first use or when it does not
     match its checksum."""
     preset = load_preset(DEFAULT_PRESET)
     size = estimate_size(preset, DEFAULT_TYPE)
     directory = usable_cache_dir()
-    path = directory / DEFAULT_NAME
+    name = default_name()
+    path = directory / name
     if _intact(path, size):
         return path
-    lock_path = directory / f".{DEFAULT_NAME}.lock"
+    lock_path = directory / f".{name}.lock"
     try:
         lock_fd = os.open(lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:
