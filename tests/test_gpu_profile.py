@@ -71,7 +71,7 @@ def test_normal_graph_has_no_stamps_and_the_profile_graph_one_per_stage(fixture_
     for layer in range(g.n_layers):
         stages = [s for s, lay in zip(plan.stages, plan.layers) if lay == layer]
         assert stages[:4] == ["hc0-norm", "hc0-down", "hc0-up", "hc-read0"] or stages[0] == "ple"
-        assert ("rec" in stages) == (not g.layer_is_attn[layer])
+        assert ("gdn-mix" in stages) == (not g.layer_is_attn[layer])
         assert ("attention" in stages) == bool(g.layer_is_attn[layer])
         for stage in ("out-proj", "hc-write0", "hc-read1", "router", "shared", "experts", "combine", "hc-write1",
                       "gap"):

@@ -30,11 +30,9 @@ LAYER_STAGES = (
     "hc0-up",         # (seed 29) its up GEMV (gates)
     "hc-read0",       # (seed 1) mix + inject gates (the rest of the read)
     "qkv",            # (seed 2) GDN: qkv projection
-    "conv",           # (seed 3) GDN: causal conv + q/k/v split
-    "ab",             # (seed 4) GDN: alpha and beta projections + gates
-    "rec",            # (seed 6) GDN: delta-rule recurrence
     "z",              # (seed 5) GDN: z (output gate) projection
-    "gate",           # (seed 14) GDN: gated RMS norm
+    "ab",             # (seed 4) GDN: alpha and beta projections, only for types gdn_mix does not decode
+    "gdn-mix",        # (seeds 3, 4, 6, 14) GDN: conv + q/k/v split, gates, delta-rule recurrence, gated RMS norm
     "k/v+norm-rope",  # (seeds 7, 8) QSA: k projection + norm + rope, v projection
     "kv append",      # (seed 9) QSA: K/V cache append
     "q+norm-rope",    # (seed 10) QSA: q(+gate) projection + norm + rope

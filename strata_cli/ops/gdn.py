@@ -77,3 +77,22 @@ def gdn_recurrence(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarra
 def gdn_gated_norm(o: np.ndarray, z: np.ndarray, norm_w: np.ndarray, eps: float) -> np.ndarray:
     """o, z [T, Hv, dv]: per-head RMS norm times gamma [dv] times sigmoid(z)."""
     return (rms_norm(o, norm_w, eps) * sigmoid(z)).astype(np.float32)
+
+
+def gdn_mix_raw(qkv, conv_state, conv_w, state, x, dt_bias, ssm_a, z, norm_w, eps: float, nk: int, dk: int, nv: int,
+                dv: int, ab_raw=None, ab_proj=None, gates_before=None):
+    """The reference of gpu/launch_gdn.gdn_mix: gdn_conv_split, the gates of x's rows (ab_raw = (alpha_raw,
+    alpha_type, beta_raw, beta_type) projected here, or ab_proj = (alpha, beta_in)), the recurrence from state and
+    the gated norm with z. gates_before = (g, beta) of earlier rows [0, r0) (a split window's first group), whose
+    y rows are not returned. Returns (y [T - r0, Hv, dv], q, k, v, g, beta) with g, beta of all T rows."""
+    q, k, v = gdn_conv_split(qkv, conv_state, conv_w, nk, dk, nv, dv)
+    if ab_raw is not None:
+        g, beta = gdn_ab_gates_raw(x, *ab_raw, dt_bias, ssm_a)
+    else:
+        g, beta = gdn_gates(*ab_proj, dt_bias, ssm_a)
+    r0 = 0
+    if gates_before is not None:
+        r0 = gates_before[0].shape[0]
+        g, beta = np.concatenate([gates_before[0], g]), np.concatenate([gates_before[1], beta])
+    o, _ = gdn_recurrence(state, q, k, v, g, beta)
+    return gdn_gated_norm(o[r0:], z, norm_w, eps), q, k, v, g, beta

@@ -96,8 +96,8 @@ def plan_buffers(g, n_ctx: int, M: int) -> Arena:
     a.add("argmax_row_bad", (GEMV_MAXT,), np.int32)
     if g.gdn_layers:
         nv, nk, dk, dv = g.ssm_nv, g.ssm_nk, g.ssm_dk, g.ssm_dv
-        for name, shape in [("gdn_h", (M, g.conv_dim)), ("gdn_alpha", (M, nv)), ("gdn_beta_in", (M, nv)),
-                            ("gdn_z", (M, nv * dv)), ("gdn_o", (M, nv, dv)), ("gdn_y", (M, nv, dv))]:
+        for name, shape in [("gdn_alpha", (M, nv)), ("gdn_beta_in", (M, nv)), ("gdn_z", (M, nv * dv)),
+                            ("gdn_y", (M, nv, dv))]:
             a.add(name, shape)
         for layer in g.gdn_layers:  # state, and what the window keeps for the commit
             for name, shape in [("S", (nv, dk, dv)), ("conv", (g.conv_kernel - 1, g.conv_dim)),

@@ -1,6 +1,6 @@
 """The launches of one verify window and of the commit; _LayerRecorder holds the one layer sequence (the order of
 ReferenceEngine._layer) of every variant: plain, split into two token groups (--split with expert tiers), fused
-HC reads and GDN launches (chosen by T, launch_util.window_path).
+HC reads (chosen by T, launch_util.window_path).
 
 Both recorders only launch kernels on preallocated buffers, so the same calls run eagerly or under capture.
 Per-window values (tokens, positions, n_keep) are read by the kernels from device buffers that the recorded
@@ -78,41 +78,34 @@ def gemv_weight(e, name: str, x, out, stream):
     return launch_gemv.gemv(raw, ggml_type, x.shape[1], x, out=out, split=split_k(e.buf), stream=stream)
 
 
-def _gdn(e, layer: int, x, T: int, stream, r0: int = 0, fused: bool = False):
-    """GDN of rows [r0, T), x = their mixed rows. r0 > 0 (group B of a split window): the conv and the recurrence
-    run again from the saved state over rows [0, T); the earlier group's rows come out as they did (outputs land in
-    scratch only). fused: gdn_conv_split and gdn_ab_gates instead of conv + split and two GEMVs + gates."""
+def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
+    """GDN of rows [r0, T), x = their mixed rows: the qkv and z projections, gdn_mix (conv + split, gates, delta
+    rule, gated norm in one launch; alpha/beta GEMVs first for types it does not decode) and the out projection.
+    r0 > 0 (group B of a split window): the conv and the recurrence run again from the saved state over rows
+    [0, T) and the earlier group's rows come out as they did (gdn_mix reads their gates)."""
     b, w, g = e.buf, e.w, e.g
     blk, n = f"blk.{layer}.", T - r0
     qkv = b[f"qkv.{layer}"][:T]
     gemv_weight(e, blk + "attn_qkv.weight", x, qkv[r0:], stream)
     stamp(e, layer, "qkv", stream)
-    q, k, v = b[f"q.{layer}"][:T], b[f"k.{layer}"][:T], b[f"v.{layer}"][:T]
-    if fused:
-        gdn.gdn_conv_split(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), g.ssm_nk, g.ssm_dk, g.ssm_nv,
-                           g.ssm_dv, q=q, k=k, v=v, stream=stream)
-    else:
-        gdn.gdn_conv(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), out=b["gdn_h"][:T], stream=stream)
-        gdn.gdn_split(b["gdn_h"][:T], g.ssm_nk, g.ssm_dk, g.ssm_nv, g.ssm_dv, q=q, k=k, v=v, stream=stream)
-    stamp(e, layer, "conv", stream)
-    decay, beta = b[f"g.{layer}"][:T], b[f"beta.{layer}"][:T]
-    alpha_w, beta_w = w.raw(blk + "ssm_alpha.weight"), w.raw(blk + "ssm_beta.weight")
-    if fused and alpha_w[1] in gdn.AB_TYPES and beta_w[1] in gdn.AB_TYPES:
-        gdn.gdn_ab_gates(x, *alpha_w, *beta_w, w.blk_f32(layer, "ssm_dt.bias"), w.blk_f32(layer, "ssm_a"),
-                         g=decay[r0:], beta=beta[r0:], stream=stream)
-    else:
-        gemv_weight(e, blk + "ssm_alpha.weight", x, b["gdn_alpha"][r0:T], stream)
-        gemv_weight(e, blk + "ssm_beta.weight", x, b["gdn_beta_in"][r0:T], stream)
-        gdn.gdn_gates(b["gdn_alpha"][r0:T], b["gdn_beta_in"][r0:T], w.blk_f32(layer, "ssm_dt.bias"),
-                      w.blk_f32(layer, "ssm_a"), g=decay[r0:], beta=beta[r0:], stream=stream)
-    stamp(e, layer, "ab", stream)
-    gdn.gdn_recurrence(b[f"S.{layer}"], q, k, v, decay, beta, out=b["gdn_o"][:T], with_state=False, stream=stream)
-    stamp(e, layer, "rec", stream)
     gemv_weight(e, blk + "attn_gate.weight", x, b["gdn_z"][r0:T], stream)
     stamp(e, layer, "z", stream)
-    y = gdn.gdn_gated_norm(b["gdn_o"][r0:T], b["gdn_z"][r0:T].reshape(n, g.ssm_nv, g.ssm_dv),
-                           w.blk_f32(layer, "ssm_norm"), g.eps, out=b["gdn_y"][r0:T], stream=stream)
-    stamp(e, layer, "gate", stream)
+    alpha_w, beta_w = w.raw(blk + "ssm_alpha.weight"), w.raw(blk + "ssm_beta.weight")
+    ab_raw = ab_proj = None
+    if alpha_w[1] in gdn.AB_TYPES and beta_w[1] in gdn.AB_TYPES:
+        ab_raw = (*alpha_w, *beta_w)
+    else:
+        ab_proj = (b["gdn_alpha"][r0:T], b["gdn_beta_in"][r0:T])
+        gemv_weight(e, blk + "ssm_alpha.weight", x, ab_proj[0], stream)
+        gemv_weight(e, blk + "ssm_beta.weight", x, ab_proj[1], stream)
+        stamp(e, layer, "ab", stream)
+    y = gdn.gdn_mix(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), b[f"S.{layer}"], x,
+                    w.blk_f32(layer, "ssm_dt.bias"), w.blk_f32(layer, "ssm_a"),
+                    b["gdn_z"][r0:T].reshape(n, g.ssm_nv, g.ssm_dv), w.blk_f32(layer, "ssm_norm"), g.eps, g.ssm_nk,
+                    g.ssm_dk, g.ssm_nv, g.ssm_dv, ab_raw=ab_raw, ab_proj=ab_proj, q=b[f"q.{layer}"][:T],
+                    k=b[f"k.{layer}"][:T], v=b[f"v.{layer}"][:T], g=b[f"g.{layer}"][:T], beta=b[f"beta.{layer}"][:T],
+                    out=b["gdn_y"][r0:T], r0=r0, stream=stream)
+    stamp(e, layer, "gdn-mix", stream)
     gemv_weight(e, blk + "ssm_out.weight", y.reshape(n, -1), b["block_out"][r0:T], stream)
     stamp(e, layer, "out-proj", stream)
 
@@ -238,8 +231,8 @@ def _ple_group(e, T: int, r0: int, r1: int, stream) -> None:
 
 class _LayerRecorder:
     """The one layer sequence of every window variant: token groups (one, or two with --split: the order in
-    record_window), the fused HC read (each block's residual write applied by the next read's first kernel) and
-    the fused GDN launches, as chosen for T (launch_util.window_path). Per layer and group:
+    record_window) and the fused HC read (each block's residual write applied by the next read's first kernel), as
+    chosen for T (launch_util.window_path); a GDN mixer is always 4 nodes (_gdn). Per layer and group:
 
         pre(l, g)  = [PLE] HC read (attn), mixer, [HC write], HC read (ffn), MoE (or the tiers' front: router,
                      doorbell, shared expert, VRAM experts)
@@ -252,7 +245,6 @@ class _LayerRecorder:
         self.e, self.T, self.stream, self.groups = e, T, stream, groups
         self.split = len(groups) == 2
         self.fused_hc = path.fused_hc and not self.split
-        self.fused_gdn = path.fused_gdn
 
     def _read(self, prefix: str, layer: int, part: str, r0: int, r1: int, pending: bool):
         mark = _marks(self.e, layer, part, self.stream)
@@ -287,7 +279,7 @@ class _LayerRecorder:
         if g.layer_is_attn[layer]:
             _qsa(e, layer, mixed, r1, stream, r0)
         else:
-            _gdn(e, layer, mixed, r1, stream, r0, fused=self.fused_gdn)
+            _gdn(e, layer, mixed, r1, stream, r0)
         self._write(layer, "hc-write0", r0, r1)
         mixed, _ = self._read(f"blk.{layer}.hc_ffn", layer, "hc1-", r0, r1, True)
         stamp(e, layer, "hc-read1", stream)
