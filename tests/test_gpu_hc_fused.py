@@ -120,8 +120,9 @@ def test_window_path_matches_numpy_and_replays_eager(fixture_dir, name, fused):
 
 
 def test_fused_window_has_fewer_nodes(fixture_dir):
-    """4 nodes fewer per layer (two reads of 4 nodes instead of 5, no write node), one write kept before a PLE
-    layer that is not the first; GPUEngine.layer_nodes (graph-nodes' per-layer line) sees the same per layer."""
+    """3 nodes fewer per layer (two reads of 4 nodes instead of 5, no write node after the mixer; the unfused
+    window's MoE write is in the routed experts' combine), one write kept before a PLE layer that is not the first;
+    GPUEngine.layer_nodes (graph-nodes' per-layer line) sees the same per layer."""
     from strata_cli.engine.gpu import GPUEngine
 
     model = open_model(fixture_dir / "model-q8_0.gguf")
@@ -138,6 +139,6 @@ def test_fused_window_has_fewer_nodes(fixture_dir):
             assert kinds.get("hc_norm", 0) == 2 * eng.g.n_layers + 1 and "hc_write_norm" not in kinds
     g = eng.g
     kept = 1 if g.ple is not None and g.ple.layer > 0 else 0
-    assert counts["0"].nodes - counts["1"].nodes == 4 * g.n_layers - kept
+    assert counts["0"].nodes - counts["1"].nodes == 3 * g.n_layers - kept
     assert [a - b for a, b in zip(per_layer["0"], per_layer["1"])] == [
-        3 if g.ple is not None and layer == g.ple.layer > 0 else 4 for layer in range(g.n_layers)]
+        2 if g.ple is not None and layer == g.ple.layer > 0 else 3 for layer in range(g.n_layers)]

@@ -55,8 +55,9 @@ LAYER_STAGES = (
     "pcie-group",     # (seed 22) expert tiers: experts read over PCIe
     "waitCPU",        # (seed 23) expert tiers: wait for the host-computed experts
     "moe-tiers",      # expert tiers: what of the tiered MoE (engine/gpu/tiers.py) no finer stamp took
-    "combine",        # (seed 24) weighted sum of the experts + shared expert
-    "hc-write1",      # residual write of the MoE into the streams
+    "combine",        # (seed 24) weighted sum of the experts + shared expert (+ the residual write, experts in VRAM,
+                      # T <= 3)
+    "hc-write1",      # residual write of the MoE into the streams (expert tiers)
     "gap",            # (seed 25) from the layer's last stamp to the next layer's first (node overhead)
 )
 # Stages of the window outside the layers (row n_layers). "begin" is the reference (first node of the graph),

@@ -168,8 +168,9 @@ def _rows(buf, T: int, width: int):
     return flat.reshape(T, width)
 
 
-def _moe(e, layer: int, x, T: int, stream):
-    """Router, shared expert, routed experts and their combine into block_out, every expert in VRAM."""
+def _moe(e, layer: int, x, T: int, stream, write: bool):
+    """Router, shared expert, routed experts and their combine into block_out, every expert in VRAM; write: the
+    combine also applies the residual write of block_out into R (no hc_write node; else the next read does)."""
     b, w, g = e.buf, e.w, e.g
     blk = f"blk.{layer}."
     gemv_weight(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
@@ -185,6 +186,7 @@ def _moe(e, layer: int, x, T: int, stream):
     exps = [w.raw(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
     moe.routed_experts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps],
                        out=b["block_out"][:T], shared=b["shared"][:T],
+                       residual=(b["R"][:T], b["inj"][:T]) if write else None,
                        scratch=moe.MoeScratch(b["moe_h"], b["moe_parts"], b["moe_gexp"], b["moe_gcnt"],
                                               b["moe_gent"]), stream=stream, mark=_marks(e, layer, "", stream))
     stamp(e, layer, "combine", stream)
@@ -234,9 +236,10 @@ class _LayerRecorder:
     record_window) and the fused HC read (each block's residual write applied by the next read's first kernel), as
     chosen for T (launch_util.window_path); a GDN mixer is always 4 nodes (_gdn). Per layer and group:
 
-        pre(l, g)  = [PLE] HC read (attn), mixer, [HC write], HC read (ffn), MoE (or the tiers' front: router,
-                     doorbell, shared expert, VRAM experts)
-        post(l, g) = [the tiers' back: waits, PCIe experts, combine], [HC write]
+        pre(l, g)  = [PLE] HC read (attn), mixer, [HC write], HC read (ffn), MoE (its combine also writes the
+                     residual, unless the read is fused) or the tiers' front: router, doorbell, shared expert, VRAM
+                     experts
+        post(l, g) = the tiers' back: waits, PCIe experts, combine, [HC write]
 
     The split window keeps the unfused HC read (hc_read_fused takes no row range). With the fused read the write
     before a PLE layer that is not the first is launched on its own (the mix reads R)."""
@@ -286,14 +289,16 @@ class _LayerRecorder:
         if e.tiers is not None:  # expert tiers (tiers.py): router, doorbell, shared expert, VRAM share
             e.tiers.pre(layer, grp, r0, n, len(self.groups), stream)
         else:
-            _moe(e, layer, mixed, T, stream)
+            _moe(e, layer, mixed, T, stream, write=not self.fused_hc)
 
     def post(self, layer: int, grp: int) -> None:
         e = self.e
         r0, n = self.groups[grp]
-        if e.tiers is not None:  # the waits for the host's shares, the PCIe share, the combine into block_out
-            e.tiers.post(layer, grp, r0, n, len(self.groups), self.stream)
-            stamp(e, layer, "moe-tiers", self.stream)
+        if e.tiers is None:
+            return  # _moe's combine wrote the residual (or left it to the next fused read)
+        # the waits for the host's shares, the PCIe share, the combine into block_out
+        e.tiers.post(layer, grp, r0, n, len(self.groups), self.stream)
+        stamp(e, layer, "moe-tiers", self.stream)
         self._write(layer, "hc-write1", r0, r0 + n)
 
     def record(self) -> None:
