@@ -10,9 +10,14 @@
 #define ROUTER_MAXK 16
 
 // logits [T, E] f32 -> ids [T, K] int32 (descending probability, ties -> lower id), w [T, K] f32 summing to 1.
-// grid T, block 256, dynamic shared memory E floats. Mirrors numpy: p = exp(z - max) / sum, select on p.
+// grid T, block 256, dynamic shared memory max(E, T*K + blockDim.x) floats. Mirrors numpy: p = exp(z - max) / sum,
+// select on p. g_expert != null: the block counted last in done[0] (a zeroed counter it resets) also groups the
+// J = T*K entries by expert into g_expert / g_count / g_entries, as moe_group does (J <= blockDim.x), so the routed
+// experts need no grouping launch of their own.
 extern "C" __global__ void __launch_bounds__(1024)
-    router_topk(const float* __restrict__ logits, int E, int K, int* __restrict__ ids, float* __restrict__ w) {
+    router_topk(const float* __restrict__ logits, int E, int K, int* ids, float* __restrict__ w,
+                int* __restrict__ g_expert, int* __restrict__ g_count, int* __restrict__ g_entries, int max_rows,
+                unsigned* done) {
     extern __shared__ float p[];
     __shared__ float shv[WARP];
     __shared__ int shi[WARP];
@@ -50,6 +55,22 @@ extern "C" __global__ void __launch_bounds__(1024)
         for (int k = 0; k < K; ++k) sum += top_p[k];
         for (int k = 0; k < K; ++k) w[(i64)blockIdx.x * K + k] = top_p[k] / sum;
     }
+    if (g_expert == nullptr) return;
+    __shared__ int last;
+    __threadfence();  // this block's ids are visible device-wide before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+        if (last) atomicExch(done, 0u);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int J = (int)gridDim.x * K;
+    int* sid = reinterpret_cast<int*>(p);  // p is no longer read: the ids, then group_by_key's leader flags
+    for (int j = threadIdx.x; j < J; j += blockDim.x) sid[j] = __ldcg(ids + j);  // L2: other blocks wrote them
+    __syncthreads();
+    group_by_key(sid, sid + J, 0, J, max_rows, false, g_expert, g_count, g_entries);
 }
 
 // out[t, d] = sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null), and when R is not null

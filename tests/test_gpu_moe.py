@@ -38,6 +38,61 @@ def test_router_topk_matches_reference(T, E, k, kind):
     np.testing.assert_allclose(w.get(), want_w, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("T", (1, 3, 16))
+@pytest.mark.parametrize("E,k", [(8, 8), (61, 4), (512, 10), (512, 16)])
+def test_router_topk_groups_the_entries(T, E, k):
+    """groups=: the router's last block groups the T*k entries by expert as moe_group does (the same buffers bit for
+    bit), launch after launch (its counter comes back to zero) and from a graph; ids and weights unchanged."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_moe
+    from strata_cli.gpu.graphs import CapturedGraph, new_stream
+    from strata_cli.gpu.launch_util import GEMV_MAXT
+
+    rng = np.random.default_rng(T * 100 + E + k)
+    logits = to_dev((2.0 * rng.standard_normal((T, E))).astype(np.float32))
+    J = T * k
+    want_ids, want_w = launch_moe.router_topk(logits, k)
+    want = (poisoned((J,), np.int32), poisoned((J,), np.int32), poisoned((J, GEMV_MAXT), np.int32))
+    want[2].fill(0)  # entries past a group's count are not written
+    launch_moe.group_entries(want_ids, J, want)
+    ids, w = poisoned((T, k), np.int32), poisoned((T, k))
+    groups = (poisoned((J,), np.int32), poisoned((J,), np.int32), cp.zeros((J, GEMV_MAXT), np.int32))
+    done = cp.zeros((1,), np.uint32)
+
+    def record(stream):
+        launch_moe.router_topk(logits, k, out_ids=ids, out_w=w, stream=stream, groups=groups, done=done)
+
+    def check_groups():
+        for name, got, ref in zip(("g_expert", "g_count", "g_entries"), groups, want):
+            np.testing.assert_array_equal(got.get(), ref.get(), err_msg=name)
+        assert int(done.get()[0]) == 0
+
+    for _ in range(2):
+        record(None)
+        cp.cuda.Device().synchronize()
+        check_groups()
+    np.testing.assert_array_equal(ids.get(), want_ids.get())
+    np.testing.assert_array_equal(w.get(), want_w.get())
+    stream = new_stream()
+    graph = CapturedGraph(record, stream)
+    for _ in range(2):
+        for buf in groups[:2]:
+            buf.fill(-7)
+        cp.cuda.Device().synchronize()
+        graph.launch()
+        stream.synchronize()
+        check_groups()
+    graph.destroy()
+
+
+def test_router_topk_groups_at_most_a_block():
+    from strata_cli.gpu import launch_moe
+
+    with pytest.raises(ValueError, match="logits: 272"):
+        launch_moe.router_topk(to_dev(np.zeros((17, 64), np.float32)), 16, groups=(None, None, None))
+
+
 def _experts(rng, E, F, D, types, scale=0.3):
     gt, ut, dt = types
     return (raw_weight(rng, (E, F, D), gt, scale), raw_weight(rng, (E, F, D), ut, scale),

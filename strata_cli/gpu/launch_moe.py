@@ -20,8 +20,12 @@ from .launch_gemv import SplitK, launch_gemv
 from .runtime import empty
 
 
-def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None):
-    """logits [T, E] -> ids [T, k] int32 (descending probability, ties -> lower id), weights [T, k] summing to 1."""
+def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None, groups=None, done=None):
+    """logits [T, E] -> ids [T, k] int32 (descending probability, ties -> lower id), weights [T, k] summing to 1.
+
+    groups = (g_expert [J], g_count [J], g_entries [J, GEMV_MAXT]) int32 (J = T*k, or more rows): the same launch
+    also groups the entries by expert as group_entries does (routed_experts(grouped=True) then skips it); done: a
+    uint32 [1] counter that starts at zero (the launch leaves it at zero)."""
     with U.on_stream(stream):
         U.check_array("logits", logits, np.float32, (None, None))
         T, E = logits.shape
@@ -29,10 +33,18 @@ def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None):
             raise ValueError(f"k: {k} outside 1..{min(E, U.ROUTER_MAXK)} (E = {E}, kernel limit {U.ROUTER_MAXK})")
         if E > U.ROUTER_MAX_E:
             raise ValueError(f"logits: {E} experts exceed the router kernel's {U.ROUTER_MAX_E}")
+        J = T * k
+        g_args = (U.null_or(None),) * 3 + (np.int32(0), U.null_or(None))
+        if groups is not None:
+            if J > U.BLOCK:
+                raise ValueError(f"logits: {J} (row, slot) entries exceed the router's {U.BLOCK} grouping threads")
+            U.check_array("done", done, np.uint32, (1,))
+            g_args = (*_group_buffers(MoeScratch(None, None, *groups), J), np.int32(U.GEMV_MAXT), done)
         out_ids = U.out_array("out_ids", out_ids, (T, k), np.int32, empty)
         out_w = U.out_array("out_w", out_w, (T, k), np.float32, empty)
+        smem = 4 * max(E, J + U.BLOCK) if groups is not None else 4 * E
         nvrtc.kernel("moe", "router_topk")((T, 1, 1), (U.BLOCK, 1, 1), (
-            logits, np.int32(E), np.int32(k), out_ids, out_w), shared_mem=4 * E)
+            logits, np.int32(E), np.int32(k), out_ids, out_w, *g_args), shared_mem=smem)
     return out_ids, out_w
 
 
@@ -132,13 +144,14 @@ def _check_types(name: str, ggml_types, n: int) -> tuple[int, ...]:
 
 
 def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=None, shared=None,
-                   scratch: MoeScratch | None = None, stream=None, mark=None, residual=None):
+                   scratch: MoeScratch | None = None, stream=None, mark=None, residual=None, grouped: bool = False):
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> out [T, D] (+ shared [T, D] when given, fused).
 
     x [T, D]; ids [T, K] int32; weights [T, K] f32; gate_raw, up_raw [E, F, D] and down_raw [E, D, F] raw
     tensors in numpy order; ggml_types = (gate, up, down). An id outside 0..E-1 turns its row's output NaN.
     residual = (R [T, C, D], inj [T, C]): the combine also writes out into the streams, R += out * inj per
-    stream in place (launch_hyper.hc_write's arithmetic). mark("experts") is called before the combine launch
+    stream in place (launch_hyper.hc_write's arithmetic). grouped: scratch's g_expert / g_count / g_entries already
+    hold the grouping of ids (router_topk(groups=) made it in the same stream). mark("experts") is called before the combine launch
     (the profiling graph's stamps)."""
     gt, ut, dt = _check_types("ggml_types", ggml_types, 3)
     with U.on_stream(stream):
@@ -168,7 +181,8 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         out = U.out_array("out", out, (T, D), np.float32, empty)
 
         # group the entries by expert; entry j = t*K + k reads x row t = j // K; h and parts are indexed by entry
-        group_entries(ids, J, groups)
+        if not grouped:
+            group_entries(ids, J, groups)
         launch_swiglu_experts((gate_raw, gt, gate_stride), (up_raw, ut, up_stride), (down_raw, dt, down_stride), E,
                               groups, J, T, x, K, h, parts)
         if mark is not None:

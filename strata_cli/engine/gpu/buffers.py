@@ -88,6 +88,7 @@ def plan_buffers(g, n_ctx: int, M: int) -> Arena:
     a.add("moe_gexp", (M * K,), np.int32)
     a.add("moe_gcnt", (M * K,), np.int32)
     a.add("moe_gent", (M * K, GEMV_MAXT), np.int32)  # entries of each expert group
+    a.add("route_done", (1,), np.uint32)  # router_topk's arrival counter (zero between launches)
     a.add("gemv_partial", (GEMV_PARTIAL_FLOATS,))
     a.add("gemv_tiles", (ZSPLIT_TILES,), np.uint32)
     a.add("argmax_values", (GEMV_MAXT * ARGMAX_MAX_PARTS,))

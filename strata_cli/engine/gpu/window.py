@@ -174,8 +174,11 @@ def _moe(e, layer: int, x, T: int, stream, write: bool):
     b, w, g = e.buf, e.w, e.g
     blk = f"blk.{layer}."
     gemv_weight(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
+    scratch = moe.MoeScratch(b["moe_h"], b["moe_parts"], b["moe_gexp"], b["moe_gcnt"], b["moe_gent"])
+    # the router's last block also groups the entries by expert (no moe_group node)
+    groups = (scratch.g_expert, scratch.g_count, scratch.g_entries)
     ids, weights = moe.router_topk(b["router"][:T], g.n_expert_used, out_ids=b["route_ids"][:T],
-                                   out_w=b["route_w"][:T], stream=stream)
+                                   out_w=b["route_w"][:T], stream=stream, groups=groups, done=b["route_done"])
     stamp(e, layer, "router", stream)
     names = [blk + f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")] + [blk + "ffn_gate_inp_shexp.weight"]
     raws = [w.raw(n) for n in names]
@@ -186,9 +189,8 @@ def _moe(e, layer: int, x, T: int, stream, write: bool):
     exps = [w.raw(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
     moe.routed_experts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps],
                        out=b["block_out"][:T], shared=b["shared"][:T],
-                       residual=(b["R"][:T], b["inj"][:T]) if write else None,
-                       scratch=moe.MoeScratch(b["moe_h"], b["moe_parts"], b["moe_gexp"], b["moe_gcnt"],
-                                              b["moe_gent"]), stream=stream, mark=_marks(e, layer, "", stream))
+                       residual=(b["R"][:T], b["inj"][:T]) if write else None, scratch=scratch, grouped=True,
+                       stream=stream, mark=_marks(e, layer, "", stream))
     stamp(e, layer, "combine", stream)
 
 
