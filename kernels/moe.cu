@@ -13,16 +13,25 @@
 // grid T, block 256, dynamic shared memory max(E, T*K + blockDim.x) floats. Mirrors numpy: p = exp(z - max) / sum,
 // select on p. g_expert != null: the block counted last in done[0] (a zeroed counter it resets) also groups the
 // J = T*K entries by expert into g_expert / g_count / g_entries, as moe_group does (J <= blockDim.x), so the routed
-// experts need no grouping launch of their own.
+// experts need no grouping launch of their own. sg_w != null: block t also writes the shared expert's scalar gate
+// sg[t] = sigmoid(sg_w . x[t]) (sg_w one raw row of n_in values, type sg_type, read by raw_at; x [T, n_in]).
 extern "C" __global__ void __launch_bounds__(1024)
     router_topk(const float* __restrict__ logits, int E, int K, int* ids, float* __restrict__ w,
                 int* __restrict__ g_expert, int* __restrict__ g_count, int* __restrict__ g_entries, int max_rows,
-                unsigned* done) {
+                unsigned* done, const float* __restrict__ x, int n_in, const u8* __restrict__ sg_w, int sg_type,
+                float* __restrict__ sg) {
     extern __shared__ float p[];
     __shared__ float shv[WARP];
     __shared__ int shi[WARP];
     __shared__ float top_p[ROUTER_MAXK];
     const float* z = logits + (i64)blockIdx.x * E;
+    if (sg_w != nullptr) {  // uniform per launch: every thread meets the barriers of block_sum
+        const float* xt = x + (i64)blockIdx.x * n_in;
+        float acc = 0.0f;
+        for (int i = threadIdx.x; i < n_in; i += blockDim.x) acc += raw_at(sg_w, sg_type, i) * xt[i];
+        acc = block_sum(acc, shv);
+        if (threadIdx.x == 0) sg[blockIdx.x] = sigmoid_f(acc);
+    }
 
     float m = NEG_INF;
     for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, z[e]);

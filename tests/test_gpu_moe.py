@@ -86,6 +86,34 @@ def test_router_topk_groups_the_entries(T, E, k):
     graph.destroy()
 
 
+@pytest.mark.parametrize("sg_type", TYPES, ids=[quants.TYPE_NAMES[t] for t in TYPES])
+@pytest.mark.parametrize("T,D", [(1, 96), (3, 2560), (16, 32)])
+def test_router_topk_computes_the_shared_gate(sg_type, T, D):
+    """scalar_gate=: the router's launch writes sigmoid(w_sg . x) per row, which shared_expert(sg=) then uses in
+    place of its scalar-gate GEMV (the shared expert of ops/moe.shared_expert_raw)."""
+    from strata_cli.gpu import launch_moe
+
+    rng = np.random.default_rng(T + D + sg_type)
+    E, K, F = 61, 4, 64
+    logits = (2.0 * rng.standard_normal((T, E))).astype(np.float32)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    sg_w = raw_weight(rng, (D,), sg_type, 0.05)
+    gate, up, down = raw_weight(rng, (F, D), Q8_0, 0.1), raw_weight(rng, (F, D), Q8_0, 0.1), raw_weight(
+        rng, (D, F), Q8_0, 0.1)
+    sg = poisoned((T, 1))
+    ids, w = launch_moe.router_topk(to_dev(logits), K, scalar_gate=(to_dev(x), to_dev(sg_w), sg_type, sg))
+    want_ids, want_w = moe.router_topk(logits, K)
+    np.testing.assert_array_equal(ids.get(), want_ids)
+    w_sg = quants.dequantize(sg_w, sg_type).reshape(-1).astype(np.float32)
+    assert_close("sg", (1.0 / (1.0 + np.exp(-(x @ w_sg)))).reshape(T, 1).astype(np.float32), sg, rtol=1e-5)
+    types = (Q8_0, Q8_0, Q8_0, sg_type)
+    out = poisoned((T, D))
+    got = launch_moe.shared_expert(to_dev(x), to_dev(gate), to_dev(up), to_dev(down), None, types, out=out, sg=sg)
+    assert_close("shared_expert(sg=)", moe.shared_expert_raw(x, gate, up, down, sg_w, types), got)
+    with pytest.raises(ValueError, match="scalar_gate: type Q4_K"):
+        launch_moe.router_topk(to_dev(logits), K, scalar_gate=(to_dev(x), to_dev(sg_w), quants.Q4_K, sg))
+
+
 def test_router_topk_groups_at_most_a_block():
     from strata_cli.gpu import launch_moe
 

@@ -193,10 +193,10 @@ def test_split_window_is_stamped_as_a_whole(monkeypatch, geometry):
 
 
 # Graph nodes of one recorded launch on the Q8_0 fixture (every other launch is one node): the HC read's norm, down,
-# up, mix and inject (the fused read: write + norm, down, up, mix + inject), the shared expert's up, gate, scalar
-# gate and down, the routed experts' up, gate (Q8_0 experts: not one gate/up launch), down and combine (their
-# grouping is router_topk's).
-NODES = {"hyper.hc_read": 5, "hyper.hc_read_fused": 4, "moe.shared_expert": 4, "moe.routed_experts": 4}
+# up, mix and inject (the fused read: write + norm, down, up, mix + inject), the shared expert's up, gate
+# and down (its scalar gate is router_topk's), the routed experts' up, gate (Q8_0 experts: not one gate/up launch),
+# down and combine (their grouping is router_topk's).
+NODES = {"hyper.hc_read": 5, "hyper.hc_read_fused": 4, "moe.shared_expert": 3, "moe.routed_experts": 4}
 
 
 def layer_nodes(monkeypatch, g, T: int, path: WindowPath) -> list[int]:
@@ -213,8 +213,9 @@ def test_nodes_per_layer(monkeypatch, geometry):
     gdn_mix (one launch for conv + split, gates, recurrence, gated norm): 6 nodes fewer per GDN layer at T <= 3
     (conv, split, alpha, beta, gates, gated norm), 3 from T = 4 (conv_split, ab_gates, gated norm). The routed
     experts' combine applies the MoE's residual write: 1 node fewer per layer at T <= 3 (from T = 4 the next fused
-    read applies it). router_topk groups the entries by expert: 1 node (moe_group) fewer per layer at every T."""
+    read applies it). router_topk groups the entries by expert and computes the shared expert's scalar gate: 2 nodes
+    (moe_group, the scalar-gate GEMV) fewer per layer at every T."""
     g = geometry
     assert [g.layer_is_attn[layer] for layer in range(g.n_layers)] == [False] * 3 + [True] + [False] * 3 + [True]
-    assert layer_nodes(monkeypatch, g, 1, PLAIN) == [25, 28, 25, 36, 25, 25, 25, 36]
-    assert layer_nodes(monkeypatch, g, 4, FUSED) == [22, 26, 22, 33, 22, 22, 22, 33]
+    assert layer_nodes(monkeypatch, g, 1, PLAIN) == [24, 27, 24, 35, 24, 24, 24, 35]
+    assert layer_nodes(monkeypatch, g, 4, FUSED) == [21, 25, 21, 32, 21, 21, 21, 32]
