@@ -14,7 +14,7 @@ from test_window_steps import _Buffers, _Rows
 GDN_STAGES = ["hc0-norm", "hc0-down", "hc0-up", "hc-read0", "qkv", "z", "gdn-mix", "out-proj"]
 QSA_STAGES = ["hc0-norm", "hc0-down", "hc0-up", "hc-read0", "k/v+norm-rope", "kv append", "q+norm-rope",
               "attention", "out-proj"]
-MOE_STAGES = ["hc-write0", "hc1-norm", "hc1-down", "hc1-up", "hc-read1", "router", "shared", "experts", "combine",
+MOE_STAGES = ["hc1-write+norm", "hc1-down", "hc1-up", "hc-read1", "router", "shared", "experts", "combine",
               "hc-write1"]
 
 
@@ -253,7 +253,7 @@ class _Launches:
 
         def launch(*args, mark=None, **kwargs):
             for part in self.PARTS.get(name, ()) if mark is not None else ():
-                mark(part)
+                mark("write+norm" if part == "norm" and kwargs.get("pending") is not None else part)
             return (_Rows(), _Rows()) if name in ("hc_read", "select_cells", "router_topk") else _Rows()
 
         return launch

@@ -41,9 +41,8 @@ LAYER_STAGES = (
     "scores+topk",    # (seed 11) QSA: block scores + cell selection
     "attention",      # (seed 13) QSA: attention over the selected cells
     "out-proj",       # (seed 16) output projection of the block
-    "hc-write0",      # residual write of the block into the streams
-    "hc1-norm",       # hyper-connection read before the MoE: norm
-    "hc1-write+norm",  # fused read (T >= 4): the block's write (hc-write0), the norm, the inject partials
+    "hc1-write+norm",  # hyper-connection read before the MoE: the block's residual write and the norm in one kernel
+                       # (with the fused read, T >= 4, also the inject partial dots)
     "hc1-down",       # its down GEMV
     "hc1-up",         # its up GEMV
     "hc-read1",       # (seed 17) its mix + inject

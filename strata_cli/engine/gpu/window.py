@@ -48,15 +48,17 @@ def _marks(e, layer: int, prefix: str, stream):
     return lambda part: e.stamper(layer, prefix + part, stream)
 
 
-def _hc(e, prefix: str, T: int, inject: bool, stream, r0: int = 0, mark=None):
-    """HC read of rows [r0, T) (r0 > 0 only for the second token group of a split window)."""
+def _hc(e, prefix: str, T: int, inject: bool, stream, r0: int = 0, mark=None, pending: bool = False):
+    """HC read of rows [r0, T) (r0 > 0 only for the second token group of a split window); pending: the write of
+    those rows' block_out with the last read's inj goes into R first (in the norm's kernel)."""
     b, w = e.buf, e.w
     down, up = w.raw(f"{prefix}_down.weight"), w.raw(f"{prefix}_up.weight")
     inj = w.raw(f"{prefix}_inject.weight") if inject else (None, None)
     scratch = hyper.HcScratch(b["hc_xn"], b["hc_low"], b["hc_gates"])
     return hyper.hc_read(b["R"][r0:T], w.f32(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
                          out_mixed=b["mixed"][r0:T], out_inj=b["inj"][r0:T] if inject else None, scratch=scratch,
-                         split=split_k(b), stream=stream, mark=mark)
+                         split=split_k(b), stream=stream, mark=mark,
+                         pending=(b["block_out"][r0:T], b["inj"][r0:T]) if pending else None)
 
 
 def _hc_fused(e, prefix: str, T: int, inject: bool, pending: bool, stream, mark=None):
@@ -240,7 +242,7 @@ class _LayerRecorder:
     record_window) and the fused HC read (each block's residual write applied by the next read's first kernel), as
     chosen for T (launch_util.window_path); a GDN mixer is always 4 nodes (_gdn). Per layer and group:
 
-        pre(l, g)  = [PLE] HC read (attn), mixer, [HC write], HC read (ffn), MoE (its combine also writes the
+        pre(l, g)  = [PLE] HC read (attn), mixer, HC read (ffn: it applies the mixer's write first), MoE (its combine also writes the
                      residual, unless the read is fused) or the tiers' front: router, doorbell, shared expert, VRAM
                      experts
         post(l, g) = the tiers' back: waits, PCIe experts, combine, [HC write]
@@ -257,7 +259,7 @@ class _LayerRecorder:
         mark = _marks(self.e, layer, part, self.stream)
         if self.fused_hc:
             return _hc_fused(self.e, prefix, self.T, True, pending, self.stream, mark=mark)
-        return _hc(self.e, prefix, r1, True, self.stream, r0, mark=mark)
+        return _hc(self.e, prefix, r1, True, self.stream, r0, mark=mark, pending=pending)
 
     def _write(self, layer: int, stage: str, r0: int, r1: int) -> None:
         if self.fused_hc:
@@ -287,7 +289,7 @@ class _LayerRecorder:
             _qsa(e, layer, mixed, r1, stream, r0)
         else:
             _gdn(e, layer, mixed, r1, stream, r0)
-        self._write(layer, "hc-write0", r0, r1)
+        # the mixer's residual write is applied by the next read's norm kernel (either read)
         mixed, _ = self._read(f"blk.{layer}.hc_ffn", layer, "hc1-", r0, r1, True)
         stamp(e, layer, "hc-read1", stream)
         if e.tiers is not None:  # expert tiers (tiers.py): router, doorbell, shared expert, VRAM share
