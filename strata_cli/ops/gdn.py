@@ -34,7 +34,7 @@ def gdn_split(h: np.ndarray, nk: int, dk: int, nv: int, dv: int) -> tuple[np.nda
 
 
 def gdn_conv_split(qkv, conv_state, conv_w, nk: int, dk: int, nv: int, dv: int):
-    """gdn_split of gdn_conv's output: the reference of gpu/launch_gdn.gdn_conv_split (q, k, v only)."""
+    """gdn_split of gdn_conv's output (q, k, v only): the first part of gdn_mix_raw."""
     return gdn_split(gdn_conv(qkv, conv_state, conv_w)[0], nk, dk, nv, dv)
 
 
@@ -45,8 +45,8 @@ def gdn_gates(alpha: np.ndarray, beta_in: np.ndarray, dt_bias: np.ndarray, ssm_a
 
 
 def gdn_ab_gates_raw(x, alpha_raw, alpha_type, beta_raw, beta_type, dt_bias, ssm_a):
-    """gdn_gates over the alpha and beta projections of x [T, n_in] (raw [Hv, n_in] weights): the reference of
-    gpu/launch_gdn.gdn_ab_gates."""
+    """gdn_gates over the alpha and beta projections of x [T, n_in] (raw [Hv, n_in] weights): gdn_mix_raw's gates
+    of ab_raw."""
     n_in = x.shape[1]
     alpha = gemv(alpha_raw, alpha_type, n_in, x).astype(np.float32)
     beta_in = gemv(beta_raw, beta_type, n_in, x).astype(np.float32)
