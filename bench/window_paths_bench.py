@@ -20,8 +20,8 @@ from strata_cli.engine.gpu import GPUEngine
 from strata_cli.gpu.launch_util import WindowPath, window_path
 from strata_cli.model.gguf_file import open_model
 
-PATHS = {"unfused": WindowPath(fused_hc=False, fused_gdn=False, gemv_tc=False),
-         "fused": WindowPath(fused_hc=True, fused_gdn=True, gemv_tc=True)}
+PATHS = {"unfused": WindowPath(fused_hc=False, gemv_tc=False),
+         "fused": WindowPath(fused_hc=True, gemv_tc=True)}
 
 
 def window_ms(model, path: WindowPath, windows, reps: int, depth: int) -> dict[int, float]:

@@ -12,24 +12,6 @@
 #define GDN_RPT 32           // recurrence: state rows in registers per thread (dk <= GDN_RPT * blockDim.y)
 #define GDN_REC_THREADS 512  // recurrence: most threads per block (dv * blockDim.y)
 
-// h[t, c] = silu(sum_i seq[t + i, c] * conv_w[c, i]) over seq = [conv_state | qkv] (K-1+T rows); tap K-1 is the
-// current row. Grid-stride over T*Ch, block GDN_BLOCK.
-extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
-    gdn_conv(const float* __restrict__ qkv, const float* __restrict__ conv_state, const float* __restrict__ conv_w,
-             float* __restrict__ h, int T, int Ch, int K) {
-    const i64 n = (i64)T * Ch;
-    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
-        const i64 t = idx / Ch, c = idx % Ch;
-        float acc = 0.0f;
-        for (int i = 0; i < K; ++i) {
-            const i64 r = t + i;  // row of seq
-            const float x = r < K - 1 ? conv_state[r * Ch + c] : qkv[(r - (K - 1)) * Ch + c];
-            acc += x * conv_w[c * K + i];
-        }
-        h[idx] = silu_f(acc);
-    }
-}
-
 // Conv commit: conv_state [K1 = K-1, Ch] <- rows [n_keep, n_keep + K1) of [conv_state | qkv] (qkv holds T rows).
 // Thread per channel; the arguments of ple.cu's ple_history_commit (seq_util.rolling_commit builds both).
 extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
@@ -38,39 +20,8 @@ extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
     rolling_commit(conv_state, qkv, T, K1, Ch, n_keep, n_keep_dev);
 }
 
-// h [T, Ch] -> q = l2norm(h[:, :Hk*dk]) / sqrt(dk), k = l2norm(h[:, Hk*dk : 2*Hk*dk]) per head, v = the rest.
-// grid (T, 2*Hk + Hv): y < Hk a q head, y < 2*Hk a k head, else a v head (copied); block GDN_BLOCK.
-extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
-    gdn_split(const float* __restrict__ h, float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
-              int Ch, int nk, int dk, int nv, int dv, float q_scale, float eps) {
-    __shared__ float sh[WARP];
-    const i64 t = blockIdx.x;
-    const int j = blockIdx.y;
-    const float* row = h + t * Ch;
-    if (j >= 2 * nk) {  // uniform per block: no barrier is skipped by part of the block
-        const int vh = j - 2 * nk;
-        const float* src = row + 2 * nk * dk + vh * dv;
-        float* dst = v + (t * nv + vh) * dv;
-        for (int i = threadIdx.x; i < dv; i += blockDim.x) dst[i] = src[i];
-        return;
-    }
-    const float* src = row + (i64)j * dk;  // q heads then k heads, back to back
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) ss += src[i] * src[i];
-    ss = block_sum(ss, sh);
-    const float norm = sqrtf(ss + eps);  // eps floors the SUM (ops/basic.l2_norm)
-    const bool is_q = j < nk;
-    float* dst = is_q ? q + (t * nk + j) * dk : k + (t * nk + (j - nk)) * dk;
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-        const float x = src[i] / norm;
-        dst[i] = is_q ? x * q_scale : x;
-    }
-}
-
-// gdn_conv then gdn_split in one launch (launch_gdn.gdn_conv_split, windows of T >= 4): no h [T, Ch] round trip.
-// grid (T, 2*Hk + Hv) as gdn_split, block GDN_BLOCK; each block convolves its head's channels itself (conv_at:
-// gdn_conv's arithmetic), twice for a q/k head (once for the norm, once for the output), so q, k, v equal
-// gdn_conv + gdn_split bit for bit.
+// silu(causal depthwise conv) of channel c at row t over seq = [conv_state | qkv] (K-1+T rows); tap K-1 is the
+// current row.
 __device__ __forceinline__ float conv_at(const float* __restrict__ qkv, const float* __restrict__ conv_state,
                                          const float* __restrict__ conv_w, i64 t, i64 c, int Ch, int K) {
     float acc = 0.0f;
@@ -82,90 +33,44 @@ __device__ __forceinline__ float conv_at(const float* __restrict__ qkv, const fl
     return silu_f(acc);
 }
 
-extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
-    gdn_conv_split(const float* __restrict__ qkv, const float* __restrict__ conv_state,
-                   const float* __restrict__ conv_w, float* __restrict__ q, float* __restrict__ k,
-                   float* __restrict__ v, int Ch, int K, int nk, int dk, int nv, int dv, float q_scale, float eps) {
-    __shared__ float sh[WARP];
-    const i64 t = blockIdx.x;
-    const int j = blockIdx.y;
-    if (j >= 2 * nk) {  // uniform per block: no barrier is skipped by part of the block
-        const int vh = j - 2 * nk;
-        const i64 c0 = (i64)2 * nk * dk + (i64)vh * dv;
-        float* dst = v + (t * nv + vh) * dv;
-        for (int i = threadIdx.x; i < dv; i += blockDim.x) dst[i] = conv_at(qkv, conv_state, conv_w, t, c0 + i, Ch, K);
-        return;
-    }
-    const i64 c0 = (i64)j * dk;  // q heads then k heads, back to back
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-        const float x = conv_at(qkv, conv_state, conv_w, t, c0 + i, Ch, K);
-        ss += x * x;
-    }
-    ss = block_sum(ss, sh);
-    const float norm = sqrtf(ss + eps);  // eps floors the SUM (ops/basic.l2_norm)
-    const bool is_q = j < nk;
-    float* dst = is_q ? q + (t * nk + j) * dk : k + (t * nk + (j - nk)) * dk;
-    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-        const float x = conv_at(qkv, conv_state, conv_w, t, c0 + i, Ch, K) / norm;
-        dst[i] = is_q ? x * q_scale : x;
-    }
-}
-
-// g = ssm_a * softplus(alpha + dt_bias) (log decay), beta = sigmoid(beta_in); alpha, beta_in, g, beta [T, Hv].
-extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
-    gdn_gates(const float* __restrict__ alpha, const float* __restrict__ beta_in, const float* __restrict__ dt_bias,
-              const float* __restrict__ ssm_a, float* __restrict__ g, float* __restrict__ beta, int T, int nv) {
-    const i64 n = (i64)T * nv;
-    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
-        const int hv = (int)(idx % nv);
-        g[idx] = ssm_a[hv] * softplus_f(alpha[idx] + dt_bias[hv]);
-        beta[idx] = sigmoid_f(beta_in[idx]);
-    }
-}
-
-// The alpha and beta projections with their gates in one launch (launch_gdn.gdn_ab_gates, windows of T >= 4):
-//   g[t, h] = ssm_a[h] * softplus(W_alpha[h] . x[t] + dt_bias[h]),  beta[t, h] = sigmoid(W_beta[h] . x[t])
-// x [T, n_in]; W_alpha, W_beta raw [Hv, n_in] rows (row strides in bytes, types F32/F16/BF16/Q8_0); g, beta [T, Hv].
-// grid 2*Hv (block o < Hv: alpha row o; else beta row o - Hv), block GDN_BLOCK: the threads split the input axis,
-// rows of x in chunks of AB_MAXT, partial sums reduced per warp then across warps in warp order (deterministic).
-#define AB_MAXT 16
-extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
-    gdn_ab_gates(const float* __restrict__ x, int n_in, const u8* __restrict__ w_alpha, i64 alpha_stride,
-                 int alpha_type, const u8* __restrict__ w_beta, i64 beta_stride, int beta_type,
-                 const float* __restrict__ dt_bias, const float* __restrict__ ssm_a, float* __restrict__ g,
-                 float* __restrict__ beta, int T, int nv) {
-    __shared__ float sh[GDN_BLOCK / WARP][AB_MAXT];
-    const bool is_alpha = blockIdx.x < (unsigned)nv;
-    const int h = is_alpha ? blockIdx.x : blockIdx.x - nv;
-    const u8* row = is_alpha ? w_alpha + (i64)h * alpha_stride : w_beta + (i64)h * beta_stride;
-    const int type = is_alpha ? alpha_type : beta_type;
-    const int lane = threadIdx.x & (WARP - 1), warp = threadIdx.x / WARP, n_warps = blockDim.x / WARP;
-    for (int t0 = 0; t0 < T; t0 += AB_MAXT) {
-        const int nt = min(AB_MAXT, T - t0);
-        float acc[AB_MAXT];
+// One row of the delta rule for thread (j, p), which holds S[i, j] for i = p*GDN_RPT + r < dk (holds false: a
+// thread outside the (dv, P) grid, which only meets the barriers): S *= decay; S += k (x) b*(v - S^T k); returns
+// (S^T q)[j], the P partial sums added in p order (the same in every thread of column j). k, q [dk] in shared
+// memory, v_j = v[j]; part [P, dv] shared scratch. Every thread of the block calls it; on return k, q and part may
+// be rewritten.
+__device__ __forceinline__ float delta_rule_row(float (&S)[GDN_RPT], const float* sk, const float* sq, float v_j,
+                                                float decay, float b, float* part, int j, int p, int P, int dk,
+                                                int dv, bool holds) {
+    float mem = 0.0f;  // this thread's share of (S^T k)[j]
 #pragma unroll
-        for (int t = 0; t < AB_MAXT; ++t) acc[t] = 0.0f;
-        for (int i = threadIdx.x; i < n_in; i += blockDim.x) {
-            const float w = raw_at(row, type, i);
-#pragma unroll
-            for (int t = 0; t < AB_MAXT; ++t)
-                if (t < nt) acc[t] += w * x[(i64)(t0 + t) * n_in + i];
-        }
-#pragma unroll
-        for (int t = 0; t < AB_MAXT; ++t) acc[t] = warp_sum(acc[t]);
-        __syncthreads();  // sh is reused by the next chunk
-        if (lane == 0)
-            for (int t = 0; t < nt; ++t) sh[warp][t] = acc[t];
-        __syncthreads();
-        if (threadIdx.x < nt) {
-            float v = 0.0f;
-            for (int k = 0; k < n_warps; ++k) v += sh[k][threadIdx.x];
-            const i64 idx = (i64)(t0 + threadIdx.x) * nv + h;
-            if (is_alpha) g[idx] = ssm_a[h] * softplus_f(v + dt_bias[h]);
-            else beta[idx] = sigmoid_f(v);
+    for (int r = 0; r < GDN_RPT; ++r) {
+        const int i = p * GDN_RPT + r;
+        if (holds && i < dk) {
+            S[r] *= decay;
+            mem += S[r] * sk[i];
         }
     }
+    if (holds) part[p * dv + j] = mem;
+    __syncthreads();
+    mem = 0.0f;
+    for (int pp = 0; pp < P; ++pp) mem += part[pp * dv + j];  // same order in every thread of column j
+    const float delta = (v_j - mem) * b;
+    float out = 0.0f;
+#pragma unroll
+    for (int r = 0; r < GDN_RPT; ++r) {
+        const int i = p * GDN_RPT + r;
+        if (holds && i < dk) {
+            S[r] += sk[i] * delta;
+            out += S[r] * sq[i];
+        }
+    }
+    __syncthreads();  // every thread has read part[] for mem
+    if (holds) part[p * dv + j] = out;
+    __syncthreads();
+    float acc = 0.0f;
+    for (int pp = 0; pp < P; ++pp) acc += part[pp * dv + j];
+    __syncthreads();  // every thread has read part[] (and k, q) before the next row rewrites them
+    return acc;
 }
 
 // Delta rule from the saved state over rows [0, T): per row S *= exp(g); S += k (x) beta*(v - S^T k);
@@ -210,59 +115,151 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
             sq[i] = q[qk_row + i];
         }
         __syncthreads();
-        const float decay = expf(g[(i64)t * nv + hv]);
-        const float b = beta[(i64)t * nv + hv];
-        float mem = 0.0f;  // this thread's share of (S^T k)[j]
-#pragma unroll
-        for (int r = 0; r < GDN_RPT; ++r) {
-            const int i = p * GDN_RPT + r;
-            if (i < dk) {
-                S[r] *= decay;
-                mem += S[r] * sk[i];
-            }
-        }
-        part[p * dv + j] = mem;
-        __syncthreads();
-        mem = 0.0f;
-        for (int pp = 0; pp < P; ++pp) mem += part[pp * dv + j];  // same order in every thread of column j
-        const float delta = (v[((i64)t * nv + hv) * dv + j] - mem) * b;
-        float out = 0.0f;
-#pragma unroll
-        for (int r = 0; r < GDN_RPT; ++r) {
-            const int i = p * GDN_RPT + r;
-            if (i < dk) {
-                S[r] += sk[i] * delta;
-                out += S[r] * sq[i];
-            }
-        }
-        __syncthreads();  // every thread has read part[] for mem
-        part[p * dv + j] = out;
-        __syncthreads();
-        if (o && p == 0) {
-            float acc = 0.0f;
-            for (int pp = 0; pp < P; ++pp) acc += part[pp * dv + j];
-            o[((i64)t * nv + hv) * dv + j] = acc;
-        }
+        const float out = delta_rule_row(S, sk, sq, v[((i64)t * nv + hv) * dv + j], expf(g[(i64)t * nv + hv]),
+                                         beta[(i64)t * nv + hv], part, j, p, P, dk, dv, true);
+        if (o && p == 0) o[((i64)t * nv + hv) * dv + j] = out;
         if (t + 1 == n_save) {
 #pragma unroll
             for (int r = 0; r < GDN_RPT; ++r)
                 if (p * GDN_RPT + r < dk) state_out[head + (i64)(p * GDN_RPT + r) * dv + j] = S[r];
         }
-        __syncthreads();  // sk, sq and part are rewritten by the next row
     }
 }
 
-// y = rms_norm(o) * norm_w * sigmoid(z) per (row, value head); o, z, y [T, Hv, dv], norm_w [dv].
-// grid T*Hv, block GDN_BLOCK.
-extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
-    gdn_gated_norm(const float* __restrict__ o, const float* __restrict__ z, const float* __restrict__ norm_w,
-                   float* __restrict__ y, int dv, float eps) {
-    __shared__ float sh[WARP];
-    const i64 base = (i64)blockIdx.x * dv;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dv; i += blockDim.x) ss += o[base + i] * o[base + i];
-    ss = block_sum(ss, sh);
-    const float rms = sqrtf(ss / (float)dv + eps);
-    for (int i = threadIdx.x; i < dv; i += blockDim.x)
-        y[base + i] = o[base + i] / rms * norm_w[i] * sigmoid_f(z[base + i]);
+// The GDN mixer between its projections in one launch (launch_gdn.gdn_mix, every window): for value head hv,
+// conv + split of its q/k head kh = hv % Hk and of its v head (conv_at; q, k L2-normed per head, q times q_scale),
+// the gates g = ssm_a * softplus(alpha + dt_bias), beta = sigmoid(beta_in) (the alpha/beta projections of x by
+// raw_at dots when w_alpha is given, else read from alpha_in / beta_in), the delta rule (delta_rule_row, from the
+// saved state, which is not written) and the gated norm y = o / rms(o) * norm_w * sigmoid(z) of its output rows
+// (ops/gdn.py; the norms' sums go per warp). Rows [0, r0) belong to an
+// earlier token group of a split window: their gates are read from g / beta (that group's launch wrote them), and
+// only rows [r0, T) of x, alpha_in, beta_in, z and y exist (row t at t - r0). Writes what the commit keeps: v of
+// its head, q and k of head hv when hv < Hk, and the gates g, beta of rows [r0, T).
+//
+// grid Hv, block dv * P threads rounded up to a multiple of 32 (1-D; P = ceil(dk / GDN_RPT); thread (j, p) =
+// (tid % dv, tid / dv) with p < P holds S[i, j] for i = p*GDN_RPT + r, the rounding's threads only share the warp
+// items and the barriers). Dynamic shared memory T*(2*dk + 2*dv) + 2*T + P*dv floats: the head's
+// q, k, v and o rows, the gates, and the recurrence's partial sums across p.
+extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
+    gdn_mix(const float* __restrict__ qkv, const float* __restrict__ conv_state, const float* __restrict__ conv_w,
+            int Ch, int K, const float* __restrict__ state, const float* __restrict__ x, int n_in,
+            const u8* __restrict__ w_alpha, i64 alpha_stride, int alpha_type, const u8* __restrict__ w_beta,
+            i64 beta_stride, int beta_type, const float* __restrict__ alpha_in, const float* __restrict__ beta_in,
+            const float* __restrict__ dt_bias, const float* __restrict__ ssm_a, const float* __restrict__ z,
+            const float* __restrict__ norm_w, float norm_eps, float* __restrict__ q, float* __restrict__ k,
+            float* __restrict__ v, float* g, float* beta, float* __restrict__ y, int T, int r0, int nk, int nv,
+            int dk, int dv, float q_scale, float l2_eps) {
+    extern __shared__ float smem[];
+    float* sq = smem;             // [T, dk]
+    float* sk = sq + T * dk;      // [T, dk]
+    float* sv = sk + T * dk;      // [T, dv]
+    float* so = sv + T * dv;      // [T, dv]
+    float* sdec = so + T * dv;    // [T]
+    float* sbeta = sdec + T;      // [T]
+    float* part = sbeta + T;      // [P, dv]
+    const int hv = blockIdx.x, kh = hv % nk;
+    const int tid = threadIdx.x, nthreads = blockDim.x;
+    const int j = tid % dv, p = tid / dv, P = (dk + GDN_RPT - 1) / GDN_RPT;
+    const bool holds = p < P;  // a thread of the recurrence
+    const int lane = tid & (WARP - 1), warp = tid / WARP, n_warps = nthreads / WARP;
+
+    // conv + silu of the head's channels, every row
+    const int width = 2 * dk + dv;
+    for (int idx = tid; idx < T * width; idx += nthreads) {
+        const int t = idx / width, i = idx % width;
+        float* dst;
+        i64 c;
+        if (i < dk) {
+            c = (i64)kh * dk + i;
+            dst = sq + t * dk + i;
+        } else if (i < 2 * dk) {
+            c = (i64)nk * dk + (i64)kh * dk + (i - dk);
+            dst = sk + t * dk + (i - dk);
+        } else {
+            c = (i64)2 * nk * dk + (i64)hv * dv + (i - 2 * dk);
+            dst = sv + t * dv + (i - 2 * dk);
+        }
+        *dst = conv_at(qkv, conv_state, conv_w, t, c, Ch, K);
+    }
+    for (int t = tid; t < r0; t += nthreads) {  // an earlier group's gates
+        sdec[t] = g[(i64)t * nv + hv];
+        sbeta[t] = beta[(i64)t * nv + hv];
+    }
+    __syncthreads();
+    // one warp per item: the 2*T L2 norms (q then k of row t), then the 2*(T - r0) gates (alpha then beta)
+    const int n_gates = 2 * (T - r0);
+    for (int item = warp; item < 2 * T + n_gates; item += n_warps) {
+        if (item < 2 * T) {
+            const int t = item / 2;
+            const bool is_q = item % 2 == 0;
+            float* row = (is_q ? sq : sk) + t * dk;
+            float ss = 0.0f;
+            for (int i = lane; i < dk; i += WARP) ss += row[i] * row[i];
+            const float norm = sqrtf(warp_sum(ss) + l2_eps);  // eps floors the SUM (ops/basic.l2_norm)
+            for (int i = lane; i < dk; i += WARP) {
+                const float xi = row[i] / norm;
+                row[i] = is_q ? xi * q_scale : xi;
+            }
+            continue;
+        }
+        const int gi = item - 2 * T, t = r0 + gi / 2;
+        const bool is_alpha = gi % 2 == 0;
+        float proj;
+        if (w_alpha != nullptr) {
+            const u8* wrow = is_alpha ? w_alpha + (i64)hv * alpha_stride : w_beta + (i64)hv * beta_stride;
+            const int type = is_alpha ? alpha_type : beta_type;
+            const float* xr = x + (i64)(t - r0) * n_in;
+            float acc = 0.0f;
+            for (int i = lane; i < n_in; i += WARP) acc += raw_at(wrow, type, i) * xr[i];
+            proj = warp_sum(acc);
+        } else {
+            proj = (is_alpha ? alpha_in : beta_in)[(i64)(t - r0) * nv + hv];
+        }
+        if (lane == 0) {
+            if (is_alpha) {
+                const float gv = ssm_a[hv] * softplus_f(proj + dt_bias[hv]);
+                sdec[t] = gv;
+                g[(i64)t * nv + hv] = gv;
+            } else {
+                const float bv = sigmoid_f(proj);
+                sbeta[t] = bv;
+                beta[(i64)t * nv + hv] = bv;
+            }
+        }
+    }
+    __syncthreads();
+    // what the commit keeps (rows [0, r0) again: the same values as the earlier group's launch wrote)
+    for (int idx = tid; idx < T * dv; idx += nthreads) v[((i64)(idx / dv) * nv + hv) * dv + idx % dv] = sv[idx];
+    if (hv < nk) {
+        for (int idx = tid; idx < T * dk; idx += nthreads) {
+            const i64 at = ((i64)(idx / dk) * nk + hv) * dk + idx % dk;
+            q[at] = sq[idx];
+            k[at] = sk[idx];
+        }
+    }
+
+    // the delta rule over the T rows (gdn_recurrence's loop, q/k/v/gates from shared memory)
+    const i64 head = (i64)hv * dk * dv;
+    float S[GDN_RPT];
+#pragma unroll
+    for (int r = 0; r < GDN_RPT; ++r) {
+        const int i = p * GDN_RPT + r;
+        S[r] = holds && i < dk ? state[head + (i64)i * dv + j] : 0.0f;
+    }
+    for (int t = 0; t < T; ++t) {
+        const float out = delta_rule_row(S, sk + t * dk, sq + t * dk, sv[t * dv + j], expf(sdec[t]), sbeta[t], part,
+                                         j, p, P, dk, dv, holds);
+        if (p == 0) so[t * dv + j] = out;
+    }
+    __syncthreads();  // so is complete
+
+    // gated norm of this group's rows, one warp per row
+    for (int t = r0 + warp; t < T; t += n_warps) {
+        const float* ot = so + t * dv;
+        float ss = 0.0f;
+        for (int i = lane; i < dv; i += WARP) ss += ot[i] * ot[i];
+        const float rms = sqrtf(warp_sum(ss) / (float)dv + norm_eps);
+        const i64 base = ((i64)(t - r0) * nv + hv) * dv;
+        for (int i = lane; i < dv; i += WARP) y[base + i] = ot[i] / rms * norm_w[i] * sigmoid_f(z[base + i]);
+    }
 }

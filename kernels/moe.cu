@@ -10,14 +10,28 @@
 #define ROUTER_MAXK 16
 
 // logits [T, E] f32 -> ids [T, K] int32 (descending probability, ties -> lower id), w [T, K] f32 summing to 1.
-// grid T, block 256, dynamic shared memory E floats. Mirrors numpy: p = exp(z - max) / sum, select on p.
+// grid T, block 256, dynamic shared memory max(E, T*K + blockDim.x) floats. Mirrors numpy: p = exp(z - max) / sum,
+// select on p. g_expert != null: the block counted last in done[0] (a zeroed counter it resets) also groups the
+// J = T*K entries by expert into g_expert / g_count / g_entries, as moe_group does (J <= blockDim.x), so the routed
+// experts need no grouping launch of their own. sg_w != null: block t also writes the shared expert's scalar gate
+// sg[t] = sigmoid(sg_w . x[t]) (sg_w one raw row of n_in values, type sg_type, read by raw_at; x [T, n_in]).
 extern "C" __global__ void __launch_bounds__(1024)
-    router_topk(const float* __restrict__ logits, int E, int K, int* __restrict__ ids, float* __restrict__ w) {
+    router_topk(const float* __restrict__ logits, int E, int K, int* ids, float* __restrict__ w,
+                int* __restrict__ g_expert, int* __restrict__ g_count, int* __restrict__ g_entries, int max_rows,
+                unsigned* done, const float* __restrict__ x, int n_in, const u8* __restrict__ sg_w, int sg_type,
+                float* __restrict__ sg) {
     extern __shared__ float p[];
     __shared__ float shv[WARP];
     __shared__ int shi[WARP];
     __shared__ float top_p[ROUTER_MAXK];
     const float* z = logits + (i64)blockIdx.x * E;
+    if (sg_w != nullptr) {  // uniform per launch: every thread meets the barriers of block_sum
+        const float* xt = x + (i64)blockIdx.x * n_in;
+        float acc = 0.0f;
+        for (int i = threadIdx.x; i < n_in; i += blockDim.x) acc += raw_at(sg_w, sg_type, i) * xt[i];
+        acc = block_sum(acc, shv);
+        if (threadIdx.x == 0) sg[blockIdx.x] = sigmoid_f(acc);
+    }
 
     float m = NEG_INF;
     for (int e = threadIdx.x; e < E; e += blockDim.x) m = fmaxf(m, z[e]);
@@ -50,20 +64,45 @@ extern "C" __global__ void __launch_bounds__(1024)
         for (int k = 0; k < K; ++k) sum += top_p[k];
         for (int k = 0; k < K; ++k) w[(i64)blockIdx.x * K + k] = top_p[k] / sum;
     }
+    if (g_expert == nullptr) return;
+    __shared__ int last;
+    __threadfence();  // this block's ids are visible device-wide before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+        if (last) atomicExch(done, 0u);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int J = (int)gridDim.x * K;
+    int* sid = reinterpret_cast<int*>(p);  // p is no longer read: the ids, then group_by_key's leader flags
+    for (int j = threadIdx.x; j < J; j += blockDim.x) sid[j] = __ldcg(ids + j);  // L2: other blocks wrote them
+    __syncthreads();
+    group_by_key(sid, sid + J, 0, J, max_rows, false, g_expert, g_count, g_entries);
 }
 
-// out[t, d] = sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null).
+// out[t, d] = sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null), and when R is not null
+// the residual write of that block output into the C streams: R[t, c, d] += out[t, d] * inj[t, c] (hyper.cu
+// hc_write's rounding: the product, then the add), so the window has no hc_write node after the MoE.
 // Grid-stride over T*D, block 256. Slot order; numpy adds in expert-id order (float32 rounding differs only).
 extern "C" __global__ void __launch_bounds__(256)
     moe_combine(const float* __restrict__ parts, const float* __restrict__ w, const float* __restrict__ shared,
-                float* __restrict__ out, int T, int K, int D) {
+                float* __restrict__ out, float* __restrict__ R, const float* __restrict__ inj, int C, int T, int K,
+                int D) {
     for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < (i64)T * D; idx += (i64)gridDim.x * blockDim.x) {
-        const i64 t = idx / D;
+        const i64 t = idx / D, d = idx % D;
         const float* wt = w + t * K;
-        const float* column = parts + t * K * D + idx % D;  // entry t*K + k at column[k * D]
+        const float* column = parts + t * K * D + d;  // entry t*K + k at column[k * D]
         float acc = 0.0f;
         for (int k = 0; k < K; ++k) acc += wt[k] * column[(i64)k * D];
-        out[idx] = shared ? acc + shared[idx] : acc;
+        const float v = shared ? acc + shared[idx] : acc;
+        out[idx] = v;
+        if (R == nullptr) continue;
+        for (int c = 0; c < C; ++c) {
+            const i64 at = (t * C + c) * D + d;
+            R[at] = R[at] + __fmul_rn(v, inj[t * C + c]);
+        }
     }
 }
 

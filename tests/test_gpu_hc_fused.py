@@ -1,27 +1,25 @@
 """The fused launches of the window against their numpy references on odd shapes with NaN-poisoned outputs:
 the hyper-connection read (kernels/hyper.cu hc_write_norm + hc_mix_inject, launch_hyper.hc_read_fused;
-ops/hyper.hc_write_read_raw) and the GDN alpha/beta projections with their gates and the conv + q/k/v split
-(kernels/gdn.cu gdn_ab_gates, gdn_conv_split; ops/gdn.gdn_ab_gates_raw, gdn_conv_split), which windows of T >= 4
-take (launch_util.WINDOW_PATHS). Then the window with each path at every T (GPUEngine(window_paths=)) against the
+ops/hyper.hc_write_read_raw), which windows of T >= 4 take (launch_util.WINDOW_PATHS). Then the window with each path at every T (GPUEngine(window_paths=)) against the
 numpy engine, eager against graph replay, and its node counts (skipped without a GPU)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import TYPE_IDS, TYPES, assert_close, poisoned, raw_weight, to_dev
+from kernel_helpers import TYPE_IDS, TYPES, assert_close, assert_replay_equals_eager, poisoned, raw_weight, to_dev
 
 from strata_cli.engine.reference import ReferenceEngine
 from strata_cli.gpu.launch_util import WindowPath
 from strata_cli.model.gguf_file import open_model
-from strata_cli.ops import gdn, hyper
+from strata_cli.ops import hyper
 
 pytestmark = pytest.mark.gpu
 
 
-def every_t(fused_hc: bool, fused_gdn: bool, gemv_tc: bool = False):
+def every_t(fused_hc: bool, gemv_tc: bool = False):
     """A GPUEngine window_paths taking one path at every T."""
-    return lambda T: WindowPath(fused_hc=fused_hc, fused_gdn=fused_gdn, gemv_tc=gemv_tc)
+    return lambda T: WindowPath(fused_hc=fused_hc, gemv_tc=gemv_tc)
 
 
 def _inputs(rng, T, C, D, L, ggml_type, inject, pending):
@@ -92,57 +90,35 @@ def test_hc_read_fused_equals_unfused_launches():
     assert_close("inj (reassociated)", inj_old.get(), inj_new, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("ggml_type", TYPES, ids=TYPE_IDS)
-@pytest.mark.parametrize("nv,n_in", [(1, 64), (5, 96), (48, 320)])
-@pytest.mark.parametrize("T", (1, 3, 16, 19))  # 19: two chunks of the kernel's 16 rows
-def test_gdn_ab_gates_matches_reference(ggml_type, nv, n_in, T):
-    from strata_cli.gpu import launch_gdn
+@pytest.mark.parametrize("T,C,D,L", [(1, 4, 64, 32), (3, 3, 40, 64), (16, 5, 96, 32)])
+def test_hc_read_pending_equals_write_then_read(T, C, D, L):
+    """hc_read(pending=) (the unfused read of windows of T <= 3 after a mixer: write + norm in one kernel) equals
+    hc_write + hc_read bit for bit: R, mixed and inj; NaN-poisoned outputs, and a graph replays the eager bits."""
+    import cupy as cp
 
-    rng = np.random.default_rng(100 * nv + T + ggml_type)
-    x = rng.standard_normal((T, n_in)).astype(np.float32)
-    w_alpha = raw_weight(rng, (nv, n_in), ggml_type, 0.2)
-    w_beta = raw_weight(rng, (nv, n_in), ggml_type, 0.2)
-    dt_bias = rng.standard_normal(nv).astype(np.float32)
-    ssm_a = -np.exp(rng.standard_normal(nv)).astype(np.float32)
-    want_g, want_beta = gdn.gdn_ab_gates_raw(x, w_alpha, ggml_type, w_beta, ggml_type, dt_bias, ssm_a)
-    out_g, out_beta = poisoned((T, nv)), poisoned((T, nv))
-    got_g, got_beta = launch_gdn.gdn_ab_gates(to_dev(x), to_dev(w_alpha), ggml_type, to_dev(w_beta), ggml_type,
-                                              to_dev(dt_bias), to_dev(ssm_a), g=out_g, beta=out_beta)
-    assert got_g is out_g and got_beta is out_beta
-    assert_close("g", want_g, got_g)
-    assert_close("beta", want_beta, got_beta)
-
-
-def test_gdn_ab_gates_rejects_other_types():
-    from strata_cli.gpu import launch_gdn
+    from strata_cli.gpu import launch_hyper
     from strata_cli.model import quants
 
-    x = to_dev(np.zeros((1, 256), np.float32))
-    w = to_dev(np.zeros((2, 144), np.uint8))
-    with pytest.raises(ValueError, match="alpha_raw: type Q4_K"):
-        launch_gdn.gdn_ab_gates(x, w, quants.Q4_K, w, quants.Q4_K, to_dev(np.zeros(2, np.float32)),
-                                to_dev(np.zeros(2, np.float32)))
+    rng = np.random.default_rng(T * 5 + C + D)
+    R, norm_w, down, up, inj_w, pend = _inputs(rng, T, C, D, L, quants.Q8_0, True, True)
+    args = (to_dev(norm_w), to_dev(down), quants.Q8_0, to_dev(up), quants.Q8_0, to_dev(inj_w), quants.Q8_0, 1e-6)
+    R_old = to_dev(R)
+    launch_hyper.hc_write(R_old, to_dev(pend[0]), to_dev(pend[1]), out=R_old)
+    mixed_old, inj_old = launch_hyper.hc_read(R_old, *args)
+    R0, pend_d = to_dev(R), (to_dev(pend[0]), to_dev(pend[1]))
+    R_new, mixed, inj = cp.empty_like(R0), poisoned((T, D)), poisoned((T, C))
+    scratch = launch_hyper.HcScratch.empty(T, C, D, L)
 
+    def record(stream):
+        with stream:
+            cp.copyto(R_new, R0)
+        launch_hyper.hc_read(R_new, *args, out_mixed=mixed, out_inj=inj, scratch=scratch, stream=stream,
+                             pending=pend_d)
 
-@pytest.mark.parametrize("T,K,nk,dk,nv,dv", [(1, 4, 2, 16, 4, 8), (7, 3, 1, 300, 3, 33), (16, 4, 3, 128, 6, 128)])
-def test_gdn_conv_split_equals_conv_then_split(T, K, nk, dk, nv, dv):
-    """Against the reference, and bit for bit against gdn_conv + gdn_split (what the window did before)."""
-    from strata_cli.gpu import launch_gdn
-
-    rng = np.random.default_rng(T * K + dk)
-    Ch = 2 * nk * dk + nv * dv
-    qkv = rng.standard_normal((T, Ch)).astype(np.float32)
-    state = rng.standard_normal((K - 1, Ch)).astype(np.float32)
-    conv_w = (0.5 * rng.standard_normal((Ch, K))).astype(np.float32)
-    want = gdn.gdn_conv_split(qkv, state, conv_w, nk, dk, nv, dv)
-    outs = poisoned((T, nk, dk)), poisoned((T, nk, dk)), poisoned((T, nv, dv))
-    got = launch_gdn.gdn_conv_split(to_dev(qkv), to_dev(state), to_dev(conv_w), nk, dk, nv, dv, *outs)
-    h = launch_gdn.gdn_conv(to_dev(qkv), to_dev(state), to_dev(conv_w))
-    old = launch_gdn.gdn_split(h, nk, dk, nv, dv)
-    for name, w_, g_, o_, out in zip("qkv", want, got, old, outs):
-        assert g_ is out
-        assert_close(name, w_, g_)
-        assert_close(f"{name} vs conv + split", o_.get(), g_, rtol=0, atol=0)
+    got_R, got_mixed, got_inj = assert_replay_equals_eager(record, [R_new, mixed, inj])
+    assert_close("R", R_old.get(), got_R, rtol=0, atol=0)
+    assert_close("mixed", mixed_old.get(), got_mixed, rtol=0, atol=0)
+    assert_close("inj", inj_old.get(), got_inj, rtol=0, atol=0)
 
 
 def _rel_err(a, b) -> float:
@@ -157,7 +133,7 @@ def test_window_path_matches_numpy_and_replays_eager(fixture_dir, name, fused):
 
     model = open_model(fixture_dir / name)
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
-    eng = GPUEngine(model, window_paths=every_t(fused, fused, fused))
+    eng = GPUEngine(model, window_paths=every_t(fused, fused))
     runs = {}
     for eager in (True, False):
         eng.reset()
@@ -175,14 +151,15 @@ def test_window_path_matches_numpy_and_replays_eager(fixture_dir, name, fused):
 
 
 def test_fused_window_has_fewer_nodes(fixture_dir):
-    """4 nodes fewer per layer (two reads of 4 nodes instead of 5, no write node), one write kept before a PLE
-    layer that is not the first; GPUEngine.layer_nodes (graph-nodes' per-layer line) sees the same per layer."""
+    """2 nodes fewer per layer (two reads of 4 nodes instead of 5; the unfused window applies the mixer's write in
+    its FFN read's norm kernel and the MoE's in the routed experts' combine), one write kept before a PLE layer that
+    is not the first; GPUEngine.layer_nodes (graph-nodes' per-layer line) sees the same per layer."""
     from strata_cli.engine.gpu import GPUEngine
 
     model = open_model(fixture_dir / "model-q8_0.gguf")
     counts, per_layer = {}, {}
     for fused in ("0", "1"):
-        eng = GPUEngine(model, window_paths=every_t(fused == "1", False))
+        eng = GPUEngine(model, window_paths=every_t(fused == "1"))
         counts[fused] = eng.graph(1).summary()
         per_layer[fused] = eng.layer_nodes(1)
         assert len(per_layer[fused]) == eng.g.n_layers and sum(per_layer[fused]) < counts[fused].nodes
@@ -190,25 +167,9 @@ def test_fused_window_has_fewer_nodes(fixture_dir):
         if fused == "1":
             assert kinds.get("hc_write_norm", 0) == 2 * eng.g.n_layers + 1 and "hc_norm" not in kinds
         else:
-            assert kinds.get("hc_norm", 0) == 2 * eng.g.n_layers + 1 and "hc_write_norm" not in kinds
+            assert kinds.get("hc_norm", 0) == eng.g.n_layers + 1 and kinds.get("hc_write_norm", 0) == eng.g.n_layers
     g = eng.g
     kept = 1 if g.ple is not None and g.ple.layer > 0 else 0
-    assert counts["0"].nodes - counts["1"].nodes == 4 * g.n_layers - kept
+    assert counts["0"].nodes - counts["1"].nodes == 2 * g.n_layers - kept
     assert [a - b for a, b in zip(per_layer["0"], per_layer["1"])] == [
-        3 if g.ple is not None and layer == g.ple.layer > 0 else 4 for layer in range(g.n_layers)]
-
-
-def test_fused_gdn_has_fewer_nodes(fixture_dir):
-    """Per GDN layer: one launch instead of two GEMVs and the gates, one instead of conv + split."""
-    from strata_cli.engine.gpu import GPUEngine
-
-    model = open_model(fixture_dir / "model-q8_0.gguf")
-    counts = {}
-    for fused in ("0", "1"):
-        eng = GPUEngine(model, window_paths=every_t(False, fused == "1"))
-        counts[fused] = eng.graph(2).summary()
-    g = eng.g
-    assert dict(counts["1"].kinds).get("gdn_ab_gates", 0) == len(g.gdn_layers) > 0
-    assert dict(counts["1"].kinds).get("gdn_conv_split", 0) == len(g.gdn_layers)
-    assert "gdn_gates" not in dict(counts["1"].kinds) and "gdn_split" not in dict(counts["1"].kinds)
-    assert counts["0"].nodes - counts["1"].nodes == 3 * len(g.gdn_layers)
+        1 if g.ple is not None and layer == g.ple.layer > 0 else 2 for layer in range(g.n_layers)]

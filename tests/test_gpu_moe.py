@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import TYPES, assert_close, poisoned, raw_weight, to_dev
+from kernel_helpers import TYPES, assert_close, assert_replay_equals_eager, poisoned, raw_weight, to_dev
 
 from strata_cli.model import quants
-from strata_cli.ops import moe
+from strata_cli.ops import hyper, moe
 
 pytestmark = pytest.mark.gpu
 
@@ -36,6 +36,89 @@ def test_router_topk_matches_reference(T, E, k, kind):
     np.testing.assert_array_equal(ids.get(), want_ids)
     assert not np.isnan(w.get()).any()
     np.testing.assert_allclose(w.get(), want_w, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("T", (1, 3, 16))
+@pytest.mark.parametrize("E,k", [(8, 8), (61, 4), (512, 10), (512, 16)])
+def test_router_topk_groups_the_entries(T, E, k):
+    """groups=: the router's last block groups the T*k entries by expert as moe_group does (the same buffers bit for
+    bit), launch after launch (its counter comes back to zero) and from a graph; ids and weights unchanged."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_moe
+    from strata_cli.gpu.graphs import CapturedGraph, new_stream
+    from strata_cli.gpu.launch_util import GEMV_MAXT
+
+    rng = np.random.default_rng(T * 100 + E + k)
+    logits = to_dev((2.0 * rng.standard_normal((T, E))).astype(np.float32))
+    J = T * k
+    want_ids, want_w = launch_moe.router_topk(logits, k)
+    want = (poisoned((J,), np.int32), poisoned((J,), np.int32), poisoned((J, GEMV_MAXT), np.int32))
+    want[2].fill(0)  # entries past a group's count are not written
+    launch_moe.group_entries(want_ids, J, want)
+    ids, w = poisoned((T, k), np.int32), poisoned((T, k))
+    groups = (poisoned((J,), np.int32), poisoned((J,), np.int32), cp.zeros((J, GEMV_MAXT), np.int32))
+    done = cp.zeros((1,), np.uint32)
+
+    def record(stream):
+        launch_moe.router_topk(logits, k, out_ids=ids, out_w=w, stream=stream, groups=groups, done=done)
+
+    def check_groups():
+        for name, got, ref in zip(("g_expert", "g_count", "g_entries"), groups, want):
+            np.testing.assert_array_equal(got.get(), ref.get(), err_msg=name)
+        assert int(done.get()[0]) == 0
+
+    for _ in range(2):
+        record(None)
+        cp.cuda.Device().synchronize()
+        check_groups()
+    np.testing.assert_array_equal(ids.get(), want_ids.get())
+    np.testing.assert_array_equal(w.get(), want_w.get())
+    stream = new_stream()
+    graph = CapturedGraph(record, stream)
+    for _ in range(2):
+        for buf in groups[:2]:
+            buf.fill(-7)
+        cp.cuda.Device().synchronize()
+        graph.launch()
+        stream.synchronize()
+        check_groups()
+    graph.destroy()
+
+
+@pytest.mark.parametrize("sg_type", TYPES, ids=[quants.TYPE_NAMES[t] for t in TYPES])
+@pytest.mark.parametrize("T,D", [(1, 96), (3, 2560), (16, 32)])
+def test_router_topk_computes_the_shared_gate(sg_type, T, D):
+    """scalar_gate=: the router's launch writes sigmoid(w_sg . x) per row, which shared_expert(sg=) then uses in
+    place of its scalar-gate GEMV (the shared expert of ops/moe.shared_expert_raw)."""
+    from strata_cli.gpu import launch_moe
+
+    rng = np.random.default_rng(T + D + sg_type)
+    E, K, F = 61, 4, 64
+    logits = (2.0 * rng.standard_normal((T, E))).astype(np.float32)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    sg_w = raw_weight(rng, (D,), sg_type, 0.05)
+    gate, up, down = raw_weight(rng, (F, D), Q8_0, 0.1), raw_weight(rng, (F, D), Q8_0, 0.1), raw_weight(
+        rng, (D, F), Q8_0, 0.1)
+    sg = poisoned((T, 1))
+    ids, w = launch_moe.router_topk(to_dev(logits), K, scalar_gate=(to_dev(x), to_dev(sg_w), sg_type, sg))
+    want_ids, want_w = moe.router_topk(logits, K)
+    np.testing.assert_array_equal(ids.get(), want_ids)
+    w_sg = quants.dequantize(sg_w, sg_type).reshape(-1).astype(np.float32)
+    assert_close("sg", (1.0 / (1.0 + np.exp(-(x @ w_sg)))).reshape(T, 1).astype(np.float32), sg, rtol=1e-5)
+    types = (Q8_0, Q8_0, Q8_0, sg_type)
+    out = poisoned((T, D))
+    got = launch_moe.shared_expert(to_dev(x), to_dev(gate), to_dev(up), to_dev(down), None, types, out=out, sg=sg)
+    assert_close("shared_expert(sg=)", moe.shared_expert_raw(x, gate, up, down, sg_w, types), got)
+    with pytest.raises(ValueError, match="scalar_gate: type Q4_K"):
+        launch_moe.router_topk(to_dev(logits), K, scalar_gate=(to_dev(x), to_dev(sg_w), quants.Q4_K, sg))
+
+
+def test_router_topk_groups_at_most_a_block():
+    from strata_cli.gpu import launch_moe
+
+    with pytest.raises(ValueError, match="logits: 272"):
+        launch_moe.router_topk(to_dev(np.zeros((17, 64), np.float32)), 16, groups=(None, None, None))
 
 
 def _experts(rng, E, F, D, types, scale=0.3):
@@ -99,6 +182,44 @@ def test_routed_experts_bad_id_poisons_only_its_row():
     assert np.isnan(got[1]).all()
     want = moe.routed_experts_raw(x, ids, w, gate, up, down, (F32, F32, F32))
     assert_close("good rows", want[[0, 2]], got[[0, 2]])
+
+
+@pytest.mark.parametrize("T,C,D", [(1, 4, 96), (3, 3, 160), (16, 5, 32)])
+def test_routed_experts_write_the_residual(T, C, D):
+    """residual=(R, inj): the combine also writes out into the C streams in place, R + out * inj (ops/hyper.hc_write;
+    bit for bit what launch_hyper.hc_write makes of the same out), and replays the eager bits from a graph."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_hyper, launch_moe
+
+    rng = np.random.default_rng(T * 3 + C + D)
+    E, F, K = 9, 64, 3
+    types = (Q8_0, Q8_0, BF16)
+    gate, up, down = _experts(rng, E, F, D, types)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    shared = rng.standard_normal((T, D)).astype(np.float32)
+    ids, w = _routing(rng, T, E, K)
+    R0 = rng.standard_normal((T, C, D)).astype(np.float32)
+    inj = (2.0 * rng.random((T, C))).astype(np.float32)
+    want_out = moe.routed_experts_raw(x, ids, w, gate, up, down, types) + shared
+    dev = [to_dev(a) for a in (x, ids, w, gate, up, down, shared, R0, inj)]
+    dx, dids, dw, dg, du, dd, dsh, dR0, dinj = dev
+    out, R = poisoned((T, D)), cp.empty_like(dR0)
+    scratch = launch_moe.MoeScratch.empty(T * K, F, D)
+
+    def record(stream):
+        with stream:
+            cp.copyto(R, dR0)
+        launch_moe.routed_experts(dx, dids, dw, dg, du, dd, types, out=out, shared=dsh, scratch=scratch,
+                                  stream=stream, residual=(R, dinj))
+
+    got_out, got_R = assert_replay_equals_eager(record, [out, R])
+    assert_close("out", want_out, got_out)
+    assert_close("R", hyper.hc_write(R0, want_out, inj), got_R)
+    np.testing.assert_array_equal(got_R, launch_hyper.hc_write(dR0, out, dinj).get())
+    with pytest.raises(ValueError, match="residual inj"):
+        launch_moe.routed_experts(dx, dids, dw, dg, du, dd, types, out=out, scratch=scratch,
+                                  residual=(R, dinj[:, :1]))
 
 
 @pytest.mark.parametrize("types", EXPERT_TYPES, ids=EXPERT_IDS)

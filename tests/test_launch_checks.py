@@ -111,11 +111,11 @@ def test_grid_math():
 
 
 def test_window_paths_are_chosen_by_window_size():
-    """launch_util.WINDOW_PATHS: the fused HC read, fused GDN launches and tensor-core Q8_0_R32 GEMVs from T = 4
+    """launch_util.WINDOW_PATHS: the fused HC read and tensor-core Q8_0_R32 GEMVs from T = 4
     (they lose at T <= 2 on the full-size file), no environment switch. The split sees the tensor-core warp's 64
     rows."""
     paths = [U.window_path(t) for t in (1, 2, 3, 4, 8, 16, 40)]
-    assert [p.fused_hc for p in paths] == [p.fused_gdn for p in paths] == [p.gemv_tc for p in paths]
+    assert [p.fused_hc for p in paths] == [p.gemv_tc for p in paths]
     assert [p.gemv_tc for p in paths] == [False, False, False, True, True, True, True]
     assert [U.q8r_tensor_cores(t) for t in (1, 2, 4, 16)] == [False, False, True, True]
     assert [first for first, _ in U.WINDOW_PATHS] == sorted({first for first, _ in U.WINDOW_PATHS})

@@ -71,10 +71,28 @@ def f32(*shape):
     return np.zeros(shape, np.float32)
 
 
+def gdn_mix(nk=1, nv=2, dk=2, dv=2, **given):
+    """launch_gdn.gdn_mix of a 3-row window (Ch = 10, 3 conv taps, n_in 16) with the operands `given` replaced."""
+    Ch = 2 * nk * dk + nv * dv
+    args = dict(qkv=f32(3, Ch), conv_state=f32(2, Ch), conv_w=f32(Ch, 3), state=f32(nv, dk, dv), x=f32(3, 16),
+                dt_bias=f32(nv), ssm_a=f32(nv), z=f32(3, nv, dv), norm_w=f32(dv), eps=1e-6, nk=nk, dk=dk, nv=nv, dv=dv,
+                ab_proj=(f32(3, nv), f32(3, nv)))
+    args.update(given)
+    return launch_gdn.gdn_mix(**args)
+
+
 @pytest.mark.parametrize("call, name", [
-    (lambda: launch_gdn.gdn_conv(f32(3, 10), f32(2, 9), f32(10, 3)), "conv_state"),
-    (lambda: launch_gdn.gdn_conv(f32(3, 10), f32(0, 10), f32(10, 1)), "conv_w"),
-    (lambda: launch_gdn.gdn_split(f32(3, 10), 1, 2, 1, 2), "h"),
+    (lambda: gdn_mix(conv_state=f32(2, 9)), "conv_state"),
+    (lambda: gdn_mix(conv_w=f32(10, 1), conv_state=f32(0, 10)), "conv_w"),
+    (lambda: gdn_mix(qkv=f32(3, 9)), "qkv"),
+    (lambda: gdn_mix(r0=3), "r0"),
+    (lambda: gdn_mix(nk=3, nv=1, qkv=f32(3, 6 * 2 + 2), conv_state=f32(2, 14), conv_w=f32(14, 3)), "nv"),
+    (lambda: gdn_mix(x=f32(2, 16)), "x"),
+    (lambda: gdn_mix(z=f32(3, 2, 3)), "z"),
+    (lambda: gdn_mix(ab_proj=None), "ab_raw"),
+    (lambda: gdn_mix(ab_proj=None, ab_raw=(np.zeros((2, 144), np.uint8), 12, np.zeros((2, 144), np.uint8), 12)),
+     "alpha_raw"),
+    (lambda: gdn_mix(ab_proj=(f32(2, 2), f32(3, 2))), "alpha"),
     (lambda: launch_gdn.gdn_recurrence(f32(2, 128, 512), f32(1, 1, 128), f32(1, 1, 128), f32(1, 2, 512), f32(1, 2),
                                        f32(1, 2)), "state"),
     (lambda: launch_gdn.gdn_commit_state(f32(2, 8, 8), f32(3, 1, 8), f32(3, 1, 8), f32(3, 2, 8), f32(3, 2),

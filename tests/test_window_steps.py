@@ -58,9 +58,11 @@ def _tiers(steps: list, split: bool):
                            post=lambda layer, grp, *a: steps.append(f"tiers.post {layer} {grp}"))
 
 
-def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str | None = None) -> list[str]:
+def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str | None = None,
+                   ends: list | None = None) -> list[str]:
     """The launches record_window makes for a T-row window of `geometry` with launch variant `path`; tiers None
-    (every expert in VRAM), "one" (tiers, one token group) or "split" (two groups)."""
+    (every expert in VRAM), "one" (tiers, one token group) or "split" (two groups). ends: appended the number of
+    steps so far at each layer's end ("embed", then each "gap": GPUEngine.layer_nodes' stamps)."""
     from strata_cli.engine.gpu import window
 
     steps: list[str] = []
@@ -73,21 +75,22 @@ def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str |
                               blk_raw=lambda *a: (_Rows(), 0))
     stage = SimpleNamespace(tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
                             out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows()))
-    e = SimpleNamespace(buf=_Buffers(), w=weights, g=geometry, stage=stage, stamper=None,
+    def count(layer, stage, stream):
+        if stage in ("embed", "gap"):
+            ends.append(len(steps))
+
+    e = SimpleNamespace(buf=_Buffers(), w=weights, g=geometry, stage=stage, stamper=None if ends is None else count,
                         tiers=None if tiers is None else _tiers(steps, tiers == "split"),
                         window_paths=lambda T: path)
     window.record_window(e, T, None)
     return steps
 
 
-PLAIN = WindowPath(fused_hc=False, fused_gdn=False, gemv_tc=False)
-FUSED = WindowPath(fused_hc=True, fused_gdn=True, gemv_tc=True)
+PLAIN = WindowPath(fused_hc=False, gemv_tc=False)
+FUSED = WindowPath(fused_hc=True, gemv_tc=True)
 HC_READ = ["hyper.hc_read"]
 HC_WRITE = ["hyper.hc_write"]
-GDN = ["launch_gemv.gemv", "gdn.gdn_conv", "gdn.gdn_split", "launch_gemv.gemv", "launch_gemv.gemv", "gdn.gdn_gates",
-       "gdn.gdn_recurrence", "launch_gemv.gemv", "gdn.gdn_gated_norm", "launch_gemv.gemv"]
-GDN_FUSED = ["launch_gemv.gemv", "gdn.gdn_conv_split", "gdn.gdn_ab_gates", "gdn.gdn_recurrence", "launch_gemv.gemv",
-             "gdn.gdn_gated_norm", "launch_gemv.gemv"]
+GDN = ["launch_gemv.gemv", "launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv, z, gdn_mix, out
 QSA_HEAD = ["launch_gemv.gemv", "qsa.norm_rope", "launch_gemv.gemv", "qsa.kv_append", "launch_gemv.gemv",
             "qsa.norm_rope"]
 QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "memcpy", "launch_gemv.gemv", "qsa.norm_rope",
@@ -110,21 +113,22 @@ def geometry(fixture_dir):
     return g
 
 
-def mixer(g, layer: int, fused_gdn: bool) -> list[str]:
+def mixer(g, layer: int) -> list[str]:
     if not g.layer_is_attn[layer]:
-        return GDN_FUSED if fused_gdn else GDN
+        return GDN
     return QSA_HEAD + (QSA_INDEXER if g.compress_ratios[layer] else []) + QSA_TAIL
 
 
-def unsplit(g, fused: bool, moe) -> list[str]:
-    """The steps of a one-group window: moe(layer) = its MoE steps; fused: the fused HC read and GDN launches."""
+def unsplit(g, fused: bool, moe, tiers: bool = False) -> list[str]:
+    """The steps of a one-group window: moe(layer) = its MoE steps; fused: the fused HC read; tiers: the MoE's
+    write is a node of its own (else the combine of the routed experts in VRAM applies it)."""
     want = list(INPUTS)
     read = ["hyper.hc_read_fused"] if fused else HC_READ
     write = [] if fused else HC_WRITE
     for layer in range(g.n_layers):
         if g.ple.layer == layer:  # the fused read's pending write is launched on its own before the PLE mix
             want += (HC_WRITE if fused else []) + PLE
-        want += read + mixer(g, layer, fused) + write + read + moe(layer) + write
+        want += read + mixer(g, layer) + read + moe(layer) + (write if tiers else [])
     return want + read + HEAD
 
 
@@ -133,7 +137,7 @@ def test_plain_window_is_the_reference_layer_order(monkeypatch, geometry):
 
 
 def test_fused_window_applies_each_write_in_the_next_read(monkeypatch, geometry):
-    """No write node except before the PLE layer (the mix reads R); the GDN layers' fused launches."""
+    """No write node except before the PLE layer (the mix reads R)."""
     assert recorded_steps(monkeypatch, geometry, 5, FUSED) == unsplit(geometry, True, lambda layer: MOE)
 
 
@@ -142,17 +146,16 @@ def test_unsplit_tiers_replace_the_moe_only(monkeypatch, geometry, path):
     def tiers(layer):
         return [f"tiers.pre {layer} 0", f"tiers.post {layer} 0"]
 
-    assert recorded_steps(monkeypatch, geometry, 2, path, tiers="one") == unsplit(geometry, path.fused_hc, tiers)
+    assert recorded_steps(monkeypatch, geometry, 2, path, tiers="one") == unsplit(geometry, path.fused_hc, tiers, tiers=True)
 
 
-@pytest.mark.parametrize("fused_gdn", [False, True])
-def test_split_window_interleaves_two_token_groups(monkeypatch, geometry, fused_gdn):
+def test_split_window_interleaves_two_token_groups(monkeypatch, geometry):
     """pre(0,A) pre(0,B) | post(0,A) pre(1,A) | post(0,B) pre(1,B) | ... | head, always the unfused HC read."""
     g = geometry
 
     def pre(layer, grp):
         ple = (PLE_GROUP_A if grp == 0 else PLE_GROUP_B) if g.ple.layer == layer else []
-        return ple + HC_READ + mixer(g, layer, fused_gdn) + HC_WRITE + HC_READ + [f"tiers.pre {layer} {grp}"]
+        return ple + HC_READ + mixer(g, layer) + HC_READ + [f"tiers.pre {layer} {grp}"]
 
     def post(layer, grp):
         return [f"tiers.post {layer} {grp}"] + HC_WRITE
@@ -162,7 +165,7 @@ def test_split_window_interleaves_two_token_groups(monkeypatch, geometry, fused_
         for grp in (0, 1):
             want += post(layer, grp) + (pre(layer + 1, grp) if layer + 1 < g.n_layers else [])
     want += HC_READ + HEAD
-    path = WindowPath(fused_hc=True, fused_gdn=fused_gdn, gemv_tc=False)
+    path = WindowPath(fused_hc=True, gemv_tc=False)
     assert recorded_steps(monkeypatch, g, 5, path, tiers="split") == want
 
 
@@ -187,3 +190,33 @@ def test_split_window_is_stamped_as_a_whole(monkeypatch, geometry):
     monkeypatch.setattr(window, "record_window", stamped)
     recorded_steps(monkeypatch, g, 4, PLAIN, tiers="split")
     assert plan.stages == ["begin", "split-window"]
+
+
+# Graph nodes of one recorded launch on the Q8_0 fixture (every other launch is one node): the HC read's norm, down,
+# up, mix and inject (the fused read: write + norm, down, up, mix + inject), the shared expert's up, gate
+# and down (its scalar gate is router_topk's), the routed experts' up, gate (Q8_0 experts: not one gate/up launch),
+# down and combine (their grouping is router_topk's).
+NODES = {"hyper.hc_read": 5, "hyper.hc_read_fused": 4, "moe.shared_expert": 3, "moe.routed_experts": 4}
+
+
+def layer_nodes(monkeypatch, g, T: int, path: WindowPath) -> list[int]:
+    """The graph nodes per layer of a T-row window (GPUEngine.layer_nodes' count, from the recorded launches)."""
+    ends: list[int] = []
+    steps = recorded_steps(monkeypatch, g, T, path, ends=ends)
+    return [sum(NODES.get(step, 1) for step in steps[a:b]) for a, b in zip(ends, ends[1:])]
+
+
+def test_nodes_per_layer(monkeypatch, geometry):
+    """The per-layer node count `strata graph-nodes` shows on the Q8_0 fixture (GDN layers 0-2, 4-6; QSA layers 3
+    and 7 with the indexer; the PLE at layer 1). Before the fusions (289 nodes in the T = 1 window, 239 at T = 4):
+    T = 1 [33, 36, 33, 38, 33, 33, 33, 38], T = 4 [26, 30, 26, 34, 26, 26, 26, 34].
+    gdn_mix (one launch for conv + split, gates, recurrence, gated norm): 6 nodes fewer per GDN layer at T <= 3
+    (conv, split, alpha, beta, gates, gated norm), 3 from T = 4 (conv_split, ab_gates, gated norm). The routed
+    experts' combine applies the MoE's residual write: 1 node fewer per layer at T <= 3 (from T = 4 the next fused
+    read applies it); the unfused FFN read applies the mixer's write in its norm kernel (hc_write_norm): 1 node
+    fewer per layer at T <= 3 (the fused read did so already). router_topk groups the entries by expert and computes the shared expert's scalar gate: 2 nodes
+    (moe_group, the scalar-gate GEMV) fewer per layer at every T."""
+    g = geometry
+    assert [g.layer_is_attn[layer] for layer in range(g.n_layers)] == [False] * 3 + [True] + [False] * 3 + [True]
+    assert layer_nodes(monkeypatch, g, 1, PLAIN) == [23, 26, 23, 34, 23, 23, 23, 34]
+    assert layer_nodes(monkeypatch, g, 4, FUSED) == [21, 25, 21, 32, 21, 21, 21, 32]

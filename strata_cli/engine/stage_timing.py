@@ -30,11 +30,9 @@ LAYER_STAGES = (
     "hc0-up",         # (seed 29) its up GEMV (gates)
     "hc-read0",       # (seed 1) mix + inject gates (the rest of the read)
     "qkv",            # (seed 2) GDN: qkv projection
-    "conv",           # (seed 3) GDN: causal conv + q/k/v split
-    "ab",             # (seed 4) GDN: alpha and beta projections + gates
-    "rec",            # (seed 6) GDN: delta-rule recurrence
     "z",              # (seed 5) GDN: z (output gate) projection
-    "gate",           # (seed 14) GDN: gated RMS norm
+    "ab",             # (seed 4) GDN: alpha and beta projections, only for types gdn_mix does not decode
+    "gdn-mix",        # (seeds 3, 4, 6, 14) GDN: conv + q/k/v split, gates, delta-rule recurrence, gated RMS norm
     "k/v+norm-rope",  # (seeds 7, 8) QSA: k projection + norm + rope, v projection
     "kv append",      # (seed 9) QSA: K/V cache append
     "q+norm-rope",    # (seed 10) QSA: q(+gate) projection + norm + rope
@@ -43,9 +41,8 @@ LAYER_STAGES = (
     "scores+topk",    # (seed 11) QSA: block scores + cell selection
     "attention",      # (seed 13) QSA: attention over the selected cells
     "out-proj",       # (seed 16) output projection of the block
-    "hc-write0",      # residual write of the block into the streams
-    "hc1-norm",       # hyper-connection read before the MoE: norm
-    "hc1-write+norm",  # fused read (T >= 4): the block's write (hc-write0), the norm, the inject partials
+    "hc1-write+norm",  # hyper-connection read before the MoE: the block's residual write and the norm in one kernel
+                       # (with the fused read, T >= 4, also the inject partial dots)
     "hc1-down",       # its down GEMV
     "hc1-up",         # its up GEMV
     "hc-read1",       # (seed 17) its mix + inject
@@ -57,8 +54,9 @@ LAYER_STAGES = (
     "pcie-group",     # (seed 22) expert tiers: experts read over PCIe
     "waitCPU",        # (seed 23) expert tiers: wait for the host-computed experts
     "moe-tiers",      # expert tiers: what of the tiered MoE (engine/gpu/tiers.py) no finer stamp took
-    "combine",        # (seed 24) weighted sum of the experts + shared expert
-    "hc-write1",      # residual write of the MoE into the streams
+    "combine",        # (seed 24) weighted sum of the experts + shared expert (+ the residual write, experts in VRAM,
+                      # T <= 3)
+    "hc-write1",      # residual write of the MoE into the streams (expert tiers)
     "gap",            # (seed 25) from the layer's last stamp to the next layer's first (node overhead)
 )
 # Stages of the window outside the layers (row n_layers). "begin" is the reference (first node of the graph),

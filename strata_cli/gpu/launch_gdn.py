@@ -35,21 +35,6 @@ def _conv_operands(qkv, conv_w, conv_state) -> tuple[int, int, int]:
     return T, Ch, K
 
 
-def gdn_conv(qkv, conv_state, conv_w, out=None, stream=None):
-    """h [T, Ch] = silu(causal depthwise conv of [conv_state (K-1 rows) | qkv (T rows)] with conv_w [Ch, K]).
-
-    ops.gdn.gdn_conv also returns the conv input sequence; here the commit rebuilds the state from
-    (conv_state, qkv, n_keep) instead (gdn_conv_commit), so nothing else is written."""
-    with U.on_stream(stream):
-        U.check_array("qkv", qkv, np.float32, (None, None))
-        T, Ch, K = _conv_operands(qkv, conv_w, conv_state)
-        out = U.out_array("out", out, (T, Ch), np.float32, empty)
-        grid, block = U.elementwise_grid(T * Ch, GDN_BLOCK)
-        nvrtc.kernel("gdn", "gdn_conv")(grid, block, (
-            qkv, conv_state, conv_w, out, np.int32(T), np.int32(Ch), np.int32(K)))
-    return out
-
-
 def gdn_conv_commit(conv_state, qkv, n_keep, n_keep_dev=None, stream=None):
     """conv_state [K-1, Ch] <- rows [n_keep, n_keep+K-1) of [conv_state | qkv [T, Ch]], in place."""
     with U.on_stream(stream):
@@ -58,78 +43,73 @@ def gdn_conv_commit(conv_state, qkv, n_keep, n_keep_dev=None, stream=None):
     return conv_state
 
 
-def gdn_split(h, nk: int, dk: int, nv: int, dv: int, q=None, k=None, v=None, stream=None):
-    """h [T, Ch] -> q [T, Hk, dk] (L2-normed / sqrt(dk)), k [T, Hk, dk] (L2-normed), v [T, Hv, dv]."""
-    with U.on_stream(stream):
-        U.check_array("h", h, np.float32, (None, 2 * nk * dk + nv * dv))
-        T, Ch = h.shape
-        q = U.out_array("q", q, (T, nk, dk), np.float32, empty)
-        k = U.out_array("k", k, (T, nk, dk), np.float32, empty)
-        v = U.out_array("v", v, (T, nv, dv), np.float32, empty)
-        nvrtc.kernel("gdn", "gdn_split")((T, 2 * nk + nv, 1), (GDN_BLOCK, 1, 1), (
-            h, q, k, v, np.int32(Ch), np.int32(nk), np.int32(dk), np.int32(nv), np.int32(dv),
-            np.float32(dk ** -0.5), np.float32(1e-6)))
-    return q, k, v
+AB_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q8_0)  # alpha/beta types gdn_mix decodes (raw_at)
+GDN_MIX_SMEM = 48 * 1024  # gdn_mix's dynamic shared memory stays in the default limit
 
 
-def gdn_conv_split(qkv, conv_state, conv_w, nk: int, dk: int, nv: int, dv: int, q=None, k=None, v=None,
-                   stream=None):
-    """gdn_split(gdn_conv(qkv, conv_state, conv_w)) in one launch, without the h [T, Ch] intermediate: q, k, v
-    equal the two launches' bit for bit."""
+def gdn_mix(qkv, conv_state, conv_w, state, x, dt_bias, ssm_a, z, norm_w, eps: float, nk: int, dk: int, nv: int,
+            dv: int, ab_raw=None, ab_proj=None, q=None, k=None, v=None, g=None, beta=None, out=None, r0: int = 0,
+            stream=None):
+    """The GDN mixer between its projections in one launch (kernels/gdn.cu gdn_mix; reference ops/gdn.gdn_mix_raw):
+    the conv + q/k/v split, the gates, the delta rule from the saved state and the gated norm. Returns y [n, Hv, dv] of rows [r0, T) (n = T - r0).
+
+    qkv [T, Ch] and conv_state [K-1, Ch], conv_w [Ch, K]; state [Hv, dk, dv] (not written); x [n, n_in] the
+    group's mixed rows; z [n, Hv, dv]; norm_w [dv]. The gates come from ab_raw = (alpha_raw, alpha_type, beta_raw,
+    beta_type) (raw [Hv, n_in] rows of AB_TYPES, projected in the kernel) or ab_proj = (alpha, beta_in) [n, Hv]
+    (the projections, for other types). Written for the commit: q, k [T, Hk, dk], v [T, Hv, dv], and rows [r0, T)
+    of g, beta [T, Hv]; r0 > 0 (the second token group of a split window) reads rows [0, r0) of g and beta."""
     with U.on_stream(stream):
         U.check_array("qkv", qkv, np.float32, (None, 2 * nk * dk + nv * dv))
         T, Ch, K = _conv_operands(qkv, conv_w, conv_state)
+        if not 0 <= r0 < T:
+            raise ValueError(f"r0: {r0} outside 0..{T - 1} (the window's rows)")
+        n = T - r0
+        if nv < nk:
+            raise ValueError(f"nv: {nv} value heads < {nk} key heads (value head h writes key head h for the commit)")
+        U.check_array("state", state, np.float32, (nv, dk, dv))
+        U.check_array("x", x, np.float32, (n, None))
+        n_in = x.shape[1]
+        U.check_array("z", z, np.float32, (n, nv, dv))
+        U.check_array("norm_w", norm_w, np.float32, (dv,))
+        U.check_array("dt_bias", dt_bias, np.float32, (nv,))
+        U.check_array("ssm_a", ssm_a, np.float32, (nv,))
+        if (ab_raw is None) == (ab_proj is None):
+            raise ValueError("ab_raw, ab_proj: give exactly one (raw alpha/beta weights or their projections)")
+        if ab_raw is not None:
+            alpha_raw, alpha_type, beta_raw, beta_type = ab_raw
+            for name, t in (("alpha_raw", alpha_type), ("beta_raw", beta_type)):
+                if t not in AB_TYPES:
+                    raise ValueError(f"{name}: type {U.type_name(t)} is not one of F32, F16, BF16, Q8_0 "
+                                     "(gdn_mix decodes only these; pass their projections as ab_proj)")
+            U.weight_rows("alpha_raw", alpha_raw, alpha_type, n_in, n_out=nv)
+            U.weight_rows("beta_raw", beta_raw, beta_type, n_in, n_out=nv)
+            ab = (alpha_raw, np.int64(U.row_stride(alpha_type, n_in)), np.int32(alpha_type), beta_raw,
+                  np.int64(U.row_stride(beta_type, n_in)), np.int32(beta_type), U.null_or(None), U.null_or(None))
+        else:
+            alpha, beta_in = ab_proj
+            U.check_array("alpha", alpha, np.float32, (n, nv))
+            U.check_array("beta_in", beta_in, np.float32, (n, nv))
+            ab = (U.null_or(None), np.int64(0), np.int32(0), U.null_or(None), np.int64(0), np.int32(0), alpha,
+                  beta_in)
+        P = -(-dk // GDN_RPT)
+        if dv * P > GDN_REC_THREADS:
+            raise ValueError(f"state: dk {dk} x dv {dv} needs {dv * P} threads per head, gdn_mix takes at most "
+                             f"{GDN_REC_THREADS} (dv * ceil(dk / {GDN_RPT}))")
+        threads = -(-dv * P // 32) * 32  # whole warps (the norms and the gates go one warp per row)
+        smem = (T * (2 * dk + 2 * dv) + 2 * T + P * dv) * 4
+        if smem > GDN_MIX_SMEM:
+            raise ValueError(f"qkv: {T} rows need {smem} bytes of shared memory in gdn_mix (at most {GDN_MIX_SMEM})")
         q = U.out_array("q", q, (T, nk, dk), np.float32, empty)
         k = U.out_array("k", k, (T, nk, dk), np.float32, empty)
         v = U.out_array("v", v, (T, nv, dv), np.float32, empty)
-        nvrtc.kernel("gdn", "gdn_conv_split")((T, 2 * nk + nv, 1), (GDN_BLOCK, 1, 1), (
-            qkv, conv_state, conv_w, q, k, v, np.int32(Ch), np.int32(K), np.int32(nk), np.int32(dk), np.int32(nv),
-            np.int32(dv), np.float32(dk ** -0.5), np.float32(1e-6)))
-    return q, k, v
-
-
-def gdn_gates(alpha, beta_in, dt_bias, ssm_a, g=None, beta=None, stream=None):
-    """alpha, beta_in [T, Hv] -> (g = ssm_a * softplus(alpha + dt_bias), beta = sigmoid(beta_in)), [T, Hv] each."""
-    with U.on_stream(stream):
-        U.check_array("alpha", alpha, np.float32, (None, None))
-        T, nv = alpha.shape
-        U.check_array("beta_in", beta_in, np.float32, (T, nv))
-        U.check_array("dt_bias", dt_bias, np.float32, (nv,))
-        U.check_array("ssm_a", ssm_a, np.float32, (nv,))
         g = U.out_array("g", g, (T, nv), np.float32, empty)
         beta = U.out_array("beta", beta, (T, nv), np.float32, empty)
-        grid, block = U.elementwise_grid(T * nv, GDN_BLOCK)
-        nvrtc.kernel("gdn", "gdn_gates")(grid, block, (
-            alpha, beta_in, dt_bias, ssm_a, g, beta, np.int32(T), np.int32(nv)))
-    return g, beta
-
-
-AB_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q8_0)  # what gdn_ab_gates decodes (common.cuh raw_at)
-
-
-def gdn_ab_gates(x, alpha_raw, alpha_type: int, beta_raw, beta_type: int, dt_bias, ssm_a, g=None, beta=None,
-                 stream=None):
-    """x [T, n_in] -> (g, beta) [T, Hv] of gdn_gates over the projections x @ W_alpha^T and x @ W_beta^T, in one
-    launch (the two GEMVs reassociated per block). alpha_raw, beta_raw: raw [Hv, n_in] rows of a type in AB_TYPES
-    (others: launch_gemv + gdn_gates, as the unfused window does)."""
-    with U.on_stream(stream):
-        U.check_array("x", x, np.float32, (None, None))
-        T, n_in = x.shape
-        for name, t in (("alpha_raw", alpha_type), ("beta_raw", beta_type)):
-            if t not in AB_TYPES:
-                raise ValueError(f"{name}: type {U.type_name(t)} is not one of F32, F16, BF16, Q8_0 "
-                                 "(gdn_ab_gates decodes only these)")
-        nv = U.weight_rows("alpha_raw", alpha_raw, alpha_type, n_in)
-        U.weight_rows("beta_raw", beta_raw, beta_type, n_in, n_out=nv)
-        U.check_array("dt_bias", dt_bias, np.float32, (nv,))
-        U.check_array("ssm_a", ssm_a, np.float32, (nv,))
-        g = U.out_array("g", g, (T, nv), np.float32, empty)
-        beta = U.out_array("beta", beta, (T, nv), np.float32, empty)
-        nvrtc.kernel("gdn", "gdn_ab_gates")((2 * nv, 1, 1), (GDN_BLOCK, 1, 1), (
-            x, np.int32(n_in), alpha_raw, np.int64(U.row_stride(alpha_type, n_in)), np.int32(alpha_type), beta_raw,
-            np.int64(U.row_stride(beta_type, n_in)), np.int32(beta_type), dt_bias, ssm_a, g, beta, np.int32(T),
-            np.int32(nv)))
-    return g, beta
+        out = U.out_array("out", out, (n, nv, dv), np.float32, empty)
+        nvrtc.kernel("gdn", "gdn_mix")((nv, 1, 1), (threads, 1, 1), (
+            qkv, conv_state, conv_w, np.int32(Ch), np.int32(K), state, x, np.int32(n_in), *ab, dt_bias, ssm_a, z,
+            norm_w, np.float32(eps), q, k, v, g, beta, out, np.int32(T), np.int32(r0), np.int32(nk), np.int32(nv),
+            np.int32(dk), np.int32(dv), np.float32(dk ** -0.5), np.float32(1e-6)), shared_mem=smem)
+    return out
 
 
 def _check_recurrence(state, q, k, v, g, beta):
@@ -182,16 +162,3 @@ def gdn_commit_state(state, q, k, v, g, beta, n_keep, n_keep_dev=None, stream=No
         n, n_dev = S.commit_count(n_keep, n_keep_dev, dims[0])
         _launch_recurrence(state, q, k, v, g, beta, None, state, n, n_dev, dims)
     return state
-
-
-def gdn_gated_norm(o, z, norm_w, eps: float, out=None, stream=None):
-    """o, z [T, Hv, dv] -> rms_norm(o) * norm_w [dv] * sigmoid(z), per head."""
-    with U.on_stream(stream):
-        U.check_array("o", o, np.float32, (None, None, None))
-        T, nv, dv = o.shape
-        U.check_array("z", z, np.float32, (T, nv, dv))
-        U.check_array("norm_w", norm_w, np.float32, (dv,))
-        out = U.out_array("out", out, (T, nv, dv), np.float32, empty)
-        nvrtc.kernel("gdn", "gdn_gated_norm")((T * nv, 1, 1), (GDN_BLOCK, 1, 1), (
-            o, z, norm_w, out, np.int32(dv), np.float32(eps)))
-    return out

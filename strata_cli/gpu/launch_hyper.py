@@ -62,19 +62,24 @@ def _read_operands(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, 
 
 def hc_read(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_raw, inject_type: int | None,
             eps: float, out_mixed=None, out_inj=None, scratch: HcScratch | None = None, split: SplitK | None = None,
-            stream=None, mark=None):
+            stream=None, mark=None, pending=None):
     """R [T, C, D] -> (mixed [T, D], inj [T, C] or None when inject_raw is None); see kernels/hyper.cu.
 
     norm_w [C*D] f32; down_raw [L, C*D], up_raw [C*D, L], inject_raw [C, C*D] raw rows of their GGML types.
-    mark(part) is called after the "norm", "down" and "up" launches (the profiling graph's stamps)."""
+    pending = (block_out [T, D], inj_prev [T, C]): the norm's kernel applies that write to R in place first
+    (hc_write_norm without inject partials: hc_write + hc_norm bit for bit, one node). mark(part) is called after
+    the "norm" ("write+norm"), "down" and "up" launches (the profiling graph's stamps)."""
     with U.on_stream(stream):
         T, C, D, L, _, xn, low, gates, out_mixed, out_inj = _read_operands(
             R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, out_mixed, out_inj, scratch)
         CD = C * D
 
-        nvrtc.kernel("hyper", "hc_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
-            R, norm_w, xn, np.int32(C), np.int32(D), np.float32(eps)))
-        _mark(mark, "norm")
+        if pending is None:
+            nvrtc.kernel("hyper", "hc_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
+                R, norm_w, xn, np.int32(C), np.int32(D), np.float32(eps)))
+        else:
+            _write_norm(R, pending, norm_w, xn, None, 0, None, C, D, eps)
+        _mark(mark, "norm" if pending is None else "write+norm")
         launch_gemv(down_raw, down_type, CD, xn, low, split, act=U.ACT_SILU, div=float(C))
         _mark(mark, "down")
         launch_gemv(up_raw, up_type, L, low, gates, split, act=U.ACT_SIGMOID)
@@ -97,27 +102,20 @@ def hc_read_fused(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inj
 
     Launches hc_write_norm, the down and up GEMVs, hc_mix_inject (4 nodes; hc_write + hc_read take 6). The inject
     GEMV becomes per-stream partial dots summed over the streams (reassociated). An inject matrix of another type
-    than F32/F16/BF16/Q8_0 takes hc_write + hc_read instead. mark(part): after "norm" (write + norm + inject
+    than F32/F16/BF16/Q8_0 takes hc_read(pending=) instead. mark(part): after "norm" (write + norm + inject
     partials), "down" and "up"."""
     if inject_raw is not None and inject_type not in FUSED_INJECT_TYPES:
-        if pending is not None:
-            hc_write(R, pending[0], pending[1], out=R, stream=stream)
         return hc_read(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, eps,
-                       out_mixed=out_mixed, out_inj=out_inj, scratch=scratch, split=split, stream=stream, mark=mark)
+                       out_mixed=out_mixed, out_inj=out_inj, scratch=scratch, split=split, stream=stream, mark=mark,
+                       pending=pending)
     with U.on_stream(stream):
         T, C, D, L, s, xn, low, gates, out_mixed, out_inj = _read_operands(
             R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, out_mixed, out_inj, scratch)
         CD = C * D
-        if pending is not None:
-            U.check_array("block_out", pending[0], np.float32, (T, D))
-            U.check_array("inj_prev", pending[1], np.float32, (T, C))
         injp = U.scratch_rows("scratch.inj_part", s.inj_part, T, (C * C,), empty) if inject_raw is not None else None
-        bo, inj_prev = pending if pending is not None else (None, None)
         inj_stride = U.row_stride(inject_type, CD) if inject_raw is not None else 0
-        nvrtc.kernel("hyper", "hc_write_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
-            R, U.null_or(bo), U.null_or(inj_prev), norm_w, xn, U.null_or(inject_raw), np.int64(inj_stride),
-            np.int32(inject_type if inject_raw is not None else 0), U.null_or(injp), np.int32(C), np.int32(D),
-            np.float32(eps)))
+        _write_norm(R, pending, norm_w, xn, inject_raw, inj_stride, injp, C, D, eps,
+                    inject_type if inject_raw is not None else 0)
         _mark(mark, "write+norm" if pending is not None else "norm")
         launch_gemv(down_raw, down_type, CD, xn, low, split, act=U.ACT_SILU, div=float(C))
         _mark(mark, "down")
@@ -128,6 +126,20 @@ def hc_read_fused(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inj
             xn, gates, out_mixed, U.null_or(injp), U.null_or(out_inj if inject_raw is not None else None),
             np.int32(T), np.int32(C), np.int32(D)))
     return out_mixed, (out_inj if inject_raw is not None else None)
+
+
+def _write_norm(R, pending, norm_w, xn, inject_raw, inj_stride: int, injp, C: int, D: int, eps: float,
+                inject_type: int = 0) -> None:
+    """hc_write_norm over R [T, C, D]: the pending write (block_out, inj_prev) or None (checked here), the norm into
+    xn, and with inject_raw the inject partial dots into injp."""
+    T = R.shape[0]
+    if pending is not None:
+        U.check_array("block_out", pending[0], np.float32, (T, D))
+        U.check_array("inj_prev", pending[1], np.float32, (T, C))
+    bo, inj_prev = pending if pending is not None else (None, None)
+    nvrtc.kernel("hyper", "hc_write_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
+        R, U.null_or(bo), U.null_or(inj_prev), norm_w, xn, U.null_or(inject_raw), np.int64(inj_stride),
+        np.int32(inject_type), U.null_or(injp), np.int32(C), np.int32(D), np.float32(eps)))
 
 
 def _mark(mark, part: str) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..model import quants
 from . import compile as nvrtc
 from . import launch_quant
 from . import launch_util as U
@@ -20,8 +21,17 @@ from .launch_gemv import SplitK, launch_gemv
 from .runtime import empty
 
 
-def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None):
-    """logits [T, E] -> ids [T, k] int32 (descending probability, ties -> lower id), weights [T, k] summing to 1."""
+SG_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q8_0)  # scalar gates router_topk decodes (raw_at)
+
+
+def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None, groups=None, done=None, scalar_gate=None):
+    """logits [T, E] -> ids [T, k] int32 (descending probability, ties -> lower id), weights [T, k] summing to 1.
+
+    groups = (g_expert [J], g_count [J], g_entries [J, GEMV_MAXT]) int32 (J = T*k, or more rows): the same launch
+    also groups the entries by expert as group_entries does (routed_experts(grouped=True) then skips it); done: a
+    uint32 [1] counter that starts at zero (the launch leaves it at zero). scalar_gate = (x [T, D], raw [D] row of a
+    type in SG_TYPES, type, sg [T, 1]): the same launch writes the shared expert's gate sg = sigmoid(w . x) (then
+    shared_expert(sg=sg) skips its scalar-gate GEMV)."""
     with U.on_stream(stream):
         U.check_array("logits", logits, np.float32, (None, None))
         T, E = logits.shape
@@ -29,10 +39,28 @@ def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None):
             raise ValueError(f"k: {k} outside 1..{min(E, U.ROUTER_MAXK)} (E = {E}, kernel limit {U.ROUTER_MAXK})")
         if E > U.ROUTER_MAX_E:
             raise ValueError(f"logits: {E} experts exceed the router kernel's {U.ROUTER_MAX_E}")
+        J = T * k
+        g_args = (U.null_or(None),) * 3 + (np.int32(0), U.null_or(None))
+        if groups is not None:
+            if J > U.BLOCK:
+                raise ValueError(f"logits: {J} (row, slot) entries exceed the router's {U.BLOCK} grouping threads")
+            U.check_array("done", done, np.uint32, (1,))
+            g_args = (*_group_buffers(MoeScratch(None, None, *groups), J), np.int32(U.GEMV_MAXT), done)
+        sg_args = (U.null_or(None), np.int32(0), U.null_or(None), np.int32(0), U.null_or(None))
+        if scalar_gate is not None:
+            x, sg_raw, sg_type, sg = scalar_gate
+            U.check_array("x", x, np.float32, (T, None))
+            if sg_type not in SG_TYPES:
+                raise ValueError(f"scalar_gate: type {U.type_name(sg_type)} is not one of F32, F16, BF16, Q8_0 "
+                                 "(router_topk decodes only these)")
+            U.weight_rows("scalar_gate raw", sg_raw, sg_type, x.shape[1], n_out=1)
+            U.check_array("sg", sg, np.float32, (T, 1))
+            sg_args = (x, np.int32(x.shape[1]), sg_raw, np.int32(sg_type), sg)
         out_ids = U.out_array("out_ids", out_ids, (T, k), np.int32, empty)
         out_w = U.out_array("out_w", out_w, (T, k), np.float32, empty)
+        smem = 4 * max(E, J + U.BLOCK) if groups is not None else 4 * E
         nvrtc.kernel("moe", "router_topk")((T, 1, 1), (U.BLOCK, 1, 1), (
-            logits, np.int32(E), np.int32(k), out_ids, out_w), shared_mem=4 * E)
+            logits, np.int32(E), np.int32(k), out_ids, out_w, *g_args, *sg_args), shared_mem=smem)
     return out_ids, out_w
 
 
@@ -132,12 +160,15 @@ def _check_types(name: str, ggml_types, n: int) -> tuple[int, ...]:
 
 
 def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=None, shared=None,
-                   scratch: MoeScratch | None = None, stream=None, mark=None):
+                   scratch: MoeScratch | None = None, stream=None, mark=None, residual=None, grouped: bool = False):
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> out [T, D] (+ shared [T, D] when given, fused).
 
     x [T, D]; ids [T, K] int32; weights [T, K] f32; gate_raw, up_raw [E, F, D] and down_raw [E, D, F] raw
     tensors in numpy order; ggml_types = (gate, up, down). An id outside 0..E-1 turns its row's output NaN.
-    mark("experts") is called before the combine launch (the profiling graph's stamps)."""
+    residual = (R [T, C, D], inj [T, C]): the combine also writes out into the streams, R += out * inj per
+    stream in place (launch_hyper.hc_write's arithmetic). grouped: scratch's g_expert / g_count / g_entries already
+    hold the grouping of ids (router_topk(groups=) made it in the same stream). mark("experts") is called before the combine launch
+    (the profiling graph's stamps)."""
     gt, ut, dt = _check_types("ggml_types", ggml_types, 3)
     with U.on_stream(stream):
         U.check_array("x", x, np.float32, (None, None))
@@ -150,6 +181,12 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         _, _, down_stride = U.expert_geometry("down_raw", down_raw, dt, F, n_out=D, n_expert=E)
         if shared is not None:
             U.check_array("shared", shared, np.float32, (T, D))
+        R, inj, C = U.null_or(None), U.null_or(None), 0
+        if residual is not None:
+            R, inj = residual
+            U.check_array("residual R", R, np.float32, (T, None, D))
+            C = R.shape[1]
+            U.check_array("residual inj", inj, np.float32, (T, C))
         J = T * K
         if T > U.GEMV_MAXT:
             raise ValueError(f"x: {T} rows exceed {U.GEMV_MAXT} (an expert group holds at most that many entries)")
@@ -160,14 +197,15 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         out = U.out_array("out", out, (T, D), np.float32, empty)
 
         # group the entries by expert; entry j = t*K + k reads x row t = j // K; h and parts are indexed by entry
-        group_entries(ids, J, groups)
+        if not grouped:
+            group_entries(ids, J, groups)
         launch_swiglu_experts((gate_raw, gt, gate_stride), (up_raw, ut, up_stride), (down_raw, dt, down_stride), E,
                               groups, J, T, x, K, h, parts)
         if mark is not None:
             mark("experts")
         grid, block = U.elementwise_grid(T * D)
         nvrtc.kernel("moe", "moe_combine")(grid, block, (
-            parts, weights, U.null_or(shared), out, np.int32(T), np.int32(K), np.int32(D)))
+            parts, weights, U.null_or(shared), out, R, inj, np.int32(C), np.int32(T), np.int32(K), np.int32(D)))
     return out
 
 
@@ -184,11 +222,12 @@ class SharedScratch:
 
 
 def shared_expert(x, gate_raw, up_raw, down_raw, scalar_gate_raw, ggml_types, out=None,
-                  scratch: SharedScratch | None = None, split: SplitK | None = None, stream=None):
+                  scratch: SharedScratch | None = None, split: SplitK | None = None, stream=None, sg=None):
     """SwiGLU(x) * sigmoid(w_sg . x) -> out [T, D].
 
     x [T, D]; gate_raw, up_raw [F, D], down_raw [D, F], scalar_gate_raw [D] raw rows;
-    ggml_types = (gate, up, down, scalar_gate)."""
+    ggml_types = (gate, up, down, scalar_gate). sg [T, 1]: the gate sigmoid(w_sg . x) already computed
+    (router_topk(scalar_gate=)), so no scalar-gate GEMV is launched."""
     gt, ut, dt, st = _check_types("ggml_types", ggml_types, 4)
     with U.on_stream(stream):
         U.check_array("x", x, np.float32, (None, None))
@@ -196,14 +235,18 @@ def shared_expert(x, gate_raw, up_raw, down_raw, scalar_gate_raw, ggml_types, ou
         F = U.weight_rows("gate_raw", gate_raw, gt, D)
         U.weight_rows("up_raw", up_raw, ut, D, n_out=F)
         U.weight_rows("down_raw", down_raw, dt, F, n_out=D)
-        U.weight_rows("scalar_gate_raw", scalar_gate_raw, st, D, n_out=1)
+        if sg is None:  # else scalar_gate_raw is not read (it may be None)
+            U.weight_rows("scalar_gate_raw", scalar_gate_raw, st, D, n_out=1)
         s = scratch if scratch is not None else SharedScratch(None, None)
         h = U.scratch_rows("scratch.h", s.h, T, (F,), empty)
-        sg = U.scratch_rows("scratch.sg", s.sg, T, (1,), empty)
+        given = sg is not None
+        sg = U.check_array("sg", sg, np.float32, (T, 1)) if given else U.scratch_rows("scratch.sg", s.sg, T, (1,),
+                                                                                      empty)
         out = U.out_array("out", out, (T, D), np.float32, empty)
 
         launch_gemv(up_raw, ut, D, x, h, split)
         launch_gemv(gate_raw, gt, D, x, h, split, act=U.ACT_SILU, mul=h, mul_strides=(F, 1))
-        launch_gemv(scalar_gate_raw, st, D, x, sg, split, act=U.ACT_SIGMOID)
+        if not given:
+            launch_gemv(scalar_gate_raw, st, D, x, sg, split, act=U.ACT_SIGMOID)
         launch_gemv(down_raw, dt, F, h, out, split, mul=sg, mul_strides=(1, 0))  # out[t, :] *= sg[t]
     return out

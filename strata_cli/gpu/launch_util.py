@@ -197,7 +197,6 @@ class WindowPath:
     """The launch variants a T-row window records (engine/gpu/window.py, launch_gemv)."""
 
     fused_hc: bool  # launch_hyper.hc_read_fused: each HC read also applies the previous block's write
-    fused_gdn: bool  # launch_gdn.gdn_conv_split and gdn_ab_gates: a GDN layer's conv + split, alpha/beta + gates
     gemv_tc: bool  # dense Q8_0_R32 GEMVs on tensor cores (kernels/gemv_q8r.cu gemv_q8r_tc_t*)
 
 
@@ -206,9 +205,10 @@ class WindowPath:
 # T = 1/2/4/8): unfused 13.56 / 16.91 / 22.63 / 43.62, the three fused paths together 14.44 / 18.52 / 21.76 / 32.82,
 # so they lose at T <= 2 and win from T = 4. A likely cause at T = 1 (read in the kernels, not measured apart):
 # hc_write_norm runs T*C blocks (4 on Flash-Next) that do the write, the norm and C serial inject dots each, where
-# the unfused read's write and inject GEMV spread over the whole GPU; the nodes saved cost less than that.
-WINDOW_PATHS = ((1, WindowPath(fused_hc=False, fused_gdn=False, gemv_tc=False)),
-                (4, WindowPath(fused_hc=True, fused_gdn=True, gemv_tc=True)))
+# the unfused read's write and inject GEMV spread over the whole GPU; the nodes saved cost less than that. (The
+# fused GDN launches of that measurement are gone: every window runs kernels/gdn.cu gdn_mix, not measured yet.)
+WINDOW_PATHS = ((1, WindowPath(fused_hc=False, gemv_tc=False)),
+                (4, WindowPath(fused_hc=True, gemv_tc=True)))
 
 
 def window_path(T: int) -> WindowPath:

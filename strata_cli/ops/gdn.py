@@ -34,7 +34,7 @@ def gdn_split(h: np.ndarray, nk: int, dk: int, nv: int, dv: int) -> tuple[np.nda
 
 
 def gdn_conv_split(qkv, conv_state, conv_w, nk: int, dk: int, nv: int, dv: int):
-    """gdn_split of gdn_conv's output: the reference of gpu/launch_gdn.gdn_conv_split (q, k, v only)."""
+    """gdn_split of gdn_conv's output (q, k, v only): the first part of gdn_mix_raw."""
     return gdn_split(gdn_conv(qkv, conv_state, conv_w)[0], nk, dk, nv, dv)
 
 
@@ -45,8 +45,8 @@ def gdn_gates(alpha: np.ndarray, beta_in: np.ndarray, dt_bias: np.ndarray, ssm_a
 
 
 def gdn_ab_gates_raw(x, alpha_raw, alpha_type, beta_raw, beta_type, dt_bias, ssm_a):
-    """gdn_gates over the alpha and beta projections of x [T, n_in] (raw [Hv, n_in] weights): the reference of
-    gpu/launch_gdn.gdn_ab_gates."""
+    """gdn_gates over the alpha and beta projections of x [T, n_in] (raw [Hv, n_in] weights): gdn_mix_raw's gates
+    of ab_raw."""
     n_in = x.shape[1]
     alpha = gemv(alpha_raw, alpha_type, n_in, x).astype(np.float32)
     beta_in = gemv(beta_raw, beta_type, n_in, x).astype(np.float32)
@@ -77,3 +77,22 @@ def gdn_recurrence(state: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarra
 def gdn_gated_norm(o: np.ndarray, z: np.ndarray, norm_w: np.ndarray, eps: float) -> np.ndarray:
     """o, z [T, Hv, dv]: per-head RMS norm times gamma [dv] times sigmoid(z)."""
     return (rms_norm(o, norm_w, eps) * sigmoid(z)).astype(np.float32)
+
+
+def gdn_mix_raw(qkv, conv_state, conv_w, state, x, dt_bias, ssm_a, z, norm_w, eps: float, nk: int, dk: int, nv: int,
+                dv: int, ab_raw=None, ab_proj=None, gates_before=None):
+    """The reference of gpu/launch_gdn.gdn_mix: gdn_conv_split, the gates of x's rows (ab_raw = (alpha_raw,
+    alpha_type, beta_raw, beta_type) projected here, or ab_proj = (alpha, beta_in)), the recurrence from state and
+    the gated norm with z. gates_before = (g, beta) of earlier rows [0, r0) (a split window's first group), whose
+    y rows are not returned. Returns (y [T - r0, Hv, dv], q, k, v, g, beta) with g, beta of all T rows."""
+    q, k, v = gdn_conv_split(qkv, conv_state, conv_w, nk, dk, nv, dv)
+    if ab_raw is not None:
+        g, beta = gdn_ab_gates_raw(x, *ab_raw, dt_bias, ssm_a)
+    else:
+        g, beta = gdn_gates(*ab_proj, dt_bias, ssm_a)
+    r0 = 0
+    if gates_before is not None:
+        r0 = gates_before[0].shape[0]
+        g, beta = np.concatenate([gates_before[0], g]), np.concatenate([gates_before[1], beta])
+    o, _ = gdn_recurrence(state, q, k, v, g, beta)
+    return gdn_gated_norm(o[r0:], z, norm_w, eps), q, k, v, g, beta

@@ -88,6 +88,7 @@ def plan_buffers(g, n_ctx: int, M: int) -> Arena:
     a.add("moe_gexp", (M * K,), np.int32)
     a.add("moe_gcnt", (M * K,), np.int32)
     a.add("moe_gent", (M * K, GEMV_MAXT), np.int32)  # entries of each expert group
+    a.add("route_done", (1,), np.uint32)  # router_topk's arrival counter (zero between launches)
     a.add("gemv_partial", (GEMV_PARTIAL_FLOATS,))
     a.add("gemv_tiles", (ZSPLIT_TILES,), np.uint32)
     a.add("argmax_values", (GEMV_MAXT * ARGMAX_MAX_PARTS,))
@@ -96,8 +97,8 @@ def plan_buffers(g, n_ctx: int, M: int) -> Arena:
     a.add("argmax_row_bad", (GEMV_MAXT,), np.int32)
     if g.gdn_layers:
         nv, nk, dk, dv = g.ssm_nv, g.ssm_nk, g.ssm_dk, g.ssm_dv
-        for name, shape in [("gdn_h", (M, g.conv_dim)), ("gdn_alpha", (M, nv)), ("gdn_beta_in", (M, nv)),
-                            ("gdn_z", (M, nv * dv)), ("gdn_o", (M, nv, dv)), ("gdn_y", (M, nv, dv))]:
+        for name, shape in [("gdn_alpha", (M, nv)), ("gdn_beta_in", (M, nv)), ("gdn_z", (M, nv * dv)),
+                            ("gdn_y", (M, nv, dv))]:
             a.add(name, shape)
         for layer in g.gdn_layers:  # state, and what the window keeps for the commit
             for name, shape in [("S", (nv, dk, dv)), ("conv", (g.conv_kernel - 1, g.conv_dim)),

@@ -1,6 +1,6 @@
 """The launches of one verify window and of the commit; _LayerRecorder holds the one layer sequence (the order of
 ReferenceEngine._layer) of every variant: plain, split into two token groups (--split with expert tiers), fused
-HC reads and GDN launches (chosen by T, launch_util.window_path).
+HC reads (chosen by T, launch_util.window_path).
 
 Both recorders only launch kernels on preallocated buffers, so the same calls run eagerly or under capture.
 Per-window values (tokens, positions, n_keep) are read by the kernels from device buffers that the recorded
@@ -48,15 +48,17 @@ def _marks(e, layer: int, prefix: str, stream):
     return lambda part: e.stamper(layer, prefix + part, stream)
 
 
-def _hc(e, prefix: str, T: int, inject: bool, stream, r0: int = 0, mark=None):
-    """HC read of rows [r0, T) (r0 > 0 only for the second token group of a split window)."""
+def _hc(e, prefix: str, T: int, inject: bool, stream, r0: int = 0, mark=None, pending: bool = False):
+    """HC read of rows [r0, T) (r0 > 0 only for the second token group of a split window); pending: the write of
+    those rows' block_out with the last read's inj goes into R first (in the norm's kernel)."""
     b, w = e.buf, e.w
     down, up = w.raw(f"{prefix}_down.weight"), w.raw(f"{prefix}_up.weight")
     inj = w.raw(f"{prefix}_inject.weight") if inject else (None, None)
     scratch = hyper.HcScratch(b["hc_xn"], b["hc_low"], b["hc_gates"])
     return hyper.hc_read(b["R"][r0:T], w.f32(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
                          out_mixed=b["mixed"][r0:T], out_inj=b["inj"][r0:T] if inject else None, scratch=scratch,
-                         split=split_k(b), stream=stream, mark=mark)
+                         split=split_k(b), stream=stream, mark=mark,
+                         pending=(b["block_out"][r0:T], b["inj"][r0:T]) if pending else None)
 
 
 def _hc_fused(e, prefix: str, T: int, inject: bool, pending: bool, stream, mark=None):
@@ -78,41 +80,34 @@ def gemv_weight(e, name: str, x, out, stream):
     return launch_gemv.gemv(raw, ggml_type, x.shape[1], x, out=out, split=split_k(e.buf), stream=stream)
 
 
-def _gdn(e, layer: int, x, T: int, stream, r0: int = 0, fused: bool = False):
-    """GDN of rows [r0, T), x = their mixed rows. r0 > 0 (group B of a split window): the conv and the recurrence
-    run again from the saved state over rows [0, T); the earlier group's rows come out as they did (outputs land in
-    scratch only). fused: gdn_conv_split and gdn_ab_gates instead of conv + split and two GEMVs + gates."""
+def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
+    """GDN of rows [r0, T), x = their mixed rows: the qkv and z projections, gdn_mix (conv + split, gates, delta
+    rule, gated norm in one launch; alpha/beta GEMVs first for types it does not decode) and the out projection.
+    r0 > 0 (group B of a split window): the conv and the recurrence run again from the saved state over rows
+    [0, T) and the earlier group's rows come out as they did (gdn_mix reads their gates)."""
     b, w, g = e.buf, e.w, e.g
     blk, n = f"blk.{layer}.", T - r0
     qkv = b[f"qkv.{layer}"][:T]
     gemv_weight(e, blk + "attn_qkv.weight", x, qkv[r0:], stream)
     stamp(e, layer, "qkv", stream)
-    q, k, v = b[f"q.{layer}"][:T], b[f"k.{layer}"][:T], b[f"v.{layer}"][:T]
-    if fused:
-        gdn.gdn_conv_split(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), g.ssm_nk, g.ssm_dk, g.ssm_nv,
-                           g.ssm_dv, q=q, k=k, v=v, stream=stream)
-    else:
-        gdn.gdn_conv(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), out=b["gdn_h"][:T], stream=stream)
-        gdn.gdn_split(b["gdn_h"][:T], g.ssm_nk, g.ssm_dk, g.ssm_nv, g.ssm_dv, q=q, k=k, v=v, stream=stream)
-    stamp(e, layer, "conv", stream)
-    decay, beta = b[f"g.{layer}"][:T], b[f"beta.{layer}"][:T]
-    alpha_w, beta_w = w.raw(blk + "ssm_alpha.weight"), w.raw(blk + "ssm_beta.weight")
-    if fused and alpha_w[1] in gdn.AB_TYPES and beta_w[1] in gdn.AB_TYPES:
-        gdn.gdn_ab_gates(x, *alpha_w, *beta_w, w.blk_f32(layer, "ssm_dt.bias"), w.blk_f32(layer, "ssm_a"),
-                         g=decay[r0:], beta=beta[r0:], stream=stream)
-    else:
-        gemv_weight(e, blk + "ssm_alpha.weight", x, b["gdn_alpha"][r0:T], stream)
-        gemv_weight(e, blk + "ssm_beta.weight", x, b["gdn_beta_in"][r0:T], stream)
-        gdn.gdn_gates(b["gdn_alpha"][r0:T], b["gdn_beta_in"][r0:T], w.blk_f32(layer, "ssm_dt.bias"),
-                      w.blk_f32(layer, "ssm_a"), g=decay[r0:], beta=beta[r0:], stream=stream)
-    stamp(e, layer, "ab", stream)
-    gdn.gdn_recurrence(b[f"S.{layer}"], q, k, v, decay, beta, out=b["gdn_o"][:T], with_state=False, stream=stream)
-    stamp(e, layer, "rec", stream)
     gemv_weight(e, blk + "attn_gate.weight", x, b["gdn_z"][r0:T], stream)
     stamp(e, layer, "z", stream)
-    y = gdn.gdn_gated_norm(b["gdn_o"][r0:T], b["gdn_z"][r0:T].reshape(n, g.ssm_nv, g.ssm_dv),
-                           w.blk_f32(layer, "ssm_norm"), g.eps, out=b["gdn_y"][r0:T], stream=stream)
-    stamp(e, layer, "gate", stream)
+    alpha_w, beta_w = w.raw(blk + "ssm_alpha.weight"), w.raw(blk + "ssm_beta.weight")
+    ab_raw = ab_proj = None
+    if alpha_w[1] in gdn.AB_TYPES and beta_w[1] in gdn.AB_TYPES:
+        ab_raw = (*alpha_w, *beta_w)
+    else:
+        ab_proj = (b["gdn_alpha"][r0:T], b["gdn_beta_in"][r0:T])
+        gemv_weight(e, blk + "ssm_alpha.weight", x, ab_proj[0], stream)
+        gemv_weight(e, blk + "ssm_beta.weight", x, ab_proj[1], stream)
+        stamp(e, layer, "ab", stream)
+    y = gdn.gdn_mix(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), b[f"S.{layer}"], x,
+                    w.blk_f32(layer, "ssm_dt.bias"), w.blk_f32(layer, "ssm_a"),
+                    b["gdn_z"][r0:T].reshape(n, g.ssm_nv, g.ssm_dv), w.blk_f32(layer, "ssm_norm"), g.eps, g.ssm_nk,
+                    g.ssm_dk, g.ssm_nv, g.ssm_dv, ab_raw=ab_raw, ab_proj=ab_proj, q=b[f"q.{layer}"][:T],
+                    k=b[f"k.{layer}"][:T], v=b[f"v.{layer}"][:T], g=b[f"g.{layer}"][:T], beta=b[f"beta.{layer}"][:T],
+                    out=b["gdn_y"][r0:T], r0=r0, stream=stream)
+    stamp(e, layer, "gdn-mix", stream)
     gemv_weight(e, blk + "ssm_out.weight", y.reshape(n, -1), b["block_out"][r0:T], stream)
     stamp(e, layer, "out-proj", stream)
 
@@ -175,25 +170,31 @@ def _rows(buf, T: int, width: int):
     return flat.reshape(T, width)
 
 
-def _moe(e, layer: int, x, T: int, stream):
-    """Router, shared expert, routed experts and their combine into block_out, every expert in VRAM."""
+def _moe(e, layer: int, x, T: int, stream, write: bool):
+    """Router, shared expert, routed experts and their combine into block_out, every expert in VRAM; write: the
+    combine also applies the residual write of block_out into R (no hc_write node; else the next read does)."""
     b, w, g = e.buf, e.w, e.g
     blk = f"blk.{layer}."
     gemv_weight(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
-    ids, weights = moe.router_topk(b["router"][:T], g.n_expert_used, out_ids=b["route_ids"][:T],
-                                   out_w=b["route_w"][:T], stream=stream)
-    stamp(e, layer, "router", stream)
+    scratch = moe.MoeScratch(b["moe_h"], b["moe_parts"], b["moe_gexp"], b["moe_gcnt"], b["moe_gent"])
+    # the router's last block also groups the entries by expert (no moe_group node)
+    groups = (scratch.g_expert, scratch.g_count, scratch.g_entries)
     names = [blk + f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")] + [blk + "ffn_gate_inp_shexp.weight"]
     raws = [w.raw(n) for n in names]
+    sg = b["sh_sg"][:T] if raws[3][1] in moe.SG_TYPES else None  # the router's launch computes the shared gate
+    ids, weights = moe.router_topk(b["router"][:T], g.n_expert_used, out_ids=b["route_ids"][:T],
+                                   out_w=b["route_w"][:T], stream=stream, groups=groups, done=b["route_done"],
+                                   scalar_gate=None if sg is None else (x, *raws[3], sg))
+    stamp(e, layer, "router", stream)
     moe.shared_expert(x, raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
                       out=b["shared"][:T], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), split=split_k(b),
-                      stream=stream)
+                      stream=stream, sg=sg)
     stamp(e, layer, "shared", stream)
     exps = [w.raw(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
     moe.routed_experts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps],
                        out=b["block_out"][:T], shared=b["shared"][:T],
-                       scratch=moe.MoeScratch(b["moe_h"], b["moe_parts"], b["moe_gexp"], b["moe_gcnt"],
-                                              b["moe_gent"]), stream=stream, mark=_marks(e, layer, "", stream))
+                       residual=(b["R"][:T], b["inj"][:T]) if write else None, scratch=scratch, grouped=True,
+                       stream=stream, mark=_marks(e, layer, "", stream))
     stamp(e, layer, "combine", stream)
 
 
@@ -238,12 +239,13 @@ def _ple_group(e, T: int, r0: int, r1: int, stream) -> None:
 
 class _LayerRecorder:
     """The one layer sequence of every window variant: token groups (one, or two with --split: the order in
-    record_window), the fused HC read (each block's residual write applied by the next read's first kernel) and
-    the fused GDN launches, as chosen for T (launch_util.window_path). Per layer and group:
+    record_window) and the fused HC read (each block's residual write applied by the next read's first kernel), as
+    chosen for T (launch_util.window_path); a GDN mixer is always 4 nodes (_gdn). Per layer and group:
 
-        pre(l, g)  = [PLE] HC read (attn), mixer, [HC write], HC read (ffn), MoE (or the tiers' front: router,
-                     doorbell, shared expert, VRAM experts)
-        post(l, g) = [the tiers' back: waits, PCIe experts, combine], [HC write]
+        pre(l, g)  = [PLE] HC read (attn), mixer, HC read (ffn: it applies the mixer's write first), MoE (its combine also writes the
+                     residual, unless the read is fused) or the tiers' front: router, doorbell, shared expert, VRAM
+                     experts
+        post(l, g) = the tiers' back: waits, PCIe experts, combine, [HC write]
 
     The split window keeps the unfused HC read (hc_read_fused takes no row range). With the fused read the write
     before a PLE layer that is not the first is launched on its own (the mix reads R)."""
@@ -252,13 +254,12 @@ class _LayerRecorder:
         self.e, self.T, self.stream, self.groups = e, T, stream, groups
         self.split = len(groups) == 2
         self.fused_hc = path.fused_hc and not self.split
-        self.fused_gdn = path.fused_gdn
 
     def _read(self, prefix: str, layer: int, part: str, r0: int, r1: int, pending: bool):
         mark = _marks(self.e, layer, part, self.stream)
         if self.fused_hc:
             return _hc_fused(self.e, prefix, self.T, True, pending, self.stream, mark=mark)
-        return _hc(self.e, prefix, r1, True, self.stream, r0, mark=mark)
+        return _hc(self.e, prefix, r1, True, self.stream, r0, mark=mark, pending=pending)
 
     def _write(self, layer: int, stage: str, r0: int, r1: int) -> None:
         if self.fused_hc:
@@ -287,21 +288,23 @@ class _LayerRecorder:
         if g.layer_is_attn[layer]:
             _qsa(e, layer, mixed, r1, stream, r0)
         else:
-            _gdn(e, layer, mixed, r1, stream, r0, fused=self.fused_gdn)
-        self._write(layer, "hc-write0", r0, r1)
+            _gdn(e, layer, mixed, r1, stream, r0)
+        # the mixer's residual write is applied by the next read's norm kernel (either read)
         mixed, _ = self._read(f"blk.{layer}.hc_ffn", layer, "hc1-", r0, r1, True)
         stamp(e, layer, "hc-read1", stream)
         if e.tiers is not None:  # expert tiers (tiers.py): router, doorbell, shared expert, VRAM share
             e.tiers.pre(layer, grp, r0, n, len(self.groups), stream)
         else:
-            _moe(e, layer, mixed, T, stream)
+            _moe(e, layer, mixed, T, stream, write=not self.fused_hc)
 
     def post(self, layer: int, grp: int) -> None:
         e = self.e
         r0, n = self.groups[grp]
-        if e.tiers is not None:  # the waits for the host's shares, the PCIe share, the combine into block_out
-            e.tiers.post(layer, grp, r0, n, len(self.groups), self.stream)
-            stamp(e, layer, "moe-tiers", self.stream)
+        if e.tiers is None:
+            return  # _moe's combine wrote the residual (or left it to the next fused read)
+        # the waits for the host's shares, the PCIe share, the combine into block_out
+        e.tiers.post(layer, grp, r0, n, len(self.groups), self.stream)
+        stamp(e, layer, "moe-tiers", self.stream)
         self._write(layer, "hc-write1", r0, r0 + n)
 
     def record(self) -> None:
