@@ -13,7 +13,6 @@ no stamp node.
 
 from __future__ import annotations
 
-from ... import settings
 from ...gpu import launch_embed as embed
 from ...gpu import launch_gdn as gdn
 from ...gpu import launch_gemv
