@@ -157,10 +157,11 @@ AI float e8m0_half(uint8_t e) {
     return d;
 }
 AI float ue4m3_half(uint8_t x) { /* NVFP4's scale, halved for the doubled e2m1 table */
-    const int ex = (x >> 3) & 0xF;
-    const float man = (float)(x & 7);
-    const float raw = ex == 0 ? man * 0x1p-9f : (1.0f + man / 8.0f) * pow2i(ex - 7);
-    return (x == 0 || x == 0x7F) ? 0.0f : raw * 0.5f;
+    /* (1 + man / 8) * 2^(ex - 7) / 2 is exact: its bits directly (no float ops per group) */
+    const uint32_t ex = (x >> 3) & 0xF, man = x & 7, bits = ((ex + 119) << 23) | (man << 20);
+    float normal;
+    memcpy(&normal, &bits, 4);
+    return (x == 0 || x == 0x7F) ? 0.0f : ex == 0 ? (float)man * 0x1p-10f : normal;
 }
 AI int k_scale6(const uint8_t *sc, int j) { /* Q3_K's 6-bit signed sub-block scale j (0..15) */
     const int lo = j < 8 ? (sc[j] & 0xF) : (sc[j - 8] >> 4), hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
@@ -236,26 +237,38 @@ AI void prep_q2_k(const uint8_t *b, float *ps) { /* the 16 sub-block scales d * 
 AI v16 g_q2_k(const uint8_t *b, int j, const float *ps) {
     return small16(plane2(b + 16, j), 0, ps[j]);
 }
+AI void prep_q3_k(const uint8_t *b, float *ps) { /* the 16 scales d * s, converted and multiplied as one vector */
+    int8_t sc[16];
+    for (int j = 0; j < 16; j++) sc[j] = (int8_t)k_scale6(b + 96, j);
+    v16_st(ps, v16_mul(v16_set1(rdh(b + 108)), v16_i8(ld16b((const uint8_t *)sc))));
+}
 AI v16 g_q3_k(const uint8_t *b, int j, const float *ps) {
     const __m128i hb = _mm_and_si128(_mm_srli_epi16(ld16b(b + 16 * (j & 1)), j / 2), _mm_set1_epi8(1));
     const __m128i q = _mm_sub_epi8(plane2(b + 32, j), _mm_slli_epi16(_mm_xor_si128(hb, _mm_set1_epi8(1)), 2));
-    return small16(q, 1, rdh(b + 108) * (float)k_scale6(b + 96, j));
+    return small16(q, 1, ps[j]);
 }
 AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
     return small16(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), 1, rdh(b + 64));
 }
-AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) { /* base-3 digits: rare, decoded scalar into 16 bytes */
-    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
-    int8_t q[16];
-    for (int k = 0; k < 16; k++) {
-        const int e = 16 * j + k;
-        uint8_t v;
-        if (e < 160) v = (uint8_t)(b[e % 32] * pow3[e / 32]);
-        else if (e < 240) v = (uint8_t)(b[32 + (e - 160) % 16] * pow3[(e - 160) / 16]);
-        else v = (uint8_t)(b[48 + (e - 240) % 4] * pow3[(e - 240) / 4]);
-        q[k] = (int8_t)((((uint16_t)v * 3) >> 8) - 1);
+AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) {
+    /* base-3 digits: element e of the group is byte V[e] times 3^P[e] (mod 256), the digit ((v * 3) >> 8) - 1,
+     * in 16-bit lanes: groups 0..9 read bytes 16 (j % 2) with power j / 2, 10..14 bytes 32 with power j - 10, and
+     * group 15 the 4 bytes at 48, each with the powers 1, 3, 9, 27 */
+    static const int16_t pow3[5] = {1, 3, 9, 27, 81};
+    __m128i v;
+    __m256i p;
+    if (j < 15) {
+        v = ld16b(b + (j < 10 ? 16 * (j & 1) : 32));
+        p = _mm256_set1_epi16(pow3[j < 10 ? j / 2 : j - 10]);
+    } else {
+        v = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)rd32(b + 48)),
+                             _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3));
+        p = _mm256_setr_epi16(1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27);
     }
-    return scaled(ld16b((const uint8_t *)q), rdh(b + 52));
+    __m256i w = _mm256_and_si256(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(v), p), _mm256_set1_epi16(0xFF));
+    w = _mm256_srli_epi16(_mm256_mullo_epi16(w, _mm256_set1_epi16(3)), 8);
+    const __m128i q = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    return small16(_mm_sub_epi8(q, _mm_set1_epi8(1)), 1, rdh(b + 52));
 }
 /* i-quants: (db * grid) * sign = db * (sign * grid) exactly */
 AI v16 g_iq2_xxs(const uint8_t *b, int j, const float *ps) {
@@ -300,8 +313,15 @@ AI v16 g_iq3_s(const uint8_t *b, int j, const float *ps) {
 }
 /* IQ1: dl * (grid + delta) with delta = +-1/8: grid + delta is exact, so the lanes add it in float */
 AI v16 iq1_value(__m128i grid, uint32_t neg, float dl) {
+#ifdef STRATA_AVX512 /* the 6 values dl * (grid + delta) once, then a permute by grid (low nibble) and delta (bit 4) */
+    const __m128i idx = _mm_or_si128(_mm_and_si128(grid, _mm_set1_epi8(15)),
+                                     _mm_and_si128(bitmask16(neg), _mm_set1_epi8(16)));
+    return perm32(v16_mul(v16_set1(dl), v16_add(v16_signed4(), v16_set1(0.125f))),
+                  v16_mul(v16_set1(dl), v16_add(v16_signed4(), v16_set1(-0.125f))), idx);
+#else
     const __m128i delta8 = _mm_or_si128(bitmask16(neg), _mm_set1_epi8(1)); /* -1 or +1 per byte */
     return v16_mul(v16_set1(dl), v16_add(v16_i8(grid), v16_mul(v16_i8(delta8), v16_set1(0.125f))));
+#endif
 }
 AI v16 g_iq1_s(const uint8_t *b, int j, const float *ps) {
     const int g = j / 2, l = 2 * (j & 1);
@@ -337,7 +357,7 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
     X(T_Q5_1, g_q5_1, 2, 24, prep_none, 0) X(T_Q8_0, g_q8_0, 2, 34, prep_none, 0) \
     X(T_IQ4_NL, g_iq4_nl, 2, 18, prep_none, 0) X(T_MXFP4, g_mxfp4, 2, 17, prep_none, 0) \
     X(T_NVFP4, g_nvfp4, 4, 36, prep_none, 0) X(T_Q2_K, g_q2_k, 16, 84, prep_q2_k, 1) \
-    X(T_Q3_K, g_q3_k, 16, 110, prep_none, 0) X(T_Q4_K, g_q4_k, 16, 144, prep_q45_k, 1) \
+    X(T_Q3_K, g_q3_k, 16, 110, prep_q3_k, 0) X(T_Q4_K, g_q4_k, 16, 144, prep_q45_k, 1) \
     X(T_Q5_K, g_q5_k, 16, 176, prep_q45_k, 1) X(T_Q6_K, g_q6_k, 16, 210, prep_q6_k, 0) \
     X(T_IQ4_XS, g_iq4_xs, 16, 136, prep_none, 0) X(T_IQ2_XXS, g_iq2_xxs, 16, 66, prep_none, 0) \
     X(T_IQ2_XS, g_iq2_xs, 16, 74, prep_iq2_xs, 0) X(T_IQ2_S, g_iq2_s, 16, 82, prep_iq2_s, 0) \
