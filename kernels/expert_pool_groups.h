@@ -72,6 +72,44 @@ AI float v16_hsum(v16 x) {
 AI v16 scaled(__m128i q, float d) { return v16_mul(v16_set1(d), v16_i8(q)); }
 AI v16 scaled_add(__m128i q, float d, float m) { return v16_add(v16_mul(v16_set1(d), v16_i8(q)), v16_set1(m)); }
 
+/* d * (float)code for codes of few values: in the AVX-512 build the (at most 32) products d * value are computed
+ * once (the same float products, so the same bits) and each weight is a register permute of them by its code
+ * (vpermps / vpermt2ps on the low 4 / 5 bits), instead of a widen, a convert and a multiply per 16 weights.
+ * small16: codes 0..15 (sgn 0) or -8..7 (sgn 1); small32: 0..31 or -16..15; *_add: + m after the product. */
+#ifdef STRATA_AVX512
+AI v16 v16_iota(int from) { /* from, from + 1, ..., from + 15 */
+    return _mm512_add_ps(_mm512_set1_ps((float)from), _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                                      14, 15));
+}
+AI v16 perm16(v16 t, __m128i idx) { return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(idx), t); }
+AI v16 perm32(v16 lo, v16 hi, __m128i idx) { return _mm512_permutex2var_ps(lo, _mm512_cvtepu8_epi32(idx), hi); }
+AI v16 v16_signed4(void) { /* 0..7, -8..-1: entry k = the int8 code whose low nibble is k */
+    return _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+}
+AI v16 small16(__m128i q, int sgn, float d) { return perm16(v16_mul(v16_set1(d), sgn ? v16_signed4() : v16_iota(0)), q); }
+AI v16 small16_add(__m128i q, float d, float m) {
+    return perm16(v16_add(v16_mul(v16_set1(d), v16_iota(0)), v16_set1(m)), q);
+}
+AI v16 small32(__m128i q, int sgn, float d) {
+    return perm32(v16_mul(v16_set1(d), v16_iota(0)), v16_mul(v16_set1(d), v16_iota(sgn ? -16 : 16)), q);
+}
+AI v16 small32_add(__m128i q, float d, float m) {
+    return perm32(v16_add(v16_mul(v16_set1(d), v16_iota(0)), v16_set1(m)),
+                  v16_add(v16_mul(v16_set1(d), v16_iota(16)), v16_set1(m)), q);
+}
+AI v16 lut_scaled(const int8_t *table, __m128i idx, float d) {
+    return perm16(v16_mul(v16_set1(d), v16_i8(_mm_loadu_si128((const __m128i *)table))), idx);
+}
+#else
+AI v16 small16(__m128i q, int sgn, float d) { (void)sgn; return scaled(q, d); }
+AI v16 small16_add(__m128i q, float d, float m) { return scaled_add(q, d, m); }
+AI v16 small32(__m128i q, int sgn, float d) { (void)sgn; return scaled(q, d); }
+AI v16 small32_add(__m128i q, float d, float m) { return scaled_add(q, d, m); }
+AI v16 lut_scaled(const int8_t *table, __m128i idx, float d) {
+    return scaled(_mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)table), idx), d);
+}
+#endif
+
 /* ---- 16 int8 codes with 128-bit integer ops */
 AI __m128i ld16b(const uint8_t *p) { return _mm_loadu_si128((const __m128i *)p); }
 AI __m128i ld8(const void *p) { return _mm_loadl_epi64((const __m128i *)p); }
@@ -80,11 +118,21 @@ AI __m128i nib(__m128i q, int hi) { /* low or high nibbles of 16 bytes */
 }
 AI __m128i crumb(__m128i q, int s) { return _mm_and_si128(_mm_srli_epi16(q, 2 * s), _mm_set1_epi8(3)); }
 AI __m128i bitmask16(uint32_t bits) { /* byte i = 0xFF where bit i of bits (0..15) is set */
+#ifdef STRATA_AVX512
+    return _mm_movm_epi8((__mmask16)bits);
+#else
     const __m128i sel = _mm_setr_epi8(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
     const __m128i v = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)bits),
                                        _mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
     return _mm_cmpeq_epi8(_mm_and_si128(v, sel), sel);
+#endif
 }
+/* q negated where bit i of bits (0..15) is set (grid values times gguf's +-1 signs; exact in int8) */
+#ifdef STRATA_AVX512
+AI __m128i signed16(__m128i q, uint32_t bits) { /* a masked 0 - q: no sign table loads */
+    return _mm_mask_sub_epi8(q, (__mmask16)bits, _mm_setzero_si128(), q);
+}
+#else
 /* sign_of[s][k] = -1 where bit k of the sign byte s is set, else +1 (one 8-byte load instead of expanding bits) */
 #define SIGN1(s, k) (((s) >> (k)) & 1 ? -1 : 1)
 #define SIGNS(s) {SIGN1(s, 0), SIGN1(s, 1), SIGN1(s, 2), SIGN1(s, 3), SIGN1(s, 4), SIGN1(s, 5), SIGN1(s, 6), SIGN1(s, 7)}
@@ -92,16 +140,15 @@ AI __m128i bitmask16(uint32_t bits) { /* byte i = 0xFF where bit i of bits (0..1
 #define SIGNS16(s) SIGNS4(s), SIGNS4((s) + 4), SIGNS4((s) + 8), SIGNS4((s) + 12)
 #define SIGNS64(s) SIGNS16(s), SIGNS16((s) + 16), SIGNS16((s) + 32), SIGNS16((s) + 48)
 static const int8_t sign_of[256][8] = {SIGNS64(0), SIGNS64(64), SIGNS64(128), SIGNS64(192)};
-/* q negated where bit i of bits (0..15) is set (grid values times gguf's +-1 signs; exact in int8) */
 AI __m128i signed16(__m128i q, uint32_t bits) {
     return _mm_sign_epi8(q, _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)sign_of[bits & 0xFF]),
                                                _mm_loadl_epi64((const __m128i *)sign_of[(bits >> 8) & 0xFF])));
 }
+#endif
 AI __m128i two8(const void *a, const void *b) { return _mm_unpacklo_epi64(ld8(a), ld8(b)); }
 AI __m128i four4(const void *a, const void *b, const void *c, const void *d) {
     return _mm_setr_epi32((int)rd32(a), (int)rd32(b), (int)rd32(c), (int)rd32(d));
 }
-AI __m128i lut16(const int8_t *table, __m128i idx) { return _mm_shuffle_epi8(ld16b((const uint8_t *)table), idx); }
 /* the e8m0 scale of MXFP4 as gguf computes it */
 AI float e8m0_half(uint8_t e) {
     const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
@@ -110,10 +157,11 @@ AI float e8m0_half(uint8_t e) {
     return d;
 }
 AI float ue4m3_half(uint8_t x) { /* NVFP4's scale, halved for the doubled e2m1 table */
-    const int ex = (x >> 3) & 0xF;
-    const float man = (float)(x & 7);
-    const float raw = ex == 0 ? man * 0x1p-9f : (1.0f + man / 8.0f) * pow2i(ex - 7);
-    return (x == 0 || x == 0x7F) ? 0.0f : raw * 0.5f;
+    /* (1 + man / 8) * 2^(ex - 7) / 2 is exact: its bits directly (no float ops per group) */
+    const uint32_t ex = (x >> 3) & 0xF, man = x & 7, bits = ((ex + 119) << 23) | (man << 20);
+    float normal;
+    memcpy(&normal, &bits, 4);
+    return (x == 0 || x == 0x7F) ? 0.0f : ex == 0 ? (float)man * 0x1p-10f : normal;
 }
 AI int k_scale6(const uint8_t *sc, int j) { /* Q3_K's 6-bit signed sub-block scale j (0..15) */
     const int lo = j < 8 ? (sc[j] & 0xF) : (sc[j - 8] >> 4), hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
@@ -122,34 +170,34 @@ AI int k_scale6(const uint8_t *sc, int j) { /* Q3_K's 6-bit signed sub-block sca
 
 /* ---- group j of one block of each type (the layouts: the scalar decoders in expert_pool_decode.h) */
 AI v16 g_q4_0(const uint8_t *b, int j, const float *ps) {
-    return scaled(_mm_sub_epi8(nib(ld16b(b + 2), j), _mm_set1_epi8(8)), rdh(b));
+    return small16(_mm_sub_epi8(nib(ld16b(b + 2), j), _mm_set1_epi8(8)), 1, rdh(b));
 }
-AI v16 g_q4_1(const uint8_t *b, int j, const float *ps) { return scaled_add(nib(ld16b(b + 4), j), rdh(b), rdh(b + 2)); }
+AI v16 g_q4_1(const uint8_t *b, int j, const float *ps) { return small16_add(nib(ld16b(b + 4), j), rdh(b), rdh(b + 2)); }
 AI __m128i q5_codes(const uint8_t *b, int j, int qh_at, int qs_at) {
     const uint32_t qh = rd32(b + qh_at) >> (16 * j);
     return _mm_or_si128(nib(ld16b(b + qs_at), j), _mm_and_si128(bitmask16(qh & 0xFFFF), _mm_set1_epi8(0x10)));
 }
 AI v16 g_q5_0(const uint8_t *b, int j, const float *ps) {
-    return scaled(_mm_sub_epi8(q5_codes(b, j, 2, 6), _mm_set1_epi8(16)), rdh(b));
+    return small32(_mm_sub_epi8(q5_codes(b, j, 2, 6), _mm_set1_epi8(16)), 1, rdh(b));
 }
-AI v16 g_q5_1(const uint8_t *b, int j, const float *ps) { return scaled_add(q5_codes(b, j, 4, 8), rdh(b), rdh(b + 2)); }
+AI v16 g_q5_1(const uint8_t *b, int j, const float *ps) { return small32_add(q5_codes(b, j, 4, 8), rdh(b), rdh(b + 2)); }
 AI v16 g_q8_0(const uint8_t *b, int j, const float *ps) {
     return v16_mul(v16_i8(ld16b(b + 2 + 16 * j)), v16_set1(rdh(b)));
 }
 AI v16 g_iq4_nl(const uint8_t *b, int j, const float *ps) {
-    return scaled(lut16(kvalues_iq4nl, nib(ld16b(b + 2), j)), rdh(b));
+    return lut_scaled(kvalues_iq4nl, nib(ld16b(b + 2), j), rdh(b));
 }
 AI v16 g_mxfp4(const uint8_t *b, int j, const float *ps) {
-    return scaled(lut16(kvalues_fp4, nib(ld16b(b + 1), j)), e8m0_half(b[0]));
+    return lut_scaled(kvalues_fp4, nib(ld16b(b + 1), j), e8m0_half(b[0]));
 }
 AI v16 g_nvfp4(const uint8_t *b, int j, const float *ps) {
     const __m128i q = ld8(b + 4 + 8 * j);
-    return scaled(lut16(kvalues_fp4, _mm_unpacklo_epi64(nib(q, 0), nib(q, 1))), ue4m3_half(b[j]));
+    return lut_scaled(kvalues_fp4, _mm_unpacklo_epi64(nib(q, 0), nib(q, 1)), ue4m3_half(b[j]));
 }
 AI v16 g_iq4_xs(const uint8_t *b, int j, const float *ps) {
     const int s = j / 2, lo = (b[4 + s / 2] >> (4 * (s % 2))) & 0xF, hi = (rd16(b + 2) >> (2 * s)) & 3;
     const float dl = rdh(b) * (float)((int8_t)(lo | (hi << 4)) - 32);
-    return scaled(lut16(kvalues_iq4nl, nib(ld16b(b + 8 + 16 * s), j & 1)), dl);
+    return lut_scaled(kvalues_iq4nl, nib(ld16b(b + 8 + 16 * s), j & 1), dl);
 }
 /* the types with a min (Q2_K, Q4_K, Q5_K): prep writes the 16 groups' scales to ps[0..15] and mins to ps[16..31];
  * the decoder returns scale * code, the weight is that minus the min (gguf's d * q - m, in that order) */
@@ -167,7 +215,7 @@ AI v16 g_q45_k(const uint8_t *b, int j, int five, const float *ps) {
     __m128i q = nib(ld16b(b + (five ? 48 : 16) + (s / 2) * 32 + l0), s % 2);
     if (five)
         q = _mm_or_si128(q, _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(ld16b(b + 16 + l0), s), _mm_set1_epi8(1)), 4));
-    return scaled(q, ps[j]);
+    return five ? small32(q, 0, ps[j]) : small16(q, 0, ps[j]);
 }
 AI v16 g_q4_k(const uint8_t *b, int j, const float *ps) { return g_q45_k(b, j, 0, ps); }
 AI v16 g_q5_k(const uint8_t *b, int j, const float *ps) { return g_q45_k(b, j, 1, ps); }
@@ -187,28 +235,40 @@ AI void prep_q2_k(const uint8_t *b, float *ps) { /* the 16 sub-block scales d * 
     v16_st(ps + 16, v16_mul(v16_set1(rdh(b + 82)), v16_i8(nib(sc, 1))));
 }
 AI v16 g_q2_k(const uint8_t *b, int j, const float *ps) {
-    return v16_mul(v16_set1(ps[j]), v16_i8(plane2(b + 16, j)));
+    return small16(plane2(b + 16, j), 0, ps[j]);
+}
+AI void prep_q3_k(const uint8_t *b, float *ps) { /* the 16 scales d * s, converted and multiplied as one vector */
+    int8_t sc[16];
+    for (int j = 0; j < 16; j++) sc[j] = (int8_t)k_scale6(b + 96, j);
+    v16_st(ps, v16_mul(v16_set1(rdh(b + 108)), v16_i8(ld16b((const uint8_t *)sc))));
 }
 AI v16 g_q3_k(const uint8_t *b, int j, const float *ps) {
     const __m128i hb = _mm_and_si128(_mm_srli_epi16(ld16b(b + 16 * (j & 1)), j / 2), _mm_set1_epi8(1));
     const __m128i q = _mm_sub_epi8(plane2(b + 32, j), _mm_slli_epi16(_mm_xor_si128(hb, _mm_set1_epi8(1)), 2));
-    return scaled(q, rdh(b + 108) * (float)k_scale6(b + 96, j));
+    return small16(q, 1, ps[j]);
 }
 AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
-    return scaled(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), rdh(b + 64));
+    return small16(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), 1, rdh(b + 64));
 }
-AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) { /* base-3 digits: rare, decoded scalar into 16 bytes */
-    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
-    int8_t q[16];
-    for (int k = 0; k < 16; k++) {
-        const int e = 16 * j + k;
-        uint8_t v;
-        if (e < 160) v = (uint8_t)(b[e % 32] * pow3[e / 32]);
-        else if (e < 240) v = (uint8_t)(b[32 + (e - 160) % 16] * pow3[(e - 160) / 16]);
-        else v = (uint8_t)(b[48 + (e - 240) % 4] * pow3[(e - 240) / 4]);
-        q[k] = (int8_t)((((uint16_t)v * 3) >> 8) - 1);
+AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) {
+    /* base-3 digits: element e of the group is byte V[e] times 3^P[e] (mod 256), the digit ((v * 3) >> 8) - 1,
+     * in 16-bit lanes: groups 0..9 read bytes 16 (j % 2) with power j / 2, 10..14 bytes 32 with power j - 10, and
+     * group 15 the 4 bytes at 48, each with the powers 1, 3, 9, 27 */
+    static const int16_t pow3[5] = {1, 3, 9, 27, 81};
+    __m128i v;
+    __m256i p;
+    if (j < 15) {
+        v = ld16b(b + (j < 10 ? 16 * (j & 1) : 32));
+        p = _mm256_set1_epi16(pow3[j < 10 ? j / 2 : j - 10]);
+    } else {
+        v = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)rd32(b + 48)),
+                             _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3));
+        p = _mm256_setr_epi16(1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27);
     }
-    return scaled(ld16b((const uint8_t *)q), rdh(b + 52));
+    __m256i w = _mm256_and_si256(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(v), p), _mm256_set1_epi16(0xFF));
+    w = _mm256_srli_epi16(_mm256_mullo_epi16(w, _mm256_set1_epi16(3)), 8);
+    const __m128i q = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    return small16(_mm_sub_epi8(q, _mm_set1_epi8(1)), 1, rdh(b + 52));
 }
 /* i-quants: (db * grid) * sign = db * (sign * grid) exactly */
 AI v16 g_iq2_xxs(const uint8_t *b, int j, const float *ps) {
@@ -253,8 +313,15 @@ AI v16 g_iq3_s(const uint8_t *b, int j, const float *ps) {
 }
 /* IQ1: dl * (grid + delta) with delta = +-1/8: grid + delta is exact, so the lanes add it in float */
 AI v16 iq1_value(__m128i grid, uint32_t neg, float dl) {
+#ifdef STRATA_AVX512 /* the 6 values dl * (grid + delta) once, then a permute by grid (low nibble) and delta (bit 4) */
+    const __m128i idx = _mm_or_si128(_mm_and_si128(grid, _mm_set1_epi8(15)),
+                                     _mm_and_si128(bitmask16(neg), _mm_set1_epi8(16)));
+    return perm32(v16_mul(v16_set1(dl), v16_add(v16_signed4(), v16_set1(0.125f))),
+                  v16_mul(v16_set1(dl), v16_add(v16_signed4(), v16_set1(-0.125f))), idx);
+#else
     const __m128i delta8 = _mm_or_si128(bitmask16(neg), _mm_set1_epi8(1)); /* -1 or +1 per byte */
     return v16_mul(v16_set1(dl), v16_add(v16_i8(grid), v16_mul(v16_i8(delta8), v16_set1(0.125f))));
+#endif
 }
 AI v16 g_iq1_s(const uint8_t *b, int j, const float *ps) {
     const int g = j / 2, l = 2 * (j & 1);
@@ -290,7 +357,7 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
     X(T_Q5_1, g_q5_1, 2, 24, prep_none, 0) X(T_Q8_0, g_q8_0, 2, 34, prep_none, 0) \
     X(T_IQ4_NL, g_iq4_nl, 2, 18, prep_none, 0) X(T_MXFP4, g_mxfp4, 2, 17, prep_none, 0) \
     X(T_NVFP4, g_nvfp4, 4, 36, prep_none, 0) X(T_Q2_K, g_q2_k, 16, 84, prep_q2_k, 1) \
-    X(T_Q3_K, g_q3_k, 16, 110, prep_none, 0) X(T_Q4_K, g_q4_k, 16, 144, prep_q45_k, 1) \
+    X(T_Q3_K, g_q3_k, 16, 110, prep_q3_k, 0) X(T_Q4_K, g_q4_k, 16, 144, prep_q45_k, 1) \
     X(T_Q5_K, g_q5_k, 16, 176, prep_q45_k, 1) X(T_Q6_K, g_q6_k, 16, 210, prep_q6_k, 0) \
     X(T_IQ4_XS, g_iq4_xs, 16, 136, prep_none, 0) X(T_IQ2_XXS, g_iq2_xxs, 16, 66, prep_none, 0) \
     X(T_IQ2_XS, g_iq2_xs, 16, 74, prep_iq2_xs, 0) X(T_IQ2_S, g_iq2_s, 16, 82, prep_iq2_s, 0) \
