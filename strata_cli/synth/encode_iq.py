@@ -67,7 +67,7 @@ def encode_iq4_xs(x: np.ndarray) -> np.ndarray:
     sub = x.reshape(n, 8, 32)
     scale = _fit_table(sub.reshape(n * 8, 32), table, table[0]).reshape(n, 8)
     d_bytes, d, ls = signed_scale_codes(scale, -32, 31)
-    codes = _nearest(sub * safe_inverse(d[:, None] * ls)[..., None], table).reshape(n, -1)
+    codes = _nearest(sub * safe_inverse(d[:, None] * ls.astype(np.float32))[..., None], table).reshape(n, -1)
     stored = ls + 32
     high = ((stored >> 4).astype(np.uint16) << (2 * np.arange(8, dtype=np.uint16))).sum(axis=1, dtype=np.uint16)
     return np.concatenate([d_bytes, high.view(np.uint8).reshape(n, 2), pack(stored & 0xF, (4, 2, 1), (0, 4)),
@@ -210,7 +210,8 @@ def _grid_encode(x: np.ndarray, spec: GridSpec, delta_per_sub: bool = False):
     d_bytes, d = f16_round(fitted.max(axis=1) / np.float32(spec.a * (spec.s_max + spec.b)))
     s = np.clip(np.rint(fitted * safe_inverse(d * np.float32(spec.a))[:, None] - spec.b), 0, spec.s_max)
     s = s.astype(np.int32)
-    ids, neg_delta, _ = _codes(t, d[:, None] * np.float32(spec.a) * (s + np.float32(spec.b)), spec, delta_per_sub)
+    ids, neg_delta, _ = _codes(t, d[:, None] * np.float32(spec.a) * (s.astype(np.float32) + np.float32(spec.b)), spec,
+                                 delta_per_sub)
     return d_bytes, d, s, ids, neg_delta, negative
 
 

@@ -38,14 +38,26 @@ def pack(codes: np.ndarray, shape: tuple[int, ...], shifts: tuple[int, ...]) -> 
     return out.reshape(codes.shape[0], -1)
 
 
+def round_clip(values: np.ndarray, low: float, high: float) -> np.ndarray:
+    """rint(values) clipped to [low, high], in place (np.clip is several times slower on these sizes)."""
+    np.rint(values, out=values)
+    np.maximum(values, np.float32(low), out=values)
+    return np.minimum(values, np.float32(high), out=values)
+
+
+def row_sums(values: np.ndarray) -> np.ndarray:
+    """Sums over the last, short axis (16 or 32) as one matrix-vector product: numpy's reduction is slow there."""
+    return values @ np.ones(values.shape[-1], np.float32)
+
+
 def _fit_with_min(x: np.ndarray, nmax: int) -> tuple[np.ndarray, np.ndarray]:
     """x (m, k) -> (scale, min) per row with x ~ scale * q - min, q in 0..nmax, min >= 0 (min(x) clamped at 0 as the
     reference does): range fit, then one least-squares refit on its codes."""
     low = np.minimum(x.min(axis=1), 0.0)
     scale = (x.max(axis=1) - low) / np.float32(nmax)
-    q = np.clip(np.rint((x - low[:, None]) * safe_inverse(scale)[:, None]), 0, nmax)
+    q = round_clip((x - low[:, None]) * safe_inverse(scale)[:, None], 0, nmax)
     k = np.float32(x.shape[1])
-    sq, sqq, sx, sqx = q.sum(axis=1), (q * q).sum(axis=1), x.sum(axis=1), (q * x).sum(axis=1)
+    sq, sqq, sx, sqx = row_sums(q), row_sums(q * q), row_sums(x), row_sums(q * x)
     det = k * sqq - sq * sq
     with np.errstate(divide="ignore", invalid="ignore"):
         fit_scale = (k * sqx - sq * sx) / det
@@ -59,15 +71,16 @@ def fit_symmetric(x: np.ndarray, nmax: int) -> np.ndarray:
     as make_qx_quants), then one least-squares refit on its codes."""
     at = np.abs(x).argmax(axis=1)
     scale = np.take_along_axis(x, at[:, None], axis=1)[:, 0] / np.float32(-nmax)
-    q = np.clip(np.rint(x * safe_inverse(scale)[:, None]), -nmax, nmax - 1)
-    sqq = (q * q).sum(axis=1)
-    fit = (q * x).sum(axis=1) / np.where(sqq > 0, sqq, 1)
+    q = round_clip(x * safe_inverse(scale)[:, None], -nmax, nmax - 1)
+    sqq = row_sums(q * q)
+    fit = row_sums(q * x) / np.where(sqq > 0, sqq, 1)
     return np.where(sqq > 0, fit, scale)
 
 
 def _codes(x: np.ndarray, step: np.ndarray, low: np.ndarray | float, qmin: int, qmax: int) -> np.ndarray:
     """x (n, s, k) -> integer codes of x ~ step * q - low with the stored steps (n, s)."""
-    return np.clip(np.rint((x + low) * safe_inverse(step)[..., None]), qmin, qmax).astype(np.int32)
+    inverse = safe_inverse(np.asarray(step, np.float32))[..., None]  # float32: an int32 code times d is float64
+    return round_clip((x + np.asarray(low, np.float32)) * inverse, qmin, qmax).astype(np.int32)
 
 
 def _with_min(x: np.ndarray, n_sub: int, nmax: int, scale_bits: int):
