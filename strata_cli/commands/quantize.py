@@ -23,8 +23,8 @@ from ._common import format_option, refuse_stdout_model
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 @format_option()
 def command(in_path: str, out: str, ggml_type: str | None, recipe: str | None, force: bool, fmt: str) -> None:
-    """Write IN re-encoded to OUT: every tensor the type asked for (or the recipe's), blocks by gguf.quants, the
-    metadata copied; then print what was written (path, bytes, type)."""
+    """Write IN re-encoded to OUT: every tensor the type asked for (or the recipe's), blocks by gguf.quants or by
+    strata's own encoders (synth/encode.py), the metadata copied; then print what was written (path, bytes, type)."""
     from ..report.present import emit, err_console
     from ..report.progress import byte_progress
     from ..synth.quantize import quantize_file

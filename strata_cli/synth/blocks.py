@@ -1,9 +1,10 @@
 """Valid quantized blocks of every block type, written directly (no float tensor, no quantizer): random codes plus
 scale fields chosen so that the dequantized values have a target standard deviation.
 
-Why not quantize random floats: gguf.quants quantizes only the legacy types (Q4_0 .. Q8_0, TQ*, MXFP4), and
-llama.cpp's K-quant / i-quant searches are far too slow in numpy for a 100 GB model. A random block is as valid as
-a quantizer's: every code field decodes (grid ids, sign ids, 6-bit scales are all in range by construction).
+What for: kernel and decoder tests and benches (tests/test_quants.py, test_gpu_quant.py, bench/*) that want every
+code field of a type exercised, cheaply and independently of any encoder; make-model does not use them (it
+quantizes the F32 model's values, synth/encode.py). A random block is as valid as a quantizer's: every code field
+decodes (grid ids, sign ids, 6-bit scales are all in range by construction).
 
 How the scales are set, per type (layouts in strata_cli/model/quants.py):
   * every code byte is uniform random (sub-block scales and mins too), except where a quantizer never writes a

@@ -1,9 +1,12 @@
-"""Float32 values -> the raw bytes of a GGML type, by gguf.quants (the converter's and the Python reference's
-encoder, bit-identical to ggml's reference quantizers for the types it implements).
+"""Float32 values -> the raw bytes of any GGML type strata reads: by gguf.quants where it quantizes the type (the
+converter's and the Python reference's encoder, bit-identical to ggml's reference quantizers), by strata's own
+encoders where it does not.
 
-Both `strata quantize` and `make-model` encode through `encode`, so a synthetic model of any encodable type is the
-F32 model of the same seed quantized. gguf.quants implements F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, TQ1_0,
-TQ2_0 and MXFP4; the K-quants, i-quants and NVFP4 (llama.cpp's searches) it does not, and neither does strata.
+Both `strata quantize` and `make-model` encode through `encode`, so a synthetic model of any type is the F32 model of
+the same seed quantized. gguf.quants encodes F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, TQ1_0, TQ2_0 and MXFP4;
+strata encodes the K-quants (synth/encode_k.py: llama.cpp's reference structure, least-squares scales), the i-quants
+and NVFP4 (synth/encode_iq.py: a scale per sub-block, the nearest grid entry or table value): valid blocks with a low
+error, not llama-quantize's bytes.
 """
 
 from __future__ import annotations
@@ -11,12 +14,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..model import quants as Q
+from . import encode_iq, encode_k
 
-ENCODABLE = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.TQ1_0, Q.TQ2_0, Q.MXFP4)
+BY_GGUF = (Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.TQ1_0, Q.TQ2_0, Q.MXFP4)
+BY_STRATA = {**encode_k.ENCODERS, **encode_iq.ENCODERS}  # ggml type -> encoder of float32 [blocks, block elements]
 
 
-def encodable(ggml_type: int) -> bool:
-    return ggml_type in ENCODABLE
+def encoder_of(ggml_type: int) -> str:
+    """Which encoder writes this type: "gguf.quants" or "strata"."""
+    return "strata" if ggml_type in BY_STRATA else "gguf.quants"
 
 
 def encode(values: np.ndarray, ggml_type: int) -> np.ndarray:
@@ -28,10 +34,12 @@ def encode(values: np.ndarray, ggml_type: int) -> np.ndarray:
         return np.ascontiguousarray(values, dtype=np.float32).view(np.uint8).reshape(-1)
     if ggml_type == Q.F16:
         return np.ascontiguousarray(values, dtype=np.float16).view(np.uint8).reshape(-1)
-    if ggml_type not in ENCODABLE:
-        raise ValueError(f"{Q.TYPE_NAMES.get(ggml_type, ggml_type)}: gguf.quants has no encoder for this type")
-    elems = Q.BLOCK[ggml_type][0] if ggml_type in Q.BLOCK else 1
+    if ggml_type not in BY_GGUF and ggml_type not in BY_STRATA:
+        raise ValueError(f"{Q.TYPE_NAMES.get(ggml_type, ggml_type)}: no encoder for this type")
+    elems = Q.BLOCK[ggml_type][0]
     rows = np.ascontiguousarray(values, dtype=np.float32).reshape(-1, elems)
+    if ggml_type in BY_STRATA:
+        return np.ascontiguousarray(BY_STRATA[ggml_type](rows), dtype=np.uint8).reshape(-1)
     return np.ascontiguousarray(gq.quantize(rows, gguf.GGMLQuantizationType(ggml_type))).view(np.uint8).reshape(-1)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model import quants
-from . import blocks, encode, recipes
+from . import encode, recipes
 from .recipes import ALWAYS_F32, FILE_TYPES, LLAMA_FTYPE, Recipe  # noqa: F401  (the type rules live there)
 
 CHUNK_ELEMENTS = 1 << 22  # a multiple of every block (32, 64, 256)
@@ -80,13 +80,8 @@ def chunk_values(init: Init, n: int, rng: np.random.Generator) -> np.ndarray:
 
 def chunk_bytes(init: Init, ggml_type: int, n: int, seed: int, tensor_index: int, chunk_index: int) -> np.ndarray:
     """Raw bytes (uint8) of `n` consecutive elements of a tensor: the F32 model's values encoded (synth/encode.py),
-    or, for a type strata cannot encode (K-quants, i-quants, NVFP4), valid random blocks (synth/blocks.py)."""
-    rng = _rng(seed, tensor_index, chunk_index)
-    if encode.encodable(ggml_type):
-        return encode.encode(chunk_values(init, n, rng), ggml_type)
-    if init.neg_uniform is not None or init.mean != 0.0:
-        raise ValueError(f"{quants.TYPE_NAMES[ggml_type]}: block types are written for zero-mean tensors only")
-    return blocks.random_blocks(rng, ggml_type, n // quants.BLOCK[ggml_type][0], init.std).reshape(-1)
+    so every type of one seed is one model."""
+    return encode.encode(chunk_values(init, n, _rng(seed, tensor_index, chunk_index)), ggml_type)
 
 
 def chunk_sizes(n_elements: int) -> list[int]:

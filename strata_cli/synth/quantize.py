@@ -3,8 +3,9 @@
 Which tensor gets which type is synth/recipes.tensor_type, the rule make-model writes by: the converter's exceptions
 (1-D tensors, routers and conv taps stay F32), then the type asked for, or llama-quantize's fallback for rows that do
 not hold whole blocks (F16 where even that does not fit, as the converter's Q8_0). Blocks are encoded by gguf.quants
-(synth/encode.py); the metadata is copied key for key, value type for value type, with general.file_type set to the
-new type's llama_ftype. The output appears only once complete (a locked temporary file beside it).
+where it quantizes the type and by strata's own encoders where it does not (synth/encode.py); the metadata is copied
+key for key, value type for value type, with general.file_type set to the new type's llama_ftype. The output
+appears only once complete (a locked temporary file beside it).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import InputError, ModelFileError, OptionError
+from ..errors import InputError, ModelFileError
 from ..model import quants as Q
 from ..sysio.files import output_path
 from . import encode, fill, recipes
@@ -63,27 +64,20 @@ def _metadata(path: str, reader, recipe: Recipe) -> list:
 
 def plan_quantize(in_path: str, recipe: Recipe) -> tuple[ModelPlan, list[Source]]:
     """The output file's plan and, per tensor, where its input bytes are. Refuses an input that holds a tensor of a
-    type other than F32/F16/BF16 and an output type gguf.quants cannot encode, before anything is written."""
+    type other than F32/F16/BF16, before anything is written."""
     from ..model.gguf_file import open_model
 
     model = open_model(in_path)  # a valid qwen4exp file, or one error line naming what is wrong with it
     reader = model.reader
     tensors, sources = [], []
-    unencodable: dict[str, int] = {}
     for t in reader.tensors:
         info = model.tensors[t.name]
         if info.ggml_type not in SOURCE_TYPES:
             raise InputError(f"{in_path}: tensor '{t.name}' is {info.type_name}: quantize reads F32, F16 and BF16 "
                              "files (a quantized model would be quantized twice)")
         out_type = recipes.tensor_type(t.name, info.shape, recipe)
-        if out_type != info.ggml_type and not encode.encodable(out_type):
-            unencodable[Q.TYPE_NAMES[out_type]] = unencodable.get(Q.TYPE_NAMES[out_type], 0) + 1
         tensors.append(TensorPlan(t.name, info.shape, out_type, fill.Init()))
         sources.append(Source(info.ggml_type, info.offset, info.n_bytes))
-    if unencodable:
-        names = ", ".join(f"{name} ({n} tensors)" for name, n in unencodable.items())
-        raise OptionError(f"--type/--recipe: strata cannot encode {names}; it encodes "
-                         f"{', '.join(Q.TYPE_NAMES[t] for t in encode.ENCODABLE)} (gguf.quants)")
     return ModelPlan(_metadata(in_path, reader, recipe), tensors), sources
 
 
