@@ -427,6 +427,14 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
     }
 FUSED_TYPES(FUSED_PASS)
 
+/* the table's group counts and block bytes restate the generated type table (model/quant_tables.py): hold them to
+ * it, so a changed type cannot silently decode with the wrong stride (F32/F16/BF16 "blocks" are 16 elements here) */
+#define FUSED_CHECK(ID, DEC, GPB, BPB, PREP, MINS)                                                                   \
+    _Static_assert((16 * (GPB)) % ID##_ELEMS == 0 && 16 * (GPB) * ID##_BYTES == (BPB) * ID##_ELEMS,               \
+                   #ID ": FUSED_TYPES disagrees with the generated type table");
+FUSED_TYPES(FUSED_CHECK)
+#undef FUSED_CHECK
+
 /* xsum[r][g] = sum of x[r][16 g .. 16 g + 15] (the min term's sums; any order: it is not part of the weights) */
 static void group_sums(const float *x, int n, float *xsum) {
     for (int g = 0; g < n / 16; g++) {

@@ -61,7 +61,8 @@ def types_header() -> str:
     entries = "".join(f" \\\n    X(T_{t.name}, {t.block}, {t.nbytes})" for t in types)
     return "".join((
         f"#ifndef {GUARD}\n#define {GUARD}\n",
-        *(f"#define T_{t.name} {t.id}\n" for t in types),
+        *(f"#define T_{t.name} {t.id}\n#define T_{t.name}_ELEMS {t.block}\n#define T_{t.name}_BYTES {t.nbytes}\n"
+          for t in types),
         f"#define QK_K {Q.QK_K}\n",
         "/* X(type id, elements per block, bytes per block) for every type of the table */\n",
         f"#define QUANT_TYPES(X){entries}\n",
