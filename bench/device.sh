@@ -18,7 +18,7 @@
 #   cache        bench/cache_policy.sh on the full-size file (issue 20: profile, held-out trace, cache-sim, policies)
 #                (the full-size file: $FN, else the one .peer/side_by_side.sh prepare wrote)
 #   nodes        graph-nodes of the default model's T = 1 / 4 / 8 window graphs (total and per layer)
-#   kcache       pack CuPy's kernel cache into $OUT/kcache.tar.xz (a later call can start from it)
+#   kcache       pack CuPy's kernel cache into $OUT/kcache.tar.gz (a later call can start from it)
 #   sbs=CONFIGS  .peer/side_by_side.sh run CONFIGS (comma-separated: resident,c0,c12,c24): strata and llama.cpp on
 #                the full-size file in this call
 # Logs go to $LOGS (default /tmp/strata-device); where the device tool's $OUT is set they come back packed in
@@ -44,8 +44,10 @@ full_size() { echo "${FN:-$(ls -S /tmp/peer_work/synth_*q2_k*.gguf 2>/dev/null |
 gpu_tests() {  # gpu_tests [K]: the gpu-marked tests (those matching K), names kept, failures listed last
     local files=(tests/test_gpu_*.py) k=()
     [ -n "${1:-}" ] && k=(-k "$1")
-    STRATA_REQUIRE_GPU=1 python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider "${k[@]}" "${files[@]}" \
-        tests/test_tiers_*.py tests/test_tier_engine_host.py 2>&1 | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" \
+    # the whole output (short tracebacks of every failure) stays in gpu-full.log; the names in gpu-results.txt
+    STRATA_REQUIRE_GPU=1 python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider --tb=short -rfE "${k[@]}" "${files[@]}" \
+        tests/test_tiers_*.py tests/test_tier_engine_host.py > "$OUT/gpu-full.log" 2>&1
+    grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu-full.log" \
         | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' > "$OUT/gpu-results.txt"
     grep -cE " PASSED" "$OUT/gpu-results.txt" | sed 's/^/passed: /'
     grep -E "FAILED|ERROR" "$OUT/gpu-results.txt" | head -40
@@ -71,8 +73,8 @@ for arg in "$@"; do
         cache) FN=$(full_size) run_step cache "$limit" bash bench/cache_policy.sh;;
         nodes) run_step nodes "$limit" bash -c 'for T in 1 4 8; do python3 -m strata_cli graph-nodes --window $T \
             | grep -E "nodes|per layer" | head -3; done';;
-        kcache) run_step kcache "$limit" bash -c '[ -n "'"$BACK"'" ] && tar cJf "'"$BACK"'/kcache.tar.xz" -C ~/.cupy kernel_cache \
-            && ls -la "'"$BACK"'/kcache.tar.xz"';;
+        kcache) run_step kcache "$limit" bash -c '[ -n "'"$BACK"'" ] && tar czf "'"$BACK"'/kcache.tar.gz" -C ~/.cupy kernel_cache \
+            && ls -la "'"$BACK"'/kcache.tar.gz"';;
         sbs=*) cfg=${name#sbs=}; OUT=$OUT/sbs run_step sbs "$limit" bash .peer/side_by_side.sh run ${cfg//,/ };;
         *) echo "unknown step $name"; SUMMARY+=("$(printf '%-18s unknown' "$name")");;
     esac
