@@ -11,8 +11,10 @@
 #   warm         compile every kernel module in parallel (bench/warm_kernels.py): ~110 s cold
 #   gpu          the whole GPU suite, -v so each result keeps its name even when the step is cut
 #   gpu=EXPR     the GPU tests whose file names match EXPR (a pytest -k expression over tests/test_gpu_*.py)
+#   ids=FILE     the GPU tests whose node ids FILE lists (one a line), short tracebacks kept in ids-FILE.log
 #   pool         bench/pool_bench.py on the host's cores, every type the engine reads
-#   gemv         bench/quant_gemv_bench.py (routed-expert GEMVs per type and T)
+#   gemv         bench/quant_gemv_bench.py (routed-expert GEMVs per type and T), each type in its own process (a
+#                kernel fault of one type then leaves the others' rows)
 #   tiers        bench/tiers_device.sh on the full-size file (PCIe shares 0 / 0.5 / 1 / auto, --split, at cache 0)
 #   window       bench/window_device.sh on the full-size file (window paths by T, nodes per layer, T = 1..16)
 #   cache        bench/cache_policy.sh on the full-size file (issue 20: profile, held-out trace, cache-sim, policies)
@@ -67,7 +69,11 @@ for arg in "$@"; do
         gpu) run_step gpu "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests";;
         gpu=*) run_step gpu-k "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests '${name#gpu=}'";;
         pool) run_step pool "$limit" python3 bench/pool_bench.py --threads "$(nproc)" ${POOL_ARGS:-};;
-        gemv) run_step gemv "$limit" python3 bench/quant_gemv_bench.py --jobs "$(nproc)" ${GEMV_ARGS:-};;
+        gemv) run_step gemv "$limit" bash -c 'for t in ${GEMV_TYPES:-Q8_0 Q4_0 Q2_K Q4_K Q6_K IQ2_XS IQ4_XS MXFP4}; do
+            python3 bench/quant_gemv_bench.py --jobs "$(nproc)" --types $t '"${GEMV_ARGS:-}"' 2>&1 | grep -vE "^#|^type" \
+            | grep -E "^[A-Z0-9_]+ |Error" | head -8; done';;
+        ids=*) f=${name#ids=}; run_step "ids-$(basename "$f" .txt)" "$limit" bash -c "STRATA_REQUIRE_GPU=1 python3 -m pytest \
+            -v -n 12 -m gpu -p no:cacheprovider --tb=short -rfE \$(cat $f) 2>&1 | grep -vE ' PASSED|^\[gw|^$'";;
         tiers) run_step tiers "$limit" bash bench/tiers_device.sh "$(full_size)" "$OUT/tiers";;
         window) run_step window "$limit" bash bench/window_device.sh "$(full_size)";;
         cache) FN=$(full_size) run_step cache "$limit" bash bench/cache_policy.sh;;
