@@ -93,7 +93,8 @@ def test_sampling_matches_numpy_draws(fixture_dir):
 def test_graph_summaries(fixture_dir):
     eng = gpu_engine(open_model(fixture_dir / "model-q8_0.gguf"))
     one, four = eng.graph(1).summary(), eng.graph(4).summary()
-    assert one.nodes == four.nodes > 100 and one.edges > 0
+    # from T = 4 the window records its fused path (launch_util.WINDOW_PATHS): fewer, larger nodes than T = 1's
+    assert one.nodes > 100 and 100 < four.nodes <= one.nodes and one.edges > 0
     kinds = dict(four.kinds)
     indexed = sum(1 for layer in eng.g.attn_layers if eng.g.compress_ratios[layer])
     # tokens, positions and ids staged, plus one indexer-tail restore per indexed layer (engine/state.py)

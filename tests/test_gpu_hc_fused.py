@@ -90,7 +90,7 @@ def test_hc_read_fused_equals_unfused_launches():
     assert_close("inj (reassociated)", inj_old.get(), inj_new, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("T,C,D,L", [(1, 4, 64, 32), (3, 3, 40, 64), (16, 5, 96, 32)])
+@pytest.mark.parametrize("T,C,D,L", [(1, 4, 64, 32), (3, 4, 40, 64), (16, 5, 96, 32)])
 def test_hc_read_pending_equals_write_then_read(T, C, D, L):
     """hc_read(pending=) (the unfused read of windows of T <= 3 after a mixer: write + norm in one kernel) equals
     hc_write + hc_read bit for bit: R, mixed and inj; NaN-poisoned outputs, and a graph replays the eager bits."""
