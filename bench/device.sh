@@ -35,7 +35,8 @@ run_step() {  # run_step NAME SECONDS CMD...: output to $OUT/NAME.log and to std
     local name=$1 limit=$2; shift 2
     local s=$(date +%s) rc
     mkdir -p "$OUT"; echo "=== $name (limit ${limit}s)"
-    timeout -k 5 "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1
+    # SIGINT first: pytest then still prints its summary of failures; SIGKILL 15 s later
+    timeout -s INT -k 15 "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1
     rc=$?
     SUMMARY+=("$(printf '%-18s rc=%-4s %5ss' "$name" "$rc" "$(( $(date +%s) - s ))")")
     return $rc
@@ -44,10 +45,15 @@ run_step() {  # run_step NAME SECONDS CMD...: output to $OUT/NAME.log and to std
 full_size() { echo "${FN:-$(ls -S /tmp/peer_work/synth_*q2_k*.gguf 2>/dev/null | head -1)}"; }
 
 gpu_tests() {  # gpu_tests [K]: the gpu-marked tests (those matching K), names kept, failures listed last
-    local files=(tests/test_gpu_*.py) k=()
+    # the slow tier tests first (xdist hands out tests in collection order, so they no longer start last and run
+    # past the step's limit); a per-test limit where pytest-timeout is installed, so a hang costs one test's
+    # time and the run still ends with its summary of failures
+    local files=(tests/test_gpu_tiers*.py tests/test_gpu_cache_policy.py) k=() t=()
+    for f in tests/test_gpu_*.py; do case " ${files[*]} " in *" $f "*) ;; *) files+=("$f");; esac; done
     [ -n "${1:-}" ] && k=(-k "$1")
+    python3 -c "import pytest_timeout" 2>/dev/null && t=(--timeout "${TEST_TIMEOUT:-150}")
     # the whole output (short tracebacks of every failure) stays in gpu-full.log; the names in gpu-results.txt
-    STRATA_REQUIRE_GPU=1 python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider --tb=short -rfE "${k[@]}" "${files[@]}" \
+    STRATA_REQUIRE_GPU=1 python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider --tb=short -rfE "${t[@]}" "${k[@]}" "${files[@]}" \
         tests/test_tiers_*.py tests/test_tier_engine_host.py > "$OUT/gpu-full.log" 2>&1
     grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu-full.log" \
         | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' > "$OUT/gpu-results.txt"
@@ -73,7 +79,8 @@ for arg in "$@"; do
             python3 bench/quant_gemv_bench.py --jobs "$(nproc)" --types $t '"${GEMV_ARGS:-}"' 2>&1 | grep -vE "^#|^type" \
             | grep -E "^[A-Z0-9_]+ |Error" | head -8; done';;
         ids=*) f=${name#ids=}; run_step "ids-$(basename "$f" .txt)" "$limit" bash -c "STRATA_REQUIRE_GPU=1 python3 -m pytest \
-            -v -n 12 -m gpu -p no:cacheprovider --tb=short -rfE \$(cat $f) 2>&1 | grep -vE ' PASSED|^\[gw|^$'";;
+            -v -n 12 -m gpu -p no:cacheprovider --tb=short -rfE --timeout \${TEST_TIMEOUT:-150} \$(cat $f) 2>&1 \
+            | grep -vE ' PASSED|^\[gw|^$|Benchmark|warner'";;
         tiers) run_step tiers "$limit" bash bench/tiers_device.sh "$(full_size)" "$OUT/tiers";;
         window) run_step window "$limit" bash bench/window_device.sh "$(full_size)";;
         cache) FN=$(full_size) run_step cache "$limit" bash bench/cache_policy.sh;;
