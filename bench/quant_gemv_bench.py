@@ -157,7 +157,7 @@ def dense_gbs(ggml_type: int, T: int, launches: int, stream) -> float:
 
 def warm(types, jobs: int) -> None:
     """Compile the modules the bench launches in parallel processes (CuPy's disk cache), before any timing."""
-    mods = {"gemv", "moe"} | {f"{BASE}.{variant(t)}" for t in types if t != Q.Q8_0}
+    mods = {"gemv.q8_0", "moe"} | {f"{BASE}.{variant(t)}" for t in types if t != Q.Q8_0}
     mods |= {f"{BASE}.{variant(down_type(t))}" for t in types if down_type(t) != Q.Q8_0}
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(_compile, sorted(mods)))

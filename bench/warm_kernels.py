@@ -21,14 +21,13 @@ def _compile(name: str) -> tuple[str, float]:
 
 
 def module_names() -> list[str]:
-    from strata_cli.gpu.compile import kernels_dir
-    from strata_cli.gpu.quant_source import BASE, TYPES, variant
+    from strata_cli.gpu.compile import module_names as every_module
 
-    plain = sorted(p.stem for p in kernels_dir().glob("*.cu") if p.stem != BASE)
-    # the longest compiles first (measured on the H200's host: gemv ~100 s, gemv_q8r ~26 s, each gemv_quant type
-    # ~20-30 s, the rest ~1 s): submitted last, gemv alone set the whole warm-up's time (124 s with 16 processes)
-    first = [name for name in ("gemv", "gemv_q8r") if name in plain]
-    return first + [f"{BASE}.{variant(t)}" for t in TYPES] + [name for name in plain if name not in first]
+    # the longest compiles first (measured on the H200's host: gemv_q8r ~26 s, each gemv_quant type ~20-30 s, the
+    # rest ~1 s): a long one submitted last sets the whole warm-up's time
+    names = every_module()
+    first = [name for name in names if name == "gemv_q8r" or name.startswith("gemv.q8_0")]
+    return first + [name for name in names if name not in first]
 
 
 def main() -> None:

@@ -132,13 +132,22 @@ struct SliceDot {
 
 #define GEMV_GROUPED_FAMILY(SUFFIX, TYPE) NT_FAMILY(GEMV_GROUPED_KERNEL, gemv_expert_##SUFFIX, TYPE)
 
+// Compiled once per weight type (strata_cli/gpu/compile.py: module "gemv.<suffix>" puts `#define GEMV_<SUFFIX>`
+// first): the 40 kernels of all four types in one NVRTC program took ~100 s, longer than every other module.
+// Dense kernels: grid as above. Grouped: grid (ceil(n_out / (GEMV_RPW * GEMV_WARPS / ksplit)), J groups), block
+// GEMV_WARPS * 32.
+#if defined(GEMV_F32)
 GEMV_DENSE_FAMILY(f32, GGML_F32)
-GEMV_DENSE_FAMILY(f16, GGML_F16)
-GEMV_DENSE_FAMILY(bf16, GGML_BF16)
-GEMV_DENSE_FAMILY(q8_0, GGML_Q8_0)
-
-// grid (ceil(n_out / (GEMV_RPW * GEMV_WARPS / ksplit)), J groups), block GEMV_WARPS * 32
 GEMV_GROUPED_FAMILY(f32, GGML_F32)
+#elif defined(GEMV_F16)
+GEMV_DENSE_FAMILY(f16, GGML_F16)
 GEMV_GROUPED_FAMILY(f16, GGML_F16)
+#elif defined(GEMV_BF16)
+GEMV_DENSE_FAMILY(bf16, GGML_BF16)
 GEMV_GROUPED_FAMILY(bf16, GGML_BF16)
+#elif defined(GEMV_Q8_0)
+GEMV_DENSE_FAMILY(q8_0, GGML_Q8_0)
 GEMV_GROUPED_FAMILY(q8_0, GGML_Q8_0)
+#else
+#error "gemv.cu is compiled per weight type: strata_cli/gpu/compile.py defines GEMV_<SUFFIX>"
+#endif

@@ -18,14 +18,42 @@ def kernels_dir() -> Path:
     raise FileNotFoundError(f"no CUDA kernel sources found next to {here}")
 
 
+# kernels/gemv.cu is compiled once per weight type ("gemv.<suffix>"; launch_util.TYPE_SUFFIX's values, a test holds
+# them equal): one program of all four took ~100 s of NVRTC, the longest module by far
+GEMV = "gemv"
+GEMV_VARIANTS = ("f32", "f16", "bf16", "q8_0")
+
+
+def variant_modules() -> list[str]:
+    """Every module of a file compiled per variant: gemv.<type> and gemv_quant.<block type>."""
+    from . import quant_source
+
+    return ([f"{GEMV}.{v}" for v in GEMV_VARIANTS]
+            + [f"{quant_source.BASE}.{quant_source.variant(t)}" for t in quant_source.TYPES])
+
+
+def module_names() -> list[str]:
+    """Every module a window may load: the per-variant ones and each other kernels/*.cu."""
+    from . import quant_source
+
+    plain = sorted(p.stem for p in kernels_dir().glob("*.cu") if p.stem not in (GEMV, quant_source.BASE))
+    return variant_modules() + plain
+
+
 def source(name: str) -> str:
-    """The C source of module `name`: kernels/<name>.cu, or for '<file>.<variant>' a generated head (the variant's
-    defines and tables, gpu/quant_source.py) followed by kernels/<file>.cu."""
+    """The C source of module `name`: kernels/<name>.cu, or for '<file>.<variant>' a generated head (gemv: the
+    type's define; gemv_quant: the block type's defines and tables, gpu/quant_source.py) followed by
+    kernels/<file>.cu."""
     base, _, variant = name.partition(".")
     code = (kernels_dir() / f"{base}.cu").read_text()
-    if variant:
-        from . import quant_source
+    from . import quant_source
 
+    if base == GEMV:
+        if variant not in GEMV_VARIANTS:
+            raise ValueError(f"kernels/gemv.cu is compiled per type: module 'gemv.<{'|'.join(GEMV_VARIANTS)}>', "
+                             f"not '{name}'")
+        return f"#define GEMV_{variant.upper()}\n" + code
+    if variant:
         if base != quant_source.BASE:
             raise ValueError(f"kernels/{base}.cu has no variants")
         code = quant_source.prefix(variant) + code

@@ -46,7 +46,7 @@ def launch_gemv(w, ggml_type: int, n_in: int, x, y, split: SplitK | None, *, act
         ksplit, zsplit = U.gemv_split(n_out, n_in, max_z=max_z)
         grid, block = U.gemv_grid(n_out, T, ksplit, zsplit)
         name = f"gemv_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}"
-        geometry, module = (np.int64(U.row_stride(ggml_type, n_in)),), "gemv"
+        geometry, module = (np.int64(U.row_stride(ggml_type, n_in)),), f"gemv.{U.TYPE_SUFFIX[ggml_type]}"
     partial, tile_done = zsplit_args(grid, zsplit, split)
     nvrtc.kernel(module, name)(grid, block, (
         w, *geometry, x, np.int32(n_in), y, np.int32(n_out), np.int32(T), np.int32(ksplit), np.int32(act),

@@ -86,7 +86,8 @@ def launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, n_groups, 
         return
     ksplit = U.gemv_ksplit(n_out, n_in, J)
     grid, block = U.expert_grid(n_out, J, ksplit)
-    nvrtc.kernel("gemv", f"gemv_expert_{U.TYPE_SUFFIX[ggml_type]}_t{U.nt_bucket(T)}")(grid, block, (
+    suffix = U.TYPE_SUFFIX[ggml_type]
+    nvrtc.kernel(f"gemv.{suffix}", f"gemv_expert_{suffix}_t{U.nt_bucket(T)}")(grid, block, (
         w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert, g_count,
         g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), *epilogue))
 
