@@ -26,7 +26,18 @@ class FiniteFloatRange(click.FloatRange):
 SEED_MAX = 2**63 - 1
 SEED = click.IntRange(0, SEED_MAX)  # numpy's generators take non-negative seeds
 
-model_argument = click.argument("model", required=False, metavar="[MODEL]")
+def refuse_stdin_model(ctx, param, value):
+    """A model is memory-mapped (every reader maps the file and seeks in it): '-' cannot name one. A usage error
+    (exit 2) at parse time, so a GPU-only command on a box without a GPU says this, not that it needs a GPU."""
+    if value is not None and str(value) == "-":
+        raise click.BadParameter("'-' (stdin) is not supported: a GGUF model is memory-mapped, give a path",
+                                 ctx, param)
+    return value
+
+
+MODEL_PATH = click.Path()  # file completion; existence and kind are checked where the model is opened
+model_argument = click.argument("model", required=False, metavar="[MODEL]", type=MODEL_PATH,
+                                callback=refuse_stdin_model)
 device_option = click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="auto",
                              show_default=True, help="cpu = numpy reference; gpu = CUDA graph engine; auto = gpu if "
                              "one is usable, else cpu.")
@@ -61,9 +72,16 @@ def load_model(model_arg: str | None):
     """Open MODEL, or the embedded default tiny model (generated once into the cache)."""
     from ..model.gguf_file import open_model
     from ..report.present import warn
-    from ..synth.default_model import resolve_model
 
-    model = open_model(resolve_model(model_arg))
+    if model_arg is None:  # only then the synth package (numpy writer, presets): `info BIG.gguf` stays fast
+        from ..synth.default_model import resolve_model
+
+        model_arg = resolve_model(None)
+    elif str(model_arg) == "":
+        from ..errors import StrataError
+
+        raise StrataError("MODEL is an empty string: give a GGUF path, or leave MODEL out for the default model")
+    model = open_model(model_arg)
     for message in model.geometry.warnings:
         warn(f"{model.path}: {message}")
     return model
