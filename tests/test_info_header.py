@@ -99,7 +99,8 @@ def test_vectorized_string_split_is_the_walk_or_declines():
     fast = declined = 0
     for _ in range(3000):
         pool = pieces[:rng.choice([1, 4, 5, 9, 11])]
-        strings = [b"".join(rng.choice(pool) for _ in range(rng.choice([0, 1, 2, 5]))) for _ in range(rng.randint(0, 30))]
+        strings = [b"".join(rng.choice(pool) for _ in range(rng.choice([0, 1, 2, 5])))
+                   for _ in range(rng.randint(0, 30))]
         pre = bytes(rng.randrange(256) for _ in range(rng.randint(0, 9)))
         post = bytes(rng.choice([0, 0, 7, 255]) for _ in range(rng.randint(0, 24)))
         buf = pre + b"".join(struct.pack("<Q", len(b)) + b for b in strings) + post
