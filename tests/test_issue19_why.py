@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from test_reliability_values import error_line as one_line
+
 from strata_cli.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,16 +59,6 @@ def run(cwd: Path, line: str, stdin: bytes = b""):
         return CliRunner().invoke(main, words, input=stdin)
     finally:
         os.chdir(old)
-
-
-def one_line(result, code: int, *needles) -> str:
-    assert "Traceback" not in result.output, result.output
-    assert result.exit_code == code, (result.exit_code, result.output)
-    lines = [line for line in result.stderr.splitlines() if line.startswith("strata: error: ")]
-    assert len(lines) == 1, result.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 @pytest.fixture

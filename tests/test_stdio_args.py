@@ -19,6 +19,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from test_reliability_values import error_line
+
 from strata_cli.cli import main
 from strata_cli.commands._common import STDIN, STDOUT, FileParam
 
@@ -122,16 +124,6 @@ def with_value(command: str, args: list, name: str, value) -> list:
 
 def invoke(command, args, stdin=b""):
     return CliRunner().invoke(main, [command, *map(str, args)], input=stdin)
-
-
-def error_line(result, code: int, *needles) -> str:
-    assert "Traceback" not in result.output, result.output
-    assert result.exit_code == code, (result.exit_code, result.output)
-    lines = [line for line in result.stderr.splitlines() if line.startswith("strata: error: ")]
-    assert len(lines) == 1, result.stderr
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def no_gpu() -> bool:

@@ -121,37 +121,36 @@ def fold_line(text: str, width: int, indent: str = "  ") -> list[str]:
 
     if cell_len(text) <= width or width - len(indent) < 10:
         return [text]
-    out, cur = [], ""
+    lines = [""]
 
-    def room(piece: str) -> bool:
-        return cell_len(cur + piece) <= width
+    def fits(piece: str) -> bool:
+        return cell_len(lines[-1] + piece) <= width
 
-    for i, field in enumerate(text.split(" | ")):
-        sep = " | " if cur.strip() else ""
-        if room(sep + field):
-            cur += sep + field
-            continue
-        if cur.strip():
-            out.append(cur)
-            cur = indent
-        if room(field):
-            cur += field
+    def add(piece: str, sep: str) -> bool:
+        """piece on the current line (after sep), else on a new one; False when it is longer than a line."""
+        if lines[-1].strip() and fits(sep + piece):
+            lines[-1] += sep + piece
+            return True
+        if lines[-1].strip():
+            lines.append(indent)
+        if fits(piece):
+            lines[-1] += piece
+            return True
+        return False
+
+    for field in text.split(" | "):
+        if add(field, " | "):
             continue
         for word in field.split(" "):  # the field alone is longer than a line
-            sep = " " if cur.strip() else ""
-            if room(sep + word):
-                cur += sep + word
+            if add(word, " "):
                 continue
-            if cur.strip():
-                out.append(cur)
-                cur = indent
-            while not room(word):  # one word longer than a line: cut it where the line ends
-                k = max(1, width - cell_len(cur))
-                out.append(cur + word[:k])
-                cur, word = indent, word[k:]
-            cur += word
-    out.append(cur)
-    return out
+            while not fits(word):  # one word longer than a line: cut it where the line ends
+                k = max(1, width - cell_len(lines[-1]))
+                lines[-1] += word[:k]
+                lines.append(indent)
+                word = word[k:]
+            lines[-1] += word
+    return lines
 
 
 def _table(rows: list[dict], cols: list[Column], title: str | None, header_lines: Iterable[str], out) -> None:
