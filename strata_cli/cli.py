@@ -59,8 +59,10 @@ class LazyGroup(click.Group):
         qualified = f"{__package__}.commands.{self.lazy_commands[name][0]}"
         module = importlib.import_module(qualified)
         command = getattr(module, "command", None)
-        if not isinstance(command, click.Command):
-            raise TypeError(f"{qualified} has no click command named 'command'")
+        from .commands._common import StrataCommand
+
+        if not isinstance(command, StrataCommand):  # its `-` rule: one reader of stdin, one writer of stdout
+            raise TypeError(f"{qualified} has no StrataCommand named 'command'")
         return command
 
     def format_commands(self, ctx, formatter):

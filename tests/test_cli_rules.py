@@ -112,8 +112,8 @@ def test_dash_means_stdout_or_one_refusal(model, tmp_path):
     yaml_path.write_text(result.stdout)
     back = CliRunner().invoke(main, ["profile-info", "-", "--format", "json"], input=result.stdout)
     assert back.exit_code == 0, back.output
-    one_line(cli("make-model", "-"), 2, "make-model OUT '-'")
-    one_line(cli("quantize", model, "-", "--type", "Q8_0"), 2, "quantize OUT '-'")
+    one_line(cli("make-model", "-"), 2, "'OUT': '-' (stdout) is not supported")
+    one_line(cli("quantize", model, "-", "--type", "Q8_0"), 2, "'OUT': '-' (stdout) is not supported")
     assert not (tmp_path / "-").exists()
 
 

@@ -397,7 +397,7 @@ def test_dash_reads_tokens_and_dumps_from_stdin(model, tmp_path):
     (tmp_path / "a.tsv").write_bytes(dump.stdout)
     cmp = strata("compare", "-", tmp_path / "a.tsv", "--max-delta", "0", input=dump.stdout)
     assert cmp.returncode == 0, cmp.stderr
-    one_line(strata("compare", "-", "-", input=dump.stdout), "only one of the two dumps")
+    one_line(strata("compare", "-", "-", input=dump.stdout), "DUMP_A and DUMP_B are each '-'", code=2)
 
 
 def test_ascii_only_terminal_gets_the_delta_sign(model, tmp_path):

@@ -26,7 +26,49 @@ class FiniteFloatRange(click.FloatRange):
 SEED_MAX = 2**63 - 1
 SEED = click.IntRange(0, SEED_MAX)  # numpy's generators take non-negative seeds
 
-model_argument = click.argument("model", required=False, metavar="[MODEL]")
+STDIN, STDOUT = "stdin", "stdout"
+
+
+class FileParam(click.Path):
+    """The type of every file argument and option (tests/test_stdio_args.py finds them all by it). stdio: what `-`
+    would be for it (STDIN for an input, STDOUT for an output); with a `refused` reason `-` is refused at parse time
+    in one line (exit 2) saying why, else the command reads stdin or writes stdout. At most one argument of a
+    command reads stdin, and one writes stdout (StrataCommand). Existence and kind are checked where the file is
+    opened (one line, exit 1)."""
+
+    def __init__(self, stdio: str, refused: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.stdio, self.refused = stdio, refused
+
+    def convert(self, value, param, ctx):
+        if str(value) == "-" and self.refused:
+            self.fail(f"'-' ({self.stdio}) is not supported: {self.refused}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+def _param_label(param) -> str:
+    return param.opts[0] if isinstance(param, click.Option) else param.human_readable_name
+
+
+class StrataCommand(click.Command):
+    """Every strata subcommand (cli.LazyGroup refuses any other): two arguments that are both `-` and read stdin
+    (or both write stdout) are one usage error before the command runs, whatever it would do with them."""
+
+    def invoke(self, ctx):
+        for role in (STDIN, STDOUT):
+            dashes = [_param_label(p) for p in self.params if isinstance(p.type, FileParam) and not p.type.refused
+                      and p.type.stdio == role and str(ctx.params.get(p.name)) == "-"]
+            if len(dashes) > 1:
+                verb = "read stdin" if role == STDIN else "write stdout"
+                raise click.UsageError(f"{' and '.join(dashes)} are each '-': only one argument can {verb}", ctx)
+        return super().invoke(ctx)
+
+
+# a model is memory-mapped (every reader maps the file and seeks in it): '-' cannot name one; refused at parse time,
+# so a GPU-only command on a box without a GPU says this, not that it needs a GPU
+MODEL_IN = FileParam(STDIN, "a GGUF model is memory-mapped, give a path")
+MODEL_OUT = FileParam(STDOUT, "a GGUF model is written to a file (every reader memory-maps it), give a path")
+model_argument = click.argument("model", required=False, metavar="[MODEL]", type=MODEL_IN)
 device_option = click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="auto",
                              show_default=True, help="cpu = numpy reference; gpu = CUDA graph engine; auto = gpu if "
                              "one is usable, else cpu.")
@@ -61,9 +103,16 @@ def load_model(model_arg: str | None):
     """Open MODEL, or the embedded default tiny model (generated once into the cache)."""
     from ..model.gguf_file import open_model
     from ..report.present import warn
-    from ..synth.default_model import resolve_model
 
-    model = open_model(resolve_model(model_arg))
+    if model_arg is None:  # only then the synth package (numpy writer, presets): `info BIG.gguf` stays fast
+        from ..synth.default_model import resolve_model
+
+        model_arg = resolve_model(None)
+    elif str(model_arg) == "":
+        from ..errors import StrataError
+
+        raise StrataError("MODEL is an empty string: give a GGUF path, or leave MODEL out for the default model")
+    model = open_model(model_arg)
     for message in model.geometry.warnings:
         warn(f"{model.path}: {message}")
     return model
@@ -123,15 +172,6 @@ def require_gpu(command: str) -> None:
     _, why = gpu_probe()
     if why is not None:
         raise DeviceUnavailable(f"{command} runs on the GPU only (an NVIDIA GPU with CUDA and CuPy): {why}")
-
-
-def refuse_stdout_model(out: str, command: str) -> None:
-    """`make-model -` / `quantize IN -`: a model is a file (memory-mapped by every reader), never stdout."""
-    from ..errors import OptionError
-    from ..sysio.files import is_stdio
-
-    if is_stdio(out):
-        raise OptionError(f"{command} OUT '-': a model is written to a file, not to stdout (give a path)")
 
 
 def run_provenance(env: dict, seed: int, n_ctx: int, **models) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ._common import STDIN, FileParam
+
 
 def tier_options(f):
     """--expert-profile, --expert-cache, --expert-policy, --expert-max-copy, --pcie-frac, --split, --tier-wait
@@ -30,7 +32,7 @@ def tier_options(f):
         click.option("--expert-cache", default=None, metavar="all|auto|N|SIZE",
                      help="Routed experts kept in VRAM: all, auto (what free memory allows), N (layer, expert) "
                      "slots, or a size like 12GiB. The rest stay in the memory-mapped file. [default: all]"),
-        click.option("--expert-profile", type=click.Path(dir_okay=False), default=None,
+        click.option("--expert-profile", type=FileParam(STDIN, dir_okay=False), default=None,
                      help="Expert profile (YAML or STRP) ranking the (layer, expert) pairs for the cache."),
     ]
     for option in options:
@@ -45,7 +47,6 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, exper
     VRAM, today's graph). stall_window None: STRATA_TEST_VERIFY_STALL's."""
     from .. import settings
     from ..tiers.cache_policy import DEFAULT_MAX_COPY
-    from ..sysio.files import is_stdio
     from ..tiers.config import TierConfig
     from ..tiers.expert_profile import load_profile
 
@@ -59,6 +60,6 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, exper
     if cache is None and expert_profile is None and pcie_frac is None and not split and tier_wait == "spin" \
             and not stall and expert_policy == "static" and expert_max_copy is None:
         return None
-    if expert_profile is not None and not is_stdio(expert_profile):
-        load_profile(expert_profile)  # so is a missing or malformed profile (stdin is read once, by the engine)
+    if expert_profile is not None:  # so is a missing or malformed profile, and `-` is read here, once
+        cfg.loaded_profile = load_profile(expert_profile)
     return cfg

@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import click
 
-from ._common import format_option
+from ._common import STDIN, FileParam, StrataCommand, format_option
 from ..tiers.cache_policy import DEFAULT_MAX_COPY
 from .profile_info import _slot_list
 
 
-@click.command(short_help="Replay a routing trace against expert cache policies and sizes: hit rate, copies.")
-@click.argument("trace_path", metavar="TRACE", type=click.Path(dir_okay=False))
+@click.command(cls=StrataCommand,
+               short_help="Replay a routing trace against expert cache policies and sizes: hit rate, copies.")
+@click.argument("trace_path", metavar="TRACE", type=FileParam(STDIN, dir_okay=False))
 @click.option("--slots", required=True, callback=_slot_list,
               help="Cache sizes: (layer, expert) slots over all layers, as --expert-cache N, e.g. 512,4096.")
 @click.option("--policy", "policies", default="static,lru,lfu", show_default=True,
               help="Cache policies, comma-separated (static, lru, lfu).")
-@click.option("--profile", "profile_path", type=click.Path(dir_okay=False),
+@click.option("--profile", "profile_path", type=FileParam(STDIN, dir_okay=False),
               help="Expert profile whose ranked order gives the static set (default: the same share per layer).")
 @click.option("--max-copy", default=DEFAULT_MAX_COPY, show_default=True,
               help="Bytes an adaptive policy may copy into VRAM per window (as the engine's --expert-max-copy).")

@@ -6,7 +6,7 @@ from dataclasses import asdict
 
 import click
 
-from ._common import FiniteFloatRange, format_option
+from ._common import STDIN, FileParam, FiniteFloatRange, StrataCommand, format_option
 
 EXIT_THRESHOLD = 3
 
@@ -41,9 +41,9 @@ def summary_row(s) -> dict:
     return row
 
 
-@click.command(short_help="Compare two logprob dumps of the same tokens.")
-@click.argument("dump_a")
-@click.argument("dump_b")
+@click.command(cls=StrataCommand, short_help="Compare two logprob dumps of the same tokens.")
+@click.argument("dump_a", type=FileParam(STDIN))
+@click.argument("dump_b", type=FileParam(STDIN))
 @click.option("--max-delta", type=FiniteFloatRange(min=0), default=None,
               help="Fail (exit 3) if max |Δ logprob(target)| exceeds this.")
 @click.option("--min-top1", type=FiniteFloatRange(0, 1), default=None,

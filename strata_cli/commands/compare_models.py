@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ._common import (SEED, context_hint, ctx_option, device_option, format_option, load_engine, load_model,
-                      run_provenance)
+from ._common import (MODEL_IN, SEED, StrataCommand, context_hint, ctx_option, device_option, format_option,
+                      load_engine, load_model, run_provenance)
 from ._tiers import tier_config, tier_options
 from .logprobs import token_options
 
@@ -13,9 +13,10 @@ POSITION_COLUMNS = [("pos", None), ("target", None), ("kld", ".6f"), ("lp_base",
                     ("dp", ".6f"), ("top_base", None), ("top_other", None)]
 
 
-@click.command(short_help="KL divergence, PPL ratio, Δp and top-1 agreement of one model against another.")
-@click.argument("base", metavar="BASE.gguf")
-@click.argument("other", metavar="OTHER.gguf")
+@click.command(cls=StrataCommand,
+               short_help="KL divergence, PPL ratio, Δp and top-1 agreement of one model against another.")
+@click.argument("base", metavar="BASE.gguf", type=MODEL_IN)
+@click.argument("other", metavar="OTHER.gguf", type=MODEL_IN)
 @token_options
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of --random.")
 @click.option("--window", type=click.IntRange(1, 64), default=8, show_default=True,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ._common import ctx_option, format_option, load_engine, load_model, model_argument, require_gpu
+from ._common import StrataCommand, ctx_option, format_option, load_engine, load_model, model_argument, require_gpu
 from ._tiers import tier_config, tier_options
 
 
-@click.command(short_help="Count and list the nodes of a captured window graph (GPU).")
+@click.command(cls=StrataCommand, short_help="Count and list the nodes of a captured window graph (GPU).")
 @model_argument
 @click.option("--window", "window", type=click.IntRange(1, 16), default=4, show_default=True, help="Window size T.")
 @click.option("--commit", "commit", is_flag=True, help="Describe the commit graph instead of the window graph.")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import click
 
-from ._common import deprecated_alias, format_option, load_model, model_argument
+from ._common import StrataCommand, deprecated_alias, format_option, load_model, model_argument
 
 TENSOR_COLUMNS = [("name", "name", None, "left"), ("layer", "layer", None, "right"),
                   ("shape", "shape", lambda s: " x ".join(map(str, s)), "left"), ("type", "type", None, "left"),
                   ("bytes", "bytes", ",", "right")]
 
 
-@click.command(short_help="Show a model's geometry, layer layout, tensor types and sizes.")
+@click.command(cls=StrataCommand, short_help="Show a model's geometry, layer layout, tensor types and sizes.")
 @model_argument
 @format_option()
 @deprecated_alias("--json", "--format json", "fmt", flag_value="json")

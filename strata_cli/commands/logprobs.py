@@ -7,8 +7,8 @@ import json
 import click
 
 from ..report.present import RECORD_FORMATS
-from ._common import (SEED, FiniteFloatRange, context_hint, ctx_option, device_option, format_option, load_engine,
-                      load_model, model_argument, run_provenance)
+from ._common import (SEED, STDIN, STDOUT, FileParam, FiniteFloatRange, StrataCommand, context_hint, ctx_option,
+                      device_option, format_option, load_engine, load_model, model_argument, run_provenance)
 from ._tiers import tier_config, tier_options
 
 TABLE_COLUMNS = [("pos", None), ("target", None), ("lp_target", ".6f"), ("top_id", None), ("lp_top", ".6f"),
@@ -22,11 +22,13 @@ def token_options(command=None, *, with_random: bool = True):
 
     def add(command):
         for option in reversed([
-            click.option("--tokens", "token_file", help="File of token ids (whitespace/commas, UTF-8; - = stdin)."),
+            click.option("--tokens", "token_file", type=FileParam(STDIN),
+                         help="File of token ids (whitespace/commas, UTF-8; - = stdin)."),
             *([click.option("--random", "n_random", type=click.IntRange(min=2),
                             help="Use N random token ids instead.")] if with_random else []),
             click.option("--text", help="Text, tokenized by the model's own tokenizer (tokenizer.ggml.*)."),
-            click.option("--text-file", help="A UTF-8 text file (- = stdin), tokenized by the model's own tokenizer."),
+            click.option("--text-file", type=FileParam(STDIN),
+                         help="A UTF-8 text file (- = stdin), tokenized by the model's own tokenizer."),
         ]):
             command = option(command)
         return command
@@ -34,7 +36,7 @@ def token_options(command=None, *, with_random: bool = True):
     return add if command is None else add(command)
 
 
-@click.command(short_help="Dump per-position logprobs of a token sequence.")
+@click.command(cls=StrataCommand, short_help="Dump per-position logprobs of a token sequence.")
 @model_argument
 @token_options
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of --random and of --draft-noise.")
@@ -47,7 +49,7 @@ def token_options(command=None, *, with_random: bool = True):
 @click.option("--full-dist", is_flag=True, help="json/jsonl: also write each row's whole log-prob distribution "
               "(`strata compare` then reports KLD).")
 @format_option(("tsv",) + RECORD_FORMATS, default="tsv")
-@click.option("-o", "--output", default="-", show_default=True,
+@click.option("-o", "--output", default="-", show_default=True, type=FileParam(STDOUT),
               help="Write the dump here (- = stdout); a file appears only when complete.")
 @click.option("--force", is_flag=True, help="Overwrite the -o file if it exists.")
 @click.option("--allow-nonfinite", is_flag=True,

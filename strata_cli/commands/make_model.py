@@ -16,22 +16,23 @@ from ..synth.recipes import FILE_TYPES, RECIPE_NAMES
 from ..synth.writer import size_lower_bound
 from ..sysio.files import check_output_path, stdout_text
 from ..sysio.memory import available_memory
-from ._common import SEED, format_option, refuse_stdout_model
+from ._common import MODEL_OUT, SEED, STDIN, FileParam, StrataCommand, format_option
 
 GIB = 1 << 30
 DISK_MARGIN = 1 * GIB
 BAR_MIN_BYTES = 64 << 20  # below this the write takes well under a second
 
 
-@click.command("make-model", short_help="Write a synthetic random-weight qwen4exp GGUF.")
-@click.argument("out")  # a str: Path() would drop the trailing '/' of `out/newdir/`
-@click.option("--preset", default="tiny", show_default=True, metavar="|".join(PRESET_NAMES) + "|PATH.yaml",
+@click.command("make-model", cls=StrataCommand, short_help="Write a synthetic random-weight qwen4exp GGUF.")
+@click.argument("out", type=MODEL_OUT)  # a str (FileParam keeps the trailing '/' of `out/newdir/`)
+@click.option("--preset", default="tiny", show_default=True, type=FileParam(STDIN),
+              metavar="|".join(PRESET_NAMES) + "|PATH.yaml|-",
               help="Model geometry: a preset name (profiles/presets/<name>.yaml) or the path of a preset YAML file.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the random weights.")
 @click.option("--type", "ggml_type", type=click.Choice(list(FILE_TYPES), case_sensitive=False),
               help="Output type of every matrix, as the converter's --outtype or llama-quantize's type "
                    "[default: Q8_0 for flash-next, else F32]")
-@click.option("--recipe", metavar="NAME|PATH",
+@click.option("--recipe", metavar="NAME|PATH", type=FileParam(STDIN),
               help=f"Per-tensor type mix instead of --type: {', '.join(RECIPE_NAMES)} (profiles/recipes/) or a "
                    "YAML file of your own.")
 @click.option("--layers", type=int, help="Fewer layers (the attention interval is kept).")
@@ -49,9 +50,9 @@ def command(out: str, preset: str, seed: int, ggml_type: str | None, recipe: str
     from ..synth.plan import fallbacks
     from ..synth.recipes import load_recipe
 
-    if preset not in PRESET_NAMES and not preset.endswith((".yaml", ".yml")):
-        raise OptionError(f"--preset '{preset}': expected one of {', '.join(PRESET_NAMES)} or a path ending in .yaml")
-    refuse_stdout_model(out, "make-model")
+    if preset not in PRESET_NAMES and not preset.endswith((".yaml", ".yml")) and preset != "-":
+        raise OptionError(f"--preset '{preset}': expected one of {', '.join(PRESET_NAMES)}, a path ending in .yaml "
+                          "or - (YAML on stdin)")
     stdout_text()  # the summary goes there at the end: refuse a closed stdout before writing gigabytes
     out = check_output_path(out, what="model", force=force)
     geometry = load_preset(preset).with_overrides(layers=layers, experts=experts, vocab=vocab,

@@ -4,28 +4,32 @@ from __future__ import annotations
 
 import click
 
-from ._common import SEED, ctx_option, format_option, load_model, model_argument
+from ._common import (SEED, STDIN, STDOUT, FileParam, StrataCommand, ctx_option, format_option, load_model,
+                      model_argument)
 from .logprobs import token_options
 
+TRACE_REFUSED = "a routing trace is a NumPy archive (binary, .npz), written to a file: give a path"
 
-@click.command(short_help="Count the router's picks of a run and write an expert profile (YAML or STRP).")
+
+@click.command(cls=StrataCommand,
+               short_help="Count the router's picks of a run and write an expert profile (YAML or STRP).")
 @model_argument
 @token_options
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of --random.")
-@click.option("--holdout", type=click.Path(dir_okay=False),
+@click.option("--holdout", type=FileParam(STDIN, dir_okay=False),
               help="Token file of held-out text: report the profile's hit rate on it per slot count.")
 @click.option("--slots", type=click.IntRange(min=0), default=None,
               help="Cache size the profile suggests (default: every pair the run routed to).")
 @click.option("--window", type=click.IntRange(1, 64), default=8, show_default=True,
               help="Tokens per window of the counting run (the counts do not depend on it).")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+@click.option("-o", "--output", required=True, type=FileParam(STDOUT, dir_okay=False),
               help="Profile to write: .yaml (counts, ranked order) or .bin (the seed's STRP v1); - = YAML on "
               "stdout (the report then goes to stderr).")
 @click.option("--force", is_flag=True, help="Overwrite the -o file if it exists.")
 @click.option("--device", type=click.Choice(["cpu", "gpu"]), default="cpu", show_default=True,
               help="Count on the numpy engine, or on the GPU engine with every routed expert served by the host "
               "(the same picks, far faster on a large model).")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
+@click.option("--trace", "trace_path", type=FileParam(STDOUT, TRACE_REFUSED, dir_okay=False),
               help="Also write every routed pick of the counting run here (.npz; the input of `strata cache-sim`).")
 @format_option()
 @ctx_option

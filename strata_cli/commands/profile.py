@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ._common import (SEED, FiniteFloatRange, context_hint, ctx_option, deprecated_alias, format_option, load_engine,
-                      load_model, model_argument, require_gpu)
+from ._common import (SEED, FiniteFloatRange, StrataCommand, context_hint, ctx_option, deprecated_alias, format_option,
+                      load_engine, load_model, model_argument, require_gpu)
 
 # (key, table header, display format, justify): the table/md columns; csv/json/jsonl print every key, raw
 COLUMNS = [("layer", "layer", None, "left"), ("group", "group", None, "left"), ("stage", "stage", None, "left"),
@@ -13,7 +13,7 @@ COLUMNS = [("layer", "layer", None, "left"), ("group", "group", None, "left"), (
            ("bar", "", None, "left")]
 
 
-@click.command(short_help="Per-stage GPU time of a verify window (stamped profiling graph).")
+@click.command(cls=StrataCommand, short_help="Per-stage GPU time of a verify window (stamped profiling graph).")
 @model_argument
 @click.option("--window", "window", type=click.IntRange(1, 16), default=1, show_default=True, help="Window size T.")
 @click.option("-r", "--repetitions", "repetitions", type=click.IntRange(min=1), default=20,
@@ -37,7 +37,7 @@ def command(model, window, repetitions, warmup, depth, acceptance, seed, per_lay
     from ..analysis.speculation import Acceptance
     from ..analysis.window_timing import check_finite, profile_windows
     from ..engine.stage_timing import accounting_line, aggregate, table_rows
-    from ..errors import InputError, OptionError
+    from ..errors import OptionError
     from ..report.envinfo import environment_record, header_line
     from ..report.present import Column, emit
     from ..report.progress import step_progress

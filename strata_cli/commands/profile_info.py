@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._common import ctx_option, format_option
+from ._common import MODEL_IN, STDIN, FileParam, StrataCommand, ctx_option, format_option
 
 
 def _slot_list(ctx, param, value):
@@ -19,14 +19,15 @@ def _slot_list(ctx, param, value):
     return slots
 
 
-@click.command(short_help="Show an expert profile: coverage and held-out hit rate per cache size.")
-@click.argument("profile_path", metavar="P", type=click.Path(dir_okay=False))
-@click.argument("model_pos", metavar="[MODEL]", required=False)
+@click.command(cls=StrataCommand, short_help="Show an expert profile: coverage and held-out hit rate per cache size.")
+@click.argument("profile_path", metavar="P", type=FileParam(STDIN, dir_okay=False))
+@click.argument("model_pos", metavar="[MODEL]", required=False, type=MODEL_IN)
 @click.option("--slots", callback=_slot_list, help="Cache sizes to report, e.g. 0,1024,4096 (default: 10/25/50/75/"
               "100 % of the pairs and the profile's own).")
-@click.option("--holdout", type=click.Path(dir_okay=False),
+@click.option("--holdout", type=FileParam(STDIN, dir_okay=False),
               help="Held-out routing: another profile (.yaml/.bin, its counts) or a token file run through --model.")
-@click.option("--model", "model_arg", help="Model for a token-file --holdout and for VRAM sizes (default: the "
+@click.option("--model", "model_arg", type=MODEL_IN,
+              help="Model for a token-file --holdout and for VRAM sizes (default: the "
               "embedded tiny model).")
 @click.option("--window", type=click.IntRange(1, 64), default=8, show_default=True,
               help="Tokens per window of a held-out run.")

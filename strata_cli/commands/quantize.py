@@ -6,19 +6,20 @@ from pathlib import Path
 
 import click
 
-from ..errors import InputError, OptionError
-from ..sysio.files import check_input_file, check_output_path, is_stdio, stdout_text
+from ..errors import InputError
+from ..sysio.files import check_input_file, check_output_path, stdout_text
 from ..synth.recipes import FILE_TYPES, RECIPE_NAMES
-from ._common import format_option, refuse_stdout_model
+from ._common import MODEL_IN, MODEL_OUT, STDIN, FileParam, StrataCommand, format_option
 
 
-@click.command("quantize", short_help="Quantize an F32/F16/BF16 qwen4exp GGUF to another type or a recipe.")
-@click.argument("in_path", metavar="IN")
-@click.argument("out")
+@click.command("quantize", cls=StrataCommand,
+               short_help="Quantize an F32/F16/BF16 qwen4exp GGUF to another type or a recipe.")
+@click.argument("in_path", metavar="IN", type=MODEL_IN)
+@click.argument("out", type=MODEL_OUT)
 @click.option("--type", "ggml_type", type=click.Choice(list(FILE_TYPES), case_sensitive=False),
               help="Output type of every matrix, by the converter's --outtype rules (F32, F16, BF16, Q8_0) and "
                    "llama-quantize's fallbacks for the others.")
-@click.option("--recipe", metavar="NAME|PATH",
+@click.option("--recipe", metavar="NAME|PATH", type=FileParam(STDIN),
               help=f"Per-tensor type mix instead of --type: {', '.join(RECIPE_NAMES)} or a YAML file.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 @format_option()
@@ -32,9 +33,6 @@ def command(in_path: str, out: str, ggml_type: str | None, recipe: str | None, f
 
     if (recipe is None) == (ggml_type is None):
         raise click.UsageError("give one of --type and --recipe")
-    refuse_stdout_model(out, "quantize")
-    if is_stdio(in_path):
-        raise OptionError("quantize IN '-': a model is read from a file (memory-mapped), not from stdin")
     check_input_file(in_path, what="model")
     stdout_text()
     target = check_output_path(out, what="model", force=force)

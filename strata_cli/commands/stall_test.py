@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import click
 
-from ._common import ctx_option, deprecated_alias, load_model, model_argument, require_gpu
+from ._common import StrataCommand, ctx_option, deprecated_alias, load_model, model_argument, require_gpu
 from ._tiers import tier_config, tier_options
 
 STALL_RELEASED = 5  # exit code: the stalled window was released (README, Exit codes)
 
 
-@click.command(short_help="Stall a verify window on purpose; the watchdog must release it (GPU).")
+@click.command(cls=StrataCommand, short_help="Stall a verify window on purpose; the watchdog must release it (GPU).")
 @model_argument
 @click.option("--stall-window", "stall_at", type=click.IntRange(min=1), default=2, show_default=True,
               help="The window (1-based) whose last flag the host withholds.")

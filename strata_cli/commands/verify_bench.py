@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ._common import (SEED, FiniteFloatRange, context_hint, ctx_option, deprecated_alias, device_option, format_option,
-                      load_engine, load_model, model_argument, parse_window_list)
+from ._common import (SEED, STDIN, FileParam, FiniteFloatRange, StrataCommand, context_hint, ctx_option,
+                      deprecated_alias, device_option, format_option, load_engine, load_model, model_argument,
+                      parse_window_list)
 from ._tiers import tier_config, tier_options
 from .logprobs import token_options
 
@@ -32,7 +33,7 @@ def _add_floor(records, model) -> None:
         rec.expert_bytes, rec.copy_bytes_per_s = int(round(traffic["experts"])), float(bandwidth)
 
 
-@click.command(short_help="Time verify windows per window size.")
+@click.command(cls=StrataCommand, short_help="Time verify windows per window size.")
 @model_argument
 @click.option("--window", "window_list", default="1,2,4,8", show_default=True, help="Window sizes T, comma-separated.")
 @click.option("-r", "--repetitions", type=click.IntRange(min=1), default=20, show_default=True,
@@ -45,7 +46,7 @@ def _add_floor(records, model) -> None:
 @deprecated_alias("--context", "-d/--depth", "depth", type=click.IntRange(min=0))
 @click.option("--acceptance", type=FiniteFloatRange(0, 1), default=None,
               help=f"Assumed per-draft acceptance for n_keep, E(T) and the speedup  [default: {DEFAULT_ACCEPTANCE}]")
-@click.option("--acceptance-from", "acceptance_dump", type=click.Path(dir_okay=False),
+@click.option("--acceptance-from", "acceptance_dump", type=FileParam(STDIN, dir_okay=False),
               help="Use the per-position acceptance a `strata logprobs --draft-noise` loop measured (its dump).")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the tokens and the drawn n_keep.")
 @click.option("--eager", is_flag=True, help="GPU: launch the kernels one by one instead of replaying the graph.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,17 +54,88 @@ def _read_metadata(reader, path: str) -> dict:
     return values
 
 
+_ESCAPED = re.compile("[\udc80-\udcfe]")  # surrogateescape of a byte that is not UTF-8 (0xFF apart)
+
+def split_string_array(data, offs: int, count: int):
+    """The `count` GGUF strings (u64 length + UTF-8 bytes each) from data[offs:], and the offset after the last;
+    None where this vectorized path cannot prove its split (a length of 16 MiB or more, five NUL bytes in a row
+    inside a string, a string that starts mid-character): the caller then walks the strings one by one.
+
+    Why it is exact: a string's length field has its bytes 3..7 zero, so its offset ends a run of offsets whose next
+    5-8 bytes are zero (the string's first byte is not NUL); those run ends are the candidates, and the split is
+    accepted only when the first candidate is offs and each next one lies exactly where its predecessor's length
+    says, for all `count` strings: the chain of offsets from offs is unique, so the candidates are it."""
+    if count == 0:
+        return [], offs
+    size = len(data) - offs
+    window = min(size, count * 16)
+    while True:
+        if window < 8:
+            return None
+        w = np.asarray(data[offs:offs + window], dtype=np.uint8)
+        zero = w == 0
+        z5 = zero[3:window - 4] & zero[4:window - 3]  # z5[i]: bytes i+3..i+7 are zero
+        z5 &= zero[5:window - 2]
+        z5 &= zero[6:window - 1]
+        z5 &= zero[7:window]
+        z5[:-1] &= ~z5[1:]  # run ends only
+        cand = np.flatnonzero(z5)
+        length = w[cand].astype(np.int64)
+        length |= w[cand + 1].astype(np.int64) << 8
+        length |= w[cand + 2].astype(np.int64) << 16
+        nxt = cand + 8 + length
+        m = min(len(cand), count)
+        if m == 0 or cand[0] != 0 or np.any(cand[1:m] != nxt[:m - 1]):
+            return None
+        if m == count and nxt[m - 1] <= window:
+            break
+        if window >= size:
+            return None  # the chain runs past the end of the file: the walk names it
+        window = min(size, window * 2)
+    cand, length = cand[:count], length[:count]
+    end = int(nxt[count - 1])
+    first = cand[length > 0] + 8
+    if np.any((w[first] & 0xC0) == 0x80):
+        return None  # a string starting with a continuation byte: invalid alone, the walk raises that
+    # each length field becomes one 0xFF byte (never part of valid UTF-8): decoded with surrogateescape it is
+    # U+DCFF, and str.split on it cuts the strings apart in C
+    keep = np.ones(end, dtype=bool)
+    for j in range(7):
+        keep[cand + j] = False
+    sep = w[:end].copy()
+    sep[cand + 7] = 0xFF
+    joined = sep[keep].tobytes()
+    text = joined.decode("utf-8", "surrogateescape")
+    if _ESCAPED.search(text):
+        return None  # invalid UTF-8 in a string: the walk raises it
+    strings = text.split("\udcff")
+    if len(strings) != count + 1:
+        return None
+    return strings[1:], offs + end
+
+
 def _fast_reader_class():
-    """gguf.GGUFReader with arrays parsed in one pass: gguf builds one numpy view per array element, 5 million views
-    (tens of seconds) for the released model's 248k tokens and merges; here a scalar array is one view and a string
-    array one list of str (kept in string_arrays by the field's offset; field_value reads it)."""
+    """gguf.GGUFReader with arrays and the tensor table parsed in one pass: gguf builds one numpy view per array
+    element, 5 million views (tens of seconds) for the released model's 248k tokens and merges, and six per tensor;
+    here a scalar array is one view, a string array one list of str (kept in string_arrays by the field's offset;
+    field_value reads it), and each tensor's entry is read with struct (values equal to gguf's, test_info_header)."""
     import struct
 
     import gguf
     from gguf import GGUFValueType as VT
+    from gguf.gguf_reader import ReaderField
+
+    u32, u64 = struct.Struct("<I").unpack_from, struct.Struct("<Q").unpack_from
+    type_offset = struct.Struct("<IQ").unpack_from
+    max_dims = 4  # GGML_MAX_DIMS: a larger count is a corrupt header, not a tensor
 
     class FastReader(gguf.GGUFReader):
         string_arrays: dict
+
+        def _buffer(self):
+            """The mapped file as mmap (slices are bytes: the fastest to decode), else a memoryview of it."""
+            mapped = getattr(self.data, "_mmap", None)
+            return mapped if mapped is not None else memoryview(self.data)
 
         def _build_fields(self, offs, count):
             self.string_arrays = {}
@@ -90,13 +162,19 @@ def _fast_reader_class():
             item_type, count, offs = int(raw_itype[0]), int(alen[0]), orig_offs + 12
             types = [VT.ARRAY, VT(item_type)]
             if item_type == VT.STRING:
-                view, end, strings = memoryview(self.data), len(self.data), []
-                for _ in range(count):
-                    (n,) = struct.unpack_from("<Q", view, offs)
-                    if offs + 8 + n > end:
+                split = split_string_array(self.data, offs, count)
+                if split is not None:
+                    self.string_arrays[kv_start], end = split
+                    return end - orig_offs, [raw_itype, alen], [], types
+                buf, end, strings = self._buffer(), len(self.data), []
+                append = strings.append
+                for _ in range(count):  # one by one: the exact walk, and the errors it names
+                    (n,) = u64(buf, offs)
+                    offs += 8
+                    if offs + n > end:
                         raise ValueError("a string length points past the end of the file")
-                    strings.append(str(view[offs + 8:offs + 8 + n], "utf-8"))
-                    offs += 8 + n
+                    append(str(buf[offs:offs + n], "utf-8"))
+                    offs += n
                 self.string_arrays[kv_start] = strings
                 return offs - orig_offs, [raw_itype, alen], [], types
             nptype = self.gguf_scalar_to_np.get(VT(item_type))
@@ -106,6 +184,32 @@ def _fast_reader_class():
             if len(values) != count:
                 raise ValueError("an array points past the end of the file")
             return 12 + int(values.nbytes), [raw_itype, alen, values], [2] if count else [], types
+
+        def _build_tensor_info(self, offs, count):
+            if self.byte_order != "I":
+                return super()._build_tensor_info(offs, count)
+            buf, fields = self._buffer(), []
+            for _ in range(int(count)):
+                orig_offs = offs
+                (name_len,) = u64(buf, offs)
+                name_bytes = bytes(buf[offs + 8:offs + 8 + name_len])
+                if len(name_bytes) != name_len:
+                    raise ValueError("a tensor name points past the end of the file")
+                offs += 8 + name_len
+                (n_dims,) = u32(buf, offs)
+                if n_dims > max_dims:
+                    raise ValueError(f"tensor '{name_bytes[:80].decode('utf-8', 'replace')}' has {n_dims} "
+                                     f"dimensions (GGUF allows {max_dims})")
+                dims = struct.unpack_from(f"<{n_dims}Q", buf, offs + 4)
+                offs += 4 + 8 * n_dims
+                raw_dtype, data_offset = type_offset(buf, offs)
+                offs += 12
+                # the parts gguf's _build_tensors and _check_tensor_extents read, as gguf's reader types them
+                parts = [np.array([name_len], np.uint64), np.frombuffer(name_bytes, np.uint8),
+                         np.array([n_dims], np.uint32), np.array(dims, np.uint64), np.array([raw_dtype], np.uint32),
+                         np.array([data_offset], np.uint64)]
+                fields.append(ReaderField(orig_offs, str(name_bytes, "utf-8"), parts, [1, 3, 4, 5]))
+            return offs, fields
 
     return FastReader
 

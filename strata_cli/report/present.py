@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Iterable, Sequence
@@ -114,6 +113,46 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def fold_line(text: str, width: int, indent: str = "  ") -> list[str]:
+    """A header line (`strata 0.1.0 @ abc | device cpu (...) | numpy ...`) as lines of at most `width` columns, cut at
+    its field boundaries (` | `, the separator dropped at a cut), a field longer than a line at its spaces, and only a
+    word longer than a line (a long path) inside it; continuation lines indented. Words and numbers stay whole."""
+    from rich.cells import cell_len
+
+    if cell_len(text) <= width or width - len(indent) < 10:
+        return [text]
+    lines = [""]
+
+    def fits(piece: str) -> bool:
+        return cell_len(lines[-1] + piece) <= width
+
+    def add(piece: str, sep: str) -> bool:
+        """piece on the current line (after sep), else on a new one; False when it is longer than a line."""
+        if lines[-1].strip() and fits(sep + piece):
+            lines[-1] += sep + piece
+            return True
+        if lines[-1].strip():
+            lines.append(indent)
+        if fits(piece):
+            lines[-1] += piece
+            return True
+        return False
+
+    for field in text.split(" | "):
+        if add(field, " | "):
+            continue
+        for word in field.split(" "):  # the field alone is longer than a line
+            if add(word, " "):
+                continue
+            while not fits(word):  # one word longer than a line: cut it where the line ends
+                k = max(1, width - cell_len(lines[-1]))
+                lines[-1] += word[:k]
+                lines.append(indent)
+                word = word[k:]
+            lines[-1] += word
+    return lines
+
+
 def _table(rows: list[dict], cols: list[Column], title: str | None, header_lines: Iterable[str], out) -> None:
     from rich import box
     from rich.console import Console
@@ -123,8 +162,9 @@ def _table(rows: list[dict], cols: list[Column], title: str | None, header_lines
     plain = not con.is_terminal
     if plain:  # piped or redirected: ASCII borders, no colour, and the table's own width (rich assumes 80)
         con = Console(file=con.file, no_color=True, highlight=False, width=1 << 14, legacy_windows=False)
-    for line in header_lines:
-        con.print(line, style=None if plain else "dim", markup=False, highlight=False, soft_wrap=True)
+    for line in header_lines:  # piped: one line each; on a terminal folded to its width (the terminal would cut)
+        for part in [line] if plain else fold_line(line, con.width):
+            con.print(part, style=None if plain else "dim", markup=False, highlight=False, soft_wrap=True)
     cells = [[c.render(row.get(c.key)) for c in cols] for row in rows]
     if not plain:  # a terminal: cells keep their full width, headers wrap; too wide even so, one block per row
         table = _fitted_table(cols, cells, title, con.width)

@@ -7,10 +7,17 @@ still work, they draw nothing). Bars are transient: they disappear when the step
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
-                           TimeElapsedColumn, TimeRemainingColumn, TransferSpeedColumn)
+if TYPE_CHECKING:
+    from rich.console import Console
+
+# rich.progress is imported only when a bar is drawn (stderr a terminal): a piped `strata info` of a 50 GB file
+# runs in well under a second, and its import is a measurable share of that
+
+
+def _no_bar(*args, **kwargs) -> None:
+    """The callback of a step whose bar is not drawn (stderr piped or redirected)."""
 
 
 def _stderr(console: Console | None) -> Console:
@@ -25,9 +32,15 @@ def _stderr(console: Console | None) -> Console:
 def byte_progress(description: str, console: Console | None = None):
     """Yields a callback(bytes_done, bytes_total) that drives one bar."""
     console = _stderr(console)
+    if not console.is_terminal:
+        yield _no_bar
+        return
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
+
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+    with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(description, total=None)
 
         def update(done: int, total: int) -> None:
@@ -40,9 +53,14 @@ def byte_progress(description: str, console: Console | None = None):
 def step_progress(description: str, total: int | None = None, console: Console | None = None):
     """Yields a callback(done, total=None, description=None) for a step of `total` units (None: a spinner)."""
     console = _stderr(console)
+    if not console.is_terminal:
+        yield _no_bar
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
+    with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task(description, total=total)
 
         def update(done: int, total: int | None = None, description: str | None = None) -> None:

@@ -13,7 +13,6 @@ import hashlib
 import os
 from pathlib import Path
 
-from ..errors import StrataError
 from ..report.progress import byte_progress
 from ..sysio.cache import CacheError, usable_cache_dir
 from ..sysio.files import os_reason, output_stream
@@ -89,9 +88,6 @@ def default_model_path() -> Path:
 
 
 def resolve_model(model_arg: str | None) -> str:
-    """The model the user named, or the default one (None only: an empty string is refused, not defaulted)."""
-    if model_arg is None:
-        return str(default_model_path())
-    if str(model_arg) == "":
-        raise StrataError("MODEL is an empty string: give a GGUF path, or leave MODEL out for the default model")
-    return str(model_arg)
+    """The model the user named, or the default one (None only: commands/_common.load_model refuses an empty
+    string before it gets here)."""
+    return str(default_model_path()) if model_arg is None else str(model_arg)

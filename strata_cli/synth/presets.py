@@ -141,18 +141,21 @@ def presets_dir() -> Path:
 
 
 def load_preset(name_or_path: str) -> Preset:
-    """A preset by name (tiny, small, flash-next) or by the path of a YAML file."""
+    """A preset by name (tiny, small, flash-next), by the path of a YAML file, or `-`: its YAML on stdin."""
     import yaml
 
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = presets_dir() / f"{name_or_path}.yaml"
-    if not path.is_file():
-        raise OptionError(f"preset '{name_or_path}': no such file {path} (presets: {', '.join(PRESET_NAMES)})")
-    from ..sysio.files import read_text
+    from ..sysio.files import is_stdio, read_text
 
+    stdin, path = is_stdio(name_or_path), Path(name_or_path)
+    if stdin:
+        path = Path("stdin")  # what the messages below call it
+    else:
+        if not path.suffix:
+            path = presets_dir() / f"{name_or_path}.yaml"
+        if not path.is_file():
+            raise OptionError(f"preset '{name_or_path}': no such file {path} (presets: {', '.join(PRESET_NAMES)})")
     try:
-        data = yaml.safe_load(read_text(path, what="preset")) or {}
+        data = yaml.safe_load(read_text("-" if stdin else path, what="preset")) or {}
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):

@@ -84,11 +84,15 @@ def _type_id(path: str, where: str, value) -> int:
 
 
 def load_recipe(name_or_path: str) -> Recipe:
-    """A recipe by name (profiles/recipes/<name>.yaml) or by path."""
+    """A recipe by name (profiles/recipes/<name>.yaml), by path, or `-`: its YAML on stdin."""
     import yaml
 
-    path = Path(name_or_path)
-    if not path.suffix and not path.exists():
+    from ..sysio.files import is_stdio
+
+    stdin, path = is_stdio(name_or_path), Path(name_or_path)
+    if stdin:
+        path = Path("stdin")  # what the messages below call it
+    elif not path.suffix and not path.exists():
         path = recipes_dir() / f"{name_or_path}.yaml"
         if not path.is_file():
             raise OptionError(f"--recipe {name_or_path}: no such recipe (built in: {', '.join(RECIPE_NAMES)}; "
@@ -96,7 +100,7 @@ def load_recipe(name_or_path: str) -> Recipe:
     from ..sysio.files import read_text
 
     try:
-        data = yaml.safe_load(read_text(path, what="recipe"))
+        data = yaml.safe_load(read_text("-" if stdin else path, what="recipe"))
     except yaml.YAMLError as exc:
         raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(data, dict):

@@ -22,6 +22,7 @@ class TierConfig:
     stall_window: int = 0             # 1-based window whose last flag the host withholds (stall-test); 0 = never
     policy: str = "static"            # --expert-policy (tiers/cache_policy.py): how the slots change between windows
     max_copy: int | str = DEFAULT_MAX_COPY_BYTES  # bytes an adaptive policy copies into VRAM per window at most
+    loaded_profile: object = None     # the profile as already read (an ExpertProfile): `-` (stdin) is read once
 
     def __post_init__(self):
         self.pcie_frac = parse_pcie_frac(self.pcie_frac)

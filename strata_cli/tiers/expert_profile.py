@@ -294,10 +294,10 @@ def _int_array(path, label: str, value) -> np.ndarray:
 
 # ---- files
 def load_profile(path) -> ExpertProfile:
-    from ..sysio.files import read_bytes
+    from ..sysio.files import is_stdio, read_bytes
 
     data = read_bytes(path, what="expert profile")
-    path = Path(path)
+    path = Path("stdin") if is_stdio(path) else Path(path)  # what the messages call it
     if data[:4] == STRP_MAGIC:
         return _read_strp(path, data)
     if path.suffix.lower() in BINARY_SUFFIXES:

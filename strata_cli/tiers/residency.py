@@ -97,16 +97,17 @@ def is_expert_tensor(name: str) -> bool:
     return name.endswith(tuple(f"{role}.weight" for role in EXPERT_ROLES))
 
 
-def ranked_pairs(model, profile_path: str | None) -> np.ndarray:
+def ranked_pairs(model, profile_path: str | None, loaded=None) -> np.ndarray:
     """(layer, expert) pairs hottest first [L*E, 2]: fill_order of the profile (checked against the model), or the
-    default order without one."""
+    default order without one. loaded: the profile already read from profile_path (stdin cannot be read twice)."""
     g = model.geometry
-    profile = None
+    profile = loaded
     if profile_path is not None:
-        from .expert_profile import load_profile
+        if profile is None:
+            from .expert_profile import load_profile
 
-        profile = load_profile(profile_path)
-        profile.check_model(g, profile_path)
+            profile = load_profile(profile_path)
+        profile.check_model(g, "stdin" if str(profile_path) == "-" else profile_path)
     return fill_order(g.n_layers, g.n_expert, profile)
 
 
@@ -121,7 +122,7 @@ def choose_residency(model, cfg, free_bytes: int | None, fixed_bytes: int) -> tu
     g = model.geometry
     kind, value = cfg.cache.kind, cfg.cache.value
     per_pair = expert_bytes(model)
-    ranked = ranked_pairs(model, cfg.profile)
+    ranked = ranked_pairs(model, cfg.profile, cfg.loaded_profile)
     total_pairs = g.n_layers * g.n_expert
     cum = np.cumsum(per_pair[ranked[:, 0]])
     if kind == "all":
