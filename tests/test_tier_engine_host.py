@@ -454,3 +454,15 @@ def test_a_tiered_window_is_served_with_device_frees_deferred(monkeypatch):
     was = gc.isenabled()
     engine._launch_tiered(3, True)
     assert seen == [(3, True, False, [])] and freed == ["mapped buffer"] and gc.isenabled() == was
+
+
+def test_close_stops_the_host_and_leaves_the_watchdog(monkeypatch, fixture_dir):
+    """TierHost.close() (every tiered engine's close(), e.g. the end of `with engine:`) runs on the CPU too: its
+    lazy import once climbed out of the package and failed every tiered GPU test at its first close()."""
+    from strata_cli.tiers import watchdog
+
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
+    host.launched(3, gpu.start)
+    assert host in watchdog.live_verifiers()
+    host.close()
+    assert host not in watchdog.live_verifiers() and host._events == []

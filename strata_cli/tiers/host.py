@@ -126,7 +126,7 @@ class TierHost:
 
     def close(self) -> None:
         """Stop the copy thread, destroy the copy events, leave the watchdog's list (the engine's close())."""
-        from ...tiers.watchdog import unregister
+        from .watchdog import unregister
 
         if self._copier is not None:
             self._copier.shutdown(wait=True)
