@@ -22,7 +22,8 @@ import pytest
 from strata_cli.gpu.launch_util import WindowPath
 from strata_cli.ops.gemv import dequant_rows
 
-STREAM, COPY_STREAM = SimpleNamespace(ptr=101), SimpleNamespace(ptr=202)
+STREAM = SimpleNamespace(ptr=101, synchronize=lambda: None)
+COPY_STREAM = SimpleNamespace(ptr=202, synchronize=lambda: None)  # every new_stream(): PCIe copies, slot fills
 NOT_READY = 600
 
 
@@ -68,7 +69,8 @@ class FakeRt:
     def __init__(self):
         self.window_done = threading.Event()
         self.window_done.set()
-        self.dmas = []
+        self.dmas = []  # the copy stream's (PCIe share, adaptive slot fills)
+        self.other_copies = []  # the window's stream (an adaptive cache's slot-table uploads)
         self.events_alive = 0
 
     def cudaGetDevice(self):
@@ -78,9 +80,8 @@ class FakeRt:
         return (0,)
 
     def cudaMemcpyAsync(self, dst, src, n, kind, stream):
-        assert stream == COPY_STREAM.ptr  # the PCIe share's DMAs go on the copy stream
         ctypes.memmove(dst, src, n)
-        self.dmas.append(n)
+        (self.dmas if stream == COPY_STREAM.ptr else self.other_copies).append(n)
         return (0,)
 
     def cudaEventCreate(self):
@@ -266,7 +267,7 @@ def _stream_order(monkeypatch, g, T, G):
 def _tiered(monkeypatch, model, cfg):
     """attach_tiers on a stand-in engine (real Arena shapes, numpy buffers), then bind; returns (engine, kernels'
     driver)."""
-    from strata_cli.engine.gpu import buffers, tiers as tiers_mod
+    from strata_cli.engine.gpu import buffers, residency_fill, tiers as tiers_mod
     from strata_cli.gpu import graphs, launch_moe, launch_tiers
     from strata_cli.engine.gpu import window
     from strata_cli.tiers import host as host_mod
@@ -280,6 +281,12 @@ def _tiered(monkeypatch, model, cfg):
     monkeypatch.setattr(tiers_mod, "MappedBuffer", FakeMapped)
     monkeypatch.setattr(host_mod, "cudart", lambda: rt)
     monkeypatch.setattr(graphs, "new_stream", lambda: COPY_STREAM)
+    # an adaptive cache's DeviceSlots: pinned staging, DMAs into the slot arrays (they land at once), its event
+    monkeypatch.setattr(residency_fill, "MappedBuffer", FakeMapped)
+    monkeypatch.setattr(residency_fill, "cudart", lambda: rt)
+    event = SimpleNamespace(done=True, record=lambda stream: None)
+    monkeypatch.setattr(residency_fill, "cupy", lambda: SimpleNamespace(cuda=SimpleNamespace(
+        Event=lambda disable_timing: event)))
     monkeypatch.setattr(tiers_mod, "cupy", lambda: SimpleNamespace(ndarray=lambda shape, dtype, memptr: np.ctypeslib
                         .as_array((ctypes.c_uint8 * int(np.prod(shape))).from_address(memptr.ptr)).view(dtype)
                         .reshape(shape)))
@@ -294,7 +301,7 @@ def _tiered(monkeypatch, model, cfg):
                 info = model.info(name)
                 raw = np.ascontiguousarray(info.raw[ids]) if len(ids) else np.zeros((1, *info.raw.shape[1:]),
                                                                                      info.raw.dtype)
-                arrays.append((raw, info.ggml_type))
+                arrays.append((raw.view(DevArray), info.ggml_type))
             out.append((arrays, max(len(ids), 1)))
         return out
 
@@ -359,7 +366,8 @@ def _run_window(monkeypatch, engine, kernels, rt, moes, T):
 CASES = [("q8_0", dict(cache="0")), ("q8_0", dict(cache="0", pcie_frac=0.5)),
          ("q8_0", dict(cache="7", pcie_frac=1.0, split=True)), ("q8_0", dict(cache="40", split=True)),
          ("q8_0", dict(cache="40", pcie_frac=0.5)), ("bf16", dict(cache="0", pcie_frac=0.5, split=True)),
-         ("bf16", dict(cache="7"))]
+         ("bf16", dict(cache="7")), ("q8_0", dict(cache="7", policy="lru")),
+         ("q8_0", dict(cache="7", policy="lfu", pcie_frac=0.5, split=True)), ("bf16", dict(cache="7", policy="lru"))]
 
 
 @pytest.mark.parametrize("kind,tier_args", CASES, ids=[f"{k}-{'-'.join(f'{a}={v}' for a, v in c.items())}"
@@ -409,7 +417,13 @@ def test_tiered_windows_equal_the_reference_moe(monkeypatch, fixture_dir, kind, 
     frac = t.cfg.pcie_frac
     assert (shares["pcie"] > 0) == (frac > 0) and (shares["cpu"] > 0) == (frac < 1)
     assert (shares["vram"] > 0) == bool((t.table_host >= 0).any())
-    assert bool(rt.dmas) == (frac > 0)
+    if t.fill is None:
+        assert bool(rt.dmas) == (frac > 0) and not rt.other_copies
+    else:  # the slots changed between windows (copies into them, the table uploaded), their count did not
+        swaps = sum(h["swaps"] for h in host.history)
+        assert swaps > 0 and rt.other_copies
+        assert (t.table_host >= 0).sum() + len(t.fill.policy.pending) == int(tier_args["cache"])
+        np.testing.assert_array_equal(engine.buf["tier_table"], t.table_host)  # the device reads the host's table
     # the engine's close(): the host's thread, events, the watchdog's list; the tiers' pinned buffers
     host.close()
     t.close()
