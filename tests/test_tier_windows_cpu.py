@@ -196,7 +196,7 @@ class Kernels:
     def combine(self, parts, ymiss, src, w, shared, out, r0, T, stream):
         from strata_cli.tiers.host import SRC_CPU
 
-        K, D = w.shape[1], out.shape[1]
+        K = w.shape[1]
         for t in range(r0, r0 + T):
             j = t * K + np.arange(K)
             rows = np.where((src[j] == SRC_CPU)[:, None], ymiss[j], parts[j])
