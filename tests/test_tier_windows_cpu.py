@@ -367,7 +367,8 @@ CASES = [("q8_0", dict(cache="0")), ("q8_0", dict(cache="0", pcie_frac=0.5)),
          ("q8_0", dict(cache="7", pcie_frac=1.0, split=True)), ("q8_0", dict(cache="40", split=True)),
          ("q8_0", dict(cache="40", pcie_frac=0.5)), ("bf16", dict(cache="0", pcie_frac=0.5, split=True)),
          ("bf16", dict(cache="7")), ("q8_0", dict(cache="0", pcie_frac="auto", split=True)),
-         ("q8_0", dict(cache="7", policy="lru")), ("q8_0", dict(cache="7", policy="lru", max_copy=26112)),
+         ("q8_0", dict(cache="24", policy="lru")),  # 3 slots a layer: fills land at their slot's offset
+         ("q8_0", dict(cache="7", policy="lru", max_copy=26112)),
          ("q8_0", dict(cache="7", policy="lfu", pcie_frac=0.5, split=True)), ("bf16", dict(cache="7", policy="lru"))]
 
 
