@@ -258,6 +258,7 @@ def test_stalled_window_released_by_the_watchdog(monkeypatch, fixture_dir):
     from strata_cli.tiers.watchdog import Watchdog
 
     model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0", stall=1)
+    host.after_warm_up()  # as the engine does after its warm-up window
     dog = Watchdog(0.2).start()
     host.begin(3)
     gpu.start()
@@ -454,3 +455,29 @@ def test_a_tiered_window_is_served_with_device_frees_deferred(monkeypatch):
     was = gc.isenabled()
     engine._launch_tiered(3, True)
     assert seen == [(3, True, False, [])] and freed == ["mapped buffer"] and gc.isenabled() == was
+
+
+def test_close_stops_the_host_and_leaves_the_watchdog(monkeypatch, fixture_dir):
+    """TierHost.close() (every tiered engine's close(), e.g. the end of `with engine:`) runs on the CPU too: its
+    lazy import once climbed out of the package and failed every tiered GPU test at its first close()."""
+    from strata_cli.tiers import watchdog
+
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
+    host.launched(3, gpu.start)
+    assert host in watchdog.live_verifiers()
+    host.close()
+    assert host not in watchdog.live_verifiers() and host._events == []
+
+
+def test_the_warm_up_window_never_stalls(monkeypatch, fixture_dir):
+    """stall-test --stall-window 1: the engine's own warm-up window (served before after_warm_up) is not window 1,
+    so it is served to the end (else the engine's construction waited for the GPU's bound and failed); the user's
+    first window then withholds its last flag."""
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0", stall=1, timeout_s=5.0)
+    host.launched(3, gpu.start)  # the warm-up
+    assert gpu.done.wait(5) and not gpu.timed_out and int(tiers.words.host[FLAG]) == tiers.L
+    host.after_warm_up()
+    second = _SimGPU(tiers, x, ids, 3, bound_s=0.3)
+    monkeypatch.setattr(TierHost, "_idle", staticmethod(lambda stream, strict=False: second.done.is_set()))
+    host.launched(3, second.start)
+    assert second.done.wait(5) and second.timed_out == [tiers.L - 1]  # the last step's flag was withheld

@@ -23,7 +23,6 @@ from ...gpu import launch_sampling
 from ...gpu.graphs import CapturedGraph, captured_nodes, new_stream
 from ...gpu.launch_util import GEMV_MAXT, WindowPath, window_path
 from ...gpu.launch_stamp import stamp_kernel
-from ...gpu.launch_util import GEMV_MAXT, q8r_tensor_cores
 from ...gpu.runtime import capture_guard, cupy
 from ...tiers.config import TierConfig
 from ..contract import Capabilities, WindowResult, WindowTimer

@@ -74,9 +74,10 @@ class DeviceSlots:
         self.pending = True
 
     def free(self) -> None:
-        """Free the staging buffer once no copy still reads it (idempotent)."""
+        """Free the staging buffer and the slot table's pinned copy once no copy still reads them (idempotent)."""
         self.stream.synchronize()
         self.staging.free()
+        self.table_pinned.free()
 
 
 def make_filler(tiers):

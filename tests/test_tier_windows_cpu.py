@@ -1,0 +1,435 @@
+"""Whole tiered windows on the CPU: the real engine/gpu/tiers.py (attach_tiers, ExpertTiers: its buffers, pre/post
+with their ring numbers, wait codes and plan slices, close) and the real tiers/host.py TierHost (plan, the pinned
+staging ring's gather, the copy thread, the CPU pool into ymiss, the flags), with only the kernels and the CUDA
+driver replaced by numpy stand-ins that do what kernels/tiers.cu and the expert GEMVs do with the same buffers.
+
+A thread plays the window's stream: it calls ExpertTiers.pre / post in the order engine/gpu/window.py records them
+(taken from the real recorder, tests/test_window_steps.py), with the reference engine's MoE input rows planted in
+`mixed` before each pre; its waits block on the mapped words as the spin kernels do. After each post the group's
+block_out rows (routed experts from VRAM slots, PCIe staging slots and ymiss, weighted, plus the shared expert)
+must equal the numpy reference engine's MoE output of the same rows."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from strata_cli.gpu.launch_util import WindowPath
+from strata_cli.ops.gemv import dequant_rows
+
+STREAM = SimpleNamespace(ptr=101, synchronize=lambda: None)
+COPY_STREAM = SimpleNamespace(ptr=202, synchronize=lambda: None)  # every new_stream(): PCIe copies, slot fills
+NOT_READY = 600
+
+
+class DevArray(np.ndarray):
+    """A numpy array standing in for a CuPy device array: .set() and .data.ptr as CuPy has them."""
+
+    def set(self, values):
+        self[...] = values
+
+    @property
+    def data(self):
+        return SimpleNamespace(ptr=self.ctypes.data)
+
+
+def dev_zeros(shape, dtype=np.float32) -> DevArray:
+    return np.zeros(shape, dtype).view(DevArray)
+
+
+class FakeMapped:
+    """runtime.MappedBuffer on plain host memory (the simulated device reads the same bytes)."""
+
+    live: list = []
+
+    def __init__(self, shape, dtype):
+        self.host = dev_zeros(shape, dtype)
+        self.device = self.host
+        self.nbytes = self.host.nbytes
+        self.host_ptr = self.host.ctypes.data
+        self.freed = False
+        FakeMapped.live.append(self)
+
+    def free(self):
+        self.freed = True
+
+
+class FakeRt:
+    """The cudart calls of TierHost: DMAs are memmoves (so a copy has landed when the call returns), events are
+    tokens, the window's stream is busy until the simulated stream thread ends."""
+
+    cudaMemcpyKind = SimpleNamespace(cudaMemcpyHostToDevice=1)
+    cudaError_t = SimpleNamespace(cudaErrorNotReady=NOT_READY)
+
+    def __init__(self):
+        self.window_done = threading.Event()
+        self.window_done.set()
+        self.dmas = []  # the copy stream's (PCIe share, adaptive slot fills)
+        self.other_copies = []  # the window's stream (an adaptive cache's slot-table uploads)
+        self.events_alive = 0
+
+    def cudaGetDevice(self):
+        return (0, 0)
+
+    def cudaSetDevice(self, device):
+        return (0,)
+
+    def cudaMemcpyAsync(self, dst, src, n, kind, stream):
+        ctypes.memmove(dst, src, n)
+        (self.dmas if stream == COPY_STREAM.ptr else self.other_copies).append(n)
+        return (0,)
+
+    def cudaEventCreate(self):
+        self.events_alive += 1
+        return (0, object())
+
+    def cudaEventDestroy(self, event):
+        self.events_alive -= 1
+        return (0,)
+
+    def cudaEventRecord(self, event, stream):
+        return (0,)
+
+    def cudaEventElapsedTime(self, a, b):
+        return (0, 0.25)
+
+    def cudaStreamQuery(self, stream):
+        busy = stream == STREAM.ptr and not self.window_done.is_set()
+        return (NOT_READY if busy else 0,)
+
+
+def _rows_of(view: np.ndarray, whole: np.ndarray) -> int:
+    """The first row of `view` inside `whole` (a view of its leading rows)."""
+    return (view.__array_interface__["data"][0] - whole.__array_interface__["data"][0]) // whole[0].nbytes
+
+
+def _expert(gate, up, down, e, x):
+    """silu(gate_e x) * (up_e x) then down_e, float64, from the raw rows of a slot / staging array."""
+    (gw, gt), (uw, ut), (dw, dt) = gate, up, down
+    wg = dequant_rows(np.asarray(gw[e]), gt, x.shape[-1])
+    wu = dequant_rows(np.asarray(uw[e]), ut, x.shape[-1])
+    wd = dequant_rows(np.asarray(dw[e]), dt, wg.shape[0])
+    from strata_cli.ops.moe import swiglu
+
+    return swiglu(x.astype(np.float64), wg, wu, wd)
+
+
+class Kernels:
+    """numpy stand-ins of the launches ExpertTiers.pre / post make, on the same buffers (kernels/tiers.cu, moe.cu,
+    the grouped expert GEMVs)."""
+
+    def __init__(self, engine, ref, timeout_s=10.0):
+        self.e, self.ref, self.timeout_s = engine, ref, timeout_s
+        self.layer = None
+        self.waits = []
+
+    # engine/gpu/window.py
+    def gemv_weight(self, e, name, x, out, stream):
+        assert name.endswith("ffn_gate_inp.weight"), name
+        self.layer = int(name.split(".")[1])
+        out[...] = np.nan  # the router's picks come from the reference (below): no near tie may flip them
+
+    def copy_async(self, dst, src, nbytes, stream):
+        ctypes.memmove(dst.ctypes.data, src.ctypes.data, nbytes)
+
+    # launch_moe
+    def router_topk(self, logits, k, out_ids=None, out_w=None, stream=None, **kw):
+        assert not kw  # the tiered window groups its own entries (tier_group), no shared gate in the router
+        r0 = _rows_of(out_ids, self.e.tiers.buf["route_ids"])
+        ids, w = self.ref.picks(self.layer, r0, len(out_ids))
+        out_ids[...] = ids
+        out_w[...] = w
+        return out_ids, out_w
+
+    def shared_expert(self, x, gate_raw, up_raw, down_raw, sg_raw, types, out=None, **kw):
+        from strata_cli.ops.moe import shared_expert_raw
+
+        out[...] = shared_expert_raw(x, gate_raw, up_raw, down_raw, sg_raw, types)
+        return out
+
+    # launch_tiers
+    def publish(self, x, ids, w, r0, T, pub_x, pub_ids, pub_w, seq, ring, stream):
+        pub_x[r0:r0 + T] = x[r0:r0 + T]
+        pub_ids[r0:r0 + T] = ids[r0:r0 + T]
+        pub_w[r0:r0 + T] = w[r0:r0 + T]
+        seq[0] = ring  # after the payload, as the kernel's system fence orders it
+
+    def wait_word(self, word, want, err, code, timeout_ns, waited_ns, stream, kind="spin"):
+        assert timeout_ns == int(self.timeout_s * 1e9) and waited_ns.shape == (1,)
+        t0 = time.monotonic()
+        while word[0] < want:
+            if time.monotonic() - t0 > timeout_ns / 1e9:
+                if err[0] == 0:
+                    err[0] = code
+                break
+            time.sleep(20e-6)
+        waited_ns[0] = int((time.monotonic() - t0) * 1e9)
+        self.waits.append((int(want), int(code)))
+
+    def group_resident(self, ids, j0, J, slot_of, n_expert, g_expert, g_count, g_entries, stream):
+        flat = ids.reshape(-1)[j0:j0 + J]
+        g_count[:] = 0
+        slots = [int(slot_of[e]) if 0 <= e < n_expert else -1 for e in flat]
+        for u, s in enumerate(dict.fromkeys(s for s in slots if s >= 0)):
+            rows = [j0 + i for i, v in enumerate(slots) if v == s]
+            g_expert[u], g_count[u] = s, len(rows)
+            g_entries[u, :len(rows)] = rows
+
+    def swiglu_experts(self, gate, up, down, n_expert, groups, n_groups, nt, x, K, h, parts, stream):
+        g_expert, g_count, g_entries = groups
+        assert len(g_expert) >= n_groups
+        for u in range(n_groups):
+            count = int(g_count[u])
+            if not count:
+                continue
+            assert count <= nt
+            e = int(g_expert[u])
+            assert 0 <= e < n_expert
+            entries = g_entries[u, :count]
+            parts[entries] = _expert(gate, up, down, e, x[entries // K])
+
+    def combine(self, parts, ymiss, src, w, shared, out, r0, T, stream):
+        from strata_cli.tiers.host import SRC_CPU
+
+        K = w.shape[1]
+        for t in range(r0, r0 + T):
+            j = t * K + np.arange(K)
+            rows = np.where((src[j] == SRC_CPU)[:, None], ymiss[j], parts[j])
+            out[t] = (w[t][:, None] * rows).sum(axis=0) + shared[t]
+
+
+class Reference:
+    """The numpy engine's MoE of each layer of each window: input rows, picks, routed + shared output."""
+
+    def __init__(self, model, windows, monkeypatch):
+        from strata_cli.engine.reference import ReferenceEngine
+        from strata_cli.ops import moe
+
+        self.L = model.geometry.n_layers
+        self.by_window = []
+        seen = []
+        routed, shared = moe.routed_experts, moe.shared_expert
+
+        def routed_hook(x, ids, weights, experts):
+            out = routed(x, ids, weights, experts)
+            seen.append({"x": np.asarray(x, np.float32), "ids": ids, "w": weights, "out": out.astype(np.float64)})
+            return out
+
+        def shared_hook(x, *weights):
+            out = shared(x, *weights)
+            seen[-1]["out"] = seen[-1]["out"] + out
+            return out
+
+        with monkeypatch.context() as mp:
+            mp.setattr(moe, "routed_experts", routed_hook)
+            mp.setattr(moe, "shared_expert", shared_hook)
+            engine = ReferenceEngine(model, n_ctx=64)
+            for tokens in windows:
+                seen.clear()
+                engine.run(tokens)
+                engine.commit(len(tokens))
+                assert len(seen) == self.L
+                self.by_window.append(list(seen))
+        self.current = None
+
+    def picks(self, layer, r0, n):
+        m = self.current[layer]
+        return m["ids"][r0:r0 + n], m["w"][r0:r0 + n]
+
+
+_ORDERS: dict = {}
+
+
+def _stream_order(monkeypatch, g, T, G):
+    """(pre | post, layer, group) of a T-row tiered window in engine/gpu/window.py's recorded order (recorded before
+    _tiered replaces window.gemv_weight, then kept)."""
+    from test_window_steps import recorded_steps
+
+    if (g.n_layers, T, G) in _ORDERS:
+        return _ORDERS[g.n_layers, T, G]
+
+    with monkeypatch.context() as mp:
+        steps = recorded_steps(mp, g, T, WindowPath(fused_hc=False, gemv_tc=False), tiers="split" if G == 2 else "one")
+    out = []
+    for s in steps:
+        if s.startswith("tiers."):
+            part, layer, grp = s.split()
+            out.append((part[6:], int(layer), int(grp)))
+    _ORDERS[g.n_layers, T, G] = out
+    return out
+
+
+def _tiered(monkeypatch, model, cfg):
+    """attach_tiers on a stand-in engine (real Arena shapes, numpy buffers), then bind; returns (engine, kernels'
+    driver)."""
+    from strata_cli.engine.gpu import buffers, residency_fill, tiers as tiers_mod
+    from strata_cli.gpu import graphs, launch_moe, launch_tiers
+    from strata_cli.engine.gpu import window
+    from strata_cli.tiers import host as host_mod
+    from strata_cli.tiers.setup import residency_for
+
+    for T in range(1, 17):
+        for G in {1, 2 if cfg.split and T >= 2 else 1}:
+            _stream_order(monkeypatch, model.geometry, T, G)
+    rt = FakeRt()
+    FakeMapped.live.clear()
+    monkeypatch.setattr(tiers_mod, "MappedBuffer", FakeMapped)
+    monkeypatch.setattr(host_mod, "cudart", lambda: rt)
+    monkeypatch.setattr(graphs, "new_stream", lambda: COPY_STREAM)
+    # an adaptive cache's DeviceSlots: pinned staging, DMAs into the slot arrays (they land at once), its event
+    monkeypatch.setattr(residency_fill, "MappedBuffer", FakeMapped)
+    monkeypatch.setattr(residency_fill, "cudart", lambda: rt)
+    event = SimpleNamespace(done=True, record=lambda stream: None)
+    monkeypatch.setattr(residency_fill, "cupy", lambda: SimpleNamespace(cuda=SimpleNamespace(
+        Event=lambda disable_timing: event)))
+    monkeypatch.setattr(tiers_mod, "cupy", lambda: SimpleNamespace(ndarray=lambda shape, dtype, memptr: np.ctypeslib
+                        .as_array((ctypes.c_uint8 * int(np.prod(shape))).from_address(memptr.ptr)).view(dtype)
+                        .reshape(shape)))
+
+    def upload_resident(model, table, pack_q8):  # the slot arrays as upload_resident fills them (raw, slot order)
+        out = []
+        for layer in range(table.shape[0]):
+            ids = np.flatnonzero(table[layer] >= 0)
+            ids = ids[np.argsort(table[layer, ids])]
+            arrays = []
+            for name in tiers_mod.expert_names(layer):
+                info = model.info(name)
+                raw = np.ascontiguousarray(info.raw[ids]) if len(ids) else np.zeros((1, *info.raw.shape[1:]),
+                                                                                     info.raw.dtype)
+                arrays.append((raw.view(DevArray), info.ggml_type))
+            out.append((arrays, max(len(ids), 1)))
+        return out
+
+    monkeypatch.setattr(tiers_mod, "upload_resident", upload_resident)
+    g = model.geometry
+    arena = buffers.plan_buffers(g, 64, 16)
+    table, note, cfg = residency_for(model, cfg, arena.planned_bytes(), 16)
+    assert table is not None, note
+
+    class Weights:
+        def raw(self, name):
+            info = model.info(name)
+            return info.raw, info.ggml_type
+
+    engine = SimpleNamespace(g=g, model=model, max_t=16, w=Weights(), arena=arena, stream=STREAM, tier_note=note)
+    tiers_mod.attach_tiers(engine, table, cfg, pack_q8=True)
+    engine.buf = {name: dev_zeros(shape, dtype) for name, shape, dtype in arena.specs}
+    engine.tiers.bind(engine.buf)
+    kernels = Kernels(engine, None, cfg.timeout_s)
+    for name in ("publish", "wait_word", "group_resident", "swiglu_experts", "combine"):
+        monkeypatch.setattr(launch_tiers, name, getattr(kernels, name))
+    monkeypatch.setattr(launch_tiers, "write_word", lambda word, value, stream: word.__setitem__(0, value))
+    for name in ("router_topk", "shared_expert"):
+        monkeypatch.setattr(launch_moe, name, getattr(kernels, name))
+    monkeypatch.setattr(window, "gemv_weight", kernels.gemv_weight)
+    monkeypatch.setattr(window, "copy_async", kernels.copy_async)
+    return engine, kernels, rt
+
+
+def _run_window(monkeypatch, engine, kernels, rt, moes, T):
+    """One window as GPUEngine._serve_tiered runs a graph: TierHost.launched(T, start the stream), the stream thread
+    running pre/post in the recorded order; returns {(layer, r0): block_out rows} after each post."""
+    t = engine.tiers
+    order = _stream_order(monkeypatch, engine.g, T, t.n_groups(T))
+    got, failed = {}, []
+    groups = t.groups(T)
+
+    def stream():
+        try:
+            for part, layer, grp in order:
+                r0, n = groups[grp]
+                if part == "pre":
+                    engine.buf["mixed"][r0:r0 + n] = moes[layer]["x"][r0:r0 + n]
+                    t.pre(layer, grp, r0, n, len(groups), STREAM)
+                else:
+                    t.post(layer, grp, r0, n, len(groups), STREAM)
+                    got[layer, r0] = np.array(engine.buf["block_out"][r0:r0 + n])
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            failed.append(exc)
+        finally:
+            rt.window_done.set()
+
+    def start():
+        rt.window_done.clear()
+        threading.Thread(target=stream, daemon=True).start()
+
+    engine.tier_host.launched(T, start)
+    assert rt.window_done.wait(10) and not failed, failed
+    return got
+
+
+CASES = [("q8_0", dict(cache="0")), ("q8_0", dict(cache="0", pcie_frac=0.5)),
+         ("q8_0", dict(cache="7", pcie_frac=1.0, split=True)), ("q8_0", dict(cache="40", split=True)),
+         ("q8_0", dict(cache="40", pcie_frac=0.5)), ("bf16", dict(cache="0", pcie_frac=0.5, split=True)),
+         ("bf16", dict(cache="7")), ("q8_0", dict(cache="0", pcie_frac="auto", split=True)),
+         ("q8_0", dict(cache="24", policy="lru")),  # 3 slots a layer: fills land at their slot's offset
+         ("q8_0", dict(cache="7", policy="lru", max_copy=26112)),
+         ("q8_0", dict(cache="7", policy="lfu", pcie_frac=0.5, split=True)), ("bf16", dict(cache="7", policy="lru"))]
+
+
+@pytest.mark.parametrize("kind,tier_args", CASES, ids=[f"{k}-{'-'.join(f'{a}={v}' for a, v in c.items())}"
+                                                        for k, c in CASES])
+def test_tiered_windows_equal_the_reference_moe(monkeypatch, fixture_dir, kind, tier_args):
+    from strata_cli.model.gguf_file import open_model
+    from strata_cli.tiers.config import TierConfig
+    from strata_cli.tiers import watchdog
+
+    model = open_model(fixture_dir / f"model-{kind}.gguf")
+    g = model.geometry
+    tokens = np.load(fixture_dir / "reference.npz")["tokens"]
+    sizes = [1, 3, 4, 2, 8, 5]  # T >= 4: the window graph's fused HC reads (the same pre/post order)
+    windows = [tokens[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(len(sizes))]
+    ref = Reference(model, windows, monkeypatch)
+    engine, kernels, rt = _tiered(monkeypatch, model, TierConfig(**tier_args, timeout_s=10.0))
+    kernels.ref = ref
+    t, host = engine.tiers, engine.tier_host
+    assert not t.all_resident and t.pcie == (t.cfg.pcie_frac > 0) and isinstance(t.cfg.pcie_frac, float)
+    # the engine's warm-up: one row of the first window, not counted
+    ref.current = ref.by_window[0]
+    _run_window(monkeypatch, engine, kernels, rt, ref.current, 1)
+    host.after_warm_up()
+    shares = {"vram": 0, "pcie": 0, "cpu": 0}
+    for w, moes in enumerate(ref.by_window):
+        ref.current = moes
+        T = len(windows[w])
+        kernels.waits.clear()
+        got = _run_window(monkeypatch, engine, kernels, rt, moes, T)
+        # each post waits for its own ring: flagB (wait kind 0) first with a PCIe share, then flag (kind 1), the
+        # error code naming that step and kind (ExpertTiers.wait_code, read back by TierHost._check_err)
+        rings = [t.ring(layer, grp, t.n_groups(T)) for part, layer, grp in _stream_order(monkeypatch, g, T, t.n_groups(T))
+                 if part == "post"]
+        kinds = (0, 1) if t.pcie else (1,)
+        assert kernels.waits == [(r, (r - 1) * 2 + k + 1) for r in rings for k in kinds]
+        assert len(got) == g.n_layers * t.n_groups(T)
+        for (layer, r0), rows in got.items():
+            want = moes[layer]["out"][r0:r0 + len(rows)]
+            err = np.abs(rows - want).max() / np.abs(want).max()
+            assert err <= 2e-5, f"window {w} layer {layer} rows {r0}..: relative error {err:.2e}"
+        stats = host.history[-1]
+        assert stats["vram"] + stats["pcie"] + stats["cpu"] == g.n_layers * T * g.n_expert_used
+        for key in shares:
+            shares[key] += stats[key]
+        assert int(t.words.host[4]) == 0  # no GPU wait timed out
+    assert len(host.history) == len(windows) and host.windows == len(windows)
+    frac = t.cfg.pcie_frac
+    assert (shares["pcie"] > 0) == (frac > 0) and (shares["cpu"] > 0) == (frac < 1)
+    assert (shares["vram"] > 0) == bool((t.table_host >= 0).any())
+    if t.fill is None:
+        assert bool(rt.dmas) == (frac > 0) and not rt.other_copies
+    else:  # the slots changed between windows (copies into them, the table uploaded), their count did not
+        swaps = [h["swaps"] for h in host.history]
+        assert sum(swaps) > 0 and rt.other_copies
+        if "max_copy" in tier_args:  # one expert's bytes (26112 in the q8_0 fixture): one swap per window at most
+            assert max(swaps) <= 1
+        assert (t.table_host >= 0).sum() + len(t.fill.policy.pending) == int(tier_args["cache"])
+        np.testing.assert_array_equal(engine.buf["tier_table"], t.table_host)  # the device reads the host's table
+    # the engine's close(): the host's thread, events, the watchdog's list; the tiers' pinned buffers
+    host.close()
+    t.close()
+    assert rt.events_alive == 0 and host not in watchdog.live_verifiers()
+    assert FakeMapped.live and all(buf.freed for buf in FakeMapped.live)
