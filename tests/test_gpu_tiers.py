@@ -68,13 +68,19 @@ def test_tiers_equal_all_resident(fixture_dir, tmp_path, name, configs):
         pass
 
 
-def test_scaled_flash_next_equals_all_resident(tmp_path):
+@pytest.mark.parametrize("ggml_type", ["Q8_0", "Q2_K"])
+def test_scaled_flash_next_equals_all_resident(tmp_path, ggml_type):
     """The Flash-Next geometry (hidden 2560, 10 experts per row, QSA every 4th layer, PLE) shrunk to 4 layers of 12
-    experts: at T = 1 a layer misses 10 distinct experts, so auto sends a PCIe share and keeps a CPU share."""
-    model = synthetic_model(tmp_path, "flash-next", 3, "Q8_0", layers=4, experts=12, vocab=512, ngram_vocab=1000)
+    experts: at T = 1 a layer misses 10 distinct experts, so auto sends a PCIe share and keeps a CPU share. Q2_K:
+    the benchmark file's block types (Q2_K gate/up, Q4_0 down), so the VRAM slots and the PCIe staging views go
+    through the one-launch gate/up GEMV of a block type, and the pool through its K-quant kernels."""
+    model = synthetic_model(tmp_path, "flash-next", 3, ggml_type, layers=4, experts=12, vocab=512, ngram_vocab=1000)
     configs = [dict(cache="0", pcie_frac="auto"), dict(cache="0"), dict(cache="0", pcie_frac=1.0),
                dict(cache="20", pcie_frac=0.5, split=True)]
-    for cfg, eng, total in _equal_all_resident("flash-next-L4-E12", model, configs, n_ctx=64, n_tokens=24):
+    if ggml_type != "Q8_0":
+        configs = configs[::3]
+    for cfg, eng, total in _equal_all_resident(f"flash-next-L4-E12-{ggml_type}", model, configs, n_ctx=64,
+                                               n_tokens=24):
         if cfg.get("pcie_frac") == "auto":
             assert total["pcie"] > 0 and total["cpu"] > 0, total
 
@@ -139,3 +145,31 @@ def test_stall_test_releases_and_a_fresh_engine_runs(fixture_dir):
     idle_ms = float(lines[0].rsplit("after ", 1)[1].split()[0])
     assert idle_ms < 1000
     assert lines[1].startswith("a fresh engine ran a 4-token window")
+
+
+def test_an_engine_that_fails_to_build_releases_its_tier_host(fixture_dir, monkeypatch):
+    """A construction that fails after the tiers are attached (here: the warm-up window) closes what it made: the
+    tier host leaves the watchdog's list and its copy thread stops; the construction's error is the one raised."""
+    import threading
+
+    from strata_cli.engine.gpu.engine import GPUEngine
+    from strata_cli.tiers import watchdog
+
+    def broken_warm_up(self):
+        self.built_tier_host = self.tier_host
+        raise RuntimeError("planted warm-up failure")
+
+    monkeypatch.setattr(GPUEngine, "_warm_up", broken_warm_up)
+    made = []
+    real_init = GPUEngine._build
+
+    def build(self, *args):
+        made.append(self)
+        real_init(self, *args)
+
+    monkeypatch.setattr(GPUEngine, "_build", build)
+    with pytest.raises(RuntimeError, match="planted warm-up failure"):
+        tiered_engine(open_model(fixture_dir / "model-q8_0.gguf"), cache="3", pcie_frac=0.5)
+    eng = made[0]
+    assert eng.closed and eng.built_tier_host not in set(watchdog._live)
+    assert not [t for t in threading.enumerate() if t.name.startswith("strata-pcie-copy")]

@@ -48,6 +48,19 @@ class GPUEngine:
 
     def __init__(self, model, n_ctx: int | None = None, max_t: int | None = None, pack_q8: bool = True,
                  tiers: TierConfig | None = None, window_paths: Callable[[int], WindowPath] = window_path):
+        try:
+            self._build(model, n_ctx, max_t, pack_q8, tiers, window_paths)
+        except BaseException:
+            # a half-built engine (the arena refused, a warm-up that failed) would keep the tier host's thread, its
+            # watchdog entry and the pinned buffers until a garbage collection: released here
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - the construction's own error is the one to report
+                pass
+            raise
+
+    def _build(self, model, n_ctx, max_t, pack_q8: bool, tiers: TierConfig | None,
+               window_paths: Callable[[int], WindowPath]) -> None:
         self.model, self.g = model, model.geometry
         g = self.g
         self.n_ctx = resolve_ctx(g, n_ctx)
@@ -106,16 +119,22 @@ class GPUEngine:
         if getattr(self, "closed", False):
             return
         self.closed = True
-        self.stream.synchronize()
-        if self.tiers is not None:
+        # getattr: also called on an engine whose construction failed part way (__init__)
+        if getattr(self, "stream", None) is not None:
+            self.stream.synchronize()
+        if getattr(self, "tier_host", None) is not None:
             self.tier_host.close()
+        if getattr(self, "tiers", None) is not None:
             self.tiers.close()
-        for graph in [*self.graphs.values(), *self.profile_graphs.values(), self._commit_graph]:
+        graphs = [*getattr(self, "graphs", {}).values(), *getattr(self, "profile_graphs", {}).values(),
+                  getattr(self, "_commit_graph", None)]
+        for graph in graphs:
             if graph is not None:
                 graph.destroy()
         self.graphs, self.profile_graphs, self._commit_graph = {}, {}, None
-        for buf in vars(self.stage).values():
-            buf.free()
+        if getattr(self, "stage", None) is not None:
+            for buf in vars(self.stage).values():
+                buf.free()
         self.buf = self.w = self.arena = None
         cupy().get_default_memory_pool().free_all_blocks()
 
