@@ -77,6 +77,18 @@ class GPUSplitEngine(SplitEngine):
         self._pending: int | None = None
         self._pos0 = 0
 
+    # ---- lifetime: each stage's buffers, streams and pool are its device's, so its calls run with it current
+    def reset(self) -> None:
+        for device, s in zip(self.devices, self.stages):
+            with cupy().cuda.Device(device):
+                s.reset()
+        self._pending = None
+
+    def close(self) -> None:
+        for device, s in zip(self.devices, self.stages):
+            with cupy().cuda.Device(device):
+                s.close()
+
     # ---- one window
     def _launch(self, tokens: np.ndarray, eager: bool) -> int:
         """Stage the tokens into every stage and launch the window through all stages (not synchronised)."""
