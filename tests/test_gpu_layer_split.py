@@ -92,7 +92,9 @@ def test_stages_hold_only_their_layers(fixture_dir):
         assert "output.weight" in last.w._raw and "output.weight" not in first.w._raw
         assert all(int(n.split(".")[1]) < 3 for n in [*first.w._raw, *first.w._f32] if n.startswith("blk."))
         assert all(int(n.split(".")[1]) >= 3 for n in [*last.w._raw, *last.w._f32] if n.startswith("blk."))
-        assert "S.0" in first.buf and "S.0" not in last.buf and "kc.3" in first.buf and "kc.7" in last.buf
+        # layout GGGA GGGA: the first stage (layers 0..2) holds GDN state only, the last the attention layers 3, 7
+        assert "S.0" in first.buf and "S.0" not in last.buf and "S.4" in last.buf
+        assert "kc.3" not in first.buf and "kc.3" in last.buf and "kc.7" in last.buf
         assert first.has_ple and not last.has_ple  # the tiny model's PLE layer is 1
 
 

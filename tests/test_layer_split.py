@@ -201,3 +201,16 @@ def test_cli_refuses_bad_splits_in_one_line(fixture_dir, tmp_cache, args, messag
     out = _cli("verify-bench", str(fixture_dir / "model-f32.gguf"), "--device", "cpu", "-r", "1", *args)
     assert out.exit_code == 2
     assert message in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])
+def test_stage_window_bytes_add_up_to_the_window(model, rows):
+    from strata_cli.analysis.traffic import window_bytes
+
+    whole = window_bytes(model, rows)
+    for counts in SPLITS:
+        plan = plan_split(SplitConfig(len(counts), counts), model, None)
+        parts = [window_bytes(model, rows, p.layers) for p in plan]
+        for key in ("dense", "experts", "total"):
+            assert sum(p[key] for p in parts) == pytest.approx(whole[key], rel=1e-12), (counts, key)
+        assert all(p["total"] > 0 for p in parts)
