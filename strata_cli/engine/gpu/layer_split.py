@@ -49,6 +49,20 @@ def enable_peer_access(devices: list[int]) -> dict[tuple[int, int], bool]:
     return out
 
 
+def _load_kernels(stage) -> None:
+    """An eager window of each launch path (launch_util.WINDOW_PATHS) and the largest T on the stage's device, then
+    a reset: the kernel modules compile once per process, on the first stage's device, and CuPy loads them on
+    another device at their first launch there, which must not fall inside a capture (GPUEngine's own warm-up runs
+    T = 1 only, enough where the compile loaded every module)."""
+    from ...gpu.launch_util import WINDOW_PATHS
+
+    for T in sorted({first for first, _ in WINDOW_PATHS if first <= stage.max_t} | {stage.max_t}):
+        stage.stage_window(np.zeros(T, dtype=np.int64))
+        stage.launch_window(T, eager=True)
+        stage.stream.synchronize()
+    stage.reset()
+
+
 class GPUSplitEngine(SplitEngine):
     device = "gpu"
 
@@ -61,11 +75,17 @@ class GPUSplitEngine(SplitEngine):
             for p in plan:
                 with cp.cuda.Device(p.device):
                     stages.append(GPUEngine(model, n_ctx=n_ctx, max_t=max_t, layers=p.layers))
+                    _load_kernels(stages[-1])
         except BaseException:
-            for s in stages:
-                s.close()
+            for p, s in zip(plan, stages):
+                with cp.cuda.Device(p.device):
+                    s.close()
             raise
         super().__init__(stages, plan)
+        hand = ["same device" if a == b else ("peer copy" if self.peer[(a, b)] else "through the host")
+                for a, b in zip(self.devices, self.devices[1:])]
+        if hand:
+            self.split_note += f"; hand-offs: {', '.join(hand)}"
         C, D = self.g.hc, self.g.n_embd
         self.row_bytes = C * D * 4  # one row of R
         self.events = []
