@@ -153,6 +153,20 @@ def test_numpy_split_names_the_stage_that_went_nonfinite(model, fixture_dir):
     assert result.nonfinite == "layer 5 Gated DeltaNet"
 
 
+def test_numpy_split_timer_times_every_stage_inside_the_window(model, fixture_dir):
+    tokens = np.load(fixture_dir / "reference.npz")["tokens"]
+    split = ReferenceSplit(model, plan_split(SplitConfig(3, (2, 3, 3)), model, None))
+    timer = split.window_timer()
+    for pos in range(0, 12, 4):
+        ms, _ = timer(split, tokens[pos:pos + 4], pos, 4)
+        stage_ms, hand_ms = split.stage_times[4][-1]
+        assert len(stage_ms) == 3 and len(hand_ms) == 2 and 0 < sum(stage_ms) + sum(hand_ms) <= ms
+    assert split.n_past == 12
+    report = split.stage_report(4, 2)
+    assert [r["layers"] for r in report] == ["0..1", "2..4", "5..7"] and report[-1]["handoff_ms_median"] is None
+    assert report[0]["ms_median"] == float(np.median([w[0][0] for w in split.stage_times[4][-2:]]))
+
+
 def test_make_engine_builds_the_numpy_split(model):
     engine = make_engine(model, "cpu", split=split_config("3", None))
     assert isinstance(engine, ReferenceSplit) and len(engine.stages) == 3
@@ -188,7 +202,6 @@ def test_cli_verify_bench_reports_every_stage(fixture_dir, tmp_cache):
         assert row["stage0_ms_median"] > 0 and row["stage1_ms_median"] > 0
         assert row["stage0_handoff_ms_median"] >= 0 and row["stage1_handoff_ms_median"] is None
         assert row["stage0_read_bytes"] + row["stage1_read_bytes"] > 0
-        assert row["stage0_ms_median"] + row["stage1_ms_median"] <= row["ms_median"] * 1.01
 
 
 @pytest.mark.parametrize("args, message", [

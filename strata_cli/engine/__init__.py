@@ -97,9 +97,9 @@ def _split_engine(model, split, n_ctx, max_t, tiers, gpu: bool):
         raise OptionError("--gpus keeps every stage's experts in VRAM: expert tiers (--expert-cache, "
                           "--expert-profile, --pcie-frac, --split, ...) do not combine with it yet")
     if gpu:
-        import cupy
+        from ..gpu.runtime import cupy
 
-        plan = plan_split(split, model, cupy.cuda.runtime.getDeviceCount())
+        plan = plan_split(split, model, cupy().cuda.runtime.getDeviceCount())
         from .gpu.layer_split import GPUSplitEngine
 
         engine = GPUSplitEngine(model, plan, n_ctx=n_ctx, max_t=max_t)

@@ -93,15 +93,6 @@ class ReferenceSplit(SplitEngine):
 
         super().__init__([ReferenceEngine(model, n_ctx=n_ctx, max_t=max_t, layers=p.layers) for p in plan], plan)
 
-    @property
-    def route_hook(self):
-        return self.stages[0].route_hook
-
-    @route_hook.setter
-    def route_hook(self, hook) -> None:  # strata make-profile: every stage reports its own layers' picks
-        for s in self.stages:
-            s.route_hook = hook
-
     def run(self, tokens, pos0: int | None = None) -> WindowResult:
         tokens = self._check(tokens, pos0)
         stage_ms, hand_ms, nonfinite = [], [], None
