@@ -227,3 +227,23 @@ def test_stage_window_bytes_add_up_to_the_window(model, rows):
         for key in ("dense", "experts", "total"):
             assert sum(p[key] for p in parts) == pytest.approx(whole[key], rel=1e-12), (counts, key)
         assert all(p["total"] > 0 for p in parts)
+
+
+def test_gpu_stage_arena_holds_its_layers_state_only(model):
+    """engine/gpu/buffers.plan_buffers of a stage (arithmetic only, no device): the per-layer state of its own
+    layers, the PLE buffers iff it holds the PLE layer, and the shared window buffers; together the stages hold
+    every layer's state once."""
+    from strata_cli.engine.gpu.buffers import plan_buffers
+
+    g = model.geometry
+    whole = {name for name, _, _ in plan_buffers(g, 64, 4).specs}
+    per_layer = {n for n in whole if n.rsplit(".", 1)[-1].isdigit()}
+    seen: list[str] = []
+    for lo, hi in [(0, 1), (1, 4), (4, g.n_layers)]:
+        names = {name for name, _, _ in plan_buffers(g, 64, 4, (lo, hi)).specs}
+        mine = {n for n in names if n.rsplit(".", 1)[-1].isdigit()}
+        assert all(lo <= int(n.rsplit(".", 1)[1]) < hi for n in mine)
+        assert ("ple_history" in names) == (lo <= g.ple.layer < hi)
+        assert {"R", "mixed", "block_out", "inj", "logits", "tokens", "positions"} <= names
+        seen += sorted(mine)
+    assert sorted(seen) == sorted(per_layer)
