@@ -108,7 +108,7 @@ def test_split_timer_records_every_stage(fixture_dir):
             ms, host_ms = timer(split, tokens[pos:pos + 4], pos, 4)
             stage_ms, hand_ms = split.stage_times[4][-1]
             assert len(stage_ms) == 3 and len(hand_ms) == 2
-            assert min(stage_ms) > 0 and min(hand_ms) >= 0 and sum(stage_ms) + sum(hand_ms) <= ms * 1.01
+            assert min(stage_ms) > 0 and min(hand_ms) >= 0 and sum(stage_ms) + sum(hand_ms) <= ms * 1.01 + 0.01
         assert split.n_past == 12
         report = split.stage_report(4, 3)
         assert [r["layers"] for r in report] == ["0..1", "2..4", "5..7"] and report[-1]["handoff_ms_median"] is None
