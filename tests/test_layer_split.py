@@ -168,8 +168,10 @@ def test_numpy_split_timer_times_every_stage_inside_the_window(model, fixture_di
 
 
 def test_make_engine_builds_the_numpy_split(model):
+    from strata_cli.engine import Engine
+
     engine = make_engine(model, "cpu", split=split_config("3", None))
-    assert isinstance(engine, ReferenceSplit) and len(engine.stages) == 3
+    assert isinstance(engine, ReferenceSplit) and isinstance(engine, Engine) and len(engine.stages) == 3
     assert [s.layers for s in engine.stages] == [p.layers for p in engine.plan]
 
 
