@@ -20,6 +20,8 @@
 #   cache        bench/cache_policy.sh on the full-size file (issue 20: profile, held-out trace, cache-sim, policies)
 #                (the full-size file: $FN, else the one .peer/side_by_side.sh prepare wrote)
 #   nodes        graph-nodes of the default model's T = 1 / 4 / 8 window graphs (total and per layer)
+#   split        issue 21 on one GPU: verify-bench of the full-size file (all experts resident) as one engine and
+#                as two stages on device 0 (--gpus 0,0, split by bytes): per-stage ms, bytes, hand-off ms (JSON)
 #   kcache       pack CuPy's kernel cache into $OUT/kcache.tar.gz (a later call can start from it)
 #   sbs=CONFIGS  .peer/side_by_side.sh run CONFIGS (comma-separated: resident,c0,c12,c24): strata and llama.cpp on
 #                the full-size file in this call
@@ -86,6 +88,11 @@ for arg in "$@"; do
         cache) FN=$(full_size) run_step cache "$limit" bash bench/cache_policy.sh;;
         nodes) run_step nodes "$limit" bash -c 'for T in 1 4 8; do python3 -m strata_cli graph-nodes --window $T \
             | grep -E "nodes|per layer" | head -3; done';;
+        split) run_step split "$limit" bash -c 'f="'"$(full_size)"'"; for g in "" "--gpus 0,0"; do
+            python3 -m strata_cli verify-bench "$f" --device gpu --window 1,4,8 -r 10 $g --format json \
+                > "'"$OUT"'/split${g:+-2stages}.json" && python3 -c "import json,sys; [print({k: v for k, v in r.items()
+                if k == \"window\" or k.startswith((\"ms_median\", \"stage\"))}) for r in json.load(sys.stdin)[\"rows\"]]" \
+                < "'"$OUT"'/split${g:+-2stages}.json"; done';;
         kcache) run_step kcache "$limit" bash -c '[ -n "'"$BACK"'" ] && tar czf "'"$BACK"'/kcache.tar.gz" -C ~/.cupy kernel_cache \
             && ls -la "'"$BACK"'/kcache.tar.gz"';;
         sbs=*) cfg=${name#sbs=}; OUT=$OUT/sbs run_step sbs "$limit" bash .peer/side_by_side.sh run ${cfg//,/ };;

@@ -30,8 +30,15 @@ def committed_state(engine) -> dict[str, np.ndarray]:
     """Host copies of an engine's committed state (engine/state.py): what any later window may read.
 
     Keys name the part and layer: n_past, S/conv (GDN), k/v (KV cells below n_past), tail, pooled (blocks
-    below n_past // ratio), ple_history, ple_prev. Works on the numpy engine and the GPU engine alike."""
+    below n_past // ratio), ple_history, ple_prev. Works on the numpy engine and the GPU engine alike, and on a
+    layer split of either (engine/layer_split.py): its stages' parts together."""
+    if getattr(engine, "stages", None) is not None:
+        out = {}
+        for stage in engine.stages:
+            out.update(committed_state(stage))
+        return out
     g, n = engine.g, engine.n_past
+    lo, hi = getattr(engine, "layers", (0, g.n_layers))
     if engine.device == "gpu":
         from strata_cli.gpu.runtime import cupy
 
@@ -50,15 +57,15 @@ def committed_state(engine) -> dict[str, np.ndarray]:
             return getattr(st, kind).copy()
 
     out = {"n_past": np.array(n)}
-    for layer in g.gdn_layers:
+    for layer in (lay for lay in g.gdn_layers if lo <= lay < hi):
         out[f"S.{layer}"], out[f"conv.{layer}"] = part("S", layer), part("conv", layer)
-    for layer in g.attn_layers:
+    for layer in (lay for lay in g.attn_layers if lo <= lay < hi):
         out[f"k.{layer}"], out[f"v.{layer}"] = part("k", layer)[:n], part("v", layer)[:n]
         ratio = g.compress_ratios[layer]
         if ratio:
             out[f"tail.{layer}"] = part("tail", layer)
             out[f"pooled.{layer}"] = part("pooled", layer)[:n // ratio]
-    if g.ple is not None:
+    if g.ple is not None and lo <= g.ple.layer < hi:
         out["ple_history"], out["ple_prev"] = part("ple_history"), part("ple_prev")
     return out
 

@@ -27,7 +27,8 @@ from strata_cli.commands._common import STDIN, STDOUT, FileParam
 REPO = Path(__file__).resolve().parent.parent
 
 # str parameters that name no file (a value, a list, a size): anything else of type str must be a FileParam
-NOT_FILES = {"text", "window_list", "expert_cache", "expert_max_copy", "pcie_frac", "slots", "policies", "max_copy"}
+NOT_FILES = {"text", "window_list", "expert_cache", "expert_max_copy", "pcie_frac", "slots", "policies", "max_copy",
+             "gpus", "layer_split"}
 
 
 def commands():

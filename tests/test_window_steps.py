@@ -59,10 +59,11 @@ def _tiers(steps: list, split: bool):
 
 
 def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str | None = None,
-                   ends: list | None = None) -> list[str]:
+                   ends: list | None = None, layers: tuple[int, int] | None = None) -> list[str]:
     """The launches record_window makes for a T-row window of `geometry` with launch variant `path`; tiers None
     (every expert in VRAM), "one" (tiers, one token group) or "split" (two groups). ends: appended the number of
-    steps so far at each layer's end ("embed", then each "gap": GPUEngine.layer_nodes' stamps)."""
+    steps so far at each layer's end ("embed", then each "gap": GPUEngine.layer_nodes' stamps). layers: the
+    range of a stage of the layer split (engine/gpu/layer_split.py; default every layer)."""
     from strata_cli.engine.gpu import window
 
     steps: list[str] = []
@@ -81,7 +82,7 @@ def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str |
 
     e = SimpleNamespace(buf=_Buffers(), w=weights, g=geometry, stage=stage, stamper=None if ends is None else count,
                         tiers=None if tiers is None else _tiers(steps, tiers == "split"),
-                        window_paths=lambda T: path)
+                        window_paths=lambda T: path, layers=layers or (0, geometry.n_layers))
     window.record_window(e, T, None)
     return steps
 
@@ -130,6 +131,33 @@ def unsplit(g, fused: bool, moe, tiers: bool = False) -> list[str]:
             want += (HC_WRITE if fused else []) + PLE
         want += read + mixer(g, layer) + read + moe(layer) + (write if tiers else [])
     return want + read + HEAD
+
+
+def stage_steps(g, fused: bool, lo: int, hi: int) -> list[str]:
+    """The steps of a stage of the layer split over layers [lo, hi), every expert in VRAM: the tokens' and
+    positions' copies, the embedding only on the first stage (a later one starts from the R the previous stage's
+    hand-off wrote), its layers (its first read has no pending write), then the head on the last stage, else (the
+    fused read) the last layer's write on its own, so that the R handed on is whole."""
+    read = ["hyper.hc_read_fused"] if fused else HC_READ
+    want = list(INPUTS) if lo == 0 else INPUTS[:2]
+    for layer in range(lo, hi):
+        if g.ple.layer == layer:
+            want += (HC_WRITE if fused and layer > lo else []) + PLE
+        want += read + mixer(g, layer) + read + MOE
+    if hi < g.n_layers:
+        return want + (HC_WRITE if fused else [])
+    return want + read + HEAD
+
+
+@pytest.mark.parametrize("path", [PLAIN, FUSED])
+def test_layer_split_stages_record_their_range(monkeypatch, geometry, path):
+    g = geometry
+    L = g.n_layers
+    assert stage_steps(g, path.fused_hc, 0, L) == unsplit(g, path.fused_hc, lambda layer: MOE)
+    for bounds in [(0, 1, L), (0, g.ple.layer, L), (0, g.ple.layer + 1, L), (0, 2, 5, L), (0, 3, 4, 7, L)]:
+        for lo, hi in zip(bounds, bounds[1:]):
+            got = recorded_steps(monkeypatch, g, 5, path, layers=(lo, hi))
+            assert got == stage_steps(g, path.fused_hc, lo, hi), (bounds, lo, hi)
 
 
 def test_plain_window_is_the_reference_layer_order(monkeypatch, geometry):
@@ -220,3 +248,37 @@ def test_nodes_per_layer(monkeypatch, geometry):
     assert [g.layer_is_attn[layer] for layer in range(g.n_layers)] == [False] * 3 + [True] + [False] * 3 + [True]
     assert layer_nodes(monkeypatch, g, 1, PLAIN) == [23, 26, 23, 34, 23, 23, 23, 34]
     assert layer_nodes(monkeypatch, g, 4, FUSED) == [21, 25, 21, 32, 21, 21, 21, 32]
+
+
+def test_layer_split_stages_commit_their_own_state(monkeypatch, geometry):
+    """record_commit of a stage over [lo, hi): the GDN and indexer commits of its layers only, the PLE commit iff
+    it holds the PLE layer; the stages of a split together commit what the one engine does."""
+    from strata_cli.engine.gpu import window
+
+    g = geometry
+    L = g.n_layers
+
+    def commit_steps(lo, hi):
+        steps: list[str] = []
+        for name in ("gdn", "qsa", "ple"):
+            monkeypatch.setattr(window, name, _Recorded(getattr(window, name), name, steps))
+        monkeypatch.setattr(window, "copy_async", lambda *a: steps.append("memcpy"))
+        inside = lambda layers: [layer for layer in layers if lo <= layer < hi]  # noqa: E731
+        e = SimpleNamespace(buf=_Buffers(), w=SimpleNamespace(blk_f32=lambda *a: _Rows()), g=g,
+                            stage=SimpleNamespace(n_keep=SimpleNamespace(device=None)),
+                            gdn_layers=inside(g.gdn_layers), attn_layers=inside(g.attn_layers),
+                            has_ple=lo <= g.ple.layer < hi)
+        window.record_commit(e, None)
+        return steps
+
+    def want(lo, hi):
+        out = ["memcpy"]
+        out += ["gdn.gdn_conv_commit", "gdn.gdn_commit_state"] * sum(lo <= x < hi for x in g.gdn_layers)
+        out += ["qsa.indexer_commit"] * sum(lo <= x < hi and g.compress_ratios[x] > 0 for x in g.attn_layers)
+        return out + (["ple.ple_history_commit", "ple.ple_prev_commit"] if lo <= g.ple.layer < hi else [])
+
+    assert commit_steps(0, L) == want(0, L)
+    for lo, hi in [(0, 1), (1, 4), (4, L), (2, 3)]:
+        assert commit_steps(lo, hi) == want(lo, hi), (lo, hi)
+    halves = commit_steps(0, 4) + commit_steps(4, L)
+    assert sorted(s for s in halves if s != "memcpy") == sorted(s for s in want(0, L) if s != "memcpy")

@@ -18,15 +18,21 @@ def expected_distinct_experts(n_expert: int, n_used: int, rows: int) -> float:
     return n_expert * (1.0 - (1.0 - n_used / n_expert) ** rows)
 
 
-def window_bytes(model: GGUFModel, rows: int) -> dict:
-    """{'dense': bytes, 'experts': expected bytes, 'total': ...} for a window of `rows` tokens."""
+def window_bytes(model: GGUFModel, rows: int, layers: tuple[int, int] | None = None) -> dict:
+    """{'dense': bytes, 'experts': expected bytes, 'total': ...} for a window of `rows` tokens; layers [a, b): what
+    a stage of the layer split over those layers reads (the head's tensors belong to the stage ending at the last
+    layer)."""
     g = model.geometry
-    dense = expert_bytes_per_layer = 0
+    lo, hi = layers if layers is not None else (0, g.n_layers)
+    dense = expert_bytes = 0
     for info in model.tensors.values():
+        layer = int(info.name.split(".")[1]) if info.name.startswith("blk.") else None
+        if layer is None and hi < g.n_layers or layer is not None and not lo <= layer < hi:
+            continue
         if info.name.endswith(EXPERT_TENSORS):
-            expert_bytes_per_layer += info.n_bytes
+            expert_bytes += info.n_bytes
         elif info.name not in GATHERED:
             dense += info.n_bytes
-    per_expert = expert_bytes_per_layer / g.n_layers / g.n_expert
-    experts = g.n_layers * expected_distinct_experts(g.n_expert, g.n_expert_used, rows) * per_expert
+    per_expert = expert_bytes / max(hi - lo, 1) / g.n_expert  # mean bytes of one expert of these layers
+    experts = (hi - lo) * expected_distinct_experts(g.n_expert, g.n_expert_used, rows) * per_expert
     return {"dense": dense, "experts": experts, "total": dense + experts}

@@ -118,15 +118,15 @@ def load_model(model_arg: str | None):
     return model
 
 
-def load_engine(model, device: str, n_ctx: int | None = None, max_t: int | None = None, tiers=None):
+def load_engine(model, device: str, n_ctx: int | None = None, max_t: int | None = None, tiers=None, split=None):
     """The verify engine for `model` on `device`, behind a spinner (the GPU engine uploads every weight; with expert
-    tiers (commands/_tiers.py) only the resident experts)."""
+    tiers (commands/_tiers.py) only the resident experts; split: --gpus / --layer-split, commands/_split.py)."""
     from ..engine import make_engine
     from ..report.progress import step_progress
 
     t0 = time.perf_counter()
     with step_progress(f"loading {model.path} (--device {device})"):
-        engine = make_engine(model, device, n_ctx=n_ctx, max_t=max_t, tiers=tiers)
+        engine = make_engine(model, device, n_ctx=n_ctx, max_t=max_t, tiers=tiers, split=split)
     if engine.tiers is not None:  # a tiered load also brings the experts' pages in: say how long it took
         from ..report.present import err_console
 

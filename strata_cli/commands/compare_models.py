@@ -6,6 +6,7 @@ import click
 
 from ._common import (MODEL_IN, SEED, StrataCommand, context_hint, ctx_option, device_option, format_option,
                       load_engine, load_model, run_provenance)
+from ._split import split_config, split_options
 from ._tiers import tier_config, tier_options
 from .logprobs import token_options
 
@@ -27,8 +28,9 @@ POSITION_COLUMNS = [("pos", None), ("target", None), ("kld", ".6f"), ("lp_base",
 @device_option
 @ctx_option
 @tier_options
+@split_options
 def command(base, other, token_file, n_random, text, text_file, seed, window, per_position, fmt, device, n_ctx,
-            **tier_args):
+            gpus, layer_split, **tier_args):
     """Run BASE and OTHER over the same tokens in one process and compare their full next-token distributions,
     as `llama-perplexity --kl-divergence` does: mean KLD ± its standard error, KLD percentiles (median, 90, 99,
     99.9, max), PPL of each and their ratio, top-1 agreement, Δp = p_other(target) - p_base(target) (mean, RMS,
@@ -40,6 +42,7 @@ def command(base, other, token_file, n_random, text, text_file, seed, window, pe
     from ..report.present import Column, emit
     from ..report.progress import step_progress
 
+    split = split_config(gpus, layer_split)
     m_base, m_other = load_model(base), load_model(other)
     if m_base.geometry.n_vocab != m_other.geometry.n_vocab:
         raise InputError(f"{other}: vocabulary of {m_other.geometry.n_vocab} tokens, {base} has "
@@ -50,7 +53,8 @@ def command(base, other, token_file, n_random, text, text_file, seed, window, pe
         raise InputError(f"{source}: need at least 2 tokens (one position needs a target)")
     check_range(tokens, m_base.geometry.n_vocab, source)
     tiers = tier_config(**tier_args)
-    e_base, e_other = load_engine(m_base, device, n_ctx, tiers=tiers), load_engine(m_other, device, n_ctx, tiers=tiers)
+    e_base = load_engine(m_base, device, n_ctx, tiers=tiers, split=split)
+    e_other = load_engine(m_other, device, n_ctx, tiers=tiers, split=split)
     if len(tokens) - 1 > min(e_base.n_ctx, e_other.n_ctx):
         raise InputError(f"{source}: {len(tokens)} tokens need {len(tokens) - 1} positions, past the context "
                          f"{min(e_base.n_ctx, e_other.n_ctx)} "

@@ -9,6 +9,7 @@ import click
 from ..report.present import RECORD_FORMATS
 from ._common import (SEED, STDIN, STDOUT, FileParam, FiniteFloatRange, StrataCommand, context_hint, ctx_option,
                       device_option, format_option, load_engine, load_model, model_argument, run_provenance)
+from ._split import split_config, split_options
 from ._tiers import tier_config, tier_options
 
 TABLE_COLUMNS = [("pos", None), ("target", None), ("lp_target", ".6f"), ("top_id", None), ("lp_top", ".6f"),
@@ -57,8 +58,9 @@ def token_options(command=None, *, with_random: bool = True):
 @device_option
 @ctx_option
 @tier_options
+@split_options
 def command(model, token_file, n_random, text, text_file, seed, topk, window, extra_id, draft_noise, full_dist, fmt,
-            output, force, allow_nonfinite, device, n_ctx, **tier_args):
+            output, force, allow_nonfinite, device, n_ctx, gpus, layer_split, **tier_args):
     """One row per position p = 0..N-2: the distribution after tokens[0..p], target tokens[p+1].
 
     TSV columns: pos, target, logprob(target), top_id, logprob(top_id), match, logprob(extra_id),
@@ -78,6 +80,7 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
     from ..report.progress import step_progress
     from ..sysio.files import check_output_path, is_stdio, output_stream
 
+    split = split_config(gpus, layer_split)
     if full_dist and fmt not in ("json", "jsonl"):
         raise OptionError("--full-dist writes whole distributions: it needs --format json or jsonl")
     if not is_stdio(output):
@@ -97,7 +100,7 @@ def command(model, token_file, n_random, text, text_file, seed, topk, window, ex
     elif not 0 <= extra_id < g.n_vocab:
         raise OptionError(f"--extra-id {extra_id} out of range 0..{g.n_vocab - 1}")
     check_positions(len(tokens), ctx, source, g.n_ctx)  # before the engine allocates its caches
-    engine = load_engine(m, device, n_ctx, tiers=tier_config(**tier_args))
+    engine = load_engine(m, device, n_ctx, tiers=tier_config(**tier_args), split=split)
     env = environment_record(engine.device)
     comments = [header_line(env), f"model {m.path} | tokens {source} ({len(tokens)}) | window {window} | "
                 f"draft-noise {draft_noise} | extra_id {extra_id}"]

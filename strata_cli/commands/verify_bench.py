@@ -7,6 +7,7 @@ import click
 from ._common import (SEED, STDIN, FileParam, FiniteFloatRange, StrataCommand, context_hint, ctx_option,
                       deprecated_alias, device_option, format_option, load_engine, load_model, model_argument,
                       parse_window_list)
+from ._split import split_config, split_options
 from ._tiers import tier_config, tier_options
 from .logprobs import token_options
 
@@ -33,6 +34,26 @@ def _add_floor(records, model) -> None:
         rec.expert_bytes, rec.copy_bytes_per_s = int(round(traffic["experts"])), float(bandwidth)
 
 
+def _add_stages(records, engine, model, repetitions: int) -> list:
+    """Each record's per-stage rows of the layer split (its last `repetitions` windows; read bytes of each stage's
+    layers) and their table columns: the stage's ms and its hand-off's ms."""
+    from ..analysis.traffic import window_bytes
+    from ..report.present import Column
+
+    for rec in records:
+        rec.stages = engine.stage_report(rec.window, repetitions)
+        for stage, p in zip(rec.stages, engine.plan):
+            stage["read_bytes"] = int(round(window_bytes(model, rec.window, p.layers)["total"]))
+    columns = []
+    for p in engine.plan:
+        dev = "" if p.device is None else f" (dev {p.device})"
+        columns.append(Column(f"stage{p.index}_ms_median", f"stage {p.index} ms{dev}", ".3f"))
+        if p.index + 1 < len(engine.plan):
+            columns.append(Column(f"stage{p.index}_handoff_ms_median", f"hand-off {p.index}->{p.index + 1} ms",
+                                  ".3f"))
+    return columns
+
+
 @click.command(cls=StrataCommand, short_help="Time verify windows per window size.")
 @model_argument
 @click.option("--window", "window_list", default="1,2,4,8", show_default=True, help="Window sizes T, comma-separated.")
@@ -55,8 +76,9 @@ def _add_floor(records, model) -> None:
 @device_option
 @ctx_option
 @tier_options
+@split_options
 def command(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, token_file,
-            text, text_file, fmt, device, n_ctx, **tier_args):
+            text, text_file, fmt, device, n_ctx, gpus, layer_split, **tier_args):
     """Per window size T: ms per window (median, p10, p90, stddev over -r timed windows), rows/s, E(T) tokens per
     window and the speedup over T = 1 at the assumed or measured acceptance, under the run's provenance.
     With expert tiers (GPU): the VRAM / PCIe / CPU shares of the routed entries, the GPU's time in each wait and
@@ -64,6 +86,7 @@ def command(model, window_list, repetitions, warmup, depth, acceptance, acceptan
     --text or --text-file the context and the windows follow that text (else seeded random ids)."""
     from ..errors import OptionError
 
+    split = split_config(gpus, layer_split)
     expert_cache = tier_args["expert_cache"]
     caches = [c.strip() for c in expert_cache.split(",")] if expert_cache else [None]
     if "" in caches:
@@ -72,7 +95,7 @@ def command(model, window_list, repetitions, warmup, depth, acceptance, acceptan
     sources = dict(token_file=token_file, text=text, text_file=text_file)
     for tiers in configs:
         _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, fmt,
-               device, n_ctx, tiers, sources)
+               device, n_ctx, tiers, sources, split)
 
 
 def _text_ids(m, sources: dict, need: int):
@@ -91,7 +114,7 @@ def _text_ids(m, sources: dict, need: int):
 
 
 def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptance_dump, seed, eager, fmt, device,
-           n_ctx, tiers, sources):
+           n_ctx, tiers, sources, split=None):
     from ..analysis.speculation import Acceptance, acceptance_from_dump
     from ..analysis.window_timing import run_bench
     from ..errors import InputError, OptionError
@@ -110,7 +133,7 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
                          f"{accept.max_window()} only")
     m = load_model(model)
     text, text_label = _text_ids(m, sources, depth + max(windows))
-    engine = load_engine(m, device, n_ctx, tiers=tiers)
+    engine = load_engine(m, device, n_ctx, tiers=tiers, split=split)
     if eager and not engine.capabilities.eager:
         raise OptionError("--eager compares graph replay with eager launches: it needs --device gpu")
     if engine.max_t is not None and max(windows) > engine.max_t:
@@ -135,6 +158,8 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
     if engine.capabilities.graphs:
         for rec in records:
             rec.capture_ms = engine.capture_ms.get(rec.window)
+    if getattr(engine, "stages", None) is not None:  # the layer split: per stage time, bytes, hand-off
+        columns += _add_stages(records, engine, m, repetitions)
     if engine.tiers is not None:  # expert tiers: shares and waits per T (tiers/stats.py)
         from ..tiers.stats import TIER_COLUMNS, add_tier_stats
 
@@ -151,7 +176,8 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
         rec.provenance = prov
     head = [header_line(env), f"model {m.path} | {mode} | depth {depth} | ctx {engine.n_ctx} | acceptance "
             f"{accept.describe()} | {repetitions} windows per T after {warmup} warm-up | tokens: {text_label}"]
-    if engine.tier_note:
-        head.append(engine.tier_note)
+    for note in (engine.tier_note, getattr(engine, "split_note", None)):
+        if note:
+            head.append(note)
     emit([rec.flat() for rec in records], columns if fmt in ("table", "md") else None, fmt, header_lines=head,
          title="verify windows", meta={"provenance": prov.flat()})

@@ -58,13 +58,17 @@ def resolve_device(device: str) -> str:
 
 
 def make_engine(model, device: str = "cpu", n_ctx: int | None = None, max_t: int | None = None,
-                tiers=None) -> Engine:
-    """tiers: a TierConfig (tiers/config.py) for the GPU engine's expert tiers; the numpy engine ignores it."""
+                tiers=None, split=None) -> Engine:
+    """tiers: a TierConfig (tiers/config.py) for the GPU engine's expert tiers; the numpy engine ignores it.
+    split: a layer_plan.SplitConfig (--gpus, --layer-split): the engine made of stage engines over layer ranges
+    (engine/layer_split.py), on the GPUs, or on the numpy path numpy stages one after the other."""
     device = resolve_device(device)
     if device == "gpu":
         _, why = gpu_probe()
         if why is not None:
             raise DeviceUnavailable(f"the GPU engine cannot run here: {why} (--device cpu runs the numpy engine)")
+        if split is not None:
+            return _split_engine(model, split, n_ctx, max_t, tiers, gpu=True)
         from .gpu import GPUEngine
 
         engine = GPUEngine(model, n_ctx=n_ctx, max_t=max_t, tiers=tiers)
@@ -78,6 +82,33 @@ def make_engine(model, device: str = "cpu", n_ctx: int | None = None, max_t: int
 
         warn("--expert-cache/--expert-profile/--pcie-frac/--split apply to the GPU engine only: the numpy engine "
              "keeps every expert in memory")
+    if split is not None:
+        return _split_engine(model, split, n_ctx, max_t, None, gpu=False)
     from .reference import ReferenceEngine
 
     return ReferenceEngine(model, n_ctx=n_ctx, max_t=max_t)
+
+
+def _split_engine(model, split, n_ctx, max_t, tiers, gpu: bool):
+    """The layer split's engine: the plan checked against the model and the visible devices first (one line)."""
+    from .layer_plan import plan_split
+
+    if gpu and tiers is not None:
+        raise OptionError("--gpus keeps every stage's experts in VRAM: expert tiers (--expert-cache, "
+                          "--expert-profile, --pcie-frac, --split, ...) do not combine with it yet")
+    if gpu:
+        from ..gpu.runtime import cupy
+
+        plan = plan_split(split, model, cupy().cuda.runtime.getDeviceCount())
+        from .gpu.layer_split import GPUSplitEngine
+
+        engine = GPUSplitEngine(model, plan, n_ctx=n_ctx, max_t=max_t)
+    else:
+        plan = plan_split(split, model, None)
+        from .layer_split import ReferenceSplit
+
+        engine = ReferenceSplit(model, plan, n_ctx=n_ctx, max_t=max_t)
+    from ..report.present import err_console
+
+    err_console().print(engine.split_note, style="dim", highlight=False)
+    return engine

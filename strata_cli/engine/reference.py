@@ -26,9 +26,13 @@ class ReferenceEngine:
     capabilities = Capabilities(graphs=False, eager=False)
     tiers = tier_note = None  # every expert in host memory: no tiers to choose
 
-    def __init__(self, model: GGUFModel, n_ctx: int | None = None, max_t: int | None = None):
+    def __init__(self, model: GGUFModel, n_ctx: int | None = None, max_t: int | None = None,
+                 layers: tuple[int, int] | None = None):
+        """layers [a, b): a stage of the layer split (engine/layer_split.py) holding those layers' state only; it
+        starts from the previous stage's residual stack (a > 0) and hands its own on (b < n_layers)."""
         self.model = model
         self.g = model.geometry
+        self.layers = (0, self.g.n_layers) if layers is None else tuple(layers)
         self.w = Weights(model)
         self.n_ctx = resolve_ctx(self.g, n_ctx)
         available = available_memory()
@@ -55,7 +59,7 @@ class ReferenceEngine:
         self.close()
 
     def reset(self) -> None:
-        self.state = SequenceState.fresh(self.g, self.n_ctx)
+        self.state = SequenceState.fresh(self.g, self.n_ctx, self.layers)
         self._pending: WindowRecord | None = None
 
     @property
@@ -70,20 +74,32 @@ class ReferenceEngine:
 
     def _run(self, tokens, pos0: int | None) -> WindowResult:
         tokens = check_window(tokens, pos0, self.n_past, self.g.n_vocab, self.n_ctx, self.max_t)
+        return self.stage_run(tokens)
+
+    def stage_run(self, tokens: np.ndarray, hand_in: np.ndarray | None = None):
+        """The window through this engine's layers [a, b) (tokens checked by the caller): from the embedding
+        (a == 0) or the previous stage's residual stack hand_in [T, C, D]; returns the stack [T, C, D] for the next
+        stage when b < n_layers, else the WindowResult. self._nonfinite: the first stage here that went NaN/Inf."""
         self.model.check_unchanged()  # tensors are read lazily from the mapping: a truncated file would SIGBUS
         self._pending = None  # an uncommitted window is dropped: it wrote no committed state (state.py)
         rec = WindowRecord(pos0=self.n_past, tokens=tokens)
         positions = self.n_past + np.arange(len(tokens))
         self._nonfinite = None
-        R = np.repeat(self.w.embed_rows(tokens)[:, None, :], self.g.hc, axis=1)     # [T, C, D]
-        self._watch("token_embd (the embedding rows)", R)
-        for layer in range(self.g.n_layers):
+        a, b = self.layers
+        if a == 0:
+            R = np.repeat(self.w.embed_rows(tokens)[:, None, :], self.g.hc, axis=1)     # [T, C, D]
+            self._watch("token_embd (the embedding rows)", R)
+        else:
+            R = hand_in
+        for layer in range(a, b):
             R = self._layer(layer, R, tokens, positions, rec)
+        self._pending = rec
+        if b < self.g.n_layers:
+            return R
         mixed, _ = hyper.hc_read(R, *self.w.hc("output_hc", inject=False), self.g.eps)
         self._watch("output_hc (the final hyper-connection read)", mixed)
         logits = basic.linear(mixed, self.w.get("output.weight"))
         self._watch("output.weight (the logits)", logits)
-        self._pending = rec
         return WindowResult(rec.pos0, tokens, logits, logits.argmax(axis=1).astype(np.int32),
                             nonfinite=self._nonfinite)
 

@@ -40,20 +40,22 @@ class SequenceState:
     ple_prev: np.ndarray | None         # n-gram predecessors, oldest first, EOS-padded [n-1]
 
     @classmethod
-    def fresh(cls, g: Geometry, n_ctx: int) -> "SequenceState":
+    def fresh(cls, g: Geometry, n_ctx: int, layers: tuple[int, int] | None = None) -> "SequenceState":
+        """layers [a, b): the state of those layers only (a stage of the layer split, engine/layer_split.py)."""
         f32 = np.float32
+        a, b = layers if layers is not None else (0, g.n_layers)
         st = cls(0, {}, {}, {}, {}, {}, {}, None, None)
-        for layer in g.gdn_layers:
+        for layer in (lay for lay in g.gdn_layers if a <= lay < b):
             st.gdn_state[layer] = np.zeros((g.ssm_nv, g.ssm_dk, g.ssm_dv), f32)
             st.gdn_conv[layer] = np.zeros((g.conv_kernel - 1, g.conv_dim), f32)
-        for layer in g.attn_layers:
+        for layer in (lay for lay in g.attn_layers if a <= lay < b):
             st.k_cache[layer] = np.zeros((n_ctx, g.n_head_kv, g.head_dim), f32)
             st.v_cache[layer] = np.zeros((n_ctx, g.n_head_kv, g.head_dim), f32)
             ratio = g.compress_ratios[layer]
             if ratio:
                 st.idx_tail[layer] = np.zeros((ratio, g.idx_dim), f32)
                 st.idx_pooled[layer] = np.zeros((n_ctx // ratio + 1, g.idx_dim), f32)
-        if g.ple is not None:
+        if g.ple is not None and a <= g.ple.layer < b:
             st.ple_history = np.zeros((g.ple.history, g.hc_dim), f32)
             st.ple_prev = np.full(g.ple.ngram_size - 1, g.ple.eos_token_id, np.int64)
         return st

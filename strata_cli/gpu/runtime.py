@@ -118,7 +118,10 @@ class MappedBuffer:
         self.dev_ptr = check(rt.cudaHostGetDevicePointer(self.host_ptr, 0), "cudaHostGetDevicePointer")
         raw = (ctypes.c_char * max(self.nbytes, 1)).from_address(self.host_ptr)
         self.host = np.frombuffer(raw, dtype=self.dtype, count=int(np.prod(shape))).reshape(shape)
-        mem = cp.cuda.UnownedMemory(self.dev_ptr, max(self.nbytes, 1), owner=self, device_id=0)
+        # portable + mapped: with UVA the same pointer on every device; the view belongs to the current one (a stage
+        # of the layer split on device 1 launches its kernels there, engine/gpu/layer_split.py)
+        mem = cp.cuda.UnownedMemory(self.dev_ptr, max(self.nbytes, 1), owner=self,
+                                    device_id=cp.cuda.runtime.getDevice())
         self.device = cp.ndarray(shape, self.dtype, memptr=cp.cuda.MemoryPointer(mem, 0))
         # freed when the last view goes (the device view keeps this object alive through its owner), or by free()
         self._finalizer = weakref.finalize(self, free_later_if_capturing, rt.cudaFreeHost, self.host_ptr)

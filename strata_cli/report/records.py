@@ -110,6 +110,9 @@ class BenchRecord:
     expert_bytes: int | None = None
     copy_bytes_per_s: float | None = None  # GPU: measured device-to-device copy rate
     tiers: dict | None = None  # GPU expert tiers: shares, waits, pool time (tiers/stats.py)
+    # the layer split (--gpus): per stage its device, layers, weight bytes, bytes a window reads there, its window
+    # ms and its hand-off ms to the next stage (medians of the timed windows; engine/layer_split.py)
+    stages: list[dict] | None = None
     provenance: Provenance | None = None
 
     @property
@@ -172,6 +175,9 @@ class BenchRecord:
         }
         if self.tiers is not None:
             row.update(self.tiers)
+        for stage in self.stages or []:  # flat keys: one CSV column each
+            i = stage["stage"]
+            row.update({f"stage{i}_{k}": v for k, v in stage.items() if k != "stage"})
         if self.provenance is not None:
             row.update(self.provenance.flat())
         return row

@@ -69,8 +69,12 @@ class Staging:
         self.out_nonfinite = MappedBuffer((max_t,), np.int32)  # written by the head's argmax kernel directly
 
 
-def plan_buffers(g, n_ctx: int, M: int) -> Arena:
-    """Shapes of every state and window buffer for geometry g, context n_ctx and windows of up to M rows."""
+def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -> Arena:
+    """Shapes of every state and window buffer for geometry g, context n_ctx and windows of up to M rows; layers
+    [lo, hi): a stage of the layer split (engine/gpu/layer_split.py), holding the state of those layers only."""
+    lo, hi = layers if layers is not None else (0, g.n_layers)
+    gdn_layers = [layer for layer in g.gdn_layers if lo <= layer < hi]
+    attn_layers = [layer for layer in g.attn_layers if lo <= layer < hi]
     a = Arena()
     C, D, E, K = g.hc, g.n_embd, g.n_expert, g.n_expert_used
     a.add("tokens", (M,), np.int64)
@@ -100,7 +104,7 @@ def plan_buffers(g, n_ctx: int, M: int) -> Arena:
         for name, shape in [("gdn_alpha", (M, nv)), ("gdn_beta_in", (M, nv)), ("gdn_z", (M, nv * dv)),
                             ("gdn_y", (M, nv, dv))]:
             a.add(name, shape)
-        for layer in g.gdn_layers:  # state, and what the window keeps for the commit
+        for layer in gdn_layers:  # state, and what the window keeps for the commit
             for name, shape in [("S", (nv, dk, dv)), ("conv", (g.conv_kernel - 1, g.conv_dim)),
                                 ("qkv", (M, g.conv_dim)), ("q", (M, nk, dk)), ("k", (M, nk, dk)),
                                 ("v", (M, nv, dv)), ("g", (M, nv)), ("beta", (M, nv))]:
@@ -123,7 +127,7 @@ def plan_buffers(g, n_ctx: int, M: int) -> Arena:
                                        ("sel_idx", (M, nb), np.int32), ("sel_flags", (M, nb), np.int32),
                                        ("cells", (M, cap), np.int32), ("counts", (M,), np.int32)]:
                 a.add(name, shape, dtype)
-        for layer in g.attn_layers:
+        for layer in attn_layers:
             a.add(f"kc.{layer}", (n_ctx, Hk, d))
             a.add(f"vc.{layer}", (n_ctx, Hk, d))
             ratio = g.compress_ratios[layer]
@@ -131,7 +135,7 @@ def plan_buffers(g, n_ctx: int, M: int) -> Arena:
                 for name, shape in [("tail", (ratio, g.idx_dim)), ("snap", (ratio, g.idx_dim)),
                                     ("pooled", (n_ctx // ratio + 1, g.idx_dim)), ("idx_raw", (M, g.idx_dim))]:
                     a.add(f"{name}.{layer}", shape)
-    if g.ple is not None:
+    if g.ple is not None and lo <= g.ple.layer < hi:
         p = g.ple
         a.add("ple_rows", (M, p.n_heads), np.int64)
         a.add("ple_prev", (p.ngram_size - 1,), np.int64)

@@ -36,10 +36,29 @@ from .window import record_commit, record_window
 DEFAULT_MAX_T = GEMV_MAXT
 
 
-def _is_expert_tensor(name: str) -> bool:
+def _stage_skip(layers: tuple[int, int], g, tiered: bool):
+    """skip(name) for DeviceWeights: the routed experts when tiered (the tiers upload the resident ones), and for a
+    stage of the layer split the tensors of other layers, the embedding unless it starts at layer 0, the head
+    (output*) unless it ends at the last layer, the PLE table unless it holds the PLE layer. None: skip nothing."""
+    from ...model.names import PLE_TABLE
     from ...tiers.residency import is_expert_tensor
 
-    return is_expert_tensor(name)
+    lo, hi = layers
+    if not tiered and layers == (0, g.n_layers):
+        return None
+
+    def skip(name: str) -> bool:
+        if tiered and is_expert_tensor(name):
+            return True
+        if name.startswith("blk."):
+            return not lo <= int(name.split(".")[1]) < hi
+        if name == PLE_TABLE:
+            return not lo <= g.ple.layer < hi
+        if name.startswith("output"):
+            return hi < g.n_layers
+        return lo > 0  # token_embd
+
+    return skip
 
 
 class GPUEngine:
@@ -47,9 +66,13 @@ class GPUEngine:
     capabilities = Capabilities(graphs=True, eager=True)
 
     def __init__(self, model, n_ctx: int | None = None, max_t: int | None = None, pack_q8: bool = True,
-                 tiers: TierConfig | None = None, window_paths: Callable[[int], WindowPath] = window_path):
+                 tiers: TierConfig | None = None, window_paths: Callable[[int], WindowPath] = window_path,
+                 layers: tuple[int, int] | None = None):
+        """layers [lo, hi): a stage of the layer split (engine/gpu/layer_split.py) on the current device: its
+        layers' weights and state only, the embedding iff lo == 0, the head iff hi == n_layers; its window starts
+        from the residual stack in buf["R"] that the previous stage copied there."""
         try:
-            self._build(model, n_ctx, max_t, pack_q8, tiers, window_paths)
+            self._build(model, n_ctx, max_t, pack_q8, tiers, window_paths, layers)
         except BaseException:
             # a half-built engine (the arena refused, a warm-up that failed) would keep the tier host's thread, its
             # watchdog entry and the pinned buffers until a garbage collection: released here
@@ -60,9 +83,17 @@ class GPUEngine:
             raise
 
     def _build(self, model, n_ctx, max_t, pack_q8: bool, tiers: TierConfig | None,
-               window_paths: Callable[[int], WindowPath]) -> None:
+               window_paths: Callable[[int], WindowPath], layers: tuple[int, int] | None) -> None:
         self.model, self.g = model, model.geometry
         g = self.g
+        self.layers = (0, g.n_layers) if layers is None else (int(layers[0]), int(layers[1]))
+        lo, hi = self.layers
+        self.gdn_layers = [layer for layer in g.gdn_layers if lo <= layer < hi]
+        self.attn_layers = [layer for layer in g.attn_layers if lo <= layer < hi]
+        self.has_ple = g.ple is not None and lo <= g.ple.layer < hi
+        if self.layers != (0, g.n_layers) and tiers is not None:
+            raise InputError("a stage of the layer split keeps all its experts in VRAM: expert tiers (--expert-cache, "
+                             "--expert-profile, --pcie-frac, --split, ...) do not combine with --gpus yet")
         self.n_ctx = resolve_ctx(g, n_ctx)
         self.max_t = DEFAULT_MAX_T if max_t is None else int(max_t)
         if not 1 <= self.max_t <= GEMV_MAXT:
@@ -72,9 +103,9 @@ class GPUEngine:
         from ...tiers.setup import residency_for
 
         self.tiers = None
-        self.arena = plan_buffers(g, self.n_ctx, self.max_t)
+        self.arena = plan_buffers(g, self.n_ctx, self.max_t, self.layers)
         table, self.tier_note, tiers = residency_for(model, tiers, self.arena.planned_bytes(), self.max_t)
-        skip = None if table is None else _is_expert_tensor
+        skip = _stage_skip(self.layers, g, table is not None)
         self.w = DeviceWeights(model, pack_q8=pack_q8, skip=skip)  # pack_q8=False keeps raw Q8_0 (for comparisons)
         self.stream = new_stream()
         if table is not None:
@@ -95,7 +126,7 @@ class GPUEngine:
             cos, sin = rope_tables(np.arange(self.n_ctx), g.n_rot, g.rope_base)
             self.buf["cos"].set(cos)
             self.buf["sin"].set(sin)
-        if g.ple is not None:
+        if self.has_ple:
             for name, values in zip(("ple_mult", "ple_sizes", "ple_offsets"), g.ple.hash_arrays()):
                 self.buf[name].set(values)
         cupy().cuda.Device().synchronize()  # the arena's zeroing and the tables above ran on the current stream
@@ -151,14 +182,14 @@ class GPUEngine:
         # the fills go on the engine's own stream: it is non-blocking, so fills queued on the legacy default
         # stream would not be ordered before the next window, and self.stream.synchronize() would not wait for them
         with self.stream:
-            for layer in g.gdn_layers:
+            for layer in self.gdn_layers:
                 b[f"S.{layer}"].fill(0)
                 b[f"conv.{layer}"].fill(0)
-            for layer in g.attn_layers:
+            for layer in self.attn_layers:
                 if g.compress_ratios[layer]:
                     b[f"tail.{layer}"].fill(0)
                     b[f"pooled.{layer}"].fill(0)
-            if g.ple is not None:
+            if self.has_ple:
                 b["ple_history"].fill(0)
                 b["ple_prev"].fill(g.ple.eos_token_id)
         self.stream.synchronize()

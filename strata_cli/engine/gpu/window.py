@@ -273,7 +273,7 @@ class _LayerRecorder:
         r1 = r0 + n
         if layer:
             stamp(e, layer - 1, "gap", stream)
-        pending = self.fused_hc and layer > 0  # the previous layer's write awaits this read
+        pending = self.fused_hc and layer > self.e.layers[0]  # the previous layer's write awaits this read
         if g.ple is not None and g.ple.layer == layer:
             if pending:
                 hyper.hc_write(b["R"][:T], b["block_out"][:T], b["inj"][:T], out=b["R"][:T], stream=stream)
@@ -309,20 +309,27 @@ class _LayerRecorder:
     def record(self) -> None:
         """pre(0, A) pre(0, B) | post(0, A) pre(1, A) | post(0, B) pre(1, B) | ... | post(L-1, A) | post(L-1, B) |
         head: the host computes one group's CPU experts while the GPU runs the other group (one group: the plain
-        layer order)."""
+        layer order). A stage of the layer split runs its layers [lo, hi) alone: from the embedding or the residual
+        stack the previous stage left in R, to the head or (hi < L) the whole stack in R for the next stage."""
         e, L, T, stream = self.e, self.e.g.n_layers, self.T, self.stream
-        _inputs(e, T, stream)
+        lo, hi = e.layers
+        _inputs(e, T, stream, embed_rows=lo == 0)
         stamp(e, L, "embed", stream)
         G = len(self.groups)
         for grp in range(G):
-            self.pre(0, grp)
-        for layer in range(L):
+            self.pre(lo, grp)
+        for layer in range(lo, hi):
             for grp in range(G):
                 self.post(layer, grp)
-                if layer + 1 < L:
+                if layer + 1 < hi:
                     self.pre(layer + 1, grp)
-        if L:
-            stamp(e, L - 1, "gap", stream)
+        if hi > lo:
+            stamp(e, hi - 1, "gap", stream)
+        if hi < L:  # the hand-off holds R whole: the last layer's write, awaiting the next fused read, goes in now
+            if self.fused_hc:
+                b = e.buf
+                hyper.hc_write(b["R"][:T], b["block_out"][:T], b["inj"][:T], out=b["R"][:T], stream=stream)
+            return
         if self.fused_hc:
             mixed, _ = _hc_fused(e, "output_hc", T, False, L > 0, stream)
         else:
@@ -352,11 +359,14 @@ def record_window(e, T: int, stream) -> None:
     stamp(e, head, "split-window", stream)
 
 
-def _inputs(e, T: int, stream) -> None:
-    """Tokens and positions from mapped staging, the embedding, broadcast to the HC streams."""
+def _inputs(e, T: int, stream, embed_rows: bool = True) -> None:
+    """Tokens and positions from mapped staging, the embedding, broadcast to the HC streams (embed_rows False: a
+    later stage of the layer split, whose R the previous stage's hand-off filled)."""
     b, g = e.buf, e.g
     copy_async(b["tokens"], e.stage.tokens.device, T * 8, stream)
     copy_async(b["positions"], e.stage.positions.device, T * 4, stream)
+    if not embed_rows:
+        return
     table, table_type = e.w.raw("token_embd.weight")
     embed.gather_rows(b["tokens"][:T].reshape(T, 1), table, table_type, g.n_embd, out=b["emb"][:T], stream=stream)
     hyper.broadcast_streams(b["emb"][:T], g.hc, out=b["R"][:T], stream=stream)
@@ -379,15 +389,15 @@ def record_commit(e, stream) -> None:
     b, w, g = e.buf, e.w, e.g
     copy_async(b["n_keep"], e.stage.n_keep.device, 4, stream)
     n_keep = b["n_keep"]
-    for layer in g.gdn_layers:
+    for layer in e.gdn_layers:
         gdn.gdn_conv_commit(b[f"conv.{layer}"], b[f"qkv.{layer}"], None, n_keep_dev=n_keep, stream=stream)
         gdn.gdn_commit_state(b[f"S.{layer}"], b[f"q.{layer}"], b[f"k.{layer}"], b[f"v.{layer}"], b[f"g.{layer}"],
                              b[f"beta.{layer}"], None, n_keep_dev=n_keep, stream=stream)
-    for layer in g.attn_layers:
+    for layer in e.attn_layers:
         if g.compress_ratios[layer]:
             qsa.indexer_commit(b[f"tail.{layer}"], b[f"pooled.{layer}"], b[f"snap.{layer}"], b[f"idx_raw.{layer}"],
                                b["positions"], None, w.blk_f32(layer, "indexer.k_norm"), g.eps, b["cos"], b["sin"],
                                n_keep_dev=n_keep, stream=stream)
-    if g.ple is not None:
+    if e.has_ple:
         ple.ple_history_commit(b["ple_history"], b["ple_normed"], None, n_keep_dev=n_keep, stream=stream)
         ple.ple_prev_commit(b["ple_prev"], b["tokens"], None, n_keep_dev=n_keep, stream=stream)
