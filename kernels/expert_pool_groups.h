@@ -270,19 +270,20 @@ AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) {
     const __m128i q = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
     return small16(_mm_sub_epi8(q, _mm_set1_epi8(1)), 1, rdh(b + 52));
 }
-/* i-quants: (db * grid) * sign = db * (sign * grid) exactly */
+/* IQ2_XS / IQ2_S: the 16 scales d * (0.5 + s) * 0.25, s the nibbles of 8 bytes at `at`, low first */
+AI void prep_iq2_scales(const uint8_t *b, int at, float *ps) {
+    const __m128i q = ld8(b + at);
+    const v16 s = v16_add(v16_set1(0.5f), v16_i8(_mm_unpacklo_epi8(nib(q, 0), nib(q, 1))));
+    v16_st(ps, v16_mul(v16_mul(v16_set1(rdh(b)), s), v16_set1(0.25f)));
+}
+#ifndef STRATA_AVX512
+/* i-quants (AVX2 build): (db * grid) * sign = db * (sign * grid) exactly */
 AI v16 g_iq2_xxs(const uint8_t *b, int j, const float *ps) {
     const int g = j / 2, l = 2 * (j & 1);
     const uint32_t a0 = rd32(b + 2 + 8 * g), a1 = rd32(b + 6 + 8 * g);
     const __m128i q = two8(grid_iq2xxs[(a0 >> (8 * l)) & 0xFF], grid_iq2xxs[(a0 >> (8 * l + 8)) & 0xFF]);
     const uint32_t sg = ksigns_iq2xs[(a1 >> (7 * l)) & 127] | (uint32_t)ksigns_iq2xs[(a1 >> (7 * l + 7)) & 127] << 8;
     return scaled(signed16(q, sg), rdh(b) * (0.5f + (float)(a1 >> 28)) * 0.25f);
-}
-/* IQ2_XS / IQ2_S: the 16 scales d * (0.5 + s) * 0.25, s the nibbles of 8 bytes at `at`, low first */
-AI void prep_iq2_scales(const uint8_t *b, int at, float *ps) {
-    const __m128i q = ld8(b + at);
-    const v16 s = v16_add(v16_set1(0.5f), v16_i8(_mm_unpacklo_epi8(nib(q, 0), nib(q, 1))));
-    v16_st(ps, v16_mul(v16_mul(v16_set1(rdh(b)), s), v16_set1(0.25f)));
 }
 AI void prep_iq2_xs(const uint8_t *b, float *ps) { prep_iq2_scales(b, 66, ps); }
 AI void prep_iq2_s(const uint8_t *b, float *ps) { prep_iq2_scales(b, 74, ps); }
@@ -340,6 +341,14 @@ AI v16 g_iq1_m(const uint8_t *b, int j, const float *ps) {
     const float dl = d * (float)(2 * ((sw >> (3 * (j % 4))) & 7) + 1);
     return iq1_value(q, ((h & 8) ? 0xFF : 0) | ((h & 0x80) ? 0xFF00 : 0), dl);
 }
+#define prep_iq2_xxs prep_none
+#define prep_iq3_xxs prep_none
+#define prep_iq3_s prep_none
+#define prep_iq1_s prep_none
+#define prep_iq1_m prep_none
+#else
+#include "expert_pool_grids.h"
+#endif
 /* float rows: a "block" of 16 values */
 AI v16 g_f32(const uint8_t *b, int j, const float *ps) { (void)j; (void)ps; return v16_ld((const float *)b); }
 AI v16 g_f16(const uint8_t *b, int j, const float *ps) { (void)j; (void)ps; return v16_f16(b); }
@@ -359,11 +368,24 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
     X(T_NVFP4, g_nvfp4, 4, 36, prep_none, 0) X(T_Q2_K, g_q2_k, 16, 84, prep_q2_k, 1) \
     X(T_Q3_K, g_q3_k, 16, 110, prep_q3_k, 0) X(T_Q4_K, g_q4_k, 16, 144, prep_q45_k, 1) \
     X(T_Q5_K, g_q5_k, 16, 176, prep_q45_k, 1) X(T_Q6_K, g_q6_k, 16, 210, prep_q6_k, 0) \
-    X(T_IQ4_XS, g_iq4_xs, 16, 136, prep_none, 0) X(T_IQ2_XXS, g_iq2_xxs, 16, 66, prep_none, 0) \
+    X(T_IQ4_XS, g_iq4_xs, 16, 136, prep_none, 0) X(T_IQ2_XXS, g_iq2_xxs, 16, 66, prep_iq2_xxs, 0) \
     X(T_IQ2_XS, g_iq2_xs, 16, 74, prep_iq2_xs, 0) X(T_IQ2_S, g_iq2_s, 16, 82, prep_iq2_s, 0) \
-    X(T_IQ3_XXS, g_iq3_xxs, 16, 98, prep_none, 0) X(T_IQ3_S, g_iq3_s, 16, 110, prep_none, 0) \
-    X(T_IQ1_S, g_iq1_s, 16, 50, prep_none, 0) X(T_IQ1_M, g_iq1_m, 16, 56, prep_none, 0) \
+    X(T_IQ3_XXS, g_iq3_xxs, 16, 98, prep_iq3_xxs, 0) X(T_IQ3_S, g_iq3_s, 16, 110, prep_iq3_s, 0) \
+    X(T_IQ1_S, g_iq1_s, 16, 50, prep_iq1_s, 0) X(T_IQ1_M, g_iq1_m, 16, 56, prep_iq1_m, 0) \
     X(T_TQ1_0, g_tq1_0, 16, 54, prep_none, 0) X(T_TQ2_0, g_tq2_0, 16, 66, prep_none, 0)
+
+/* the per-block scratch of the passes: ps[0..31] scales and mins; the AVX-512 grid decoders' offsets and masks
+ * behind them (expert_pool_grids.h). The passes keep two and prepare block b + 1 before decoding block b: the
+ * decoders read back the prep's vector stores with scalar loads, which would wait for them if read at once. */
+#ifdef STRATA_AVX512
+#define PS_SCRATCH scratch sc_ __attribute__((aligned(64))); float *const ps = sc_.f
+#define PS_SCRATCH2 scratch sc2_[2] __attribute__((aligned(64)))
+#define PS_OF(b) (sc2_[(b) & 1].f)
+#else
+#define PS_SCRATCH float ps[32] __attribute__((aligned(64)))
+#define PS_SCRATCH2 float ps2_[2][32] __attribute__((aligned(64)))
+#define PS_OF(b) (ps2_[(b) & 1])
+#endif
 
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048 /* bytes ahead of the block being read */
@@ -384,12 +406,14 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
     AI void pass_##DEC(const uint8_t *row, int nb, const float *const *xs, const float *const *xsum, float *out,   \
                        const int M) {                                                                              \
         v16 acc[PASS_M][2], macc[PASS_M];                                                                           \
-        float ps[32] __attribute__((aligned(64)));                                                                  \
+        PS_SCRATCH2;                                                                                                \
         for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = macc[r] = v16_zero();                                   \
+        if (nb > 0) PREP(row, PS_OF(0));                                                                            \
         for (int b = 0; b < nb; b++) {                                                                              \
             const uint8_t *blk = row + (int64_t)BPB * b;                                                            \
             for (int p = 0; p < BPB; p += 64) __builtin_prefetch(blk + PREFETCH_AHEAD + p);                         \
-            PREP(blk, ps);                                                                                          \
+            float *const ps = PS_OF(b);                                                                             \
+            if (b + 1 < nb) PREP(blk + BPB, PS_OF(b + 1));                                                          \
             if (MINS && MIN_TERM)                                                                                   \
                 for (int r = 0; r < M; r++) macc[r] = v16_fma(v16_ld(ps + 16), v16_ld(xsum[r] + 16 * b), macc[r]); \
             _Pragma("GCC unroll 16") for (int j = 0; j < GPB; j++) {                                                \
@@ -415,7 +439,7 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
         }                                                                                                           \
     }                                                                                                               \
     static void rowdeq_##DEC(const uint8_t *src, int64_t n, float *y) {                                            \
-        float ps[32] __attribute__((aligned(64)));                                                                  \
+        PS_SCRATCH;                                                                  \
         for (int64_t b = 0; b < n / (16 * GPB); b++) {                                                              \
             PREP(src + (int64_t)BPB * b, ps);                                                                       \
             _Pragma("GCC unroll 16") for (int j = 0; j < GPB; j++) {                                                \
