@@ -42,16 +42,23 @@ AI v16 grid_group(__m128i q, uint32_t neg, int flip, float scale, const float *t
     const __m128i idx = _mm_mask_sub_epi8(q, (__mmask16)neg, q, _mm_set1_epi8((char)flip));
     return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(idx), _mm512_mul_ps(_mm512_set1_ps(scale), v16_ld(table)));
 }
-/* grid rows i, i + 1 of 8 bytes / i .. i + 3 of 4 bytes at the prepared offsets, as one xmm */
+/* grid rows i, i + 1 of 8 bytes / i .. i + 3 of 4 bytes at the prepared offsets, as one xmm. The offsets are read
+ * 2 or 4 at a time and split with integer shifts: a group is load-bound (offsets, rows, x, mask, scale), the
+ * integer units are not */
 AI __m128i rows8x2(const void *grid, const scratch *S, int i) {
     const uint8_t *g = (const uint8_t *)grid;
-    return _mm_unpacklo_epi64(ld8(g + S->h[OFF + i]), ld8(g + S->h[OFF + i + 1]));
+    uint32_t o;
+    memcpy(&o, S->h + OFF + i, 4);
+    return _mm_unpacklo_epi64(ld8(g + (o & 0xFFFF)), ld8(g + (o >> 16)));
 }
 AI __m128i rows4x4(const void *grid, const scratch *S, int i) {
     const uint8_t *g = (const uint8_t *)grid;
-    const uint64_t lo = rd32(g + S->h[OFF + i]) | (uint64_t)rd32(g + S->h[OFF + i + 1]) << 32;
-    const uint64_t hi = rd32(g + S->h[OFF + i + 2]) | (uint64_t)rd32(g + S->h[OFF + i + 3]) << 32;
-    return _mm_set_epi64x((long long)hi, (long long)lo);
+    uint64_t o;
+    memcpy(&o, S->h + OFF + i, 8);
+    __m128i q = _mm_cvtsi32_si128((int)rd32(g + (o & 0xFFFF)));
+    q = _mm_insert_epi32(q, (int)rd32(g + ((o >> 16) & 0xFFFF)), 1);
+    q = _mm_insert_epi32(q, (int)rd32(g + ((o >> 32) & 0xFFFF)), 2);
+    return _mm_insert_epi32(q, (int)rd32(g + (o >> 48)), 3);
 }
 
 /* IQ2_XXS / IQ3_XXS: the 16 groups' sign masks from the 8 sub-block words a[g] (4 sign ids of 7 bits at 7 l, the
