@@ -169,10 +169,21 @@ AI int k_scale6(const uint8_t *sc, int j) { /* Q3_K's 6-bit signed sub-block sca
 }
 
 /* ---- group j of one block of each type (the layouts: the scalar decoders in expert_pool_decode.h) */
+#ifdef STRATA_AVX512
+/* the 4-bit types in the AVX-512 build: the permutes read only the low nibble of each index byte, so the high
+ * nibble is shifted down and neither half masked (nibx), and Q4_0's - 8 lives in its table d * (k - 8) */
+AI __m128i nibx(__m128i q, int hi) { return hi ? _mm_srli_epi16(q, 4) : q; }
+AI v16 g_q4_0(const uint8_t *b, int j, const float *ps) {
+    (void)ps;
+    return perm16(v16_mul(v16_set1(rdh(b)), v16_iota(-8)), nibx(ld16b(b + 2), j));
+}
+#else
+#define nibx nib
 AI v16 g_q4_0(const uint8_t *b, int j, const float *ps) {
     return small16(_mm_sub_epi8(nib(ld16b(b + 2), j), _mm_set1_epi8(8)), 1, rdh(b));
 }
-AI v16 g_q4_1(const uint8_t *b, int j, const float *ps) { return small16_add(nib(ld16b(b + 4), j), rdh(b), rdh(b + 2)); }
+#endif
+AI v16 g_q4_1(const uint8_t *b, int j, const float *ps) { return small16_add(nibx(ld16b(b + 4), j), rdh(b), rdh(b + 2)); }
 AI __m128i q5_codes(const uint8_t *b, int j, int qh_at, int qs_at) {
     const uint32_t qh = rd32(b + qh_at) >> (16 * j);
     return _mm_or_si128(nib(ld16b(b + qs_at), j), _mm_and_si128(bitmask16(qh & 0xFFFF), _mm_set1_epi8(0x10)));
@@ -185,19 +196,32 @@ AI v16 g_q8_0(const uint8_t *b, int j, const float *ps) {
     return v16_mul(v16_i8(ld16b(b + 2 + 16 * j)), v16_set1(rdh(b)));
 }
 AI v16 g_iq4_nl(const uint8_t *b, int j, const float *ps) {
-    return lut_scaled(kvalues_iq4nl, nib(ld16b(b + 2), j), rdh(b));
+    return lut_scaled(kvalues_iq4nl, nibx(ld16b(b + 2), j), rdh(b));
 }
 AI v16 g_mxfp4(const uint8_t *b, int j, const float *ps) {
-    return lut_scaled(kvalues_fp4, nib(ld16b(b + 1), j), e8m0_half(b[0]));
+    return lut_scaled(kvalues_fp4, nibx(ld16b(b + 1), j), e8m0_half(b[0]));
 }
+#ifdef STRATA_AVX512
+/* the 8 bytes in both halves, the upper half's 16-bit lanes shifted by 4 (its low nibbles are then the high
+ * nibbles); the 4 scales once per block into ps (prep_nvfp4), read back as broadcasts */
+AI void prep_nvfp4(const uint8_t *b, float *ps) {
+    for (int s = 0; s < 4; s++) ps[s] = ue4m3_half(b[s]);
+}
+AI v16 g_nvfp4(const uint8_t *b, int j, const float *ps) {
+    const __m128i q = _mm_srlv_epi16(_mm_set1_epi64x((long long)rd64(b + 4 + 8 * j)), _mm_setr_epi16(0, 0, 0, 0, 4, 4, 4, 4));
+    return lut_scaled(kvalues_fp4, q, ps[j]);
+}
+#else
+#define prep_nvfp4 prep_none
 AI v16 g_nvfp4(const uint8_t *b, int j, const float *ps) {
     const __m128i q = ld8(b + 4 + 8 * j);
     return lut_scaled(kvalues_fp4, _mm_unpacklo_epi64(nib(q, 0), nib(q, 1)), ue4m3_half(b[j]));
 }
+#endif
 AI v16 g_iq4_xs(const uint8_t *b, int j, const float *ps) {
     const int s = j / 2, lo = (b[4 + s / 2] >> (4 * (s % 2))) & 0xF, hi = (rd16(b + 2) >> (2 * s)) & 3;
     const float dl = rdh(b) * (float)((int8_t)(lo | (hi << 4)) - 32);
-    return lut_scaled(kvalues_iq4nl, nib(ld16b(b + 8 + 16 * s), j & 1), dl);
+    return lut_scaled(kvalues_iq4nl, nibx(ld16b(b + 8 + 16 * s), j & 1), dl);
 }
 /* the types with a min (Q2_K, Q4_K, Q5_K): prep writes the 16 groups' scales to ps[0..15] and mins to ps[16..31];
  * the decoder returns scale * code, the weight is that minus the min (gguf's d * q - m, in that order) */
@@ -259,16 +283,21 @@ AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) {
     __m256i p;
     if (j < 15) {
         v = ld16b(b + (j < 10 ? 16 * (j & 1) : 32));
-        p = _mm256_set1_epi16(pow3[j < 10 ? j / 2 : j - 10]);
+        p = _mm256_set1_epi16((int16_t)(pow3[j < 10 ? j / 2 : j - 10] << 8));
     } else {
         v = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)rd32(b + 48)),
                              _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3));
-        p = _mm256_setr_epi16(1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27);
+        p = _mm256_setr_epi16(1 << 8, 1 << 8, 1 << 8, 1 << 8, 3 << 8, 3 << 8, 3 << 8, 3 << 8, 9 << 8, 9 << 8, 9 << 8,
+                              9 << 8, 27 << 8, 27 << 8, 27 << 8, 27 << 8);
     }
-    __m256i w = _mm256_and_si256(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(v), p), _mm256_set1_epi16(0xFF));
-    w = _mm256_srli_epi16(_mm256_mullo_epi16(w, _mm256_set1_epi16(3)), 8);
+    /* v * (3^P << 8) mod 2^16 is (v * 3^P mod 256) << 8, and its high half times 3 the digit: two multiplies */
+    const __m256i w = _mm256_mulhi_epu16(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(v), p), _mm256_set1_epi16(3));
+#ifdef STRATA_AVX512 /* the digits 0, 1, 2 index d * (digit - 1) straight from their 16-bit lanes */
+    return _mm512_permutexvar_ps(_mm512_cvtepu16_epi32(w), v16_mul(v16_set1(rdh(b + 52)), v16_iota(-1)));
+#else
     const __m128i q = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
     return small16(_mm_sub_epi8(q, _mm_set1_epi8(1)), 1, rdh(b + 52));
+#endif
 }
 /* IQ2_XS / IQ2_S: the 16 scales d * (0.5 + s) * 0.25, s the nibbles of 8 bytes at `at`, low first */
 AI void prep_iq2_scales(const uint8_t *b, int at, float *ps) {
@@ -365,7 +394,7 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
     X(T_Q4_1, g_q4_1, 2, 20, prep_none, 0) X(T_Q5_0, g_q5_0, 2, 22, prep_none, 0) \
     X(T_Q5_1, g_q5_1, 2, 24, prep_none, 0) X(T_Q8_0, g_q8_0, 2, 34, prep_none, 0) \
     X(T_IQ4_NL, g_iq4_nl, 2, 18, prep_none, 0) X(T_MXFP4, g_mxfp4, 2, 17, prep_none, 0) \
-    X(T_NVFP4, g_nvfp4, 4, 36, prep_none, 0) X(T_Q2_K, g_q2_k, 16, 84, prep_q2_k, 1) \
+    X(T_NVFP4, g_nvfp4, 4, 36, prep_nvfp4, 0) X(T_Q2_K, g_q2_k, 16, 84, prep_q2_k, 1) \
     X(T_Q3_K, g_q3_k, 16, 110, prep_q3_k, 0) X(T_Q4_K, g_q4_k, 16, 144, prep_q45_k, 1) \
     X(T_Q5_K, g_q5_k, 16, 176, prep_q45_k, 1) X(T_Q6_K, g_q6_k, 16, 210, prep_q6_k, 0) \
     X(T_IQ4_XS, g_iq4_xs, 16, 136, prep_none, 0) X(T_IQ2_XXS, g_iq2_xxs, 16, 66, prep_iq2_xxs, 0) \
