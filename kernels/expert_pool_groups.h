@@ -258,9 +258,28 @@ AI void prep_q2_k(const uint8_t *b, float *ps) { /* the 16 sub-block scales d * 
     v16_st(ps, v16_mul(v16_set1(rdh(b + 80)), v16_i8(nib(sc, 0))));
     v16_st(ps + 16, v16_mul(v16_set1(rdh(b + 82)), v16_i8(nib(sc, 1))));
 }
+#ifdef STRATA_AVX512
+/* the 2-bit planes unmasked: the permute reads the low nibble, whose upper two bits (the next plane) the tables
+ * ignore by repeating every 4 entries */
+AI __m128i plane2x(const uint8_t *qs, int j) {
+    return _mm_srli_epi16(ld16b(qs + 32 * (j / 8) + 16 * (j & 1)), 2 * ((j % 8) / 2));
+}
+AI v16 v16_cyc4(int from) { return _mm512_add_ps(_mm512_set1_ps((float)from), _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)); }
+AI v16 g_q2_k(const uint8_t *b, int j, const float *ps) {
+    return perm16(v16_mul(v16_set1(ps[j]), v16_cyc4(0)), plane2x(b + 16, j));
+}
+AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
+    (void)ps;
+    return perm16(v16_mul(v16_set1(rdh(b + 64)), v16_cyc4(-1)), plane2x(b, j));
+}
+#else
 AI v16 g_q2_k(const uint8_t *b, int j, const float *ps) {
     return small16(plane2(b + 16, j), 0, ps[j]);
 }
+AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
+    return small16(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), 1, rdh(b + 64));
+}
+#endif
 AI void prep_q3_k(const uint8_t *b, float *ps) { /* the 16 scales d * s, converted and multiplied as one vector */
     int8_t sc[16];
     for (int j = 0; j < 16; j++) sc[j] = (int8_t)k_scale6(b + 96, j);
@@ -270,9 +289,6 @@ AI v16 g_q3_k(const uint8_t *b, int j, const float *ps) {
     const __m128i hb = _mm_and_si128(_mm_srli_epi16(ld16b(b + 16 * (j & 1)), j / 2), _mm_set1_epi8(1));
     const __m128i q = _mm_sub_epi8(plane2(b + 32, j), _mm_slli_epi16(_mm_xor_si128(hb, _mm_set1_epi8(1)), 2));
     return small16(q, 1, ps[j]);
-}
-AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
-    return small16(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), 1, rdh(b + 64));
 }
 AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) {
     /* base-3 digits: element e of the group is byte V[e] times 3^P[e] (mod 256), the digit ((v * 3) >> 8) - 1,
