@@ -432,6 +432,14 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
 #define PS_OF(b) (ps2_[(b) & 1])
 #endif
 
+/* which preps run a block ahead (PIPE_ 1): those whose scalar read-backs of vector stores would wait; Q4_K/Q5_K's
+ * scalar prep measured slower ahead (its stored scales are then reloaded instead of kept in registers) */
+enum {
+    PIPE_prep_none = 0, PIPE_prep_q2_k = 1, PIPE_prep_q3_k = 1, PIPE_prep_q45_k = 0, PIPE_prep_q6_k = 1,
+    PIPE_prep_iq2_xs = 1, PIPE_prep_iq2_s = 1, PIPE_prep_iq2_xxs = 1, PIPE_prep_iq3_xxs = 1, PIPE_prep_iq3_s = 1,
+    PIPE_prep_iq1_s = 1, PIPE_prep_iq1_m = 1, PIPE_prep_nvfp4 = 1
+};
+
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048 /* bytes ahead of the block being read */
 #endif
@@ -453,12 +461,13 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
         v16 acc[PASS_M][2], macc[PASS_M];                                                                           \
         PS_SCRATCH2;                                                                                                \
         for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = macc[r] = v16_zero();                                   \
-        if (nb > 0) PREP(row, PS_OF(0));                                                                            \
+        if (PIPE_##PREP && nb > 0) PREP(row, PS_OF(0));                                                             \
         for (int b = 0; b < nb; b++) {                                                                              \
             const uint8_t *blk = row + (int64_t)BPB * b;                                                            \
             for (int p = 0; p < BPB; p += 64) __builtin_prefetch(blk + PREFETCH_AHEAD + p);                         \
-            float *const ps = PS_OF(b);                                                                             \
-            if (b + 1 < nb) PREP(blk + BPB, PS_OF(b + 1));                                                          \
+            float *const ps = PS_OF(PIPE_##PREP ? b : 0);                                                           \
+            if (!PIPE_##PREP) PREP(blk, ps);                                                                        \
+            else if (b + 1 < nb) PREP(blk + BPB, PS_OF(b + 1));                                                     \
             if (MINS && MIN_TERM)                                                                                   \
                 for (int r = 0; r < M; r++) macc[r] = v16_fma(v16_ld(ps + 16), v16_ld(xsum[r] + 16 * b), macc[r]); \
             _Pragma("GCC unroll 16") for (int j = 0; j < GPB; j++) {                                                \
