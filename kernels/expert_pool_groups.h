@@ -437,7 +437,7 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
 enum {
     PIPE_prep_none = 0, PIPE_prep_q2_k = 1, PIPE_prep_q3_k = 1, PIPE_prep_q45_k = 0, PIPE_prep_q6_k = 1,
     PIPE_prep_iq2_xs = 1, PIPE_prep_iq2_s = 1, PIPE_prep_iq2_xxs = 1, PIPE_prep_iq3_xxs = 1, PIPE_prep_iq3_s = 1,
-    PIPE_prep_iq1_s = 1, PIPE_prep_iq1_m = 1, PIPE_prep_nvfp4 = 1
+    PIPE_prep_iq1_s = 1, PIPE_prep_iq1_m = 1, PIPE_prep_nvfp4 = 0
 };
 
 #ifndef PREFETCH_AHEAD
