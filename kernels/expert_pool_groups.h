@@ -18,6 +18,14 @@
 
 #define AI static inline __attribute__((always_inline))
 
+/* STRATA_PERM: the AVX-512 build's register-permute decoders (vpermps / vpermt2ps tables, the grid i-quants of
+ * expert_pool_grids.h, unmasked nibble and crumb indexes). -DSTRATA_NO_PERM=1 (bench/pool_bench.py --variant
+ * STRATA_NO_PERM=1) keeps the AVX-512 lanes and passes but decodes as the AVX2 build does (widen, convert, multiply):
+ * the A/B for hosts where the permutes are slow (the tests run it too) */
+#if defined(STRATA_AVX512) && !defined(STRATA_NO_PERM)
+#define STRATA_PERM 1
+#endif
+
 /* ---- v16: 16 float32 lanes */
 #ifdef STRATA_AVX512
 typedef __m512 v16;
@@ -76,7 +84,7 @@ AI v16 scaled_add(__m128i q, float d, float m) { return v16_add(v16_mul(v16_set1
  * once (the same float products, so the same bits) and each weight is a register permute of them by its code
  * (vpermps / vpermt2ps on the low 4 / 5 bits), instead of a widen, a convert and a multiply per 16 weights.
  * small16: codes 0..15 (sgn 0) or -8..7 (sgn 1); small32: 0..31 or -16..15; *_add: + m after the product. */
-#ifdef STRATA_AVX512
+#ifdef STRATA_PERM
 AI v16 v16_iota(int from) { /* from, from + 1, ..., from + 15 */
     return _mm512_add_ps(_mm512_set1_ps((float)from), _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
                                                                       14, 15));
@@ -169,7 +177,7 @@ AI int k_scale6(const uint8_t *sc, int j) { /* Q3_K's 6-bit signed sub-block sca
 }
 
 /* ---- group j of one block of each type (the layouts: the scalar decoders in expert_pool_decode.h) */
-#ifdef STRATA_AVX512
+#ifdef STRATA_PERM
 /* the 4-bit types in the AVX-512 build: the permutes read only the low nibble of each index byte, so the high
  * nibble is shifted down and neither half masked (nibx), and Q4_0's - 8 lives in its table d * (k - 8) */
 AI __m128i nibx(__m128i q, int hi) { return hi ? _mm_srli_epi16(q, 4) : q; }
@@ -201,7 +209,7 @@ AI v16 g_iq4_nl(const uint8_t *b, int j, const float *ps) {
 AI v16 g_mxfp4(const uint8_t *b, int j, const float *ps) {
     return lut_scaled(kvalues_fp4, nibx(ld16b(b + 1), j), e8m0_half(b[0]));
 }
-#ifdef STRATA_AVX512
+#ifdef STRATA_PERM
 /* the 8 bytes in both halves, the upper half's 16-bit lanes shifted by 4 (its low nibbles are then the high
  * nibbles); the 4 scales once per block into ps (prep_nvfp4), read back as broadcasts */
 AI void prep_nvfp4(const uint8_t *b, float *ps) {
@@ -258,7 +266,7 @@ AI void prep_q2_k(const uint8_t *b, float *ps) { /* the 16 sub-block scales d * 
     v16_st(ps, v16_mul(v16_set1(rdh(b + 80)), v16_i8(nib(sc, 0))));
     v16_st(ps + 16, v16_mul(v16_set1(rdh(b + 82)), v16_i8(nib(sc, 1))));
 }
-#ifdef STRATA_AVX512
+#ifdef STRATA_PERM
 /* the 2-bit planes unmasked: the permute reads the low nibble, whose upper two bits (the next plane) the tables
  * ignore by repeating every 4 entries */
 AI __m128i plane2x(const uint8_t *qs, int j) {
@@ -308,7 +316,7 @@ AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) {
     }
     /* v * (3^P << 8) mod 2^16 is (v * 3^P mod 256) << 8, and its high half times 3 the digit: two multiplies */
     const __m256i w = _mm256_mulhi_epu16(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(v), p), _mm256_set1_epi16(3));
-#ifdef STRATA_AVX512 /* the digits 0, 1, 2 index d * (digit - 1) straight from their 16-bit lanes */
+#ifdef STRATA_PERM /* the digits 0, 1, 2 index d * (digit - 1) straight from their 16-bit lanes */
     return _mm512_permutexvar_ps(_mm512_cvtepu16_epi32(w), v16_mul(v16_set1(rdh(b + 52)), v16_iota(-1)));
 #else
     const __m128i q = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
@@ -321,7 +329,7 @@ AI void prep_iq2_scales(const uint8_t *b, int at, float *ps) {
     const v16 s = v16_add(v16_set1(0.5f), v16_i8(_mm_unpacklo_epi8(nib(q, 0), nib(q, 1))));
     v16_st(ps, v16_mul(v16_mul(v16_set1(rdh(b)), s), v16_set1(0.25f)));
 }
-#ifndef STRATA_AVX512
+#ifndef STRATA_PERM
 /* i-quants (AVX2 build): (db * grid) * sign = db * (sign * grid) exactly */
 AI v16 g_iq2_xxs(const uint8_t *b, int j, const float *ps) {
     const int g = j / 2, l = 2 * (j & 1);
@@ -359,7 +367,7 @@ AI v16 g_iq3_s(const uint8_t *b, int j, const float *ps) {
 }
 /* IQ1: dl * (grid + delta) with delta = +-1/8: grid + delta is exact, so the lanes add it in float */
 AI v16 iq1_value(__m128i grid, uint32_t neg, float dl) {
-#ifdef STRATA_AVX512 /* the 6 values dl * (grid + delta) once, then a permute by grid (low nibble) and delta (bit 4) */
+#ifdef STRATA_PERM /* the 6 values dl * (grid + delta) once, then a permute by grid (low nibble) and delta (bit 4) */
     const __m128i idx = _mm_or_si128(_mm_and_si128(grid, _mm_set1_epi8(15)),
                                      _mm_and_si128(bitmask16(neg), _mm_set1_epi8(16)));
     return perm32(v16_mul(v16_set1(dl), v16_add(v16_signed4(), v16_set1(0.125f))),
@@ -422,7 +430,7 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
 /* the per-block scratch of the passes: ps[0..31] scales and mins; the AVX-512 grid decoders' offsets and masks
  * behind them (expert_pool_grids.h). The passes keep two and prepare block b + 1 before decoding block b: the
  * decoders read back the prep's vector stores with scalar loads, which would wait for them if read at once. */
-#ifdef STRATA_AVX512
+#ifdef STRATA_PERM
 #define PS_SCRATCH scratch sc_ __attribute__((aligned(64))); float *const ps = sc_.f
 #define PS_SCRATCH2 scratch sc2_[2] __attribute__((aligned(64)))
 #define PS_OF(b) (sc2_[(b) & 1].f)
