@@ -39,11 +39,13 @@ DISTINCT = 4  # distinct experts' bytes per tensor (copied into every expert: va
 
 
 def random_expert(ggml_type: int, rows: int, n: int, rng) -> np.ndarray:
-    """uint8 [rows, row bytes] of one expert's tensor: valid random blocks, or random floats."""
+    """[rows, row bytes] uint8 of one expert's tensor (valid random blocks), or [rows, n] random floats in the
+    type's own dtype (as the GGUF reader maps float tensors, so the numpy reference reads them as values)."""
     if ggml_type in quants.BLOCK_TYPES:
         return random_tensor(rng, ggml_type, (rows, n), 0.05)
     x = rng.standard_normal((rows, n)).astype(np.float32) * np.float32(0.05)
-    return np.ascontiguousarray(quants.quantize(x, ggml_type)).view(np.uint8).reshape(rows, -1)
+    dtype = {quants.F32: np.float32, quants.F16: np.float16}.get(ggml_type, np.uint16)  # BF16: its 16-bit words
+    return np.ascontiguousarray(quants.quantize(x, ggml_type)).view(dtype).reshape(rows, n)
 
 
 class SyntheticExperts:
@@ -62,7 +64,7 @@ class SyntheticExperts:
         for layer in range(n_layers):
             for role, t in zip(ROLES, types):
                 one = self.distinct[role]
-                raw = np.empty((n_expert, *one.shape[1:]), dtype=np.uint8)
+                raw = np.empty((n_expert, *one.shape[1:]), dtype=one.dtype)
                 for d in range(DISTINCT):
                     raw[d::DISTINCT] = one[d]
                 rows, n = shapes[role]

@@ -48,7 +48,7 @@ static void dot_f32_rows(const float *w, int n, const float *const *xs, int m, f
  * The fused kernels run in column chunks that keep the m x-row slices in L1 (m * chunk <= X_CHUNK_FLOATS) while
  * the item's weight rows stream past them: a row of 2560 floats is 10 KB, so four whole x rows would not fit beside
  * the weights. Chunks start at multiples of 256 elements (whole blocks of every type). xsum[r]: the 16-element group
- * sums of x row r where the type's kernel needs them (fused_needs_sums), else unread. Without a fused kernel: each
+ * sums of x row r where the type's kernel needs them (fused_needs_sums), else NULL. Without a fused kernel: each
  * row dequantized into buf (n floats), then the scalar dot products. */
 static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, int n, const float *const *xs,
                       const float *const *xsum, int m, float *out, float *buf) {
@@ -68,7 +68,7 @@ static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, in
             const int64_t at = (int64_t)c0 / elems * bytes;
             for (int r = 0; r < m; r++) {
                 xc[r] = xs[r] + c0;
-                sc[r] = xsum[r] + c0 / 16;
+                sc[r] = xsum[r] ? xsum[r] + c0 / 16 : NULL;
             }
             for (int i = 0; i < nrows; i++) {
                 fused(w0 + i * stride + at, len, xc, sc, m, part);
@@ -94,11 +94,11 @@ static int needs_sums(int type) {
 #endif
 }
 
-static void sums_of(const float *const *xs, int m, int n, float *const *xsum) {
+static void sums_of(const float *x, int n, float *xsum) {
 #ifdef STRATA_AVX2
-    for (int r = 0; r < m; r++) group_sums(xs[r], n, xsum[r]);
+    group_sums(x, n, xsum);
 #else
-    (void)xs, (void)m, (void)n, (void)xsum;
+    (void)x, (void)n, (void)xsum;
 #endif
 }
 
@@ -107,27 +107,39 @@ static int row_ok(int type, int n) {
     return block_of(type, &elems, &bytes) == 0 && n % elems == 0;
 }
 
-/* y[dst[i]] = down_g · (silu(gate_g · x[tok[i]]) * (up_g · x[tok[i]])) for every entry i of every group g */
+/* y[dst[i]] = down_g · (silu(gate_g · x[tok[i]]) * (up_g · x[tok[i]])) for every entry i of every group g
+ *
+ * The min term's group sums (fused_needs_sums: Q2_K, Q4_K, Q5_K in the AVX-512 build) are computed once per call:
+ * those of the x rows before the gate/up items, those of each h row by the gate/up items that write it (an item's
+ * 16 rows are one 16-element group of h). Per work item they cost 10-40 % of a Q2_K item at one row per expert. */
 int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate, const uint64_t *up,
                        const uint64_t *down, int64_t gate_row, int64_t up_row, int64_t down_row, int gate_type,
                        int up_type, int down_type, const int32_t *start, const int32_t *tok, const int32_t *dst,
                        const float *x, float *y, float *h) {
     if (!row_ok(gate_type, H) || !row_ok(up_type, H) || !row_ok(down_type, F)) return -1;
     const int items_gu = (F + ROWS_GATE_UP - 1) / ROWS_GATE_UP, items_dn = (H + ROWS_DOWN - 1) / ROWS_DOWN;
+    const int N = start[G], x_sums = needs_sums(gate_type) || needs_sums(up_type), h_sums = needs_sums(down_type);
+    int n_x = 0; /* x rows: 1 + the largest token row an entry reads */
+    for (int i = 0; i < N; i++) n_x = tok[i] + 1 > n_x ? tok[i] + 1 : n_x;
+    float *sums = (float *)malloc(sizeof(float) * ((size_t)(x_sums ? n_x : 0) * (H / 16) +
+                                                   (size_t)(h_sums ? N : 0) * (F / 16) + 1));
+    if (!sums) return -2;
+    float *const xs_all = sums, *const hs_all = sums + (size_t)(x_sums ? n_x : 0) * (H / 16);
     int failed = 0;
 #pragma omp parallel num_threads(n_threads)
     {
         const int n_max = H > F ? H : F;
-        float *buf = (float *)malloc(sizeof(float) * (size_t)(n_max + MAX_M * (n_max / 16 + 1)));
+        float *buf = (float *)malloc(sizeof(float) * (size_t)n_max);
         if (!buf) {
 #pragma omp atomic write
             failed = 1;
         }
-        const float *xs[MAX_M];
-        float *xsum[MAX_M];
-        const float *const *sums = (const float *const *)xsum;
-        for (int r = 0; r < MAX_M; r++) xsum[r] = buf ? buf + n_max + r * (n_max / 16 + 1) : NULL;
+        const float *xs[MAX_M], *xsum[MAX_M];
         float gv[ROWS_GATE_UP * MAX_M], uv[ROWS_GATE_UP * MAX_M];
+        if (x_sums) {
+#pragma omp for schedule(static)
+            for (int t = 0; t < n_x; t++) sums_of(x + (int64_t)t * H, H, xs_all + (int64_t)t * (H / 16));
+        } /* implicit barrier: every x sum is there */
 #pragma omp for schedule(dynamic, 1)
         for (int item = 0; item < G * items_gu; item++) {
             if (!buf) continue;
@@ -136,18 +148,24 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
             const uint8_t *wg = (const uint8_t *)(uintptr_t)gate[g], *wu = (const uint8_t *)(uintptr_t)up[g];
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
-                for (int r = 0; r < m; r++) xs[r] = x + (int64_t)tok[e0 + r] * H;
-                if (needs_sums(gate_type) || needs_sums(up_type)) sums_of(xs, m, H, xsum);
-                rows_dots(gate_type, wg + f0 * gate_row, gate_row, f1 - f0, H, xs, sums, m, gv, buf);
-                rows_dots(up_type, wu + f0 * up_row, up_row, f1 - f0, H, xs, sums, m, uv, buf);
-                for (int f = f0; f < f1; f++)
-                    for (int r = 0; r < m; r++) {
+                for (int r = 0; r < m; r++) {
+                    xs[r] = x + (int64_t)tok[e0 + r] * H;
+                    xsum[r] = x_sums ? xs_all + (int64_t)tok[e0 + r] * (H / 16) : NULL;
+                }
+                rows_dots(gate_type, wg + f0 * gate_row, gate_row, f1 - f0, H, xs, xsum, m, gv, buf);
+                rows_dots(up_type, wu + f0 * up_row, up_row, f1 - f0, H, xs, xsum, m, uv, buf);
+                for (int r = 0; r < m; r++) {
+                    float *hr = h + (int64_t)(e0 + r) * F;
+                    for (int f = f0; f < f1; f++) {
                         const float gr = gv[(f - f0) * MAX_M + r];
-                        h[(int64_t)(e0 + r) * F + f] = gr * (1.0f / (1.0f + expf(-gr))) * uv[(f - f0) * MAX_M + r];
+                        hr[f] = gr * (1.0f / (1.0f + expf(-gr))) * uv[(f - f0) * MAX_M + r];
                     }
+                    /* h_sums: F % 256 == 0 (a K-quant down row), so f0 .. f1 is the whole group f0 / 16 */
+                    if (h_sums) sums_of(hr + f0, 16, hs_all + (int64_t)(e0 + r) * (F / 16) + f0 / 16);
+                }
             }
         }
-        /* implicit barrier: every h row is complete */
+        /* implicit barrier: every h row and its sums are complete */
         float out[ROWS_DOWN * MAX_M];
 #pragma omp for schedule(dynamic, 1)
         for (int item = 0; item < G * items_dn; item++) {
@@ -157,15 +175,18 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
             const uint8_t *wd = (const uint8_t *)(uintptr_t)down[g];
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
-                for (int r = 0; r < m; r++) xs[r] = h + (int64_t)(e0 + r) * F;
-                if (needs_sums(down_type)) sums_of(xs, m, F, xsum);
-                rows_dots(down_type, wd + d0 * down_row, down_row, d1 - d0, F, xs, sums, m, out, buf);
+                for (int r = 0; r < m; r++) {
+                    xs[r] = h + (int64_t)(e0 + r) * F;
+                    xsum[r] = h_sums ? hs_all + (int64_t)(e0 + r) * (F / 16) : NULL;
+                }
+                rows_dots(down_type, wd + d0 * down_row, down_row, d1 - d0, F, xs, xsum, m, out, buf);
                 for (int d = d0; d < d1; d++)
                     for (int r = 0; r < m; r++) y[(int64_t)dst[e0 + r] * H + d] = out[(d - d0) * MAX_M + r];
             }
         }
         free(buf);
     }
+    free(sums);
     return failed ? -2 : 0;
 }
 

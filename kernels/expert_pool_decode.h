@@ -49,6 +49,7 @@ static inline float pow2i(int e) {
 
 static inline uint16_t rd16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static inline uint32_t rd32(const uint8_t *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static inline uint64_t rd64(const uint8_t *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 static inline float rdh(const uint8_t *p) { return f16_to_f32(rd16(p)); }
 
 /* ---- dequantization of one row of n elements (n a multiple of the block), exactly gguf's float32 values */

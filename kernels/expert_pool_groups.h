@@ -18,6 +18,14 @@
 
 #define AI static inline __attribute__((always_inline))
 
+/* STRATA_PERM: the AVX-512 build's register-permute decoders (vpermps / vpermt2ps tables, the grid i-quants of
+ * expert_pool_grids.h, unmasked nibble and crumb indexes). -DSTRATA_NO_PERM=1 (bench/pool_bench.py --variant
+ * STRATA_NO_PERM=1) keeps the AVX-512 lanes and passes but decodes as the AVX2 build does (widen, convert, multiply):
+ * the A/B for hosts where the permutes are slow (the tests run it too) */
+#if defined(STRATA_AVX512) && !defined(STRATA_NO_PERM)
+#define STRATA_PERM 1
+#endif
+
 /* ---- v16: 16 float32 lanes */
 #ifdef STRATA_AVX512
 typedef __m512 v16;
@@ -76,7 +84,7 @@ AI v16 scaled_add(__m128i q, float d, float m) { return v16_add(v16_mul(v16_set1
  * once (the same float products, so the same bits) and each weight is a register permute of them by its code
  * (vpermps / vpermt2ps on the low 4 / 5 bits), instead of a widen, a convert and a multiply per 16 weights.
  * small16: codes 0..15 (sgn 0) or -8..7 (sgn 1); small32: 0..31 or -16..15; *_add: + m after the product. */
-#ifdef STRATA_AVX512
+#ifdef STRATA_PERM
 AI v16 v16_iota(int from) { /* from, from + 1, ..., from + 15 */
     return _mm512_add_ps(_mm512_set1_ps((float)from), _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
                                                                       14, 15));
@@ -169,10 +177,21 @@ AI int k_scale6(const uint8_t *sc, int j) { /* Q3_K's 6-bit signed sub-block sca
 }
 
 /* ---- group j of one block of each type (the layouts: the scalar decoders in expert_pool_decode.h) */
+#ifdef STRATA_PERM
+/* the 4-bit types in the AVX-512 build: the permutes read only the low nibble of each index byte, so the high
+ * nibble is shifted down and neither half masked (nibx), and Q4_0's - 8 lives in its table d * (k - 8) */
+AI __m128i nibx(__m128i q, int hi) { return hi ? _mm_srli_epi16(q, 4) : q; }
+AI v16 g_q4_0(const uint8_t *b, int j, const float *ps) {
+    (void)ps;
+    return perm16(v16_mul(v16_set1(rdh(b)), v16_iota(-8)), nibx(ld16b(b + 2), j));
+}
+#else
+#define nibx nib
 AI v16 g_q4_0(const uint8_t *b, int j, const float *ps) {
     return small16(_mm_sub_epi8(nib(ld16b(b + 2), j), _mm_set1_epi8(8)), 1, rdh(b));
 }
-AI v16 g_q4_1(const uint8_t *b, int j, const float *ps) { return small16_add(nib(ld16b(b + 4), j), rdh(b), rdh(b + 2)); }
+#endif
+AI v16 g_q4_1(const uint8_t *b, int j, const float *ps) { return small16_add(nibx(ld16b(b + 4), j), rdh(b), rdh(b + 2)); }
 AI __m128i q5_codes(const uint8_t *b, int j, int qh_at, int qs_at) {
     const uint32_t qh = rd32(b + qh_at) >> (16 * j);
     return _mm_or_si128(nib(ld16b(b + qs_at), j), _mm_and_si128(bitmask16(qh & 0xFFFF), _mm_set1_epi8(0x10)));
@@ -185,19 +204,32 @@ AI v16 g_q8_0(const uint8_t *b, int j, const float *ps) {
     return v16_mul(v16_i8(ld16b(b + 2 + 16 * j)), v16_set1(rdh(b)));
 }
 AI v16 g_iq4_nl(const uint8_t *b, int j, const float *ps) {
-    return lut_scaled(kvalues_iq4nl, nib(ld16b(b + 2), j), rdh(b));
+    return lut_scaled(kvalues_iq4nl, nibx(ld16b(b + 2), j), rdh(b));
 }
 AI v16 g_mxfp4(const uint8_t *b, int j, const float *ps) {
-    return lut_scaled(kvalues_fp4, nib(ld16b(b + 1), j), e8m0_half(b[0]));
+    return lut_scaled(kvalues_fp4, nibx(ld16b(b + 1), j), e8m0_half(b[0]));
 }
+#ifdef STRATA_PERM
+/* the 8 bytes in both halves, the upper half's 16-bit lanes shifted by 4 (its low nibbles are then the high
+ * nibbles); the 4 scales once per block into ps (prep_nvfp4), read back as broadcasts */
+AI void prep_nvfp4(const uint8_t *b, float *ps) {
+    for (int s = 0; s < 4; s++) ps[s] = ue4m3_half(b[s]);
+}
+AI v16 g_nvfp4(const uint8_t *b, int j, const float *ps) {
+    const __m128i q = _mm_srlv_epi16(_mm_set1_epi64x((long long)rd64(b + 4 + 8 * j)), _mm_setr_epi16(0, 0, 0, 0, 4, 4, 4, 4));
+    return lut_scaled(kvalues_fp4, q, ps[j]);
+}
+#else
+#define prep_nvfp4 prep_none
 AI v16 g_nvfp4(const uint8_t *b, int j, const float *ps) {
     const __m128i q = ld8(b + 4 + 8 * j);
     return lut_scaled(kvalues_fp4, _mm_unpacklo_epi64(nib(q, 0), nib(q, 1)), ue4m3_half(b[j]));
 }
+#endif
 AI v16 g_iq4_xs(const uint8_t *b, int j, const float *ps) {
     const int s = j / 2, lo = (b[4 + s / 2] >> (4 * (s % 2))) & 0xF, hi = (rd16(b + 2) >> (2 * s)) & 3;
     const float dl = rdh(b) * (float)((int8_t)(lo | (hi << 4)) - 32);
-    return lut_scaled(kvalues_iq4nl, nib(ld16b(b + 8 + 16 * s), j & 1), dl);
+    return lut_scaled(kvalues_iq4nl, nibx(ld16b(b + 8 + 16 * s), j & 1), dl);
 }
 /* the types with a min (Q2_K, Q4_K, Q5_K): prep writes the 16 groups' scales to ps[0..15] and mins to ps[16..31];
  * the decoder returns scale * code, the weight is that minus the min (gguf's d * q - m, in that order) */
@@ -234,9 +266,28 @@ AI void prep_q2_k(const uint8_t *b, float *ps) { /* the 16 sub-block scales d * 
     v16_st(ps, v16_mul(v16_set1(rdh(b + 80)), v16_i8(nib(sc, 0))));
     v16_st(ps + 16, v16_mul(v16_set1(rdh(b + 82)), v16_i8(nib(sc, 1))));
 }
+#ifdef STRATA_PERM
+/* the 2-bit planes unmasked: the permute reads the low nibble, whose upper two bits (the next plane) the tables
+ * ignore by repeating every 4 entries */
+AI __m128i plane2x(const uint8_t *qs, int j) {
+    return _mm_srli_epi16(ld16b(qs + 32 * (j / 8) + 16 * (j & 1)), 2 * ((j % 8) / 2));
+}
+AI v16 v16_cyc4(int from) { return _mm512_add_ps(_mm512_set1_ps((float)from), _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)); }
+AI v16 g_q2_k(const uint8_t *b, int j, const float *ps) {
+    return perm16(v16_mul(v16_set1(ps[j]), v16_cyc4(0)), plane2x(b + 16, j));
+}
+AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
+    (void)ps;
+    return perm16(v16_mul(v16_set1(rdh(b + 64)), v16_cyc4(-1)), plane2x(b, j));
+}
+#else
 AI v16 g_q2_k(const uint8_t *b, int j, const float *ps) {
     return small16(plane2(b + 16, j), 0, ps[j]);
 }
+AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
+    return small16(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), 1, rdh(b + 64));
+}
+#endif
 AI void prep_q3_k(const uint8_t *b, float *ps) { /* the 16 scales d * s, converted and multiplied as one vector */
     int8_t sc[16];
     for (int j = 0; j < 16; j++) sc[j] = (int8_t)k_scale6(b + 96, j);
@@ -247,9 +298,6 @@ AI v16 g_q3_k(const uint8_t *b, int j, const float *ps) {
     const __m128i q = _mm_sub_epi8(plane2(b + 32, j), _mm_slli_epi16(_mm_xor_si128(hb, _mm_set1_epi8(1)), 2));
     return small16(q, 1, ps[j]);
 }
-AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
-    return small16(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), 1, rdh(b + 64));
-}
 AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) {
     /* base-3 digits: element e of the group is byte V[e] times 3^P[e] (mod 256), the digit ((v * 3) >> 8) - 1,
      * in 16-bit lanes: groups 0..9 read bytes 16 (j % 2) with power j / 2, 10..14 bytes 32 with power j - 10, and
@@ -259,30 +307,36 @@ AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) {
     __m256i p;
     if (j < 15) {
         v = ld16b(b + (j < 10 ? 16 * (j & 1) : 32));
-        p = _mm256_set1_epi16(pow3[j < 10 ? j / 2 : j - 10]);
+        p = _mm256_set1_epi16((int16_t)(pow3[j < 10 ? j / 2 : j - 10] << 8));
     } else {
         v = _mm_shuffle_epi8(_mm_cvtsi32_si128((int)rd32(b + 48)),
                              _mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3));
-        p = _mm256_setr_epi16(1, 1, 1, 1, 3, 3, 3, 3, 9, 9, 9, 9, 27, 27, 27, 27);
+        p = _mm256_setr_epi16(1 << 8, 1 << 8, 1 << 8, 1 << 8, 3 << 8, 3 << 8, 3 << 8, 3 << 8, 9 << 8, 9 << 8, 9 << 8,
+                              9 << 8, 27 << 8, 27 << 8, 27 << 8, 27 << 8);
     }
-    __m256i w = _mm256_and_si256(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(v), p), _mm256_set1_epi16(0xFF));
-    w = _mm256_srli_epi16(_mm256_mullo_epi16(w, _mm256_set1_epi16(3)), 8);
+    /* v * (3^P << 8) mod 2^16 is (v * 3^P mod 256) << 8, and its high half times 3 the digit: two multiplies */
+    const __m256i w = _mm256_mulhi_epu16(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(v), p), _mm256_set1_epi16(3));
+#ifdef STRATA_PERM /* the digits 0, 1, 2 index d * (digit - 1) straight from their 16-bit lanes */
+    return _mm512_permutexvar_ps(_mm512_cvtepu16_epi32(w), v16_mul(v16_set1(rdh(b + 52)), v16_iota(-1)));
+#else
     const __m128i q = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
     return small16(_mm_sub_epi8(q, _mm_set1_epi8(1)), 1, rdh(b + 52));
-}
-/* i-quants: (db * grid) * sign = db * (sign * grid) exactly */
-AI v16 g_iq2_xxs(const uint8_t *b, int j, const float *ps) {
-    const int g = j / 2, l = 2 * (j & 1);
-    const uint32_t a0 = rd32(b + 2 + 8 * g), a1 = rd32(b + 6 + 8 * g);
-    const __m128i q = two8(grid_iq2xxs[(a0 >> (8 * l)) & 0xFF], grid_iq2xxs[(a0 >> (8 * l + 8)) & 0xFF]);
-    const uint32_t sg = ksigns_iq2xs[(a1 >> (7 * l)) & 127] | (uint32_t)ksigns_iq2xs[(a1 >> (7 * l + 7)) & 127] << 8;
-    return scaled(signed16(q, sg), rdh(b) * (0.5f + (float)(a1 >> 28)) * 0.25f);
+#endif
 }
 /* IQ2_XS / IQ2_S: the 16 scales d * (0.5 + s) * 0.25, s the nibbles of 8 bytes at `at`, low first */
 AI void prep_iq2_scales(const uint8_t *b, int at, float *ps) {
     const __m128i q = ld8(b + at);
     const v16 s = v16_add(v16_set1(0.5f), v16_i8(_mm_unpacklo_epi8(nib(q, 0), nib(q, 1))));
     v16_st(ps, v16_mul(v16_mul(v16_set1(rdh(b)), s), v16_set1(0.25f)));
+}
+#ifndef STRATA_PERM
+/* i-quants (AVX2 build): (db * grid) * sign = db * (sign * grid) exactly */
+AI v16 g_iq2_xxs(const uint8_t *b, int j, const float *ps) {
+    const int g = j / 2, l = 2 * (j & 1);
+    const uint32_t a0 = rd32(b + 2 + 8 * g), a1 = rd32(b + 6 + 8 * g);
+    const __m128i q = two8(grid_iq2xxs[(a0 >> (8 * l)) & 0xFF], grid_iq2xxs[(a0 >> (8 * l + 8)) & 0xFF]);
+    const uint32_t sg = ksigns_iq2xs[(a1 >> (7 * l)) & 127] | (uint32_t)ksigns_iq2xs[(a1 >> (7 * l + 7)) & 127] << 8;
+    return scaled(signed16(q, sg), rdh(b) * (0.5f + (float)(a1 >> 28)) * 0.25f);
 }
 AI void prep_iq2_xs(const uint8_t *b, float *ps) { prep_iq2_scales(b, 66, ps); }
 AI void prep_iq2_s(const uint8_t *b, float *ps) { prep_iq2_scales(b, 74, ps); }
@@ -313,7 +367,7 @@ AI v16 g_iq3_s(const uint8_t *b, int j, const float *ps) {
 }
 /* IQ1: dl * (grid + delta) with delta = +-1/8: grid + delta is exact, so the lanes add it in float */
 AI v16 iq1_value(__m128i grid, uint32_t neg, float dl) {
-#ifdef STRATA_AVX512 /* the 6 values dl * (grid + delta) once, then a permute by grid (low nibble) and delta (bit 4) */
+#ifdef STRATA_PERM /* the 6 values dl * (grid + delta) once, then a permute by grid (low nibble) and delta (bit 4) */
     const __m128i idx = _mm_or_si128(_mm_and_si128(grid, _mm_set1_epi8(15)),
                                      _mm_and_si128(bitmask16(neg), _mm_set1_epi8(16)));
     return perm32(v16_mul(v16_set1(dl), v16_add(v16_signed4(), v16_set1(0.125f))),
@@ -340,6 +394,14 @@ AI v16 g_iq1_m(const uint8_t *b, int j, const float *ps) {
     const float dl = d * (float)(2 * ((sw >> (3 * (j % 4))) & 7) + 1);
     return iq1_value(q, ((h & 8) ? 0xFF : 0) | ((h & 0x80) ? 0xFF00 : 0), dl);
 }
+#define prep_iq2_xxs prep_none
+#define prep_iq3_xxs prep_none
+#define prep_iq3_s prep_none
+#define prep_iq1_s prep_none
+#define prep_iq1_m prep_none
+#else
+#include "expert_pool_grids.h"
+#endif
 /* float rows: a "block" of 16 values */
 AI v16 g_f32(const uint8_t *b, int j, const float *ps) { (void)j; (void)ps; return v16_ld((const float *)b); }
 AI v16 g_f16(const uint8_t *b, int j, const float *ps) { (void)j; (void)ps; return v16_f16(b); }
@@ -356,14 +418,35 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
     X(T_Q4_1, g_q4_1, 2, 20, prep_none, 0) X(T_Q5_0, g_q5_0, 2, 22, prep_none, 0) \
     X(T_Q5_1, g_q5_1, 2, 24, prep_none, 0) X(T_Q8_0, g_q8_0, 2, 34, prep_none, 0) \
     X(T_IQ4_NL, g_iq4_nl, 2, 18, prep_none, 0) X(T_MXFP4, g_mxfp4, 2, 17, prep_none, 0) \
-    X(T_NVFP4, g_nvfp4, 4, 36, prep_none, 0) X(T_Q2_K, g_q2_k, 16, 84, prep_q2_k, 1) \
+    X(T_NVFP4, g_nvfp4, 4, 36, prep_nvfp4, 0) X(T_Q2_K, g_q2_k, 16, 84, prep_q2_k, 1) \
     X(T_Q3_K, g_q3_k, 16, 110, prep_q3_k, 0) X(T_Q4_K, g_q4_k, 16, 144, prep_q45_k, 1) \
     X(T_Q5_K, g_q5_k, 16, 176, prep_q45_k, 1) X(T_Q6_K, g_q6_k, 16, 210, prep_q6_k, 0) \
-    X(T_IQ4_XS, g_iq4_xs, 16, 136, prep_none, 0) X(T_IQ2_XXS, g_iq2_xxs, 16, 66, prep_none, 0) \
+    X(T_IQ4_XS, g_iq4_xs, 16, 136, prep_none, 0) X(T_IQ2_XXS, g_iq2_xxs, 16, 66, prep_iq2_xxs, 0) \
     X(T_IQ2_XS, g_iq2_xs, 16, 74, prep_iq2_xs, 0) X(T_IQ2_S, g_iq2_s, 16, 82, prep_iq2_s, 0) \
-    X(T_IQ3_XXS, g_iq3_xxs, 16, 98, prep_none, 0) X(T_IQ3_S, g_iq3_s, 16, 110, prep_none, 0) \
-    X(T_IQ1_S, g_iq1_s, 16, 50, prep_none, 0) X(T_IQ1_M, g_iq1_m, 16, 56, prep_none, 0) \
+    X(T_IQ3_XXS, g_iq3_xxs, 16, 98, prep_iq3_xxs, 0) X(T_IQ3_S, g_iq3_s, 16, 110, prep_iq3_s, 0) \
+    X(T_IQ1_S, g_iq1_s, 16, 50, prep_iq1_s, 0) X(T_IQ1_M, g_iq1_m, 16, 56, prep_iq1_m, 0) \
     X(T_TQ1_0, g_tq1_0, 16, 54, prep_none, 0) X(T_TQ2_0, g_tq2_0, 16, 66, prep_none, 0)
+
+/* the per-block scratch of the passes: ps[0..31] scales and mins; the AVX-512 grid decoders' offsets and masks
+ * behind them (expert_pool_grids.h). The passes keep two and prepare block b + 1 before decoding block b: the
+ * decoders read back the prep's vector stores with scalar loads, which would wait for them if read at once. */
+#ifdef STRATA_PERM
+#define PS_SCRATCH scratch sc_ __attribute__((aligned(64))); float *const ps = sc_.f
+#define PS_SCRATCH2 scratch sc2_[2] __attribute__((aligned(64)))
+#define PS_OF(b) (sc2_[(b) & 1].f)
+#else
+#define PS_SCRATCH float ps[32] __attribute__((aligned(64)))
+#define PS_SCRATCH2 float ps2_[2][32] __attribute__((aligned(64)))
+#define PS_OF(b) (ps2_[(b) & 1])
+#endif
+
+/* which preps run a block ahead (PIPE_ 1): those whose scalar read-backs of vector stores would wait; Q4_K/Q5_K's
+ * scalar prep measured slower ahead (its stored scales are then reloaded instead of kept in registers) */
+enum {
+    PIPE_prep_none = 0, PIPE_prep_q2_k = 1, PIPE_prep_q3_k = 1, PIPE_prep_q45_k = 0, PIPE_prep_q6_k = 1,
+    PIPE_prep_iq2_xs = 1, PIPE_prep_iq2_s = 1, PIPE_prep_iq2_xxs = 1, PIPE_prep_iq3_xxs = 1, PIPE_prep_iq3_s = 1,
+    PIPE_prep_iq1_s = 1, PIPE_prep_iq1_m = 1, PIPE_prep_nvfp4 = 0
+};
 
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048 /* bytes ahead of the block being read */
@@ -384,12 +467,15 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
     AI void pass_##DEC(const uint8_t *row, int nb, const float *const *xs, const float *const *xsum, float *out,   \
                        const int M) {                                                                              \
         v16 acc[PASS_M][2], macc[PASS_M];                                                                           \
-        float ps[32] __attribute__((aligned(64)));                                                                  \
+        PS_SCRATCH2;                                                                                                \
         for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = macc[r] = v16_zero();                                   \
+        if (PIPE_##PREP && nb > 0) PREP(row, PS_OF(0));                                                             \
         for (int b = 0; b < nb; b++) {                                                                              \
             const uint8_t *blk = row + (int64_t)BPB * b;                                                            \
             for (int p = 0; p < BPB; p += 64) __builtin_prefetch(blk + PREFETCH_AHEAD + p);                         \
-            PREP(blk, ps);                                                                                          \
+            float *const ps = PS_OF(PIPE_##PREP ? b : 0);                                                           \
+            if (!PIPE_##PREP) PREP(blk, ps);                                                                        \
+            else if (b + 1 < nb) PREP(blk + BPB, PS_OF(b + 1));                                                     \
             if (MINS && MIN_TERM)                                                                                   \
                 for (int r = 0; r < M; r++) macc[r] = v16_fma(v16_ld(ps + 16), v16_ld(xsum[r] + 16 * b), macc[r]); \
             _Pragma("GCC unroll 16") for (int j = 0; j < GPB; j++) {                                                \
@@ -415,7 +501,7 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
         }                                                                                                           \
     }                                                                                                               \
     static void rowdeq_##DEC(const uint8_t *src, int64_t n, float *y) {                                            \
-        float ps[32] __attribute__((aligned(64)));                                                                  \
+        PS_SCRATCH;                                                                  \
         for (int64_t b = 0; b < n / (16 * GPB); b++) {                                                              \
             PREP(src + (int64_t)BPB * b, ps);                                                                       \
             _Pragma("GCC unroll 16") for (int j = 0; j < GPB; j++) {                                                \
