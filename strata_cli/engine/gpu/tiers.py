@@ -37,9 +37,9 @@ WAIT_B, WAIT_FLAG = 0, 1
 
 
 def upload_resident(model, table: np.ndarray, pack_q8: bool, layers: range):
-    """Per layer of `layers` (a dict by global layer index): [(device array [n_slots, rows, row], ggml type)] for gate, up, down holding only the resident
-    experts in slot order (read from the memory-mapped file), and n_slots. A layer without residents gets one
-    zero slot so that every launch has a valid array (no entry ever names it)."""
+    """Per layer of `layers` (a dict by global layer index): [(device array [n_slots, rows, row], ggml type)] for
+    gate, up, down holding only the resident experts in slot order (read from the memory-mapped file), and n_slots. A
+    layer without residents gets one zero slot so that every launch has a valid array (no entry ever names it)."""
     cp = cupy()
     out = {}
     for layer in layers:
@@ -251,6 +251,7 @@ def attach_tiers(engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool) -> N
     if cfg.policy != "static":
         engine.tier_note = (f"{engine.tier_note}; --expert-policy {cfg.policy}: the slots change between windows, "
                             f"at most {cfg.max_copy / 2**20:.0f} MiB copied per window")
-    prefault_experts(model=engine.model, table=table, layers=engine.layers)  # the CPU / PCIe shares read these pages: no window faults them
+    # the CPU / PCIe shares read these pages (the engine's layers' only): no window faults them
+    prefault_experts(model=engine.model, table=table, layers=engine.layers)
     engine.tiers.add_buffers(engine.arena)
     engine.tier_host = TierHost(engine.tiers, engine, cfg.stall_window)
