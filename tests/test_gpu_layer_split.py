@@ -16,7 +16,6 @@ from spec_windows import assert_same_state, committed_state, speculative_run
 from strata_cli.cli import main
 from strata_cli.engine import make_engine
 from strata_cli.engine.layer_plan import SplitConfig, plan_split, split_config
-from strata_cli.errors import OptionError
 from strata_cli.model.gguf_file import open_model
 
 pytestmark = pytest.mark.gpu
@@ -35,12 +34,12 @@ def _devices(n: int) -> tuple[int, ...]:
     return tuple(range(n)) if _n_visible() >= n else (0,) * n
 
 
-def _split_engine(model, counts, devices=None):
+def _split_engine(model, counts, devices=None, tiers=None):
     from strata_cli.engine.gpu.layer_split import GPUSplitEngine
 
     devices = devices or _devices(len(counts))
     plan = plan_split(SplitConfig(len(counts), tuple(counts), devices), model, _n_visible())
-    return GPUSplitEngine(model, plan)
+    return GPUSplitEngine(model, plan, tiers=tiers)
 
 
 def _models(fixture_dir, tmp_path):
@@ -64,6 +63,57 @@ def test_split_equals_one_engine_across_windows_with_commits(fixture_dir, tmp_pa
                 assert err <= 1e-4, f"{name} split {counts}: max relative error {err:.2e}"
                 np.testing.assert_array_equal(got_ids, want_ids, err_msg=f"{name} split {counts}")
                 assert_same_state(committed_state(split), want_state, rtol=1e-4, what=f"{name} split {counts}")
+
+
+# expert tiers per stage: (fixture, layer counts, tier options, which stages are tiered). --expert-cache N is per
+# stage (16 experts a layer: "32" keeps a 2-layer stage all resident, its zero-doorbell graph, no tiers object)
+TIER_SPLITS = [("q8_0", (3, 5), dict(cache="0", pcie_frac=0.5, split=True), (True, True)),
+               ("q8_0", (2, 6), dict(cache="32"), (False, True)),
+               ("q8_0", (5, 3), dict(cache="7", pcie_frac=1.0), (True, True)),
+               ("bf16", (4, 4), dict(cache="9", pcie_frac=0.5, policy="lru"), (True, True)),
+               ("q8_0", (1, 4, 3), dict(cache="1B", split=True), (True, True, True))]
+
+
+@pytest.mark.parametrize("kind,counts,tier_args,tiered", TIER_SPLITS,
+                         ids=[f"{k}-{'-'.join(map(str, c))}-{'-'.join(f'{a}={v}' for a, v in t.items())}"
+                              for k, c, t, _ in TIER_SPLITS])
+def test_split_with_tiers_equals_one_engine_all_resident(fixture_dir, kind, counts, tier_args, tiered):
+    from strata_cli.tiers.config import TierConfig
+
+    model = open_model(fixture_dir / f"model-{kind}.gguf")
+    g = model.geometry
+    tokens = np.random.default_rng(2).integers(0, g.n_vocab, N_TOKENS)
+    with gpu_engine(model) as whole:
+        want, want_ids = speculative_run(whole, tokens, np.random.default_rng(3), 16, allow_zero=True)
+        want_state = committed_state(whole)
+    what = f"{kind} split {counts} {tier_args}"
+    with _split_engine(model, counts, tiers=TierConfig(**tier_args)) as split:
+        assert tuple(s.tiers is not None for s in split.stages) == tiered, what
+        for s in split.stages:
+            if s.tiers is not None:  # its own residency (other layers hold no slot), steps over its layers only
+                lo, hi = s.layers
+                assert (s.tiers.table_host[:lo] < 0).all() and (s.tiers.table_host[hi:] < 0).all()
+                assert sorted(s.tiers.resident) == list(range(lo, hi))
+                assert s.tiers.wait_ns.host.shape == ((hi - lo) * 2, 2)
+                if tier_args["cache"].isdigit():  # an adaptive cache: with the copies still in flight
+                    pending = len(s.tiers.fill.policy.pending) if s.tiers.fill is not None else 0
+                    assert (s.tiers.table_host >= 0).sum() + pending == min(int(tier_args["cache"]),
+                                                                             (hi - lo) * g.n_expert)
+        got, got_ids = speculative_run(split, tokens, np.random.default_rng(3), 16, allow_zero=True)
+        err = rel_err(got, want)
+        assert err <= 1e-4, f"{what}: max relative error {err:.2e}"
+        np.testing.assert_array_equal(got_ids, want_ids, err_msg=what)
+        assert_same_state(committed_state(split), want_state, rtol=1e-4, what=what)
+        n_windows = None
+        for s in split.stages:
+            if s.tiers is not None:
+                history = s.tier_host.history
+                n_windows = len(history) if n_windows is None else n_windows
+                assert len(history) == n_windows > 0 and s.tier_host.windows == n_windows  # every window served
+                lo, hi = s.layers
+                assert all(h["vram"] + h["pcie"] + h["cpu"] == (hi - lo) * h["T"] * g.n_expert_used for h in history)
+                assert sum(h["cpu"] + h["pcie"] for h in history) > 0  # misses were served by this stage's host
+        assert "expert cache" in split.tier_note and "of layers" in split.tier_note
 
 
 def test_split_graph_replay_equals_eager(fixture_dir):
@@ -148,5 +198,23 @@ def test_split_refusals_on_gpu(fixture_dir, tmp_cache):
     assert f"{n} CUDA device{'s' if n != 1 else ''} visible" in out.stderr and len(out.stderr.strip().splitlines()) == 1
     from strata_cli.tiers.config import TierConfig
 
-    with pytest.raises(OptionError, match="do not combine with it yet"):
-        make_engine(model, "gpu", tiers=TierConfig(cache="0"), split=split_config("0,0", None))
+    # expert tiers combine with --gpus: a budget per GPU that holds nothing is fine (every expert missed) ...
+    with make_engine(model, "gpu", tiers=TierConfig(cache="1B"), split=split_config("0,0", None)) as split:
+        assert all(s.tiers is not None and (s.tiers.table_host < 0).all() for s in split.stages)
+    out = _cli("verify-bench", str(fixture_dir / "model-q8_0.gguf"), "--device", "gpu", "-r", "1", "--window", "2",
+               "--gpus", "0,0", "--expert-cache", "1B", "--pcie-frac", "0.5")
+    assert out.exit_code == 0, out.output
+    for i, layers in enumerate(("0..3", "4..7")):  # one line per stage: its own residency, nothing in VRAM
+        assert f"stage {i} (layers {layers}): expert cache: 0 of 64 (layer, expert) pairs of layers {layers}" \
+            in out.stderr, out.stderr
+    # ... and a profile of another model is refused as without --gpus
+    from strata_cli.tiers.expert_profile import ExpertProfile, save_profile
+
+    g = model.geometry
+    path = tmp_cache / "other.yaml"
+    save_profile(ExpertProfile(n_layers=g.n_layers + 1, n_expert=g.n_expert, ranked=np.zeros((1, 2), np.int32),
+                               slots=1, counts=np.ones((g.n_layers + 1, g.n_expert), np.int64)), path)
+    out = _cli("verify-bench", str(fixture_dir / "model-f32.gguf"), "--device", "gpu", "-r", "1", "--gpus", "0,0",
+               "--expert-cache", "3", "--expert-profile", str(path))
+    assert out.exit_code == 1 and "profile of another geometry" in out.stderr, out.output
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -6,6 +6,7 @@ import pytest
 
 from strata_cli.engine.gpu import pcie_stage
 from strata_cli.engine.gpu.pcie_stage import StagingRing, expert_bytes_view, gather_chunks
+from strata_cli.tiers.doorbell import StepRange
 
 
 class FakePinned:
@@ -90,6 +91,7 @@ def test_tier_host_gathers_then_copies_each_projection_between_two_events(monkey
     device = {f"tier_stage.{g}.{p}": np.zeros(Q * 40, np.uint8) for g in range(2) for p in range(3)}
     slots = {k: types.SimpleNamespace(data=types.SimpleNamespace(ptr=v.ctypes.data)) for k, v in device.items()}
     t = types.SimpleNamespace(ring_stage=StagingRing(2, [Q * 40] * 3, FakePinned, threads=2), G=2,
+                              steps=StepRange(0, 1),
                               expert_src=[src], copy_stream=types.SimpleNamespace(ptr=0), buf=slots,
                               words=types.SimpleNamespace(device=np.zeros(8, np.uint32)))
     host = tier_host.TierHost.__new__(tier_host.TierHost)

@@ -11,7 +11,7 @@ import pytest
 from strata_cli.engine.gpu.tiers import ExpertTiers
 from strata_cli.gpu.launch_util import GEMV_MAXT
 from strata_cli.tiers.config import TierConfig
-from strata_cli.tiers.doorbell import FLAG, FLAG_A, FLAG_B, N_WORDS, RELEASED, SEQ
+from strata_cli.tiers.doorbell import FLAG, FLAG_A, FLAG_B, N_WORDS, RELEASED, SEQ, StepRange
 from strata_cli.tiers.host import SRC_CPU, SRC_PCIE, SRC_VRAM, EngineReleased, TierHost, plan_step, write_plan
 from strata_cli.tiers.residency import choose_residency, expert_bytes, ranked_pairs, residency_table
 
@@ -122,6 +122,8 @@ class _SimTiers:
         self.ymiss = _Mapped((self.JM, self.D), np.float32)
         self.plan = _Mapped((2, self.JM * (3 + GEMV_MAXT)), np.int32)
         self.wait_ns = _Mapped((self.L * 2, 2), np.uint64)
+        self.steps = StepRange(0, self.L)
+        self.ring = self.steps.ring
 
 
 def _gpu_order(L: int, G: int) -> list[tuple[str, int, int]]:
@@ -155,7 +157,7 @@ class _SimGPU(threading.Thread):
         G = len(groups)
         for part, layer, grp in _gpu_order(t.L, G):
             r0, n = groups[grp]
-            ring = ExpertTiers.ring(layer, grp, G)
+            ring = t.ring(layer, grp, G)
             if part == "pre":
                 t.pub_x.host[r0:r0 + n] = self.x[layer, r0:r0 + n]
                 t.pub_ids.host[r0:r0 + n] = self.ids[layer, r0:r0 + n]
@@ -380,7 +382,12 @@ def test_a_release_during_a_step_is_never_undone_by_the_host(monkeypatch, fixtur
 def test_gpu_order_is_the_split_windows_order():
     assert _gpu_order(2, 2) == [("pre", 0, 0), ("pre", 0, 1), ("post", 0, 0), ("pre", 1, 0), ("post", 0, 1),
                                 ("pre", 1, 1), ("post", 1, 0), ("post", 1, 1)]
-    assert [ExpertTiers.ring(layer, grp, 2) for _, layer, grp in _gpu_order(2, 2)] == [1, 2, 1, 3, 2, 4, 3, 4]
+    assert [StepRange(0, 2).ring(layer, grp, 2) for _, layer, grp in _gpu_order(2, 2)] == [1, 2, 1, 3, 2, 4, 3, 4]
+    # a stage of the layer split over layers 3, 4 rings the same numbers, its steps map back to its layers
+    steps = StepRange(3, 5)
+    assert [steps.ring(layer + 3, grp, 2) for _, layer, grp in _gpu_order(2, 2)] == [1, 2, 1, 3, 2, 4, 3, 4]
+    assert [steps.at(k, 2) for k in range(steps.count(2))] == [(3, 0), (3, 1), (4, 0), (4, 1)]
+    assert [steps.at(k, 1) for k in range(steps.count(1))] == [(3, 0), (4, 0)] and list(steps.layers) == [3, 4]
 
 
 def test_watchdog_waits_while_an_eager_window_is_still_launched(monkeypatch, fixture_dir):

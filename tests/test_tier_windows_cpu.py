@@ -245,37 +245,40 @@ class Reference:
 _ORDERS: dict = {}
 
 
-def _stream_order(monkeypatch, g, T, G):
-    """(pre | post, layer, group) of a T-row tiered window in engine/gpu/window.py's recorded order (recorded before
-    _tiered replaces window.gemv_weight, then kept)."""
+def _stream_order(monkeypatch, g, T, G, layers):
+    """(pre | post, layer, group) of a T-row tiered window over layers [lo, hi) in engine/gpu/window.py's recorded
+    order (recorded before _tiered replaces window.gemv_weight, then kept)."""
     from test_window_steps import recorded_steps
 
-    if (g.n_layers, T, G) in _ORDERS:
-        return _ORDERS[g.n_layers, T, G]
+    key = (g.n_layers, T, G, layers)
+    if key in _ORDERS:
+        return _ORDERS[key]
 
     with monkeypatch.context() as mp:
-        steps = recorded_steps(mp, g, T, WindowPath(fused_hc=False, gemv_tc=False), tiers="split" if G == 2 else "one")
+        steps = recorded_steps(mp, g, T, WindowPath(fused_hc=False, gemv_tc=False), tiers="split" if G == 2 else "one",
+                               layers=layers)
     out = []
     for s in steps:
         if s.startswith("tiers."):
             part, layer, grp = s.split()
             out.append((part[6:], int(layer), int(grp)))
-    _ORDERS[g.n_layers, T, G] = out
+    _ORDERS[key] = out
     return out
 
 
-def _tiered(monkeypatch, model, cfg):
-    """attach_tiers on a stand-in engine (real Arena shapes, numpy buffers), then bind; returns (engine, kernels'
-    driver)."""
+def _tiered(monkeypatch, model, cfg, layers=None):
+    """attach_tiers on a stand-in engine over layers [lo, hi) (default every layer; real Arena shapes, numpy
+    buffers), then bind; returns (engine, kernels' driver)."""
     from strata_cli.engine.gpu import buffers, residency_fill, tiers as tiers_mod
     from strata_cli.gpu import graphs, launch_moe, launch_tiers
     from strata_cli.engine.gpu import window
     from strata_cli.tiers import host as host_mod
     from strata_cli.tiers.setup import residency_for
 
+    layers = layers or (0, model.geometry.n_layers)
     for T in range(1, 17):
         for G in {1, 2 if cfg.split and T >= 2 else 1}:
-            _stream_order(monkeypatch, model.geometry, T, G)
+            _stream_order(monkeypatch, model.geometry, T, G, layers)
     rt = FakeRt()
     FakeMapped.live.clear()
     monkeypatch.setattr(tiers_mod, "MappedBuffer", FakeMapped)
@@ -291,9 +294,10 @@ def _tiered(monkeypatch, model, cfg):
                         .as_array((ctypes.c_uint8 * int(np.prod(shape))).from_address(memptr.ptr)).view(dtype)
                         .reshape(shape)))
 
-    def upload_resident(model, table, pack_q8):  # the slot arrays as upload_resident fills them (raw, slot order)
-        out = []
-        for layer in range(table.shape[0]):
+    def upload_resident(model, table, pack_q8, stage):  # the slot arrays as upload_resident fills (raw, slot order)
+        assert list(stage) == list(range(*layers))  # the stage's layers only
+        out = {}
+        for layer in stage:
             ids = np.flatnonzero(table[layer] >= 0)
             ids = ids[np.argsort(table[layer, ids])]
             arrays = []
@@ -302,13 +306,13 @@ def _tiered(monkeypatch, model, cfg):
                 raw = np.ascontiguousarray(info.raw[ids]) if len(ids) else np.zeros((1, *info.raw.shape[1:]),
                                                                                      info.raw.dtype)
                 arrays.append((raw.view(DevArray), info.ggml_type))
-            out.append((arrays, max(len(ids), 1)))
+            out[layer] = (arrays, max(len(ids), 1))
         return out
 
     monkeypatch.setattr(tiers_mod, "upload_resident", upload_resident)
     g = model.geometry
-    arena = buffers.plan_buffers(g, 64, 16)
-    table, note, cfg = residency_for(model, cfg, arena.planned_bytes(), 16)
+    arena = buffers.plan_buffers(g, 64, 16, layers)
+    table, note, cfg = residency_for(model, cfg, arena.planned_bytes(), 16, layers)
     assert table is not None, note
 
     class Weights:
@@ -316,7 +320,8 @@ def _tiered(monkeypatch, model, cfg):
             info = model.info(name)
             return info.raw, info.ggml_type
 
-    engine = SimpleNamespace(g=g, model=model, max_t=16, w=Weights(), arena=arena, stream=STREAM, tier_note=note)
+    engine = SimpleNamespace(g=g, model=model, max_t=16, w=Weights(), arena=arena, stream=STREAM, tier_note=note,
+                             layers=layers)
     tiers_mod.attach_tiers(engine, table, cfg, pack_q8=True)
     engine.buf = {name: dev_zeros(shape, dtype) for name, shape, dtype in arena.specs}
     engine.tiers.bind(engine.buf)
@@ -335,7 +340,7 @@ def _run_window(monkeypatch, engine, kernels, rt, moes, T):
     """One window as GPUEngine._serve_tiered runs a graph: TierHost.launched(T, start the stream), the stream thread
     running pre/post in the recorded order; returns {(layer, r0): block_out rows} after each post."""
     t = engine.tiers
-    order = _stream_order(monkeypatch, engine.g, T, t.n_groups(T))
+    order = _stream_order(monkeypatch, engine.g, T, t.n_groups(T), engine.layers)
     got, failed = {}, []
     groups = t.groups(T)
 
@@ -375,43 +380,77 @@ CASES = [("q8_0", dict(cache="0")), ("q8_0", dict(cache="0", pcie_frac=0.5)),
 @pytest.mark.parametrize("kind,tier_args", CASES, ids=[f"{k}-{'-'.join(f'{a}={v}' for a, v in c.items())}"
                                                         for k, c in CASES])
 def test_tiered_windows_equal_the_reference_moe(monkeypatch, fixture_dir, kind, tier_args):
+    _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, None)
+
+
+# a stage of the layer split (GPUEngine(layers=(lo, hi)), lo > 0): its own residency over its layers (--expert-cache
+# N per stage), its own steps numbered from ring 1, its own PCIe staging and CPU share
+STAGE_CASES = [((3, 8), "q8_0", dict(cache="0")), ((2, 5), "q8_0", dict(cache="0", pcie_frac=0.5, split=True)),
+               ((1, 6), "q8_0", dict(cache="7", pcie_frac=0.5)), ((4, 8), "bf16", dict(cache="5", split=True)),
+               ((3, 8), "q8_0", dict(cache="9", pcie_frac=1.0)), ((2, 7), "q8_0", dict(cache="10", policy="lru")),
+               ((5, 8), "bf16", dict(cache="0", pcie_frac=0.5))]
+
+
+@pytest.mark.parametrize("layers,kind,tier_args", STAGE_CASES,
+                         ids=[f"{lo}-{hi}-{k}-{'-'.join(f'{a}={v}' for a, v in c.items())}"
+                              for (lo, hi), k, c in STAGE_CASES])
+def test_tiered_stage_windows_equal_the_reference_moe(monkeypatch, fixture_dir, layers, kind, tier_args):
+    _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers)
+
+
+def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
+    """Windows through the tiers of every layer (layers None) or of a stage [lo, hi), each post's block_out rows
+    equal to the numpy engine's MoE output of the same layer and rows."""
     from strata_cli.model.gguf_file import open_model
     from strata_cli.tiers.config import TierConfig
     from strata_cli.tiers import watchdog
 
     model = open_model(fixture_dir / f"model-{kind}.gguf")
     g = model.geometry
+    lo, hi = layers or (0, g.n_layers)
+    n_stage = hi - lo
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
     sizes = [1, 3, 4, 2, 8, 5]  # T >= 4: the window graph's fused HC reads (the same pre/post order)
     windows = [tokens[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(len(sizes))]
     ref = Reference(model, windows, monkeypatch)
-    engine, kernels, rt = _tiered(monkeypatch, model, TierConfig(**tier_args, timeout_s=10.0))
+    engine, kernels, rt = _tiered(monkeypatch, model, TierConfig(**tier_args, timeout_s=10.0), layers)
     kernels.ref = ref
     t, host = engine.tiers, engine.tier_host
     assert not t.all_resident and t.pcie == (t.cfg.pcie_frac > 0) and isinstance(t.cfg.pcie_frac, float)
-    # the engine's warm-up: one row of the first window, not counted
-    ref.current = ref.by_window[0]
-    _run_window(monkeypatch, engine, kernels, rt, ref.current, 1)
+    # the stage's rows only: other layers hold no slot, upload nothing, have no step (wait-time rows per step)
+    assert (t.table_host[:lo] < 0).all() and (t.table_host[hi:] < 0).all()
+    assert sorted(t.resident) == list(range(lo, hi)) and t.wait_ns.host.shape == (n_stage * 2, 2)
+    if tier_args["cache"] not in ("all", "auto"):
+        assert (t.table_host >= 0).sum() == min(int(tier_args["cache"]), n_stage * g.n_expert)
+    # the engine's warm-up: one row of the first window, not counted; a GPU stage's warm-up (layer_split._load_kernels)
+    # runs more windows: an adaptive cache's copies issued then stay in flight (their slots are not lost)
+    warm_up = [(0, 1)] if layers is None else [(0, 1), (1, 3), (2, 4)]
+    for w, T in warm_up:
+        ref.current = ref.by_window[w]
+        _run_window(monkeypatch, engine, kernels, rt, ref.current, T)
     host.after_warm_up()
     shares = {"vram": 0, "pcie": 0, "cpu": 0}
     for w, moes in enumerate(ref.by_window):
         ref.current = moes
         T = len(windows[w])
+        G = t.n_groups(T)
         kernels.waits.clear()
         got = _run_window(monkeypatch, engine, kernels, rt, moes, T)
         # each post waits for its own ring: flagB (wait kind 0) first with a PCIe share, then flag (kind 1), the
-        # error code naming that step and kind (ExpertTiers.wait_code, read back by TierHost._check_err)
-        rings = [t.ring(layer, grp, t.n_groups(T)) for part, layer, grp in _stream_order(monkeypatch, g, T, t.n_groups(T))
+        # error code naming that step and kind (ExpertTiers.wait_code, read back by TierHost._check_err); a
+        # stage's rings count from 1 over its own layers
+        rings = [t.ring(layer, grp, G) for part, layer, grp in _stream_order(monkeypatch, g, T, G, (lo, hi))
                  if part == "post"]
+        assert sorted(rings) == list(range(1, n_stage * G + 1))
         kinds = (0, 1) if t.pcie else (1,)
         assert kernels.waits == [(r, (r - 1) * 2 + k + 1) for r in rings for k in kinds]
-        assert len(got) == g.n_layers * t.n_groups(T)
+        assert len(got) == n_stage * G and {layer for layer, _ in got} == set(range(lo, hi))
         for (layer, r0), rows in got.items():
             want = moes[layer]["out"][r0:r0 + len(rows)]
             err = np.abs(rows - want).max() / np.abs(want).max()
             assert err <= 2e-5, f"window {w} layer {layer} rows {r0}..: relative error {err:.2e}"
         stats = host.history[-1]
-        assert stats["vram"] + stats["pcie"] + stats["cpu"] == g.n_layers * T * g.n_expert_used
+        assert stats["vram"] + stats["pcie"] + stats["cpu"] == n_stage * T * g.n_expert_used
         for key in shares:
             shares[key] += stats[key]
         assert int(t.words.host[4]) == 0  # no GPU wait timed out

@@ -12,7 +12,8 @@ def split_options(f):
                      "[default: by weight bytes]")(f)
     f = click.option("--gpus", "gpus", default=None, metavar="N|ID,ID,...",
                      help="Split the layers over N GPUs (devices 0..N-1), or over the listed device ids (0,0: two "
-                     "stages on one GPU). --device cpu runs the same stages on the numpy engine.")(f)
+                     "stages on one GPU). --device cpu runs the same stages on the numpy engine. With expert tiers "
+                     "each stage has its own: --expert-cache is per GPU.")(f)
     return f
 
 

@@ -93,16 +93,13 @@ def _split_engine(model, split, n_ctx, max_t, tiers, gpu: bool):
     """The layer split's engine: the plan checked against the model and the visible devices first (one line)."""
     from .layer_plan import plan_split
 
-    if gpu and tiers is not None:
-        raise OptionError("--gpus keeps every stage's experts in VRAM: expert tiers (--expert-cache, "
-                          "--expert-profile, --pcie-frac, --split, ...) do not combine with it yet")
     if gpu:
         from ..gpu.runtime import cupy
 
         plan = plan_split(split, model, cupy().cuda.runtime.getDeviceCount())
         from .gpu.layer_split import GPUSplitEngine
 
-        engine = GPUSplitEngine(model, plan, n_ctx=n_ctx, max_t=max_t)
+        engine = GPUSplitEngine(model, plan, n_ctx=n_ctx, max_t=max_t, tiers=tiers)
     else:
         plan = plan_split(split, model, None)
         from .layer_split import ReferenceSplit
@@ -111,4 +108,6 @@ def _split_engine(model, split, n_ctx, max_t, tiers, gpu: bool):
     from ..report.present import err_console
 
     err_console().print(engine.split_note, style="dim", highlight=False)
+    if engine.tier_note:  # each stage's residency
+        err_console().print(engine.tier_note, style="dim", highlight=False)
     return engine

@@ -25,7 +25,8 @@ from .state import check_n_keep, check_window
 class SplitEngine:
     """The contract over self.stages (engines with a layer range, in layer order) and their plan."""
 
-    tiers = tier_note = None  # a stage keeps all its experts in memory
+    # the contract's engine-wide tiers: none (each GPU stage has its own, stage.tiers); tier_note: the stages' lines
+    tiers = tier_note = None
 
     def __init__(self, stages: list, plan: list[StagePlan]):
         self.stages, self.plan = stages, plan

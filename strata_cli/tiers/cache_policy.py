@@ -61,15 +61,16 @@ class ResidencyPolicy:
         self.capacity = (table >= 0).sum(axis=1)
         self.expert_bytes = np.asarray(expert_bytes, dtype=np.int64)
         self.max_copy_bytes = max_copy_bytes
+        self.pending: list[Copy] = []  # copies issued at the last boundary (their slots are out of the table)
         self.reset()
 
     def reset(self) -> None:
-        """Forget every pick (the engine's warm-up window is not the user's); the table stays."""
+        """Forget every pick (the engine's warm-up windows are not the user's); the table and the copies in flight
+        stay (dropping those would lose their slots: the next boundary activates them)."""
         self.seen = np.zeros((self.L, self.E), dtype=np.int64)  # picks of the window being served
         self.last_use = np.full((self.L, self.E), NEVER, dtype=np.int64)
         self.freq = np.zeros((self.L, self.E), dtype=np.int64)
         self.windows = 0
-        self.pending: list[Copy] = []  # copies issued at the last boundary (their slots are out of the table)
 
     # ---- picks
     def observe(self, layer: int, ids: np.ndarray) -> None:

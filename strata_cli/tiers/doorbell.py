@@ -23,6 +23,31 @@ SEQ, FLAG_A, FLAG_B, FLAG, ERR = range(5)
 N_WORDS = 8
 
 
+class StepRange:
+    """The steps of a tiered window over layers [lo, hi) (the whole model, or one stage of the layer split): step
+    k = (layer - lo) * G + group, rung as ring k + 1 (the GPU's ring() and wait codes, the host's serving loop and its
+    stall lines all map here, so a stage that starts at layer lo > 0 numbers its steps from 0 and its wait-time table
+    has a row per step of its own layers). Layer indexes stay global everywhere else."""
+
+    def __init__(self, lo: int, hi: int):
+        self.lo, self.hi = int(lo), int(hi)
+
+    @property
+    def layers(self) -> range:
+        return range(self.lo, self.hi)
+
+    def count(self, G: int) -> int:
+        return (self.hi - self.lo) * G
+
+    def ring(self, layer: int, grp: int, G: int) -> int:
+        return (layer - self.lo) * G + grp + 1
+
+    def at(self, step: int, G: int) -> tuple[int, int]:
+        """(layer, group) of step k."""
+        local, grp = divmod(step, G)
+        return self.lo + local, grp
+
+
 # ---- the wait: C (no GIL) when the host kernels are built, numpy otherwise
 def _addr(word: np.ndarray) -> int:
     return word.ctypes.data

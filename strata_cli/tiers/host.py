@@ -1,7 +1,8 @@
 """The host side of the expert tiers: per step (layer, token group) of a launched window,
 wait for the ring, plan the step, start the PCIe share's copies, compute the CPU share, raise the flags.
 
-Step k (ring k+1) covers the rows of one token group of one layer. The plan (per group slot, mapped int32):
+Step k (ring k+1) covers the rows of one token group of one layer of the engine's layers (all, or a stage's [lo, hi):
+tiers/doorbell.StepRange numbers them). The plan (per group slot, mapped int32):
   src [JM]              entry -> SRC_VRAM / SRC_PCIE / SRC_CPU (entries of other groups untouched)
   pg_expert [JM]        PCIe group u -> staging slot (groups in the order of their first entry)
   pg_count [JM]         entries of group u (0 past the last)
@@ -201,8 +202,8 @@ class TierHost:
         try:
             groups = self.t.groups(T)
             G = len(groups)
-            for k in range(self.t.L * G):
-                layer, grp = divmod(k, G)
+            for k in range(self.t.steps.count(G)):
+                layer, grp = self.t.steps.at(k, G)
                 self._step(k, layer, grp, *groups[grp], G)
             self._await_idle()
             self._check_err(G)
@@ -246,7 +247,7 @@ class TierHost:
         t2 = time.perf_counter()
         if copying is not None:
             self._copied(copying, layer)
-        last = k == t.L * G - 1
+        last = k == t.steps.count(G) - 1
         if not (last and self.stall and self.warmed and self.windows == self.stall):  # the warm-up never stalls
             self._raise_flag(FLAG, want)
         s = self.stats
@@ -273,7 +274,7 @@ class TierHost:
         g0 = time.perf_counter()
         staged = [t.ring_stage.gather(grp, p, t.expert_src[layer][p], experts) for p in range(3)]
         self.stats["gather_ms"] += (time.perf_counter() - g0) * 1e3
-        start, end = self._copy_events(layer * t.G + grp)
+        start, end = self._copy_events(t.steps.ring(layer, grp, t.G) - 1)
         check(rt.cudaEventRecord(start, stream.ptr), "cudaEventRecord")
         for p, (host_ptr, nbytes) in enumerate(staged):
             check(rt.cudaMemcpyAsync(t.buf[f"tier_stage.{grp}.{p}"].data.ptr, host_ptr, nbytes, kind, stream.ptr),
@@ -363,7 +364,7 @@ class TierHost:
         code = int(self.t.words.host[ERR])
         if code:
             step, kind = divmod(code - 1, 2)
-            layer = step // G
+            layer, _ = self.t.steps.at(step, G)
             word = "flagB (the PCIe share)" if kind == 0 else "flag (the CPU share)"
             raise StrataError(f"window {self.windows} stalled at layer {layer}: the GPU waited "
                               f"{self.t.cfg.timeout_s:g} s for {word} and gave up")

@@ -24,11 +24,13 @@ PIECE_BYTES = 256 << 20
 THREADS = 8
 
 
-def expert_spans(model, table: np.ndarray) -> list[tuple[int, int]]:
-    """(address, nbytes) of the non-resident experts' bytes in the mapping (table [L, E] < 0), adjacent experts of a
-    tensor merged into one span."""
+def expert_spans(model, table: np.ndarray, layers: tuple[int, int] | None = None) -> list[tuple[int, int]]:
+    """(address, nbytes) of the non-resident experts' bytes in the mapping (table [L, E] < 0) of layers [lo, hi)
+    (a stage of the layer split: the other stages' experts are theirs to bring in; None: every layer), adjacent
+    experts of a tensor merged into one span."""
     spans = []
-    for layer in range(table.shape[0]):
+    lo, hi = (0, table.shape[0]) if layers is None else layers
+    for layer in range(lo, hi):
         miss = table[layer] < 0
         if not miss.any():
             continue
@@ -94,13 +96,13 @@ def prefault(pieces, progress=None, threads: int = THREADS, advise=madvise, touc
     return ways
 
 
-def prefault_experts(model, table: np.ndarray) -> None:
-    """The engine's load step when a CPU or PCIe share exists: the non-resident experts' pages in, a bar on a
-    terminal, one line with the time on stderr."""
+def prefault_experts(model, table: np.ndarray, layers: tuple[int, int] | None = None) -> None:
+    """The engine's load step when a CPU or PCIe share exists: the non-resident experts' pages of its layers in, a
+    bar on a terminal, one line with the time on stderr."""
     from ..report.present import err_console
     from ..report.progress import byte_progress
 
-    pieces = page_pieces(expert_spans(model, table))
+    pieces = page_pieces(expert_spans(model, table, layers))
     total = sum(n for _, n in pieces)
     if not total:
         return

@@ -116,14 +116,26 @@ def residency_table(model, ranked: np.ndarray, n_pairs: int) -> np.ndarray:
     return slot_table(model.geometry.n_layers, model.geometry.n_expert, ranked, n_pairs)
 
 
-def choose_residency(model, cfg, free_bytes: int | None, fixed_bytes: int) -> tuple[np.ndarray, str]:
+def stage_pairs(ranked: np.ndarray, layers: tuple[int, int] | None) -> np.ndarray:
+    """The ranked pairs of layers [lo, hi) only, in their order (a stage of the layer split ranks and fills its own
+    layers; None: every layer)."""
+    if layers is None:
+        return ranked
+    lo, hi = layers
+    return ranked[(ranked[:, 0] >= lo) & (ranked[:, 0] < hi)]
+
+
+def choose_residency(model, cfg, free_bytes: int | None, fixed_bytes: int,
+                     layers: tuple[int, int] | None = None) -> tuple[np.ndarray, str]:
     """The residency table for cfg (a TierConfig), and the one line saying what was chosen. free_bytes: device memory
-    free now (None: unknown); fixed_bytes: what the engine needs besides routed experts (dense weights, arena)."""
-    g = model.geometry
+    free now (None: unknown); fixed_bytes: what the engine needs besides routed experts (dense weights, arena).
+    layers [lo, hi): a stage of the layer split: the table keeps the model's [L, E] shape (global layer indexes) but
+    only the stage's rows can hold slots (other rows -1, never read), chosen from the profile's ranking restricted to
+    those layers, with the whole budget (--expert-cache N or SIZE is per stage, i.e. per GPU)."""
     kind, value = cfg.cache.kind, cfg.cache.value
     per_pair = expert_bytes(model)
-    ranked = ranked_pairs(model, cfg.profile, cfg.loaded_profile)
-    total_pairs = g.n_layers * g.n_expert
+    ranked = stage_pairs(ranked_pairs(model, cfg.profile, cfg.loaded_profile), layers)
+    total_pairs = len(ranked)
     cum = np.cumsum(per_pair[ranked[:, 0]])
     if kind == "all":
         n = total_pairs
@@ -135,8 +147,9 @@ def choose_residency(model, cfg, free_bytes: int | None, fixed_bytes: int) -> tu
     table = residency_table(model, ranked, n)
     gib = float(cum[n - 1]) / 2**30 if n else 0.0
     source = f"profile {cfg.profile}" if cfg.profile else "no profile: expert id order"
-    what = f"expert cache: {n} of {total_pairs} (layer, expert) pairs in VRAM ({gib:.2f} GiB, " \
-           f"{n / total_pairs:.1%}; --expert-cache {cfg.cache.text}, {source})"
+    where = "" if layers is None else f" of layers {layers[0]}..{layers[1] - 1}"
+    what = f"expert cache: {n} of {total_pairs} (layer, expert) pairs{where} in VRAM ({gib:.2f} GiB, " \
+           f"{n / max(total_pairs, 1):.1%}; --expert-cache {cfg.cache.text}, {source})"
     if kind == "auto" and free_bytes is not None:
         what += f"; {free_bytes / 2**30:.1f} GiB free before loading"
     return table, what

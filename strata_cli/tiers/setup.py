@@ -16,24 +16,31 @@ from .residency import choose_residency, is_expert_tensor
 from .share import AUTO, probe_pool_gbs, resolve_pcie_frac
 
 
-def _dense_bytes(model) -> int:
+def _dense_bytes(model, layers: tuple[int, int]) -> int:
+    """The dense weights of layers [lo, hi) and every tensor outside the blocks (an upper bound for a stage, which
+    holds the embedding / head / PLE table only where it starts / ends / holds the PLE layer)."""
+    lo, hi = layers
     names = list(model.specs) + ([PLE_TABLE] if model.geometry.ple is not None else [])
-    return sum(model.info(n).n_bytes for n in names if not is_expert_tensor(n))
+    return sum(model.info(n).n_bytes for n in names if not is_expert_tensor(n)
+               and (not n.startswith("blk.") or lo <= int(n.split(".")[1]) < hi))
 
 
-def _staging_bytes(model, cfg: TierConfig, max_t: int) -> int:
+def _staging_bytes(model, cfg: TierConfig, max_t: int, layers: tuple[int, int]) -> int:
     if cfg.pcie_frac <= 0:
         return 0
     g = model.geometry
     q = min(g.n_expert, max_t * g.n_expert_used)
-    per = [max(model.info(f"blk.{layer}.ffn_{p}_exps.weight").n_bytes // g.n_expert for layer in range(g.n_layers))
+    per = [max(model.info(f"blk.{layer}.ffn_{p}_exps.weight").n_bytes // g.n_expert for layer in range(*layers))
            for p in ("gate", "up", "down")]
     return (2 if cfg.split else 1) * q * sum(per)
 
 
-def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int):
-    """(residency table [L, E] or None when every expert stays in VRAM on today's graph, the line(s) to print, the
-    config with --pcie-frac auto resolved to a number). arena_bytes: the engine's window buffers and KV cache."""
+def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int,
+                  layers: tuple[int, int] | None = None):
+    """(residency table [L, E] or None when every expert of the engine's layers stays in VRAM on today's graph, the
+    line(s) to print, the config with --pcie-frac auto resolved to a number). arena_bytes: the engine's window
+    buffers and KV cache. layers [lo, hi): a stage of the layer split (its own budget over its own layers,
+    choose_residency); None: every layer."""
     if cfg is None:
         return None, None, None
     stall = cfg.stall_window
@@ -41,12 +48,13 @@ def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int):
     frac, pcie_note = resolve_pcie_frac(cfg.pcie_frac, pool_gbs)
     cfg = dataclasses.replace(cfg, pcie_frac=frac)
     free = None
-    fixed = _dense_bytes(model) + arena_bytes + _staging_bytes(model, cfg, max_t)
+    span = (0, model.geometry.n_layers) if layers is None else (int(layers[0]), int(layers[1]))
+    fixed = _dense_bytes(model, span) + arena_bytes + _staging_bytes(model, cfg, max_t, span)
     if cfg.cache.kind == "auto":
         free = int(cupy().cuda.runtime.memGetInfo()[0])
-    table, note = choose_residency(model, cfg, free, fixed)
-    if (table >= 0).all() and not stall:
+    table, note = choose_residency(model, cfg, free, fixed, layers)
+    if (table[span[0]:span[1]] >= 0).all() and not stall:
         return None, note + " -> zero-doorbell graph", cfg
-    if (table >= 0).all():
+    if (table[span[0]:span[1]] >= 0).all():
         note += f" -> doorbell graph (stall window {stall})"
     return table, f"{note}; {pcie_note}", cfg

@@ -70,7 +70,8 @@ class GPUEngine:
                  layers: tuple[int, int] | None = None):
         """layers [lo, hi): a stage of the layer split (engine/gpu/layer_split.py) on the current device: its
         layers' weights and state only, the embedding iff lo == 0, the head iff hi == n_layers; its window starts
-        from the residual stack in buf["R"] that the previous stage copied there."""
+        from the residual stack in buf["R"] that the previous stage copied there. With tiers, its own expert cache,
+        residency and tier host over its layers (tiers.py)."""
         try:
             self._build(model, n_ctx, max_t, pack_q8, tiers, window_paths, layers)
         except BaseException:
@@ -91,20 +92,19 @@ class GPUEngine:
         self.gdn_layers = [layer for layer in g.gdn_layers if lo <= layer < hi]
         self.attn_layers = [layer for layer in g.attn_layers if lo <= layer < hi]
         self.has_ple = g.ple is not None and lo <= g.ple.layer < hi
-        if self.layers != (0, g.n_layers) and tiers is not None:
-            raise InputError("a stage of the layer split keeps all its experts in VRAM: expert tiers (--expert-cache, "
-                             "--expert-profile, --pcie-frac, --split, ...) do not combine with --gpus yet")
         self.n_ctx = resolve_ctx(g, n_ctx)
         self.max_t = DEFAULT_MAX_T if max_t is None else int(max_t)
         if not 1 <= self.max_t <= GEMV_MAXT:
             raise InputError(f"max_t {self.max_t} outside 1..{GEMV_MAXT} (the GPU kernels take up to {GEMV_MAXT} rows)")
         self.window_paths = window_paths  # the launch variant of each T (tests pick one for every T)
-        # ---- expert tiers (tiers.py): the residency is chosen before anything is uploaded; None = all in VRAM
+        # ---- expert tiers (tiers.py): the residency is chosen before anything is uploaded; None = all in VRAM. A stage
+        # of the layer split chooses its own over its layers, with the whole --expert-cache budget (per GPU)
         from ...tiers.setup import residency_for
 
         self.tiers = None
         self.arena = plan_buffers(g, self.n_ctx, self.max_t, self.layers)
-        table, self.tier_note, tiers = residency_for(model, tiers, self.arena.planned_bytes(), self.max_t)
+        table, self.tier_note, tiers = residency_for(model, tiers, self.arena.planned_bytes(), self.max_t,
+                                                      self.layers)
         skip = _stage_skip(self.layers, g, table is not None)
         self.w = DeviceWeights(model, pack_q8=pack_q8, skip=skip)  # pack_q8=False keeps raw Q8_0 (for comparisons)
         self.stream = new_stream()

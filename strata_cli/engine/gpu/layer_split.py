@@ -1,6 +1,8 @@
 """The GPU layer split: one GPUEngine stage per device (engine/layer_split.py has the shared part and the plan),
 each over its layer range, with its own weights, arena, stream, graphs (one window graph per T, one commit graph)
-and sequence state. Two stages may share a device (`--gpus 0,0`): the one-GPU check of the split.
+and sequence state, and with expert tiers its own expert cache, residency and tier host over its layers (a
+tiered stage's launch_window serves its steps and returns once its window finished, so the next stage's wait on
+the hand-off event is already met). Two stages may share a device (`--gpus 0,0`): the one-GPU check of the split.
 
 A window, stage by stage (i = 0..S-1), each on its own device's stream:
 
@@ -60,13 +62,18 @@ def _load_kernels(stage) -> None:
         stage.stage_window(np.zeros(T, dtype=np.int64))
         stage.launch_window(T, eager=True)
         stage.stream.synchronize()
+    if stage.tiers is not None:  # these windows are not the user's either (the stall window, an adaptive cache)
+        stage.tier_host.after_warm_up()
     stage.reset()
 
 
 class GPUSplitEngine(SplitEngine):
     device = "gpu"
 
-    def __init__(self, model, plan: list[StagePlan], n_ctx: int | None = None, max_t: int | None = None):
+    def __init__(self, model, plan: list[StagePlan], n_ctx: int | None = None, max_t: int | None = None,
+                 tiers=None):
+        """tiers: a TierConfig for every stage: each chooses its residency over its own layers with the whole
+        budget (--expert-cache is per GPU) and serves its own steps (its TierHost) while its window runs."""
         cp = cupy()
         self.devices = [p.device for p in plan]
         self.peer = enable_peer_access(self.devices)
@@ -74,7 +81,7 @@ class GPUSplitEngine(SplitEngine):
         try:
             for p in plan:
                 with cp.cuda.Device(p.device):
-                    stages.append(GPUEngine(model, n_ctx=n_ctx, max_t=max_t, layers=p.layers))
+                    stages.append(GPUEngine(model, n_ctx=n_ctx, max_t=max_t, tiers=tiers, layers=p.layers))
                     _load_kernels(stages[-1])
         except BaseException:
             for p, s in zip(plan, stages):
@@ -86,6 +93,9 @@ class GPUSplitEngine(SplitEngine):
                 for a, b in zip(self.devices, self.devices[1:])]
         if hand:
             self.split_note += f"; hand-offs: {', '.join(hand)}"
+        notes = [f"stage {i} (layers {s.layers[0]}..{s.layers[1] - 1}): {s.tier_note}"
+                 for i, s in enumerate(stages) if s.tier_note]
+        self.tier_note = "\n".join(notes) or None
         C, D = self.g.hc, self.g.n_embd
         self.row_bytes = C * D * 4  # one row of R
         self.events = []

@@ -28,11 +28,10 @@ class DeviceSlots:
         self.event = cupy().cuda.Event(disable_timing=True)
         self.pending = False
         self.table_pinned = MappedBuffer(tiers.table_host.shape, np.int32)
-        infos = [[tiers.model.info(n) for n in expert_names(layer)] for layer in range(tiers.L)]
-        # [layer][projection]: the file's bytes of that projection, one row per expert
-        self.src = [[np.asarray(info.raw).reshape(-1).view(np.uint8).reshape(tiers.E, -1) for info in layer]
-                    for layer in infos]
-        for layer, (arrays, n_slots) in enumerate(tiers.resident):
+        # [layer][projection] over the engine's layers: the file's bytes of that projection, one row per expert
+        self.src = {layer: [np.asarray(tiers.model.info(n).raw).reshape(-1).view(np.uint8).reshape(tiers.E, -1)
+                            for n in expert_names(layer)] for layer in tiers.steps.layers}
+        for layer, (arrays, n_slots) in tiers.resident.items():
             for p, (arr, _) in enumerate(arrays):
                 if arr.nbytes // int(arr.shape[0]) != self.src[layer][p].shape[1]:
                     raise StrataError(f"layer {layer}: a VRAM slot of {arr.nbytes // int(arr.shape[0])} bytes does "

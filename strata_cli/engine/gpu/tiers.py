@@ -9,7 +9,11 @@ The host side (the config, the residency choice, the server of each step) lives 
 experts all fit keeps today's graph (no tiers object at all); a stall window (tiers/config.py) forces the doorbell
 graph even then.
 
-Legend: L layers, E experts per layer, K experts per row, M max window rows, JM = M*K entries, D hidden,
+A stage of the layer split (GPUEngine(layers=(lo, hi))) has its own tiers over its layers: layer indexes stay
+global (the tables keep the model's L rows, those of other stages' layers never read or uploaded), its steps are
+numbered over its own layers (tiers/doorbell.StepRange, the one home of that mapping).
+
+Legend: L layers (the model's), E experts per layer, K experts per row, M max window rows, JM = M*K entries, D hidden,
 G token groups (2 with --split and T >= 2), Q staging slots per group (distinct PCIe experts of one step).
 """
 
@@ -24,7 +28,7 @@ from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.runtime import MappedBuffer, cupy
 from ...model import packed
 from ...tiers.config import TierConfig
-from ...tiers.doorbell import ERR, FLAG, FLAG_B, N_WORDS, SEQ
+from ...tiers.doorbell import ERR, FLAG, FLAG_B, N_WORDS, SEQ, StepRange
 from ...tiers.residency import expert_names
 
 PROJ = ("gate", "up", "down")
@@ -32,13 +36,13 @@ PROJ = ("gate", "up", "down")
 WAIT_B, WAIT_FLAG = 0, 1
 
 
-def upload_resident(model, table: np.ndarray, pack_q8: bool):
-    """Per layer: [(device array [n_slots, rows, row], ggml type)] for gate, up, down holding only the resident
-    experts in slot order (read from the memory-mapped file), and n_slots. A layer without residents gets one
-    zero slot so that every launch has a valid array (no entry ever names it)."""
+def upload_resident(model, table: np.ndarray, pack_q8: bool, layers: range):
+    """Per layer of `layers` (a dict by global layer index): [(device array [n_slots, rows, row], ggml type)] for
+    gate, up, down holding only the resident experts in slot order (read from the memory-mapped file), and n_slots. A
+    layer without residents gets one zero slot so that every launch has a valid array (no entry ever names it)."""
     cp = cupy()
-    out = []
-    for layer in range(table.shape[0]):
+    out = {}
+    for layer in layers:
         ids = np.flatnonzero(table[layer] >= 0)
         ids = ids[np.argsort(table[layer, ids])]
         arrays = []
@@ -53,7 +57,7 @@ def upload_resident(model, table: np.ndarray, pack_q8: bool):
                 arr = pack_q8_0(arr, int(info.shape[0]), out=cp.empty_like(arr))
                 ggml_type = packed.Q8_0_R32
             arrays.append((arr, ggml_type))
-        out.append((arrays, max(len(ids), 1)))
+        out[layer] = (arrays, max(len(ids), 1))
     cp.cuda.Device().synchronize()
     return out
 
@@ -66,6 +70,7 @@ class ExpertTiers:
         self.engine, self.cfg, self.model = engine, cfg, model
         self.table_host = table
         self.K, self.D, self.E, self.L = g.n_expert_used, g.n_embd, g.n_expert, g.n_layers
+        self.steps = StepRange(*engine.layers)  # the engine's layers [lo, hi): every loop over layers runs over them
         self.M = engine.max_t
         self.JM = self.M * self.K
         if self.JM > 1024:
@@ -76,7 +81,8 @@ class ExpertTiers:
         self.Q = min(self.E, self.JM) if self.pcie else 0
         self.plan_words = self.JM * (3 + GEMV_MAXT)  # src | pcie g_expert | g_count | g_entries [JM, MAXT]
         # an adaptive --expert-policy copies raw file blocks into the slots (residency_fill.py): no repacking
-        self.resident = upload_resident(model, table, pack_q8 and cfg.policy == "static")
+        layers = self.steps.layers
+        self.resident = upload_resident(model, table, pack_q8 and cfg.policy == "static", layers)
         self.has_slots = (table >= 0).any(axis=1)  # per layer, fixed: the graph runs a layer's VRAM experts iff
         self.fill = None                            # it has slots; fill: tiers/cache_policy.SlotFiller (bind)
         self.expert_bytes = [[model.info(n).n_bytes // self.E for n in expert_names(layer)]
@@ -90,7 +96,7 @@ class ExpertTiers:
         self.words = MappedBuffer((N_WORDS,), np.uint32)
         self.ymiss = MappedBuffer((self.JM, D), np.float32)
         self.plan = MappedBuffer((2, self.plan_words), np.int32)
-        self.wait_ns = MappedBuffer((self.L * 2, 2), np.uint64)
+        self.wait_ns = MappedBuffer((self.steps.count(2), 2), np.uint64)  # [step, wait kind], up to 2 groups
         self.copy_stream = None
         self.ring_stage = None
         if self.pcie:
@@ -100,11 +106,19 @@ class ExpertTiers:
             self.copy_stream = new_stream()
             # the PCIe share's experts go through pinned staging buffers (pcie_stage.py says why the file itself is
             # never page-locked); the byte views of the mapped expert tensors are made once here
-            self.expert_src = [[expert_bytes_view(model.info(n).raw, self.E) for n in expert_names(layer)]
-                               for layer in range(self.L)]
-            sizes = [self.Q * max(self.expert_bytes[layer][p] for layer in range(self.L)) for p in range(3)]
+            self.expert_src = {layer: [expert_bytes_view(model.info(n).raw, self.E) for n in expert_names(layer)]
+                               for layer in layers}
+            sizes = [self.Q * self.most_bytes(p) for p in range(3)]
             self.ring_stage = StagingRing(self.G, sizes, lambda n: MappedBuffer((n,), np.uint8))
         self.timeout_ns = int(cfg.timeout_s * 1e9)
+
+    def most_bytes(self, p: int) -> int:
+        """The largest expert of projection p over the engine's layers (a staging slot holds any of them)."""
+        return max(self.expert_bytes[layer][p] for layer in self.steps.layers)
+
+    def stage_table(self) -> np.ndarray:
+        """The residency rows of the engine's layers (a view of table_host)."""
+        return self.table_host[self.steps.lo:self.steps.hi]
 
     # ---- buffers
     def add_buffers(self, arena) -> None:
@@ -121,13 +135,12 @@ class ExpertTiers:
         if self.Q:
             for grp in range(self.G):
                 for p in range(3):
-                    most = max(self.expert_bytes[layer][p] for layer in range(self.L))
-                    arena.add(f"tier_stage.{grp}.{p}", (self.Q * most,), np.uint8)
+                    arena.add(f"tier_stage.{grp}.{p}", (self.Q * self.most_bytes(p),), np.uint8)
 
     def bind(self, buf) -> None:
         self.buf = buf
         buf["tier_table"].set(self.table_host)
-        self.all_resident = bool((self.table_host >= 0).all())
+        self.all_resident = bool((self.stage_table() >= 0).all())
         if self.cfg.policy != "static":
             from .residency_fill import make_filler
 
@@ -154,9 +167,8 @@ class ExpertTiers:
     def n_groups(self, T: int) -> int:
         return len(self.groups(T))
 
-    @staticmethod
-    def ring(layer: int, grp: int, G: int) -> int:
-        return layer * G + grp + 1
+    def ring(self, layer: int, grp: int, G: int) -> int:
+        return self.steps.ring(layer, grp, G)
 
     def wait_code(self, step: int, kind: int) -> int:
         return step * 2 + kind + 1
@@ -239,6 +251,7 @@ def attach_tiers(engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool) -> N
     if cfg.policy != "static":
         engine.tier_note = (f"{engine.tier_note}; --expert-policy {cfg.policy}: the slots change between windows, "
                             f"at most {cfg.max_copy / 2**20:.0f} MiB copied per window")
-    prefault_experts(model=engine.model, table=table)  # the CPU / PCIe shares read these pages: no window faults them
+    # the CPU / PCIe shares read these pages (the engine's layers' only): no window faults them
+    prefault_experts(model=engine.model, table=table, layers=engine.layers)
     engine.tiers.add_buffers(engine.arena)
     engine.tier_host = TierHost(engine.tiers, engine, cfg.stall_window)
