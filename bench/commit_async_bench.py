@@ -25,7 +25,8 @@ from strata_cli.model.gguf_file import open_model
 from strata_cli.tiers.config import TierConfig
 
 # the tests' fixture (tests/conftest.py: $STRATA_FIXTURES, else ../shared/fixtures/qwen4exp-tiny)
-FIXTURES = os.environ.get("STRATA_FIXTURES") or pathlib.Path(__file__).resolve().parents[2] / "shared/fixtures/qwen4exp-tiny"
+FIXTURES = (os.environ.get("STRATA_FIXTURES")
+            or pathlib.Path(__file__).resolve().parents[2] / "shared/fixtures/qwen4exp-tiny")
 FIXTURE = pathlib.Path(FIXTURES) / "model-q8_0.gguf"
 
 

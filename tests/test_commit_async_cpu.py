@@ -10,7 +10,8 @@ position, changes the logits; and every host-side write and read checks, as it h
 race is still queued. Checked: the windows equal the numpy engine's bit for bit (eager and graph), commit() leaves
 its commit queued with no host wait after it, the next window's staging happens while it is queued, the next write
 of n_keep comes after the commit's event, and reset, read_state, close, the timer and a tiered window's host wait
-for it. The device run (async against a synchronous commit, bit for bit): tests/test_gpu_commit_async.py."""
+for it; the real commit recorder reads no mapped buffer but n_keep. The device run (async against a synchronous
+commit, bit for bit): tests/test_gpu_commit_async.py."""
 
 from __future__ import annotations
 
@@ -289,3 +290,45 @@ def test_host_reads_wait_for_the_commit(simulated, fixture_dir, reader):
         engine.sample(result, 0.7, 1)
         assert ("launch", "commit") not in sim.log and ("ran", "commit") in sim.log
 
+
+
+def test_the_commit_recorder_reads_only_n_keep_from_the_host(monkeypatch, model):
+    """The real record_commit (engine/gpu/window.py) over logging launchers: of the mapped staging buffers it touches
+    n_keep alone (copied into the arena first), and it reads the window's tokens and positions from the arena, which
+    the next window's graph rewrites only after the commit on the stream; so staging the next window while the commit
+    is in flight clobbers nothing it reads."""
+    from strata_cli.engine.gpu import window
+
+    g = model.geometry
+    launches = []
+
+    def logger(name):
+        def launch(*args, **kwargs):
+            launches.append((name, [*args, *kwargs.values()]))
+        return launch
+
+    names = {window.gdn: ("gdn_conv_commit", "gdn_commit_state"), window.qsa: ("indexer_commit",),
+             window.ple: ("ple_history_commit", "ple_prev_commit")}
+    for module, launchers in names.items():
+        for name in launchers:
+            monkeypatch.setattr(module, name, logger(name))
+    monkeypatch.setattr(window, "copy_async", logger("copy_async"))
+    arena = {}
+
+    class Buf(dict):
+        def __missing__(self, name):
+            arena[name] = self[name] = SimpleNamespace(name=name)
+            return self[name]
+
+    stage = SimpleNamespace(**{k: SimpleNamespace(host=object(), device=SimpleNamespace(name=f"mapped {k}"))
+                               for k in ("tokens", "positions", "n_keep", "out_ids", "out_nonfinite")})
+    w = SimpleNamespace(blk_f32=lambda layer, name: None)
+    e = SimpleNamespace(buf=Buf(), w=w, g=g, stage=stage, gdn_layers=g.gdn_layers, attn_layers=g.attn_layers,
+                        has_ple=g.ple is not None)
+    window.record_commit(e, stream=None)
+    mapped = {id(v.device) for v in vars(stage).values()}
+    touched = [(name, arg.name) for name, args in launches for arg in args if id(arg) in mapped]
+    assert touched == [("copy_async", "mapped n_keep")] and launches[0][0] == "copy_async"
+    assert {"tokens", "positions", "n_keep"} <= set(arena)  # the arena copies, not the mapped buffers
+    assert {name for name, _ in launches} >= {"gdn_conv_commit", "gdn_commit_state", "indexer_commit",
+                                              "ple_history_commit", "ple_prev_commit"}

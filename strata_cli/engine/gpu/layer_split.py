@@ -12,7 +12,8 @@ cudaMemcpyPeerAsync: direct over NVLink/PCIe where peer access is on (enabled at
 staged through the host by the driver where not; on one device it is a device-to-device copy. The head (logits,
 greedy ids) is the last stage's. commit(n_keep) launches every stage's commit graph on its stream and returns
 without waiting (GPUEngine's asynchronous commit, on every stage): each stage's next window is queued behind its own
-commit on its own stream; wait_commit() waits for every stage's.
+commit on its own stream, and the hand-off into a stage writes only R, which no commit reads; wait_commit() waits
+for every stage's.
 
 Timing (window_timer): each stage's window between start[i] and end[i], its hand-off between end[i] and
 hand_end[i] (CUDA events of one device each); the window + commit total on the last device, from a begin event
