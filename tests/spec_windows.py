@@ -40,12 +40,10 @@ def committed_state(engine) -> dict[str, np.ndarray]:
     g, n = engine.g, engine.n_past
     lo, hi = getattr(engine, "layers", (0, g.n_layers))
     if engine.device == "gpu":
-        from strata_cli.gpu.runtime import cupy
-
-        def part(kind, layer=None):
+        def part(kind, layer=None):  # read_state: after the commit in flight (engine/gpu/engine.py)
             name = {"S": "S", "conv": "conv", "k": "kc", "v": "vc", "tail": "tail", "pooled": "pooled",
                     "ple_history": "ple_history", "ple_prev": "ple_prev"}[kind]
-            return cupy().asnumpy(engine.buf[name if layer is None else f"{name}.{layer}"])
+            return engine.read_state(name if layer is None else f"{name}.{layer}")
     else:
         st = engine.state
 

@@ -45,7 +45,10 @@ def _stand_in(geometry):
               for p in ("tail", "pooled")]
     names += ["ple_history", "ple_prev"] if geometry.ple is not None else []
     buf = {name: _Buffer(name, stream, log) for name in names}
-    return types.SimpleNamespace(g=geometry, buf=buf, stream=stream), log, names
+    engine = types.SimpleNamespace(g=geometry, buf=buf, stream=stream, gdn_layers=geometry.gdn_layers,
+                                   attn_layers=geometry.attn_layers, has_ple=geometry.ple is not None,
+                                   wait_commit=lambda: log.append(("wait_commit", None, None)))
+    return engine, log, names
 
 
 def test_reset_fills_every_state_on_the_engine_stream_then_waits_for_it(tmp_path):
@@ -56,4 +59,5 @@ def test_reset_fills_every_state_on_the_engine_stream_then_waits_for_it(tmp_path
     assert sorted(name for name, _ in fills) == sorted(names)
     assert all(on_stream for _, on_stream in fills), [name for name, on_stream in fills if not on_stream]
     assert log[-1][0] == "sync", "reset must wait on the engine stream after its fills"
+    assert log[0][0] == "wait_commit", "reset must wait for a commit in flight before its fills"
     assert engine.n_past == 0 and engine._pending is None

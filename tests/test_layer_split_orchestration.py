@@ -102,6 +102,13 @@ class _Stage:
         self.ref.reset()
         self.n_past = 0
 
+    def wait_commit(self):
+        assert self.sim.device == self.device, "waited with another device current"
+        self.sim.log.append(("wait_commit", self.name))
+
+    def _synchronize(self):
+        self.sim.log.append(("sync", self.name))
+
     def close(self):
         self.sim.log.append(("close", self.name))
 
@@ -181,7 +188,8 @@ def test_window_order_handoff_rows_and_times(simulated, model, fixture_dir):
     simulated.log.clear()
     ms, _ = timer(engine, tokens[:5], 0, 3)
     names = [s.name for s in engine.stages]
-    want = [("event", names[-1], None)]  # the begin event, on the last device while idle
+    want = [("wait_commit", name) for name in names]  # a commit() before this window is not timed
+    want += [("event", names[-1], None)]  # the begin event, on the last device while idle
     for i, name in enumerate(names):
         if i:
             want.append(("wait", name, f"hand{i - 1}"))
@@ -191,6 +199,7 @@ def test_window_order_handoff_rows_and_times(simulated, model, fixture_dir):
     for i, name in enumerate(names):
         want += [("commit", name, 3), ("event", name, f"commit{i}")]
     want += [("wait", names[-1], f"commit{i}") for i in range(len(names) - 1)] + [("event", names[-1], None)]
+    want += [("sync", name) for name in names]
     assert simulated.log == want
     stage_ms, hand_ms = engine.stage_times[5][-1]
     assert stage_ms == [LAUNCH_MS] * 3 and hand_ms == [COPY_MS] * 2
@@ -215,3 +224,23 @@ def test_commit_checks_the_window(simulated, model, fixture_dir):
         engine.commit(5)
     engine.commit(4)
     assert engine.n_past == 4
+
+
+def test_commit_is_not_waited_for(simulated, model, fixture_dir):
+    """commit() launches every stage's commit and returns (GPUEngine's asynchronous commit): no stream is
+    synchronised after it; the next window's launches follow on each stage's stream, then one wait per stage."""
+    tokens = np.load(fixture_dir / "reference.npz")["tokens"]
+    engine = _engine(model, (3, 5), (0, 1))
+    names = [s.name for s in engine.stages]
+    engine.run(tokens[:4], 0)
+    simulated.log.clear()
+    engine.commit(2)
+    assert simulated.log == [entry for i, name in enumerate(names)
+                             for entry in (("commit", name, 2), ("event", name, f"commit{i}"))]
+    simulated.log.clear()
+    engine.run(tokens[2:5], 2)
+    assert [e for e in simulated.log if e[0] in ("launch", "sync")] == [
+        *(("launch", name, 3, False) for name in names), *(("sync", name) for name in names)]
+    simulated.log.clear()
+    engine.wait_commit()
+    assert simulated.log == [("wait_commit", name) for name in names]

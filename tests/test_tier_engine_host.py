@@ -453,6 +453,7 @@ def test_a_tiered_window_is_served_with_device_frees_deferred(monkeypatch):
 
     freed, seen = [], []
     engine = GPUEngine.__new__(GPUEngine)
+    engine._commit_pending = False  # no commit in flight (the tiered launch waits for one first)
 
     def serve(self, T, eager, profile):
         runtime.free_later_if_capturing(freed.append, "mapped buffer")

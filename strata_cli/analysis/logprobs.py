@@ -97,6 +97,9 @@ def speculative_dump(engine, tokens: np.ndarray, window: int, *, draft_noise: fl
             raise NonFiniteError(f"non-finite values (NaN/Inf) in the window at positions {pos}..{pos + T - 1}, "
                                  f"first in {bad}; {len(rows)} rows before it were finite (--allow-nonfinite "
                                  "writes such rows, marked, instead of stopping)")
+        # committed before the host computes the rows (from the logits run() copied out): on the GPU the commit
+        # runs while the host works on them (engine/gpu/engine.py: the asynchronous commit)
+        engine.commit(n_keep)
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # only with --allow-nonfinite
             new = logprob_rows(np.asarray(result.logits[:n_keep]), pos + np.arange(n_keep),
                                tokens[pos + 1:pos + 1 + n_keep], topk, extra_id, full_dist)
@@ -107,7 +110,6 @@ def speculative_dump(engine, tokens: np.ndarray, window: int, *, draft_noise: fl
         rows += new
         if on_rows is not None:
             on_rows(new, bad)
-        engine.commit(n_keep)
         stats.record(T, n_keep)
         if progress is not None:
             progress(engine.n_past, n - 1)

@@ -3,9 +3,11 @@ call: they ask `capabilities`, never probe for attributes.
 
 A window: run(tokens, pos0) feeds T tokens at positions n_past..n_past+T-1 and returns a WindowResult (T rows of
 logits and greedy ids); commit(n_keep) advances the sequence to exactly the first n_keep of those rows. A second
-run() without a commit drops the first window. sample() draws ids from the last window's logits (temperature,
-Philox keyed by absolute position: ops/sampling.py); window_timer() times run + commit for benchmarks (on the
-device clock where the engine has one).
+run() without a commit drops the first window. An engine may return from commit() before its device has run it
+(GPUEngine's asynchronous commit): n_past advances at once, and every later call (run, reset, sample, close, the
+timers) sees the committed state, whatever the device has still to do. sample() draws ids from the last window's
+logits (temperature, Philox keyed by absolute position: ops/sampling.py); window_timer() times run + commit for
+benchmarks (on the device clock where the engine has one).
 """
 
 from __future__ import annotations

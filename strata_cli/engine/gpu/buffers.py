@@ -59,7 +59,9 @@ class Arena:
 
 
 class Staging:
-    """Mapped pinned host memory: what the host writes per window and what it reads back."""
+    """Mapped pinned host memory: what the host writes per window and what it reads back. The commit graph reads
+    n_keep (and nothing else here) when it runs, after commit() returned: GPUEngine.launch_commit writes it only
+    once the last commit's commit_done event has passed."""
 
     def __init__(self, max_t: int):
         self.tokens = MappedBuffer((max_t,), np.int64)

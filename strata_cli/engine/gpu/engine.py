@@ -4,6 +4,14 @@ The contract of engine/contract.py, as ReferenceEngine, plus eager launches. run
 memory, launches the T graph and reads the greedy ids back from mapped memory; logits stay on the device
 until asked for. Sampling runs after the replay (a graph never bakes in its parameters).
 
+The commit is asynchronous (the seed's set_commit_async): commit(n_keep) launches the commit graph, records the
+`commit_done` event and returns; the next window is launched on the same stream after it, so the GPU orders the two
+and the host stages the next window (and drafts) while the commit runs. What the in-flight commit reads from the
+host: the mapped n_keep only (tokens and positions it reads from the arena, where the next window's graph copies
+them after the commit). So the host writes n_keep again only after commit_done (launch_commit waits), and whatever
+reads committed state from the host (read_state, reset, close, the timers, a tiered window's host) calls
+wait_commit() first.
+
 Each T also has a profiling variant, captured separately on first use (graph(T, profile=True)): the same
 launches plus one `%globaltimer` stamp per stage boundary (strata_cli/engine/stage_timing.py). With
 STRATA_VERIFY_PROFILE set every window runs that variant and its stamps are kept for the one-line summary.
@@ -133,6 +141,8 @@ class GPUEngine:
         self.graphs: dict[int, CapturedGraph] = {}
         self.capture_ms: dict[int, float] = {}
         self._commit_graph: CapturedGraph | None = None
+        self.commit_done = cupy().cuda.Event(disable_timing=True)  # recorded after each commit launch
+        self._commit_pending = False
         self.stamper: Stamper | None = None      # set only while a profiling window is recorded
         self.profile_graphs: dict[int, CapturedGraph] = {}
         self.profile_plans: dict = {}            # T -> stage_timing.Plan of its profiling window
@@ -152,7 +162,8 @@ class GPUEngine:
         self.closed = True
         # getattr: also called on an engine whose construction failed part way (__init__)
         if getattr(self, "stream", None) is not None:
-            self.stream.synchronize()
+            self.stream.synchronize()  # the commit in flight too (it is on this stream)
+        self._commit_pending = False
         if getattr(self, "tier_host", None) is not None:
             self.tier_host.close()
         if getattr(self, "tiers", None) is not None:
@@ -179,6 +190,7 @@ class GPUEngine:
     def reset(self) -> None:
         """Zero every recurrent/conv/indexer/PLE state (KV cells need no reset: a query sees only its past)."""
         g, b = self.g, self.buf
+        self.wait_commit()  # a commit in flight writes the states zeroed below
         # the fills go on the engine's own stream: it is non-blocking, so fills queued on the legacy default
         # stream would not be ordered before the next window, and self.stream.synchronize() would not wait for them
         with self.stream:
@@ -267,8 +279,29 @@ class GPUEngine:
             self._commit_graph = CapturedGraph(lambda s: record_commit(self, s), self.stream)
         return self._commit_graph
 
+    # ---- the asynchronous commit
+    def wait_commit(self) -> None:
+        """Block until the last commit launched has run (no-op when none is in flight): the committed state on the
+        device is then the contract's, and the mapped n_keep may be written again."""
+        if self._commit_pending:
+            self.commit_done.synchronize()
+            self._commit_pending = False
+
+    def _synchronize(self) -> None:
+        """Wait for the stream: every window and commit launched on it has run."""
+        self.stream.synchronize()
+        self._commit_pending = False
+
+    def read_state(self, name: str) -> np.ndarray:
+        """A host copy of the device buffer `name` (S.3, kc.1, ple_prev, ...), read after the commit in flight (the
+        copy runs on the current stream, which is not ordered after this engine's non-blocking one)."""
+        self.wait_commit()
+        return cupy().asnumpy(self.buf[name])
+
     # ---- the verify contract
     def stage_window(self, tokens: np.ndarray) -> int:
+        """Tokens and positions into mapped memory. Safe while a commit is in flight: it reads neither (only their
+        arena copies, which the next window's graph rewrites after it on the stream)."""
         T = len(tokens)
         self.stage.tokens.host[:T] = tokens
         self.stage.positions.host[:T] = self.n_past + np.arange(T, dtype=np.int32)
@@ -290,6 +323,9 @@ class GPUEngine:
         returns when the window's stream is idle. Cyclic GC paused and device frees deferred meanwhile (as under
         capture): a finalizer's cudaFreeHost synchronises the device, which waits for the host's flags, so a free
         on the serving or launching thread would hold a spin-wait to its bound."""
+        # the host's view: begin() marks the window served and starts the watchdog's clock, and "the stream is
+        # idle" must mean "this window ended", so the commit in front of it has run first
+        self.wait_commit()
         with capture_guard():
             self._serve_tiered(T, eager, profile)
 
@@ -327,20 +363,24 @@ class GPUEngine:
         thread.join()
 
     def launch_commit(self, n_keep: int, eager: bool = False) -> None:
-        """Stage n_keep and launch the commit (not synchronised); the caller advances n_past."""
+        """Stage n_keep and launch the commit, then record commit_done (not synchronised); the caller advances
+        n_past. The last commit's graph reads the mapped n_keep until it ran: waited for before the write."""
+        self.wait_commit()
         self.stage.n_keep.host[0] = n_keep
         if eager:
             with self.stream:
                 record_commit(self, self.stream)
         else:
             self.commit_graph().launch(self.stream)
+        self.commit_done.record(self.stream)
+        self._commit_pending = True
 
     def run(self, tokens, pos0: int | None = None, *, eager: bool = False, logits: bool = True) -> WindowResult:
         tokens = check_window(tokens, pos0, self.n_past, self.g.n_vocab, self.n_ctx, self.max_t)
         self._pending = None  # an uncommitted window is dropped: it wrote no committed state (state.py)
-        T = self.stage_window(tokens)
-        self.launch_window(T, eager)
-        self.stream.synchronize()
+        T = self.stage_window(tokens)  # while the last commit may still run (stage_window says why that is safe)
+        self.launch_window(T, eager)   # after that commit on the stream
+        self._synchronize()
         self._collect(T)
         self._pending, self._pos0 = T, self.n_past
         ids = self.stage.out_ids.host[:T].copy()
@@ -360,8 +400,7 @@ class GPUEngine:
         if self._pending is None:
             raise InputError("commit without a window to commit (run a window first)")
         check_n_keep(n_keep, self._pending)
-        self.launch_commit(n_keep, eager)
-        self.stream.synchronize()
+        self.launch_commit(n_keep, eager)  # asynchronous: no wait here (the module docstring)
         self.n_past += n_keep
         self._pending = None
 
@@ -372,7 +411,7 @@ class GPUEngine:
             return result.ids.copy()
         out = launch_sampling.sample_rows(self.buf["logits"][:T], self.buf["positions"][:T], temperature, seed,
                                           out=self.buf["ids"][:T], stream=self.stream)
-        self.stream.synchronize()
+        self._synchronize()
         return cupy().asnumpy(out)
 
     # ---- benchmark hooks
@@ -409,6 +448,7 @@ class GPUEngine:
 
         def timer(engine, tokens, pos, n_keep):
             engine._pending = None  # a window run before is dropped (it wrote no committed state)
+            engine.wait_commit()    # a commit() before is not this window's
             t0 = time.perf_counter()
             T = engine.stage_window(np.asarray(tokens, dtype=np.int64))
             start.record(engine.stream)
@@ -416,7 +456,7 @@ class GPUEngine:
             end.record(engine.stream)
             host_ms = (time.perf_counter() - t0) * 1e3
             after(n_keep)
-            engine.stream.synchronize()
+            engine._synchronize()
             engine.n_past += n_keep
             ms = cp.cuda.get_elapsed_time(start, end)
             record(T, ms)

@@ -12,7 +12,10 @@ The hand-off moves the residual stack R [T, C, D] float32 only: the last layer's
 before it (window.py), tokens and positions are staged by the host into every stage's mapped buffers. The copy is
 cudaMemcpyPeerAsync: direct over NVLink/PCIe where peer access is on (enabled at build time when the devices can),
 staged through the host by the driver where not; on one device it is a device-to-device copy. The head (logits,
-greedy ids) is the last stage's. commit(n_keep) launches every stage's commit graph on its stream.
+greedy ids) is the last stage's. commit(n_keep) launches every stage's commit graph on its stream and returns
+without waiting (GPUEngine's asynchronous commit, on every stage): each stage's next window is queued behind its own
+commit on its own stream, and the hand-off into a stage writes only R, which no commit reads; wait_commit() waits
+for every stage's.
 
 Timing (window_timer): each stage's window between start[i] and end[i], its hand-off between end[i] and
 hand_end[i] (CUDA events of one device each); the window + commit total on the last device, from a begin event
@@ -119,6 +122,12 @@ class GPUSplitEngine(SplitEngine):
             with cupy().cuda.Device(device):
                 s.close()
 
+    def wait_commit(self) -> None:
+        """Every stage's commit in flight has run (engine.py: GPUEngine.wait_commit)."""
+        for device, s in zip(self.devices, self.stages):
+            with cupy().cuda.Device(device):
+                s.wait_commit()
+
     # ---- one window
     def _launch(self, tokens: np.ndarray, eager: bool) -> int:
         """Stage the tokens into every stage and launch the window through all stages (not synchronised)."""
@@ -151,7 +160,7 @@ class GPUSplitEngine(SplitEngine):
 
     def _synchronize(self) -> None:
         for s in self.stages:
-            s.stream.synchronize()
+            s._synchronize()
 
     def _times(self, T: int) -> None:
         """Each stage's window ms and hand-off ms of the window just synchronised."""
@@ -181,8 +190,7 @@ class GPUSplitEngine(SplitEngine):
 
     def commit(self, n_keep: int, *, eager: bool = False) -> None:
         check_split_rows(n_keep, self._pending)
-        self._commit(n_keep, eager)
-        self._synchronize()
+        self._commit(n_keep, eager)  # not waited for: each stage's next window runs after it on its stream
         self._advance(n_keep)
 
     def _advance(self, n_keep: int) -> None:
@@ -206,6 +214,7 @@ class GPUSplitEngine(SplitEngine):
 
         def timer(engine, tokens, pos, n_keep):
             engine._pending = None
+            self.wait_commit()  # a commit() before is not this window's (the begin event needs idle streams)
             tokens = np.asarray(tokens, dtype=np.int64)
             last = len(self.stages) - 1
             t0 = time.perf_counter()
