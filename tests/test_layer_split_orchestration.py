@@ -59,7 +59,8 @@ class _Stage:
 
     capabilities = Capabilities(graphs=True, eager=True)
 
-    def __init__(self, sim, model, n_ctx=None, max_t=None, layers=None):
+    def __init__(self, sim, model, n_ctx=None, max_t=None, layers=None, tiers=None):
+        assert tiers is None  # these stages keep every expert in VRAM (tiers per stage: test_tier_windows_cpu.py)
         self.sim, self.device = sim, sim.device
         self.ref = ReferenceEngine(model, n_ctx=n_ctx, max_t=max_t or 16, layers=layers)
         self.model, self.g, self.n_ctx, self.max_t, self.layers = model, model.geometry, self.ref.n_ctx, 16, layers
@@ -70,6 +71,7 @@ class _Stage:
                     "logits": np.full((16, g.n_vocab), np.nan, np.float32)}
         self.stage = SimpleNamespace(out_ids=SimpleNamespace(host=np.full(16, -1, np.int32)))
         self.capture_ms, self.n_past, self._pending = {}, 0, None
+        self.tiers, self.tier_note = None, None
 
     def stage_window(self, tokens):
         self.tokens = np.asarray(tokens)
