@@ -87,6 +87,26 @@ extern "C" int decode_blocks_q(const u8* blocks, long n_blocks, float* out) {
         }
     return qalign_bad;
 }
+// the tensor-core GEMV's folded q-form: w_k = fl(fl(D * a_k) + m); a, D and m per element for the span checks
+extern "C" int decode_blocks_tc(const u8* blocks, long n_blocks, float* out, float* a_out, float* d_out,
+                                float* m_out) {
+    typedef QBlock<QTYPE> QB;
+    qalign_bad = 0;
+    for (long b = 0; b < n_blocks; ++b)
+        for (int g = 0; g < QB::qk / 8; ++g) {
+            float a[8], D = 0.0f, m = 0.0f;
+            qtc8<QTYPE>(blocks + b * QB::bytes, g, a, D, m);
+            for (int k = 0; k < 8; ++k) {
+                const long i = b * QB::qk + 8 * g + k;
+                out[i] = QHasMin<QTYPE>::v ? __fadd_rn(__fmul_rn(D, a[k]), m) : __fmul_rn(D, a[k]);
+                a_out[i] = a[k];
+                d_out[i] = D;
+                m_out[i] = m;
+            }
+        }
+    return qalign_bad;
+}
+extern "C" int tc_needs_lo(void) { return QTcLo<QTYPE>::v; }
 """
 
 
@@ -111,7 +131,9 @@ def _decoder(cxx, tmp_path, ggml_type):
     fn, fn_q = lib.decode_blocks, lib.decode_blocks_q
     fn.argtypes = fn_q.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
     fn_q.restype = ctypes.c_int
-    return fn, fn_q
+    lib.decode_blocks_tc.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 4
+    lib.decode_blocks_tc.restype = lib.tc_needs_lo.restype = ctypes.c_int
+    return fn, fn_q, lib
 
 
 def _aligned_copy(blocks: np.ndarray) -> np.ndarray:
@@ -126,7 +148,7 @@ def _aligned_copy(blocks: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("ggml_type", S.TYPES, ids=[S.variant(t) for t in S.TYPES])
 def test_device_decoder_is_bit_identical_to_gguf(cxx, tmp_path, ggml_type):
     """decode8 (the v1 GEMV and the gathers) and the q-form qdec8 (the staged v2 GEMV) both give gguf's floats."""
-    decode, decode_q = _decoder(cxx, tmp_path, ggml_type)
+    decode, decode_q, _ = _decoder(cxx, tmp_path, ggml_type)
     elems, size = Q.BLOCK[ggml_type]
     rng = np.random.default_rng(ggml_type)
     n_blocks = 4096 // elems * 4
@@ -144,3 +166,37 @@ def test_device_decoder_is_bit_identical_to_gguf(cxx, tmp_path, ggml_type):
             np.testing.assert_array_equal(values.view(np.uint32)[~np.isnan(want)],
                                           want.view(np.uint32)[~np.isnan(want)], err_msg=name)
             np.testing.assert_array_equal(np.isnan(values), np.isnan(want), err_msg=name)
+
+
+@pytest.mark.parametrize("ggml_type", S.TYPES, ids=[S.variant(t) for t in S.TYPES])
+def test_tensor_core_folded_form_is_exact(cxx, tmp_path, ggml_type):
+    """qtc8 (the tensor-core expert GEMVs' A operand): fl(fl(D a) + m) is gguf's float bit for bit; every a is exact
+    in f16 (QTcLo types: an integer of at most 4096, split into two exact f16 by the GEMV); D is one value per
+    32-element span and m one per 16 elements, as the MMA's per-span scaling assumes."""
+    _, _, lib = _decoder(cxx, tmp_path, ggml_type)
+    elems, size = Q.BLOCK[ggml_type]
+    rng = np.random.default_rng(50 + ggml_type)
+    n_blocks = 4096 // elems * 4
+    real = random_tensor(rng, ggml_type, (n_blocks * elems,), 0.05).reshape(n_blocks, size)
+    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    for name, blocks in (("real", real), ("raw", raw)):
+        blocks = _aligned_copy(blocks)
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = gq.dequantize(blocks.reshape(-1), GT(ggml_type))
+        got, a, d, m = (np.empty(n_blocks * elems, np.float32) for _ in range(4))
+        assert lib.decode_blocks_tc(blocks.ctypes.data, n_blocks, got.ctypes.data, a.ctypes.data, d.ctypes.data,
+                                    m.ctypes.data) == 0, "qtc8 assumed a wrong alignment"
+        ok = ~np.isnan(want)
+        np.testing.assert_array_equal(got.view(np.uint32)[ok], want.view(np.uint32)[ok], err_msg=name)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=name)
+        if lib.tc_needs_lo():
+            assert np.all(a == np.round(a)) and np.abs(a).max() <= 4096, name
+            hi = a.astype(np.float16).astype(np.float32)
+            assert np.all((a - hi).astype(np.float16).astype(np.float32) == a - hi), name
+        else:
+            np.testing.assert_array_equal(a.astype(np.float16).astype(np.float32), a, err_msg=f"{name}: a not f16")
+        spans = d.reshape(-1, 32)
+        same = (spans == spans[:, :1]) | (np.isnan(spans) & np.isnan(spans[:, :1]))
+        assert same.all(), f"{name}: D changes inside a 32-element span"
+        halves = m.reshape(-1, 16)
+        assert ((halves == halves[:, :1]) | np.isnan(halves)).all(), f"{name}: m changes inside 16 elements"
