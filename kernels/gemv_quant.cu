@@ -334,18 +334,23 @@ QGEMV_KERNELS(16)
 // Shape legend (NT window bucket, NN = 1 column tile of 8 entries, 2 for NT = 16; lane = 4 g + t):
 //   grid (ceil(n_out / (ROWS * QTC_WARPS / ksplit)), J groups), block QTC_WARPS * 32; group u = blockIdx.y holds
 //   up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and writes y row
-//   rows[n] (as grouped_entries). The QTC_WARPS / ksplit row sets of a block take ROWS rows each (expert: 32 =
-//   QTC_MT m tiles of 16; gate/up: 16 rows of each matrix, m tile 0 gate, 1 up); the ksplit warps of a set take
+//   rows[n] (as grouped_entries). The QTC_WARPS / ksplit row sets of a block take ROWS rows each (expert: 16 QTC_MT
+//   = QTC_MT m tiles of 16; gate/up: 8 QTC_MT rows of each matrix, m tiles 0 .. QTC_MT/2 - 1 gate, the rest the
+//   same rows of up); the ksplit warps of a set take
 //   interleaved 256-element steps s = kslice, kslice + ksplit, ... and add up in shared memory (ksplit_reduce).
-//   unit       one row's range of a step: QTC_UNITS = 32 per stage (row mt * 16 + r of the warp), staged as in
+//   unit       one row's range of a step: QTC_UNITS = 16 QTC_MT per stage (row mt * 16 + r of the warp), as in
 //              qslice_rows (QCHUNKS aligned 16-byte chunks, each byte at its address mod 16)
 //   span sp    32 elements 32 sp .. 32 sp + 31 of a step; lane (g, t) decodes group t (elements 8t .. 8t+7) of
-//              rows g and g + 8 of each m tile, k tile kt of the MMA holds elements 8t + 4kt + {0, 1} (a0 / b0)
-//              and 8t + 4kt + {2, 3} (a2 / b1) of every lane t; B column g = entry 8 nn + g
+//              rows g and g + 8 of each m tile (quant_decode.cuh qtc_frag), k tile kt of the MMA holds elements
+//              8t + 4kt + {0, 1} (a0 / b0) and 8t + 4kt + {2, 3} (a2 / b1) of every lane t (interleaved types,
+//              QTcFrag: {0, 2} and {1, 3}); B column g = entry 8 nn + g
 //   C          c0, c1 = (row g, entries 2t, 2t+1), c2, c3 = (row g + 8, same entries); acc[mt * NN + nn][e]
 // Reductions are fixed-order (MMA, span FMAs, the ksplit sum): graph replays are bit-identical to eager.
 #define QTC_WARPS 4  // warps per block (launch_quant.QTC_WARPS mirrors it)
-#define QTC_MT 2     // m tiles of 16 rows per warp and stage
+// m tiles of 16 rows per warp and stage: 4 where a 64-row stage is at most QTC_MT4_BYTES (the types of <= 3.5
+// bits per weight), else 2. More rows per warp share each span's x split (~35 instructions per span).
+#define QTC_MT4_BYTES 8192
+#define QTC_MT (64 * QCHUNKS * 16 <= QTC_MT4_BYTES ? 4 : 2)
 #define QTC_UNITS (QTC_MT * 16)
 #define QTC_STAGE_INT4 (QTC_UNITS * QCHUNKS)  // one stage of a warp, in 16-byte chunks
 #define QTC_RING_BYTES 12288                  // about this much shared memory per warp: 2 .. 4 stages
@@ -371,21 +376,6 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// 8 floats (exact in f16) as 4 f16x2 words, element 2i in the low half of word i
-__device__ __forceinline__ void f16x2_pack8(const float (&v)[8], u32 (&w)[4]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w[i]) : "f"(v[2 * i + 1]), "f"(v[2 * i]));
-}
-// v - f16(v) as f16x2 (the QTcLo types' lo part: exact, |lo| <= 1)
-__device__ __forceinline__ void f16x2_rest8(const float (&v)[8], const u32 (&hi)[4], u32 (&lo)[4]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float a = v[2 * i] - f16_bits_to_float((u16)(hi[i] & 0xffffu));
-        const float b = v[2 * i + 1] - f16_bits_to_float((u16)(hi[i] >> 16));
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo[i]) : "f"(b), "f"(a));
-    }
-}
-
 // NaN into rows o0 .. o0 + n_rows - 1 of the group's entries (a bad expert id, or too little shared memory)
 template <int NT>
 __device__ __forceinline__ void qtc_nan_rows(float* y, int n_out, int o0, int n_rows, int nt, const int (&rows)[NT],
@@ -406,7 +396,8 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                                             const int* g_entries, const float* x, int x_div, int n_in, float* y,
                                             int n_out, int ksplit, int act, float div, const float* mul, int mul_st,
                                             int mul_so) {
-    constexpr int NN = qtc_nn(NT), F = QTC_MT * NN, ROWS = GATEUP ? 16 : 16 * QTC_MT, NS = QTC_NSTAGE;
+    constexpr int NN = qtc_nn(NT), F = QTC_MT * NN, HALF = QTC_MT / 2, NS = QTC_NSTAGE;
+    constexpr int ROWS = GATEUP ? 16 * HALF : 16 * QTC_MT;
     constexpr int NCH = (QTC_STAGE_INT4 + WARP - 1) / WARP;
     extern __shared__ int4 qtc_ring[];
     static_assert(F * 4 * WARP * 4 <= NS * QTC_STAGE_INT4 * 16, "the ksplit sums live in the warp's ring");
@@ -425,14 +416,15 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         qtc_nan_rows(y, n_out, o0, ROWS, nt, rows, kslice);
         return;
     }
-    // unit uu = mt * 16 + r: row o0 + r of gate (mt 0) / up (mt 1), or row o0 + uu of the one matrix
+    // unit uu = mt * 16 + r: row o0 + uu of the one matrix, or row o0 + (mt % HALF) * 16 + r of gate (mt < HALF)
+    // / up (mt >= HALF)
     const u8* W0e = W0 + (i64)e * expert_stride;
     const u8* W1e = (GATEUP ? W1 : W0) + (i64)e * expert_stride;
+    auto unit_o = [&](int uu) { return o0 + (GATEUP ? uu % (16 * HALF) : uu); };
     auto unit_row = [&](int uu) -> const u8* {
-        if (GATEUP) return (uu < 16 ? W0e : W1e) + (i64)(o0 + (uu & 15)) * row_stride;
-        return W0e + (i64)(o0 + uu) * row_stride;
+        return (GATEUP && uu >= 16 * HALF ? W1e : W0e) + (i64)unit_o(uu) * row_stride;
     };
-    auto unit_live = [&](int uu) { return o0 + (GATEUP ? (uu & 15) : uu) < n_out; };
+    auto unit_live = [&](int uu) { return unit_o(uu) < n_out; };
     const int n_steps = (n_in + QSTEP - 1) / QSTEP;
     const i64 row_bytes = (i64)(n_in / QB::qk) * QB::bytes;
     const int my_steps = kslice < n_steps ? (n_steps - kslice + ksplit - 1) / ksplit : 0;
@@ -498,8 +490,11 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                 if (xrow[nn]) load_x8(xrow[nn], 0, 0, s * QSTEP + sp * 32, p, q);
                 xv[nn][0] = p.x; xv[nn][1] = p.y; xv[nn][2] = p.z; xv[nn][3] = p.w;
                 xv[nn][4] = q.x; xv[nn][5] = q.y; xv[nn][6] = q.z; xv[nn][7] = q.w;
-#pragma unroll
-                for (int k = 0; k < 8; ++k) big |= fabsf(xv[nn][k]) >= QTC_BIG;
+                const float mx = fmaxf(fmaxf(fmaxf(fabsf(xv[nn][0]), fabsf(xv[nn][1])),
+                                             fmaxf(fabsf(xv[nn][2]), fabsf(xv[nn][3]))),
+                                       fmaxf(fmaxf(fabsf(xv[nn][4]), fabsf(xv[nn][5])),
+                                             fmaxf(fabsf(xv[nn][6]), fabsf(xv[nn][7]))));
+                big |= mx >= QTC_BIG;  // (fmaxf drops a NaN x: its products are NaN on either path)
             }
             // the x sums of the span's halves (elements 0..15, 16..31) for C's entries 2t, 2t+1 (the mins' term)
             float sx[NN][2][2];
@@ -523,8 +518,9 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 #pragma unroll
                 for (int kt = 0; kt < 2; ++kt)
 #pragma unroll
-                    for (int p = 0; p < 2; ++p) {
-                        float a = xv[nn][4 * kt + 2 * p], c = xv[nn][4 * kt + 2 * p + 1];
+                    for (int p = 0; p < 2; ++p) {  // the pairs of the A words: (4kt + 2p, +1), or (4kt + p, +2)
+                        const int k0 = QTcFrag<QTYPE>::interleaved ? 4 * kt + p : 4 * kt + 2 * p;
+                        float a = xv[nn][k0], c = xv[nn][k0 + (QTcFrag<QTYPE>::interleaved ? 2 : 1)];
                         if (scaled) { a *= 1.52587890625e-05f; c *= 1.52587890625e-05f; }  // 2^-16
                         split_f16x2(a, c, bh[nn][kt][p], bl[nn][kt][p]);
                     }
@@ -535,11 +531,8 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                 float D[2], m[2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    float av[8];
                     m[h] = 0.0f;
-                    qtc8<QTYPE>(ub[mt][h] + blk * QB::bytes, gi, av, D[h], m[h]);
-                    f16x2_pack8(av, A[h]);
-                    if (QTcLo<QTYPE>::v) f16x2_rest8(av, A[h], L[h]);
+                    qtc_frag<QTYPE>(ub[mt][h] + blk * QB::bytes, gi, A[h], L[h], D[h], m[h]);
                 }
                 float c[NN][4];
 #pragma unroll
@@ -593,15 +586,15 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 #pragma unroll
     for (int f = 0; f < F; ++f) {
         const int mt = f / NN, nn = f % NN;
-        if (GATEUP && mt != 0) continue;
+        if (GATEUP && mt >= HALF) continue;  // (up m tile mt + HALF goes with gate m tile mt)
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const int o = o0 + (GATEUP ? 0 : 16 * mt) + g + 8 * (k >> 1);
+            const int o = o0 + 16 * mt + g + 8 * (k >> 1);
             const int col = 8 * nn + 2 * t + (k & 1);
             if (col < nt && o < n_out) {
                 const i64 row = pick(rows, col);
                 if (GATEUP)
-                    y[row * n_out + o] = apply_act(acc[f][k], ACT_SILU) * acc[NN + nn][k];
+                    y[row * n_out + o] = apply_act(acc[f][k], ACT_SILU) * acc[f + HALF * NN][k];
                 else
                     y[row * n_out + o] = gemv_epilogue(acc[f][k], act, div, mul, row * mul_st + (i64)o * mul_so);
             }
@@ -609,16 +602,18 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
     }
 }
 
-// blocks per SM the registers must allow: 4 (<= 128 registers), 16 warps with their rings in flight
+// blocks per SM the registers must allow: 4 (<= 128 registers, 16 warps) for 2 m tiles per warp; 3 (<= 168) for 4,
+// whose ~57-64 KB rings fit only 3 blocks per SM anyway (128 registers would spill 30-220 bytes a thread)
+#define QTC_MIN_BLOCKS (QTC_MT == 4 ? 3 : 4)
 #define QTC_KERNELS(NT)                                                                                                \
-    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, 4)                                                  \
+    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_MIN_BLOCKS)                                     \
         qtc_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,            \
                          const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, float* y,      \
                          int n_out, int ksplit, int act, float div, const float* mul, int mul_st, int mul_so) {        \
         qtc_grouped<NT, false>(W, W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div,     \
                                n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);                                 \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, 4)                                                  \
+    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_MIN_BLOCKS)                                     \
         qtc_gateup_t##NT(const u8* Wg, const u8* Wu, i64 expert_stride, i64 row_stride, int n_expert,                  \
                          const int* g_expert, const int* g_count, const int* g_entries, const float* x, int x_div,     \
                          int n_in, float* y, int n_out, int ksplit) {                                                  \

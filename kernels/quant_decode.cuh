@@ -736,3 +736,73 @@ template <> __device__ __forceinline__ void qtc8<T_NVFP4>(const u8* b, int g, fl
     D = 1.0f;
 }
 #endif  // QKVALUES
+
+// ---- A fragments of the tensor-core GEMVs: qtc_frag<TYPE>(blk, g, A, L, D, m) gives group g's 8 values of qtc8 as
+// four f16x2 words (L: the lo parts of the QTcLo types). The generic form packs qtc8's floats (4 cvt); the types
+// of the benchmark file decode their bits straight into f16x2 with the exponent trick: a field f of bits 0..9 of
+// a half ORed into 0x6400 is the f16 1024 + f (a field at bit p: 1024 + f 2^p), and one fused f16x2 fma
+// (1024 + f 2^p) S + B with S = s 2^-p, B = -1024 s 2^-p leaves the exact s f (a product of <= 11 significant bits,
+// one rounding of an exact value). A field pair sits in bytes 0 and 2 of a word (the halves' low bytes), so those
+// types' words hold elements (0, 2), (1, 3), (4, 6), (5, 7) (QTcFrag::interleaved); the GEMV pairs x the same way.
+template <int TYPE> struct QTcFrag { static constexpr bool interleaved = false; };
+template <> struct QTcFrag<T_Q4_0> { static constexpr bool interleaved = true; };
+template <> struct QTcFrag<T_Q2_K> { static constexpr bool interleaved = true; };
+
+#ifndef QUANT_DECODE_HOST  // (tests/test_quant_decode_host.py's shim emulates these two in software)
+__device__ __forceinline__ u32 h2_pack(float lo, float hi) {  // (f16(lo), f16(hi)), lo in the low half
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ u32 h2_fma(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+#endif
+
+template <int TYPE>
+__device__ __forceinline__ void qtc_frag(const u8* __restrict__ b, int g, u32 (&A)[4], u32 (&L)[4], float& D,
+                                         float& m) {
+    float a[8];
+    qtc8<TYPE>(b, g, a, D, m);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) A[i] = h2_pack(a[2 * i], a[2 * i + 1]);
+    if (QTcLo<TYPE>::v) {  // a - f16(a): exact, |lo| <= 1
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            L[i] = h2_pack(a[2 * i] - f16_bits_to_float((u16)(A[i] & 0xffffu)),
+                           a[2 * i + 1] - f16_bits_to_float((u16)(A[i] >> 16)));
+    }
+}
+
+// the four interleaved words of fields (w >> 0, 8) & mask of two words (lo, hi), scaled by S, B
+__device__ __forceinline__ void qtc_fields(u32 lo, u32 hi, u32 mask, u32 S, u32 B, u32 (&A)[4]) {
+    A[0] = h2_fma((lo & mask) | 0x64006400u, S, B);         // elements 0, 2
+    A[1] = h2_fma(((lo >> 8) & mask) | 0x64006400u, S, B);  // 1, 3
+    A[2] = h2_fma((hi & mask) | 0x64006400u, S, B);         // 4, 6
+    A[3] = h2_fma(((hi >> 8) & mask) | 0x64006400u, S, B);  // 5, 7
+}
+
+// Q4_0: nibble q at bit 0 (S = 1, B = -1032) or bit 4 (S = 1/16, B = -72) of its byte: q - 8
+template <> __device__ __forceinline__ void qtc_frag<T_Q4_0>(const u8* b, int g, u32 (&A)[4], u32 (&L)[4], float& D,
+                                                            float& m) {
+    const uint2 v = pl64<QAL(T_Q4_0, 2)>(b + 2 + (g & 1) * 8);
+    const bool high = g >> 1;
+    qtc_fields(v.x, v.y, high ? 0x00f000f0u : 0x000f000fu, high ? 0x2c002c00u : 0x3c003c00u,
+               high ? 0xd480d480u : 0xe408e408u, A);
+    D = pf16<QAl<T_Q4_0>::b>(b);
+}
+
+// Q2_K: crumb q at bit 2k of its byte, times the 4-bit sub-block scale sc (qtc8's a = sc q); D = d, m = -dmin mn
+template <> __device__ __forceinline__ void qtc_frag<T_Q2_K>(const u8* b, int g, u32 (&A)[4], u32 (&L)[4], float& D,
+                                                            float& m) {
+    const int e = 8 * g, c = e >> 7, k = (e >> 5) & 3, l = e & 31;
+    const uint2 v = pl64<QAL(T_Q2_K, 8)>(b + 16 + 32 * c + l);
+    const u32 sc = pb(b + g / 2);
+    const float s = fmul(small_f(sc & 0xfu, 0.0f), __uint_as_float((u32)(127 - 2 * k) << 23));  // sc 4^-k
+    qtc_fields(v.x, v.y, 0x00030003u << (2 * k), h2_pack(s, s), h2_pack(-1024.0f * s, -1024.0f * s), A);
+    const u32 dm = pl32<QAL(T_Q2_K, 16)>(b + 80);
+    D = f16_bits_to_float((u16)(dm & 0xffffu));
+    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), small_f(sc >> 4, 0.0f));
+}

@@ -138,13 +138,16 @@ def test_tensor_core_expert_launch_geometry():
     from strata_cli.gpu import launch_quant as L
 
     for t in L.TYPES:
-        stage = 16 * 32 * ((U.row_stride(t, 256) + 30) // 16)
+        stage = 16 * 16 * L.qtc_mt(t) * ((U.row_stride(t, 256) + 30) // 16)
         assert L.qtc_smem_bytes(t) % stage == 0 and 2 <= L.qtc_smem_bytes(t) // (L.QTC_WARPS * stage) <= 4
         assert 3 * L.qtc_smem_bytes(t) <= 227 * 1024
-    assert L.qtc_smem_bytes(quants.Q2_K) == 4 * 3 * 32 * 7 * 16  # 84-byte steps: 7 chunks, 3 stages
-    assert L.qtc_split(40 * 10, 2560) == 4  # T = 1 gate/up: 10 experts x 40 sets of 16 rows, 10 steps
-    assert L.qtc_split(80 * 10, 640) == 2  # T = 1 down: 80 sets of 32 rows, 2.5 steps
-    assert L.qtc_split(40 * 80, 2560) == 1  # T = 8 gate/up: 80 groups
+    assert [L.qtc_mt(t) for t in (quants.Q2_K, quants.IQ2_XS, quants.Q4_0, quants.Q6_K)] == [4, 4, 2, 2]
+    assert L.qtc_smem_bytes(quants.Q2_K) == 4 * 2 * 64 * 7 * 16  # 84-byte steps: 7 chunks, 64 rows, 2 stages
+    assert L.qtc_smem_bytes(quants.Q4_0) == 4 * 2 * 32 * 10 * 16  # 144-byte steps: 10 chunks, 32 rows
+    assert L.qtc_split(20 * 10, 2560) == 4  # T = 1 gate/up Q2_K: 10 experts x 20 sets of 32 rows, 10 steps
+    assert L.qtc_split(80 * 10, 640) == 2  # T = 1 down Q4_0: 80 sets of 32 rows, 2.5 steps
+    assert L.qtc_split(20 * 80, 2560) == 2  # T = 8 gate/up: 80 groups (1600 sets)
+    assert L.qtc_split(80 * 80, 640) == 1  # T = 8 down
     assert L.qtc_split(1, 256) == 1
 
 

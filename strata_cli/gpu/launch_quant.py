@@ -32,7 +32,7 @@ QUANT_MIN_STEPS = 1  # ... but leave every warp at least this many 256-element s
 GATHER_BLOCK = 256
 # The tensor-core grouped expert GEMVs (kernels/gemv_quant.cu qtc_*; mirrors of its QTC_* constants)
 QTC_WARPS = 4  # warps per block
-QTC_MT = 2  # m tiles of 16 rows per warp: the expert kernel's warp takes 32 rows, the gate/up kernel's 16 of each
+QTC_MT4_BYTES = 8192  # a warp takes 4 m tiles of 16 rows where a 64-row stage fits this, else 2 (QTC_MT)
 QTC_RING_BYTES = 12288  # shared memory per warp the stage ring aims at (2 .. 4 stages)
 QTC_TARGET_WARPS = 2048  # split K until a launch has about this many warps (16 per SM), one step each at least
 SMEM_DEFAULT = 48 * 1024  # dynamic shared memory a launch gets without raising the kernel's limit
@@ -96,10 +96,21 @@ def launch_gemv_quant(w, ggml_type: int, n_in: int, x, y, work, *, act: int = U.
         np.int32(mul_strides[1]), partial, tile_done))
 
 
+def _qtc_chunks(ggml_type: int) -> int:
+    """QCHUNKS: the 16-byte chunks that hold one 256-element step of a row at any alignment."""
+    return (U.row_stride(ggml_type, QSTEP) + 30) // 16
+
+
+def qtc_mt(ggml_type: int) -> int:
+    """m tiles of 16 rows per warp (QTC_MT): the expert kernel's warp takes 16 qtc_mt rows, the gate/up kernel's
+    8 qtc_mt rows of each matrix."""
+    return 4 if 64 * _qtc_chunks(ggml_type) * 16 <= QTC_MT4_BYTES else 2
+
+
 def qtc_smem_bytes(ggml_type: int) -> int:
-    """Dynamic shared memory of a qtc_* block: QTC_WARPS rings of QTC_NSTAGE stages of 32 row units, each unit the
-    QCHUNKS 16-byte chunks that hold one 256-element step of a row at any alignment (QTC_SMEM_BYTES)."""
-    stage = 16 * QTC_MT * 16 * ((U.row_stride(ggml_type, QSTEP) + 30) // 16)
+    """Dynamic shared memory of a qtc_* block: QTC_WARPS rings of QTC_NSTAGE stages of 16 qtc_mt row units, each
+    unit QCHUNKS 16-byte chunks (QTC_SMEM_BYTES)."""
+    stage = 16 * qtc_mt(ggml_type) * 16 * _qtc_chunks(ggml_type)
     return QTC_WARPS * min(4, max(2, QTC_RING_BYTES // stage)) * stage
 
 
@@ -138,7 +149,7 @@ def launch_expert_gemv_quant(w, ggml_type: int, expert_stride: int, n_expert: in
     check_block_align("w", ggml_type, w, expert_stride)
     g_expert, g_count, g_entries = groups
     if U.expert_tensor_cores(T):
-        _launch_qtc(ggml_type, f"qtc_expert_t{U.nt_bucket(T)}", n_out, 16 * QTC_MT, J, n_in, lambda ksplit: (
+        _launch_qtc(ggml_type, f"qtc_expert_t{U.nt_bucket(T)}", n_out, 16 * qtc_mt(ggml_type), J, n_in, lambda ksplit: (
             w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert,
             g_count, g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit, np.int32(act),
             np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
@@ -162,7 +173,7 @@ def launch_gateup_quant(gate, up, ggml_type: int, expert_stride: int, n_expert: 
     check_block_align("up_raw", ggml_type, up, expert_stride)
     g_expert, g_count, g_entries = groups
     if U.expert_tensor_cores(T):
-        _launch_qtc(ggml_type, f"qtc_gateup_t{U.nt_bucket(T)}", n_out, 16, J, n_in, lambda ksplit: (
+        _launch_qtc(ggml_type, f"qtc_gateup_t{U.nt_bucket(T)}", n_out, 8 * qtc_mt(ggml_type), J, n_in, lambda ksplit: (
             gate, up, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert,
             g_count, g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit))
         return
