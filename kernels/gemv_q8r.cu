@@ -359,16 +359,7 @@ __device__ __forceinline__ void q8t_block(const uint2 (&qw)[R][4], const u16 (&d
     }
     const bool scaled = __any_sync(FULL_MASK, big);  // warp-uniform: the MMAs need every lane
     u32 bh[NN][2][2], bl[NN][2][2];  // [column tile][k tile][b0 / b1]
-#pragma unroll
-    for (int nn = 0; nn < NN; ++nn)
-#pragma unroll
-        for (int kt = 0; kt < 2; ++kt)
-#pragma unroll
-            for (int p = 0; p < 2; ++p) {
-                float a = xv[nn][4 * kt + 2 * p], c = xv[nn][4 * kt + 2 * p + 1];
-                if (scaled) { a *= 1.52587890625e-05f; c *= 1.52587890625e-05f; }  // 2^-16
-                split_f16x2(a, c, bh[nn][kt][p], bl[nn][kt][p]);
-            }
+    split_b_frags<NN, false>(xv, scaled, bh, bl);
     const float unscale = scaled ? 65536.0f : 1.0f;
 #pragma unroll
     for (int r = 0; r < R; ++r) {

@@ -329,7 +329,18 @@ QGEMV_KERNELS(16)
 //     tensor-core kernel);
 //   * the weights stream through a ring of QTC_NSTAGE shared-memory stages per warp filled by cp.async (16-byte
 //     copies, no registers held while in flight), QTC_NSTAGE - 1 stages of every warp in flight while it decodes
-//     one: 2-4 stages of ~3-8 KB, so the 16 warps an SM holds keep ~50-100 KB of HBM reads in flight.
+//     one: 2-4 stages of 5-15 KB, so the 12-16 warps an SM holds keep ~60-120 KB of HBM reads in flight (about
+//     4.4 TB/s x 1-2 us of latency / 132 SMs = 33-66 KB is what the copy rate needs).
+// T = 1 is short work, so the grid decides as much as the loop: gate/up of Flash-Next's 10 experts is 10.75 MB
+// (Q2_K), ~2.4 us at the copy rate. One launch covers every (expert, row set) of the layer: 10 x 20 row sets of
+// 32 rows (Q2_K, 4 m tiles) split over ksplit = 4 warps (10 steps: 3, 3, 2, 2) = 800 warps in 200 blocks, each
+// warp's whole slice (~7 KB a step) issued one or two steps ahead, so the layer's bytes are in flight at once
+// rather than in waves of register stages; down (Q4_0, 2.5 steps) runs 80 x 10 row sets x ksplit 2. The tail is
+// one warp's slice. At T = 8 (~75 experts) the same grid has 8x the blocks and ksplit 1-2.
+// Issue budget (PTX of the span loop, sm_90): Q2_K gate/up 552 instructions per span of 64 rows (2048 weights:
+// ~0.27 a weight, decode ~60 %, x split ~10 %, MMAs 16); Q4_0 down 225 per 32 rows. At 4 warp-instructions per
+// clock an SM then streams ~15 Q2_K weights a clock; bench/quant_gemv_bench.py measures where the bytes or the
+// issue bind.
 //
 // Shape legend (NT window bucket, NN = 1 column tile of 8 entries, 2 for NT = 16; lane = 4 g + t):
 //   grid (ceil(n_out / (ROWS * QTC_WARPS / ksplit)), J groups), block QTC_WARPS * 32; group u = blockIdx.y holds
@@ -513,17 +524,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
             }
             const bool scaled = __any_sync(FULL_MASK, big);  // warp-uniform: the MMAs need every lane
             u32 bh[NN][2][2], bl[NN][2][2];                   // [column tile][k tile][b0 / b1]
-#pragma unroll
-            for (int nn = 0; nn < NN; ++nn)
-#pragma unroll
-                for (int kt = 0; kt < 2; ++kt)
-#pragma unroll
-                    for (int p = 0; p < 2; ++p) {  // the pairs of the A words: (4kt + 2p, +1), or (4kt + p, +2)
-                        const int k0 = QTcFrag<QTYPE>::interleaved ? 4 * kt + p : 4 * kt + 2 * p;
-                        float a = xv[nn][k0], c = xv[nn][k0 + (QTcFrag<QTYPE>::interleaved ? 2 : 1)];
-                        if (scaled) { a *= 1.52587890625e-05f; c *= 1.52587890625e-05f; }  // 2^-16
-                        split_f16x2(a, c, bh[nn][kt][p], bl[nn][kt][p]);
-                    }
+            split_b_frags<NN, QTcFrag<QTYPE>::interleaved>(xv, scaled, bh, bl);
             const float unscale = scaled ? 65536.0f : 1.0f;
 #pragma unroll
             for (int mt = 0; mt < QTC_MT; ++mt) {
