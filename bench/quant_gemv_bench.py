@@ -2,7 +2,7 @@
 [640 x 2560] and down [2560 x 640], top-10), T = 1, 2, 4, 8 window rows, against a measured device-to-device copy.
 
     python3 bench/quant_gemv_bench.py [--types Q4_K,IQ2_XS,...] [--window T ...] [--launches N] [--jobs J]
-                                      [--dense-windows T ...]
+                                      [--paths tc,cuda] [--dense-windows T ...]
 
 Per type, first the check: routed_experts (moe_group, gate + up in one launch, down, combine) on valid random
 blocks of a few experts of the real shapes against ops/moe.routed_experts_raw (numpy over gguf.quants), as the max
@@ -16,10 +16,13 @@ moe_group before the capture), so the experts a launch reads are rarely still in
   moe      launch_moe.routed_experts whole (group, gateup, down, combine); bytes = both
 GB/s = bytes / time per launch; %copy = GB/s / the copy rate, where the copy rate is what cupy's device-to-device
 copy of 2 GB reaches counting the bytes read and written (the bandwidth a streaming read can get).
+--paths: the grouped expert kernel families timed (and checked) one after the other, each for every T whatever
+launch_util.WINDOW_PATHS picks: tc = the tensor-core qtc_* kernels, cuda = qgemv_expert_* / qgemv_gateup_* (the
+row's "path"); the pair per type and T is what WINDOW_PATHS' expert_tc is set from.
 --dense-windows adds the dense GEMV (one ~512 MB matrix, 5120-wide rows) at those T.
 
 Last line: one JSON document {"copy_gbs": ..., "rows": [{"type", "down_type", "T", "rel_err", "gateup_gbs",
-"gateup_pct", "down_gbs", "down_pct", "moe_gbs", "moe_pct", "moe_us"}, ...], "dense": [...], "seconds": ...}.
+"gateup_pct", "down_gbs", "down_pct", "moe_gbs", "moe_pct", "moe_us", "path"}, ...], "dense": [...], "seconds": ...}.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ E, F, D, K = 512, 640, 2560, 10
 CHECK_E, CHECK_T, CHECK_K = 6, 3, 2  # the reference check: a few experts of the real shapes
 DEFAULT_TYPES = "Q8_0,Q4_0,Q4_K,Q5_K,Q6_K,Q2_K,Q3_K,IQ2_XS,IQ3_XXS,IQ4_XS,MXFP4"
 DENSE_N_IN, DENSE_MB = 5120, 512
+PATHS = {"tc": U.WindowPath(fused_hc=False, gemv_tc=False, expert_tc=True),
+         "cuda": U.WindowPath(fused_hc=False, gemv_tc=False, expert_tc=False)}
 
 
 def copy_gbs() -> float:
@@ -170,7 +175,11 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--dense-windows", type=int, nargs="*", default=[])
+    ap.add_argument("--paths", default="tc,cuda", help="expert kernel families: tc (qtc_*), cuda (qgemv_*)")
     args = ap.parse_args()
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if not paths or any(p not in PATHS for p in paths):
+        raise SystemExit(f"quant_gemv_bench: --paths: expected a list of {', '.join(PATHS)}, got '{args.paths}'")
     names = {Q.TYPE_NAMES[t]: t for t in Q.BLOCK_TYPES}
     unknown = [n for n in args.types.split(",") if n.strip() and n.strip().upper() not in names]
     if unknown:
@@ -183,22 +192,26 @@ def main() -> None:
     rng = np.random.default_rng(0)
     copy = copy_gbs()
     print(f"# device-to-device copy {copy:.0f} GB/s (read + written)", flush=True)
-    print(f"{'type':8} {'down':6} {'T':>2} {'rel_err':>8} {'gateup GB/s':>11} {'%':>5} {'down GB/s':>10} {'%':>5} "
-          f"{'moe GB/s':>9} {'%':>5} {'moe us':>8}", flush=True)
+    print(f"{'type':8} {'down':6} {'path':4} {'T':>2} {'rel_err':>8} {'gateup GB/s':>11} {'%':>5} {'down GB/s':>10} "
+          f"{'%':>5} {'moe GB/s':>9} {'%':>5} {'moe us':>8}", flush=True)
     rows, dense = [], []
     for t in types:
-        err = check_rel_err(t, rng)
-        for r in expert_times(t, args.window, args.launches, stream, rng):
-            gbs = {k: r["bytes"][k] / r["ms"][k] / 1e6 for k in r["ms"]}
-            row = {"type": Q.TYPE_NAMES[t], "down_type": Q.TYPE_NAMES[down_type(t)], "T": r["T"], "rel_err": err}
-            for k in ("gateup", "down", "moe"):
-                row[f"{k}_gbs"] = round(gbs[k], 1)
-                row[f"{k}_pct"] = round(100 * gbs[k] / copy, 1)
-            row["moe_us"] = round(1000 * r["ms"]["moe"], 2)
-            rows.append(row)
-            print(f"{row['type']:8} {row['down_type']:6} {r['T']:2} {err:8.1e} {gbs['gateup']:11.0f} "
-                  f"{row['gateup_pct']:5.1f} {gbs['down']:10.0f} {row['down_pct']:5.1f} {gbs['moe']:9.0f} "
-                  f"{row['moe_pct']:5.1f} {row['moe_us']:8.1f}", flush=True)
+        for path in paths:
+            with U.recording_path(PATHS[path]):
+                err = check_rel_err(t, rng)
+                timed = expert_times(t, args.window, args.launches, stream, rng)
+            for r in timed:
+                gbs = {k: r["bytes"][k] / r["ms"][k] / 1e6 for k in r["ms"]}
+                row = {"type": Q.TYPE_NAMES[t], "down_type": Q.TYPE_NAMES[down_type(t)], "T": r["T"], "rel_err": err,
+                       "path": path}
+                for k in ("gateup", "down", "moe"):
+                    row[f"{k}_gbs"] = round(gbs[k], 1)
+                    row[f"{k}_pct"] = round(100 * gbs[k] / copy, 1)
+                row["moe_us"] = round(1000 * r["ms"]["moe"], 2)
+                rows.append(row)
+                print(f"{row['type']:8} {row['down_type']:6} {path:4} {r['T']:2} {err:8.1e} {gbs['gateup']:11.0f} "
+                      f"{row['gateup_pct']:5.1f} {gbs['down']:10.0f} {row['down_pct']:5.1f} {gbs['moe']:9.0f} "
+                      f"{row['moe_pct']:5.1f} {row['moe_us']:8.1f}", flush=True)
         for T in args.dense_windows:
             g = dense_gbs(t, T, args.launches, stream)
             dense.append({"type": Q.TYPE_NAMES[t], "T": T, "gbs": round(g, 1), "pct": round(100 * g / copy, 1)})

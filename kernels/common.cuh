@@ -119,6 +119,48 @@ __device__ __forceinline__ void zsplit_finish(const float* partial, unsigned* ti
     }
 }
 
+// Tensor-core helpers (gemv_q8r.cu's dense and gemv_quant.cu's grouped expert GEMVs on mma.sync).
+// (a, b) -> f16x2 hi = (f16(a), f16(b)) and lo = (f16(a - hi_a), f16(b - hi_b)), a in the low half.
+__device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) {
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(b), "f"(a));  // the first source goes to the high half
+    const float ha = f16_bits_to_float((u16)(hi & 0xffffu)), hb = f16_bits_to_float((u16)(hi >> 16));
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(b - hb), "f"(a - ha));
+}
+
+// The B fragments of the tensor-core GEMVs from each lane's 8 x values xv[nn] of column tile nn: k tile kt, register
+// p holds the pair (4kt + 2p, +1) (INTERLEAVED: (4kt + p, +2), for A words decoded as bytes 0 and 2 of a word),
+// split hi + lo; scaled: x 2^-16 first (a block or span whose |x| reaches 2^15, where f16 overflows).
+template <int NN, bool INTERLEAVED>
+__device__ __forceinline__ void split_b_frags(const float (&xv)[NN][8], bool scaled, u32 (&bh)[NN][2][2],
+                                              u32 (&bl)[NN][2][2]) {
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+        for (int kt = 0; kt < 2; ++kt)
+#pragma unroll
+            for (int p = 0; p < 2; ++p) {
+                const int k0 = INTERLEAVED ? 4 * kt + p : 4 * kt + 2 * p;
+                float a = xv[nn][k0], c = xv[nn][k0 + (INTERLEAVED ? 2 : 1)];
+                if (scaled) { a *= 1.52587890625e-05f; c *= 1.52587890625e-05f; }  // 2^-16
+                split_f16x2(a, c, bh[nn][kt][p], bl[nn][kt][p]);
+            }
+}
+
+__device__ __forceinline__ void mma_f16_16816(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+template <int N>
+__device__ __forceinline__ int pick(const int (&v)[N], int i) {  // v[i] without a local-memory array
+    int r = 0;
+#pragma unroll
+    for (int k = 0; k < N; ++k) r = k == i ? v[k] : r;
+    return r;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);

@@ -322,28 +322,6 @@ __device__ __forceinline__ u32 u8x2_to_f16x2(u32 biased, u32 sel) {
     return r;
 }
 
-// (a, b) -> f16x2 hi = (f16(a), f16(b)) and lo = (f16(a - hi_a), f16(b - hi_b)), a in the low half.
-__device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) {
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(b), "f"(a));  // the first source goes to the high half
-    const float ha = f16_bits_to_float((u16)(hi & 0xffffu)), hb = f16_bits_to_float((u16)(hi >> 16));
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(b - hb), "f"(a - ha));
-}
-
-__device__ __forceinline__ void mma_f16_16816(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-template <int N>
-__device__ __forceinline__ int pick(const int (&v)[N], int i) {  // v[i] without a local-memory array
-    int r = 0;
-#pragma unroll
-    for (int k = 0; k < N; ++k) r = k == i ? v[k] : r;
-    return r;
-}
-
 // Slot loads of block b for the warp's first `live` row groups (q, d: this lane's row g of group g0, block 0).
 template <int R>
 __device__ __forceinline__ void q8t_load(const uint2* q, const u16* d, i64 gq, i64 gd, int b, int live,
@@ -381,16 +359,7 @@ __device__ __forceinline__ void q8t_block(const uint2 (&qw)[R][4], const u16 (&d
     }
     const bool scaled = __any_sync(FULL_MASK, big);  // warp-uniform: the MMAs need every lane
     u32 bh[NN][2][2], bl[NN][2][2];  // [column tile][k tile][b0 / b1]
-#pragma unroll
-    for (int nn = 0; nn < NN; ++nn)
-#pragma unroll
-        for (int kt = 0; kt < 2; ++kt)
-#pragma unroll
-            for (int p = 0; p < 2; ++p) {
-                float a = xv[nn][4 * kt + 2 * p], c = xv[nn][4 * kt + 2 * p + 1];
-                if (scaled) { a *= 1.52587890625e-05f; c *= 1.52587890625e-05f; }  // 2^-16
-                split_f16x2(a, c, bh[nn][kt][p], bl[nn][kt][p]);
-            }
+    split_b_frags<NN, false>(xv, scaled, bh, bl);
     const float unscale = scaled ? 65536.0f : 1.0f;
 #pragma unroll
     for (int r = 0; r < R; ++r) {

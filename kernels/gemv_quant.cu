@@ -309,6 +309,325 @@ QGEMV_KERNELS(4)
 QGEMV_KERNELS(8)
 QGEMV_KERNELS(16)
 
+// =====================================================================================================================
+// Tensor-core grouped expert GEMVs: qtc_expert_t<NT> (one matrix, epilogue as qgemv_expert_*) and qtc_gateup_t<NT>
+// (silu(gate) * up, as qgemv_gateup_*), the routed experts' path of the windows whose launch_util.WindowPath has
+// expert_tc (launch_quant.launch_expert_gemv_quant / launch_gateup_quant pick the kernel).
+//
+// Why: the CUDA-core kernels above spend per weight a q-form decode (~3 lane-instructions) plus T FMAs, and a warp
+// fetches one stage into registers, then decodes it with nothing in flight: a routed-expert launch (10 experts at
+// T = 1, ~75 at T = 8, 0.5-1 MB each) ran at 6-7 % of the H200's HBM rate at every T (issue 18). Here:
+//   * the window is the N side of mma.sync m16n8k16 (f16 in, f32 accumulate): the T products per weight cost no
+//     instruction, so the lane-instructions per weight are the decode's, whatever T <= 8 is (T <= 16: two
+//     column tiles);
+//   * weights are exact: the A operand is the folded q-form a = s q of quant_decode.cuh qtc8 (small integers or
+//     dyadics, exact in f16; Q6_K's up to 4096 as hi + lo), the span scale D and the min m are applied per 32
+//     elements in float32 (w = D a + m, as gguf's fl(fl(D a) + m) up to the sum's order);
+//   * x is split x = hi + lo in f16 (hi = f16(x), lo = f16(x - hi)): f16 products are exact in the f32
+//     accumulator, so a span's sum is sum a (hi + lo) with |x - hi - lo| <= 2^-22 |x| + 2^-25; a span whose |x|
+//     reaches 2^15 (f16 would overflow) is split from x 2^-16 and its sum scaled back by 2^16 (as gemv_q8r.cu's
+//     tensor-core kernel);
+//   * the weights stream through a ring of QTC_NSTAGE shared-memory stages per warp filled by cp.async (16-byte
+//     copies, no registers held while in flight), QTC_NSTAGE - 1 stages of every warp in flight while it decodes
+//     one: 2-4 stages of 5-15 KB, so the 12-16 warps an SM holds keep ~60-120 KB of HBM reads in flight (about
+//     4.4 TB/s x 1-2 us of latency / 132 SMs = 33-66 KB is what the copy rate needs).
+// T = 1 is short work, so the grid decides as much as the loop: gate/up of Flash-Next's 10 experts is 10.75 MB
+// (Q2_K), ~2.4 us at the copy rate. One launch covers every (expert, row set) of the layer: 10 x 20 row sets of
+// 32 rows (Q2_K, 4 m tiles) split over ksplit = 4 warps (10 steps: 3, 3, 2, 2) = 800 warps in 200 blocks, each
+// warp's whole slice (~7 KB a step) issued one or two steps ahead, so the layer's bytes are in flight at once
+// rather than in waves of register stages; down (Q4_0, 2.5 steps) runs 80 x 10 row sets x ksplit 2. The tail is
+// one warp's slice. At T = 8 (~75 experts) the same grid has 8x the blocks and ksplit 1-2.
+// Issue budget (PTX of the span loop, sm_90): Q2_K gate/up 552 instructions per span of 64 rows (2048 weights:
+// ~0.27 a weight, decode ~60 %, x split ~10 %, MMAs 16); Q4_0 down 225 per 32 rows. At 4 warp-instructions per
+// clock an SM then streams ~15 Q2_K weights a clock; bench/quant_gemv_bench.py measures where the bytes or the
+// issue bind.
+//
+// Shape legend (NT window bucket, NN = 1 column tile of 8 entries, 2 for NT = 16; lane = 4 g + t):
+//   grid (ceil(n_out / (ROWS * QTC_WARPS / ksplit)), J groups), block QTC_WARPS * 32; group u = blockIdx.y holds
+//   up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and writes y row
+//   rows[n] (as grouped_entries). The QTC_WARPS / ksplit row sets of a block take ROWS rows each (expert: 16 QTC_MT
+//   = QTC_MT m tiles of 16; gate/up: 8 QTC_MT rows of each matrix, m tiles 0 .. QTC_MT/2 - 1 gate, the rest the
+//   same rows of up); the ksplit warps of a set take
+//   interleaved 256-element steps s = kslice, kslice + ksplit, ... and add up in shared memory (ksplit_reduce).
+//   unit       one row's range of a step: QTC_UNITS = 16 QTC_MT per stage (row mt * 16 + r of the warp), as in
+//              qslice_rows (QCHUNKS aligned 16-byte chunks, each byte at its address mod 16)
+//   span sp    32 elements 32 sp .. 32 sp + 31 of a step; lane (g, t) decodes group t (elements 8t .. 8t+7) of
+//              rows g and g + 8 of each m tile (quant_decode.cuh qtc_frag), k tile kt of the MMA holds elements
+//              8t + 4kt + {0, 1} (a0 / b0) and 8t + 4kt + {2, 3} (a2 / b1) of every lane t (interleaved types,
+//              QTcFrag: {0, 2} and {1, 3}); B column g = entry 8 nn + g
+//   C          c0, c1 = (row g, entries 2t, 2t+1), c2, c3 = (row g + 8, same entries); acc[mt * NN + nn][e]
+// Reductions are fixed-order (MMA, span FMAs, the ksplit sum): graph replays are bit-identical to eager.
+#define QTC_WARPS 4  // warps per block (launch_quant.QTC_WARPS mirrors it)
+// m tiles of 16 rows per warp and stage: 4 where a 64-row stage is at most QTC_MT4_BYTES (the types of <= 3.5
+// bits per weight), else 2. More rows per warp share each span's x split (~35 instructions per span).
+#define QTC_MT4_BYTES 8192
+#define QTC_MT (64 * QCHUNKS * 16 <= QTC_MT4_BYTES ? 4 : 2)
+#define QTC_UNITS (QTC_MT * 16)
+#define QTC_STAGE_INT4 (QTC_UNITS * QCHUNKS)  // one stage of a warp, in 16-byte chunks
+#define QTC_RING_BYTES 12288                  // about this much shared memory per warp: 2 .. 4 stages
+#define QTC_NSTAGE (QTC_RING_BYTES / (QTC_STAGE_INT4 * 16) < 2   ? 2 \
+                    : QTC_RING_BYTES / (QTC_STAGE_INT4 * 16) > 4 ? 4 \
+                                                                 : QTC_RING_BYTES / (QTC_STAGE_INT4 * 16))
+#define QTC_SMEM_BYTES (QTC_WARPS * QTC_NSTAGE * QTC_STAGE_INT4 * 16)  // dynamic shared memory of a block
+#define QTC_BIG 32768.0f  // |x| from which a span is split from x * 2^-16
+
+constexpr int qtc_nn(int nt) { return nt > 8 ? 2 : 1; }
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// NaN into rows o0 .. o0 + n_rows - 1 of the group's entries (a bad expert id, or too little shared memory)
+template <int NT>
+__device__ __forceinline__ void qtc_nan_rows(float* y, int n_out, int o0, int n_rows, int nt, const int (&rows)[NT],
+                                             int kslice) {
+    const int lane = threadIdx.x & (WARP - 1);
+    if (kslice != 0) return;
+    for (int i = lane; i < n_rows; i += WARP)
+        if (o0 + i < n_out)
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+                if (n < nt) y[(i64)rows[n] * n_out + o0 + i] = QNAN;
+}
+
+// The grouped expert GEMV on tensor cores (both kernels; GATEUP: W0 gate, W1 up, y = silu(gate) * up).
+template <int NT, bool GATEUP>
+__device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expert_stride, i64 row_stride,
+                                            int n_expert, const int* g_expert, const int* g_count,
+                                            const int* g_entries, const float* x, int x_div, int n_in, float* y,
+                                            int n_out, int ksplit, int act, float div, const float* mul, int mul_st,
+                                            int mul_so) {
+    constexpr int NN = qtc_nn(NT), F = QTC_MT * NN, HALF = QTC_MT / 2, NS = QTC_NSTAGE;
+    constexpr int ROWS = GATEUP ? 16 * HALF : 16 * QTC_MT;
+    constexpr int NCH = (QTC_STAGE_INT4 + WARP - 1) / WARP;
+    extern __shared__ int4 qtc_ring[];
+    static_assert(F * 4 * WARP * 4 <= NS * QTC_STAGE_INT4 * 16, "the ksplit sums live in the warp's ring");
+    const int u = blockIdx.y;
+    const int nt = min(g_count[u], NT);
+    if (nt == 0) return;  // the whole block leaves: no barrier is left waiting
+    const int e = g_expert[u];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1), g = lane >> 2, t = lane & 3;
+    const int set = warp / ksplit, kslice = warp % ksplit;
+    const int o0 = (blockIdx.x * (QTC_WARPS / ksplit) + set) * ROWS;
+    int rows[NT], xr[NT];
+    expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
+    u32 dyn_smem;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
+    if (e < 0 || e >= n_expert || dyn_smem < QTC_SMEM_BYTES) {  // block-uniform
+        qtc_nan_rows(y, n_out, o0, ROWS, nt, rows, kslice);
+        return;
+    }
+    // unit uu = mt * 16 + r: row o0 + uu of the one matrix, or row o0 + (mt % HALF) * 16 + r of gate (mt < HALF)
+    // / up (mt >= HALF)
+    const u8* W0e = W0 + (i64)e * expert_stride;
+    const u8* W1e = (GATEUP ? W1 : W0) + (i64)e * expert_stride;
+    auto unit_o = [&](int uu) { return o0 + (GATEUP ? uu % (16 * HALF) : uu); };
+    auto unit_row = [&](int uu) -> const u8* {
+        return (GATEUP && uu >= 16 * HALF ? W1e : W0e) + (i64)unit_o(uu) * row_stride;
+    };
+    auto unit_live = [&](int uu) { return unit_o(uu) < n_out; };
+    const int n_steps = (n_in + QSTEP - 1) / QSTEP;
+    const i64 row_bytes = (i64)(n_in / QB::qk) * QB::bytes;
+    const int my_steps = kslice < n_steps ? (n_steps - kslice + ksplit - 1) / ksplit : 0;
+    int4* ring = qtc_ring + warp * NS * QTC_STAGE_INT4;
+
+    auto issue = [&](int j) {  // this warp's j-th step into slot j % NS; one commit group per call, even if empty
+        if (j < my_steps) {
+            const int s = kslice + j * ksplit;
+            int4* slot = ring + (j % NS) * QTC_STAGE_INT4;
+            const int len = (int)min((i64)QSTEP_BYTES, row_bytes - (i64)s * QSTEP_BYTES);
+#pragma unroll
+            for (int i = 0; i < NCH; ++i) {
+                const int c = lane + i * WARP;
+                const int uu = c / QCHUNKS, k = c - uu * QCHUNKS;
+                if (c < QTC_STAGE_INT4 && unit_live(uu)) {
+                    const u8* start = unit_row(uu) + (i64)s * QSTEP_BYTES;
+                    const int head = (int)((size_t)start & 15);
+                    if (16 * k < head + len) cp_async16(slot + c, reinterpret_cast<const int4*>(start - head) + k);
+                }
+            }
+        }
+        cp_async_commit();
+    };
+
+    float acc[F][4];
+#pragma unroll
+    for (int f = 0; f < F; ++f) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
+    const float* xrow[NN];  // B column g of column tile nn: entry 8 nn + g's x row, from element 8t
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn) {
+        const int n = nn * 8 + g;
+        xrow[nn] = n < nt ? x + (i64)pick(xr, n) * n_in + 8 * t : nullptr;
+    }
+
+#pragma unroll
+    for (int j = 0; j < NS - 1; ++j) issue(j);
+#pragma unroll 1
+    for (int j = 0; j < my_steps; ++j) {
+        cp_async_wait<NS - 2>();  // step j's group landed (this lane's copies) ...
+        __syncwarp();             // ... and every lane's; every lane is also done reading step j - 1's slot
+        issue(j + NS - 1);        // into the slot step j - 1 used
+        const int s = kslice + j * ksplit;
+        const int4* slot = ring + (j % NS) * QTC_STAGE_INT4;
+        const u8* ub[QTC_MT][2];  // this lane's units (rows g, g + 8 of each m tile) in the slot
+#pragma unroll
+        for (int mt = 0; mt < QTC_MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int uu = mt * 16 + g + 8 * h;
+                ub[mt][h] = reinterpret_cast<const u8*>(slot + uu * QCHUNKS) +
+                            ((size_t)(unit_row(uu) + (i64)s * QSTEP_BYTES) & 15);
+            }
+        const int n_sp = min(QSTEP, n_in - s * QSTEP) / 32;  // n_in is a multiple of 32 (of the block)
+#pragma unroll 1
+        for (int sp = 0; sp < n_sp; ++sp) {
+            const int el = sp * 32 + 8 * t;  // this lane's group in the step
+            const int blk = el / QB::qk, gi = el % QB::qk / 8;
+            float xv[NN][8];
+            bool big = false;
+#pragma unroll
+            for (int nn = 0; nn < NN; ++nn) {
+                float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q = p;
+                if (xrow[nn]) load_x8(xrow[nn], 0, 0, s * QSTEP + sp * 32, p, q);
+                xv[nn][0] = p.x; xv[nn][1] = p.y; xv[nn][2] = p.z; xv[nn][3] = p.w;
+                xv[nn][4] = q.x; xv[nn][5] = q.y; xv[nn][6] = q.z; xv[nn][7] = q.w;
+                const float mx = fmaxf(fmaxf(fmaxf(fabsf(xv[nn][0]), fabsf(xv[nn][1])),
+                                             fmaxf(fabsf(xv[nn][2]), fabsf(xv[nn][3]))),
+                                       fmaxf(fmaxf(fabsf(xv[nn][4]), fabsf(xv[nn][5])),
+                                             fmaxf(fabsf(xv[nn][6]), fabsf(xv[nn][7]))));
+                big |= mx >= QTC_BIG;  // (fmaxf drops a NaN x: its products are NaN on either path)
+            }
+            // the x sums of the span's halves (elements 0..15, 16..31) for C's entries 2t, 2t+1 (the mins' term)
+            float sx[NN][2][2];
+            if (QHasMin<QTYPE>::v) {
+#pragma unroll
+                for (int nn = 0; nn < NN; ++nn) {
+                    float s8 = ((xv[nn][0] + xv[nn][1]) + (xv[nn][2] + xv[nn][3])) +
+                               ((xv[nn][4] + xv[nn][5]) + (xv[nn][6] + xv[nn][7]));
+                    s8 += __shfl_xor_sync(FULL_MASK, s8, 1);  // lanes t = 0, 1: half 0 of entry g; 2, 3: half 1
+#pragma unroll
+                    for (int c = 0; c < 2; ++c)
+#pragma unroll
+                        for (int hf = 0; hf < 2; ++hf)
+                            sx[nn][hf][c] = __shfl_sync(FULL_MASK, s8, 4 * (2 * t + c) + 2 * hf);
+                }
+            }
+            const bool scaled = __any_sync(FULL_MASK, big);  // warp-uniform: the MMAs need every lane
+            u32 bh[NN][2][2], bl[NN][2][2];                   // [column tile][k tile][b0 / b1]
+            split_b_frags<NN, QTcFrag<QTYPE>::interleaved>(xv, scaled, bh, bl);
+            const float unscale = scaled ? 65536.0f : 1.0f;
+#pragma unroll
+            for (int mt = 0; mt < QTC_MT; ++mt) {
+                u32 A[2][4], L[2][4];
+                float D[2], m[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    m[h] = 0.0f;
+                    qtc_frag<QTYPE>(ub[mt][h] + blk * QB::bytes, gi, A[h], L[h], D[h], m[h]);
+                }
+                float c[NN][4];
+#pragma unroll
+                for (int nn = 0; nn < NN; ++nn) c[nn][0] = c[nn][1] = c[nn][2] = c[nn][3] = 0.0f;
+#pragma unroll
+                for (int kt = 0; kt < 2; ++kt)
+#pragma unroll
+                    for (int nn = 0; nn < NN; ++nn) {
+                        mma_f16_16816(c[nn], A[0][2 * kt], A[1][2 * kt], A[0][2 * kt + 1], A[1][2 * kt + 1],
+                                      bl[nn][kt][0], bl[nn][kt][1]);
+                        mma_f16_16816(c[nn], A[0][2 * kt], A[1][2 * kt], A[0][2 * kt + 1], A[1][2 * kt + 1],
+                                      bh[nn][kt][0], bh[nn][kt][1]);
+                        if (QTcLo<QTYPE>::v)  // (lo x lo is below float32's rounding of the sum)
+                            mma_f16_16816(c[nn], L[0][2 * kt], L[1][2 * kt], L[0][2 * kt + 1], L[1][2 * kt + 1],
+                                          bh[nn][kt][0], bh[nn][kt][1]);
+                    }
+                const float d0 = D[0] * unscale, d1 = D[1] * unscale;
+                float m0[2], m1[2];  // the min of each half of the span, rows g and g + 8
+                if (QHasMin<QTYPE>::v) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const float other = __shfl_xor_sync(FULL_MASK, m[h], 2);  // lane t ^ 2: the other half
+                        m0[h] = t < 2 ? m[h] : other;
+                        m1[h] = t < 2 ? other : m[h];
+                    }
+                }
+#pragma unroll
+                for (int nn = 0; nn < NN; ++nn) {
+                    float* a = acc[mt * NN + nn];
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        a[k] = fmaf(k < 2 ? d0 : d1, c[nn][k], a[k]);
+                        if (QHasMin<QTYPE>::v) {
+                            const int h = k >> 1, col = k & 1;
+                            a[k] = fmaf(m0[h], sx[nn][0][col], a[k]);
+                            a[k] = fmaf(m1[h], sx[nn][1][col], a[k]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    cp_async_wait<0>();  // (only empty groups are left: every step's copies landed before it was decoded)
+    __syncwarp();        // every lane is done with the ring: the ksplit sums [F][4][32] of warp w reuse w's ring
+    auto part = [&](int w, int f, int k) -> float& {
+        return reinterpret_cast<float*>(qtc_ring + w * NS * QTC_STAGE_INT4)[(f * 4 + k) * WARP + lane];
+    };
+    if (!ksplit_reduce(acc, ksplit, kslice, true, [&](int f, int k) -> float& { return part(warp, f, k); },
+                       [&](int sl, int f, int k) { return part(set * ksplit + sl, f, k); }))
+        return;
+#pragma unroll
+    for (int f = 0; f < F; ++f) {
+        const int mt = f / NN, nn = f % NN;
+        if (GATEUP && mt >= HALF) continue;  // (up m tile mt + HALF goes with gate m tile mt)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int o = o0 + 16 * mt + g + 8 * (k >> 1);
+            const int col = 8 * nn + 2 * t + (k & 1);
+            if (col < nt && o < n_out) {
+                const i64 row = pick(rows, col);
+                if (GATEUP)
+                    y[row * n_out + o] = apply_act(acc[f][k], ACT_SILU) * acc[f + HALF * NN][k];
+                else
+                    y[row * n_out + o] = gemv_epilogue(acc[f][k], act, div, mul, row * mul_st + (i64)o * mul_so);
+            }
+        }
+    }
+}
+
+// blocks per SM the registers must allow: 4 (<= 128 registers, 16 warps) for 2 m tiles per warp; 3 (<= 168) for 4,
+// whose ~57-64 KB rings fit only 3 blocks per SM anyway (128 registers would spill 30-220 bytes a thread)
+#define QTC_MIN_BLOCKS (QTC_MT == 4 ? 3 : 4)
+#define QTC_KERNELS(NT)                                                                                                \
+    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_MIN_BLOCKS)                                     \
+        qtc_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,            \
+                         const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, float* y,      \
+                         int n_out, int ksplit, int act, float div, const float* mul, int mul_st, int mul_so) {        \
+        qtc_grouped<NT, false>(W, W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div,     \
+                               n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);                                 \
+    }                                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_MIN_BLOCKS)                                     \
+        qtc_gateup_t##NT(const u8* Wg, const u8* Wu, i64 expert_stride, i64 row_stride, int n_expert,                  \
+                         const int* g_expert, const int* g_count, const int* g_entries, const float* x, int x_div,     \
+                         int n_in, float* y, int n_out, int ksplit) {                                                  \
+        qtc_grouped<NT, true>(Wg, Wu, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div,    \
+                              n_in, y, n_out, ksplit, ACT_NONE, 1.0f, nullptr, 0, 0);                                  \
+    }
+
+QTC_KERNELS(1)
+QTC_KERNELS(2)
+QTC_KERNELS(4)
+QTC_KERNELS(8)
+QTC_KERNELS(16)
+
 // emb[n, :] = dequantized table row rows[n] (embed.cu's gather_rows for block types; bit-identical to gguf.quants).
 // rows [N] int64; table raw rows of row_bytes; emb [N, hd] f32, hd a multiple of QK. grid N, block 256. The table
 // may be mapped host memory.

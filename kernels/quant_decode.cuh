@@ -645,3 +645,164 @@ template <> __device__ __forceinline__ void qdec8<T_TQ2_0>(const u8* b, int g, f
     bytes8_f((v.x >> (2 * k)) & 0x03030303u, (v.y >> (2 * k)) & 0x03030303u, 1.0f, q);
     d = pf16<QAL(T_TQ2_0, 64)>(b + 64);
 }
+
+// =====================================================================================================================
+// Folded q-form of the tensor-core expert GEMVs (gemv_quant.cu qtc_*): the same 8 values of group g as qdec8,
+// written as w_k = D * a_k (+ m), where
+//   a_k  = s * q_k: q_k times the group's small integer (or dyadic) sub-block factor s, exact in float32 and
+//        exact in f16 (|a| <= 2048, a value with <= 11 significant bits) except for QTcLo types, whose a_k are
+//        integers up to 4096 that the GEMV splits into two exact f16 (hi + lo);
+//   D    one float for the whole 32-element span 32j .. 32j+31 of a block (the four groups 4j .. 4j+3): the MMA of
+//        gemv_quant.cu sums a span's 32 products before it scales them, so D may not change inside a span;
+//   m    qdec8's min (types with QHasMin), constant over 16 elements (two groups; Q2_K's mins are per 16).
+// For a type whose qdec8 scale d is already one float per 32 elements, s = 1 and D = d (the primary template). The
+// per-16 types fold their sub-block scale into a: Q2_K (4-bit scale), Q3_K (6-bit), Q6_K (int8: the QTcLo type),
+// IQ2_XS / IQ2_S (2 s + 1, the super-block's d / 8), IQ1_M (2 s + 1), NVFP4 (the e4m3 scale itself, D = 1). As
+// reals D * a_k = d * q_k exactly, so gguf's weight fl(fl(d q_k) + m) is fl(fl(D a_k) + m):
+// tests/test_quant_decode_host.py checks that bit for bit, a's f16 exactness and D's constancy over each span.
+template <int TYPE> struct QTcLo { static constexpr bool v = false; };
+template <> struct QTcLo<T_Q6_K> { static constexpr bool v = true; };
+
+template <int TYPE>
+__device__ __forceinline__ void qtc8(const u8* __restrict__ b, int g, float (&a)[8], float& D, float& m) {
+    qdec8<TYPE>(b, g, a, D, m);
+}
+
+__device__ __forceinline__ void qtc_fold(float s, float (&a)[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) a[k] = fmul(a[k], s);
+}
+
+template <> __device__ __forceinline__ void qtc8<T_Q2_K>(const u8* b, int g, float (&a)[8], float& D, float& m) {
+    float d;
+    qdec8<T_Q2_K>(b, g, a, d, m);
+    qtc_fold(small_f(pb(b + g / 2) & 0xfu, 0.0f), a);  // q <= 3 times a 4-bit scale: <= 45
+    D = pf16<QAL(T_Q2_K, 16)>(b + 80);
+}
+
+template <> __device__ __forceinline__ void qtc8<T_Q3_K>(const u8* b, int g, float (&a)[8], float& D, float& m) {
+    float d;
+    qdec8<T_Q3_K>(b, g, a, d, m);
+    const int s = g >> 1;
+    const u32 lo = (pb(b + 96 + (s & 7)) >> (4 * (s >> 3))) & 0xfu;
+    const u32 hi = (pb(b + 96 + 8 + (s & 3)) >> (2 * (s >> 2))) & 3u;
+    qtc_fold(small_f(lo | (hi << 4), 32.0f), a);  // |q| <= 4 times a 6-bit signed scale: <= 128
+    D = pf16<QAL(T_Q3_K, 4)>(b + 108);
+}
+
+template <> __device__ __forceinline__ void qtc8<T_Q6_K>(const u8* b, int g, float (&a)[8], float& D, float& m) {
+    float d;
+    qdec8<T_Q6_K>(b, g, a, d, m);
+    qtc_fold(small_f(pb(b + 192 + g / 2) ^ 0x80u, 128.0f), a);  // |q| <= 32 times an int8 scale: <= 4096 (QTcLo)
+    D = pf16<QAL(T_Q6_K, 16)>(b + 208);
+}
+
+#if defined(QGRID_N)
+template <> __device__ __forceinline__ void qtc8<T_IQ2_XS>(const u8* b, int g, float (&a)[8], float& D, float& m) {
+    float d;
+    qdec8<T_IQ2_XS>(b, g, a, d, m);
+    const u32 s = (pb(b + 66 + (g >> 2)) >> (4 * ((g >> 1) & 1))) & 0xfu;
+    qtc_fold(small_f(2 * s + 1, 0.0f), a);  // d (0.5 + s) 0.25 = (d / 8) (2 s + 1); grid <= 43: <= 1333
+    D = fmul(pf16<QAl<T_IQ2_XS>::b>(b), 0.125f);
+}
+
+template <> __device__ __forceinline__ void qtc8<T_IQ2_S>(const u8* b, int g, float (&a)[8], float& D, float& m) {
+    float d;
+    qdec8<T_IQ2_S>(b, g, a, d, m);
+    const u32 s = (pb(b + 74 + (g >> 2)) >> (4 * ((g >> 1) & 1))) & 0xfu;
+    qtc_fold(small_f(2 * s + 1, 0.0f), a);
+    D = fmul(pf16<QAl<T_IQ2_S>::b>(b), 0.125f);
+}
+
+template <> __device__ __forceinline__ void qtc8<T_IQ1_M>(const u8* b, int g, float (&a)[8], float& D, float& m) {
+    float d;
+    qdec8<T_IQ1_M>(b, g, a, d, m);
+    const uint2 sc = pl64<QAL(T_IQ1_M, 8)>(b + 48);
+    const u32 w0 = sc.x & 0xffffu, w1 = sc.x >> 16, w2 = sc.y & 0xffffu, w3 = sc.y >> 16;
+    const int si = g >> 1;
+    const u32 word = si < 8 ? (si < 4 ? w0 : w1) : (si < 12 ? w2 : w3);
+    qtc_fold(small_f(2 * ((word >> (3 * (si & 3))) & 7u) + 1, 0.0f), a);  // (grid +- 1/8) times <= 15
+    D = f16_bits_to_float((u16)((w0 >> 12) | ((w1 >> 12) << 4) | ((w2 >> 12) << 8) | ((w3 >> 12) << 12)));
+}
+#endif  // QGRID_N
+
+#if defined(QKVALUES)
+// NVFP4: the e4m3 sub-block scale (4 significant bits, 2^-10 .. 224) times a doubled e2m1 value (<= 12) is exact
+// in f16, so the whole weight is a and D = 1.
+template <> __device__ __forceinline__ void qtc8<T_NVFP4>(const u8* b, int g, float (&a)[8], float& D, float& m) {
+    float d;
+    qdec8<T_NVFP4>(b, g, a, d, m);
+    qtc_fold(d, a);
+    D = 1.0f;
+}
+#endif  // QKVALUES
+
+// ---- A fragments of the tensor-core GEMVs: qtc_frag<TYPE>(blk, g, A, L, D, m) gives group g's 8 values of qtc8 as
+// four f16x2 words (L: the lo parts of the QTcLo types). The generic form packs qtc8's floats (4 cvt); the types
+// of the benchmark file decode their bits straight into f16x2 with the exponent trick: a field f of bits 0..9 of
+// a half ORed into 0x6400 is the f16 1024 + f (a field at bit p: 1024 + f 2^p), and one fused f16x2 fma
+// (1024 + f 2^p) S + B with S = s 2^-p, B = -1024 s 2^-p leaves the exact s f (a product of <= 11 significant bits,
+// one rounding of an exact value). A field pair sits in bytes 0 and 2 of a word (the halves' low bytes), so those
+// types' words hold elements (0, 2), (1, 3), (4, 6), (5, 7) (QTcFrag::interleaved); the GEMV pairs x the same way.
+template <int TYPE> struct QTcFrag { static constexpr bool interleaved = false; };
+template <> struct QTcFrag<T_Q4_0> { static constexpr bool interleaved = true; };
+template <> struct QTcFrag<T_Q2_K> { static constexpr bool interleaved = true; };
+
+#ifndef QUANT_DECODE_HOST  // (tests/test_quant_decode_host.py's shim emulates these two in software)
+__device__ __forceinline__ u32 h2_pack(float lo, float hi) {  // (f16(lo), f16(hi)), lo in the low half
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ u32 h2_fma(u32 a, u32 b, u32 c) {
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+#endif
+
+template <int TYPE>
+__device__ __forceinline__ void qtc_frag(const u8* __restrict__ b, int g, u32 (&A)[4], u32 (&L)[4], float& D,
+                                         float& m) {
+    float a[8];
+    qtc8<TYPE>(b, g, a, D, m);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) A[i] = h2_pack(a[2 * i], a[2 * i + 1]);
+    if (QTcLo<TYPE>::v) {  // a - f16(a): exact, |lo| <= 1
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            L[i] = h2_pack(a[2 * i] - f16_bits_to_float((u16)(A[i] & 0xffffu)),
+                           a[2 * i + 1] - f16_bits_to_float((u16)(A[i] >> 16)));
+    }
+}
+
+// the four interleaved words of fields (w >> 0, 8) & mask of two words (lo, hi), scaled by S, B
+__device__ __forceinline__ void qtc_fields(u32 lo, u32 hi, u32 mask, u32 S, u32 B, u32 (&A)[4]) {
+    A[0] = h2_fma((lo & mask) | 0x64006400u, S, B);         // elements 0, 2
+    A[1] = h2_fma(((lo >> 8) & mask) | 0x64006400u, S, B);  // 1, 3
+    A[2] = h2_fma((hi & mask) | 0x64006400u, S, B);         // 4, 6
+    A[3] = h2_fma(((hi >> 8) & mask) | 0x64006400u, S, B);  // 5, 7
+}
+
+// Q4_0: nibble q at bit 0 (S = 1, B = -1032) or bit 4 (S = 1/16, B = -72) of its byte: q - 8
+template <> __device__ __forceinline__ void qtc_frag<T_Q4_0>(const u8* b, int g, u32 (&A)[4], u32 (&L)[4], float& D,
+                                                            float& m) {
+    const uint2 v = pl64<QAL(T_Q4_0, 2)>(b + 2 + (g & 1) * 8);
+    const bool high = g >> 1;
+    qtc_fields(v.x, v.y, high ? 0x00f000f0u : 0x000f000fu, high ? 0x2c002c00u : 0x3c003c00u,
+               high ? 0xd480d480u : 0xe408e408u, A);
+    D = pf16<QAl<T_Q4_0>::b>(b);
+}
+
+// Q2_K: crumb q at bit 2k of its byte, times the 4-bit sub-block scale sc (qtc8's a = sc q); D = d, m = -dmin mn
+template <> __device__ __forceinline__ void qtc_frag<T_Q2_K>(const u8* b, int g, u32 (&A)[4], u32 (&L)[4], float& D,
+                                                            float& m) {
+    const int e = 8 * g, c = e >> 7, k = (e >> 5) & 3, l = e & 31;
+    const uint2 v = pl64<QAL(T_Q2_K, 8)>(b + 16 + 32 * c + l);
+    const u32 sc = pb(b + g / 2);
+    const float s = fmul(small_f(sc & 0xfu, 0.0f), __uint_as_float((u32)(127 - 2 * k) << 23));  // sc 4^-k
+    qtc_fields(v.x, v.y, 0x00030003u << (2 * k), h2_pack(s, s), h2_pack(-1024.0f * s, -1024.0f * s), A);
+    const u32 dm = pl32<QAL(T_Q2_K, 16)>(b + 80);
+    D = f16_bits_to_float((u16)(dm & 0xffffu));
+    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), small_f(sc >> 4, 0.0f));
+}

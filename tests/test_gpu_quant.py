@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from kernel_helpers import assert_close, assert_replay_equals_eager, poisoned, to_dev
 
+from strata_cli.gpu import launch_util as U
 from strata_cli.gpu.quant_source import TYPES
 from strata_cli.model import quants as Q
 from strata_cli.ops import gemv as ref
@@ -21,6 +22,16 @@ from strata_cli.synth.blocks import random_tensor
 pytestmark = pytest.mark.gpu
 
 IDS = [Q.TYPE_NAMES[t] for t in TYPES]
+# the grouped expert GEMVs' two kernel families (launch_util.WindowPath.expert_tc picks one per T)
+EXPERT_PATHS = {"tc": U.WindowPath(fused_hc=False, gemv_tc=False, expert_tc=True),
+                "cuda": U.WindowPath(fused_hc=False, gemv_tc=False, expert_tc=False)}
+
+
+@pytest.fixture(params=sorted(EXPERT_PATHS))
+def expert_path(request):
+    """Every launch of the test takes one expert-GEMV family: qtc_* (tensor cores) or qgemv_expert_* / gateup."""
+    with U.recording_path(EXPERT_PATHS[request.param]):
+        yield request.param
 
 
 def _widths(ggml_type):
@@ -67,7 +78,7 @@ def test_gemv_epilogue_and_zsplit(ggml_type):
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
 @pytest.mark.parametrize("K", (1, 4))
-def test_routed_experts_every_type(ggml_type, K):
+def test_routed_experts_every_type(ggml_type, K, expert_path):
     from strata_cli.gpu import launch_moe
 
     rng = np.random.default_rng(10 * ggml_type + K)
@@ -86,7 +97,7 @@ def test_routed_experts_every_type(ggml_type, K):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
-def test_gateup_one_launch_odd_rows_and_bad_id(ggml_type):
+def test_gateup_one_launch_odd_rows_and_bad_id(ggml_type, expert_path):
     """launch_gateup_quant alone: silu(gate . x) * (up . x) per entry on an odd expert width (rows past the last
     warp's), odd windows and groups of 1 .. 16 entries; an expert id out of range writes NaN to its entry only."""
     import cupy as cp
@@ -121,7 +132,7 @@ def test_gateup_one_launch_odd_rows_and_bad_id(ggml_type):
         assert_close(f"gateup {Q.TYPE_NAMES[ggml_type]} T={T}", g / (1.0 + np.exp(-g)) * u, got[ok], floor=0.05)
 
 
-def test_routed_experts_gate_up_of_two_types_run_apart():
+def test_routed_experts_gate_up_of_two_types_run_apart(expert_path):
     """Gate and up of different block types take two launches (the fused one needs one type); same result."""
     from strata_cli.gpu import launch_moe
 
@@ -162,11 +173,14 @@ def test_gemv_long_rows_and_row_views(ggml_type, monkeypatch):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
-def test_routed_experts_long_rows(ggml_type, monkeypatch):
-    """Grouped expert GEMVs with split-K off over a long input axis (19 steps of 256 per warp for gate / up)."""
+def test_routed_experts_long_rows(ggml_type, monkeypatch, expert_path):
+    """Grouped expert GEMVs with split-K off over a long input axis (19 steps of 256 per warp for gate / up: the
+    tensor-core kernels' stage ring wraps several times)."""
     from strata_cli.gpu import launch_moe, launch_quant
 
     monkeypatch.setattr(launch_quant, "QUANT_TARGET_WARPS", 1)
+    monkeypatch.setattr(launch_quant, "QTC_TARGET_WARPS", 1)
+    assert launch_quant.qtc_split(1, 19 * 256) == 1
     rng = np.random.default_rng(11 * ggml_type + 3)
     E, F, D, K = 5, 256, 19 * 256, 2
     types = (ggml_type,) * 3
@@ -183,6 +197,59 @@ def test_routed_experts_long_rows(ggml_type, monkeypatch):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
+def test_tensor_core_experts_odd_shapes(ggml_type):
+    """The qtc_* kernels alone against numpy: an odd expert width (37 rows: a warp's last m tile part empty), an input
+    axis of whole and partial 256-element steps split over 1-4 warps, windows of 1 .. 16 entries per group (16: two
+    MMA column tiles), x rows with |x| >= 2^15 (the span split from x 2^-16), an epilogue with silu and mul, and
+    an out-of-range expert id (NaN in its entry's rows only); every output NaN-poisoned first."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_moe, launch_quant
+
+    rng = np.random.default_rng(31 * ggml_type + 5)
+    qk = Q.BLOCK[ggml_type][0]
+    E, F, K = 5, 37, 2
+    for D in sorted({640 if qk < 256 else 1280, 3 * qk}):
+        gate = random_tensor(rng, ggml_type, (E, F, D), 0.05)
+        up = random_tensor(rng, ggml_type, (E, F, D), 0.05)
+        gd, ud = to_dev(gate), to_dev(up)
+        stride = gate.nbytes // E
+        for T in (1, 2, 5, 8, 9, 16):
+            x = rng.standard_normal((T, D)).astype(np.float32)
+            x[T // 2] *= 1e5  # |x| >= 2^15 in some spans
+            ids = moe.router_topk(rng.standard_normal((T, E)).astype(np.float32), K)[0]
+            if T > 8:
+                ids[:, 0] = 0  # one group of more than 8 entries: the second MMA column tile
+            ids[-1, 0] = -1  # out of range: entry (T - 1) * K is NaN
+            J = T * K
+            groups = [cp.empty((J,), cp.int32), cp.empty((J,), cp.int32), cp.empty((J, U.GEMV_MAXT), cp.int32)]
+            launch_moe.group_entries(to_dev(ids), J, groups)
+            rows, e = np.repeat(np.arange(T), K), ids.reshape(-1)
+            ok = (e >= 0) & (e < E)
+            g = np.zeros((J, F), np.float32)
+            u = np.zeros((J, F), np.float32)
+            g[ok] = np.stack([ref.gemv(gate[i], ggml_type, D, x[t:t + 1])[0] for t, i in zip(rows[ok], e[ok])])
+            u[ok] = np.stack([ref.gemv(up[i], ggml_type, D, x[t:t + 1])[0] for t, i in zip(rows[ok], e[ok])])
+            mul = rng.standard_normal((J, F)).astype(np.float32)
+            with U.recording_path(EXPERT_PATHS["tc"]):
+                h = poisoned((J, F))
+                launch_quant.launch_gateup_quant(gd, ud, ggml_type, stride, E, groups, J, T, to_dev(x), K, D, h)
+                y = poisoned((J, F))
+                launch_quant.launch_expert_gemv_quant(gd, ggml_type, stride, E, groups, J, T, to_dev(x), K, D, y,
+                                                      act=U.ACT_SILU, mul=to_dev(mul), mul_strides=(F, 1))
+            name = f"{Q.TYPE_NAMES[ggml_type]} D={D} T={T}"
+            with np.errstate(over="ignore"):
+                silu = g / (1.0 + np.exp(-g))
+            for what, got, want in (("gateup", h, silu * u), ("expert silu*mul", y, silu * mul)):
+                got = got.get()
+                assert np.isnan(got[~ok]).all(), f"{what} {name}: a bad id's entry is not NaN"
+                for big in (True, False):  # the scaled row apart: its size would hide the others' errors
+                    sel = ok & ((rows == T // 2) == big)
+                    if sel.any():
+                        assert_close(f"{what} {name} big={big}", want[sel], got[sel], floor=0.05)
+
+
+@pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
 def test_gather_rows_bit_exact(ggml_type):
     from strata_cli.gpu import launch_embed
 
@@ -196,8 +263,9 @@ def test_gather_rows_bit_exact(ggml_type):
 
 
 @pytest.mark.parametrize("ggml_type", (Q.Q4_K, Q.IQ2_XS, Q.Q5_0, Q.IQ1_M, Q.NVFP4), ids=lambda t: Q.TYPE_NAMES[t])
-def test_graph_replay_is_bit_identical_to_eager(ggml_type):
-    """A z-split dense GEMV and the grouped expert GEMVs captured in one graph replay to the eager bits."""
+def test_graph_replay_is_bit_identical_to_eager(ggml_type, expert_path):
+    """A z-split dense GEMV and the grouped expert GEMVs (each family) captured in one graph replay to the eager
+    bits."""
     import cupy as cp
 
     from strata_cli.gpu import launch_gemv, launch_moe

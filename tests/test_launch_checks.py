@@ -125,6 +125,30 @@ def test_window_paths_are_chosen_by_window_size():
     assert not U.q8r_tensor_cores(2)
     assert U.q8r_split(248320, 2560, 8, rpw=64) == (2, 1)  # the head: 3880 warps of 64 rows, 40 blocks each
     assert U.q8r_split(320, 10240, 8, max_z=8, rpw=64) == (8, 8)
+    assert [U.expert_tensor_cores(t) for t in (1, 2, 4, 8, 16)] == [p.expert_tc for p in
+                                                                    map(U.window_path, (1, 2, 4, 8, 16))]
+    with U.recording_path(U.WindowPath(fused_hc=False, gemv_tc=False, expert_tc=False)):
+        assert not U.expert_tensor_cores(8)
+
+
+def test_tensor_core_expert_launch_geometry():
+    """launch_quant's mirrors of kernels/gemv_quant.cu's QTC_* constants: the shared memory of a block (4 warps x
+    2-4 stages of 32 staged row units) stays within an H200 SM's 227 KB and fits 3+ blocks; ksplit fills ~2048 warps
+    on Flash-Next's expert shapes without leaving a warp without a step."""
+    from strata_cli.gpu import launch_quant as L
+
+    for t in L.TYPES:
+        stage = 16 * 16 * L.qtc_mt(t) * ((U.row_stride(t, 256) + 30) // 16)
+        assert L.qtc_smem_bytes(t) % stage == 0 and 2 <= L.qtc_smem_bytes(t) // (L.QTC_WARPS * stage) <= 4
+        assert 3 * L.qtc_smem_bytes(t) <= 227 * 1024
+    assert [L.qtc_mt(t) for t in (quants.Q2_K, quants.IQ2_XS, quants.Q4_0, quants.Q6_K)] == [4, 4, 2, 2]
+    assert L.qtc_smem_bytes(quants.Q2_K) == 4 * 2 * 64 * 7 * 16  # 84-byte steps: 7 chunks, 64 rows, 2 stages
+    assert L.qtc_smem_bytes(quants.Q4_0) == 4 * 2 * 32 * 10 * 16  # 144-byte steps: 10 chunks, 32 rows
+    assert L.qtc_split(20 * 10, 2560) == 4  # T = 1 gate/up Q2_K: 10 experts x 20 sets of 32 rows, 10 steps
+    assert L.qtc_split(80 * 10, 640) == 2  # T = 1 down Q4_0: 80 sets of 32 rows, 2.5 steps
+    assert L.qtc_split(20 * 80, 2560) == 2  # T = 8 gate/up: 80 groups (1600 sets)
+    assert L.qtc_split(80 * 80, 640) == 1  # T = 8 down
+    assert L.qtc_split(1, 256) == 1
 
 
 def test_launchers_reject_bad_arguments_before_touching_the_device():

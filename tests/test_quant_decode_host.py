@@ -53,6 +53,28 @@ static inline u32 __byte_perm(u32 x, u32 y, u32 s) {  // PTX prmt, default mode 
     return r;
 }
 static int qalign_bad = 0;  // set when a q-form decoder loads an address below the alignment it assumes
+static inline u32 h2_pack(float lo, float hi) {  // cvt.rn.f16x2.f32
+    _Float16 a = (_Float16)lo, b = (_Float16)hi;
+    u16 x, y;
+    std::memcpy(&x, &a, 2);
+    std::memcpy(&y, &b, 2);
+    return x | ((u32)y << 16);
+}
+static inline u32 h2_fma(u32 a, u32 b, u32 c) {  // fma.rn.f16x2: the exact a * b + c (in double), rounded once
+    u32 r = 0;
+    for (int h = 0; h < 2; ++h) {
+        _Float16 x, y, z;
+        const u16 xa = (u16)(a >> (16 * h)), xb = (u16)(b >> (16 * h)), xc = (u16)(c >> (16 * h));
+        std::memcpy(&x, &xa, 2);
+        std::memcpy(&y, &xb, 2);
+        std::memcpy(&z, &xc, 2);
+        _Float16 v = (_Float16)std::fma((double)x, (double)y, (double)z);
+        u16 bits;
+        std::memcpy(&bits, &v, 2);
+        r |= (u32)bits << (16 * h);
+    }
+    return r;
+}
 static inline float f16_bits_to_float(u16 h) {
     const u32 sign = (u32)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
     u32 bits;
@@ -87,6 +109,56 @@ extern "C" int decode_blocks_q(const u8* blocks, long n_blocks, float* out) {
         }
     return qalign_bad;
 }
+// the tensor-core GEMV's folded q-form: w_k = fl(fl(D * a_k) + m); a, D and m per element for the span checks
+extern "C" int decode_blocks_tc(const u8* blocks, long n_blocks, float* out, float* a_out, float* d_out,
+                                float* m_out) {
+    typedef QBlock<QTYPE> QB;
+    qalign_bad = 0;
+    for (long b = 0; b < n_blocks; ++b)
+        for (int g = 0; g < QB::qk / 8; ++g) {
+            float a[8], D = 0.0f, m = 0.0f;
+            qtc8<QTYPE>(blocks + b * QB::bytes, g, a, D, m);
+            for (int k = 0; k < 8; ++k) {
+                const long i = b * QB::qk + 8 * g + k;
+                out[i] = QHasMin<QTYPE>::v ? __fadd_rn(__fmul_rn(D, a[k]), m) : __fmul_rn(D, a[k]);
+                a_out[i] = a[k];
+                d_out[i] = D;
+                m_out[i] = m;
+            }
+        }
+    return qalign_bad;
+}
+extern "C" int tc_needs_lo(void) { return QTcLo<QTYPE>::v; }
+extern "C" int tc_interleaved(void) { return QTcFrag<QTYPE>::interleaved; }
+extern "C" int tc_has_min(void) { return QHasMin<QTYPE>::v; }
+// one lane's A words of group g of the block at blk (the tensor-core GEMV's qtc_frag)
+extern "C" void frag_words(const u8* blk, int g, u32* A, u32* L, float* D, float* m) {
+    u32 a[4], l[4] = {0, 0, 0, 0};
+    *m = 0.0f;
+    qtc_frag<QTYPE>(blk, g, a, l, *D, *m);
+    for (int i = 0; i < 4; ++i) { A[i] = a[i]; L[i] = l[i]; }
+}
+// qtc_frag's f16x2 words back in element order (hi + lo for QTcLo types), with D and m
+extern "C" int decode_blocks_frag(const u8* blocks, long n_blocks, float* a_out, float* d_out, float* m_out) {
+    typedef QBlock<QTYPE> QB;
+    qalign_bad = 0;
+    for (long b = 0; b < n_blocks; ++b)
+        for (int g = 0; g < QB::qk / 8; ++g) {
+            u32 A[4], L[4] = {0, 0, 0, 0};
+            float D = 0.0f, m = 0.0f;
+            qtc_frag<QTYPE>(blocks + b * QB::bytes, g, A, L, D, m);
+            for (int k = 0; k < 8; ++k) {
+                // word w, half h of element k: natural (k / 2, k % 2); interleaved (0,2) (1,3) (4,6) (5,7)
+                const int w = QTcFrag<QTYPE>::interleaved ? (k & 4) / 2 + (k & 1) : k / 2;
+                const int h = QTcFrag<QTYPE>::interleaved ? (k >> 1) & 1 : k & 1;
+                const long i = b * QB::qk + 8 * g + k;
+                a_out[i] = f16_bits_to_float((u16)(A[w] >> (16 * h))) + f16_bits_to_float((u16)(L[w] >> (16 * h)));
+                d_out[i] = D;
+                m_out[i] = m;
+            }
+        }
+    return qalign_bad;
+}
 """
 
 
@@ -111,7 +183,12 @@ def _decoder(cxx, tmp_path, ggml_type):
     fn, fn_q = lib.decode_blocks, lib.decode_blocks_q
     fn.argtypes = fn_q.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
     fn_q.restype = ctypes.c_int
-    return fn, fn_q
+    lib.decode_blocks_tc.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 4
+    lib.decode_blocks_tc.restype = lib.tc_needs_lo.restype = lib.decode_blocks_frag.restype = ctypes.c_int
+    lib.decode_blocks_frag.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 3
+    lib.frag_words.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 4
+    lib.tc_interleaved.restype = lib.tc_has_min.restype = ctypes.c_int
+    return fn, fn_q, lib
 
 
 def _aligned_copy(blocks: np.ndarray) -> np.ndarray:
@@ -126,7 +203,7 @@ def _aligned_copy(blocks: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("ggml_type", S.TYPES, ids=[S.variant(t) for t in S.TYPES])
 def test_device_decoder_is_bit_identical_to_gguf(cxx, tmp_path, ggml_type):
     """decode8 (the v1 GEMV and the gathers) and the q-form qdec8 (the staged v2 GEMV) both give gguf's floats."""
-    decode, decode_q = _decoder(cxx, tmp_path, ggml_type)
+    decode, decode_q, _ = _decoder(cxx, tmp_path, ggml_type)
     elems, size = Q.BLOCK[ggml_type]
     rng = np.random.default_rng(ggml_type)
     n_blocks = 4096 // elems * 4
@@ -144,3 +221,133 @@ def test_device_decoder_is_bit_identical_to_gguf(cxx, tmp_path, ggml_type):
             np.testing.assert_array_equal(values.view(np.uint32)[~np.isnan(want)],
                                           want.view(np.uint32)[~np.isnan(want)], err_msg=name)
             np.testing.assert_array_equal(np.isnan(values), np.isnan(want), err_msg=name)
+
+
+@pytest.mark.parametrize("ggml_type", S.TYPES, ids=[S.variant(t) for t in S.TYPES])
+def test_tensor_core_folded_form_is_exact(cxx, tmp_path, ggml_type):
+    """qtc8 (the tensor-core expert GEMVs' A operand): fl(fl(D a) + m) is gguf's float bit for bit; every a is exact
+    in f16 (QTcLo types: an integer of at most 4096, split into two exact f16 by the GEMV); D is one value per
+    32-element span and m one per 16 elements, as the MMA's per-span scaling assumes."""
+    _, _, lib = _decoder(cxx, tmp_path, ggml_type)
+    elems, size = Q.BLOCK[ggml_type]
+    rng = np.random.default_rng(50 + ggml_type)
+    n_blocks = 4096 // elems * 4
+    real = random_tensor(rng, ggml_type, (n_blocks * elems,), 0.05).reshape(n_blocks, size)
+    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    for name, blocks in (("real", real), ("raw", raw)):
+        blocks = _aligned_copy(blocks)
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = gq.dequantize(blocks.reshape(-1), GT(ggml_type))
+        got, a, d, m = (np.empty(n_blocks * elems, np.float32) for _ in range(4))
+        assert lib.decode_blocks_tc(blocks.ctypes.data, n_blocks, got.ctypes.data, a.ctypes.data, d.ctypes.data,
+                                    m.ctypes.data) == 0, "qtc8 assumed a wrong alignment"
+        ok = ~np.isnan(want)
+        np.testing.assert_array_equal(got.view(np.uint32)[ok], want.view(np.uint32)[ok], err_msg=name)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=name)
+        if lib.tc_needs_lo():
+            assert np.all(a == np.round(a)) and np.abs(a).max() <= 4096, name
+            hi = a.astype(np.float16).astype(np.float32)
+            assert np.all((a - hi).astype(np.float16).astype(np.float32) == a - hi), name
+        else:
+            np.testing.assert_array_equal(a.astype(np.float16).astype(np.float32), a, err_msg=f"{name}: a not f16")
+        spans = d.reshape(-1, 32)
+        same = (spans == spans[:, :1]) | (np.isnan(spans) & np.isnan(spans[:, :1]))
+        assert same.all(), f"{name}: D changes inside a 32-element span"
+        halves = m.reshape(-1, 16)
+        assert ((halves == halves[:, :1]) | np.isnan(halves)).all(), f"{name}: m changes inside 16 elements"
+        # qtc_frag (the MMA's A words, some types decoded straight to f16x2) holds qtc8's values, D and m
+        fa, fd, fm = (np.empty(n_blocks * elems, np.float32) for _ in range(3))
+        assert lib.decode_blocks_frag(blocks.ctypes.data, n_blocks, fa.ctypes.data, fd.ctypes.data,
+                                      fm.ctypes.data) == 0, "qtc_frag assumed a wrong alignment"
+        for what, x, y in (("a", fa, a), ("D", fd, d), ("m", fm, m)):
+            same = (x == y) | (np.isnan(x) & np.isnan(y))
+            assert same.all(), f"{name}: qtc_frag's {what} differs from qtc8's at {np.flatnonzero(~same)[:5]}"
+
+
+def _f16_words(lo, hi) -> int:
+    return int(np.float16(lo).view(np.uint16)) | int(np.float16(hi).view(np.uint16)) << 16
+
+
+def _halves(w: int) -> tuple[float, float]:
+    return tuple(float(np.uint16(v).view(np.float16)) for v in (w & 0xFFFF, w >> 16))
+
+
+def _mma(a_regs, b_regs):
+    """mma.sync.m16n8k16.row.col f16 -> f32 from the 32 lanes' registers (PTX ISA fragment layouts; lane = 4g + t):
+    A reg 0 = (row g, k 2t, 2t+1), 1 = (row g+8, same k), 2 = (row g, k 2t+8, 2t+9), 3 = (row g+8, same); B reg 0 =
+    (k 2t, 2t+1; col g), 1 = (k 2t+8, 2t+9; col g). Returns C [16, 8] (float64: the products are exact)."""
+    A, B = np.zeros((16, 16)), np.zeros((16, 8))
+    for lane in range(32):
+        g, t = lane >> 2, lane & 3
+        for r, (row, k) in enumerate(((g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8))):
+            A[row, k:k + 2] = _halves(a_regs[lane][r])
+        for r, k in enumerate((2 * t, 2 * t + 8)):
+            B[k:k + 2, g] = _halves(b_regs[lane][r])
+    return A @ B
+
+
+@pytest.mark.parametrize("ggml_type", (Q.Q2_K, Q.Q4_0, Q.Q4_K, Q.Q6_K, Q.IQ2_XS, Q.NVFP4, Q.Q5_1, Q.IQ1_M),
+                         ids=lambda t: Q.TYPE_NAMES[t])
+def test_tensor_core_span_arithmetic(cxx, tmp_path, ggml_type):
+    """One m tile x one 32-element span of kernels/gemv_quant.cu qtc_grouped, replayed lane by lane in numpy with the
+    host-compiled qtc_frag and the PTX fragment layouts: the A words, the x pairs of B (hi + lo, interleaved for the
+    straight-to-f16 decoders), the per-span D scaling, the mins' x sums of each half gathered by the kernel's
+    shuffles, and C's entries per lane, against the dequantized dot product. Catches a layout mismatch the device
+    would only show as wrong numbers."""
+    _, _, lib = _decoder(cxx, tmp_path, ggml_type)
+    qk, size = Q.BLOCK[ggml_type]
+    rng = np.random.default_rng(70 + ggml_type)
+    n_in = max(qk, 64)
+    w = _aligned_copy(random_tensor(rng, ggml_type, (16, n_in), 0.05))
+    want_w = Q.dequantize(w, ggml_type).reshape(16, n_in).astype(np.float64)
+    inter, lo_parts, has_min = lib.tc_interleaved(), lib.tc_needs_lo(), lib.tc_has_min()
+    for e0 in range(0, n_in, 32):  # every span of the row
+        x = rng.standard_normal((8, n_in)).astype(np.float32)
+        A, L, D, M = {}, {}, {}, {}
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            el = e0 + 8 * t
+            for h in range(2):
+                a, lo = (ctypes.c_uint32 * 4)(), (ctypes.c_uint32 * 4)()
+                d, m = ctypes.c_float(), ctypes.c_float()
+                blk = w.ctypes.data + (g + 8 * h) * w.shape[1] + (el // qk) * size
+                lib.frag_words(blk, el % qk // 8, a, lo, ctypes.byref(d), ctypes.byref(m))
+                A[lane, h], L[lane, h], D[lane, h], M[lane, h] = list(a), list(lo), d.value, m.value
+        c = np.zeros((32, 4))
+        for kt in range(2):
+            a_regs = [(A[n, 0][2 * kt], A[n, 1][2 * kt], A[n, 0][2 * kt + 1], A[n, 1][2 * kt + 1]) for n in range(32)]
+            l_regs = [(L[n, 0][2 * kt], L[n, 1][2 * kt], L[n, 0][2 * kt + 1], L[n, 1][2 * kt + 1]) for n in range(32)]
+            bh, bl = [], []
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                xv = x[g, e0 + 8 * t:e0 + 8 * t + 8]
+                hi_w, lo_w = [], []
+                for p in range(2):
+                    k0 = 4 * kt + p if inter else 4 * kt + 2 * p
+                    pair = xv[[k0, k0 + (2 if inter else 1)]]
+                    hi = pair.astype(np.float16).astype(np.float32)
+                    hi_w.append(_f16_words(*hi))
+                    lo_w.append(_f16_words(*(pair - hi)))
+                bh.append(hi_w)
+                bl.append(lo_w)
+            C = _mma(a_regs, bl) + _mma(a_regs, bh) + (_mma(l_regs, bh) if lo_parts else 0)
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                c[lane] += [C[g, 2 * t], C[g, 2 * t + 1], C[g + 8, 2 * t], C[g + 8, 2 * t + 1]]
+        # the kernel's sx shuffles: s8 per lane, + lane ^ 1, then lane 4 (2t + c) + 2 hf
+        s8 = [float(x[n >> 2, e0 + 8 * (n & 3):e0 + 8 * (n & 3) + 8].astype(np.float64).sum()) for n in range(32)]
+        s8 = [s8[n] + s8[n ^ 1] for n in range(32)]
+        got = np.zeros((16, 8))
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            for k in range(4):
+                h, col = k >> 1, k & 1
+                v = D[lane, h] * c[lane, k]
+                if has_min:
+                    other = M[lane ^ 2, h]
+                    m0, m1 = (M[lane, h], other) if t < 2 else (other, M[lane, h])
+                    v += m0 * s8[4 * (2 * t + col)] + m1 * s8[4 * (2 * t + col) + 2]
+                got[g + 8 * h, 2 * t + col] = v
+        want = want_w[:, e0:e0 + 32] @ x[:, e0:e0 + 32].astype(np.float64).T
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(),
+                                   err_msg=f"{Q.TYPE_NAMES[ggml_type]} span at {e0}")

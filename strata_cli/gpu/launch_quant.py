@@ -7,7 +7,10 @@ ops/embed.gather_rows), over model/quants.dequantize.
 The GEMVs stage whole blocks of a warp's rows in shared memory with 16-byte loads and sum per scale group
 (kernels/gemv_quant.cu); they need the weight's base address at the block's natural alignment (quant_decode.cuh
 QAl), which every GGUF tensor and every row or expert view of one has (check_block_align says so otherwise).
-The routed experts' gate and up projections of one type run as one launch (launch_gateup_quant).
+The routed experts' gate and up projections of one type run as one launch (launch_gateup_quant). The grouped expert
+GEMVs have two kernel families: the CUDA-core qgemv_expert_* / qgemv_gateup_* and the tensor-core qtc_expert_* /
+qtc_gateup_* (mma.sync over the exact folded q-form, cp.async stage rings); launch_util.expert_tensor_cores(T), the
+window's WindowPath, picks one per T.
 
 Legend: T window rows, n_in / n_out GEMV widths, J (row, slot) entries of the MoE, N gathered rows.
 """
@@ -27,6 +30,13 @@ QROWS = {1: 4, 2: 4, 4: 4, 8: 2, 16: 2}  # output rows per warp by window bucket
 QUANT_TARGET_WARPS = 4096  # split K until a launch has about this many warps ...
 QUANT_MIN_STEPS = 1  # ... but leave every warp at least this many 256-element steps
 GATHER_BLOCK = 256
+# The tensor-core grouped expert GEMVs (kernels/gemv_quant.cu qtc_*; mirrors of its QTC_* constants)
+QTC_WARPS = 4  # warps per block
+QTC_MT4_BYTES = 8192  # a warp takes 4 m tiles of 16 rows where a 64-row stage fits this, else 2 (QTC_MT)
+QTC_RING_BYTES = 12288  # shared memory per warp the stage ring aims at (2 .. 4 stages)
+QTC_TARGET_WARPS = 2048  # split K until a launch has about this many warps (16 per SM), one step each at least
+SMEM_DEFAULT = 48 * 1024  # dynamic shared memory a launch gets without raising the kernel's limit
+_raised_smem: set = set()
 
 
 def handles(ggml_type: int) -> bool:
@@ -86,6 +96,49 @@ def launch_gemv_quant(w, ggml_type: int, n_in: int, x, y, work, *, act: int = U.
         np.int32(mul_strides[1]), partial, tile_done))
 
 
+def _qtc_chunks(ggml_type: int) -> int:
+    """QCHUNKS: the 16-byte chunks that hold one 256-element step of a row at any alignment."""
+    return (U.row_stride(ggml_type, QSTEP) + 30) // 16
+
+
+def qtc_mt(ggml_type: int) -> int:
+    """m tiles of 16 rows per warp (QTC_MT): the expert kernel's warp takes 16 qtc_mt rows, the gate/up kernel's
+    8 qtc_mt rows of each matrix."""
+    return 4 if 64 * _qtc_chunks(ggml_type) * 16 <= QTC_MT4_BYTES else 2
+
+
+def qtc_smem_bytes(ggml_type: int) -> int:
+    """Dynamic shared memory of a qtc_* block: QTC_WARPS rings of QTC_NSTAGE stages of 16 qtc_mt row units, each
+    unit QCHUNKS 16-byte chunks (QTC_SMEM_BYTES)."""
+    stage = 16 * qtc_mt(ggml_type) * 16 * _qtc_chunks(ggml_type)
+    return QTC_WARPS * min(4, max(2, QTC_RING_BYTES // stage)) * stage
+
+
+def qtc_split(n_sets: int, n_in: int) -> int:
+    """ksplit of the qtc_* kernels: warps of a block sharing one row set's input axis (interleaved steps), for
+    n_sets row sets (rows per warp x groups) in the launch."""
+    steps = -(-n_in // QSTEP)
+    ksplit = 1
+    while ksplit < QTC_WARPS and n_sets * ksplit < QTC_TARGET_WARPS and steps >= 2 * ksplit:
+        ksplit *= 2
+    return ksplit
+
+
+def _launch_qtc(ggml_type: int, function: str, n_out: int, rows: int, n_groups: int, n_in: int, args) -> None:
+    """A qtc_* kernel over n_groups expert groups: rows output rows per warp (of each matrix), grid (row blocks,
+    groups); args(ksplit) gives its arguments for the ksplit qtc_split chose."""
+    ksplit = qtc_split(-(-n_out // rows) * n_groups, n_in)
+    if n_groups > U.MAX_GRID_Y:
+        raise ValueError(f"ids: {n_groups} (row, slot) entries exceed {U.MAX_GRID_Y}")
+    grid = (-(-n_out // (rows * (QTC_WARPS // ksplit))), n_groups, 1)
+    smem = qtc_smem_bytes(ggml_type)
+    kernel = _kernel(ggml_type, function)
+    if smem > SMEM_DEFAULT and (ggml_type, function) not in _raised_smem:
+        kernel.max_dynamic_shared_size_bytes = smem  # (the kernel writes NaN rows if it gets less)
+        _raised_smem.add((ggml_type, function))
+    kernel(grid, (QTC_WARPS * 32, 1, 1), args(np.int32(ksplit)), shared_mem=smem)
+
+
 def launch_expert_gemv_quant(w, ggml_type: int, expert_stride: int, n_expert: int, groups, n_groups: int, T: int, x,
                              x_div: int, n_in: int, y, *, act: int = U.ACT_NONE, mul=None,
                              mul_strides: tuple[int, int] = (0, 0)) -> None:
@@ -95,6 +148,12 @@ def launch_expert_gemv_quant(w, ggml_type: int, expert_stride: int, n_expert: in
     U.check_vector_rows("x", x)
     check_block_align("w", ggml_type, w, expert_stride)
     g_expert, g_count, g_entries = groups
+    if U.expert_tensor_cores(T):
+        _launch_qtc(ggml_type, f"qtc_expert_t{U.nt_bucket(T)}", n_out, 16 * qtc_mt(ggml_type), J, n_in, lambda ksplit: (
+            w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert,
+            g_count, g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit, np.int32(act),
+            np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
+        return
     ksplit, _ = quant_split(n_out, n_in, T, n_matrices=J)
     grid, block = U.expert_grid(n_out, J, ksplit, rpw=QROWS[U.nt_bucket(T)])
     _kernel(ggml_type, f"qgemv_expert_t{U.nt_bucket(T)}")(grid, block, (
@@ -113,6 +172,11 @@ def launch_gateup_quant(gate, up, ggml_type: int, expert_stride: int, n_expert: 
     check_block_align("gate_raw", ggml_type, gate, expert_stride)
     check_block_align("up_raw", ggml_type, up, expert_stride)
     g_expert, g_count, g_entries = groups
+    if U.expert_tensor_cores(T):
+        _launch_qtc(ggml_type, f"qtc_gateup_t{U.nt_bucket(T)}", n_out, 8 * qtc_mt(ggml_type), J, n_in, lambda ksplit: (
+            gate, up, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert,
+            g_count, g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit))
+        return
     ksplit, _ = quant_split(n_out, n_in, T, n_matrices=2 * J)  # a warp holds half its rows of each matrix
     grid, block = U.expert_grid(n_out, J, ksplit, rpw=QROWS[U.nt_bucket(T)] // 2)
     _kernel(ggml_type, f"qgemv_gateup_t{U.nt_bucket(T)}")(grid, block, (

@@ -198,6 +198,10 @@ class WindowPath:
 
     fused_hc: bool  # launch_hyper.hc_read_fused: each HC read also applies the previous block's write
     gemv_tc: bool  # dense Q8_0_R32 GEMVs on tensor cores (kernels/gemv_q8r.cu gemv_q8r_tc_t*)
+    # routed-expert GEMVs of the block types on tensor cores (kernels/gemv_quant.cu qtc_*): not yet measured on the
+    # device; every T takes them until bench/quant_gemv_bench.py --paths both says at which T the CUDA-core
+    # kernels (qgemv_expert_* / qgemv_gateup_*) win
+    expert_tc: bool = True
 
 
 # (first T, path) in ascending T: a window takes the path of the last row whose first T <= T. Measured on the H200
@@ -235,6 +239,13 @@ def q8r_tensor_cores(T: int) -> bool:
     path, else window_path(T)."""
     path = _RECORDING_PATH.get() or window_path(T)
     return T >= 2 and path.gemv_tc
+
+
+def expert_tensor_cores(T: int) -> bool:
+    """Whether the grouped expert GEMVs of the block types for T window rows take the tensor-core kernels
+    (launch_quant): the recording window's path, else window_path(T)."""
+    path = _RECORDING_PATH.get() or window_path(T)
+    return path.expert_tc
 
 
 def q8r_split(n_out: int, n_in: int, T: int = 1, n_matrices: int = 1, max_z: int = 1,
