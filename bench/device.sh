@@ -8,11 +8,14 @@
 #   setup        install the carried wheels (.whl/*.whl) into /tmp/site; print the card, driver, CuPy, host cores
 #   peer         start the llama.cpp build and the full-size Flash-Next file in the background (.peer/side_by_side.sh
 #                prepare; they run on between calls while the machine stays warm)
-#   warm         compile every kernel module in parallel (bench/warm_kernels.py): ~110 s cold
+#   warm         compile every kernel module in parallel (bench/warm_kernels.py): 124 s cold on 2026-12-02 while
+#                gemv.cu was one module; it is compiled per weight type now (not yet timed)
 #   gpu          the whole GPU suite, -v so each result keeps its name even when the step is cut
 #   gpu=EXPR     the GPU tests whose file names match EXPR (a pytest -k expression over tests/test_gpu_*.py)
 #   ids=FILE     the GPU tests whose node ids FILE lists (one a line), short tracebacks kept in ids-FILE.log
 #   pool         bench/pool_bench.py on the host's cores, every type the engine reads
+#   pool-noperm  the same with the AVX-512 build's AVX2 decoders (-DSTRATA_NO_PERM=1: no register permutes), the A/B
+#                for a host where the permute decoders run slow
 #   gemv         bench/quant_gemv_bench.py (routed-expert GEMVs per type and T), each type in its own process (a
 #                kernel fault of one type then leaves the others' rows)
 #   tiers        bench/tiers_device.sh on the full-size file (PCIe shares 0 / 0.5 / 1 / auto, --split, at cache 0)
@@ -22,6 +25,9 @@
 #   nodes        graph-nodes of the default model's T = 1 / 4 / 8 window graphs (total and per layer)
 #   split        issue 21 on one GPU: verify-bench of the full-size file (all experts resident) as one engine and
 #                as two stages on device 0 (--gpus 0,0, split by bytes): per-stage ms, bytes, hand-off ms (JSON)
+#   commit       issue 18 item 4: bench/commit_async_bench.py, the draft-noise loop with the asynchronous commit
+#                against a synchronous one (the same rows checked), on the fixture (tiers off, then cache 3 + PCIe
+#                0.5), the small preset (written to /tmp if missing) and the full-size file if there is one
 #   kcache       pack CuPy's kernel cache into $OUT/kcache.tar.gz (a later call can start from it)
 #   sbs=CONFIGS  .peer/side_by_side.sh run CONFIGS (comma-separated: resident,c0,c12,c24): strata and llama.cpp on
 #                the full-size file in this call
@@ -77,6 +83,8 @@ for arg in "$@"; do
         gpu) run_step gpu "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests";;
         gpu=*) run_step gpu-k "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests '${name#gpu=}'";;
         pool) run_step pool "$limit" python3 bench/pool_bench.py --threads "$(nproc)" ${POOL_ARGS:-};;
+        pool-noperm) run_step pool-noperm "$limit" python3 bench/pool_bench.py --threads "$(nproc)" ${POOL_ARGS:-} \
+            --variant STRATA_NO_PERM=1;;
         gemv) run_step gemv "$limit" bash -c 'for t in ${GEMV_TYPES:-Q8_0 Q4_0 Q2_K Q4_K Q6_K IQ2_XS IQ4_XS MXFP4}; do
             python3 bench/quant_gemv_bench.py --jobs "$(nproc)" --types $t '"${GEMV_ARGS:-}"' 2>&1 | grep -vE "^#|^type" \
             | grep -E "^[A-Z0-9_]+ |Error" | head -8; done';;
@@ -93,6 +101,10 @@ for arg in "$@"; do
                 > "'"$OUT"'/split${g:+-2stages}.json" && python3 -c "import json,sys; [print({k: v for k, v in r.items()
                 if k == \"window\" or k.startswith((\"ms_median\", \"stage\"))}) for r in json.load(sys.stdin)[\"rows\"]]" \
                 < "'"$OUT"'/split${g:+-2stages}.json"; done';;
+        commit) run_step commit "$limit" bash -c 'set -u; B="python3 bench/commit_async_bench.py --window 8 --draft-noise 0.3"
+            $B --tokens 512 --reps 5; $B --tokens 256 --reps 3 --expert-cache 3 --pcie-frac 0.5
+            [ -f /tmp/small-q8_0.gguf ] || python3 -m strata_cli make-model /tmp/small-q8_0.gguf --preset small --type Q8_0 --seed 1
+            $B /tmp/small-q8_0.gguf --tokens 512 --reps 5; F="'"$(full_size)"'"; [ -n "$F" ] && $B "$F" --tokens 512 --reps 3';;
         kcache) run_step kcache "$limit" bash -c '[ -n "'"$BACK"'" ] && tar czf "'"$BACK"'/kcache.tar.gz" -C ~/.cupy kernel_cache \
             && ls -la "'"$BACK"'/kcache.tar.gz"';;
         sbs=*) cfg=${name#sbs=}; OUT=$OUT/sbs run_step sbs "$limit" bash .peer/side_by_side.sh run ${cfg//,/ };;
