@@ -14,6 +14,7 @@
  */
 #ifndef STRATA_EXPERT_POOL_GROUPS_H
 #define STRATA_EXPERT_POOL_GROUPS_H
+#include "expert_pool_base.h"
 #ifdef STRATA_AVX2
 
 #define AI static inline __attribute__((always_inline))

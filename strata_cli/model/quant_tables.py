@@ -3,7 +3,7 @@ ids, block geometry, i-quant grids and non-linear value tables, so no kernel fil
 
 - types_header(): `#define T_<NAME> <id>` for every type, QK_K, and the X-macro QUANT_TYPES(X) listing
   X(T_<NAME>, elements per block, bytes per block) per type. Plain C preprocessor text: kernels/quant_decode.cuh
-  builds QBlock<T> from it, kernels/expert_pool_decode.h its block_of switch.
+  builds QBlock<T> from it, kernels/expert_pool_base.h its block_of switch.
 - device_prefix(type): what gpu/quant_source.py puts before kernels/gemv_quant.cu for one type: `#define QTYPE`,
   types_header(), and the type's table packed for the device (QGRID: one u64 / u32 per grid entry, value k in byte
   k; QKVALUES and its four PRMT words QKV_W0..3).

@@ -24,7 +24,7 @@ from ..model.quant_tables import host_header
 from ..model.quants import TYPE_IDS
 
 SOURCE = "expert_pool.c"
-HEADERS = ("expert_pool_decode.h", "expert_pool_groups.h", "expert_pool_grids.h")  # next to SOURCE, part of the build key
+HEADERS = ("expert_pool_base.h", "expert_pool_decode.h", "expert_pool_groups.h", "expert_pool_grids.h")  # next to SOURCE, part of the build key
 # The GGML types the C file decodes: every type of the table (tests/test_tiers_pool.py holds each to gguf.quants)
 NATIVE_TYPES = dict(TYPE_IDS)
 _VP, _I32, _I64, _U32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
