@@ -280,7 +280,8 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
     e = SimpleNamespace(buf=_Buffers(), w=weights, g=g, stage=SimpleNamespace(
         tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
         out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows())), stamper=None,
-        tiers=None, window_paths=lambda T: WindowPath(fused_hc=False, gemv_tc=False))
+        tiers=None, window_paths=lambda T: WindowPath(fused_hc=False, gemv_tc=False),
+        layers=(0, g.n_layers), has_ple=g.ple is not None)
     window.record_window(e, 4, None)
     plan = sp.Plan(g.n_layers, tuple("QSA" if a else "GDN" for a in g.layer_is_attn))
     e.stamper = lambda layer, stage, stream: calls.append(plan.add(layer, stage))
