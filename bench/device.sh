@@ -33,15 +33,22 @@
 #                the full-size file in this call
 # Logs go to $LOGS (default /tmp/strata-device); where the device tool's $OUT is set they come back packed in
 # $OUT/logs.tgz (it returns at most 8 files).
-# Env: LOGS, POOL_ARGS / GEMV_ARGS (extra bench options), STRATA_GIT_COMMIT (the tree's commit: the device copy has no .git history).
+# Env: LOGS, DEADLINE_S (the whole call's seconds, default 560), POOL_ARGS / GEMV_ARGS (extra bench options), STRATA_GIT_COMMIT (the tree's commit: the device copy has no .git history).
 set -u
 BACK=${OUT:-}; OUT=${LOGS:-/tmp/strata-device}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 SUMMARY=()
 
+# The device tool kills a call at 600 s, and then logs.tgz is never written: every step's limit is cut to what is
+# left of DEADLINE_S (default 560 s from the start of this script), so the steps end and the logs come back.
+START=$(date +%s); DEADLINE_S=${DEADLINE_S:-560}
+
 run_step() {  # run_step NAME SECONDS CMD...: output to $OUT/NAME.log and to stdout
     local name=$1 limit=$2; shift 2
-    local s=$(date +%s) rc
+    local s=$(date +%s) rc left
+    left=$(( START + DEADLINE_S - s ))
+    if [ "$left" -lt 5 ]; then SUMMARY+=("$(printf '%-18s skipped (deadline)' "$name")"); return 124; fi
+    [ "$limit" -gt "$left" ] && limit=$left
     mkdir -p "$OUT"; echo "=== $name (limit ${limit}s)"
     # SIGINT first: pytest then still prints its summary of failures; SIGKILL 15 s later
     timeout -s INT -k 15 "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1
