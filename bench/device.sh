@@ -14,6 +14,7 @@
 #   gpu=EXPR     the GPU tests whose file names match EXPR (a pytest -k expression over tests/test_gpu_*.py)
 #   ids=FILE     the GPU tests whose node ids FILE lists (one a line), short tracebacks kept in ids-FILE.log
 #   pool         bench/pool_bench.py on the host's cores, every type the engine reads
+#   pool1        the same on one thread (per-core rates: a type slow on 16 threads but not on one scales badly)
 #   pool-noperm  the same with the AVX-512 build's AVX2 decoders (-DSTRATA_NO_PERM=1: no register permutes), the A/B
 #                for a host where the permute decoders run slow
 #   gemv         bench/quant_gemv_bench.py (routed-expert GEMVs per type and T), each type in its own process (a
@@ -90,6 +91,7 @@ for arg in "$@"; do
         gpu) run_step gpu "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests";;
         gpu=*) run_step gpu-k "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests '${name#gpu=}'";;
         pool) run_step pool "$limit" python3 bench/pool_bench.py --threads "$(nproc)" ${POOL_ARGS:-};;
+        pool1) run_step pool1 "$limit" python3 bench/pool_bench.py --threads 1 ${POOL_ARGS:-};;
         pool-noperm) run_step pool-noperm "$limit" python3 bench/pool_bench.py --threads "$(nproc)" ${POOL_ARGS:-} \
             --variant STRATA_NO_PERM=1;;
         gemv) run_step gemv "$limit" bash -c 'for t in ${GEMV_TYPES:-Q8_0 Q4_0 Q2_K Q4_K Q6_K IQ2_XS IQ4_XS MXFP4}; do
