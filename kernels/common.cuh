@@ -129,9 +129,10 @@ __device__ __forceinline__ void split_f16x2(float a, float b, u32& hi, u32& lo) 
 
 // The B fragments of the tensor-core GEMVs from each lane's 8 x values xv[nn] of column tile nn: k tile kt, register
 // p holds the pair (4kt + 2p, +1) (INTERLEAVED: (4kt + p, +2), for A words decoded as bytes 0 and 2 of a word),
-// split hi + lo; scaled: x 2^-16 first (a block or span whose |x| reaches 2^15, where f16 overflows).
+// split hi + lo; scaled[nn]: this lane's column of tile nn is taken x 2^-16 first (its |x| in the block or span
+// reaches 2^15, where f16 overflows).
 template <int NN, bool INTERLEAVED>
-__device__ __forceinline__ void split_b_frags(const float (&xv)[NN][8], bool scaled, u32 (&bh)[NN][2][2],
+__device__ __forceinline__ void split_b_frags(const float (&xv)[NN][8], const bool (&scaled)[NN], u32 (&bh)[NN][2][2],
                                               u32 (&bl)[NN][2][2]) {
 #pragma unroll
     for (int nn = 0; nn < NN; ++nn)
@@ -141,9 +142,27 @@ __device__ __forceinline__ void split_b_frags(const float (&xv)[NN][8], bool sca
             for (int p = 0; p < 2; ++p) {
                 const int k0 = INTERLEAVED ? 4 * kt + p : 4 * kt + 2 * p;
                 float a = xv[nn][k0], c = xv[nn][k0 + (INTERLEAVED ? 2 : 1)];
-                if (scaled) { a *= 1.52587890625e-05f; c *= 1.52587890625e-05f; }  // 2^-16
+                if (scaled[nn]) { a *= 1.52587890625e-05f; c *= 1.52587890625e-05f; }  // 2^-16
                 split_f16x2(a, c, bh[nn][kt][p], bl[nn][kt][p]);
             }
+}
+
+// Which columns of the B tiles are scaled, per column: big[nn] says this lane's 8 x values of its column g (lane =
+// 4 g + t) reach 2^15; scaled[nn] = any of the 4 lanes of column g (the B split), unscale[nn][c] = 2^16 or 1 for
+// the C fragment's column 2t + c (the sums' scale back). Per column, not per warp: a column scaled for another
+// row's size would lose its small values to f16 subnormals (a window row of 1e5 next to rows of 1).
+template <int NN>
+__device__ __forceinline__ void column_scales(const bool (&big)[NN], bool (&scaled)[NN], float (&unscale)[NN][2]) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn) {
+        int b = big[nn] ? 1 : 0;
+        b |= __shfl_xor_sync(FULL_MASK, b, 1);
+        b |= __shfl_xor_sync(FULL_MASK, b, 2);
+        scaled[nn] = b != 0;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) unscale[nn][c] = __shfl_sync(FULL_MASK, b, 4 * (2 * t + c)) ? 65536.0f : 1.0f;
+    }
 }
 
 __device__ __forceinline__ void mma_f16_16816(float (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {

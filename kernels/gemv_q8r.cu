@@ -344,7 +344,7 @@ template <int NN, int R>
 __device__ __forceinline__ void q8t_block(const uint2 (&qw)[R][4], const u16 (&dw)[R][4], int b, int live,
                                           const float* const (&xrow)[NN], float (&acc)[R * 2 * NN][4]) {
     float xv[NN][8];
-    bool big = false;
+    bool big[NN];
 #pragma unroll
     for (int nn = 0; nn < NN; ++nn) {
         float4 u = {0.0f, 0.0f, 0.0f, 0.0f}, v = u;
@@ -355,12 +355,15 @@ __device__ __forceinline__ void q8t_block(const uint2 (&qw)[R][4], const u16 (&d
         xv[nn][0] = u.x; xv[nn][1] = u.y; xv[nn][2] = u.z; xv[nn][3] = u.w;
         xv[nn][4] = v.x; xv[nn][5] = v.y; xv[nn][6] = v.z; xv[nn][7] = v.w;
 #pragma unroll
-        for (int k = 0; k < 8; ++k) big |= fabsf(xv[nn][k]) >= Q8T_BIG;
+        big[nn] = false;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) big[nn] |= fabsf(xv[nn][k]) >= Q8T_BIG;
     }
-    const bool scaled = __any_sync(FULL_MASK, big);  // warp-uniform: the MMAs need every lane
+    bool scaled[NN];
+    float unscale[NN][2];  // per B column, so one window row's size costs the others no precision
+    column_scales<NN>(big, scaled, unscale);
     u32 bh[NN][2][2], bl[NN][2][2];  // [column tile][k tile][b0 / b1]
     split_b_frags<NN, false>(xv, scaled, bh, bl);
-    const float unscale = scaled ? 65536.0f : 1.0f;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         if (r >= live) continue;  // warp-uniform
@@ -381,15 +384,15 @@ __device__ __forceinline__ void q8t_block(const uint2 (&qw)[R][4], const u16 (&d
                     mma_f16_16816(c[nn], a0, a1, a2, a3, bh[nn][kt][0], bh[nn][kt][1]);
                 }
             }
-            const float dg = f16_bits_to_float(dw[r][2 * mt]) * unscale;
-            const float dg8 = f16_bits_to_float(dw[r][2 * mt + 1]) * unscale;
+            const float dg = f16_bits_to_float(dw[r][2 * mt]);
+            const float dg8 = f16_bits_to_float(dw[r][2 * mt + 1]);
 #pragma unroll
             for (int nn = 0; nn < NN; ++nn) {
                 float* a = acc[(r * 2 + mt) * NN + nn];
-                a[0] = fmaf(dg, c[nn][0], a[0]);
-                a[1] = fmaf(dg, c[nn][1], a[1]);
-                a[2] = fmaf(dg8, c[nn][2], a[2]);
-                a[3] = fmaf(dg8, c[nn][3], a[3]);
+                a[0] = fmaf(dg * unscale[nn][0], c[nn][0], a[0]);
+                a[1] = fmaf(dg * unscale[nn][1], c[nn][1], a[1]);
+                a[2] = fmaf(dg8 * unscale[nn][0], c[nn][2], a[2]);
+                a[3] = fmaf(dg8 * unscale[nn][1], c[nn][3], a[3]);
             }
         }
     }

@@ -494,7 +494,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
             const int el = sp * 32 + 8 * t;  // this lane's group in the step
             const int blk = el / QB::qk, gi = el % QB::qk / 8;
             float xv[NN][8];
-            bool big = false;
+            bool big[NN];
 #pragma unroll
             for (int nn = 0; nn < NN; ++nn) {
                 float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q = p;
@@ -505,7 +505,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                                              fmaxf(fabsf(xv[nn][2]), fabsf(xv[nn][3]))),
                                        fmaxf(fmaxf(fabsf(xv[nn][4]), fabsf(xv[nn][5])),
                                              fmaxf(fabsf(xv[nn][6]), fabsf(xv[nn][7]))));
-                big |= mx >= QTC_BIG;  // (fmaxf drops a NaN x: its products are NaN on either path)
+                big[nn] = mx >= QTC_BIG;  // (fmaxf drops a NaN x: its products are NaN on either path)
             }
             // the x sums of the span's halves (elements 0..15, 16..31) for C's entries 2t, 2t+1 (the mins' term)
             float sx[NN][2][2];
@@ -522,10 +522,11 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                             sx[nn][hf][c] = __shfl_sync(FULL_MASK, s8, 4 * (2 * t + c) + 2 * hf);
                 }
             }
-            const bool scaled = __any_sync(FULL_MASK, big);  // warp-uniform: the MMAs need every lane
-            u32 bh[NN][2][2], bl[NN][2][2];                   // [column tile][k tile][b0 / b1]
+            bool scaled[NN];
+            float unscale[NN][2];  // per B column, so one entry's size costs the others no precision
+            column_scales<NN>(big, scaled, unscale);
+            u32 bh[NN][2][2], bl[NN][2][2];  // [column tile][k tile][b0 / b1]
             split_b_frags<NN, QTcFrag<QTYPE>::interleaved>(xv, scaled, bh, bl);
-            const float unscale = scaled ? 65536.0f : 1.0f;
 #pragma unroll
             for (int mt = 0; mt < QTC_MT; ++mt) {
                 u32 A[2][4], L[2][4];
@@ -550,7 +551,6 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                             mma_f16_16816(c[nn], L[0][2 * kt], L[1][2 * kt], L[0][2 * kt + 1], L[1][2 * kt + 1],
                                           bh[nn][kt][0], bh[nn][kt][1]);
                     }
-                const float d0 = D[0] * unscale, d1 = D[1] * unscale;
                 float m0[2], m1[2];  // the min of each half of the span, rows g and g + 8
                 if (QHasMin<QTYPE>::v) {
 #pragma unroll
@@ -565,7 +565,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                     float* a = acc[mt * NN + nn];
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
-                        a[k] = fmaf(k < 2 ? d0 : d1, c[nn][k], a[k]);
+                        a[k] = fmaf((k < 2 ? D[0] : D[1]) * unscale[nn][k & 1], c[nn][k], a[k]);
                         if (QHasMin<QTYPE>::v) {
                             const int h = k >> 1, col = k & 1;
                             a[k] = fmaf(m0[h], sx[nn][0][col], a[k]);

@@ -22,6 +22,15 @@ import pytest
 # strata_cli/gpu/runtime.eager_module_loading
 os.environ["CUDA_MODULE_LOADING"] = "EAGER"
 
+# Under pytest-xdist every worker's CPU pool (an OpenMP team, spinning at its barriers) would take every core: 12
+# workers on the device's 16 cores made 192 spinning threads, and tiered tests and model writes there ran past
+# their 150 s limit (2026-12-02). Each worker gets its share of the cores and teams that sleep at barriers, unless
+# the run sets them itself.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _share = max(1, (os.cpu_count() or 1) // max(1, int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+    os.environ.setdefault("STRATA_POOL_THREADS", str(max(2, _share)))
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 REPO = Path(__file__).resolve().parent.parent
 collect_ignore = ["mutation"]  # tests/mutation/run.py drives the suite itself; CI does not run it
 DEFAULT_FIXTURES = REPO.parent / "shared" / "fixtures" / "qwen4exp-tiny"

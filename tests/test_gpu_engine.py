@@ -99,8 +99,11 @@ def test_graph_summaries(fixture_dir):
     indexed = sum(1 for layer in eng.g.attn_layers if eng.g.compress_ratios[layer])
     # tokens, positions and ids staged, plus one indexer-tail restore per indexed layer (engine/state.py)
     assert kinds["memcpy"] == 3 + indexed and kinds.get("gemv_q8_0_t4", 0) > 0 and dict(one.kinds).get("gemv_q8_0_t1", 0) > 0
-    # repacked Q8_0 matrices (dense and experts) next to the raw ones that have no whole 32-row groups
-    assert kinds.get("gemv_q8r_t4", 0) > 0 and kinds.get("gemv_expert_q8r_t4", 0) > 0
+    # repacked Q8_0 matrices (dense and experts) next to the raw ones that have no whole 32-row groups; the dense ones
+    # on the kernel the T = 4 window's path names (launch_util.WINDOW_PATHS: tensor cores from T = 4)
+    from strata_cli.gpu.launch_util import window_path
+    dense_q8r = "gemv_q8r_tc_t4" if window_path(4).gemv_tc else "gemv_q8r_t4"
+    assert kinds.get(dense_q8r, 0) > 0 and kinds.get("gemv_expert_q8r_t4", 0) > 0
     commit = dict(eng.commit_graph().summary().kinds)
     assert commit["gdn_recurrence"] == commit["gdn_conv_commit"] == len(eng.g.gdn_layers)
 

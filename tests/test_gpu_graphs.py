@@ -41,7 +41,8 @@ def test_capture_replay_equals_eager_and_nodes_are_named():
     eager = cp.asnumpy(y)
     y.fill(0)
     graph = CapturedGraph(record, stream)
-    y.fill(0)
+    y.fill(0)                           # on CuPy's current stream, which `stream` does not wait on:
+    cp.cuda.Device().synchronize()      # the zeros land before the replay reads y (else the two race)
     graph.launch()
     stream.synchronize()
     np.testing.assert_array_equal(cp.asnumpy(y), eager)

@@ -204,9 +204,10 @@ def test_split_refusals_on_gpu(fixture_dir, tmp_cache):
     out = _cli("verify-bench", str(fixture_dir / "model-q8_0.gguf"), "--device", "gpu", "-r", "1", "--window", "2",
                "--gpus", "0,0", "--expert-cache", "1B", "--pcie-frac", "0.5")
     assert out.exit_code == 0, out.output
+    said = " ".join(out.stderr.split())  # (the console wraps long lines at the terminal's width)
     for i, layers in enumerate(("0..3", "4..7")):  # one line per stage: its own residency, nothing in VRAM
         assert f"stage {i} (layers {layers}): expert cache: 0 of 64 (layer, expert) pairs of layers {layers}" \
-            in out.stderr, out.stderr
+            in said, out.stderr
     # ... and a profile of another model is refused as without --gpus
     from strata_cli.tiers.expert_profile import ExpertProfile, save_profile
 

@@ -193,6 +193,30 @@ def test_tensor_core_gemv_keeps_tiny_and_huge_inputs(T):
     assert_close(f"gemv q8r tc huge/tiny T={T}", want, y, floor=1.0)
 
 
+@pytest.mark.parametrize("T", (2, 5, 8, 16))
+def test_tensor_core_gemv_one_huge_row_costs_the_others_nothing(T):
+    """One window row of |x| ~ 1e5 (its blocks split from x * 2^-16) beside rows of |x| ~ 1: the split is per window
+    row (B column), so the small rows keep their own precision (a warp-wide split left them in f16 subnormals, ~1e-3
+    off); every row is compared at its own scale."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_gemv
+
+    rng = np.random.default_rng(90 + T)
+    n_out, n_in = 96, 640
+    raw = raw_weight(rng, (n_out, n_in), Q8_0)
+    w = packed.pack_q8_0(raw, n_in)
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    x[T // 2] *= 1e5
+    y = poisoned((T, n_out))
+    launch_gemv.launch_gemv(to_dev(w), R32, n_in, to_dev(x), y, None, tensor_cores=True)
+    want = ref.gemv(raw, Q8_0, n_in, x)
+    cp.cuda.Device().synchronize()
+    got = y.get()
+    for t in range(T):
+        assert_close(f"gemv q8r tc T={T} row {t} (row {T // 2} huge)", want[t], got[t], floor=1.0)
+
+
 @pytest.mark.parametrize("n_out,n_in,T", [(8224, 2560, 8), (320, 10240, 5), (2560, 640, 16), (96, 2560, 3)])
 def test_tensor_core_graph_replay_equals_eager_bit_for_bit(n_out, n_in, T):
     """Deterministic reductions (MMA order, ksplit and zsplit sums): a replayed graph writes the eager bits, and
