@@ -18,7 +18,8 @@
 #   pool-noperm  the same with the AVX-512 build's AVX2 decoders (-DSTRATA_NO_PERM=1: no register permutes), the A/B
 #                for a host where the permute decoders run slow
 #   gemv         bench/quant_gemv_bench.py (routed-expert GEMVs per type and T), each type in its own process (a
-#                kernel fault of one type then leaves the others' rows)
+#                kernel fault of one type then leaves the others' rows); each type's whole output (tracebacks) in
+#                gemv-TYPE.txt
 #   tiers        bench/tiers_device.sh on the full-size file (PCIe shares 0 / 0.5 / 1 / auto, --split, at cache 0)
 #   window       bench/window_device.sh on the full-size file (window paths by T, nodes per layer, T = 1..16)
 #   cache        bench/cache_policy.sh on the full-size file (issue 20: profile, held-out trace, cache-sim, policies)
@@ -73,7 +74,7 @@ gpu_tests() {  # gpu_tests [K]: the gpu-marked tests (those matching K), names k
         tests/test_tiers_*.py tests/test_tier_engine_host.py > "$OUT/gpu-full.log" 2>&1
     grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu-full.log" \
         | sed -E 's/^\[gw[0-9]+\] \[ *[0-9]+%\] //' > "$OUT/gpu-results.txt"
-    grep -cE " PASSED" "$OUT/gpu-results.txt" | sed 's/^/passed: /'
+    grep -cE "(^| )PASSED" "$OUT/gpu-results.txt" | sed 's/^/passed: /'
     grep -E "FAILED|ERROR" "$OUT/gpu-results.txt" | head -40
     tail -n 1 "$OUT/gpu-results.txt"
 }
@@ -95,8 +96,8 @@ for arg in "$@"; do
         pool-noperm) run_step pool-noperm "$limit" python3 bench/pool_bench.py --threads "$(nproc)" ${POOL_ARGS:-} \
             --variant STRATA_NO_PERM=1;;
         gemv) run_step gemv "$limit" bash -c 'for t in ${GEMV_TYPES:-Q8_0 Q4_0 Q2_K Q4_K Q6_K IQ2_XS IQ4_XS MXFP4}; do
-            python3 bench/quant_gemv_bench.py --jobs "$(nproc)" --types $t '"${GEMV_ARGS:-}"' 2>&1 | grep -vE "^#|^type" \
-            | grep -E "^[A-Z0-9_]+ |Error" | head -8; done';;
+            python3 bench/quant_gemv_bench.py --jobs "$(nproc)" --types $t '"${GEMV_ARGS:-}"' > "'"$OUT"'/gemv-$t.txt" 2>&1
+            grep -vE "^#|^type" "'"$OUT"'/gemv-$t.txt" | grep -E "^[A-Z0-9_]+ |Error" | head -12; done';;
         ids=*) f=${name#ids=}; run_step "ids-$(basename "$f" .txt)" "$limit" bash -c "STRATA_REQUIRE_GPU=1 python3 -m pytest \
             -v -n 12 -m gpu -p no:cacheprovider --tb=short -rfE --timeout \${TEST_TIMEOUT:-150} \$(cat $f) 2>&1 \
             | grep -vE ' PASSED|^\[gw|^$|Benchmark|warner'";;
