@@ -179,6 +179,31 @@ def test_verify_bench_split_record(fixture_dir, tmp_cache):
         assert row["stage0_weight_bytes"] + row["stage1_weight_bytes"] > row["read_bytes"] * 0.5
 
 
+def test_verify_bench_split_tier_stats_per_stage(fixture_dir, tmp_cache):
+    """Tiers on every stage (a budget per GPU that holds nothing, half the misses over PCIe): each stage's tier
+    columns in the json (its shares, bytes, waits, floor), none for the whole engine, and their bytes add up to the
+    one-engine run of the same windows (same seed, same routing: the stages run the same kernels on the same R);
+    the table's per-stage table has the tier columns. The CPU twin: tests/test_tier_stage_stats.py."""
+    args = ["verify-bench", str(fixture_dir / "model-q8_0.gguf"), "--device", "gpu", "--window", "1,4", "-r", "3",
+            "--expert-cache", "1B", "--pcie-frac", "0.5"]
+    split_args = ["--gpus", ",".join(map(str, _devices(2))), "--layer-split", "4,4"]
+    whole, split = _cli(*args, "--format", "json"), _cli(*args, *split_args, "--format", "json")
+    assert whole.exit_code == 0 and split.exit_code == 0, split.output
+    for one, row in zip(json.loads(whole.stdout)["rows"], json.loads(split.stdout)["rows"]):
+        assert "vram_share" not in row and row["window"] == one["window"]
+        for i in (0, 1):
+            assert row[f"stage{i}_vram_share"] == 0 and row[f"stage{i}_vram_pairs"] == 0
+            assert row[f"stage{i}_pcie_share"] + row[f"stage{i}_cpu_share"] == pytest.approx(1.0)
+            assert row[f"stage{i}_pcie_mb"] > 0 and row[f"stage{i}_cpu_mb"] > 0 and row[f"stage{i}_pool_ms"] > 0
+            assert row[f"stage{i}_gpu_ms"] > 0 and row[f"stage{i}_wait_flag_ms"] >= 0
+            assert row[f"stage{i}_tier_floor_ms"] > 0
+        for key in ("pcie_mb", "cpu_mb"):
+            assert row[f"stage0_{key}"] + row[f"stage1_{key}"] == pytest.approx(one[key], rel=1e-9), key
+    table = _cli(*args, *split_args)
+    assert table.exit_code == 0, table.output
+    assert "layer split: per stage" in table.stdout and "CPU MB" in table.stdout and "wait flag ms" in table.stdout
+
+
 def test_logprobs_split_equals_unsplit_on_gpu(fixture_dir, tmp_cache):
     path = str(fixture_dir / "model-f32.gguf")
     args = ["logprobs", path, "--random", "30", "--window", "6", "--device", "gpu", "--format", "json"]

@@ -206,6 +206,57 @@ def test_cli_verify_bench_reports_every_stage(fixture_dir, tmp_cache):
         assert row["stage0_read_bytes"] + row["stage1_read_bytes"] > 0
 
 
+STAGE_KEYS = ("device", "layers", "ms_median", "ms_mean", "read_bytes", "weight_bytes", "handoff_ms_median")
+
+
+def _table_rows(text: str, title: str) -> list[list[str]]:
+    """The cells of the table titled `title` in table (ASCII, piped) or md output: its header row first."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().lstrip("# ") == title)
+    rows = []
+    for line in lines[at + 1:]:
+        if rows and not line.startswith("|"):
+            break
+        if line.startswith("| "):  # not a +---+ / |---| rule
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+@pytest.mark.parametrize("fmt", ["table", "md", "csv", "jsonl", "json"])
+def test_cli_verify_bench_stages_in_every_printer(fixture_dir, tmp_cache, fmt):
+    """Issue 21's item 3 on the numpy path: each stage's time, bytes and hand-off in every printer (table / md: the
+    per-stage table, one row per T and stage; csv / json / jsonl: stageI_* keys), and a split without tiers prints no
+    tier column."""
+    import csv
+
+    from strata_cli.tiers.stats import TIER_COLUMNS
+
+    out = _cli("verify-bench", str(fixture_dir / "model-f32.gguf"), "--device", "cpu", "--window", "1,4", "-r", "2",
+               "--warmup", "0", "-d", "4", "--gpus", "2", "--layer-split", "3,5", "--format", fmt)
+    assert out.exit_code == 0, out.output
+    tier_keys = {key for key, _, _ in TIER_COLUMNS} | {"expert_cache", "pcie_frac"}
+    if fmt in ("table", "md"):
+        header, *cells = _table_rows(out.stdout, "layer split: per stage")
+        assert header == ["T", "stage", "device", "layers", "ms/window", "GB read", "weight GB", "hand-off ms"]
+        assert [(c[0], c[1], c[3]) for c in cells] == [("1", "0", "0..2"), ("1", "1", "3..7"), ("4", "0", "0..2"),
+                                                       ("4", "1", "3..7")]
+        assert all(float(c[4]) > 0 and float(c[5]) > 0 for c in cells)
+        assert [c[7] != "" for c in cells] == [True, False] * 2  # the last stage hands off nothing
+        main_header = _table_rows(out.stdout, "verify windows")[0]
+        assert not {h for _, h, _ in TIER_COLUMNS} & set(main_header + header)
+        return
+    text = out.stdout
+    rows = (json.loads(text)["rows"] if fmt == "json" else [json.loads(line) for line in text.splitlines()]
+            if fmt == "jsonl" else list(csv.DictReader(text.splitlines())))
+    assert [int(r["window"]) for r in rows] == [1, 4]
+    for row in rows:
+        for i in (0, 1):
+            assert all(f"stage{i}_{key}" in row for key in STAGE_KEYS), sorted(row)
+            assert float(row[f"stage{i}_ms_median"]) > 0 and float(row[f"stage{i}_read_bytes"]) > 0
+        assert row["stage0_layers"] == "0..2" and float(row["stage0_handoff_ms_median"]) >= 0
+        assert not [k for k in row if k in tier_keys or k.split("_", 1)[-1] in tier_keys]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--layer-split", "4,4"], "--layer-split needs --gpus N"),
     (["--gpus", "2", "--layer-split", "3,4"], "sums to 7 layers, the model has 8"),

@@ -310,7 +310,8 @@ def test_verify_bench_tier_columns_average_the_timed_windows():
 
     history = [window(4, 9, 9.0), window(1, 2, 1.0), window(4, 4, 2.0), window(4, 6, 4.0)]  # 1st T=4: warm-up
     cfg = TierConfig(cache="3")
-    tiers = type("T", (), {"table_host": np.array([[0, -1], [1, -1]]), "cfg": cfg})()
+    tiers = type("T", (), {"table_host": np.array([[0, -1], [1, -1]]), "cfg": cfg,
+                           "stage_table": lambda self: self.table_host})()
     engine = type("E", (), {"tiers": tiers, "tier_host": type("H", (), {"history": history})()})()
     records = [BenchRecord(window=4, samples_ms=[1.0], host_samples_ms=[1.0], kept=[1], expected_tokens=1.0),
                BenchRecord(window=1, samples_ms=[1.0], host_samples_ms=[1.0], kept=[1], expected_tokens=1.0)]
@@ -333,7 +334,8 @@ def test_tier_breakdown_gpu_time_copy_rate_and_tier_floor():
     history = [{"T": 2, "vram": 0, "pcie": 4, "cpu": 4, "vram_share": 0.0, "pcie_share": 0.5, "cpu_share": 0.5,
                 "wait_b_ms": 1.5, "wait_flag_ms": 2.5, "host_wait_ms": 0.1, "pool_ms": 4.0, "pcie_bytes": 8e6,
                 "cpu_bytes": 8e6, "gather_ms": 0.5, "copy_ms": 0.25}]
-    tiers = type("T", (), {"table_host": np.array([[-1, -1]]), "cfg": TierConfig(cache="0", pcie_frac=0.5)})()
+    tiers = type("T", (), {"table_host": np.array([[-1, -1]]), "cfg": TierConfig(cache="0", pcie_frac=0.5),
+                           "stage_table": lambda self: self.table_host})()
     engine = type("E", (), {"tiers": tiers, "tier_host": type("H", (), {"history": history})()})()
     rec = BenchRecord(window=2, samples_ms=[10.0], host_samples_ms=[10.0], kept=[1], expected_tokens=1.0,
                       read_bytes=int(1e9), copy_bytes_per_s=1e12)

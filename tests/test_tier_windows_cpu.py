@@ -270,8 +270,7 @@ def _tiered(monkeypatch, model, cfg, layers=None):
     """attach_tiers on a stand-in engine over layers [lo, hi) (default every layer; real Arena shapes, numpy
     buffers), then bind; returns (engine, kernels' driver)."""
     from strata_cli.engine.gpu import buffers, residency_fill, tiers as tiers_mod
-    from strata_cli.gpu import graphs, launch_moe, launch_tiers
-    from strata_cli.engine.gpu import window
+    from strata_cli.gpu import graphs
     from strata_cli.tiers import host as host_mod
     from strata_cli.tiers.setup import residency_for
 
@@ -282,7 +281,7 @@ def _tiered(monkeypatch, model, cfg, layers=None):
     rt = FakeRt()
     FakeMapped.live.clear()
     monkeypatch.setattr(tiers_mod, "MappedBuffer", FakeMapped)
-    monkeypatch.setattr(host_mod, "cudart", lambda: rt)
+    monkeypatch.setattr(host_mod, "cudart", lambda: rt)  # (the TierHost's copy thread reads it when attached)
     monkeypatch.setattr(graphs, "new_stream", lambda: COPY_STREAM)
     # an adaptive cache's DeviceSlots: pinned staging, DMAs into the slot arrays (they land at once), its event
     monkeypatch.setattr(residency_fill, "MappedBuffer", FakeMapped)
@@ -326,6 +325,19 @@ def _tiered(monkeypatch, model, cfg, layers=None):
     engine.buf = {name: dev_zeros(shape, dtype) for name, shape, dtype in arena.specs}
     engine.tiers.bind(engine.buf)
     kernels = Kernels(engine, None, cfg.timeout_s)
+    bind_fakes(monkeypatch, kernels, rt)
+    return engine, kernels, rt
+
+
+def bind_fakes(monkeypatch, kernels, rt) -> None:
+    """The launches and the driver of one engine's windows: its Kernels and its FakeRt (several tiered engines in one
+    test, the stages of a layer split, rebind before each one's window)."""
+    from strata_cli.engine.gpu import residency_fill, window
+    from strata_cli.gpu import launch_moe, launch_tiers
+    from strata_cli.tiers import host as host_mod
+
+    monkeypatch.setattr(host_mod, "cudart", lambda: rt)
+    monkeypatch.setattr(residency_fill, "cudart", lambda: rt)
     for name in ("publish", "wait_word", "group_resident", "swiglu_experts", "combine"):
         monkeypatch.setattr(launch_tiers, name, getattr(kernels, name))
     monkeypatch.setattr(launch_tiers, "write_word", lambda word, value, stream: word.__setitem__(0, value))
@@ -333,7 +345,6 @@ def _tiered(monkeypatch, model, cfg, layers=None):
         monkeypatch.setattr(launch_moe, name, getattr(kernels, name))
     monkeypatch.setattr(window, "gemv_weight", kernels.gemv_weight)
     monkeypatch.setattr(window, "copy_async", kernels.copy_async)
-    return engine, kernels, rt
 
 
 def _run_window(monkeypatch, engine, kernels, rt, moes, T):

@@ -8,6 +8,7 @@ from ._common import (SEED, STDIN, FileParam, FiniteFloatRange, StrataCommand, c
                       deprecated_alias, device_option, format_option, load_engine, load_model, model_argument,
                       parse_window_list)
 from ._split import split_config, split_options
+from ._stages import add_stages, emit_stage_table
 from ._tiers import tier_config, tier_options
 from .logprobs import token_options
 
@@ -32,26 +33,6 @@ def _add_floor(records, model) -> None:
         traffic = window_bytes(model, rec.window)
         rec.read_bytes, rec.dense_bytes = int(round(traffic["total"])), int(traffic["dense"])
         rec.expert_bytes, rec.copy_bytes_per_s = int(round(traffic["experts"])), float(bandwidth)
-
-
-def _add_stages(records, engine, model, repetitions: int) -> list:
-    """Each record's per-stage rows of the layer split (its last `repetitions` windows; read bytes of each stage's
-    layers) and their table columns: the stage's ms and its hand-off's ms."""
-    from ..analysis.traffic import window_bytes
-    from ..report.present import Column
-
-    for rec in records:
-        rec.stages = engine.stage_report(rec.window, repetitions)
-        for stage, p in zip(rec.stages, engine.plan):
-            stage["read_bytes"] = int(round(window_bytes(model, rec.window, p.layers)["total"]))
-    columns = []
-    for p in engine.plan:
-        dev = "" if p.device is None else f" (dev {p.device})"
-        columns.append(Column(f"stage{p.index}_ms_median", f"stage {p.index} ms{dev}", ".3f"))
-        if p.index + 1 < len(engine.plan):
-            columns.append(Column(f"stage{p.index}_handoff_ms_median", f"hand-off {p.index}->{p.index + 1} ms",
-                                  ".3f"))
-    return columns
 
 
 @click.command(cls=StrataCommand, short_help="Time verify windows per window size.")
@@ -158,8 +139,9 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
     if engine.capabilities.graphs:
         for rec in records:
             rec.capture_ms = engine.capture_ms.get(rec.window)
-    if getattr(engine, "stages", None) is not None:  # the layer split: per stage time, bytes, hand-off
-        columns += _add_stages(records, engine, m, repetitions)
+    split_run = getattr(engine, "stages", None) is not None
+    if split_run:  # the layer split: per stage time, bytes, hand-off, tiers (the table's second table)
+        add_stages(records, engine, m, repetitions)
     if engine.tiers is not None:  # expert tiers: shares and waits per T (tiers/stats.py)
         from ..tiers.stats import TIER_COLUMNS, add_tier_stats
 
@@ -181,3 +163,5 @@ def _bench(model, window_list, repetitions, warmup, depth, acceptance, acceptanc
             head.append(note)
     emit([rec.flat() for rec in records], columns if fmt in ("table", "md") else None, fmt, header_lines=head,
          title="verify windows", meta={"provenance": prov.flat()})
+    if split_run and fmt in ("table", "md"):  # csv/json/jsonl: the same values as each row's stageI_* keys
+        emit_stage_table(records, fmt)

@@ -69,8 +69,8 @@ class SplitEngine:
         self.stage_times.setdefault(T, []).append((stage_ms, hand_ms))
 
     def stage_report(self, T: int, n_windows: int) -> list[dict]:
-        """One dict per stage: its device, layers, weight bytes, and the medians of its window time and of its
-        hand-off to the next stage (None for the last) over the last n_windows windows of T rows."""
+        """One dict per stage: its device, layers, weight bytes, the median and mean of its window time and the
+        median of its hand-off to the next stage (None for the last) over the last n_windows windows of T rows."""
         rows = self.stage_times.get(T, [])[-n_windows:]
         out = []
         for p in self.plan:
@@ -79,6 +79,7 @@ class SplitEngine:
             hand = [r[1][i] for r in rows] if i < len(self.plan) - 1 else []
             out.append({"stage": i, "device": p.device, "layers": f"{p.layers[0]}..{p.layers[1] - 1}",
                         "weight_bytes": p.bytes, "ms_median": float(np.median(ms)) if ms else None,
+                        "ms_mean": float(np.mean(ms)) if ms else None,
                         "handoff_ms_median": float(np.median(hand)) if hand else None})
         return out
 

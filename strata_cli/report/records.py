@@ -111,7 +111,8 @@ class BenchRecord:
     copy_bytes_per_s: float | None = None  # GPU: measured device-to-device copy rate
     tiers: dict | None = None  # GPU expert tiers: shares, waits, pool time (tiers/stats.py)
     # the layer split (--gpus): per stage its device, layers, weight bytes, bytes a window reads there, its window
-    # ms and its hand-off ms to the next stage (medians of the timed windows; engine/layer_split.py)
+    # ms (median, mean) and its hand-off ms to the next stage (median) over the timed windows (engine/layer_split.py);
+    # a tiered stage's `tiers` dict: its own tiers' columns (tiers/stats.py)
     stages: list[dict] | None = None
     provenance: Provenance | None = None
 
@@ -160,6 +161,11 @@ class BenchRecord:
         floor = self.floor_ms
         return self.ms_median / floor if floor else None
 
+    def stage_rows(self) -> list[dict]:
+        """One flat dict per stage of the layer split: T, the stage's keys, then a tiered stage's tier columns."""
+        return [{"window": self.window, **{k: v for k, v in s.items() if k != "tiers"}, **(s.get("tiers") or {})}
+                for s in self.stages or []]
+
     def flat(self) -> dict:
         """Measurements first, then the provenance: one flat row for every output format."""
         row = {
@@ -175,9 +181,9 @@ class BenchRecord:
         }
         if self.tiers is not None:
             row.update(self.tiers)
-        for stage in self.stages or []:  # flat keys: one CSV column each
+        for stage in self.stage_rows():  # flat keys: one CSV column each
             i = stage["stage"]
-            row.update({f"stage{i}_{k}": v for k, v in stage.items() if k != "stage"})
+            row.update({f"stage{i}_{k}": v for k, v in stage.items() if k not in ("stage", "window")})
         if self.provenance is not None:
             row.update(self.provenance.flat())
         return row

@@ -1,6 +1,7 @@
-"""verify-bench columns of the expert tiers: per window size, the mean over the timed windows of the routed
-entries' VRAM / PCIe / CPU shares (the VRAM share is the cache's hit rate), where the window's time goes, the tier
-floor, and an adaptive --expert-policy's swaps and MB copied into VRAM per window.
+"""verify-bench columns of the expert tiers, of one engine or of each stage of the layer split (its own tiers):
+per window size, the mean over the timed windows of the routed entries' VRAM / PCIe / CPU shares (the VRAM share
+is the cache's hit rate), the MB a window's PCIe share copies and its CPU share reads, where the window's time goes,
+the tier floor, and an adaptive --expert-policy's swaps and MB copied into VRAM per window.
 
 Where the time goes: the GPU's time in the flagB and flag waits (spin waits), the GPU computing (the window less
 those waits), the host waiting for rings and in the CPU pool, and the PCIe share's host gather and DMAs (copy GB/s:
@@ -15,7 +16,8 @@ import numpy as np
 from .share import PCIE_GBS, POOL_GBS
 
 TIER_COLUMNS = [("vram_pairs", "VRAM pairs", ".1%"), ("vram_share", "VRAM", ".1%"), ("pcie_share", "PCIe", ".1%"),
-                ("cpu_share", "CPU", ".1%"), ("gpu_ms", "GPU ms", ".3f"), ("wait_b_ms", "wait B ms", ".3f"),
+                ("cpu_share", "CPU", ".1%"), ("pcie_mb", "PCIe MB", ".2f"), ("cpu_mb", "CPU MB", ".2f"),
+                ("gpu_ms", "GPU ms", ".3f"), ("wait_b_ms", "wait B ms", ".3f"),
                 ("wait_flag_ms", "wait flag ms", ".3f"), ("host_ring_ms", "host ring ms", ".3f"),
                 ("pool_ms", "pool ms", ".3f"), ("pool_gb_s", "pool GB/s", ".1f"), ("gather_ms", "gather ms", ".3f"),
                 ("copy_ms", "copy ms", ".3f"), ("copy_gb_s", "copy GB/s", ".1f"),
@@ -34,28 +36,48 @@ def tier_floor_ms(all_resident_ms: float | None, cpu_bytes: float, pcie_bytes: f
     return all_resident_ms + max(cpu_bytes / (pool_gbs * 1e6), pcie_bytes / (pcie_gbs * 1e6))
 
 
+def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: float | None) -> dict | None:
+    """The columns of one engine's tiers, or of one stage's of the layer split (its own layers' pairs, steps and
+    waits): the means over the last n_windows windows of T rows that `host` served. ms_mean: the mean time of
+    those windows (the stage's part of them), floor_ms: their all-resident floor (None: not known). None when no
+    window of T rows was served."""
+    rows = [h for h in host.history if h["T"] == T][-n_windows:]
+    if not rows:
+        return None
+
+    def mean(key):  # a static cache's windows have no swaps
+        return float(np.mean([h.get(key, 0.0) for h in rows]))
+
+    t = tiers
+    pool_ms, copy_ms = mean("pool_ms"), mean("copy_ms")
+    cpu_bytes, pcie_bytes = mean("cpu_bytes"), mean("pcie_bytes")
+    waits = mean("wait_b_ms") + mean("wait_flag_ms")
+    return dict(expert_cache=t.cfg.cache.text, pcie_frac=t.cfg.pcie_frac, split=t.cfg.split, tier_wait=t.cfg.wait,
+                vram_pairs=float((t.stage_table() >= 0).mean()), vram_share=mean("vram_share"),
+                pcie_share=mean("pcie_share"), cpu_share=mean("cpu_share"), gpu_ms=max(ms_mean - waits, 0.0),
+                wait_b_ms=mean("wait_b_ms"), wait_flag_ms=mean("wait_flag_ms"), host_ring_ms=mean("host_wait_ms"),
+                pool_ms=pool_ms, pool_gb_s=_rate(cpu_bytes, pool_ms), gather_ms=mean("gather_ms"), copy_ms=copy_ms,
+                copy_gb_s=_rate(pcie_bytes, copy_ms), pcie_mb=pcie_bytes / 1e6, cpu_mb=cpu_bytes / 1e6,
+                tier_floor_ms=tier_floor_ms(floor_ms, cpu_bytes, pcie_bytes), expert_policy=t.cfg.policy,
+                swaps=mean("swaps"), fill_mb=mean("fill_bytes") / 1e6, fill_late=mean("fill_late"))
+
+
 def add_tier_stats(records, engine, n_windows: int) -> None:
     """records: BenchRecord per window size; their `tiers` dict gets the means of the last n_windows windows."""
-    t, history = engine.tiers, engine.tier_host.history
-    vram_pairs = float((t.table_host >= 0).mean())
     for rec in records:
-        rows = [h for h in history if h["T"] == rec.window][-n_windows:]
-        if not rows:
-            continue
+        stats = tier_means(engine.tiers, engine.tier_host, rec.window, n_windows, rec.ms_mean, rec.floor_ms)
+        if stats is not None:
+            rec.tiers = stats
 
-        def mean(key):  # a static cache's windows have no swaps
-            return float(np.mean([h.get(key, 0.0) for h in rows]))
 
-        pool_ms, copy_ms = mean("pool_ms"), mean("copy_ms")
-        cpu_bytes, pcie_bytes = mean("cpu_bytes"), mean("pcie_bytes")
-        waits = mean("wait_b_ms") + mean("wait_flag_ms")
-        rec.tiers = dict(expert_cache=t.cfg.cache.text, pcie_frac=t.cfg.pcie_frac, split=t.cfg.split,
-                         tier_wait=t.cfg.wait, vram_pairs=vram_pairs, vram_share=mean("vram_share"),
-                         pcie_share=mean("pcie_share"), cpu_share=mean("cpu_share"),
-                         gpu_ms=max(rec.ms_mean - waits, 0.0), wait_b_ms=mean("wait_b_ms"),
-                         wait_flag_ms=mean("wait_flag_ms"), host_ring_ms=mean("host_wait_ms"), pool_ms=pool_ms,
-                         pool_gb_s=_rate(cpu_bytes, pool_ms), gather_ms=mean("gather_ms"), copy_ms=copy_ms,
-                         copy_gb_s=_rate(pcie_bytes, copy_ms), pcie_mb=pcie_bytes / 1e6, cpu_mb=cpu_bytes / 1e6,
-                         tier_floor_ms=tier_floor_ms(rec.floor_ms, cpu_bytes, pcie_bytes),
-                         expert_policy=t.cfg.policy, swaps=mean("swaps"), fill_mb=mean("fill_bytes") / 1e6,
-                         fill_late=mean("fill_late"))
+def add_stage_tier_stats(records, stages, n_windows: int) -> None:
+    """The layer split: each tiered stage's columns (tier_means over its own tier host) as the `tiers` dict of that
+    stage's row of each record (rec.stages, filled first with the stage's ms_mean and read_bytes: its floor)."""
+    for rec in records:
+        for row, stage in zip(rec.stages, stages):
+            if stage.tiers is None:  # its experts all fit: no tiers, no columns
+                continue
+            floor = row["read_bytes"] / rec.copy_bytes_per_s * 1e3 if rec.copy_bytes_per_s else None
+            stats = tier_means(stage.tiers, stage.tier_host, rec.window, n_windows, row["ms_mean"], floor)
+            if stats is not None:
+                row["tiers"] = stats
