@@ -30,7 +30,8 @@
 #   commit       issue 18 item 4: bench/commit_async_bench.py, the draft-noise loop with the asynchronous commit
 #                against a synchronous one (the same rows checked), on the fixture (tiers off, then cache 3 + PCIe
 #                0.5), the small preset (written to /tmp if missing) and the full-size file if there is one
-#   kcache       pack CuPy's kernel cache into $OUT/kcache.tar.gz (a later call can start from it)
+#   kcache       pack CuPy's kernel cache into $OUT/kcache.tar.gz (copied to .devcarry/kcache.tar.gz, setup restores
+#                it: a later fresh machine's warm-up then compiles only what changed)
 #   sbs=CONFIGS  .peer/side_by_side.sh run CONFIGS (comma-separated: resident,c0,c12,c24): strata and llama.cpp on
 #                the full-size file in this call
 # Logs go to $LOGS (default /tmp/strata-device); where the device tool's $OUT is set they come back packed in
@@ -85,7 +86,12 @@ for arg in "$@"; do
         setup) run_step setup "$limit" bash -c '
             python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
             nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
-            python3 -c "import cupy, numpy, gguf; print(\"cupy\", cupy.__version__, \"numpy\", numpy.__version__, \"gguf\", gguf.__version__)"
+            python3 -c "import cupy, numpy; print(\"cupy\", cupy.__version__, \"numpy\", numpy.__version__)"
+            python3 -m pip list --path /tmp/site 2>/dev/null | grep -i gguf
+            # a kernel cache packed by an earlier call (kcache step), carried in .devcarry: warm then compiles only
+            # the modules whose sources changed since (a cold warm-up is 65-90 s of every fresh machine)
+            if [ -f .devcarry/kcache.tar.gz ]; then mkdir -p ~/.cupy && tar xzf .devcarry/kcache.tar.gz -C ~/.cupy \
+                && echo "kernel cache restored: $(ls ~/.cupy/kernel_cache | wc -l) files"; fi
             echo "host cores $(nproc), $(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2)"; df -h /tmp | tail -1';;
         peer) run_step peer "$limit" bash .peer/side_by_side.sh prepare;;
         warm) run_step warm "$limit" python3 bench/warm_kernels.py --jobs "$(nproc)";;
