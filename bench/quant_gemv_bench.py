@@ -7,8 +7,9 @@
 Each type's experts are what the GPU engine runs: Q8_0 experts are repacked to Q8_0_R32 at load time
 (engine/gpu/weights.py), so the Q8_0 rows time kernels/gemv_q8r.cu's grouped GEMVs (path "q8r"); every other
 block type kernels/gemv_quant.cu's. Per type (and variant), first the check: routed_experts (moe_group, gate + up
-in one launch, down, combine) on valid random blocks of a few experts of the real shapes against
-ops/moe.routed_experts_raw (numpy over gguf.quants), as the max error relative to the reference's largest value.
+in one launch, down, combine) at every timed T on valid random blocks of 12 experts of the real shapes, routed
+top-10 (groups of up to T entries), against ops/moe.routed_experts (numpy over gguf.quants' dequantization), as the
+max error relative to the reference's largest value (rel_err).
 Then the timing, on random bytes of all 512 experts (values do not change the time: no data-dependent control
 flow; i-quant grid lookups stay random as in real files), each of the N launches of one CUDA graph with its own
 routing (T rows of 10 distinct experts drawn at random, grouped by moe_group before the capture), so the experts a
@@ -30,7 +31,9 @@ it is timed (its rel_err in its rows). Default types then Q2_K,Q4_0,Q8_0 (Q8_0 o
 All device work runs on the timing stream (a non-blocking stream does not wait for the legacy default stream: a
 graph's eager warm-up once read moe_group's outputs before they were written, and garbage entry rows faulted).
 
-Last line: one JSON document {"copy_gbs": ..., "rows": [{"type", "down_type", "T", "rel_err", "gateup_gbs",
+"# graph node floor": the time a graph node of an empty kernel takes, which every timed launch pays too.
+
+Last line: one JSON document {"copy_gbs": ..., "node_us": ..., "rows": [{"type", "down_type", "T", "rel_err", "gateup_gbs",
 "gateup_pct", "down_gbs", "down_pct", "moe_gbs", "moe_pct", "moe_us", "path", "variant"}, ...], "dense": [...],
 "seconds": ...}.
 """
@@ -54,10 +57,11 @@ from strata_cli.gpu.runtime import cupy
 from strata_cli.model import packed
 from strata_cli.model import quants as Q
 from strata_cli.ops import moe as ref_moe
+from strata_cli.ops.gemv import dequant_rows
 from strata_cli.synth.blocks import random_tensor
 
 E, F, D, K = 512, 640, 2560, 10
-CHECK_E, CHECK_T, CHECK_K = 6, 3, 2  # the reference check: a few experts of the real shapes
+CHECK_E = 12  # the reference check: a few experts of the real shapes
 DEFAULT_TYPES = "Q8_0,Q4_0,Q4_K,Q5_K,Q6_K,Q2_K,Q3_K,IQ2_XS,IQ3_XXS,IQ4_XS,MXFP4"
 TUNE_TYPES = "Q2_K,Q4_0,Q8_0"
 DENSE_N_IN, DENSE_MB = 5120, 512
@@ -101,38 +105,57 @@ def uses_quant_kernels(ggml_type: int) -> bool:
 
 @dataclass
 class Check:
-    """The reference check's inputs (on the device) and numpy's answer, made once per type for all variants."""
+    """The reference check's cases, one per timed T: routed_experts' inputs on the device (Q8_0 repacked) and
+    numpy's answer; made once per type for every path and variant."""
 
-    args: tuple  # x, ids, w, gate, up, down on the device (Q8_0 repacked)
     types: tuple
-    want: np.ndarray
+    cases: list  # (x, ids, w, gate, up, down) on the device, want [T, D]
 
 
-def make_check(ggml_type: int, rng, stream) -> Check:
-    """routed_experts' inputs on CHECK_E valid random experts of the real shapes, and numpy's routed_experts_raw."""
+def make_check(ggml_type: int, windows, rng, stream) -> Check:
+    """CHECK_E valid random experts of the real shapes, routed top-K as the real ones (groups of up to T entries:
+    every kernel bucket the timing runs), and numpy's routed_experts over their dequantized weights."""
     raw_types = (ggml_type, ggml_type, down_type(ggml_type))
-    gate = random_tensor(rng, raw_types[0], (CHECK_E, F, D), 0.05)
-    up = random_tensor(rng, raw_types[1], (CHECK_E, F, D), 0.05)
-    down = random_tensor(rng, raw_types[2], (CHECK_E, D, F), 0.05)
-    x = rng.standard_normal((CHECK_T, D)).astype(np.float32)
-    ids, w = ref_moe.router_topk(rng.standard_normal((CHECK_T, CHECK_E)).astype(np.float32), CHECK_K)
-    want = ref_moe.routed_experts_raw(x, ids, w, gate, up, down, raw_types)
-    gate, up = (packed.pack_q8_0(a, D) if raw_types[0] == Q.Q8_0 else a for a in (gate, up))
-    down = packed.pack_q8_0(down, F) if raw_types[2] == Q.Q8_0 else down
+    raw = [random_tensor(rng, t, shape, 0.05) for t, shape in
+           zip(raw_types, ((CHECK_E, F, D), (CHECK_E, F, D), (CHECK_E, D, F)))]
+    wg, wu = (dequant_rows(a, raw_types[0], D).reshape(CHECK_E, F, D) for a in raw[:2])
+    wd = dequant_rows(raw[2], raw_types[2], F).reshape(CHECK_E, D, F)
+    dev = [packed.pack_q8_0(a, n_in) if t == Q.Q8_0 else a for a, t, n_in in zip(raw, raw_types, (D, D, F))]
+    cases = []
     with stream:
-        args = tuple(cupy().asarray(a) for a in (x, ids, w, gate, up, down))
+        weights = [cupy().asarray(a) for a in dev]
+        for T in windows:
+            x = rng.standard_normal((T, D)).astype(np.float32)
+            ids, w = ref_moe.router_topk(rng.standard_normal((T, CHECK_E)).astype(np.float32), K)
+            want = ref_moe.routed_experts(x, ids, w, lambda e: (wg[e], wu[e], wd[e]))
+            cases.append(((*(cupy().asarray(a) for a in (x, ids, w)), *weights), want))
     stream.synchronize()
-    return Check(args, device_types(ggml_type), want)
+    return Check(device_types(ggml_type), cases)
 
 
 def check_rel_err(check: Check, stream) -> float:
-    """max |gpu - numpy| / max |numpy| of routed_experts under the current path and tune (NaN-poisoned output)."""
-    with stream:
-        out = cupy().full((CHECK_T, D), np.nan, np.float32)
-        launch_moe.routed_experts(*check.args, check.types, out=out, stream=stream)
-        got = out.get(stream=stream)
-    stream.synchronize()
-    return float(np.max(np.abs(got - check.want)) / max(float(np.max(np.abs(check.want))), 1e-30))
+    """max over the cases of max |gpu - numpy| / max |numpy| of routed_experts under the current path and tune
+    (NaN-poisoned output: an unwritten row is NaN)."""
+    err = 0.0
+    for args, want in check.cases:
+        with stream:
+            out = cupy().full(want.shape, np.nan, np.float32)
+            launch_moe.routed_experts(*args, check.types, out=out, stream=stream)
+            got = out.get(stream=stream)
+        stream.synchronize()
+        err = max(err, float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30)))
+    return err
+
+
+def node_floor_ms(launches: int, stream) -> float:
+    """ms per node of a graph of empty kernels: what a launch costs inside the graph before it reads a byte."""
+    nop = cupy().RawKernel('extern "C" __global__ void nop() {}', "nop")
+
+    def record(s):
+        with U.on_stream(s):
+            nop((1,), (32,), ())
+
+    return graph_ms(record, launches, stream)
 
 
 def _random_bytes(n: int):
@@ -284,11 +307,13 @@ def main() -> None:
     rng = np.random.default_rng(0)
     copy = copy_gbs()
     print(f"# device-to-device copy {copy:.0f} GB/s (read + written)", flush=True)
+    node_us = 1000 * node_floor_ms(args.launches, stream)
+    print(f"# graph node floor {node_us:.2f} us (an empty kernel a node: each timed launch pays it)", flush=True)
     print(f"{'type':8} {'down':6} {'path':4} {'T':>2} {'rel_err':>8} {'gateup GB/s':>11} {'%':>5} {'down GB/s':>10} "
           f"{'%':>5} {'moe GB/s':>9} {'%':>5} {'moe us':>8}  variant", flush=True)
     rows, dense = [], []
     for t in types:
-        check = make_check(t, rng, stream)
+        check = make_check(t, args.window, rng, stream)
         experts = Experts(t, args.window, args.launches, stream, rng)
         # a type on gemv_q8r.cu alone runs the same kernels on every path and tune: timed once
         runs = [(p, tune) for p in paths for tune in tunes] if uses_quant_kernels(t) else [("q8r", tunes[0])]
@@ -305,7 +330,7 @@ def main() -> None:
             g = dense_gbs(t, T, args.launches, stream)
             dense.append({"type": Q.TYPE_NAMES[t], "T": T, "gbs": round(g, 1), "pct": round(100 * g / copy, 1)})
             print(f"# dense {Q.TYPE_NAMES[t]} T={T}: {g:.0f} GB/s ({100 * g / copy:.1f} %)", flush=True)
-    print(json.dumps({"copy_gbs": round(copy, 1), "rows": rows, "dense": dense,
+    print(json.dumps({"copy_gbs": round(copy, 1), "node_us": round(node_us, 2), "rows": rows, "dense": dense,
                       "shape": {"E": E, "F": F, "D": D, "K": K, "launches": args.launches},
                       "seconds": round(time.perf_counter() - t0, 1)}))
 

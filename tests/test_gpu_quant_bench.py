@@ -57,7 +57,7 @@ def test_bench_times_real_shapes_in_reused_memory(qbench, type_name):
     runs = [("tc", launch_quant.TUNE), ("cuda", launch_quant.TUNE), ("tc", launch_quant.TUNE_GRID[4])]
     if not qbench.uses_quant_kernels(t):
         runs = runs[:1]  # (Q8_0: gemv_q8r.cu, the same kernels on every path)
-    check = qbench.make_check(t, rng, stream)
+    check = qbench.make_check(t, (1, 8), rng, stream)
     for path, tune in runs:
         _garbage(stream, 3 * 10**9)
         experts = qbench.Experts(t, (1, 8), 2, stream, rng)
