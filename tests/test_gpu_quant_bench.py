@@ -54,7 +54,9 @@ def test_bench_times_real_shapes_in_reused_memory(qbench, type_name):
     t = Q.TYPE_IDS[type_name]
     stream = new_stream()
     rng = np.random.default_rng(3)
-    runs = [("tc", launch_quant.TUNE), ("cuda", launch_quant.TUNE), ("tc", launch_quant.TUNE_GRID[4])]
+    variant = launch_quant.QtcTune(warps=8, mt=2, target_warps=8192)
+    assert variant in launch_quant.TUNE_GRID
+    runs = [("tc", launch_quant.TUNE), ("cuda", launch_quant.TUNE), ("tc", variant)]
     if not qbench.uses_quant_kernels(t):
         runs = runs[:1]  # (Q8_0: gemv_q8r.cu, the same kernels on every path)
     check = qbench.make_check(t, (1, 8), rng, stream)
