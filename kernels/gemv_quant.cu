@@ -634,7 +634,9 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 
 // blocks per SM the registers must allow: at 4 warps a block, 4 (<= 128 registers, 16 warps) for 2 m tiles per warp;
 // 3 (<= 168) for 4, whose ~57-64 KB rings fit only 3 blocks per SM anyway (128 registers would spill 30-220 bytes
-// a thread). Other QTC_WARPS keep those registers per thread (the same 16 or 12 warps an SM).
+// a thread). Other QTC_WARPS keep those registers per thread (the same 16 or 12 warps an SM). ptxas -v (NVRTC,
+// sm_90, Q2_K, no spills in any of launch_quant.TUNE_GRID): qtc_gateup_t1 / qtc_expert_t1 158 / 168 registers by
+// default, 111 / 125 with QTC_MT 2, 103 / 125 with 8 warps and QTC_MT 2, 160 / 168 with the 24 KB ring.
 #ifndef QTC_MIN_BLOCKS
 #define QTC_MIN_BLOCKS ((QTC_MT == 4 ? 12 : 16) / QTC_WARPS)
 #endif
