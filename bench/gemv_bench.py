@@ -50,6 +50,9 @@ def use_defines(defines: list[str]) -> None:
 
 def graph_ms(record, launches: int, stream) -> float:
     cp = cupy()
+    # inputs made on another stream are complete first: `stream` is non-blocking, so it does not wait for the legacy
+    # default stream's work (quant_gemv_bench's warm-up once read moe_group's outputs before they were written)
+    cp.cuda.Device().synchronize()
     record(stream)  # eager warm-up (compiles and loads the kernels before the capture)
     stream.synchronize()
     graph = CapturedGraph(lambda s: [record(s) for _ in range(launches)], stream)

@@ -332,16 +332,30 @@ QGEMV_KERNELS(16)
 //     one: 2-4 stages of 5-15 KB, so the 12-16 warps an SM holds keep ~60-120 KB of HBM reads in flight (about
 //     4.4 TB/s x 1-2 us of latency / 132 SMs = 33-66 KB is what the copy rate needs).
 // T = 1 is short work, so the grid decides as much as the loop: gate/up of Flash-Next's 10 experts is 10.75 MB
-// (Q2_K), ~2.4 us at the copy rate. One launch covers every (expert, row set) of the layer: 10 x 20 row sets of
-// 32 rows (Q2_K, 4 m tiles) split over ksplit = 4 warps (10 steps: 3, 3, 2, 2) = 800 warps in 200 blocks, each
-// warp's whole slice (~7 KB a step) issued one or two steps ahead, so the layer's bytes are in flight at once
-// rather than in waves of register stages; down (Q4_0, 2.5 steps) runs 80 x 10 row sets x ksplit 2. The tail is
-// one warp's slice. At T = 8 (~75 experts) the same grid has 8x the blocks and ksplit 1-2.
-// Issue budget (PTX of the span loop, sm_90): Q2_K gate/up 552 instructions per span of 64 rows (2048 weights:
-// ~0.27 a weight, decode ~60 %, x split ~10 %, MMAs 16); Q4_0 down 225 per 32 rows. At 4 warp-instructions per
-// clock an SM then streams ~15 Q2_K weights a clock; bench/quant_gemv_bench.py measures where the bytes or the
-// issue bind.
-//
+// (Q2_K), 2.5 us at the H200's measured copy rate (4.26 TB/s), and a launch costs ~2-3 us of its own. One launch
+// covers every (expert, row set) of the layer. Measured at f2de868 (bench/quant_gemv_bench.py, the real shapes):
+// T = 1 gate/up 377 GB/s (28.5 us, 8.9 % of the copy rate), Q4_0 down 644 GB/s (14.3 us); T = 8 689 / 998 GB/s.
+// Issue 18 asks >= 60 %: ~4.2 us for T = 1 gate/up.
+//   Occupancy at T = 1 (the defaults: QTC_WARPS 4, Q2_K QTC_MT 4, a ring of 2 stages of 7 KB): 10 x 20 row sets
+//   of 32 rows of each matrix, split over ksplit = 4 warps (10 steps: 3, 3, 2, 2) = 800 warps in 200 blocks on 132
+//   SMs: 68 SMs hold 2 blocks, 64 hold 1 (1.5 warps a scheduler on average; the 2-block SMs set the time). Down
+//   (Q4_0, 2.5 steps): 10 x 80 row sets of 32 rows x ksplit 2 = 1600 warps in 400 blocks.
+//   Bytes in flight: with 2 stages a warp has one step (64 rows x 84 B = 5.4 KB) in flight while it decodes the
+//   other: ~32-43 KB an SM, about what 4.3 TB/s x ~1-1.5 us of loaded latency / 132 SMs asks (33-50 KB). But the
+//   whole layer is only 81 KB an SM (two round trips), so each warp's serial chain (wait, decode 8 spans with
+//   their MMAs, wait) sets the time, not the bytes in flight.
+//   Issue bound (PTX of the span loop, sm_90): Q2_K gate/up 552 instructions per span of 64 rows (2048 weights,
+//   ~0.27 a weight: decode ~60 %, x split ~10 %, MMAs 16); Q4_0 down 225 per span of 32 rows (0.22). T = 1 gate/up
+//   is 32.8 M weights = 8.9 M warp-instructions = 16.8 K clocks of 132 SMs x 4 schedulers issuing one a clock:
+//   8.5 us at full issue, 3.4x the bytes' 2.5 us; the measured 28.5 us is 3.4x that again (too few warps to hide
+//   each one's latency). T = 8: 244 M weights, 63 us at full issue, 116 us measured, 31 us at 60 %.
+// So (a) more warps (row sets of 16 rows, QTC_MT 2; 8 warps a block split 8 ways: 1600-3200 warps at T = 1, 1-2
+// steps each; a deeper ring) can at best bring T = 1 to its issue bound, ~30 % of the copy rate; (b) 60 % needs
+// <= ~0.13 instructions a weight at every T: the decode's fixed cost per group of 8 (the scale and min loads and
+// conversions, ~2/3 of a Q2_K qtc_frag) must be shared by more weights, e.g. a lane decoding the 16 weights of one
+// sub-block (64-element spans of 4 k tiles). bench/quant_gemv_bench.py --tune (launch_quant.TUNE_GRID) times (a)
+// and QTC_PROBE, the same grids and rings decoding nothing: the probe's GB/s is what the streaming alone reaches,
+// and full / probe is the share of the time the decode takes.
 // Shape legend (NT window bucket, NN = 1 column tile of 8 entries, 2 for NT = 16; lane = 4 g + t):
 //   grid (ceil(n_out / (ROWS * QTC_WARPS / ksplit)), J groups), block QTC_WARPS * 32; group u = blockIdx.y holds
 //   up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and writes y row
@@ -357,17 +371,31 @@ QGEMV_KERNELS(16)
 //              QTcFrag: {0, 2} and {1, 3}); B column g = entry 8 nn + g
 //   C          c0, c1 = (row g, entries 2t, 2t+1), c2, c3 = (row g + 8, same entries); acc[mt * NN + nn][e]
 // Reductions are fixed-order (MMA, span FMAs, the ksplit sum): graph replays are bit-identical to eager.
-#define QTC_WARPS 4  // warps per block (launch_quant.QTC_WARPS mirrors it)
+//
+// The tunables below (#ifndef: launch_quant.QtcTune puts a non-default value before this file, its defines(); the
+// launcher's mirrors follow the same QtcTune) are swept by bench/quant_gemv_bench.py --tune; the winner becomes the
+// one default and the sweep's variants go.
+#ifndef QTC_WARPS
+#define QTC_WARPS 4  // warps per block, a power of two 2 .. 8 (ksplit divides it)
+#endif
 // m tiles of 16 rows per warp and stage: 4 where a 64-row stage is at most QTC_MT4_BYTES (the types of <= 3.5
-// bits per weight), else 2. More rows per warp share each span's x split (~35 instructions per span).
+// bits per weight), else 2 (QTC_MT 2 or 4 forces it). More rows per warp share each span's x split (~35
+// instructions per span); fewer make more row sets (warps) of the same bytes.
 #define QTC_MT4_BYTES 8192
+#ifndef QTC_MT
 #define QTC_MT (64 * QCHUNKS * 16 <= QTC_MT4_BYTES ? 4 : 2)
+#endif
 #define QTC_UNITS (QTC_MT * 16)
 #define QTC_STAGE_INT4 (QTC_UNITS * QCHUNKS)  // one stage of a warp, in 16-byte chunks
-#define QTC_RING_BYTES 12288                  // about this much shared memory per warp: 2 .. 4 stages
+#ifndef QTC_RING_BYTES
+#define QTC_RING_BYTES 12288  // about this much shared memory per warp: 2 .. 4 stages
+#endif
 #define QTC_NSTAGE (QTC_RING_BYTES / (QTC_STAGE_INT4 * 16) < 2   ? 2 \
                     : QTC_RING_BYTES / (QTC_STAGE_INT4 * 16) > 4 ? 4 \
                                                                  : QTC_RING_BYTES / (QTC_STAGE_INT4 * 16))
+#ifndef QTC_PROBE
+#define QTC_PROBE 0
+#endif
 #define QTC_SMEM_BYTES (QTC_WARPS * QTC_NSTAGE * QTC_STAGE_INT4 * 16)  // dynamic shared memory of a block
 #define QTC_BIG 32768.0f  // |x| from which a span is split from x * 2^-16
 
@@ -488,7 +516,8 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                 ub[mt][h] = reinterpret_cast<const u8*>(slot + uu * QCHUNKS) +
                             ((size_t)(unit_row(uu) + (i64)s * QSTEP_BYTES) & 15);
             }
-        const int n_sp = min(QSTEP, n_in - s * QSTEP) / 32;  // n_in is a multiple of 32 (of the block)
+        // (n_in is a multiple of 32, the block's; QTC_PROBE decodes nothing: launch_quant.QtcTune.probe)
+        const int n_sp = QTC_PROBE ? 0 : min(QSTEP, n_in - s * QSTEP) / 32;
 #pragma unroll 1
         for (int sp = 0; sp < n_sp; ++sp) {
             const int el = sp * 32 + 8 * t;  // this lane's group in the step
@@ -603,9 +632,16 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
     }
 }
 
-// blocks per SM the registers must allow: 4 (<= 128 registers, 16 warps) for 2 m tiles per warp; 3 (<= 168) for 4,
-// whose ~57-64 KB rings fit only 3 blocks per SM anyway (128 registers would spill 30-220 bytes a thread)
-#define QTC_MIN_BLOCKS (QTC_MT == 4 ? 3 : 4)
+// blocks per SM the registers must allow: at 4 warps a block, 4 (<= 128 registers, 16 warps) for 2 m tiles per warp;
+// 3 (<= 168) for 4, whose ~57-64 KB rings fit only 3 blocks per SM anyway (128 registers would spill 30-220 bytes
+// a thread). Other QTC_WARPS keep those registers per thread (the same 16 or 12 warps an SM). ptxas -v (NVRTC,
+// sm_90, Q2_K, no spills in any of launch_quant.TUNE_GRID): qtc_gateup_t1 / qtc_expert_t1 158 / 168 registers by
+// default, 111 / 125 with QTC_MT 2, 103 / 125 with 8 warps and QTC_MT 2, 160 / 168 with the 24 KB ring.
+#ifndef QTC_MIN_BLOCKS
+#define QTC_MIN_BLOCKS ((QTC_MT == 4 ? 12 : 16) / QTC_WARPS)
+#endif
+static_assert(QTC_WARPS == 2 || QTC_WARPS == 4 || QTC_WARPS == 8, "QTC_WARPS: 2, 4 or 8");
+static_assert(QTC_MT == 2 || QTC_MT == 4, "QTC_MT: 2 or 4 (the gate/up kernel takes half its m tiles of each)");
 #define QTC_KERNELS(NT)                                                                                                \
     extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_MIN_BLOCKS)                                     \
         qtc_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,            \

@@ -179,7 +179,7 @@ def test_routed_experts_long_rows(ggml_type, monkeypatch, expert_path):
     from strata_cli.gpu import launch_moe, launch_quant
 
     monkeypatch.setattr(launch_quant, "QUANT_TARGET_WARPS", 1)
-    monkeypatch.setattr(launch_quant, "QTC_TARGET_WARPS", 1)
+    monkeypatch.setattr(launch_quant, "TUNE", launch_quant.QtcTune(target_warps=1))
     assert launch_quant.qtc_split(1, 19 * 256) == 1
     rng = np.random.default_rng(11 * ggml_type + 3)
     E, F, D, K = 5, 256, 19 * 256, 2
@@ -247,6 +247,41 @@ def test_tensor_core_experts_odd_shapes(ggml_type):
                     sel = ok & ((rows == T // 2) == big)
                     if sel.any():
                         assert_close(f"{what} {name} big={big}", want[sel], got[sel], floor=0.05)
+
+
+# (gate, up, down) of the benchmark file's experts (Q2_K gate/up, Q4_0 down) and of a Q4_0 one
+REAL_TYPES = {"q2_k-q4_0": (Q.Q2_K, Q.Q2_K, Q.Q4_0), "q4_0": (Q.Q4_0,) * 3}
+
+
+@pytest.mark.parametrize("types", list(REAL_TYPES.values()), ids=list(REAL_TYPES))
+def test_routed_experts_real_shapes(types, expert_path):
+    """Flash-Next's expert shapes as bench/quant_gemv_bench.py times them (E = 512 experts of gate / up [640 x 2560]
+    and down [2560 x 640], top-10, T = 1, 2, 8: J = 80 entries, groups of up to 8, the down launch over J rows of h):
+    12 experts spread over 0 .. 511 hold valid random blocks, the rest random bytes that are never read; against
+    numpy on those 12. NaN-poisoned output."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_moe
+
+    rng = np.random.default_rng(sum(types))
+    E, F, D, K = 512, 640, 2560, 10
+    used = np.array([0, 1, 77, 128, 255, 256, 300, 383, 400, 509, 510, 511])
+    host = [random_tensor(rng, t, shape, 0.05) for t, shape in zip(types, ((len(used), F, D), (len(used), F, D),
+                                                                            (len(used), D, F)))]
+    dev = []
+    for h in host:
+        d = cp.random.randint(0, 256, size=(E, *h.shape[1:]), dtype=cp.uint8)
+        d[cp.asarray(used)] = cp.asarray(h)
+        dev.append(d)
+    for T in (1, 2, 8):
+        x = rng.standard_normal((T, D)).astype(np.float32)
+        local = np.stack([rng.choice(len(used), K, replace=False) for _ in range(T)]).astype(np.int32)
+        w = rng.random((T, K)).astype(np.float32)
+        w /= w.sum(1, keepdims=True)
+        want = moe.routed_experts_raw(x, local, w, *host, types)
+        got = launch_moe.routed_experts(to_dev(x), to_dev(used[local].astype(np.int32)), to_dev(w), *dev, types,
+                                        out=poisoned((T, D)))
+        assert_close(f"routed_experts real shapes {[Q.TYPE_NAMES[t] for t in types]} T={T}", want, got, floor=0.05)
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)

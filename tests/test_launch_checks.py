@@ -139,7 +139,7 @@ def test_tensor_core_expert_launch_geometry():
 
     for t in L.TYPES:
         stage = 16 * 16 * L.qtc_mt(t) * ((U.row_stride(t, 256) + 30) // 16)
-        assert L.qtc_smem_bytes(t) % stage == 0 and 2 <= L.qtc_smem_bytes(t) // (L.QTC_WARPS * stage) <= 4
+        assert L.qtc_smem_bytes(t) % stage == 0 and 2 <= L.qtc_smem_bytes(t) // (L.TUNE.warps * stage) <= 4
         assert 3 * L.qtc_smem_bytes(t) <= 227 * 1024
     assert [L.qtc_mt(t) for t in (quants.Q2_K, quants.IQ2_XS, quants.Q4_0, quants.Q6_K)] == [4, 4, 2, 2]
     assert L.qtc_smem_bytes(quants.Q2_K) == 4 * 2 * 64 * 7 * 16  # 84-byte steps: 7 chunks, 64 rows, 2 stages
@@ -149,6 +149,33 @@ def test_tensor_core_expert_launch_geometry():
     assert L.qtc_split(20 * 80, 2560) == 2  # T = 8 gate/up: 80 groups (1600 sets)
     assert L.qtc_split(80 * 80, 640) == 1  # T = 8 down
     assert L.qtc_split(1, 256) == 1
+    assert L.qtc_grid(quants.Q2_K, True, 640, 10, 2560) == ((20, 10, 1), 4, 4 * 2 * 64 * 7 * 16)
+
+
+def test_tensor_core_tune_grid():
+    """bench/quant_gemv_bench.py --tune's variants (launch_quant.TUNE_GRID): the default compiles to today's source
+    (no defines), a variant's defines name only what differs for the type, each variant is distinct, within the
+    kernel's static_asserts, and every block of it fits an SM's 227 KB; launch_quant follows TUNE (the grid of the
+    T = 1 Q2_K gate/up launch under each)."""
+    from strata_cli.gpu import launch_quant as L
+
+    assert L.TUNE == L.TUNE_GRID[0] == L.QtcTune() and L.QtcTune().label() == "default"
+    assert all(L.QtcTune().defines(t) == () for t in L.TYPES)
+    assert len(set(L.TUNE_GRID)) == len(L.TUNE_GRID)
+    assert L.QtcTune(warps=8, mt=2).defines(quants.Q2_K) == ("QTC_WARPS=8", "QTC_MT=2")
+    assert L.QtcTune(warps=8, mt=2).defines(quants.Q4_0) == ("QTC_WARPS=8",)  # Q4_0 takes 2 m tiles anyway
+    assert L.QtcTune(target_warps=1).defines(quants.Q2_K) == ()  # launcher only: the default module
+    assert L.QtcTune(probe=True).defines(quants.Q2_K) == ("QTC_PROBE=1",)
+    assert L.QtcTune(warps=8, mt=2, target_warps=8192).label() == "warps=8,mt=2,target_warps=8192"
+    for tune in L.TUNE_GRID:
+        assert tune.warps in (2, 4, 8) and tune.mt in (0, 2, 4)
+        for t in L.TYPES:
+            assert L.qtc_smem_bytes(t, tune) <= 227 * 1024
+        grid, ksplit, _ = L.qtc_grid(quants.Q2_K, True, 640, 10, 2560, tune)
+        assert tune.warps % ksplit == 0
+        assert grid[0] * (tune.warps // ksplit) * 8 * L.qtc_mt(quants.Q2_K, tune) >= 640  # every row has a warp
+    assert L.qtc_grid(quants.Q2_K, True, 640, 10, 2560, L.QtcTune(warps=8, mt=2, target_warps=8192))[:2] == \
+        ((40, 10, 1), 8)  # 10 x 40 row sets of 16 rows, split 8 ways: 3200 warps
 
 
 def test_launchers_reject_bad_arguments_before_touching_the_device():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from gguf import quants as gq
 
+from strata_cli.gpu import launch_quant as L
 from strata_cli.gpu import quant_source as S
 from strata_cli.gpu.compile import compile_check
 from strata_cli.model import quant_tables
@@ -33,6 +34,17 @@ FAMILIES = (Q.Q4_K, Q.IQ2_XS, Q.IQ3_S, Q.NVFP4)
 @pytest.mark.parametrize("ggml_type", FAMILIES, ids=[S.variant(t) for t in FAMILIES])
 def test_gemv_quant_compiles_for_sm90(nvrtc_available, ggml_type):
     compile_check(f"gemv_quant.{S.variant(ggml_type)}")
+
+
+# bench/quant_gemv_bench.py --tune's variants (launch_quant.TUNE_GRID) on the benchmark file's gate type: the two that
+# change the most (2 m tiles with a 4-stage ring; 8 warps a block with the decode-free probe)
+TUNE_VARIANTS = (L.QtcTune(mt=2, ring_bytes=24576), L.QtcTune(warps=8, mt=2, target_warps=8192, probe=True))
+
+
+@pytest.mark.parametrize("tune", TUNE_VARIANTS, ids=[t.label() for t in TUNE_VARIANTS])
+def test_gemv_quant_tune_variants_compile(nvrtc_available, tune):
+    assert tune in L.TUNE_GRID
+    compile_check("gemv_quant.q2_k", defines=tune.defines(Q.Q2_K))
 
 
 def test_ksigns_formula_is_ggufs_table():

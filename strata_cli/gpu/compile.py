@@ -40,24 +40,26 @@ def module_names() -> list[str]:
     return variant_modules() + plain
 
 
-def source(name: str) -> str:
+def source(name: str, defines: tuple[str, ...] = ()) -> str:
     """The C source of module `name`: kernels/<name>.cu, or for '<file>.<variant>' a generated head (gemv: the
     type's define; gemv_quant: the block type's defines and tables, gpu/quant_source.py) followed by
-    kernels/<file>.cu."""
+    kernels/<file>.cu. defines: 'NAME=VALUE' lines put first (a launcher's compile-time tunables, e.g.
+    launch_quant.QtcTune's; none: the source as it has always been, so the kernel cache keeps its entries)."""
     base, _, variant = name.partition(".")
     code = (kernels_dir() / f"{base}.cu").read_text()
     from . import quant_source
 
+    head = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in defines)
     if base == GEMV:
         if variant not in GEMV_VARIANTS:
             raise ValueError(f"kernels/gemv.cu is compiled per type: module 'gemv.<{'|'.join(GEMV_VARIANTS)}>', "
                              f"not '{name}'")
-        return f"#define GEMV_{variant.upper()}\n" + code
+        return head + f"#define GEMV_{variant.upper()}\n" + code
     if variant:
         if base != quant_source.BASE:
             raise ValueError(f"kernels/{base}.cu has no variants")
         code = quant_source.prefix(variant) + code
-    return code
+    return head + code
 
 
 def headers_tag(src_dir: Path) -> str:
@@ -68,10 +70,11 @@ def headers_tag(src_dir: Path) -> str:
 
 
 @lru_cache(maxsize=None)
-def module(name: str):
-    """RawModule of kernels/<name>.cu (common.cuh is on the include path), compiled once per process."""
+def module(name: str, defines: tuple[str, ...] = ()):
+    """RawModule of kernels/<name>.cu (common.cuh is on the include path) with `defines` (source's), compiled once
+    per process."""
     src_dir = kernels_dir()
-    code = source(name) + headers_tag(src_dir)
+    code = source(name, defines) + headers_tag(src_dir)
     options = (f"-arch={device_arch()}", "--std=c++17", f"-I{src_dir}")
     mod = cupy().RawModule(code=code, options=options)
     mod.compile()
@@ -79,18 +82,18 @@ def module(name: str):
 
 
 @lru_cache(maxsize=None)
-def kernel(module_name: str, function: str):
+def kernel(module_name: str, function: str, defines: tuple[str, ...] = ()):
     """One kernel of kernels/<module_name>.cu (looked up once: launchers call this on every launch)."""
-    return module(module_name).get_function(function)
+    return module(module_name, defines).get_function(function)
 
 
-def compile_check(name: str, arch: str = "sm_90") -> str:
+def compile_check(name: str, arch: str = "sm_90", defines: tuple[str, ...] = ()) -> str:
     """Compile kernels/<name>.cu with NVRTC without a GPU (cuda-bindings + an NVRTC wheel); returns the log.
     Raises RuntimeError with NVRTC's log on failure. CuPy adds the same flags (-ftz=true, device default)."""
     from cuda.bindings import nvrtc
 
     src_dir = kernels_dir()
-    code = source(name).encode()
+    code = source(name, defines).encode()
     headers = sorted(src_dir.glob("*.cuh"))
     err, prog = nvrtc.nvrtcCreateProgram(code, f"{name}.cu".encode(), len(headers),
                                          [h.read_bytes() for h in headers], [h.name.encode() for h in headers])
