@@ -68,8 +68,8 @@ run_step() {  # run_step NAME SECONDS CMD...: output to $OUT/NAME.log and to std
 # the A/B builds of pool-sweep (kernels/expert_pool.c's tuning macros; tests/test_pool_variants.py holds each to
 # the default build bit for bit, test_tiers_pool.py the last two)
 POOL_AB="--ab POOL_CHUNK=4 --ab POOL_CHUNK=0,POOL_SCHED_KIND=static --ab POOL_SCHED_KIND=guided --ab PREFETCH_LINES=1
- --ab POOL_SCHED_KIND=guided,PREFETCH_LINES=1 --ab PREFETCH_LINES=1,PREFETCH_HINT=2,PREFETCH_AHEAD=4096
- --ab STRATA_NO_PERM=1 --ab avx2"
+ --ab PREFETCH_AHEAD=4096 --ab POOL_SCHED_KIND=guided,PREFETCH_AHEAD=4096 --ab PREFETCH_HINT=2 --ab STRATA_NO_PERM=1
+ --ab avx2"
 
 pool_sweep() {  # pool_sweep NAME ARGS...: bench/pool_bench.py ARGS, its output in $OUT/NAME.out and .json, the summary
     local name=$1 rc; shift

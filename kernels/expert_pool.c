@@ -1,5 +1,6 @@
 /* Host kernels of the CPU expert pool (strata_cli/tiers/pool.py, native.py): routed experts straight from the
- * memory-mapped GGUF blocks, the doorbell word waits, and a plain parallel read for the benchmark.
+ * memory-mapped GGUF blocks, the same call with a per-thread profile (strata_pool_diag, for the benchmark), the
+ * doorbell word waits, and a plain parallel read for the benchmark.
  *
  * Built at first use: cc -O3 -fopenmp -ffp-contract=off [-mavx2 -mfma -mf16c] -shared. Weights are dequantized
  * exactly as gguf.quants.dequantize does (same float32 operations, no contraction) and multiplied in float32 with
@@ -117,22 +118,27 @@ static void prefetch_span(const uint8_t *p, int64_t n) {
 #endif
 }
 
-/* the touch mode of strata_pool_diag: every byte of the rows read (32 at a time, summed), nothing decoded; the
- * sums stand in for the dot products (out[i * MAX_M + r], the same value for every token row) */
+/* the sum of n bytes, 32 at a time (AVX2 vpsadbw): the plain read's and the touch mode's one pass over memory */
+static uint64_t sum_bytes(const uint8_t *p, int64_t n) {
+    uint64_t s = 0;
+    int64_t j = 0;
+#ifdef STRATA_AVX2
+    __m256i a = _mm256_setzero_si256();
+    for (; j + 32 <= n; j += 32)
+        a = _mm256_add_epi64(a, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(p + j)), _mm256_setzero_si256()));
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, a);
+    s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+#endif
+    for (; j < n; j++) s += p[j];
+    return s;
+}
+
+/* the touch mode of strata_pool_diag: every byte of the rows read and summed, nothing decoded; the sums stand in for
+ * the dot products (out[i * MAX_M + r], the same small value for every token row) */
 static void rows_touch(const uint8_t *w0, int64_t stride, int nrows, int64_t row_bytes, int m, float *out) {
     for (int i = 0; i < nrows; i++) {
-        const uint8_t *p = w0 + i * stride;
-        uint64_t s = 0;
-        int64_t j = 0;
-#ifdef STRATA_AVX2
-        __m256i a = _mm256_setzero_si256();
-        for (; j + 32 <= row_bytes; j += 32)
-            a = _mm256_add_epi64(a, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(p + j)), _mm256_setzero_si256()));
-        uint64_t lanes[4];
-        _mm256_storeu_si256((__m256i *)lanes, a);
-        s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-#endif
-        for (; j < row_bytes; j++) s += p[j];
+        const uint64_t s = sum_bytes(w0 + i * stride, row_bytes);
         for (int r = 0; r < m; r++) out[i * MAX_M + r] = (float)(s & 0xFF) * 1e-3f;
     }
 }
@@ -383,20 +389,7 @@ double strata_stream_read(int n_threads, int n, const uint64_t *ptrs, const int6
         while (rest >= (sizes[i] + chunk - 1) / chunk) { rest -= (sizes[i] + chunk - 1) / chunk; i++; }
         const uint8_t *p = (const uint8_t *)(uintptr_t)ptrs[i] + rest * chunk;
         const int64_t len = sizes[i] - rest * chunk < chunk ? sizes[i] - rest * chunk : chunk;
-        uint64_t s = 0;
-#ifdef STRATA_AVX2
-        __m256i a = _mm256_setzero_si256();
-        int64_t j = 0;
-        for (; j + 32 <= len; j += 32)
-            a = _mm256_add_epi64(a, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(p + j)), _mm256_setzero_si256()));
-        uint64_t lanes[4];
-        _mm256_storeu_si256((__m256i *)lanes, a);
-        s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-        for (; j < len; j++) s += p[j];
-#else
-        for (int64_t j = 0; j < len; j++) s += p[j];
-#endif
-        sum += s;
+        sum += sum_bytes(p, len);
     }
     return (double)sum;
 }

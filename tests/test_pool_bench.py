@@ -34,8 +34,10 @@ def test_sweep_writes_every_configuration(tmp_path):
     assert doc["threads"] == [1, 2] and set(doc["builds"]) == {"base", "POOL_CHUNK=4"}
     assert doc["builds"]["POOL_CHUNK=4"]["POOL_CHUNK"] == 4
     rows = doc["rows"]
-    # per type and page kind: 2 thread counts x 4 modes of the base build, and the --ab build's pool at 1 and 2
-    assert len(rows) == 2 * 2 * (2 * 4 + 2)
+    # per type and page kind: 2 thread counts x 4 modes of the base build and the --ab build's pool at 2 threads;
+    # the --ab build at 1 thread on the first page kind only
+    assert len(rows) == 2 * (2 * (2 * 4 + 1) + 1)
+    assert {r["pages"] for r in rows if r["build"] != "base" and r["threads"] == 1} == {"4k"}
     assert {(r["type"], r["down_type"]) for r in rows} == {("Q4_0", "Q4_0"), ("Q2_K", "Q4_0")}
     for row in rows:
         assert row["rel_err"] <= 1e-4 and row["GB_s"] > 0 and row["T"] == 1

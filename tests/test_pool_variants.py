@@ -9,7 +9,9 @@ another check. strata_pool_diag: its profile is consistent and, without touch, i
 
 from __future__ import annotations
 
+import re
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,16 +21,17 @@ from strata_cli.tiers.plan import build_plan
 from strata_cli.tiers.pool import ExpertPool
 from test_tiers_pool import FakeModel, check_pool, needs_native, routed
 
-# the define-only variants of device.sh pool-sweep (its other two builds, STRATA_NO_PERM=1 and the AVX2 ISA, are
-# test_tiers_pool.py's BUILDS)
+# the define-only builds of device.sh pool-sweep's POOL_AB (its other two, STRATA_NO_PERM=1 and the AVX2 ISA, are
+# test_tiers_pool.py's BUILDS), and a prefetch distance under one row (the item-end bound and the prologue)
 VARIANTS = [("POOL_CHUNK=4",), ("POOL_CHUNK=0", "POOL_SCHED_KIND=static"), ("POOL_SCHED_KIND=guided",),
-            ("PREFETCH_LINES=1",), ("POOL_SCHED_KIND=guided", "PREFETCH_LINES=1"),
-            ("PREFETCH_LINES=1", "PREFETCH_HINT=2", "PREFETCH_AHEAD=4096")]
+            ("PREFETCH_LINES=1",), ("PREFETCH_AHEAD=4096",), ("POOL_SCHED_KIND=guided", "PREFETCH_AHEAD=4096"),
+            ("PREFETCH_HINT=2",), ("PREFETCH_LINES=1", "PREFETCH_AHEAD=64")]
 # (gate, up, down), H, F: rows that are no multiple of a down item (544 = 8 x 64 + 32), gate/up items of 16 rows
 # and a partial one (F = 40, float down rows), the K-quant min term with its group sums, a 17-byte block type
 SHAPES = [(("Q4_0",) * 3, 544, 96), (("Q2_K", "Q2_K", "Q4_0"), 768, 96), (("Q8_0", "BF16", "F16"), 544, 40),
           (("MXFP4",) * 3, 544, 64)]
 PROF_HEAD, PROF_PER = 4, 8
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +126,11 @@ def test_diag_without_profile_and_bad_rows(builds):
     bad[0] = 0  # no threads
     assert lib.strata_pool_diag(*bad, 0, None) == -1
     del keep
+
+
+def test_every_device_build_is_held_to_the_default():
+    """device.sh's POOL_AB lists only builds that this file (or test_tiers_pool.py's BUILDS) tests."""
+    text = (ROOT / "bench" / "device.sh").read_text()
+    specs = [s.strip() for s in re.search(r'POOL_AB="([^"]*)"', text).group(1).split("--ab") if s.strip()]
+    tested = {frozenset(v) for v in VARIANTS} | {frozenset({"STRATA_NO_PERM=1"}), frozenset({"avx2"})}
+    assert specs and all(frozenset(spec.split(",")) in tested for spec in specs), specs
