@@ -32,7 +32,8 @@ PREFETCH_HINT). Before timing, every build is checked on layer 0 at every T and 
 count against the numpy reference (float64 SwiGLU on strata_cli/model/quants.dequantize): rel err = max |pool -
 numpy| / max |numpy|, <= 1e-4 or no timing. Configurations run in --rounds interleaved rounds (drift on a shared
 host hits every configuration alike); GB/s = the median over every timed iteration of the distinct experts' bytes /
-wall time. "foreign" is the CPU the rest of the host used meanwhile, in cores.
+wall time. "foreign" is the CPU the rest of the host used meanwhile, in cores ("steal": of it, what the hypervisor
+gave other guests).
 
 --sweep: threads 1, 2, 4, 8, 16 (up to the cores this process may use), pages 4k, huge, file, modes pool, touch,
 read, hot, T = 1, 2 rounds of 3 iterations, --ab builds at 1 thread (on the first page kind) and the most
@@ -313,7 +314,8 @@ class TypeBench:
                     summary = mean_of(gu)
                     summary["python_share"] = max(0.0, 1 - calls_us / (dt * 1e6))
                     res["profile"].append(summary)
-        res["foreign"] = load.foreign_cores(mark0, load.mark(), time.perf_counter() - wall0)
+        mark1, wall = load.mark(), time.perf_counter() - wall0
+        res["foreign"], res["steal"] = load.foreign_cores(mark0, mark1, wall), load.steal_cores(mark0, mark1, wall)
         return res
 
 
@@ -395,6 +397,7 @@ def bench_type(name: str, args, builds, l3: int, rows: list[dict]) -> None:
                    "GB_per_cpu_s": nbytes * len(speeds) / 1e9 / max(sum(v for r in rs for v in r["cpu_s"]), 1e-9),
                    "ms_median": nbytes / med / 1e6, "MB": nbytes / 1e6, "rel_err": errs[bname],
                    "foreign_cores": float(np.nanmean([r["foreign"] for r in rs])),
+                   "steal_cores": float(np.nanmean([r["steal"] for r in rs])),
                    "huge_page_share": tb.huge[pages], "reuse_MB": tb.reuse_bytes / 1e6,
                    "call_MB": tb.call_bytes / 1e6, "l3_MB": l3 / 1e6}
             prof = mean_of([p for r in rs for p in r["profile"]])
@@ -415,7 +418,7 @@ def format_row(label: str, r: dict) -> str:
                  f" GB/s/thr) dn {r['prof_dn_us']:.0f} us (wait {r['prof_dn_wait_us']:.0f}, busy "
                  f"{r['prof_dn_busy_GB_s_thread']:.2f}) py {r['prof_python_share'] * 100:.0f} %")
     if r["foreign_cores"] > 0.5:
-        text += f" | foreign {r['foreign_cores']:.1f} cores"
+        text += f" | foreign {r['foreign_cores']:.1f} cores (steal {r['steal_cores']:.1f})"
     return text
 
 
@@ -480,8 +483,9 @@ def digest(sel: list[dict]) -> list[str]:
             best = max(builds, key=lambda r: r["GB_s"])
             text += f" | best {short(best['build'])} {best['GB_s']:.1f} ({(best['GB_s'] / base['GB_s'] - 1) * 100:+.0f} %)"
         foreign = max(r["foreign_cores"] for r in sel if r["pages"] == pages)
+        steal = max(r["steal_cores"] for r in sel if r["pages"] == pages)
         if foreign > 0.5:
-            text += f" | WARNING: {foreign:.1f} cores busy elsewhere"
+            text += f" | WARNING: {foreign:.1f} cores busy elsewhere ({steal:.1f} stolen by the hypervisor)"
         out.append(text)
     return out
 

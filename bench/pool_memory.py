@@ -94,24 +94,29 @@ def fs_type(path: str) -> str:
 
 
 class HostLoad:
-    """CPU time the rest of the host spent between two marks, in cores (from /proc/stat, minus this process's own)."""
+    """CPU time the rest of the host spent between two marks, in cores (from /proc/stat, minus this process's own),
+    and the steal time in it (a virtual machine's CPUs taken by the hypervisor for others)."""
 
     def __init__(self):
         self.hz = os.sysconf("SC_CLK_TCK")
 
-    def mark(self) -> tuple[float, float]:
+    def mark(self) -> tuple[float, float, float]:
         try:
             with open("/proc/stat") as f:
-                v = [int(x) for x in f.readline().split()[1:]]
-            busy = (sum(v) - v[3] - v[4]) / self.hz  # all but idle and iowait
+                v = [int(x) for x in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+            busy, steal = (sum(v) - v[3] - v[4]) / self.hz, v[7] / self.hz
         except (OSError, ValueError, IndexError):
-            busy = float("nan")
+            busy = steal = float("nan")
         t = os.times()
-        return busy, t.user + t.system
+        return busy, t.user + t.system, steal
 
     @staticmethod
-    def foreign_cores(start: tuple[float, float], end: tuple[float, float], wall: float) -> float:
+    def foreign_cores(start, end, wall: float) -> float:
         return max(0.0, (end[0] - start[0]) - (end[1] - start[1])) / wall if wall > 0 else float("nan")
+
+    @staticmethod
+    def steal_cores(start, end, wall: float) -> float:
+        return (end[2] - start[2]) / wall if wall > 0 else float("nan")
 
 
 class Arena:
