@@ -17,6 +17,12 @@
 #   pool1        the same on one thread (per-core rates: a type slow on 16 threads but not on one scales badly)
 #   pool-noperm  the same with the AVX-512 build's AVX2 decoders (-DSTRATA_NO_PERM=1: no register permutes), the A/B
 #                for a host where the permute decoders run slow
+#   pool-sweep   issue 17's diagnosis of the pool from DRAM (~150 s): bench/pool_bench.py --sweep over Q8_0, Q4_0,
+#                Q2_K+Q4_0, MXFP4 ($POOL_SWEEP_TYPES), 1..16 threads, 4 KB / 2 MB / file pages, the pool with its
+#                per-thread profile, the same items only read (touch), a plain read of the same bytes, the L3-hot pool,
+#                and the A/B builds $POOL_AB at 1 and 16 threads; the summary printed, the whole output and JSON in
+#                pool-sweep.out / .json
+#   pool-bind    the pool, touch and read at all threads with OMP_PROC_BIND=close OMP_PLACES=cores (~20 s)
 #   gemv         bench/quant_gemv_bench.py (routed-expert GEMVs per type and T), each type in its own process (a
 #                kernel fault of one type then leaves the others' rows); each type's whole output (tracebacks) in
 #                gemv-TYPE.txt
@@ -63,6 +69,20 @@ run_step() {  # run_step NAME SECONDS CMD...: output to $OUT/NAME.log and to std
     return $rc
 }
 
+# the A/B builds of pool-sweep (kernels/expert_pool.c's tuning macros; tests/test_pool_variants.py holds each to
+# the default build bit for bit, test_tiers_pool.py the last two)
+POOL_AB="--ab POOL_CHUNK=4 --ab POOL_CHUNK=0,POOL_SCHED_KIND=static --ab POOL_SCHED_KIND=guided --ab PREFETCH_LINES=1
+ --ab PREFETCH_AHEAD=4096 --ab POOL_SCHED_KIND=guided,PREFETCH_AHEAD=4096 --ab PREFETCH_HINT=2 --ab STRATA_NO_PERM=1
+ --ab avx2"
+
+pool_sweep() {  # pool_sweep NAME ARGS...: bench/pool_bench.py ARGS, its output in $OUT/NAME.out and .json, the summary
+    local name=$1 rc; shift
+    python3 bench/pool_bench.py "$@" --json "$OUT/$name.json" > "$OUT/$name.out" 2>&1; rc=$?
+    sed -n '/^=== summary/,$p' "$OUT/$name.out" | grep -v '^{'
+    [ "$rc" = 0 ] || tail -n 30 "$OUT/$name.out"
+    return "$rc"
+}
+
 full_size() { echo "${FN:-$(ls -S /tmp/peer_work/synth_*q2_k*.gguf 2>/dev/null | head -1)}"; }
 
 gpu_tests() {  # gpu_tests [K]: the gpu-marked tests (those matching K), names kept, failures listed last
@@ -104,6 +124,11 @@ for arg in "$@"; do
         pool1) run_step pool1 "$limit" python3 bench/pool_bench.py --threads 1 ${POOL_ARGS:-};;
         pool-noperm) run_step pool-noperm "$limit" python3 bench/pool_bench.py --threads "$(nproc)" ${POOL_ARGS:-} \
             --variant STRATA_NO_PERM=1;;
+        pool-sweep) run_step pool-sweep "$limit" bash -c "$(declare -f pool_sweep); OUT=$OUT pool_sweep pool-sweep \
+            --sweep --types ${POOL_SWEEP_TYPES:-Q8_0,Q4_0,Q2_K,MXFP4} --gb 1.5 $(echo $POOL_AB) ${POOL_ARGS:-}";;
+        pool-bind) run_step pool-bind "$limit" env OMP_PROC_BIND=close OMP_PLACES=cores bash -c "$(declare -f pool_sweep)
+            OUT=$OUT pool_sweep pool-bind --sweep --types Q8_0,Q4_0 --threads $(nproc) --pages huge,file \
+            --modes pool,touch,read --gb 1.5 ${POOL_ARGS:-}";;
         gemv) run_step gemv "$limit" bash -c 'for t in ${GEMV_TYPES:-Q8_0 Q4_0 Q2_K Q4_K Q6_K IQ2_XS IQ4_XS MXFP4}; do
             python3 bench/quant_gemv_bench.py --jobs "$(nproc)" --types $t '"${GEMV_ARGS:-}"' > "'"$OUT"'/gemv-$t.txt" 2>&1
             grep -vE "^#|^type" "'"$OUT"'/gemv-$t.txt" | grep -E "^[A-Z0-9_]+ |Error" | head -12; done';;

@@ -1,5 +1,6 @@
 /* Host kernels of the CPU expert pool (strata_cli/tiers/pool.py, native.py): routed experts straight from the
- * memory-mapped GGUF blocks, the doorbell word waits, and a plain parallel read for the benchmark.
+ * memory-mapped GGUF blocks, the same call with a per-thread profile (strata_pool_diag, for the benchmark), the
+ * doorbell word waits, and a plain parallel read for the benchmark.
  *
  * Built at first use: cc -O3 -fopenmp -ffp-contract=off [-mavx2 -mfma -mf16c] -shared. Weights are dequantized
  * exactly as gguf.quants.dequantize does (same float32 operations, no contraction) and multiplied in float32 with
@@ -17,6 +18,7 @@
 #include <string.h>
 #include <sched.h>
 #include <time.h>
+#include <omp.h>
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(STRATA_NO_SIMD)
 #include <immintrin.h>
 #define STRATA_AVX2 1
@@ -26,11 +28,31 @@
 #endif
 
 #define MAX_M 16         /* entries (token rows) one work item serves per pass over its weight rows */
-#define ROWS_GATE_UP 16  /* gate/up rows per work item */
+#define ROWS_GATE_UP 16  /* gate/up rows per work item (one 16-element group of h: the h sums rely on it) */
 #define ROWS_DOWN 64     /* down rows per work item */
 #ifndef X_CHUNK_FLOATS
 #define X_CHUNK_FLOATS 4096 /* floats of x (all rows of a pass together) one column chunk keeps in L1 */
 #endif
+
+/* How the team shares the work items (A/B variants, -D through bench/pool_bench.py --variant / --ab):
+ *   POOL_SCHED_KIND  dynamic | guided | static: the OpenMP schedule of both item loops
+ *   POOL_CHUNK       items a thread takes at once; 0: one contiguous share per thread (items / threads, rounded up)
+ * Items are numbered expert by expert, rows in order, so a chunk of c items is one contiguous run of c x 16 gate
+ * rows and c x 16 up rows (c x 23 KB each in Q4_0 at H = 2560), or c x 64 down rows. At one item (the default) a
+ * thread starts a new 23 KB run every few microseconds: the hardware prefetcher ramps up again, the first
+ * PREFETCH_AHEAD bytes are demand misses, and a down item first fetches its expert's h row from the cores that
+ * wrote it. Bigger chunks pay that less often and balance worse at the barriers (the profile shows both). */
+#ifndef POOL_SCHED_KIND
+#define POOL_SCHED_KIND dynamic
+#endif
+#ifndef POOL_CHUNK
+#define POOL_CHUNK 1
+#endif
+#define PRAGMA_(x) _Pragma(#x)
+#define PRAGMA(x) PRAGMA_(x)
+#define PRAGMA_STR_(x) #x
+#define PRAGMA_STR(x) PRAGMA_STR_(x)
+#define OMP_FOR_ITEMS(chunk) PRAGMA(omp for schedule(POOL_SCHED_KIND, chunk))
 
 /* type ids, value tables, row decoders, the fused kernels */
 #include "expert_pool_decode.h"
@@ -57,6 +79,7 @@ static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, in
     if (fused) {
         int elems, bytes;
         block_of(type, &elems, &bytes);
+        const uint8_t *const end = w0 + (int64_t)(nrows - 1) * stride + (int64_t)n / elems * bytes; /* the item's */
         int chunk = (X_CHUNK_FLOATS / m) & ~255;
         if (chunk < 256) chunk = 256;
         const float *xc[MAX_M], *sc[MAX_M];
@@ -71,7 +94,7 @@ static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, in
                 sc[r] = xsum[r] ? xsum[r] + c0 / 16 : NULL;
             }
             for (int i = 0; i < nrows; i++) {
-                fused(w0 + i * stride + at, len, xc, sc, m, part);
+                fused(w0 + i * stride + at, len, xc, sc, m, part, end);
                 for (int r = 0; r < m; r++) out[i * MAX_M + r] += part[r];
             }
         }
@@ -81,6 +104,42 @@ static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, in
     for (int i = 0; i < nrows; i++) {
         dequant_row(type, w0 + i * stride, n, buf);
         dot_f32_rows(buf, n, xs, m, out + i * MAX_M);
+    }
+}
+
+/* the first PREFETCH_AHEAD bytes of a work item's rows, when it starts (PREFETCH_LINES 1; else nothing) */
+static void prefetch_span(const uint8_t *p, int64_t n) {
+#if defined(STRATA_AVX2) && PREFETCH_LINES
+    if (n > PREFETCH_AHEAD) n = PREFETCH_AHEAD;
+    for (const uint8_t *q = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)63); q < p + n; q += 64)
+        __builtin_prefetch(q, 0, PREFETCH_HINT);
+#else
+    (void)p, (void)n;
+#endif
+}
+
+/* the sum of n bytes, 32 at a time (AVX2 vpsadbw): the plain read's and the touch mode's one pass over memory */
+static uint64_t sum_bytes(const uint8_t *p, int64_t n) {
+    uint64_t s = 0;
+    int64_t j = 0;
+#ifdef STRATA_AVX2
+    __m256i a = _mm256_setzero_si256();
+    for (; j + 32 <= n; j += 32)
+        a = _mm256_add_epi64(a, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(p + j)), _mm256_setzero_si256()));
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, a);
+    s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+#endif
+    for (; j < n; j++) s += p[j];
+    return s;
+}
+
+/* the touch mode of strata_pool_diag: every byte of the rows read and summed, nothing decoded; the sums stand in for
+ * the dot products (out[i * MAX_M + r], the same small value for every token row) */
+static void rows_touch(const uint8_t *w0, int64_t stride, int nrows, int64_t row_bytes, int m, float *out) {
+    for (int i = 0; i < nrows; i++) {
+        const uint64_t s = sum_bytes(w0 + i * stride, row_bytes);
+        for (int r = 0; r < m; r++) out[i * MAX_M + r] = (float)(s & 0xFF) * 1e-3f;
     }
 }
 
@@ -107,18 +166,47 @@ static int row_ok(int type, int n) {
     return block_of(type, &elems, &bytes) == 0 && n % elems == 0;
 }
 
+static inline int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static int64_t row_bytes_of(int type, int n) {
+    int elems, bytes;
+    block_of(type, &elems, &bytes);
+    return (int64_t)n / elems * bytes;
+}
+
+/* The profile of one call (strata_pool_diag with prof != NULL), CLOCK_MONOTONIC ns:
+ *   prof[0] before the parallel region, prof[1] after it, prof[2] the team's size, prof[3] 0;
+ *   per thread t < n_threads, prof[PROF_HEAD + PROF_PER * t + k]: k = 0 it entered the region, 1 its gate/up items
+ *   start (after the x sums' barrier), 2 its last gate/up item done, 3 its down items start (after the barrier),
+ *   4 its last down item done, 5 its gate/up items, 6 its down items, 7 0. */
+#define PROF_HEAD 4
+#define PROF_PER 8
+
 /* y[dst[i]] = down_g · (silu(gate_g · x[tok[i]]) * (up_g · x[tok[i]])) for every entry i of every group g
  *
  * The min term's group sums (fused_needs_sums: Q2_K, Q4_K, Q5_K in the AVX-512 build) are computed once per call:
  * those of the x rows before the gate/up items, those of each h row by the gate/up items that write it (an item's
- * 16 rows are one 16-element group of h). Per work item they cost 10-40 % of a Q2_K item at one row per expert. */
-int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate, const uint64_t *up,
-                       const uint64_t *down, int64_t gate_row, int64_t up_row, int64_t down_row, int gate_type,
-                       int up_type, int down_type, const int32_t *start, const int32_t *tok, const int32_t *dst,
-                       const float *x, float *y, float *h) {
-    if (!row_ok(gate_type, H) || !row_ok(up_type, H) || !row_ok(down_type, F)) return -1;
+ * 16 rows are one 16-element group of h). Per work item they cost 10-40 % of a Q2_K item at one row per expert.
+ * Work items: gate/up items of ROWS_GATE_UP rows of one expert's gate and up (F / 16 per expert), then, after a
+ * barrier (every h row complete), down items of ROWS_DOWN rows (H / 64 per expert), shared as POOL_SCHED_KIND /
+ * POOL_CHUNK say. touch: the same items, schedule and barriers with the weights' bytes only read, not decoded (what
+ * the access pattern alone costs). */
+static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, const uint64_t *up,
+                    const uint64_t *down, int64_t gate_row, int64_t up_row, int64_t down_row, int gate_type,
+                    int up_type, int down_type, const int32_t *start, const int32_t *tok, const int32_t *dst,
+                    const float *x, float *y, float *h, int touch, int64_t *prof) {
+    if (!row_ok(gate_type, H) || !row_ok(up_type, H) || !row_ok(down_type, F) || n_threads < 1) return -1;
     const int items_gu = (F + ROWS_GATE_UP - 1) / ROWS_GATE_UP, items_dn = (H + ROWS_DOWN - 1) / ROWS_DOWN;
     const int N = start[G], x_sums = needs_sums(gate_type) || needs_sums(up_type), h_sums = needs_sums(down_type);
+    const int64_t gate_bytes = row_bytes_of(gate_type, H), up_bytes = row_bytes_of(up_type, H);
+    const int64_t down_bytes = row_bytes_of(down_type, F);
+    /* POOL_CHUNK 0: one contiguous share of each loop per thread */
+    const int chunk_gu = POOL_CHUNK > 0 ? POOL_CHUNK : (G * items_gu + n_threads - 1) / n_threads;
+    const int chunk_dn = POOL_CHUNK > 0 ? POOL_CHUNK : (G * items_dn + n_threads - 1) / n_threads;
     int n_x = 0; /* x rows: 1 + the largest token row an entry reads */
     for (int i = 0; i < N; i++) n_x = tok[i] + 1 > n_x ? tok[i] + 1 : n_x;
     float *sums = (float *)malloc(sizeof(float) * ((size_t)(x_sums ? n_x : 0) * (H / 16) +
@@ -126,8 +214,14 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
     if (!sums) return -2;
     float *const xs_all = sums, *const hs_all = sums + (size_t)(x_sums ? n_x : 0) * (H / 16);
     int failed = 0;
+    if (prof) {
+        memset(prof, 0, sizeof(int64_t) * (PROF_HEAD + (size_t)PROF_PER * n_threads));
+        prof[0] = now_ns();
+    }
 #pragma omp parallel num_threads(n_threads)
     {
+        /* the profile in registers, stored once at the end (the threads' records share cache lines) */
+        int64_t t_in = prof ? now_ns() : 0, t_gu0 = 0, t_gu1 = 0, t_dn0 = 0, t_dn1 = 0, n_gu = 0, n_dn = 0;
         const int n_max = H > F ? H : F;
         float *buf = (float *)malloc(sizeof(float) * (size_t)n_max);
         if (!buf) {
@@ -140,20 +234,29 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
 #pragma omp for schedule(static)
             for (int t = 0; t < n_x; t++) sums_of(x + (int64_t)t * H, H, xs_all + (int64_t)t * (H / 16));
         } /* implicit barrier: every x sum is there */
-#pragma omp for schedule(dynamic, 1)
+        if (prof) t_gu0 = t_gu1 = now_ns();
+        OMP_FOR_ITEMS(chunk_gu)
         for (int item = 0; item < G * items_gu; item++) {
             if (!buf) continue;
             const int g = item / items_gu, f0 = (item % items_gu) * ROWS_GATE_UP;
             const int f1 = f0 + ROWS_GATE_UP < F ? f0 + ROWS_GATE_UP : F;
-            const uint8_t *wg = (const uint8_t *)(uintptr_t)gate[g], *wu = (const uint8_t *)(uintptr_t)up[g];
+            const uint8_t *wg = (const uint8_t *)(uintptr_t)gate[g] + f0 * gate_row;
+            const uint8_t *wu = (const uint8_t *)(uintptr_t)up[g] + f0 * up_row;
+            prefetch_span(wg, (int64_t)(f1 - f0) * gate_row);
+            prefetch_span(wu, (int64_t)(f1 - f0) * up_row);
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) {
                     xs[r] = x + (int64_t)tok[e0 + r] * H;
                     xsum[r] = x_sums ? xs_all + (int64_t)tok[e0 + r] * (H / 16) : NULL;
                 }
-                rows_dots(gate_type, wg + f0 * gate_row, gate_row, f1 - f0, H, xs, xsum, m, gv, buf);
-                rows_dots(up_type, wu + f0 * up_row, up_row, f1 - f0, H, xs, xsum, m, uv, buf);
+                if (touch) {
+                    rows_touch(wg, gate_row, f1 - f0, gate_bytes, m, gv);
+                    rows_touch(wu, up_row, f1 - f0, up_bytes, m, uv);
+                } else {
+                    rows_dots(gate_type, wg, gate_row, f1 - f0, H, xs, xsum, m, gv, buf);
+                    rows_dots(up_type, wu, up_row, f1 - f0, H, xs, xsum, m, uv, buf);
+                }
                 for (int r = 0; r < m; r++) {
                     float *hr = h + (int64_t)(e0 + r) * F;
                     for (int f = f0; f < f1; f++) {
@@ -164,30 +267,77 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
                     if (h_sums) sums_of(hr + f0, 16, hs_all + (int64_t)(e0 + r) * (F / 16) + f0 / 16);
                 }
             }
+            if (prof) t_gu1 = now_ns(), n_gu++;
         }
         /* implicit barrier: every h row and its sums are complete */
+        if (prof) t_dn0 = t_dn1 = now_ns();
         float out[ROWS_DOWN * MAX_M];
-#pragma omp for schedule(dynamic, 1)
+        OMP_FOR_ITEMS(chunk_dn)
         for (int item = 0; item < G * items_dn; item++) {
             if (!buf) continue;
             const int g = item / items_dn, d0 = (item % items_dn) * ROWS_DOWN;
             const int d1 = d0 + ROWS_DOWN < H ? d0 + ROWS_DOWN : H;
-            const uint8_t *wd = (const uint8_t *)(uintptr_t)down[g];
+            const uint8_t *wd = (const uint8_t *)(uintptr_t)down[g] + d0 * down_row;
+            prefetch_span(wd, (int64_t)(d1 - d0) * down_row);
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) {
                     xs[r] = h + (int64_t)(e0 + r) * F;
                     xsum[r] = h_sums ? hs_all + (int64_t)(e0 + r) * (F / 16) : NULL;
                 }
-                rows_dots(down_type, wd + d0 * down_row, down_row, d1 - d0, F, xs, xsum, m, out, buf);
+                if (touch) rows_touch(wd, down_row, d1 - d0, down_bytes, m, out);
+                else rows_dots(down_type, wd, down_row, d1 - d0, F, xs, xsum, m, out, buf);
                 for (int d = d0; d < d1; d++)
                     for (int r = 0; r < m; r++) y[(int64_t)dst[e0 + r] * H + d] = out[(d - d0) * MAX_M + r];
             }
+            if (prof) t_dn1 = now_ns(), n_dn++;
         }
         free(buf);
+        const int tid = omp_get_thread_num();
+        if (prof && tid < n_threads) {
+            int64_t *const me = prof + PROF_HEAD + PROF_PER * tid;
+            me[0] = t_in, me[1] = t_gu0, me[2] = t_gu1, me[3] = t_dn0, me[4] = t_dn1, me[5] = n_gu, me[6] = n_dn;
+        }
     }
+    if (prof) prof[1] = now_ns(), prof[2] = n_threads;
     free(sums);
     return failed ? -2 : 0;
+}
+
+int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate, const uint64_t *up,
+                       const uint64_t *down, int64_t gate_row, int64_t up_row, int64_t down_row, int gate_type,
+                       int up_type, int down_type, const int32_t *start, const int32_t *tok, const int32_t *dst,
+                       const float *x, float *y, float *h) {
+    return pool_run(n_threads, H, F, G, gate, up, down, gate_row, up_row, down_row, gate_type, up_type, down_type,
+                    start, tok, dst, x, y, h, 0, NULL);
+}
+
+/* strata_pool_swiglu with its profile (prof: PROF_HEAD + PROF_PER * n_threads int64, or NULL) and, with touch = 1,
+ * the weights only read (bench/pool_bench.py: where a call's time goes, and what the access pattern alone costs) */
+int strata_pool_diag(int n_threads, int H, int F, int G, const uint64_t *gate, const uint64_t *up,
+                     const uint64_t *down, int64_t gate_row, int64_t up_row, int64_t down_row, int gate_type,
+                     int up_type, int down_type, const int32_t *start, const int32_t *tok, const int32_t *dst,
+                     const float *x, float *y, float *h, int touch, int64_t *prof) {
+    return pool_run(n_threads, H, F, G, gate, up, down, gate_row, up_row, down_row, gate_type, up_type, down_type,
+                    start, tok, dst, x, y, h, touch, prof);
+}
+
+/* the build's tuning (what a bench variant changed): out[0..6] = POOL_CHUNK, PREFETCH_AHEAD, PREFETCH_LINES,
+ * PREFETCH_HINT, ROWS_GATE_UP, ROWS_DOWN, 1 for the AVX-512 permute decoders; returns the schedule kind's name */
+const char *strata_pool_config(int64_t *out) {
+#ifdef STRATA_AVX2
+    const int64_t ahead = PREFETCH_AHEAD, lines = PREFETCH_LINES, hint = PREFETCH_HINT;
+#else
+    const int64_t ahead = 0, lines = 0, hint = 0;
+#endif
+#ifdef STRATA_PERM
+    const int64_t perm = 1;
+#else
+    const int64_t perm = 0;
+#endif
+    const int64_t v[7] = {POOL_CHUNK, ahead, lines, hint, ROWS_GATE_UP, ROWS_DOWN, perm};
+    memcpy(out, v, sizeof v);
+    return PRAGMA_STR(POOL_SCHED_KIND);
 }
 
 /* exported for the tests: one row, exactly as the kernels see it */
@@ -204,12 +354,6 @@ static inline void cpu_relax(void) {
 #elif defined(__aarch64__)
     __asm__ __volatile__("yield");
 #endif
-}
-
-static inline int64_t now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000LL + t.tv_nsec;
 }
 
 /* spin until *word >= want or max_ns passed (the caller loops, checking its stream between slices). The first
@@ -245,20 +389,7 @@ double strata_stream_read(int n_threads, int n, const uint64_t *ptrs, const int6
         while (rest >= (sizes[i] + chunk - 1) / chunk) { rest -= (sizes[i] + chunk - 1) / chunk; i++; }
         const uint8_t *p = (const uint8_t *)(uintptr_t)ptrs[i] + rest * chunk;
         const int64_t len = sizes[i] - rest * chunk < chunk ? sizes[i] - rest * chunk : chunk;
-        uint64_t s = 0;
-#ifdef STRATA_AVX2
-        __m256i a = _mm256_setzero_si256();
-        int64_t j = 0;
-        for (; j + 32 <= len; j += 32)
-            a = _mm256_add_epi64(a, _mm256_sad_epu8(_mm256_loadu_si256((const __m256i *)(p + j)), _mm256_setzero_si256()));
-        uint64_t lanes[4];
-        _mm256_storeu_si256((__m256i *)lanes, a);
-        s = lanes[0] + lanes[1] + lanes[2] + lanes[3];
-        for (; j < len; j++) s += p[j];
-#else
-        for (int64_t j = 0; j < len; j++) s += p[j];
-#endif
-        sum += s;
+        sum += sum_bytes(p, len);
     }
     return (double)sum;
 }

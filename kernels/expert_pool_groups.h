@@ -452,6 +452,38 @@ enum {
 #ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048 /* bytes ahead of the block being read */
 #endif
+/* The software prefetch of the passes (A/B variants, -D through bench/pool_bench.py --variant / --ab):
+ * PREFETCH_LINES 0 (the default): per block, one prefetch per 64 bytes of the block, PREFETCH_AHEAD bytes ahead:
+ *   3.6 prefetches per cache line for Q4_0's and MXFP4's 17-18-byte blocks, 1.9 for Q8_0's 34, all but one to a
+ *   line already on its way; a work item's first PREFETCH_AHEAD bytes are not prefetched (demand misses until the
+ *   hardware prefetcher catches on) and its last ones prefetch the next item's rows, which another thread reads.
+ * PREFETCH_LINES 1: each 64-byte line once, when the pass over a row starts: the row's bytes PREFETCH_AHEAD ahead
+ *   (rows are contiguous, so consecutive rows prefetch consecutive spans), never past the work item's end (pf_end),
+ *   and the item's first PREFETCH_AHEAD bytes prefetched when it starts (prefetch_span in expert_pool.c). One tight
+ *   loop per row, not a line check per block (that one measured 6-11 % slower on one core of the dev box; this one
+ *   4 % on Q4_0 and Q2_K+Q4_0, 14 % on Q8_0, whose 42-line bursts per row fill the miss buffers at once).
+ * PREFETCH_HINT: __builtin_prefetch's locality (3: prefetcht0, into L1; 2: t1, L2; 1: t2; 0: nta). */
+#ifndef PREFETCH_LINES
+#define PREFETCH_LINES 0
+#endif
+#ifndef PREFETCH_HINT
+#define PREFETCH_HINT 3
+#endif
+#if PREFETCH_LINES
+AI void prefetch_lines(const uint8_t *from, int64_t n, const uint8_t *end) {
+    const uint8_t *to = from + n < end ? from + n : end;
+    for (const uint8_t *p = (const uint8_t *)((uintptr_t)from & ~(uintptr_t)63); p < to; p += 64)
+        __builtin_prefetch(p, 0, PREFETCH_HINT);
+}
+#define PF_START(row, bytes, end) prefetch_lines((row) + PREFETCH_AHEAD, (bytes), (end))
+#define PF_BLOCK(blk, bpb) (void)0
+#else
+#define PF_START(row, bytes, end) (void)(end)
+#define PF_BLOCK(blk, bpb)                                                                                          \
+    do {                                                                                                            \
+        for (int p_ = 0; p_ < (bpb); p_ += 64) __builtin_prefetch((blk) + PREFETCH_AHEAD + p_, 0, PREFETCH_HINT);   \
+    } while (0)
+#endif
 
 /* The min term: in the AVX-512 build the MINS types FMA scale * code with x and subtract sum_g min_g * xsum_g once
  * per block (xsum: the sums of x over its 16-element groups, computed once per token row and work item), one float
@@ -466,14 +498,15 @@ enum {
  * so that consecutive groups' FMAs do not wait on each other */
 #define FUSED_PASS(ID, DEC, GPB, BPB, PREP, MINS)                                                                  \
     AI void pass_##DEC(const uint8_t *row, int nb, const float *const *xs, const float *const *xsum, float *out,   \
-                       const int M) {                                                                              \
+                       const int M, const uint8_t *pf_end) {                                                       \
         v16 acc[PASS_M][2], macc[PASS_M];                                                                           \
         PS_SCRATCH2;                                                                                                \
+        PF_START(row, (int64_t)BPB * nb, pf_end);                                                                   \
         for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = macc[r] = v16_zero();                                   \
         if (PIPE_##PREP && nb > 0) PREP(row, PS_OF(0));                                                             \
         for (int b = 0; b < nb; b++) {                                                                              \
             const uint8_t *blk = row + (int64_t)BPB * b;                                                            \
-            for (int p = 0; p < BPB; p += 64) __builtin_prefetch(blk + PREFETCH_AHEAD + p);                         \
+            PF_BLOCK(blk, BPB);                                                                                     \
             float *const ps = PS_OF(PIPE_##PREP ? b : 0);                                                           \
             if (!PIPE_##PREP) PREP(blk, ps);                                                                        \
             else if (b + 1 < nb) PREP(blk + BPB, PS_OF(b + 1));                                                     \
@@ -490,14 +523,14 @@ enum {
             out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1])) - (MINS && MIN_TERM ? v16_hsum(macc[r]) : 0.0f);      \
     }                                                                                                               \
     static void dots_##DEC(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,     \
-                           float *out) {                                                                            \
+                           float *out, const uint8_t *pf_end) {                                                     \
         const int nb = n / (16 * GPB);                                                                              \
         for (int r0 = 0; r0 < m;) {                                                                                 \
             const int left = m - r0, M = PASS_M >= 8 && left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;         \
-            if (M == 8) pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, PASS_M >= 8 ? 8 : 1);                     \
-            else if (M == 4) pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, 4);                                  \
-            else if (M == 2) pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, 2);                                  \
-            else pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, 1);                                              \
+            if (M == 8) pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, PASS_M >= 8 ? 8 : 1, pf_end);             \
+            else if (M == 4) pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, 4, pf_end);                          \
+            else if (M == 2) pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, 2, pf_end);                          \
+            else pass_##DEC(row, nb, xs + r0, xsum + r0, out + r0, 1, pf_end);                                      \
             r0 += M;                                                                                                \
         }                                                                                                           \
     }                                                                                                               \
@@ -533,7 +566,7 @@ static void group_sums(const float *x, int n, float *xsum) {
 }
 
 typedef void (*dots_fn)(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,
-                        float *out);
+                        float *out, const uint8_t *pf_end);
 /* the fused kernel of a type, or NULL; rows of n elements need n % (16 * groups per block) == 0 */
 static dots_fn fused_dots(int type, int n) {
 #define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) case ID: return n % (16 * GPB) == 0 ? dots_##DEC : NULL;

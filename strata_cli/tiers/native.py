@@ -28,6 +28,10 @@ HEADERS = ("expert_pool_base.h", "expert_pool_decode.h", "expert_pool_groups.h",
 # The GGML types the C file decodes: every type of the table (tests/test_tiers_pool.py holds each to gguf.quants)
 NATIVE_TYPES = dict(TYPE_IDS)
 _VP, _I32, _I64, _U32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
+# strata_pool_swiglu(threads, H, F, G, gate, up, down, 3 row strides, 3 types, start, tok, dst, x, y, h)
+SWIGLU_ARGS = [_I32, _I32, _I32, _I32, _VP, _VP, _VP, _I64, _I64, _I64, _I32, _I32, _I32, _VP, _VP, _VP, _VP, _VP, _VP]
+# strata_pool_config's out[]: the build's tuning macros, in this order (kernels/expert_pool.c)
+CONFIG_FIELDS = ("POOL_CHUNK", "PREFETCH_AHEAD", "PREFETCH_LINES", "PREFETCH_HINT", "ROWS_GATE_UP", "ROWS_DOWN", "perm")
 
 
 def native_types() -> frozenset[int]:
@@ -121,6 +125,13 @@ def build(out_dir: Path | None = None, defines: tuple[str, ...] = (), isa: str |
     return lib
 
 
+def build_config(lib) -> dict:
+    """The tuning a loaded build was compiled with (strata_pool_config): CONFIG_FIELDS and the schedule kind."""
+    out = (ctypes.c_int64 * len(CONFIG_FIELDS))()
+    kind = lib.strata_pool_config(out).decode()
+    return dict(zip(CONFIG_FIELDS, (int(v) for v in out)), POOL_SCHED_KIND=kind)
+
+
 @lru_cache(maxsize=1)
 def load():
     """The loaded library with argtypes set for the best ISA this CPU runs whose build succeeds (a compiler that
@@ -148,8 +159,11 @@ def load_variant(defines: tuple[str, ...], isa: str | None = None):
     lib = ctypes.CDLL(str(path))
     lib.isa = "scalar" if "STRATA_NO_SIMD=1" in defines else isa
     lib.strata_pool_swiglu.restype = _I32
-    lib.strata_pool_swiglu.argtypes = [_I32, _I32, _I32, _I32, _VP, _VP, _VP, _I64, _I64, _I64, _I32, _I32, _I32,
-                                       _VP, _VP, _VP, _VP, _VP, _VP]
+    lib.strata_pool_swiglu.argtypes = SWIGLU_ARGS
+    lib.strata_pool_diag.restype = _I32
+    lib.strata_pool_diag.argtypes = SWIGLU_ARGS + [_I32, _VP]  # + touch, profile
+    lib.strata_pool_config.restype = ctypes.c_char_p
+    lib.strata_pool_config.argtypes = [_VP]
     lib.strata_wait_geq.restype = _U32
     lib.strata_wait_geq.argtypes = [_VP, _U32, _I64]
     lib.strata_stream_read.restype = ctypes.c_double

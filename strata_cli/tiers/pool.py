@@ -104,6 +104,16 @@ class ExpertPool:
         return out
 
     def _native(self, layer: int, x: np.ndarray, cpu: ExpertEntries, out: np.ndarray) -> None:
+        args, keep = self.native_args(layer, x, cpu, out)
+        rc = self.lib.strata_pool_swiglu(*args)
+        del keep
+        if rc != 0:
+            raise RuntimeError(f"expert pool kernel failed on layer {layer} (code {rc})")
+
+    def native_args(self, layer: int, x: np.ndarray, cpu: ExpertEntries, out: np.ndarray) -> tuple[tuple, list]:
+        """strata_pool_swiglu's arguments for one layer (x f32 contiguous, out as compute() checks it), and the
+        arrays they point into (keep them alive for the call). bench/pool_bench.py calls strata_pool_diag with
+        these."""
         lt = self.layers[layer]
         gate, up, down = lt.pointers(cpu.experts)
         need = cpu.n_entries * self.n_ff
@@ -112,14 +122,12 @@ class ExpertPool:
         start = np.ascontiguousarray(cpu.start, dtype=np.int32)
         tok = np.ascontiguousarray(cpu.tok, dtype=np.int32)
         dst = np.ascontiguousarray(cpu.dst, dtype=np.int32)
-        rc = self.lib.strata_pool_swiglu(
-            self.n_threads, self.n_embd, self.n_ff, cpu.n_groups,
-            _ptr(gate.ctypes.data), _ptr(up.ctypes.data), _ptr(down.ctypes.data),
-            lt.row_stride[0], lt.row_stride[1], lt.row_stride[2], lt.types[0], lt.types[1], lt.types[2],
-            _ptr(start.ctypes.data), _ptr(tok.ctypes.data), _ptr(dst.ctypes.data),
-            _ptr(x.ctypes.data), _ptr(out.ctypes.data), _ptr(self._h.ctypes.data))
-        if rc != 0:
-            raise RuntimeError(f"expert pool kernel failed on layer {layer} (code {rc})")
+        args = (self.n_threads, self.n_embd, self.n_ff, cpu.n_groups,
+                _ptr(gate.ctypes.data), _ptr(up.ctypes.data), _ptr(down.ctypes.data),
+                lt.row_stride[0], lt.row_stride[1], lt.row_stride[2], lt.types[0], lt.types[1], lt.types[2],
+                _ptr(start.ctypes.data), _ptr(tok.ctypes.data), _ptr(dst.ctypes.data),
+                _ptr(x.ctypes.data), _ptr(out.ctypes.data), _ptr(self._h.ctypes.data))
+        return args, [gate, up, down, start, tok, dst, x, out, self._h]
 
     def _expert_f64(self, layer: int, expert: int):
         key = (layer, expert)
