@@ -220,36 +220,6 @@ def test_split_window_is_stamped_as_a_whole(monkeypatch, geometry):
     assert plan.stages == ["begin", "split-window"]
 
 
-# Graph nodes of one recorded launch on the Q8_0 fixture (every other launch is one node): the HC read's norm, down,
-# up, mix and inject (the fused read: write + norm, down, up, mix + inject), the shared expert's up, gate
-# and down (its scalar gate is router_topk's), the routed experts' up, gate (Q8_0 experts: not one gate/up launch),
-# down and combine (their grouping is router_topk's).
-NODES = {"hyper.hc_read": 5, "hyper.hc_read_fused": 4, "moe.shared_expert": 3, "moe.routed_experts": 4}
-
-
-def layer_nodes(monkeypatch, g, T: int, path: WindowPath) -> list[int]:
-    """The graph nodes per layer of a T-row window (GPUEngine.layer_nodes' count, from the recorded launches)."""
-    ends: list[int] = []
-    steps = recorded_steps(monkeypatch, g, T, path, ends=ends)
-    return [sum(NODES.get(step, 1) for step in steps[a:b]) for a, b in zip(ends, ends[1:])]
-
-
-def test_nodes_per_layer(monkeypatch, geometry):
-    """The per-layer node count `strata graph-nodes` shows on the Q8_0 fixture (GDN layers 0-2, 4-6; QSA layers 3
-    and 7 with the indexer; the PLE at layer 1). Before the fusions (289 nodes in the T = 1 window, 239 at T = 4):
-    T = 1 [33, 36, 33, 38, 33, 33, 33, 38], T = 4 [26, 30, 26, 34, 26, 26, 26, 34].
-    gdn_mix (one launch for conv + split, gates, recurrence, gated norm): 6 nodes fewer per GDN layer at T <= 3
-    (conv, split, alpha, beta, gates, gated norm), 3 from T = 4 (conv_split, ab_gates, gated norm). The routed
-    experts' combine applies the MoE's residual write: 1 node fewer per layer at T <= 3 (from T = 4 the next fused
-    read applies it); the unfused FFN read applies the mixer's write in its norm kernel (hc_write_norm): 1 node
-    fewer per layer at T <= 3 (the fused read did so already). router_topk groups the entries by expert and computes the shared expert's scalar gate: 2 nodes
-    (moe_group, the scalar-gate GEMV) fewer per layer at every T."""
-    g = geometry
-    assert [g.layer_is_attn[layer] for layer in range(g.n_layers)] == [False] * 3 + [True] + [False] * 3 + [True]
-    assert layer_nodes(monkeypatch, g, 1, PLAIN) == [23, 26, 23, 34, 23, 23, 23, 34]
-    assert layer_nodes(monkeypatch, g, 4, FUSED) == [21, 25, 21, 32, 21, 21, 21, 32]
-
-
 def test_layer_split_stages_commit_their_own_state(monkeypatch, geometry):
     """record_commit of a stage over [lo, hi): the GDN and indexer commits of its layers only, the PLE commit iff
     it holds the PLE layer; the stages of a split together commit what the one engine does."""

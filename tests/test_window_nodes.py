@@ -1,0 +1,47 @@
+"""The graph nodes of the window per layer, without a GPU (tests/window_launches.py: the real recorder and
+launchers over host arrays, each kernel launch and device copy listed): what `strata graph-nodes` shows on the
+device (tests/test_gpu_window_nodes.py holds the two equal). Issue 18's target is at most 12 nodes per layer.
+
+Run with -s to see the per-layer lists."""
+
+from __future__ import annotations
+
+import pytest
+from window_launches import host_engine, window_launches
+
+from strata_cli.model.gguf_file import open_model
+
+# Per layer on the Q8_0 fixture (GDN layers 0-2, 4-6; QSA layers 3 and 7 with the indexer; the PLE at layer 1).
+NODES_PER_LAYER = {1: [23, 29, 23, 34, 23, 23, 23, 34], 8: [21, 28, 21, 32, 21, 21, 21, 32]}
+WINDOW_NODES = {1: 224, 8: 209}
+
+
+@pytest.fixture
+def engine(monkeypatch, fixture_dir):
+    model = open_model(fixture_dir / "model-q8_0.gguf")
+    g = model.geometry
+    assert [g.layer_is_attn[layer] for layer in range(g.n_layers)] == [False] * 3 + [True] + [False] * 3 + [True]
+    assert g.ple.layer == 1 and all(g.compress_ratios[layer] for layer in g.attn_layers)
+    return host_engine(monkeypatch, model)
+
+
+@pytest.mark.parametrize("T", sorted(NODES_PER_LAYER))
+def test_nodes_per_layer(monkeypatch, engine, T):
+    launches = window_launches(monkeypatch, engine, T)
+    print(f"\nT = {T}: {launches.total} nodes; per layer {launches.per_layer()}")
+    for layer, nodes in enumerate(launches.layers):
+        print(f"  layer {layer} ({len(nodes)}): {' '.join(nodes)}")
+    print(f"  inputs: {' '.join(launches.inputs)}\n  head: {' '.join(launches.head)}")
+    assert launches.per_layer() == NODES_PER_LAYER[T]
+    assert launches.total == WINDOW_NODES[T]
+
+
+def test_listing_sees_the_window_size(monkeypatch, engine):
+    """The kernels' row buckets follow T (gemv_*_t<NT>), the whole window is listed (inputs, layers, head), and a
+    window larger than the engine's buffers is refused by the launchers' checks, as on the device."""
+    one, eight = (window_launches(monkeypatch, engine, T) for T in (1, 8))
+    assert any(n.endswith("_t1") for n in one.kinds()) and not any(n.endswith("_t8") for n in one.kinds())
+    assert any(n.endswith("_t8") for n in eight.kinds()) and not any(n.endswith("_t1") for n in eight.kinds())
+    assert one.inputs[:2] == ["memcpy", "memcpy"] and one.head[-3:] == ["argmax_partial", "argmax_rows", "memcpy"]
+    with pytest.raises(ValueError):
+        window_launches(monkeypatch, engine, 17)
