@@ -82,27 +82,18 @@ extern "C" __global__ void __launch_bounds__(1024)
     group_by_key(sid, sid + J, 0, J, max_rows, false, g_expert, g_count, g_entries);
 }
 
-// out[t, d] = sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null), and when R is not null
-// the residual write of that block output into the C streams: R[t, c, d] += out[t, d] * inj[t, c] (hyper.cu
-// hc_write's rounding: the product, then the add), so the window has no hc_write node after the MoE.
-// Grid-stride over T*D, block 256. Slot order; numpy adds in expert-id order (float32 rounding differs only).
+// out[t, d] = sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null); its residual write
+// into the streams is the next hyper-connection read's (hyper.cu hc_write_norm). Grid-stride over T*D, block 256. Slot order; numpy adds in expert-id order (float32 rounding differs only).
 extern "C" __global__ void __launch_bounds__(256)
     moe_combine(const float* __restrict__ parts, const float* __restrict__ w, const float* __restrict__ shared,
-                float* __restrict__ out, float* __restrict__ R, const float* __restrict__ inj, int C, int T, int K,
-                int D) {
+                float* __restrict__ out, int T, int K, int D) {
     for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < (i64)T * D; idx += (i64)gridDim.x * blockDim.x) {
         const i64 t = idx / D, d = idx % D;
         const float* wt = w + t * K;
         const float* column = parts + t * K * D + d;  // entry t*K + k at column[k * D]
         float acc = 0.0f;
         for (int k = 0; k < K; ++k) acc += wt[k] * column[(i64)k * D];
-        const float v = shared ? acc + shared[idx] : acc;
-        out[idx] = v;
-        if (R == nullptr) continue;
-        for (int c = 0; c < C; ++c) {
-            const i64 at = (t * C + c) * D + d;
-            R[at] = R[at] + __fmul_rn(v, inj[t * C + c]);
-        }
+        out[idx] = shared ? acc + shared[idx] : acc;
     }
 }
 

@@ -10,7 +10,7 @@ import pytest
 from kernel_helpers import TYPES, assert_close, assert_replay_equals_eager, poisoned, raw_weight, to_dev
 
 from strata_cli.model import quants
-from strata_cli.ops import hyper, moe
+from strata_cli.ops import moe
 
 pytestmark = pytest.mark.gpu
 
@@ -184,42 +184,30 @@ def test_routed_experts_bad_id_poisons_only_its_row():
     assert_close("good rows", want[[0, 2]], got[[0, 2]])
 
 
-@pytest.mark.parametrize("T,C,D", [(1, 4, 96), (3, 3, 160), (16, 5, 32)])
-def test_routed_experts_write_the_residual(T, C, D):
-    """residual=(R, inj): the combine also writes out into the C streams in place, R + out * inj (ops/hyper.hc_write;
-    bit for bit what launch_hyper.hc_write makes of the same out), and replays the eager bits from a graph."""
-    import cupy as cp
+@pytest.mark.parametrize("T,D", [(1, 96), (3, 160), (16, 32)])
+def test_routed_experts_with_the_shared_output_replay_eager(T, D):
+    """The combine adds the shared expert's output (shared=) and a graph replays the eager bits (its residual write
+    is the next hyper-connection read's: test_gpu_hc_read.py)."""
+    from strata_cli.gpu import launch_moe
 
-    from strata_cli.gpu import launch_hyper, launch_moe
-
-    rng = np.random.default_rng(T * 3 + C + D)
+    rng = np.random.default_rng(T * 3 + D)
     E, F, K = 9, 64, 3
     types = (Q8_0, Q8_0, BF16)
     gate, up, down = _experts(rng, E, F, D, types)
     x = rng.standard_normal((T, D)).astype(np.float32)
     shared = rng.standard_normal((T, D)).astype(np.float32)
     ids, w = _routing(rng, T, E, K)
-    R0 = rng.standard_normal((T, C, D)).astype(np.float32)
-    inj = (2.0 * rng.random((T, C))).astype(np.float32)
     want_out = moe.routed_experts_raw(x, ids, w, gate, up, down, types) + shared
-    dev = [to_dev(a) for a in (x, ids, w, gate, up, down, shared, R0, inj)]
-    dx, dids, dw, dg, du, dd, dsh, dR0, dinj = dev
-    out, R = poisoned((T, D)), cp.empty_like(dR0)
+    dx, dids, dw, dg, du, dd, dsh = (to_dev(a) for a in (x, ids, w, gate, up, down, shared))
+    out = poisoned((T, D))
     scratch = launch_moe.MoeScratch.empty(T * K, F, D)
 
     def record(stream):
-        with stream:
-            cp.copyto(R, dR0)
         launch_moe.routed_experts(dx, dids, dw, dg, du, dd, types, out=out, shared=dsh, scratch=scratch,
-                                  stream=stream, residual=(R, dinj))
+                                  stream=stream)
 
-    got_out, got_R = assert_replay_equals_eager(record, [out, R])
+    (got_out,) = assert_replay_equals_eager(record, [out])
     assert_close("out", want_out, got_out)
-    assert_close("R", hyper.hc_write(R0, want_out, inj), got_R)
-    np.testing.assert_array_equal(got_R, launch_hyper.hc_write(dR0, out, dinj).get())
-    with pytest.raises(ValueError, match="residual inj"):
-        launch_moe.routed_experts(dx, dids, dw, dg, du, dd, types, out=out, scratch=scratch,
-                                  residual=(R, dinj[:, :1]))
 
 
 @pytest.mark.parametrize("types", EXPERT_TYPES, ids=EXPERT_IDS)

@@ -11,9 +11,13 @@ from window_launches import host_engine, window_launches
 
 from strata_cli.model.gguf_file import open_model
 
-# Per layer on the Q8_0 fixture (GDN layers 0-2, 4-6; QSA layers 3 and 7 with the indexer; the PLE at layer 1).
-NODES_PER_LAYER = {1: [23, 29, 23, 34, 23, 23, 23, 34], 8: [21, 28, 21, 32, 21, 21, 21, 32]}
-WINDOW_NODES = {1: 224, 8: 209}
+# Per layer on the Q8_0 fixture (GDN layers 0-2, 4-6; QSA layers 3 and 7 with the indexer; the PLE at layer 1;
+# the PLE layer's extra node is its pending write on its own, as the mix reads R). Before issue 18's fusions
+# (43184b0): T = 1 [23, 29, 23, 34, 23, 23, 23, 34] (224 in the window), T = 8 [21, 28, 21, 32, 21, 21, 21, 32] (209).
+# Each HC read 3 nodes (hyper.cu hc_write_norm, one GEMV of down + inject, hc_up_mix) instead of 5 at T <= 3 and 4
+# from T = 4, every block's write in the next read, one path at every T:
+NODES_PER_LAYER = {1: [19, 26, 19, 30, 19, 19, 19, 30], 8: [19, 26, 19, 30, 19, 19, 19, 30]}
+WINDOW_NODES = {1: 192, 8: 192}
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The GPU window's layer sequence (engine/gpu/window.py _LayerRecorder) without a GPU: every launcher replaced by
-a recorder of its name, the recorded steps of each variant (plain, fused HC read, fused GDN, --split token
-groups, unsplit expert tiers) in the order the device runs them."""
+a recorder of its name, the recorded steps of each variant (one token group, --split token groups, unsplit
+expert tiers, stages of the layer split) in the order the device runs them. The nodes each launch adds are
+test_window_nodes.py's (the real launchers, listed)."""
 
 from __future__ import annotations
 
@@ -73,7 +74,7 @@ def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str |
     for helper in ("split_k", "argmax_scratch"):
         monkeypatch.setattr(window, helper, lambda *a: None)
     weights = SimpleNamespace(raw=lambda name: (_Rows(), 0), f32=lambda name: _Rows(), blk_f32=lambda *a: _Rows(),
-                              blk_raw=lambda *a: (_Rows(), 0))
+                              blk_raw=lambda *a: (_Rows(), 0), hc=lambda prefix: SimpleNamespace(n_inj=1))
     stage = SimpleNamespace(tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
                             out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows()))
     def count(layer, stage, stream):
@@ -87,8 +88,8 @@ def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str |
     return steps
 
 
-PLAIN = WindowPath(fused_hc=False, gemv_tc=False)
-FUSED = WindowPath(fused_hc=True, gemv_tc=True)
+PLAIN = WindowPath(gemv_tc=False)
+TC = WindowPath(gemv_tc=True)
 HC_READ = ["hyper.hc_read"]
 HC_WRITE = ["hyper.hc_write"]
 GDN = ["launch_gemv.gemv", "launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv, z, gdn_mix, out
@@ -120,81 +121,74 @@ def mixer(g, layer: int) -> list[str]:
     return QSA_HEAD + (QSA_INDEXER if g.compress_ratios[layer] else []) + QSA_TAIL
 
 
-def unsplit(g, fused: bool, moe, tiers: bool = False) -> list[str]:
-    """The steps of a one-group window: moe(layer) = its MoE steps; fused: the fused HC read; tiers: the MoE's
-    write is a node of its own (else the combine of the routed experts in VRAM applies it)."""
+def unsplit(g, moe) -> list[str]:
+    """The steps of a one-group window: moe(layer) = its MoE steps. Every block's write goes into the next read, so
+    there is no write node except before the PLE layer (the mix reads R)."""
     want = list(INPUTS)
-    read = ["hyper.hc_read_fused"] if fused else HC_READ
-    write = [] if fused else HC_WRITE
     for layer in range(g.n_layers):
-        if g.ple.layer == layer:  # the fused read's pending write is launched on its own before the PLE mix
-            want += (HC_WRITE if fused else []) + PLE
-        want += read + mixer(g, layer) + read + moe(layer) + (write if tiers else [])
-    return want + read + HEAD
+        if g.ple.layer == layer:
+            want += (HC_WRITE if layer > 0 else []) + PLE
+        want += HC_READ + mixer(g, layer) + HC_READ + moe(layer)
+    return want + HC_READ + HEAD
 
 
-def stage_steps(g, fused: bool, lo: int, hi: int) -> list[str]:
+def stage_steps(g, lo: int, hi: int) -> list[str]:
     """The steps of a stage of the layer split over layers [lo, hi), every expert in VRAM: the tokens' and
     positions' copies, the embedding only on the first stage (a later one starts from the R the previous stage's
-    hand-off wrote), its layers (its first read has no pending write), then the head on the last stage, else (the
-    fused read) the last layer's write on its own, so that the R handed on is whole."""
-    read = ["hyper.hc_read_fused"] if fused else HC_READ
+    hand-off wrote), its layers (its first read has no pending write), then the head on the last stage, else the
+    last layer's write on its own, so that the R handed on is whole."""
     want = list(INPUTS) if lo == 0 else INPUTS[:2]
     for layer in range(lo, hi):
         if g.ple.layer == layer:
-            want += (HC_WRITE if fused and layer > lo else []) + PLE
-        want += read + mixer(g, layer) + read + MOE
+            want += (HC_WRITE if layer > lo else []) + PLE
+        want += HC_READ + mixer(g, layer) + HC_READ + MOE
     if hi < g.n_layers:
-        return want + (HC_WRITE if fused else [])
-    return want + read + HEAD
+        return want + HC_WRITE
+    return want + HC_READ + HEAD
 
 
-@pytest.mark.parametrize("path", [PLAIN, FUSED])
+@pytest.mark.parametrize("path", [PLAIN, TC], ids=("cuda-core", "tensor-core"))
 def test_layer_split_stages_record_their_range(monkeypatch, geometry, path):
     g = geometry
     L = g.n_layers
-    assert stage_steps(g, path.fused_hc, 0, L) == unsplit(g, path.fused_hc, lambda layer: MOE)
+    assert stage_steps(g, 0, L) == unsplit(g, lambda layer: MOE)
     for bounds in [(0, 1, L), (0, g.ple.layer, L), (0, g.ple.layer + 1, L), (0, 2, 5, L), (0, 3, 4, 7, L)]:
         for lo, hi in zip(bounds, bounds[1:]):
             got = recorded_steps(monkeypatch, g, 5, path, layers=(lo, hi))
-            assert got == stage_steps(g, path.fused_hc, lo, hi), (bounds, lo, hi)
+            assert got == stage_steps(g, lo, hi), (bounds, lo, hi)
 
 
-def test_plain_window_is_the_reference_layer_order(monkeypatch, geometry):
-    assert recorded_steps(monkeypatch, geometry, 3, PLAIN) == unsplit(geometry, False, lambda layer: MOE)
+@pytest.mark.parametrize("T,path", [(3, PLAIN), (5, TC)], ids=("cuda-core", "tensor-core"))
+def test_window_applies_each_write_in_the_next_read(monkeypatch, geometry, T, path):
+    assert recorded_steps(monkeypatch, geometry, T, path) == unsplit(geometry, lambda layer: MOE)
 
 
-def test_fused_window_applies_each_write_in_the_next_read(monkeypatch, geometry):
-    """No write node except before the PLE layer (the mix reads R)."""
-    assert recorded_steps(monkeypatch, geometry, 5, FUSED) == unsplit(geometry, True, lambda layer: MOE)
-
-
-@pytest.mark.parametrize("path", [PLAIN, FUSED])
-def test_unsplit_tiers_replace_the_moe_only(monkeypatch, geometry, path):
+def test_unsplit_tiers_replace_the_moe_only(monkeypatch, geometry):
     def tiers(layer):
         return [f"tiers.pre {layer} 0", f"tiers.post {layer} 0"]
 
-    assert recorded_steps(monkeypatch, geometry, 2, path, tiers="one") == unsplit(geometry, path.fused_hc, tiers, tiers=True)
+    assert recorded_steps(monkeypatch, geometry, 2, PLAIN, tiers="one") == unsplit(geometry, tiers)
 
 
 def test_split_window_interleaves_two_token_groups(monkeypatch, geometry):
-    """pre(0,A) pre(0,B) | post(0,A) pre(1,A) | post(0,B) pre(1,B) | ... | head, always the unfused HC read."""
+    """pre(0,A) pre(0,B) | post(0,A) pre(1,A) | post(0,B) pre(1,B) | ... | head; each group's MoE write goes
+    into its next read (before the PLE layer: a write of the group's rows on its own)."""
     g = geometry
 
     def pre(layer, grp):
         ple = (PLE_GROUP_A if grp == 0 else PLE_GROUP_B) if g.ple.layer == layer else []
+        ple = (HC_WRITE if ple and layer > 0 else []) + ple
         return ple + HC_READ + mixer(g, layer) + HC_READ + [f"tiers.pre {layer} {grp}"]
 
     def post(layer, grp):
-        return [f"tiers.post {layer} {grp}"] + HC_WRITE
+        return [f"tiers.post {layer} {grp}"]
 
     want = INPUTS + pre(0, 0) + pre(0, 1)
     for layer in range(g.n_layers):
         for grp in (0, 1):
             want += post(layer, grp) + (pre(layer + 1, grp) if layer + 1 < g.n_layers else [])
     want += HC_READ + HEAD
-    path = WindowPath(fused_hc=True, gemv_tc=False)
-    assert recorded_steps(monkeypatch, g, 5, path, tiers="split") == want
+    assert recorded_steps(monkeypatch, g, 5, TC, tiers="split") == want
 
 
 def test_split_window_is_stamped_as_a_whole(monkeypatch, geometry):

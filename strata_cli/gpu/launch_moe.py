@@ -161,13 +161,12 @@ def _check_types(name: str, ggml_types, n: int) -> tuple[int, ...]:
 
 
 def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=None, shared=None,
-                   scratch: MoeScratch | None = None, stream=None, mark=None, residual=None, grouped: bool = False):
+                   scratch: MoeScratch | None = None, stream=None, mark=None, grouped: bool = False):
     """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> out [T, D] (+ shared [T, D] when given, fused).
 
     x [T, D]; ids [T, K] int32; weights [T, K] f32; gate_raw, up_raw [E, F, D] and down_raw [E, D, F] raw
     tensors in numpy order; ggml_types = (gate, up, down). An id outside 0..E-1 turns its row's output NaN.
-    residual = (R [T, C, D], inj [T, C]): the combine also writes out into the streams, R += out * inj per
-    stream in place (launch_hyper.hc_write's arithmetic). grouped: scratch's g_expert / g_count / g_entries already
+    grouped: scratch's g_expert / g_count / g_entries already
     hold the grouping of ids (router_topk(groups=) made it in the same stream). mark("experts") is called before the combine launch
     (the profiling graph's stamps)."""
     gt, ut, dt = _check_types("ggml_types", ggml_types, 3)
@@ -182,12 +181,6 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         _, _, down_stride = U.expert_geometry("down_raw", down_raw, dt, F, n_out=D, n_expert=E)
         if shared is not None:
             U.check_array("shared", shared, np.float32, (T, D))
-        R, inj, C = U.null_or(None), U.null_or(None), 0
-        if residual is not None:
-            R, inj = residual
-            U.check_array("residual R", R, np.float32, (T, None, D))
-            C = R.shape[1]
-            U.check_array("residual inj", inj, np.float32, (T, C))
         J = T * K
         if T > U.GEMV_MAXT:
             raise ValueError(f"x: {T} rows exceed {U.GEMV_MAXT} (an expert group holds at most that many entries)")
@@ -206,7 +199,7 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
             mark("experts")
         grid, block = U.elementwise_grid(T * D)
         nvrtc.kernel("moe", "moe_combine")(grid, block, (
-            parts, weights, U.null_or(shared), out, R, inj, np.int32(C), np.int32(T), np.int32(K), np.int32(D)))
+            parts, weights, U.null_or(shared), out, np.int32(T), np.int32(K), np.int32(D)))
     return out
 
 

@@ -15,6 +15,7 @@ from ...gpu.launch_gemv import ZSPLIT_TILES, SplitK
 from ...gpu.launch_sampling import ARGMAX_MAX_PARTS, ArgmaxScratch
 from ...gpu.launch_util import GEMV_MAXT, GEMV_PARTIAL_FLOATS
 from ...gpu.runtime import MappedBuffer, cupy
+from ...ops.hyper import DN_ROW_GROUP
 from ..stage_timing import n_slots
 
 ALIGN = 256
@@ -85,8 +86,9 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
     a.add("ids", (M,), np.int32)
     a.add("stamps", (n_slots(g.n_layers),), np.uint64)  # the profiling graph's stage stamps (ns)
     for name, shape in [("R", (M, C, D)), ("emb", (M, D)), ("mixed", (M, D)), ("inj", (M, C)),
-                        ("block_out", (M, D)), ("hc_xn", (M, C * D)), ("hc_low", (M, g.hc_lowrank)),
-                        ("hc_gates", (M, C * D)), ("hc_inj_part", (M, C * C)), ("router", (M, E)), ("route_w", (M, K)),
+                        ("block_out", (M, D)), ("hc_xn", (M, C * D)),
+                        ("hc_dn", (M, -(-(g.hc_lowrank + C) // DN_ROW_GROUP) * DN_ROW_GROUP)), ("router", (M, E)),
+                        ("route_w", (M, K)),
                         ("moe_h", (M * K, g.n_ff_exp)), ("moe_parts", (M * K, D)), ("shared", (M, D)),
                         ("sh_h", (M, g.n_ff_shexp)), ("sh_sg", (M, 1)), ("logits", (M, g.n_vocab))]:
         a.add(name, shape)

@@ -2,20 +2,32 @@
 
 Q8_0 GEMV matrices whose rows come in whole groups of 32 are repacked once, on the device, into the Q8_0_R32
 layout (strata_cli/model/packed.py): same bytes, read with 16-byte loads. Gathered tables (token and PLE
-embeddings) stay raw: their kernels read single rows.
+embeddings) stay raw: their kernels read single rows. So do the hyper-connection up matrices (kernels/hyper.cu
+hc_up_mix reads them element-wise); each read's down and inject matrices are stacked into one (hc(prefix)).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ...gpu.launch_hyper import HcWeights
 from ...gpu.runtime import cupy
 from ...model import packed
 from ...model.gguf_file import GGUFModel
 from ...model.names import GATHERED, PLE_TABLE, blk_tensor
+from ...ops.hyper import down_inject_rows
 
 # 2-D tensors the kernels read as float32 arrays rather than raw rows (conv taps; tiny and always F32 in files)
 F32_MATRICES = ("ssm_conv1d.weight", "ple_conv1d.weight")
+HC_READS = ("hc_attn", "hc_ffn")  # blk.N.<read>_*: the two reads of a layer; output_hc: the head's
+
+
+def hc_prefix(name: str) -> str | None:
+    """The read a hyper-connection tensor belongs to ("blk.3.hc_ffn", "output_hc"), or None."""
+    head, _, role = name.rpartition("_")
+    if role not in ("norm.weight", "down.weight", "up.weight", "inject.weight"):
+        return None
+    return head if head == "output_hc" or head.endswith(HC_READS) else None
 
 
 class DeviceWeights:
@@ -29,8 +41,15 @@ class DeviceWeights:
         self.packed = 0  # bytes repacked to Q8_0_R32
         self._raw: dict[str, tuple[object, int]] = {}
         self._f32: dict[str, object] = {}
+        self._hc: dict[str, HcWeights] = {}
+        reads = []
         for name in list(model.specs) + ([PLE_TABLE] if model.geometry.ple is not None else []):
             if skip is not None and skip(name):
+                continue
+            prefix = hc_prefix(name)
+            if prefix is not None:
+                if name.endswith("_norm.weight"):
+                    reads.append(prefix)
                 continue
             info = model.info(name)
             if name.endswith("ffn_gate_inp_shexp.weight"):  # a [D] or [D, 1] gate row, read as one GEMV row
@@ -50,7 +69,31 @@ class DeviceWeights:
                     self.packed += arr.nbytes
                 self._raw[name] = (arr, ggml_type)
 
+        for prefix in reads:
+            self._hc[prefix] = self._hc_read(model, prefix, pack_q8)
         cp.cuda.Device().synchronize()  # the packing ran on the current stream; engines use their own
+
+    def _hc_read(self, model: GGUFModel, prefix: str, pack_q8: bool) -> HcWeights:
+        cp = cupy()
+        down, up = model.info(f"{prefix}_down.weight"), model.info(f"{prefix}_up.weight")
+        inject = model.info(f"{prefix}_inject.weight") if f"{prefix}_inject.weight" in model.specs else None
+        n_in, L = _n_in(down), _n_in(up)
+        raw, ggml_type = down_inject_rows(down.raw, down.ggml_type, None if inject is None else inject.raw,
+                                          None if inject is None else inject.ggml_type, n_in)
+        dn = cp.asarray(raw)
+        if pack_q8 and packed.packable(tuple(dn.shape), ggml_type):
+            from ...gpu.launch_pack import pack_q8_0
+
+            dn = pack_q8_0(dn, n_in, out=cp.empty_like(dn))
+            ggml_type = packed.Q8_0_R32
+            self.packed += dn.nbytes
+        norm = cp.asarray(np.ascontiguousarray(model.f32(f"{prefix}_norm.weight"), dtype=np.float32))
+        n_inj = 0 if inject is None else int(inject.shape[1])
+        return HcWeights(norm, dn, ggml_type, L, n_inj, cp.asarray(np.ascontiguousarray(up.raw)), up.ggml_type)
+
+    def hc(self, prefix: str) -> HcWeights:
+        """The weights of one hyper-connection read ("blk.3.hc_attn", "output_hc")."""
+        return self._hc[prefix]
 
     def raw(self, name: str):
         """(raw device array in numpy order, GGML type)."""

@@ -1,6 +1,6 @@
 """The launches of one verify window and of the commit; _LayerRecorder holds the one layer sequence (the order of
-ReferenceEngine._layer) of every variant: plain, split into two token groups (--split with expert tiers), fused
-HC reads (chosen by T, launch_util.window_path).
+ReferenceEngine._layer) of every variant: one token group, or two (--split with expert tiers); the GEMV kernels
+of each T as launch_util.window_path chooses.
 
 Both recorders only launch kernels on preallocated buffers, so the same calls run eagerly or under capture.
 Per-window values (tokens, positions, n_keep) are read by the kernels from device buffers that the recorded
@@ -21,7 +21,7 @@ from ...gpu import launch_moe as moe
 from ...gpu import launch_ple as ple
 from ...gpu import launch_qsa as qsa
 from ...gpu import launch_sampling as sampling
-from ...gpu.launch_util import WindowPath, recording_path
+from ...gpu.launch_util import recording_path
 from ...gpu.runtime import check, cudart
 from ...model.names import PLE_TABLE
 from .buffers import argmax_scratch, split_k
@@ -47,30 +47,23 @@ def _marks(e, layer: int, prefix: str, stream):
     return lambda part: e.stamper(layer, prefix + part, stream)
 
 
-def _hc(e, prefix: str, T: int, inject: bool, stream, r0: int = 0, mark=None, pending: bool = False):
+def _hc(e, prefix: str, T: int, stream, r0: int = 0, mark=None, pending: bool = False):
     """HC read of rows [r0, T) (r0 > 0 only for the second token group of a split window); pending: the write of
-    those rows' block_out with the last read's inj goes into R first (in the norm's kernel)."""
-    b, w = e.buf, e.w
-    down, up = w.raw(f"{prefix}_down.weight"), w.raw(f"{prefix}_up.weight")
-    inj = w.raw(f"{prefix}_inject.weight") if inject else (None, None)
-    scratch = hyper.HcScratch(b["hc_xn"], b["hc_low"], b["hc_gates"])
-    return hyper.hc_read(b["R"][r0:T], w.f32(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
-                         out_mixed=b["mixed"][r0:T], out_inj=b["inj"][r0:T] if inject else None, scratch=scratch,
-                         split=split_k(b), stream=stream, mark=mark,
-                         pending=(b["block_out"][r0:T], b["inj"][r0:T]) if pending else None)
+    those rows' block_out with the last read's inj goes into R first (in the norm's kernel). The read's inject
+    gates (if any) go to inj, which held the pending write's."""
+    b = e.buf
+    w = e.w.hc(prefix)
+    scratch = hyper.HcScratch(b["hc_xn"], b["hc_dn"])
+    return hyper.hc_read(b["R"][r0:T], w, e.g.eps, pending=(b["block_out"][r0:T], b["inj"][r0:T]) if pending else None,
+                         out_mixed=b["mixed"][r0:T], out_inj=b["inj"][r0:T] if w.n_inj else None, scratch=scratch,
+                         split=split_k(b), stream=stream, mark=mark)
 
 
-def _hc_fused(e, prefix: str, T: int, inject: bool, pending: bool, stream, mark=None):
-    """The fused HC read of rows [0, T), after the pending write of block_out with the last read's inj when
-    `pending` (the write goes into R in place first)."""
-    b, w = e.buf, e.w
-    down, up = w.raw(f"{prefix}_down.weight"), w.raw(f"{prefix}_up.weight")
-    inj = w.raw(f"{prefix}_inject.weight") if inject else (None, None)
-    scratch = hyper.HcScratch(b["hc_xn"], b["hc_low"], b["hc_gates"], b["hc_inj_part"])
-    return hyper.hc_read_fused(b["R"][:T], w.f32(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
-                               pending=(b["block_out"][:T], b["inj"][:T]) if pending else None,
-                               out_mixed=b["mixed"][:T], out_inj=b["inj"][:T] if inject else None, scratch=scratch,
-                               split=split_k(b), stream=stream, mark=mark)
+def _write(e, r0: int, r1: int, stream) -> None:
+    """The pending write of rows [r0, r1) on its own (hc_write): before the PLE mix, which reads R, and at the end
+    of a stage of the layer split, which hands R on whole."""
+    b = e.buf
+    hyper.hc_write(b["R"][r0:r1], b["block_out"][r0:r1], b["inj"][r0:r1], out=b["R"][r0:r1], stream=stream)
 
 
 def gemv_weight(e, name: str, x, out, stream):
@@ -169,9 +162,9 @@ def _rows(buf, T: int, width: int):
     return flat.reshape(T, width)
 
 
-def _moe(e, layer: int, x, T: int, stream, write: bool):
-    """Router, shared expert, routed experts and their combine into block_out, every expert in VRAM; write: the
-    combine also applies the residual write of block_out into R (no hc_write node; else the next read does)."""
+def _moe(e, layer: int, x, T: int, stream):
+    """Router, shared expert, routed experts and their combine into block_out, every expert in VRAM (the residual
+    write of block_out is the next read's)."""
     b, w, g = e.buf, e.w, e.g
     blk = f"blk.{layer}."
     gemv_weight(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
@@ -192,7 +185,7 @@ def _moe(e, layer: int, x, T: int, stream, write: bool):
     exps = [w.raw(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
     moe.routed_experts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps],
                        out=b["block_out"][:T], shared=b["shared"][:T],
-                       residual=(b["R"][:T], b["inj"][:T]) if write else None, scratch=scratch, grouped=True,
+                       scratch=scratch, grouped=True,
                        stream=stream, mark=_marks(e, layer, "", stream))
     stamp(e, layer, "combine", stream)
 
@@ -238,73 +231,56 @@ def _ple_group(e, T: int, r0: int, r1: int, stream) -> None:
 
 class _LayerRecorder:
     """The one layer sequence of every window variant: token groups (one, or two with --split: the order in
-    record_window) and the fused HC read (each block's residual write applied by the next read's first kernel), as
-    chosen for T (launch_util.window_path); a GDN mixer is always 4 nodes (_gdn). Per layer and group:
+    record_window); every block's residual write is applied by the next HC read's first kernel (the pending
+    write); a GDN mixer is always 4 nodes (_gdn). Per layer and group:
 
-        pre(l, g)  = [PLE] HC read (attn), mixer, HC read (ffn: it applies the mixer's write first), MoE (its combine also writes the
-                     residual, unless the read is fused) or the tiers' front: router, doorbell, shared expert, VRAM
-                     experts
-        post(l, g) = the tiers' back: waits, PCIe experts, combine, [HC write]
+        pre(l, g)  = [write, PLE] HC read (attn; the previous layer's MoE write first), mixer, HC read (ffn; the
+                     mixer's write first), MoE or the tiers' front: router, doorbell, shared expert, VRAM experts
+        post(l, g) = the tiers' back: waits, PCIe experts, combine
 
-    The split window keeps the unfused HC read (hc_read_fused takes no row range). With the fused read the write
-    before a PLE layer that is not the first is launched on its own (the mix reads R)."""
+    The write before a PLE layer that is not the first is launched on its own (the mix reads R)."""
 
-    def __init__(self, e, T: int, stream, groups, path: WindowPath):
+    def __init__(self, e, T: int, stream, groups):
         self.e, self.T, self.stream, self.groups = e, T, stream, groups
         self.split = len(groups) == 2
-        self.fused_hc = path.fused_hc and not self.split
-
-    def _read(self, prefix: str, layer: int, part: str, r0: int, r1: int, pending: bool):
-        mark = _marks(self.e, layer, part, self.stream)
-        if self.fused_hc:
-            return _hc_fused(self.e, prefix, self.T, True, pending, self.stream, mark=mark)
-        return _hc(self.e, prefix, r1, True, self.stream, r0, mark=mark, pending=pending)
-
-    def _write(self, layer: int, stage: str, r0: int, r1: int) -> None:
-        if self.fused_hc:
-            return  # the next read applies it
-        b = self.e.buf
-        hyper.hc_write(b["R"][r0:r1], b["block_out"][r0:r1], b["inj"][r0:r1], out=b["R"][r0:r1], stream=self.stream)
-        stamp(self.e, layer, stage, self.stream)
 
     def pre(self, layer: int, grp: int) -> None:
-        e, g, b, T, stream = self.e, self.e.g, self.e.buf, self.T, self.stream
+        e, g, T, stream = self.e, self.e.g, self.T, self.stream
         r0, n = self.groups[grp]
         r1 = r0 + n
         if layer:
             stamp(e, layer - 1, "gap", stream)
-        pending = self.fused_hc and layer > self.e.layers[0]  # the previous layer's write awaits this read
+        pending = layer > self.e.layers[0]  # the previous layer's MoE write awaits this read
         if g.ple is not None and g.ple.layer == layer:
             if pending:
-                hyper.hc_write(b["R"][:T], b["block_out"][:T], b["inj"][:T], out=b["R"][:T], stream=stream)
+                _write(e, r0, r1, stream)
                 pending = False
             if self.split:
                 _ple_group(e, T, r0, r1, stream)
             else:
                 _ple(e, T, stream)
-        mixed, _ = self._read(f"blk.{layer}.hc_attn", layer, "hc0-", r0, r1, pending)
+        mixed, _ = _hc(e, f"blk.{layer}.hc_attn", r1, stream, r0, mark=_marks(e, layer, "hc0-", stream),
+                       pending=pending)
         stamp(e, layer, "hc-read0", stream)
         if g.layer_is_attn[layer]:
             _qsa(e, layer, mixed, r1, stream, r0)
         else:
             _gdn(e, layer, mixed, r1, stream, r0)
-        # the mixer's residual write is applied by the next read's norm kernel (either read)
-        mixed, _ = self._read(f"blk.{layer}.hc_ffn", layer, "hc1-", r0, r1, True)
+        mixed, _ = _hc(e, f"blk.{layer}.hc_ffn", r1, stream, r0, mark=_marks(e, layer, "hc1-", stream), pending=True)
         stamp(e, layer, "hc-read1", stream)
         if e.tiers is not None:  # expert tiers (tiers.py): router, doorbell, shared expert, VRAM share
             e.tiers.pre(layer, grp, r0, n, len(self.groups), stream)
         else:
-            _moe(e, layer, mixed, T, stream, write=not self.fused_hc)
+            _moe(e, layer, mixed, T, stream)
 
     def post(self, layer: int, grp: int) -> None:
         e = self.e
         r0, n = self.groups[grp]
         if e.tiers is None:
-            return  # _moe's combine wrote the residual (or left it to the next fused read)
+            return  # _moe ran whole in pre
         # the waits for the host's shares, the PCIe share, the combine into block_out
         e.tiers.post(layer, grp, r0, n, len(self.groups), self.stream)
         stamp(e, layer, "moe-tiers", self.stream)
-        self._write(layer, "hc-write1", r0, r0 + n)
 
     def record(self) -> None:
         """pre(0, A) pre(0, B) | post(0, A) pre(1, A) | post(0, B) pre(1, B) | ... | post(L-1, A) | post(L-1, B) |
@@ -325,15 +301,11 @@ class _LayerRecorder:
                     self.pre(layer + 1, grp)
         if hi > lo:
             stamp(e, hi - 1, "gap", stream)
-        if hi < L:  # the hand-off holds R whole: the last layer's write, awaiting the next fused read, goes in now
-            if self.fused_hc:
-                b = e.buf
-                hyper.hc_write(b["R"][:T], b["block_out"][:T], b["inj"][:T], out=b["R"][:T], stream=stream)
+        if hi < L:  # the hand-off holds R whole: the last layer's write, awaiting the next read, goes in now
+            if hi > lo:
+                _write(e, 0, T, stream)
             return
-        if self.fused_hc:
-            mixed, _ = _hc_fused(e, "output_hc", T, False, L > 0, stream)
-        else:
-            mixed, _ = _hc(e, "output_hc", T, False, stream)
+        mixed, _ = _hc(e, "output_hc", T, stream, pending=hi > lo)
         stamp(e, L, "hc-out", stream)
         _head_after_read(e, mixed, T, stream)
 
@@ -344,7 +316,7 @@ def record_window(e, T: int, stream) -> None:
     stamp(e, head, "begin", stream)
     groups = e.tiers.groups(T) if e.tiers is not None else [(0, T)]
     path = e.window_paths(T)
-    recorder = _LayerRecorder(e, T, stream, groups, path)
+    recorder = _LayerRecorder(e, T, stream, groups)
     with recording_path(path):
         if not recorder.split:
             recorder.record()
