@@ -1,7 +1,8 @@
 // hyper.cu: the hyper-connection read and write (strata_cli/ops/hyper.py). A read is 3 launches
 // (launch_hyper.hc_read; reference ops/hyper.hc_write_read_raw):
 //   R, xn   = hc_write_norm(R, bo, inj_prev)            [T, C, D], [T, C*D]   the previous block's pending write
-//                                                       R += bo * inj_prev (if any) in place, then the norm
+//                                                       R += bo * inj_prev (if any) in place, then the norm; after
+//                                                       the routed experts bo is their combine, computed here
 //   dn      = (W_dn . xn) / C                           [T, n_dn]   one gemv.cu / gemv_q8r.cu launch (ACT_NONE,
 //                                                       div C) over W_dn = [W_down; W_inject; zero rows]: the down
 //                                                       and inject projections read the same xn
@@ -13,36 +14,62 @@
 // Legend: T window rows, C streams, D hidden, L low rank, n_dn the rows of W_dn (>= L + C). All f32, C-contiguous.
 #include "common.cuh"
 
-// out[t, c, d] = R[t, c, d] + bo[t, d] * inj[t, c]. out may be R (in place: each element read then written once).
-// The product is rounded before the add (no FMA contraction), as numpy does. Grid-stride over T*C*D, block 256.
+// The block output a pending write adds, bo[t, d]: given (bo != null), or parts != null: the MoE's combine,
+// sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null), moe.cu moe_combine's arithmetic
+// (slot order), so the window has no combine node after its routed experts.
+struct Pending {
+    const float* bo;
+    const float* parts;
+    const float* w;
+    const float* shared;
+    int K;
+
+    __device__ __forceinline__ float at(int t, int d, int D) const {
+        if (parts == nullptr) return bo[(i64)t * D + d];
+        const float* wt = w + (i64)t * K;
+        const float* column = parts + (i64)t * K * D + d;
+        float acc = 0.0f;
+        for (int k = 0; k < K; ++k) acc += wt[k] * column[(i64)k * D];
+        return shared ? acc + shared[(i64)t * D + d] : acc;
+    }
+};
+
+// out[t, c, d] = R[t, c, d] + pending(t, d) * inj[t, c] (bo, or the MoE's combine of parts: Pending::at). out may
+// be R (in place: each element read then written once). The product is rounded before the add (no FMA
+// contraction), as numpy does. Grid-stride over T*C*D, block 256.
 extern "C" __global__ void __launch_bounds__(256)
-    hc_write(const float* R, const float* __restrict__ bo, const float* __restrict__ inj, float* out, int T, int C,
-             int D) {
+    hc_write(const float* R, const float* __restrict__ bo, const float* __restrict__ parts,
+             const float* __restrict__ route_w, const float* __restrict__ shared, int K,
+             const float* __restrict__ inj, float* out, int T, int C, int D) {
+    const Pending pend{bo, parts, route_w, shared, K};
     const i64 n = (i64)T * C * D;
     for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
         const i64 d = idx % D, tc = idx / D;  // tc = t * C + c
-        const i64 t = tc / C;
-        out[idx] = R[idx] + __fmul_rn(bo[t * D + d], inj[tc]);
+        const int t = (int)(tc / C);
+        out[idx] = R[idx] + __fmul_rn(pend.at(t, (int)d, D), inj[tc]);
     }
 }
 
 // The first kernel of the read. grid T*C (block b = t*C + c: stream c of row t), block 256.
-//   bo != null: R[t, c, :] += bo[t, :] * inj_prev[t, c] in place first (hc_write's rounding: product, then add);
+//   bo or parts != null: R[t, c, :] += pending(t, :) * inj_prev[t, c] in place first (hc_write's rounding:
+//   product, then add; pending as Pending::at);
 //   xn[t, c*D + d] = R[t, c, d] / sqrt(mean_d R[t, c, :]^2 + eps) * norm_w[c*D + d] (ops/basic.grouped_rms_norm).
 // Each block owns its stream's elements, so the in-place update races with nothing.
 extern "C" __global__ void __launch_bounds__(256)
-    hc_write_norm(float* R, const float* __restrict__ bo, const float* __restrict__ inj_prev,
-                  const float* __restrict__ norm_w, float* __restrict__ xn, int C, int D, float eps) {
+    hc_write_norm(float* R, const float* __restrict__ bo, const float* __restrict__ parts,
+                  const float* __restrict__ route_w, const float* __restrict__ shared, int K,
+                  const float* __restrict__ inj_prev, const float* __restrict__ norm_w, float* __restrict__ xn,
+                  int C, int D, float eps) {
     __shared__ float sh[WARP];
     const int b = blockIdx.x, c = b % C, t = b / C;
     const i64 base = (i64)b * D;
     float* r = R + base;
     float ss = 0.0f;
-    if (bo != nullptr) {
+    if (bo != nullptr || parts != nullptr) {
+        const Pending pend{bo, parts, route_w, shared, K};
         const float g = inj_prev[b];
-        const float* bt = bo + (i64)t * D;
         for (int d = threadIdx.x; d < D; d += blockDim.x) {
-            const float v = r[d] + __fmul_rn(bt[d], g);
+            const float v = r[d] + __fmul_rn(pend.at(t, d, D), g);
             r[d] = v;
             ss += v * v;
         }

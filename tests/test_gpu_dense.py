@@ -105,10 +105,10 @@ def test_hc_write_matches_reference_and_runs_in_place(T, C, D):
     bo = rng.standard_normal((T, D)).astype(np.float32)
     inj = (2.0 * rng.random((T, C))).astype(np.float32)
     want = hyper.hc_write(R, bo, inj)
-    got = launch_hyper.hc_write(to_dev(R), to_dev(bo), to_dev(inj), out=poisoned((T, C, D)))
+    got = launch_hyper.hc_write(to_dev(R), (to_dev(bo), to_dev(inj)), out=poisoned((T, C, D)))
     assert_close("hc_write", want, got, rtol=0, atol=0)
     R_dev = to_dev(R)
-    launch_hyper.hc_write(R_dev, to_dev(bo), to_dev(inj), out=R_dev)
+    launch_hyper.hc_write(R_dev, (to_dev(bo), to_dev(inj)), out=R_dev)
     assert_close("hc_write in place", want, R_dev, rtol=0, atol=0)
 
 

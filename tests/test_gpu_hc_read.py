@@ -149,3 +149,48 @@ def test_window_matches_numpy_and_replays_eager(fixture_dir, name, gemv_tc):
     ref = ReferenceEngine(model).run(tokens[:24], 0)
     assert _rel_err(runs[False][0], ref.logits) <= 1e-3
     np.testing.assert_array_equal(runs[False][1], ref.ids)
+
+
+@pytest.mark.parametrize("T,C,D,K", [(1, 4, 64, 4), (3, 3, 40, 10), (16, 5, 96, 1)])
+@pytest.mark.parametrize("shared", (True, False), ids=("shared", "noshared"))
+def test_read_and_write_compute_the_experts_combine(T, C, D, K, shared):
+    """A CombineWrite (the window after its routed experts): the block output is the experts' combine, computed in
+    the read's first kernel and in hc_write, bit for bit launch_moe.combine's (moe_combine) then the plain write;
+    against the numpy reference (ops/moe.combine, then hc_write_read_raw); NaN-poisoned outputs, graph replay."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_gemv, launch_hyper, launch_moe
+    from strata_cli.ops import moe
+
+    rng = np.random.default_rng(T * 7 + C + D + K + shared)
+    L = 32
+    R, norm_w, down, up, inj_w, _ = _inputs(rng, T, C, D, L, (quants.Q8_0,) * 3, True, False)
+    parts = rng.standard_normal((T * K + 3, D)).astype(np.float32)  # more rows than the window's entries
+    weights = rng.random((T, K)).astype(np.float32)
+    sh = rng.standard_normal((T, D)).astype(np.float32) if shared else None
+    inj_prev = (2.0 * rng.random((T, C))).astype(np.float32)
+    bo = moe.combine(parts, weights, sh)
+    want_R, want_mixed, want_inj = hyper.hc_write_read_raw(R, (bo, inj_prev), norm_w, down, quants.Q8_0, up,
+                                                           quants.Q8_0, inj_w, quants.Q8_0, 1e-6)
+    w = hc_weights(norm_w, down, quants.Q8_0, up, quants.Q8_0, inj_w, quants.Q8_0, pack=True)
+    dparts, dw, dsh, dinj0, R0 = (to_dev(a) for a in (parts, weights, sh if shared else np.zeros(1), inj_prev, R))
+    pending = launch_hyper.CombineWrite(dparts, dw, dsh if shared else None, cp.empty_like(dinj0))
+    R_read, R_write, mixed = cp.empty_like(R0), poisoned((T, C, D)), poisoned((T, D))
+    scratch = launch_hyper.HcScratch.empty(T, C, D, w.dn_raw.shape[0])
+    split = launch_gemv.SplitK.empty()
+
+    def record(stream):
+        with stream:
+            cp.copyto(R_read, R0)
+            cp.copyto(pending.inj, dinj0)
+        launch_hyper.hc_write(R0, pending, out=R_write, stream=stream)
+        launch_hyper.hc_read(R_read, w, 1e-6, pending=pending, out_mixed=mixed, out_inj=pending.inj,
+                             scratch=scratch, split=split, stream=stream)
+
+    got_write, got_R, got_mixed, got_inj = assert_replay_equals_eager(record, [R_write, R_read, mixed, pending.inj])
+    plain = launch_hyper.hc_write(R0, (launch_moe.combine(dparts, dw, dsh if shared else None), dinj0)).get()
+    np.testing.assert_array_equal(got_write, plain)
+    np.testing.assert_array_equal(got_R, plain)
+    assert_close("R", want_R, got_R, rtol=1e-6, atol=1e-6)  # the combine's products may be fused (FMA) on the GPU
+    assert_close("mixed", want_mixed, got_mixed)
+    assert_close("inj", want_inj, got_inj)

@@ -55,3 +55,18 @@ def test_norm_stacked_gemv_and_up_mix_are_the_read(T, C, D, L, inject):
         np.testing.assert_allclose(got_inj, want_inj, rtol=1e-6, atol=1e-7)
     else:
         assert got_inj is None
+
+
+def test_combine_sums_the_slots_in_order():
+    """ops/moe.combine: entry t*K + k weighted by weights[t, k], rows past T*K ignored, shared added."""
+    from strata_cli.ops import moe
+
+    rng = np.random.default_rng(3)
+    T, K, D = 3, 4, 10
+    parts = rng.standard_normal((T * K + 2, D)).astype(np.float32)
+    w = rng.random((T, K)).astype(np.float32)
+    shared = rng.standard_normal((T, D)).astype(np.float32)
+    want = np.einsum("tk,tkd->td", w.astype(np.float64), parts[:T * K].reshape(T, K, D).astype(np.float64))
+    np.testing.assert_allclose(moe.combine(parts, w), want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(moe.combine(parts, w, shared), want + shared, rtol=1e-6, atol=1e-6)
+    assert moe.combine(parts, w).dtype == np.float32

@@ -173,6 +173,14 @@ def test_launchers_reject_bad_arguments_before_touching_the_device():
     with pytest.raises(ValueError, match=r"^up_raw: type Q4_0 is not one of"):
         launch_hyper.hc_read(R, launch_hyper.HcWeights(np.ones(64, np.float32), _raw((32, 64), BF16), BF16, 32, 0,
                                                        np.zeros((64, 18), np.uint8), quants.Q4_0), 1e-6)
+    bad = launch_hyper.CombineWrite(np.zeros((3, 32), np.float32), np.zeros((1, 4), np.float32), None,
+                                    np.zeros((1, 2), np.float32))
+    with pytest.raises(ValueError, match=r"^pending.parts: 3 rows, the combine needs 1 x 4"):
+        launch_hyper.hc_read(R, hc(), 1e-6, pending=bad)
+    with pytest.raises(ValueError, match=r"^pending.parts: 3 rows"):
+        launch_hyper.hc_write(R, bad, out=R)
+    with pytest.raises(ValueError, match=r"^pending: None"):
+        launch_hyper.hc_write(R, None)
     with pytest.raises(ValueError, match=r"^R: 17 rows exceed"):
         launch_hyper.hc_read(np.zeros((17, 2, 32), np.float32), hc(), 1e-6)
     with pytest.raises(ValueError, match=r"^scratch.dn: 16 values, the read needs 1 x 32"):

@@ -14,7 +14,7 @@ from test_window_steps import _Buffers, _Rows
 GDN_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "qkv", "z", "gdn-mix", "out-proj"]
 QSA_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "k/v+norm-rope", "kv append", "q+norm-rope",
               "attention", "out-proj"]
-MOE_STAGES = ["hc1-write+norm", "hc1-down", "hc-read1", "router", "shared", "experts", "combine"]
+MOE_STAGES = ["hc1-write+norm", "hc1-down", "hc-read1", "router", "shared", "experts"]
 
 
 def make_plan(kinds=("GDN", "GDN", "QSA")) -> sp.Plan:
@@ -241,7 +241,7 @@ class _Launches:
     """Stands in for a launcher module: every launcher is a no-op that calls its mark hook like the real one;
     scratch classes and geometry helpers are the real module's."""
 
-    PARTS = {"hc_read": ("norm", "down"), "routed_experts": ("experts",)}
+    PARTS = {"hc_read": ("norm", "down")}
 
     def __init__(self, real):
         self.real = real

@@ -98,7 +98,7 @@ QSA_HEAD = ["launch_gemv.gemv", "qsa.norm_rope", "launch_gemv.gemv", "qsa.kv_app
 QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "memcpy", "launch_gemv.gemv", "qsa.norm_rope",
                "qsa.block_scores", "qsa.select_cells"]
 QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
-MOE = ["launch_gemv.gemv", "moe.router_topk", "moe.shared_expert", "moe.routed_experts"]
+MOE = ["launch_gemv.gemv", "moe.router_topk", "moe.shared_expert", "moe.routed_parts"]  # combine: the next read's
 PLE = ["ple.ngram_rows", "embed.gather_rows", "ple.ple_mix"]
 PLE_GROUP_A = ["ple.ngram_rows", "embed.gather_rows", "memcpy", "ple.ple_mix", "memcpy"]
 PLE_GROUP_B = ["memcpy", "ple.ple_mix", "memcpy"]

@@ -25,7 +25,8 @@ LAYER_STAGES = (
     "ple",            # per-layer embedding mix (the PLE layer only)
     "hc0-norm",       # (seed 27) hyper-connection read before the block: RMS norm of the C streams (the first layer of
                       # the window or stage, and the PLE layer, whose write has a node of its own)
-    "hc0-write+norm",  # the same after the previous layer's pending MoE write, in one kernel
+    "hc0-write+norm",  # the same after the previous layer's pending MoE write, in one kernel (with every expert in
+                       # VRAM also the experts' weighted sum + shared expert, seed 24's combine)
     "hc0-down",       # (seed 28) its down + inject GEMV (one matrix)
     "hc-read0",       # (seeds 29, 1) up GEMV, gates, mix and inject gates (hyper.cu hc_up_mix)
     "qkv",            # (seed 2) GDN: qkv projection
@@ -51,8 +52,6 @@ LAYER_STAGES = (
     "pcie-group",     # (seed 22) expert tiers: experts read over PCIe
     "waitCPU",        # (seed 23) expert tiers: wait for the host-computed experts
     "moe-tiers",      # expert tiers: what of the tiered MoE (engine/gpu/tiers.py) no finer stamp took
-    "combine",        # (seed 24) weighted sum of the experts + shared expert (its residual write is the next
-                      # layer's hc0-write+norm)
     "gap",            # (seed 25) from the layer's last stamp to the next layer's first (node overhead)
 )
 # Stages of the window outside the layers (row n_layers). "begin" is the reference (first node of the graph),

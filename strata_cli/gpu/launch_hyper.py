@@ -41,6 +41,18 @@ class HcWeights:
 
 
 @dataclass
+class CombineWrite:
+    """A pending write whose block output is the MoE's combine (launch_moe.combine's arithmetic), computed by the
+    read's first kernel: parts [>= T*K, D] the unweighted expert outputs (entry t*K + k), weights [T, K], shared
+    [T, D] or None (added), inj [T, C] the write's gates."""
+
+    parts: object
+    weights: object
+    shared: object
+    inj: object
+
+
+@dataclass
 class HcScratch:
     """Intermediates of hc_read: xn [>= T, C*D] and dn, a float32 buffer of at least T * n_dn values (its leading
     [T, n_dn] view is used)."""
@@ -69,7 +81,8 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
     """R [T, C, D] -> (mixed [T, D], inj [T, C] or None when w.n_inj is 0); reference ops/hyper.hc_write_read_raw.
 
     pending = (block_out [T, D], inj_prev [T, C]): the previous block's write R += block_out * inj_prev is applied
-    to R in place first (hc_write's arithmetic), in the norm's kernel. out_inj may be inj_prev's buffer (the norm's
+    to R in place first (hc_write's arithmetic), in the norm's kernel; a CombineWrite: block_out is the MoE's
+    combine, computed there (no combine launch). out_inj may be inj_prev's buffer (the norm's
     kernel has read it before hc_up_mix writes). mark(part) is called after the "norm" ("write+norm") and "down"
     launches (the profiling graph's stamps)."""
     with U.on_stream(stream):
@@ -93,11 +106,7 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
                              f"({UP_SMEM_FLOATS} floats)")
         if not w.n_inj and out_inj is not None:
             raise ValueError("out_inj: given, but the read has no inject rows (n_inj 0)")
-        bo = inj_prev = None
-        if pending is not None:
-            bo, inj_prev = pending
-            U.check_array("block_out", bo, np.float32, (T, D))
-            U.check_array("inj_prev", inj_prev, np.float32, (T, C))
+        bo, combine, inj_prev = _pending(pending, T, C, D)
         s = scratch if scratch is not None else HcScratch(None, None)
         xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), empty)
         dn = _leading_rows("scratch.dn", s.dn, T, n_dn, empty)
@@ -106,7 +115,8 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
             out_inj = U.out_array("out_inj", out_inj, (T, C), np.float32, empty)
 
         nvrtc.kernel("hyper", "hc_write_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
-            R, U.null_or(bo), U.null_or(inj_prev), w.norm_w, xn, np.int32(C), np.int32(D), np.float32(eps)))
+            R, U.null_or(bo), *combine, U.null_or(inj_prev), w.norm_w, xn, np.int32(C), np.int32(D),
+            np.float32(eps)))
         _mark(mark, "norm" if pending is None else "write+norm")
         launch_gemv(w.dn_raw, w.dn_type, CD, xn, dn, split, div=float(C))
         _mark(mark, "down")
@@ -117,22 +127,45 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
     return out_mixed, (out_inj if w.n_inj else None)
 
 
+def _pending(pending, T: int, C: int, D: int):
+    """(block_out or None, the combine's (parts, weights, shared, K) kernel arguments, inj_prev or None), checked."""
+    none = (U.null_or(None),) * 3 + (np.int32(0),)
+    if pending is None:
+        return None, none, None
+    if isinstance(pending, CombineWrite):
+        U.check_array("pending.weights", pending.weights, np.float32, (T, None))
+        K = pending.weights.shape[1]
+        U.check_array("pending.parts", pending.parts, np.float32, (None, D))
+        if pending.parts.shape[0] < T * K:
+            raise ValueError(f"pending.parts: {pending.parts.shape[0]} rows, the combine needs {T} x {K}")
+        if pending.shared is not None:
+            U.check_array("pending.shared", pending.shared, np.float32, (T, D))
+        U.check_array("pending.inj", pending.inj, np.float32, (T, C))
+        return None, (pending.parts, pending.weights, U.null_or(pending.shared), np.int32(K)), pending.inj
+    bo, inj_prev = pending
+    U.check_array("block_out", bo, np.float32, (T, D))
+    U.check_array("inj_prev", inj_prev, np.float32, (T, C))
+    return bo, none, inj_prev
+
+
 def _mark(mark, part: str) -> None:
     if mark is not None:
         mark(part)
 
 
-def hc_write(R, block_out, inj, out=None, stream=None):
-    """R [T, C, D] + block_out [T, D] * inj [T, C] per stream -> out [T, C, D] (pass out=R to update in place)."""
+def hc_write(R, pending, out=None, stream=None):
+    """R [T, C, D] + block_out [T, D] * inj [T, C] per stream -> out [T, C, D] (pass out=R to update in place);
+    pending = (block_out, inj), or a CombineWrite (block_out the MoE's combine, computed in the same kernel)."""
     with U.on_stream(stream):
         U.check_array("R", R, np.float32, (None, None, None))
         T, C, D = R.shape
-        U.check_array("block_out", block_out, np.float32, (T, D))
-        U.check_array("inj", inj, np.float32, (T, C))
+        if pending is None:
+            raise ValueError("pending: None, expected (block_out, inj) or a CombineWrite")
+        bo, combine, inj = _pending(pending, T, C, D)
         out = U.out_array("out", out, (T, C, D), np.float32, empty)
         grid, block = U.elementwise_grid(T * C * D)
         nvrtc.kernel("hyper", "hc_write")(grid, block, (
-            R, block_out, inj, out, np.int32(T), np.int32(C), np.int32(D)))
+            R, U.null_or(bo), *combine, inj, out, np.int32(T), np.int32(C), np.int32(D)))
     return out
 
 

@@ -160,15 +160,14 @@ def _check_types(name: str, ggml_types, n: int) -> tuple[int, ...]:
     return tuple(U.check_type(name, t) for t in types)
 
 
-def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=None, shared=None,
-                   scratch: MoeScratch | None = None, stream=None, mark=None, grouped: bool = False):
-    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> out [T, D] (+ shared [T, D] when given, fused).
+def routed_parts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, scratch: MoeScratch | None = None,
+                 stream=None, grouped: bool = False):
+    """parts [J, D]: entry j = t*K + k holds expert_{ids[t, k]}(x[t]), unweighted (routed_experts without its
+    combine; the window's next hyper-connection read combines them: launch_hyper.CombineWrite).
 
-    x [T, D]; ids [T, K] int32; weights [T, K] f32; gate_raw, up_raw [E, F, D] and down_raw [E, D, F] raw
-    tensors in numpy order; ggml_types = (gate, up, down). An id outside 0..E-1 turns its row's output NaN.
-    grouped: scratch's g_expert / g_count / g_entries already
-    hold the grouping of ids (router_topk(groups=) made it in the same stream). mark("experts") is called before the combine launch
-    (the profiling graph's stamps)."""
+    x [T, D]; ids [T, K] int32; weights [T, K] f32 (checked for the combine); gate_raw, up_raw [E, F, D] and
+    down_raw [E, D, F] raw tensors in numpy order; ggml_types = (gate, up, down). grouped: scratch's g_expert /
+    g_count / g_entries already hold the grouping of ids (router_topk(groups=) made it in the same stream)."""
     gt, ut, dt = _check_types("ggml_types", ggml_types, 3)
     with U.on_stream(stream):
         U.check_array("x", x, np.float32, (None, None))
@@ -179,8 +178,6 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         E, F, gate_stride = U.expert_geometry("gate_raw", gate_raw, gt, D)
         _, _, up_stride = U.expert_geometry("up_raw", up_raw, ut, D, n_out=F, n_expert=E)
         _, _, down_stride = U.expert_geometry("down_raw", down_raw, dt, F, n_out=D, n_expert=E)
-        if shared is not None:
-            U.check_array("shared", shared, np.float32, (T, D))
         J = T * K
         if T > U.GEMV_MAXT:
             raise ValueError(f"x: {T} rows exceed {U.GEMV_MAXT} (an expert group holds at most that many entries)")
@@ -188,19 +185,44 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         h = U.scratch_rows("scratch.h", s.h, J, (F,), empty)
         parts = U.scratch_rows("scratch.parts", s.parts, J, (D,), empty)
         groups = _group_buffers(s, J)
-        out = U.out_array("out", out, (T, D), np.float32, empty)
 
         # group the entries by expert; entry j = t*K + k reads x row t = j // K; h and parts are indexed by entry
         if not grouped:
             group_entries(ids, J, groups)
         launch_swiglu_experts((gate_raw, gt, gate_stride), (up_raw, ut, up_stride), (down_raw, dt, down_stride), E,
                               groups, J, T, x, K, h, parts)
-        if mark is not None:
-            mark("experts")
+    return parts
+
+
+def combine(parts, weights, shared=None, out=None, stream=None):
+    """out [T, D] = sum_k weights[t, k] * parts[t*K + k] (+ shared [T, D]), in slot order (kernels/moe.cu
+    moe_combine); parts [>= T*K, D]."""
+    with U.on_stream(stream):
+        U.check_array("weights", weights, np.float32, (None, None))
+        T, K = weights.shape
+        U.check_array("parts", parts, np.float32, (None, None))
+        D = parts.shape[1]
+        if parts.shape[0] < T * K:
+            raise ValueError(f"parts: {parts.shape[0]} rows, the combine needs {T} x {K}")
+        if shared is not None:
+            U.check_array("shared", shared, np.float32, (T, D))
+        out = U.out_array("out", out, (T, D), np.float32, empty)
         grid, block = U.elementwise_grid(T * D)
         nvrtc.kernel("moe", "moe_combine")(grid, block, (
             parts, weights, U.null_or(shared), out, np.int32(T), np.int32(K), np.int32(D)))
     return out
+
+
+def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=None, shared=None,
+                   scratch: MoeScratch | None = None, stream=None, mark=None, grouped: bool = False):
+    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> out [T, D] (+ shared [T, D] when given, fused):
+    routed_parts, then combine. An id outside 0..E-1 turns its row's output NaN. mark("experts") is called before
+    the combine launch (the profiling graph's stamps)."""
+    parts = routed_parts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, scratch=scratch, stream=stream,
+                         grouped=grouped)
+    if mark is not None:
+        mark("experts")
+    return combine(parts, weights, shared=shared, out=out, stream=stream)
 
 
 @dataclass

@@ -47,23 +47,36 @@ def _marks(e, layer: int, prefix: str, stream):
     return lambda part: e.stamper(layer, prefix + part, stream)
 
 
-def _hc(e, prefix: str, T: int, stream, r0: int = 0, mark=None, pending: bool = False):
+# What a read's pending write adds to R (the previous block's output): nothing, block_out (a mixer's out-projection,
+# the tiers' combine), or the routed experts' combine, which the read's first kernel computes (_moe leaves it)
+NO_WRITE, BLOCK_OUT, COMBINE = None, "block_out", "combine"
+
+
+def _pending(e, pending, r0: int, r1: int):
+    b = e.buf
+    if pending == COMBINE:
+        assert r0 == 0, "split windows run the tiers' MoE, which combines into block_out"
+        return hyper.CombineWrite(b["moe_parts"], b["route_w"][:r1], b["shared"][:r1], b["inj"][:r1])
+    return (b["block_out"][r0:r1], b["inj"][r0:r1]) if pending == BLOCK_OUT else None
+
+
+def _hc(e, prefix: str, T: int, stream, r0: int = 0, mark=None, pending=NO_WRITE):
     """HC read of rows [r0, T) (r0 > 0 only for the second token group of a split window); pending: the write of
-    those rows' block_out with the last read's inj goes into R first (in the norm's kernel). The read's inject
+    those rows' block output with the last read's inj goes into R first (in the norm's kernel). The read's inject
     gates (if any) go to inj, which held the pending write's."""
     b = e.buf
     w = e.w.hc(prefix)
     scratch = hyper.HcScratch(b["hc_xn"], b["hc_dn"])
-    return hyper.hc_read(b["R"][r0:T], w, e.g.eps, pending=(b["block_out"][r0:T], b["inj"][r0:T]) if pending else None,
-                         out_mixed=b["mixed"][r0:T], out_inj=b["inj"][r0:T] if w.n_inj else None, scratch=scratch,
-                         split=split_k(b), stream=stream, mark=mark)
+    return hyper.hc_read(b["R"][r0:T], w, e.g.eps, pending=_pending(e, pending, r0, T), out_mixed=b["mixed"][r0:T],
+                         out_inj=b["inj"][r0:T] if w.n_inj else None, scratch=scratch, split=split_k(b),
+                         stream=stream, mark=mark)
 
 
-def _write(e, r0: int, r1: int, stream) -> None:
-    """The pending write of rows [r0, r1) on its own (hc_write): before the PLE mix, which reads R, and at the end
-    of a stage of the layer split, which hands R on whole."""
-    b = e.buf
-    hyper.hc_write(b["R"][r0:r1], b["block_out"][r0:r1], b["inj"][r0:r1], out=b["R"][r0:r1], stream=stream)
+def _write(e, r0: int, r1: int, stream, pending) -> None:
+    """The pending write of rows [r0, r1) on its own (hc_write, computing the experts' combine when it is theirs):
+    before the PLE mix, which reads R, and at the end of a stage of the layer split, which hands R on whole."""
+    R = e.buf["R"][r0:r1]
+    hyper.hc_write(R, _pending(e, pending, r0, r1), out=R, stream=stream)
 
 
 def gemv_weight(e, name: str, x, out, stream):
@@ -163,8 +176,8 @@ def _rows(buf, T: int, width: int):
 
 
 def _moe(e, layer: int, x, T: int, stream):
-    """Router, shared expert, routed experts and their combine into block_out, every expert in VRAM (the residual
-    write of block_out is the next read's)."""
+    """Router, shared expert and routed experts, every expert in VRAM; their combine and its residual write are the
+    next read's (COMBINE)."""
     b, w, g = e.buf, e.w, e.g
     blk = f"blk.{layer}."
     gemv_weight(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
@@ -183,11 +196,9 @@ def _moe(e, layer: int, x, T: int, stream):
                       stream=stream, sg=sg)
     stamp(e, layer, "shared", stream)
     exps = [w.raw(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
-    moe.routed_experts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps],
-                       out=b["block_out"][:T], shared=b["shared"][:T],
-                       scratch=scratch, grouped=True,
-                       stream=stream, mark=_marks(e, layer, "", stream))
-    stamp(e, layer, "combine", stream)
+    moe.routed_parts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps], scratch=scratch,
+                     grouped=True, stream=stream)
+    stamp(e, layer, "experts", stream)
 
 
 def _ple(e, T: int, stream):
@@ -234,8 +245,9 @@ class _LayerRecorder:
     record_window); every block's residual write is applied by the next HC read's first kernel (the pending
     write); a GDN mixer is always 4 nodes (_gdn). Per layer and group:
 
-        pre(l, g)  = [write, PLE] HC read (attn; the previous layer's MoE write first), mixer, HC read (ffn; the
-                     mixer's write first), MoE or the tiers' front: router, doorbell, shared expert, VRAM experts
+        pre(l, g)  = [write, PLE] HC read (attn; the previous layer's MoE write first, with every expert in VRAM also
+                     the experts' combine), mixer, HC read (ffn; the mixer's write first), MoE (router, shared
+                     expert, routed experts) or the tiers' front: router, doorbell, shared expert, VRAM experts
         post(l, g) = the tiers' back: waits, PCIe experts, combine
 
     The write before a PLE layer that is not the first is launched on its own (the mix reads R)."""
@@ -243,6 +255,7 @@ class _LayerRecorder:
     def __init__(self, e, T: int, stream, groups):
         self.e, self.T, self.stream, self.groups = e, T, stream, groups
         self.split = len(groups) == 2
+        self.moe_write = BLOCK_OUT if e.tiers is not None else COMBINE  # the tiers' post combines into block_out
 
     def pre(self, layer: int, grp: int) -> None:
         e, g, T, stream = self.e, self.e.g, self.T, self.stream
@@ -250,11 +263,11 @@ class _LayerRecorder:
         r1 = r0 + n
         if layer:
             stamp(e, layer - 1, "gap", stream)
-        pending = layer > self.e.layers[0]  # the previous layer's MoE write awaits this read
+        pending = self.moe_write if layer > self.e.layers[0] else NO_WRITE  # the previous layer's MoE write
         if g.ple is not None and g.ple.layer == layer:
             if pending:
-                _write(e, r0, r1, stream)
-                pending = False
+                _write(e, r0, r1, stream, pending)
+                pending = NO_WRITE
             if self.split:
                 _ple_group(e, T, r0, r1, stream)
             else:
@@ -266,7 +279,8 @@ class _LayerRecorder:
             _qsa(e, layer, mixed, r1, stream, r0)
         else:
             _gdn(e, layer, mixed, r1, stream, r0)
-        mixed, _ = _hc(e, f"blk.{layer}.hc_ffn", r1, stream, r0, mark=_marks(e, layer, "hc1-", stream), pending=True)
+        mixed, _ = _hc(e, f"blk.{layer}.hc_ffn", r1, stream, r0, mark=_marks(e, layer, "hc1-", stream),
+                       pending=BLOCK_OUT)
         stamp(e, layer, "hc-read1", stream)
         if e.tiers is not None:  # expert tiers (tiers.py): router, doorbell, shared expert, VRAM share
             e.tiers.pre(layer, grp, r0, n, len(self.groups), stream)
@@ -303,9 +317,9 @@ class _LayerRecorder:
             stamp(e, hi - 1, "gap", stream)
         if hi < L:  # the hand-off holds R whole: the last layer's write, awaiting the next read, goes in now
             if hi > lo:
-                _write(e, 0, T, stream)
+                _write(e, 0, T, stream, self.moe_write)
             return
-        mixed, _ = _hc(e, "output_hc", T, stream, pending=hi > lo)
+        mixed, _ = _hc(e, "output_hc", T, stream, pending=self.moe_write if hi > lo else NO_WRITE)
         stamp(e, L, "hc-out", stream)
         _head_after_read(e, mixed, T, stream)
 
