@@ -82,6 +82,105 @@ extern "C" __global__ void __launch_bounds__(1024)
     group_by_key(sid, sid + J, 0, J, max_rows, false, g_expert, g_count, g_entries);
 }
 
+// The router's GEMV, its top-k and the shared expert's gate in one launch (the window's: no logits node before
+// router_topk). W [E, n_in] f32 rows, x [T, n_in] (T <= GEMV_MAXT), logits [T, E] written (and read back by the
+// last block). grid ceil(E / 8), block 256, dynamic shared memory max(8 * E, T*K + 256) floats.
+//   sg_w != null: block b writes sg[t] = sigmoid(sg_w . x[t]) for t = b, b + gridDim.x, ... (router_topk's gate);
+//   warp w of block b: logits[t, e] = W[e] . x[t] for e = 8b + w and every row t (lanes over n_in, warp_sum);
+//   the block counted last in done[0] (a zeroed counter it resets): warp w takes rows t = w, w + 8, ...: p = exp(z -
+//   max) / sum, K rounds of warp argmax on p (ties -> lower id), w = top p / their sum (router_topk's selection;
+//   its sums go in warp order), then groups the J = T*K entries by expert as router_topk does (J <= 256).
+extern "C" __global__ void __launch_bounds__(256)
+    router_gemv_topk(const float* __restrict__ W, const float* __restrict__ x, int n_in, int T, float* logits,
+                     int E, int K, int* ids, float* __restrict__ w, int* __restrict__ g_expert,
+                     int* __restrict__ g_count, int* __restrict__ g_entries, int max_rows, unsigned* done,
+                     const u8* __restrict__ sg_w, int sg_type, float* __restrict__ sg) {
+    extern __shared__ float p[];
+    __shared__ float shv[WARP];
+    __shared__ float top_p[GEMV_WARPS][ROUTER_MAXK];
+    __shared__ int last;
+    for (int t = blockIdx.x; sg_w != nullptr && t < T; t += gridDim.x) {  // uniform per block (block_sum's barriers)
+        const float* xt = x + (i64)t * n_in;
+        float acc = 0.0f;
+        for (int i = threadIdx.x; i < n_in; i += blockDim.x) acc += raw_at(sg_w, sg_type, i) * xt[i];
+        acc = block_sum(acc, shv);
+        if (threadIdx.x == 0) sg[t] = sigmoid_f(acc);
+    }
+    const int lane = threadIdx.x & (WARP - 1), warp = threadIdx.x / WARP;
+    const int e = blockIdx.x * GEMV_WARPS + warp;
+    if (e < E) {
+        const float* row = W + (i64)e * n_in;
+        float acc[GEMV_MAXT];
+#pragma unroll
+        for (int t = 0; t < GEMV_MAXT; ++t) acc[t] = 0.0f;
+        for (int i = lane; i < n_in; i += WARP) {
+            const float wi = __ldg(row + i);
+#pragma unroll
+            for (int t = 0; t < GEMV_MAXT; ++t)
+                if (t < T) acc[t] += wi * x[(i64)t * n_in + i];
+        }
+#pragma unroll
+        for (int t = 0; t < GEMV_MAXT; ++t) {
+            if (t < T) {  // T is uniform: every lane meets the shuffles
+                const float v = warp_sum(acc[t]);
+                if (lane == 0) logits[(i64)t * E + e] = v;
+            }
+        }
+    }
+    __threadfence();  // this block's logits are visible device-wide before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+        if (last) atomicExch(done, 0u);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float* pw = p + (i64)warp * E;
+    for (int t = warp; t < T; t += GEMV_WARPS) {
+        const float* z = logits + (i64)t * E;
+        float m = NEG_INF;
+        for (int j = lane; j < E; j += WARP) m = fmaxf(m, __ldcg(z + j));  // L2: other blocks wrote them
+        m = warp_max(m);
+        float s = 0.0f;
+        for (int j = lane; j < E; j += WARP) {
+            pw[j] = expf(__ldcg(z + j) - m);
+            s += pw[j];
+        }
+        s = warp_sum(s);
+        for (int j = lane; j < E; j += WARP) pw[j] = pw[j] / s;  // each lane touches only its own j
+        __syncwarp();
+        // K rounds of warp argmax; a taken expert is set to -1 (probabilities are >= 0, so it never wins again)
+        for (int k = 0; k < K; ++k) {
+            float bv = NEG_INF;
+            int bi = BIG_ID;
+            for (int j = lane; j < E; j += WARP)
+                if (arg_better(pw[j], j, bv, bi)) { bv = pw[j]; bi = j; }
+            warp_argmax(bv, bi);  // every lane holds the winner
+            if (lane == 0) {
+                ids[(i64)t * K + k] = bi;
+                top_p[warp][k] = bv;
+                pw[bi] = -1.0f;
+            }
+            __syncwarp();
+        }
+        if (lane == 0) {
+            float sum = 0.0f;
+            for (int k = 0; k < K; ++k) sum += top_p[warp][k];
+            for (int k = 0; k < K; ++k) w[(i64)t * K + k] = top_p[warp][k] / sum;
+        }
+        __syncwarp();
+    }
+    if (g_expert == nullptr) return;
+    __threadfence_block();
+    __syncthreads();  // every row's ids are written (this block wrote them all)
+    const int J = T * K;
+    int* sid = reinterpret_cast<int*>(p);  // p is no longer read: the ids, then group_by_key's leader flags
+    for (int j = threadIdx.x; j < J; j += blockDim.x) sid[j] = ids[j];
+    __syncthreads();
+    group_by_key(sid, sid + J, 0, J, max_rows, false, g_expert, g_count, g_entries);
+}
+
 // out[t, d] = sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null); its residual write
 // into the streams is the next hyper-connection read's (hyper.cu hc_write_norm). Grid-stride over T*D, block 256. Slot order; numpy adds in expert-id order (float32 rounding differs only).
 extern "C" __global__ void __launch_bounds__(256)

@@ -275,3 +275,54 @@ def test_moe_block_captures_into_a_graph_without_allocating():
             + moe.shared_expert_raw(x, *sh, sh_types))
     assert_close("graph moe", want, out)
     graph.destroy()
+
+
+@pytest.mark.parametrize("T", (1, 3, 16))
+@pytest.mark.parametrize("E,k,D", [(16, 4, 64), (61, 4, 100), (512, 10, 2560), (1024, 16, 96)])
+@pytest.mark.parametrize("sg_type", (None, F32, BF16), ids=("nogate", "sgF32", "sgBF16"))
+def test_router_gemv_topk_matches_reference(T, E, k, D, sg_type):
+    """router_gemv_topk (the window's router: GEMV, top-k, grouping and the shared gate in one launch) against the
+    numpy router over x @ W^T: the same ids, weights and logits within rounding, the groups moe_group makes of those
+    ids, the shared gate; NaN-poisoned outputs; eager and every graph replay give the same bits (the arrival counter
+    back at zero each time)."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_moe
+    from strata_cli.gpu.launch_util import GEMV_MAXT
+    from strata_cli.ops.gemv import gemv
+
+    if T * k > 256:
+        pytest.skip("the router groups at most 256 entries")
+    rng = np.random.default_rng(T * 1000 + E + k + D)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    W = (rng.standard_normal((E, D)) / np.sqrt(D)).astype(np.float32)
+    want_logits = gemv(W, F32, D, x)
+    want_ids, want_w = moe.router_topk(want_logits, k)
+    J = T * k
+    dx, dW = to_dev(x), to_dev(W)
+    logits, ids, w = poisoned((T, E)), poisoned((T, k), np.int32), poisoned((T, k))
+    groups = (poisoned((J,), np.int32), poisoned((J,), np.int32), cp.zeros((J, GEMV_MAXT), np.int32))
+    done = cp.zeros((1,), np.uint32)
+    sg = poisoned((T, 1))
+    gate = None
+    if sg_type is not None:
+        sg_w = raw_weight(rng, (D,), sg_type, 0.05)
+        gate = (to_dev(sg_w), sg_type, sg)
+
+    def record(stream):
+        launch_moe.router_gemv_topk(dx, dW, F32, k, groups, done, out_logits=logits, out_ids=ids, out_w=w,
+                                    scalar_gate=gate, stream=stream)
+
+    outs = [logits, ids, w, *groups[:2]] + ([sg] if gate else [])
+    got = assert_replay_equals_eager(record, [o for o in outs if o.dtype == np.float32])
+    assert int(done.get()[0]) == 0
+    assert_close("logits", want_logits, got[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(ids.get(), want_ids)
+    np.testing.assert_allclose(w.get(), want_w, rtol=0, atol=1e-6)
+    want_groups = (poisoned((J,), np.int32), poisoned((J,), np.int32), cp.zeros((J, GEMV_MAXT), np.int32))
+    launch_moe.group_entries(ids, J, want_groups)
+    for name, a, b in zip(("g_expert", "g_count", "g_entries"), groups, want_groups):
+        np.testing.assert_array_equal(a.get(), b.get(), err_msg=name)
+    if gate is not None:
+        w_sg = quants.dequantize(sg_w, sg_type).reshape(-1).astype(np.float32)
+        assert_close("sg", (1.0 / (1.0 + np.exp(-(x @ w_sg)))).reshape(T, 1).astype(np.float32), sg, rtol=1e-5)

@@ -157,6 +157,21 @@ def test_launchers_reject_bad_arguments_before_touching_the_device():
         launch_gemv.gemv(_raw((4, 96), Q8_0), Q8_0, 96, x)
     with pytest.raises(ValueError, match=r"^k: 9 outside 1..8"):
         launch_moe.router_topk(np.zeros((2, 8), np.float32), 9)
+    groups = (np.zeros(8, np.int32), np.zeros(8, np.int32), np.zeros((8, U.GEMV_MAXT), np.int32))
+    done = np.zeros(1, np.uint32)
+    with pytest.raises(ValueError, match=r"^router_raw: 2000 experts of type F32"):
+        launch_moe.router_gemv_topk(x, np.zeros((2000, 64), np.float32), F32, 2, groups, done)
+    with pytest.raises(ValueError, match=r"^router_raw: 8 experts of type BF16"):
+        launch_moe.router_gemv_topk(x, _raw((8, 64), BF16), BF16, 2, groups, done)
+    with pytest.raises(ValueError, match=r"^k: 9 outside 1..8"):
+        launch_moe.router_gemv_topk(x, np.zeros((8, 64), np.float32), F32, 9, groups, done)
+    with pytest.raises(ValueError, match=r"^scratch.g_expert: 8 rows, the window needs 9"):
+        launch_moe.router_gemv_topk(x, np.zeros((8, 64), np.float32), F32, 3, groups, done)
+    with pytest.raises(ValueError, match=r"^x: 17 rows exceed"):
+        launch_moe.router_gemv_topk(np.zeros((17, 64), np.float32), np.zeros((8, 64), np.float32), F32, 2, groups,
+                                    done)
+    assert launch_moe.router_fuses(F32, 1024) and not launch_moe.router_fuses(F32, 1025)
+    assert not launch_moe.router_fuses(Q8_0, 16)
     with pytest.raises(ValueError, match=r"^ggml_types: 2 types, expected 3"):
         launch_moe.routed_experts(x, None, None, None, None, None, (F32, F32))
     def hc(dn_rows=32, L=32, n_inj=0, up_type=BF16):
@@ -204,7 +219,7 @@ def _source(name):
 def test_kernel_names_and_constants_match_the_sources():
     names = {"gemv.cu": [f"gemv_{s}_t{nt}" for s in U.TYPE_SUFFIX.values() for nt in (1, 2, 4, 8, 16)]
              + [f"gemv_expert_{s}_t{nt}" for s in U.TYPE_SUFFIX.values() for nt in (1, 2, 4, 8, 16)],
-             "hyper.cu": ["hc_write_norm", "hc_up_mix", "hc_write"], "moe.cu": ["router_topk", "moe_combine", "moe_group"],
+             "hyper.cu": ["hc_write_norm", "hc_up_mix", "hc_write"], "moe.cu": ["router_topk", "router_gemv_topk", "moe_combine", "moe_group"],
              "sampling.cu": ["argmax_partial", "argmax_rows", "sample_rows"], "embed.cu": ["gather_rows"]}
     names["hyper.cu"].append("broadcast_streams")
     for file, kernels in names.items():

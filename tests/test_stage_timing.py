@@ -247,13 +247,14 @@ class _Launches:
         self.real = real
 
     def __getattr__(self, name):
-        if name[0].isupper() or name == "cell_capacity":
+        if name[0].isupper() or name in ("cell_capacity", "router_fuses"):
             return getattr(self.real, name)
 
         def launch(*args, mark=None, **kwargs):
             for part in self.PARTS.get(name, ()) if mark is not None else ():
                 mark("write+norm" if part == "norm" and kwargs.get("pending") is not None else part)
-            return (_Rows(), _Rows()) if name in ("hc_read", "select_cells", "router_topk") else _Rows()
+            pair = name in ("hc_read", "select_cells", "router_topk", "router_gemv_topk")
+            return (_Rows(), _Rows()) if pair else _Rows()
 
         return launch
 

@@ -16,9 +16,10 @@ from strata_cli.model.gguf_file import open_model
 # (43184b0): T = 1 [23, 29, 23, 34, 23, 23, 23, 34] (224 in the window), T = 8 [21, 28, 21, 32, 21, 21, 21, 32] (209).
 # Each HC read 3 nodes (hyper.cu hc_write_norm, one GEMV of down + inject, hc_up_mix) instead of 5 at T <= 3 and 4
 # from T = 4, every block's write in the next read, one path at every T (d5addfe: 19 a GDN layer, 30 a QSA layer);
-# the routed experts' combine computed by that write (no moe_combine node):
-NODES_PER_LAYER = {1: [18, 25, 18, 29, 18, 18, 18, 29], 8: [18, 25, 18, 29, 18, 18, 18, 29]}
-WINDOW_NODES = {1: 184, 8: 184}
+# the routed experts' combine computed by that write (00acfd6: 18, 29; no moe_combine node); the router's GEMV in
+# its top-k launch (moe.cu router_gemv_topk, an F32 router):
+NODES_PER_LAYER = {1: [17, 24, 17, 28, 17, 17, 17, 28], 8: [17, 24, 17, 28, 17, 17, 17, 28]}
+WINDOW_NODES = {1: 176, 8: 176}
 
 
 @pytest.fixture

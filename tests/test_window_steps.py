@@ -40,12 +40,12 @@ class _Recorded:
         self.real, self.label, self.steps = real, label, steps
 
     def __getattr__(self, name):
-        if name[0].isupper() or name in ("cell_capacity", "AB_TYPES"):
+        if name[0].isupper() or name in ("cell_capacity", "router_fuses"):
             return getattr(self.real, name)
 
         def launch(*args, **kwargs):
             self.steps.append(f"{self.label}.{name}")
-            return (_Rows(), _Rows()) if name.startswith(("hc_read", "select_cells", "router_topk")) else _Rows()
+            return (_Rows(), _Rows()) if name.startswith(("hc_read", "select_cells", "router_")) else _Rows()
 
         return launch
 
@@ -60,11 +60,12 @@ def _tiers(steps: list, split: bool):
 
 
 def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str | None = None,
-                   ends: list | None = None, layers: tuple[int, int] | None = None) -> list[str]:
+                   ends: list | None = None, layers: tuple[int, int] | None = None, router_type: int = 0) -> list[str]:
     """The launches record_window makes for a T-row window of `geometry` with launch variant `path`; tiers None
     (every expert in VRAM), "one" (tiers, one token group) or "split" (two groups). ends: appended the number of
     steps so far at each layer's end ("embed", then each "gap": GPUEngine.layer_nodes' stamps). layers: the
-    range of a stage of the layer split (engine/gpu/layer_split.py; default every layer)."""
+    range of a stage of the layer split (engine/gpu/layer_split.py; default every layer). router_type: the GGML
+    type of the routers (every other weight F32)."""
     from strata_cli.engine.gpu import window
 
     steps: list[str] = []
@@ -73,8 +74,9 @@ def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str |
     monkeypatch.setattr(window, "copy_async", lambda *a: steps.append("memcpy"))
     for helper in ("split_k", "argmax_scratch"):
         monkeypatch.setattr(window, helper, lambda *a: None)
-    weights = SimpleNamespace(raw=lambda name: (_Rows(), 0), f32=lambda name: _Rows(), blk_f32=lambda *a: _Rows(),
-                              blk_raw=lambda *a: (_Rows(), 0), hc=lambda prefix: SimpleNamespace(n_inj=1))
+    weights = SimpleNamespace(raw=lambda name: (_Rows(), router_type if name.endswith("ffn_gate_inp.weight") else 0),
+                              f32=lambda name: _Rows(), blk_f32=lambda *a: _Rows(), blk_raw=lambda *a: (_Rows(), 0),
+                              hc=lambda prefix: SimpleNamespace(n_inj=1))
     stage = SimpleNamespace(tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
                             out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows()))
     def count(layer, stage, stream):
@@ -98,7 +100,8 @@ QSA_HEAD = ["launch_gemv.gemv", "qsa.norm_rope", "launch_gemv.gemv", "qsa.kv_app
 QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "memcpy", "launch_gemv.gemv", "qsa.norm_rope",
                "qsa.block_scores", "qsa.select_cells"]
 QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
-MOE = ["launch_gemv.gemv", "moe.router_topk", "moe.shared_expert", "moe.routed_parts"]  # combine: the next read's
+# the router's GEMV in its top-k launch (an F32 router); the experts' combine is the next read's
+MOE = ["moe.router_gemv_topk", "moe.shared_expert", "moe.routed_parts"]
 PLE = ["ple.ngram_rows", "embed.gather_rows", "ple.ple_mix"]
 PLE_GROUP_A = ["ple.ngram_rows", "embed.gather_rows", "memcpy", "ple.ple_mix", "memcpy"]
 PLE_GROUP_B = ["memcpy", "ple.ple_mix", "memcpy"]
@@ -161,6 +164,14 @@ def test_layer_split_stages_record_their_range(monkeypatch, geometry, path):
 @pytest.mark.parametrize("T,path", [(3, PLAIN), (5, TC)], ids=("cuda-core", "tensor-core"))
 def test_window_applies_each_write_in_the_next_read(monkeypatch, geometry, T, path):
     assert recorded_steps(monkeypatch, geometry, T, path) == unsplit(geometry, lambda layer: MOE)
+
+
+def test_a_router_of_another_type_is_a_gemv_then_router_topk(monkeypatch, geometry):
+    from strata_cli.model import quants
+
+    moe = ["launch_gemv.gemv", "moe.router_topk"] + MOE[1:]
+    got = recorded_steps(monkeypatch, geometry, 3, PLAIN, router_type=quants.F16)
+    assert got == unsplit(geometry, lambda layer: moe)
 
 
 def test_unsplit_tiers_replace_the_moe_only(monkeypatch, geometry):

@@ -64,6 +64,57 @@ def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None, groups=No
     return out_ids, out_w
 
 
+ROUTER_FUSED_MAX_E = 1024  # router_gemv_topk's last block holds p [8 warps, E] in 32 KiB of shared memory
+ROUTER_FUSED_TYPES = (quants.F32,)  # the routers of the converter's files (kept F32 at every --outtype)
+
+
+def router_fuses(router_type: int, E: int) -> bool:
+    """Whether router_gemv_topk takes a router of this type and expert count (else a GEMV, then router_topk)."""
+    return router_type in ROUTER_FUSED_TYPES and E <= ROUTER_FUSED_MAX_E
+
+
+def router_gemv_topk(x, router_raw, router_type: int, k: int, groups, done, out_logits=None, out_ids=None,
+                     out_w=None, scalar_gate=None, stream=None):
+    """x [T, n_in] -> (ids [T, k], weights [T, k]) as router_topk(x @ W^T) does, in one launch (kernels/moe.cu
+    router_gemv_topk): the router's GEMV (its logits [T, E] also written), the top-k and, with groups = (g_expert,
+    g_count, g_entries) and done (a zeroed uint32 [1]), the grouping of the entries by expert. router_raw [E, n_in]
+    of a type in ROUTER_FUSED_TYPES with E <= ROUTER_FUSED_MAX_E (router_fuses). scalar_gate = (raw [n_in] row of a
+    type in SG_TYPES, type, sg [T, 1]): the shared expert's gate sigmoid(w . x) written too."""
+    with U.on_stream(stream):
+        U.check_array("x", x, np.float32, (None, None))
+        T, n_in = x.shape
+        if T > U.GEMV_MAXT:
+            raise ValueError(f"x: {T} rows exceed router_gemv_topk's {U.GEMV_MAXT}")
+        E = U.weight_rows("router_raw", router_raw, router_type, n_in)
+        if not router_fuses(router_type, E):
+            raise ValueError(f"router_raw: {E} experts of type {U.type_name(router_type)}: router_gemv_topk takes "
+                             f"F32 routers of at most {ROUTER_FUSED_MAX_E} experts (GEMV + router_topk otherwise)")
+        if not 1 <= k <= min(E, U.ROUTER_MAXK):
+            raise ValueError(f"k: {k} outside 1..{min(E, U.ROUTER_MAXK)} (E = {E}, kernel limit {U.ROUTER_MAXK})")
+        J = T * k
+        if J > U.BLOCK:
+            raise ValueError(f"x: {J} (row, slot) entries exceed the router's {U.BLOCK} grouping threads")
+        U.check_array("done", done, np.uint32, (1,))
+        g_args = _group_buffers(MoeScratch(None, None, *groups), J)
+        sg_args = (U.null_or(None), np.int32(0), U.null_or(None))
+        if scalar_gate is not None:
+            sg_raw, sg_type, sg = scalar_gate
+            if sg_type not in SG_TYPES:
+                raise ValueError(f"scalar_gate: type {U.type_name(sg_type)} is not one of F32, F16, BF16, Q8_0 "
+                                 "(router_gemv_topk decodes only these)")
+            U.weight_rows("scalar_gate raw", sg_raw, sg_type, n_in, n_out=1)
+            U.check_array("sg", sg, np.float32, (T, 1))
+            sg_args = (sg_raw, np.int32(sg_type), sg)
+        out_logits = U.out_array("out_logits", out_logits, (T, E), np.float32, empty)
+        out_ids = U.out_array("out_ids", out_ids, (T, k), np.int32, empty)
+        out_w = U.out_array("out_w", out_w, (T, k), np.float32, empty)
+        smem = 4 * max(U.GEMV_WARPS * E, J + U.BLOCK)
+        nvrtc.kernel("moe", "router_gemv_topk")((-(-E // U.GEMV_WARPS), 1, 1), (U.BLOCK, 1, 1), (
+            router_raw, x, np.int32(n_in), np.int32(T), out_logits, np.int32(E), np.int32(k), out_ids, out_w,
+            *g_args, np.int32(U.GEMV_MAXT), done, *sg_args), shared_mem=smem)
+    return out_ids, out_w
+
+
 def launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, n_groups, T, x, x_div, n_in, y, *,
                        act=U.ACT_NONE, mul=None, mul_strides=(0, 0)) -> None:
     """y [*, n_out]: entry j of each of the n_groups groups = its group's expert applied to x row j // x_div, each

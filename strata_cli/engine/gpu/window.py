@@ -180,16 +180,22 @@ def _moe(e, layer: int, x, T: int, stream):
     next read's (COMBINE)."""
     b, w, g = e.buf, e.w, e.g
     blk = f"blk.{layer}."
-    gemv_weight(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
     scratch = moe.MoeScratch(b["moe_h"], b["moe_parts"], b["moe_gexp"], b["moe_gcnt"], b["moe_gent"])
     # the router's last block also groups the entries by expert (no moe_group node)
     groups = (scratch.g_expert, scratch.g_count, scratch.g_entries)
     names = [blk + f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")] + [blk + "ffn_gate_inp_shexp.weight"]
     raws = [w.raw(n) for n in names]
     sg = b["sh_sg"][:T] if raws[3][1] in moe.SG_TYPES else None  # the router's launch computes the shared gate
-    ids, weights = moe.router_topk(b["router"][:T], g.n_expert_used, out_ids=b["route_ids"][:T],
-                                   out_w=b["route_w"][:T], stream=stream, groups=groups, done=b["route_done"],
-                                   scalar_gate=None if sg is None else (x, *raws[3], sg))
+    router, router_type = w.raw(blk + "ffn_gate_inp.weight")
+    out = dict(out_ids=b["route_ids"][:T], out_w=b["route_w"][:T], stream=stream)
+    if moe.router_fuses(router_type, g.n_expert):  # the router's GEMV in the same launch
+        ids, weights = moe.router_gemv_topk(x, router, router_type, g.n_expert_used, groups, b["route_done"],
+                                            out_logits=b["router"][:T], scalar_gate=None if sg is None else (
+                                                *raws[3], sg), **out)
+    else:
+        gemv_weight(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
+        ids, weights = moe.router_topk(b["router"][:T], g.n_expert_used, groups=groups, done=b["route_done"],
+                                       scalar_gate=None if sg is None else (x, *raws[3], sg), **out)
     stamp(e, layer, "router", stream)
     moe.shared_expert(x, raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
                       out=b["shared"][:T], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), split=split_k(b),
