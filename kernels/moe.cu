@@ -9,6 +9,22 @@
 
 #define ROUTER_MAXK 16
 
+// Whether this block is the last of the n blocks counted in *counter (a zeroed counter, reset by that block): its
+// global writes made before the call are visible device-wide first, and the last block sees every block's. Every
+// thread of the block calls it.
+__device__ __forceinline__ bool arrived_last(unsigned* counter, unsigned n) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1u) == n - 1;
+        if (last) atomicExch(counter, 0u);
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // logits [T, E] f32 -> ids [T, K] int32 (descending probability, ties -> lower id), w [T, K] f32 summing to 1.
 // grid T, block 256, dynamic shared memory max(E, T*K + blockDim.x) floats. Mirrors numpy: p = exp(z - max) / sum,
 // select on p. g_expert != null: the block counted last in done[0] (a zeroed counter it resets) also groups the
@@ -64,17 +80,7 @@ extern "C" __global__ void __launch_bounds__(1024)
         for (int k = 0; k < K; ++k) sum += top_p[k];
         for (int k = 0; k < K; ++k) w[(i64)blockIdx.x * K + k] = top_p[k] / sum;
     }
-    if (g_expert == nullptr) return;
-    __shared__ int last;
-    __threadfence();  // this block's ids are visible device-wide before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(done, 1u) == gridDim.x - 1;
-        if (last) atomicExch(done, 0u);
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (g_expert == nullptr || !arrived_last(done, gridDim.x)) return;  // the ids of every block, then grouped
     const int J = (int)gridDim.x * K;
     int* sid = reinterpret_cast<int*>(p);  // p is no longer read: the ids, then group_by_key's leader flags
     for (int j = threadIdx.x; j < J; j += blockDim.x) sid[j] = __ldcg(ids + j);  // L2: other blocks wrote them
@@ -98,7 +104,6 @@ extern "C" __global__ void __launch_bounds__(256)
     extern __shared__ float p[];
     __shared__ float shv[WARP];
     __shared__ float top_p[GEMV_WARPS][ROUTER_MAXK];
-    __shared__ int last;
     for (int t = blockIdx.x; sg_w != nullptr && t < T; t += gridDim.x) {  // uniform per block (block_sum's barriers)
         const float* xt = x + (i64)t * n_in;
         float acc = 0.0f;
@@ -127,15 +132,7 @@ extern "C" __global__ void __launch_bounds__(256)
             }
         }
     }
-    __threadfence();  // this block's logits are visible device-wide before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(done, 1u) == gridDim.x - 1;
-        if (last) atomicExch(done, 0u);
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!arrived_last(done, gridDim.x)) return;  // the last block has every block's logits
     float* pw = p + (i64)warp * E;
     for (int t = warp; t < T; t += GEMV_WARPS) {
         const float* z = logits + (i64)t * E;
