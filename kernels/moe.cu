@@ -179,7 +179,9 @@ extern "C" __global__ void __launch_bounds__(256)
 }
 
 // out[t, d] = sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null); its residual write
-// into the streams is the next hyper-connection read's (hyper.cu hc_write_norm). Grid-stride over T*D, block 256. Slot order; numpy adds in expert-id order (float32 rounding differs only).
+// into the streams is the next hyper-connection read's (hyper.cu hc_write_norm, which also computes this sum in
+// the window). Grid-stride over T*D, block 256. Slot order; numpy adds in expert-id order (float32 rounding differs
+// only).
 extern "C" __global__ void __launch_bounds__(256)
     moe_combine(const float* __restrict__ parts, const float* __restrict__ w, const float* __restrict__ shared,
                 float* __restrict__ out, int T, int K, int D) {

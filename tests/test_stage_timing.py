@@ -11,7 +11,7 @@ import pytest
 from strata_cli.engine import stage_timing as sp
 from test_window_steps import _Buffers, _Rows
 
-GDN_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "qkv", "z", "gdn-mix", "out-proj"]
+GDN_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "qkv", "gdn-mix", "out-proj"]  # qkv + z: one GEMV
 QSA_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "k/v+norm-rope", "kv append", "q+norm-rope",
               "attention", "out-proj"]
 MOE_STAGES = ["hc1-write+norm", "hc1-down", "hc-read1", "router", "shared", "experts"]
@@ -82,7 +82,7 @@ def test_exact_recovery_and_groups(plan, durations):
 
 def test_missing_stamp_moves_its_time_to_the_next_stage(plan, durations):
     stamps = stamps_for(plan, durations, 10**12)
-    k = plan.stages.index("z")
+    k = plan.stages.index("qkv")
     stamps[1, plan.slots[k]] = 0
     got = sp.stage_durations(stamps, plan.slots)
     assert got[1, k] == 0
@@ -275,7 +275,8 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
     g = open_model(fixture_dir / "model-q8_0.gguf").geometry
     assert g.ple is not None and any(g.compress_ratios) and g.gdn_layers  # every kind of stage is exercised
     weights = SimpleNamespace(raw=lambda name: (_Rows(), 0), f32=lambda name: _Rows(), blk_f32=lambda *a: _Rows(),
-                              blk_raw=lambda *a: (_Rows(), 0), hc=lambda prefix: SimpleNamespace(n_inj=1))
+                              blk_raw=lambda *a: (_Rows(), 0), hc=lambda prefix: SimpleNamespace(n_inj=1),
+                              qkvz=lambda layer: (_Rows(), 0))
     calls = []
     e = SimpleNamespace(buf=_Buffers(), w=weights, g=g, stage=SimpleNamespace(
         tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),

@@ -60,12 +60,13 @@ def _tiers(steps: list, split: bool):
 
 
 def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str | None = None,
-                   ends: list | None = None, layers: tuple[int, int] | None = None, router_type: int = 0) -> list[str]:
+                   ends: list | None = None, layers: tuple[int, int] | None = None, router_type: int = 0,
+                   qkvz: bool = True) -> list[str]:
     """The launches record_window makes for a T-row window of `geometry` with launch variant `path`; tiers None
     (every expert in VRAM), "one" (tiers, one token group) or "split" (two groups). ends: appended the number of
     steps so far at each layer's end ("embed", then each "gap": GPUEngine.layer_nodes' stamps). layers: the
     range of a stage of the layer split (engine/gpu/layer_split.py; default every layer). router_type: the GGML
-    type of the routers (every other weight F32)."""
+    type of the routers (every other weight F32); qkvz: a GDN layer's qkv and z projections stack (one GEMV)."""
     from strata_cli.engine.gpu import window
 
     steps: list[str] = []
@@ -76,7 +77,8 @@ def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str |
         monkeypatch.setattr(window, helper, lambda *a: None)
     weights = SimpleNamespace(raw=lambda name: (_Rows(), router_type if name.endswith("ffn_gate_inp.weight") else 0),
                               f32=lambda name: _Rows(), blk_f32=lambda *a: _Rows(), blk_raw=lambda *a: (_Rows(), 0),
-                              hc=lambda prefix: SimpleNamespace(n_inj=1))
+                              hc=lambda prefix: SimpleNamespace(n_inj=1),
+                              qkvz=lambda layer: (_Rows(), 0) if qkvz else None)
     stage = SimpleNamespace(tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
                             out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows()))
     def count(layer, stage, stream):
@@ -94,7 +96,7 @@ PLAIN = WindowPath(gemv_tc=False)
 TC = WindowPath(gemv_tc=True)
 HC_READ = ["hyper.hc_read"]
 HC_WRITE = ["hyper.hc_write"]
-GDN = ["launch_gemv.gemv", "launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv, z, gdn_mix, out
+GDN = ["launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv + z (one GEMV), gdn_mix, out
 QSA_HEAD = ["launch_gemv.gemv", "qsa.norm_rope", "launch_gemv.gemv", "qsa.kv_append", "launch_gemv.gemv",
             "qsa.norm_rope"]
 QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "memcpy", "launch_gemv.gemv", "qsa.norm_rope",
@@ -164,6 +166,16 @@ def test_layer_split_stages_record_their_range(monkeypatch, geometry, path):
 @pytest.mark.parametrize("T,path", [(3, PLAIN), (5, TC)], ids=("cuda-core", "tensor-core"))
 def test_window_applies_each_write_in_the_next_read(monkeypatch, geometry, T, path):
     assert recorded_steps(monkeypatch, geometry, T, path) == unsplit(geometry, lambda layer: MOE)
+
+
+def test_qkv_and_z_of_two_types_are_two_gemvs(monkeypatch, geometry):
+    g = geometry
+    want = unsplit(g, lambda layer: MOE)
+    got = recorded_steps(monkeypatch, g, 3, PLAIN, qkvz=False)
+    assert len(got) == len(want) + len(g.gdn_layers)
+    assert got.count("gdn.gdn_mix") == len(g.gdn_layers)
+    first = got.index("gdn.gdn_mix")
+    assert got[first - 2:first] == ["launch_gemv.gemv", "launch_gemv.gemv"]
 
 
 def test_a_router_of_another_type_is_a_gemv_then_router_topk(monkeypatch, geometry):
@@ -239,7 +251,7 @@ def test_layer_split_stages_commit_their_own_state(monkeypatch, geometry):
             monkeypatch.setattr(window, name, _Recorded(getattr(window, name), name, steps))
         monkeypatch.setattr(window, "copy_async", lambda *a: steps.append("memcpy"))
         inside = lambda layers: [layer for layer in layers if lo <= layer < hi]  # noqa: E731
-        e = SimpleNamespace(buf=_Buffers(), w=SimpleNamespace(blk_f32=lambda *a: _Rows()), g=g,
+        e = SimpleNamespace(buf=_Buffers(), w=SimpleNamespace(blk_f32=lambda *a: _Rows(), qkvz=lambda layer: None), g=g,
                             stage=SimpleNamespace(n_keep=SimpleNamespace(device=None)),
                             gdn_layers=inside(g.gdn_layers), attn_layers=inside(g.attn_layers),
                             has_ple=lo <= g.ple.layer < hi)

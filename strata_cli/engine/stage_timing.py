@@ -29,8 +29,8 @@ LAYER_STAGES = (
                        # VRAM also the experts' weighted sum + shared expert, seed 24's combine)
     "hc0-down",       # (seed 28) its down + inject GEMV (one matrix)
     "hc-read0",       # (seeds 29, 1) up GEMV, gates, mix and inject gates (hyper.cu hc_up_mix)
-    "qkv",            # (seed 2) GDN: qkv projection
-    "z",              # (seed 5) GDN: z (output gate) projection
+    "qkv",            # (seeds 2, 5) GDN: qkv projection (and the z (output gate) projection where they stack)
+    "z",              # (seed 5) GDN: z projection, when its type is not qkv's
     "ab",             # (seed 4) GDN: alpha and beta projections, only for types gdn_mix does not decode
     "gdn-mix",        # (seeds 3, 4, 6, 14) GDN: conv + q/k/v split, gates, delta-rule recurrence, gated RMS norm
     "k/v+norm-rope",  # (seeds 7, 8) QSA: k projection + norm + rope, v projection

@@ -45,8 +45,8 @@ def hc_read_raw(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inj
 
 
 def hc_write_read_raw(R, pending, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, eps):
-    """The reference of gpu/launch_hyper.hc_read (over down_inject_rows of down and inject): the pending write (block_out [T, D], inj [T, C]) or None,
-    then hc_read_raw. Returns (R after the write, mixed, inj)."""
+    """The reference of gpu/launch_hyper.hc_read (over down_inject_rows of down and inject): the pending write
+    (block_out [T, D], inj [T, C]) or None, then hc_read_raw. Returns (R after the write, mixed, inj)."""
     if pending is not None:
         R = hc_write(R, *pending)
     mixed, inj = hc_read_raw(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, eps)

@@ -110,7 +110,8 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
             a.add(name, shape)
         for layer in gdn_layers:  # state, and what the window keeps for the commit
             for name, shape in [("S", (nv, dk, dv)), ("conv", (g.conv_kernel - 1, g.conv_dim)),
-                                ("qkv", (M, g.conv_dim)), ("q", (M, nk, dk)), ("k", (M, nk, dk)),
+                                ("qkv", (M, g.conv_dim + nv * dv)),  # [qkv | z]: one GEMV's rows (window.qkv_rows)
+                                ("q", (M, nk, dk)), ("k", (M, nk, dk)),
                                 ("v", (M, nv, dv)), ("g", (M, nv)), ("beta", (M, nv))]:
                 a.add(f"{name}.{layer}", shape)
     if g.attn_layers:

@@ -3,7 +3,9 @@
 Q8_0 GEMV matrices whose rows come in whole groups of 32 are repacked once, on the device, into the Q8_0_R32
 layout (strata_cli/model/packed.py): same bytes, read with 16-byte loads. Gathered tables (token and PLE
 embeddings) stay raw: their kernels read single rows. So do the hyper-connection up matrices (kernels/hyper.cu
-hc_up_mix reads them element-wise); each read's down and inject matrices are stacked into one (hc(prefix)).
+hc_up_mix reads them element-wise); each read's down and inject matrices are stacked into one (hc(prefix)), and a
+GDN layer's qkv and z projections (attn_qkv, attn_gate: the same input) into one where their types agree
+(qkvz(layer)).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from ...ops.hyper import down_inject_rows
 # 2-D tensors the kernels read as float32 arrays rather than raw rows (conv taps; tiny and always F32 in files)
 F32_MATRICES = ("ssm_conv1d.weight", "ple_conv1d.weight")
 HC_READS = ("hc_attn", "hc_ffn")  # blk.N.<read>_*: the two reads of a layer; output_hc: the head's
+QKVZ = ("attn_qkv.weight", "attn_gate.weight")  # a GDN layer's projections of its mixed rows, stacked in that order
+QKVZ_NAME = "attn_qkvz.weight"
 
 
 def hc_prefix(name: str) -> str | None:
@@ -51,6 +55,10 @@ class DeviceWeights:
                 if name.endswith("_norm.weight"):
                     reads.append(prefix)
                 continue
+            if name.endswith(QKVZ[1]) and self._stack_qkvz(model, name[:-len(QKVZ[1])], pack_q8):
+                continue
+            if name.endswith(QKVZ[0]) and _stacks(model, name[:-len(QKVZ[0])]):
+                continue  # stacked with its attn_gate above (or below)
             info = model.info(name)
             if name.endswith("ffn_gate_inp_shexp.weight"):  # a [D] or [D, 1] gate row, read as one GEMV row
                 arr = cp.asarray(np.ascontiguousarray(model.f32(name), dtype=np.float32).reshape(1, -1))
@@ -91,6 +99,27 @@ class DeviceWeights:
         n_inj = 0 if inject is None else int(inject.shape[1])
         return HcWeights(norm, dn, ggml_type, L, n_inj, cp.asarray(np.ascontiguousarray(up.raw)), up.ggml_type)
 
+    def _stack_qkvz(self, model: GGUFModel, blk: str, pack_q8: bool) -> bool:
+        """Upload blk's attn_qkv and attn_gate as one matrix (rows qkv then z) when their types agree."""
+        if not _stacks(model, blk):
+            return False
+        cp = cupy()
+        qkv, z = (model.info(blk + n) for n in QKVZ)
+        arr = cp.asarray(np.concatenate([np.ascontiguousarray(qkv.raw), np.ascontiguousarray(z.raw)]))
+        ggml_type = qkv.ggml_type
+        if pack_q8 and packed.packable(tuple(arr.shape), ggml_type):
+            from ...gpu.launch_pack import pack_q8_0
+
+            arr = pack_q8_0(arr, _n_in(qkv), out=cp.empty_like(arr))
+            ggml_type = packed.Q8_0_R32
+            self.packed += arr.nbytes
+        self._raw[blk + QKVZ_NAME] = (arr, ggml_type)
+        return True
+
+    def qkvz(self, layer: int):
+        """(raw, type) of a GDN layer's stacked qkv + z projection, or None (their types differ: two GEMVs)."""
+        return self._raw.get(blk_tensor(layer, QKVZ_NAME[:-len(".weight")]))
+
     def hc(self, prefix: str) -> HcWeights:
         """The weights of one hyper-connection read ("blk.3.hc_attn", "output_hc")."""
         return self._hc[prefix]
@@ -107,6 +136,15 @@ class DeviceWeights:
 
     def blk_f32(self, layer: int, role: str):
         return self._f32[blk_tensor(layer, role)]
+
+
+def _stacks(model: GGUFModel, blk: str) -> bool:
+    """Whether blk's attn_qkv and attn_gate (a GDN layer's) stack: both there, one type, one input width."""
+    names = [blk + n for n in QKVZ]
+    if not all(n in model.specs for n in names):
+        return False
+    qkv, z = (model.info(n) for n in names)
+    return qkv.ggml_type == z.ggml_type and qkv.shape[0] == z.shape[0] and qkv.raw.dtype == z.raw.dtype
 
 
 def _n_in(info) -> int:

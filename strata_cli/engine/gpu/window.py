@@ -85,18 +85,35 @@ def gemv_weight(e, name: str, x, out, stream):
     return launch_gemv.gemv(raw, ggml_type, x.shape[1], x, out=out, split=split_k(e.buf), stream=stream)
 
 
+def qkv_rows(e, layer: int):
+    """The qkv rows [M, conv_dim] a GDN layer's window writes and its commit reads: the leading columns of its
+    [M, conv_dim + z] buffer when qkv and z are one GEMV (the row stride the kernels take), else the buffer's
+    leading M * conv_dim values as contiguous rows."""
+    buf, Ch = e.buf[f"qkv.{layer}"], e.g.conv_dim
+    return buf[:, :Ch] if e.w.qkvz(layer) is not None else _rows(buf, buf.shape[0], Ch)
+
+
 def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
-    """GDN of rows [r0, T), x = their mixed rows: the qkv and z projections, gdn_mix (conv + split, gates, delta
-    rule, gated norm in one launch; alpha/beta GEMVs first for types it does not decode) and the out projection.
+    """GDN of rows [r0, T), x = their mixed rows: the qkv and z projections (one GEMV where they stack), gdn_mix
+    (conv + split, gates, delta rule, gated norm in one launch; alpha/beta GEMVs first for types it does not decode)
+    and the out projection.
     r0 > 0 (group B of a split window): the conv and the recurrence run again from the saved state over rows
     [0, T) and the earlier group's rows come out as they did (gdn_mix reads their gates)."""
     b, w, g = e.buf, e.w, e.g
     blk, n = f"blk.{layer}.", T - r0
-    qkv = b[f"qkv.{layer}"][:T]
-    gemv_weight(e, blk + "attn_qkv.weight", x, qkv[r0:], stream)
-    stamp(e, layer, "qkv", stream)
-    gemv_weight(e, blk + "attn_gate.weight", x, b["gdn_z"][r0:T], stream)
-    stamp(e, layer, "z", stream)
+    qkv = qkv_rows(e, layer)[:T]
+    qkvz = w.qkvz(layer)
+    if qkvz is not None:  # one GEMV: rows [qkv | z] of the layer's buffer
+        rows = b[f"qkv.{layer}"]
+        launch_gemv.gemv(*qkvz, x.shape[1], x, out=rows[r0:T], split=split_k(b), stream=stream)
+        z = rows[r0:T, g.conv_dim:]
+        stamp(e, layer, "qkv", stream)
+    else:
+        gemv_weight(e, blk + "attn_qkv.weight", x, qkv[r0:], stream)
+        stamp(e, layer, "qkv", stream)
+        z = b["gdn_z"][r0:T].reshape(n, g.ssm_nv, g.ssm_dv)
+        gemv_weight(e, blk + "attn_gate.weight", x, b["gdn_z"][r0:T], stream)
+        stamp(e, layer, "z", stream)
     alpha_w, beta_w = w.raw(blk + "ssm_alpha.weight"), w.raw(blk + "ssm_beta.weight")
     ab_raw = ab_proj = None
     if alpha_w[1] in gdn.AB_TYPES and beta_w[1] in gdn.AB_TYPES:
@@ -107,8 +124,8 @@ def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
         gemv_weight(e, blk + "ssm_beta.weight", x, ab_proj[1], stream)
         stamp(e, layer, "ab", stream)
     y = gdn.gdn_mix(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), b[f"S.{layer}"], x,
-                    w.blk_f32(layer, "ssm_dt.bias"), w.blk_f32(layer, "ssm_a"),
-                    b["gdn_z"][r0:T].reshape(n, g.ssm_nv, g.ssm_dv), w.blk_f32(layer, "ssm_norm"), g.eps, g.ssm_nk,
+                    w.blk_f32(layer, "ssm_dt.bias"), w.blk_f32(layer, "ssm_a"), z, w.blk_f32(layer, "ssm_norm"),
+                    g.eps, g.ssm_nk,
                     g.ssm_dk, g.ssm_nv, g.ssm_dv, ab_raw=ab_raw, ab_proj=ab_proj, q=b[f"q.{layer}"][:T],
                     k=b[f"k.{layer}"][:T], v=b[f"v.{layer}"][:T], g=b[f"g.{layer}"][:T], beta=b[f"beta.{layer}"][:T],
                     out=b["gdn_y"][r0:T], r0=r0, stream=stream)
@@ -249,7 +266,7 @@ def _ple_group(e, T: int, r0: int, r1: int, stream) -> None:
 class _LayerRecorder:
     """The one layer sequence of every window variant: token groups (one, or two with --split: the order in
     record_window); every block's residual write is applied by the next HC read's first kernel (the pending
-    write); a GDN mixer is always 4 nodes (_gdn). Per layer and group:
+    write); a GDN mixer is 3 nodes (_gdn; 4 where qkv and z differ in type). Per layer and group:
 
         pre(l, g)  = [write, PLE] HC read (attn; the previous layer's MoE write first, with every expert in VRAM also
                      the experts' combine), mixer, HC read (ffn; the mixer's write first), MoE (router, shared
@@ -382,7 +399,7 @@ def record_commit(e, stream) -> None:
     copy_async(b["n_keep"], e.stage.n_keep.device, 4, stream)
     n_keep = b["n_keep"]
     for layer in e.gdn_layers:
-        gdn.gdn_conv_commit(b[f"conv.{layer}"], b[f"qkv.{layer}"], None, n_keep_dev=n_keep, stream=stream)
+        gdn.gdn_conv_commit(b[f"conv.{layer}"], qkv_rows(e, layer), None, n_keep_dev=n_keep, stream=stream)
         gdn.gdn_commit_state(b[f"S.{layer}"], b[f"q.{layer}"], b[f"k.{layer}"], b[f"v.{layer}"], b[f"g.{layer}"],
                              b[f"beta.{layer}"], None, n_keep_dev=n_keep, stream=stream)
     for layer in e.attn_layers:
