@@ -41,16 +41,17 @@ extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
     }
 }
 
-// k_cache[positions[t]] = k[t], v_cache[positions[t]] = v[t]; k, v [T, Hk*d]. Grid-stride over T*Hk*d.
+// k_cache[positions[t]] = k[t], v_cache[positions[t]] = v[t]; k [T, Hk*d] contiguous, v rows v_ld apart (a view of
+// the window's one GEMV of k, v and q). Grid-stride over T*Hk*d.
 extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
     qsa_kv_append(float* __restrict__ k_cache, float* __restrict__ v_cache, const float* __restrict__ k,
-                  const float* __restrict__ v, const int* __restrict__ positions, int T, int row) {
+                  const float* __restrict__ v, i64 v_ld, const int* __restrict__ positions, int T, int row) {
     const i64 n = (i64)T * row;
     for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
         const i64 t = idx / row, e = idx % row;
         const i64 dst = (i64)positions[t] * row + e;
         k_cache[dst] = k[idx];
-        v_cache[dst] = v[idx];
+        v_cache[dst] = v[t * v_ld + e];
     }
 }
 

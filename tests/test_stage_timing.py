@@ -276,7 +276,7 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
     assert g.ple is not None and any(g.compress_ratios) and g.gdn_layers  # every kind of stage is exercised
     weights = SimpleNamespace(raw=lambda name: (_Rows(), 0), f32=lambda name: _Rows(), blk_f32=lambda *a: _Rows(),
                               blk_raw=lambda *a: (_Rows(), 0), hc=lambda prefix: SimpleNamespace(n_inj=1),
-                              qkvz=lambda layer: (_Rows(), 0))
+                              stack=lambda layer, name: (_Rows(), 0, 10**6))
     calls = []
     e = SimpleNamespace(buf=_Buffers(), w=weights, g=g, stage=SimpleNamespace(
         tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),

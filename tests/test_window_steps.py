@@ -61,12 +61,13 @@ def _tiers(steps: list, split: bool):
 
 def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str | None = None,
                    ends: list | None = None, layers: tuple[int, int] | None = None, router_type: int = 0,
-                   qkvz: bool = True) -> list[str]:
+                   stacked: bool = True) -> list[str]:
     """The launches record_window makes for a T-row window of `geometry` with launch variant `path`; tiers None
     (every expert in VRAM), "one" (tiers, one token group) or "split" (two groups). ends: appended the number of
     steps so far at each layer's end ("embed", then each "gap": GPUEngine.layer_nodes' stamps). layers: the
     range of a stage of the layer split (engine/gpu/layer_split.py; default every layer). router_type: the GGML
-    type of the routers (every other weight F32); qkvz: a GDN layer's qkv and z projections stack (one GEMV)."""
+    type of the routers (every other weight F32); stacked: a layer's projections of its mixed rows stack (one GEMV:
+    a GDN layer's qkv and z, a QSA layer's k, v, q and indexer q)."""
     from strata_cli.engine.gpu import window
 
     steps: list[str] = []
@@ -78,7 +79,7 @@ def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str |
     weights = SimpleNamespace(raw=lambda name: (_Rows(), router_type if name.endswith("ffn_gate_inp.weight") else 0),
                               f32=lambda name: _Rows(), blk_f32=lambda *a: _Rows(), blk_raw=lambda *a: (_Rows(), 0),
                               hc=lambda prefix: SimpleNamespace(n_inj=1),
-                              qkvz=lambda layer: (_Rows(), 0) if qkvz else None)
+                              stack=lambda layer, name: (_Rows(), 0, 10**6) if stacked else None)
     stage = SimpleNamespace(tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
                             out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows()))
     def count(layer, stage, stream):
@@ -97,10 +98,9 @@ TC = WindowPath(gemv_tc=True)
 HC_READ = ["hyper.hc_read"]
 HC_WRITE = ["hyper.hc_write"]
 GDN = ["launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv + z (one GEMV), gdn_mix, out
-QSA_HEAD = ["launch_gemv.gemv", "qsa.norm_rope", "launch_gemv.gemv", "qsa.kv_append", "launch_gemv.gemv",
-            "qsa.norm_rope"]
-QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "memcpy", "launch_gemv.gemv", "qsa.norm_rope",
-               "qsa.block_scores", "qsa.select_cells"]
+QSA_HEAD = ["launch_gemv.gemv", "qsa.norm_rope", "qsa.kv_append", "qsa.norm_rope"]  # k, v, q, indexer q: one GEMV
+QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "memcpy", "qsa.norm_rope", "qsa.block_scores",
+               "qsa.select_cells"]
 QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
 # the router's GEMV in its top-k launch (an F32 router); the experts' combine is the next read's
 MOE = ["moe.router_gemv_topk", "moe.shared_expert", "moe.routed_parts"]
@@ -168,14 +168,17 @@ def test_window_applies_each_write_in_the_next_read(monkeypatch, geometry, T, pa
     assert recorded_steps(monkeypatch, geometry, T, path) == unsplit(geometry, lambda layer: MOE)
 
 
-def test_qkv_and_z_of_two_types_are_two_gemvs(monkeypatch, geometry):
+def test_projections_of_two_types_are_a_gemv_each(monkeypatch, geometry):
+    """No stack: a GDN layer's qkv and z are two GEMVs, a QSA layer's k, v, q three and its indexer q one more."""
     g = geometry
+    got = recorded_steps(monkeypatch, g, 3, PLAIN, stacked=False)
     want = unsplit(g, lambda layer: MOE)
-    got = recorded_steps(monkeypatch, g, 3, PLAIN, qkvz=False)
-    assert len(got) == len(want) + len(g.gdn_layers)
-    assert got.count("gdn.gdn_mix") == len(g.gdn_layers)
+    extra = len(g.gdn_layers) + sum(2 + (1 if g.compress_ratios[layer] else 0) for layer in g.attn_layers)
+    assert len(got) == len(want) + extra and got.count("gdn.gdn_mix") == len(g.gdn_layers)
     first = got.index("gdn.gdn_mix")
     assert got[first - 2:first] == ["launch_gemv.gemv", "launch_gemv.gemv"]
+    qsa = got.index("qsa.kv_append")
+    assert got[qsa - 4:qsa] == ["launch_gemv.gemv"] * 3 + ["qsa.norm_rope"]
 
 
 def test_a_router_of_another_type_is_a_gemv_then_router_topk(monkeypatch, geometry):
@@ -251,7 +254,7 @@ def test_layer_split_stages_commit_their_own_state(monkeypatch, geometry):
             monkeypatch.setattr(window, name, _Recorded(getattr(window, name), name, steps))
         monkeypatch.setattr(window, "copy_async", lambda *a: steps.append("memcpy"))
         inside = lambda layers: [layer for layer in layers if lo <= layer < hi]  # noqa: E731
-        e = SimpleNamespace(buf=_Buffers(), w=SimpleNamespace(blk_f32=lambda *a: _Rows(), qkvz=lambda layer: None), g=g,
+        e = SimpleNamespace(buf=_Buffers(), w=SimpleNamespace(blk_f32=lambda *a: _Rows(), stack=lambda layer, name: None), g=g,
                             stage=SimpleNamespace(n_keep=SimpleNamespace(device=None)),
                             gdn_layers=inside(g.gdn_layers), attn_layers=inside(g.attn_layers),
                             has_ple=lo <= g.ple.layer < hi)

@@ -3,9 +3,9 @@
 Q8_0 GEMV matrices whose rows come in whole groups of 32 are repacked once, on the device, into the Q8_0_R32
 layout (strata_cli/model/packed.py): same bytes, read with 16-byte loads. Gathered tables (token and PLE
 embeddings) stay raw: their kernels read single rows. So do the hyper-connection up matrices (kernels/hyper.cu
-hc_up_mix reads them element-wise); each read's down and inject matrices are stacked into one (hc(prefix)), and a
-GDN layer's qkv and z projections (attn_qkv, attn_gate: the same input) into one where their types agree
-(qkvz(layer)).
+hc_up_mix reads them element-wise); each read's down and inject matrices are stacked into one (hc(prefix)), and
+the projections of a layer's mixed rows (the same input) into one GEMV where their types agree (STACKS: a GDN
+layer's qkv and z; a QSA layer's k, v, q and indexer q; stack(layer, name)).
 """
 
 from __future__ import annotations
@@ -22,8 +22,11 @@ from ...ops.hyper import down_inject_rows
 # 2-D tensors the kernels read as float32 arrays rather than raw rows (conv taps; tiny and always F32 in files)
 F32_MATRICES = ("ssm_conv1d.weight", "ple_conv1d.weight")
 HC_READS = ("hc_attn", "hc_ffn")  # blk.N.<read>_*: the two reads of a layer; output_hc: the head's
-QKVZ = ("attn_qkv.weight", "attn_gate.weight")  # a GDN layer's projections of its mixed rows, stacked in that order
-QKVZ_NAME = "attn_qkvz.weight"
+# a layer's projections of its mixed rows stacked into one matrix, rows in this order (the roles a layer has: the
+# indexer's q only with the indexer); window.py reads the GEMV's output rows at these offsets
+QKVZ, KVQ = "attn_qkvz.weight", "attn_kvq.weight"
+STACKS = {QKVZ: ("attn_qkv.weight", "attn_gate.weight"),
+          KVQ: ("attn_k.weight", "attn_v.weight", "attn_q.weight", "indexer.q_proj.weight")}
 
 
 def hc_prefix(name: str) -> str | None:
@@ -46,6 +49,7 @@ class DeviceWeights:
         self._raw: dict[str, tuple[object, int]] = {}
         self._f32: dict[str, object] = {}
         self._hc: dict[str, HcWeights] = {}
+        self._stack_rows: dict[str, int] = {}
         reads = []
         for name in list(model.specs) + ([PLE_TABLE] if model.geometry.ple is not None else []):
             if skip is not None and skip(name):
@@ -55,10 +59,12 @@ class DeviceWeights:
                 if name.endswith("_norm.weight"):
                     reads.append(prefix)
                 continue
-            if name.endswith(QKVZ[1]) and self._stack_qkvz(model, name[:-len(QKVZ[1])], pack_q8):
+            if _stacked_role(model, name):
+                blk = name[:name.index(".", 4) + 1]
+                for stack in STACKS:
+                    if blk + stack not in self._raw and _stack_roles(model, blk, stack):
+                        self._stack(model, blk, stack, pack_q8)
                 continue
-            if name.endswith(QKVZ[0]) and _stacks(model, name[:-len(QKVZ[0])]):
-                continue  # stacked with its attn_gate above (or below)
             info = model.info(name)
             if name.endswith("ffn_gate_inp_shexp.weight"):  # a [D] or [D, 1] gate row, read as one GEMV row
                 arr = cp.asarray(np.ascontiguousarray(model.f32(name), dtype=np.float32).reshape(1, -1))
@@ -99,26 +105,26 @@ class DeviceWeights:
         n_inj = 0 if inject is None else int(inject.shape[1])
         return HcWeights(norm, dn, ggml_type, L, n_inj, cp.asarray(np.ascontiguousarray(up.raw)), up.ggml_type)
 
-    def _stack_qkvz(self, model: GGUFModel, blk: str, pack_q8: bool) -> bool:
-        """Upload blk's attn_qkv and attn_gate as one matrix (rows qkv then z) when their types agree."""
-        if not _stacks(model, blk):
-            return False
+    def _stack(self, model: GGUFModel, blk: str, stack: str, pack_q8: bool) -> None:
+        """Upload blk's roles of `stack` as one matrix (their rows in STACKS order)."""
         cp = cupy()
-        qkv, z = (model.info(blk + n) for n in QKVZ)
-        arr = cp.asarray(np.concatenate([np.ascontiguousarray(qkv.raw), np.ascontiguousarray(z.raw)]))
-        ggml_type = qkv.ggml_type
+        infos = [model.info(blk + role) for role in _stack_roles(model, blk, stack)]
+        arr = cp.asarray(np.concatenate([np.ascontiguousarray(i.raw) for i in infos]))
+        ggml_type = infos[0].ggml_type
         if pack_q8 and packed.packable(tuple(arr.shape), ggml_type):
             from ...gpu.launch_pack import pack_q8_0
 
-            arr = pack_q8_0(arr, _n_in(qkv), out=cp.empty_like(arr))
+            arr = pack_q8_0(arr, _n_in(infos[0]), out=cp.empty_like(arr))
             ggml_type = packed.Q8_0_R32
             self.packed += arr.nbytes
-        self._raw[blk + QKVZ_NAME] = (arr, ggml_type)
-        return True
+        self._raw[blk + stack] = (arr, ggml_type)
+        self._stack_rows[blk + stack] = sum(int(i.shape[1]) for i in infos)
 
-    def qkvz(self, layer: int):
-        """(raw, type) of a GDN layer's stacked qkv + z projection, or None (their types differ: two GEMVs)."""
-        return self._raw.get(blk_tensor(layer, QKVZ_NAME[:-len(".weight")]))
+    def stack(self, layer: int, name: str):
+        """(raw, type, rows) of layer's stacked projection `name` (QKVZ, KVQ), or None (their types differ, or the
+        layer has no such projections: a GEMV each)."""
+        key = f"blk.{layer}.{name}"
+        return (*self._raw[key], self._stack_rows[key]) if key in self._raw else None
 
     def hc(self, prefix: str) -> HcWeights:
         """The weights of one hyper-connection read ("blk.3.hc_attn", "output_hc")."""
@@ -138,13 +144,23 @@ class DeviceWeights:
         return self._f32[blk_tensor(layer, role)]
 
 
-def _stacks(model: GGUFModel, blk: str) -> bool:
-    """Whether blk's attn_qkv and attn_gate (a GDN layer's) stack: both there, one type, one input width."""
-    names = [blk + n for n in QKVZ]
-    if not all(n in model.specs for n in names):
+def _stack_roles(model: GGUFModel, blk: str, stack: str) -> list[str] | None:
+    """The roles of `stack` blk has (two at least), if they stack: one type, one input width; else None."""
+    roles = [role for role in STACKS[stack] if blk + role in model.specs]
+    if len(roles) < 2:
+        return None
+    infos = [model.info(blk + role) for role in roles]
+    same = {(i.ggml_type, i.shape[0], np.dtype(i.raw.dtype)) for i in infos}
+    return roles if len(same) == 1 else None
+
+
+def _stacked_role(model: GGUFModel, name: str) -> bool:
+    """Whether tensor `name` is uploaded only as part of a stack of its layer."""
+    if not name.startswith("blk."):
         return False
-    qkv, z = (model.info(n) for n in names)
-    return qkv.ggml_type == z.ggml_type and qkv.shape[0] == z.shape[0] and qkv.raw.dtype == z.raw.dtype
+    blk = name[:name.index(".", 4) + 1]
+    role = name[len(blk):]
+    return any(role in roles and _stack_roles(model, blk, stack) for stack, roles in STACKS.items())
 
 
 def _n_in(info) -> int:

@@ -25,6 +25,7 @@ from ...gpu.launch_util import recording_path
 from ...gpu.runtime import check, cudart
 from ...model.names import PLE_TABLE
 from .buffers import argmax_scratch, split_k
+from .weights import KVQ, QKVZ
 
 
 def copy_async(dst, src, nbytes: int, stream) -> None:
@@ -90,7 +91,7 @@ def qkv_rows(e, layer: int):
     [M, conv_dim + z] buffer when qkv and z are one GEMV (the row stride the kernels take), else the buffer's
     leading M * conv_dim values as contiguous rows."""
     buf, Ch = e.buf[f"qkv.{layer}"], e.g.conv_dim
-    return buf[:, :Ch] if e.w.qkvz(layer) is not None else _rows(buf, buf.shape[0], Ch)
+    return buf[:, :Ch] if e.w.stack(layer, QKVZ) is not None else _rows(buf, buf.shape[0], Ch)
 
 
 def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
@@ -102,10 +103,10 @@ def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
     b, w, g = e.buf, e.w, e.g
     blk, n = f"blk.{layer}.", T - r0
     qkv = qkv_rows(e, layer)[:T]
-    qkvz = w.qkvz(layer)
+    qkvz = w.stack(layer, QKVZ)
     if qkvz is not None:  # one GEMV: rows [qkv | z] of the layer's buffer
         rows = b[f"qkv.{layer}"]
-        launch_gemv.gemv(*qkvz, x.shape[1], x, out=rows[r0:T], split=split_k(b), stream=stream)
+        launch_gemv.gemv(*qkvz[:2], x.shape[1], x, out=rows[r0:T], split=split_k(b), stream=stream)
         z = rows[r0:T, g.conv_dim:]
         stamp(e, layer, "qkv", stream)
     else:
@@ -140,16 +141,12 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
     b, w, g = e.buf, e.w, e.g
     blk, d, pos, n = f"blk.{layer}.", g.head_dim, b["positions"][r0:T], T - r0
     cos, sin = b["cos"], b["sin"]
-    gemv_weight(e, blk + "attn_k.weight", x, b["qa_k"][r0:T], stream)
-    kn = qsa.norm_rope(b["qa_k"][r0:T].reshape(n, g.n_head_kv, d), w.blk_f32(layer, "attn_k_norm"), g.eps, cos, sin,
-                       positions=pos, out=b["qa_kn"][r0:T], stream=stream)
-    gemv_weight(e, blk + "attn_v.weight", x, b["qa_v"][r0:T], stream)
+    k_raw, v, qg, qi_raw = _qsa_projections(e, layer, x, T, stream, r0)
+    kn = qsa.norm_rope(k_raw, w.blk_f32(layer, "attn_k_norm"), g.eps, cos, sin, positions=pos,
+                       out=b["qa_kn"][r0:T], stream=stream)
     stamp(e, layer, "k/v+norm-rope", stream)
-    qsa.kv_append(b[f"kc.{layer}"], b[f"vc.{layer}"], kn, b["qa_v"][r0:T].reshape(n, g.n_head_kv, d), pos,
-                  stream=stream)
+    qsa.kv_append(b[f"kc.{layer}"], b[f"vc.{layer}"], kn, v, pos, stream=stream)
     stamp(e, layer, "kv append", stream)
-    gemv_weight(e, blk + "attn_q.weight", x, b["qa_qg"][r0:T], stream)
-    qg = b["qa_qg"][r0:T].reshape(n, g.n_head, 2 * d)
     qn = qsa.norm_rope(qg[:, :, :d], w.blk_f32(layer, "attn_q_norm"), g.eps, cos, sin, positions=pos,
                        out=b["qa_qn"][r0:T], stream=stream)
     stamp(e, layer, "q+norm-rope", stream)
@@ -165,8 +162,9 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
         # window longer than ratio - n_past % ratio rows wraps over slots of committed positions
         copy_async(tail, snap, snap.nbytes, stream)
         stamp(e, layer, "idx append", stream)
-        qi_raw = b["qi_raw"][r0:T]
-        gemv_weight(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
+        if qi_raw is None:  # not in the stack
+            qi_raw = b["qi_raw"][r0:T]
+            gemv_weight(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
         qi = qsa.norm_rope(qi_raw.reshape(n, g.idx_heads, g.idx_dim), w.blk_f32(layer, "indexer.q_norm"), g.eps,
                            cos, sin, positions=pos, out=b["qi"][r0:T], stream=stream)
         stamp(e, layer, "idx-q", stream)
@@ -184,6 +182,27 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
     stamp(e, layer, "attention", stream)
     gemv_weight(e, blk + "attn_output.weight", att, b["block_out"][r0:T], stream)
     stamp(e, layer, "out-proj", stream)
+
+
+def _qsa_projections(e, layer: int, x, T: int, stream, r0: int):
+    """The k, v, q (+ gate) and, with the indexer, indexer-q projections of rows [r0, T): one GEMV where their weights
+    stack (views of its [k | v | q | indexer q] rows), else a GEMV each (no indexer q: None, projected later).
+    Returns k [n, Hk, d], v [n, Hk, d], qg [n, H, 2d], qi_raw [n, idx_dim * heads] or None."""
+    b, w, g = e.buf, e.w, e.g
+    blk, d, n = f"blk.{layer}.", g.head_dim, T - r0
+    kv, qw = g.n_head_kv * d, g.n_head * 2 * d
+    stacked = w.stack(layer, KVQ)
+    if stacked is None:
+        for name, buf in (("attn_k", "qa_k"), ("attn_v", "qa_v"), ("attn_q", "qa_qg")):
+            gemv_weight(e, blk + name + ".weight", x, b[buf][r0:T], stream)
+        return (b["qa_k"][r0:T].reshape(n, g.n_head_kv, d), b["qa_v"][r0:T].reshape(n, g.n_head_kv, d),
+                b["qa_qg"][r0:T].reshape(n, g.n_head, 2 * d), None)
+    raw, ggml_type, width = stacked
+    rows = _rows(b["qa_kvq"], T, width)[r0:]
+    launch_gemv.gemv(raw, ggml_type, x.shape[1], x, out=rows, split=split_k(b), stream=stream)
+    qi_raw = rows[:, 2 * kv + qw:] if width > 2 * kv + qw else None
+    return (rows[:, :kv].reshape(n, g.n_head_kv, d), rows[:, kv:2 * kv].reshape(n, g.n_head_kv, d),
+            rows[:, 2 * kv:2 * kv + qw].reshape(n, g.n_head, 2 * d), qi_raw)
 
 
 def _rows(buf, T: int, width: int):
