@@ -58,7 +58,9 @@ extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
 // Append the first n = count_from(n_rows, n_dev, T) raw indexer keys raw [T, d] at positions[t], in order:
 // tail[pos % ratio] = key; when pos completes block b = pos / ratio,
 // pooled[b] = rope_{b*ratio}(rms_norm(mean of tail) * k_norm_w). save (nullable) receives the tail before
-// anything is appended (the run's snapshot); restore (nullable) replaces the tail first (the commit).
+// anything is appended (the run's snapshot) and the tail goes back to it at the end (a run writes no committed
+// state: the window's rows may wrap over slots of committed positions; no copy node after it); restore (nullable)
+// replaces the tail first (the commit).
 // One block of QSA_BLOCK threads: rows are sequential, a completion reads the slots earlier rows wrote.
 // Column i of tail is always touched by thread i % blockDim.x. Dynamic shared d floats.
 extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
@@ -102,6 +104,9 @@ extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
         }
         __syncthreads();  // y is rewritten by the next completion
     }
+    if (save == nullptr) return;
+    __syncthreads();  // the tail's columns were written by their own threads; the copy strides over ratio*d
+    for (int e = tid; e < ratio * d; e += nth) tail[e] = save[e];
 }
 
 // out[t, h*d:(h+1)*d] = sigmoid(gate[t, h]) * softmax_s(q[t, h] . k_s / sqrt_d) v_s over the row's cells s:

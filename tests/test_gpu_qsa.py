@@ -87,7 +87,7 @@ def test_indexer_windows_with_commits(L, tables):
         d_snap, d_raw = G.nan_out((RATIO, D)), cp.asarray(raw)
         L.indexer_append(d_tail, d_pooled, d_raw, d_pos, d_knw, EPS, d_cos, d_sin, snapshot=d_snap)
         G.exact(d_snap, snap, "snapshot")
-        G.exact(d_tail, tail, "tail after the window")
+        G.exact(d_tail, snap, "tail back at its snapshot after the window")
         G.check(d_pooled, pooled, what="pooled after the window")
 
         tail = snap.copy()

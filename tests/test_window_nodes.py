@@ -19,9 +19,10 @@ from strata_cli.model.gguf_file import open_model
 # the routed experts' combine computed by that write (00acfd6: 18, 29; no moe_combine node); the router's GEMV in
 # its top-k launch (moe.cu router_gemv_topk, an F32 router; 4e4d556: 17, 28); a GDN layer's qkv and z projections
 # one GEMV (their weights stacked, gdn_mix reading the rows [qkv | z]; 97b3d32: 16, 28); a QSA layer's k, v, q and
-# indexer q one GEMV (the consumers reading views of its rows):
-NODES_PER_LAYER = {1: [16, 23, 16, 25, 16, 16, 16, 25], 8: [16, 23, 16, 25, 16, 16, 16, 25]}
-WINDOW_NODES = {1: 164, 8: 164}
+# indexer q one GEMV (the consumers reading views of its rows; 2d90738: 25); the indexer's tail back at its
+# snapshot in its append kernel (no copy node):
+NODES_PER_LAYER = {1: [16, 23, 16, 24, 16, 16, 16, 24], 8: [16, 23, 16, 24, 16, 16, 16, 24]}
+WINDOW_NODES = {1: 162, 8: 162}
 
 
 @pytest.fixture

@@ -99,8 +99,7 @@ HC_READ = ["hyper.hc_read"]
 HC_WRITE = ["hyper.hc_write"]
 GDN = ["launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv + z (one GEMV), gdn_mix, out
 QSA_HEAD = ["launch_gemv.gemv", "qsa.norm_rope", "qsa.kv_append", "qsa.norm_rope"]  # k, v, q, indexer q: one GEMV
-QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "memcpy", "qsa.norm_rope", "qsa.block_scores",
-               "qsa.select_cells"]
+QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "qsa.norm_rope", "qsa.block_scores", "qsa.select_cells"]
 QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
 # the router's GEMV in its top-k launch (an F32 router); the experts' combine is the next read's
 MOE = ["moe.router_gemv_topk", "moe.shared_expert", "moe.routed_parts"]

@@ -102,7 +102,8 @@ def _indexer(tail, pooled, raw_keys, positions, k_norm_w, eps, cos, sin, n_keep,
 
 def indexer_append(tail, pooled, raw_keys, positions, k_norm_w, eps: float, cos, sin, snapshot=None, stream=None):
     """Append raw indexer keys [T, d] at consecutive positions into tail [ratio, d] / pooled [NB, d], in place
-    (ops.qsa.indexer_append with whole rope tables); snapshot [ratio, d], if given, receives the tail first."""
+    (ops.qsa.indexer_append with whole rope tables); snapshot [ratio, d], if given, receives the tail first and the
+    tail goes back to it at the end (the window's run: only the blocks it completes are pooled)."""
     with U.on_stream(stream):
         _indexer(tail, pooled, raw_keys, positions, k_norm_w, eps, cos, sin, None, None, snapshot, None)
 

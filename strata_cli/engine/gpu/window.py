@@ -156,11 +156,10 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
         raw = b[f"idx_raw.{layer}"][:T]
         gemv_weight(e, blk + "indexer.k_proj.weight", x, raw[r0:], stream)
         tail, snap = b[f"tail.{layer}"], b[f"snap.{layer}"]
+        # a run writes no committed state (engine/state.py): the tail goes back to its snapshot in the same launch,
+        # since a window longer than ratio - n_past % ratio rows wraps over slots of committed positions
         qsa.indexer_append(tail, b[f"pooled.{layer}"], raw, b["positions"][:T], w.blk_f32(layer, "indexer.k_norm"),
                            g.eps, cos, sin, snapshot=snap, stream=stream)
-        # a run writes no committed state (engine/state.py): the tail goes back to its snapshot at once, since a
-        # window longer than ratio - n_past % ratio rows wraps over slots of committed positions
-        copy_async(tail, snap, snap.nbytes, stream)
         stamp(e, layer, "idx append", stream)
         if qi_raw is None:  # not in the stack
             qi_raw = b["qi_raw"][r0:T]
