@@ -6,6 +6,7 @@ Run with -s to see the per-layer lists."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from window_launches import host_engine, window_launches
 
@@ -54,3 +55,35 @@ def test_listing_sees_the_window_size(monkeypatch, engine):
     assert one.inputs[:2] == ["memcpy", "memcpy"] and one.head[-3:] == ["argmax_partial", "argmax_rows", "memcpy"]
     with pytest.raises(ValueError):
         window_launches(monkeypatch, engine, 17)
+
+
+def test_stacked_weights_are_their_matrices_row_for_row(engine):
+    """DeviceWeights' stacks (a GDN layer's qkv + z, a QSA layer's k, v, q + indexer q, each HC read's down +
+    inject) hold the file's matrices in order, value for value, after the Q8_0 repack."""
+    from strata_cli.engine.gpu.weights import KVQ, QKVZ, STACKS
+    from strata_cli.model import packed
+    from strata_cli.ops.gemv import dequant_rows
+
+    model, w, g = engine.w.model, engine.w, engine.g
+
+    def matrix(name):
+        info = model.info(name)
+        return dequant_rows(info.raw, info.ggml_type, info.shape[0])
+
+    for layer in range(g.n_layers):
+        stack = QKVZ if layer in g.gdn_layers else KVQ
+        raw, ggml_type, rows = w.stack(layer, stack)
+        assert ggml_type == packed.Q8_0_R32
+        roles = [r for r in STACKS[stack] if f"blk.{layer}.{r}" in model.specs]
+        want = np.concatenate([matrix(f"blk.{layer}.{r}") for r in roles])
+        np.testing.assert_array_equal(dequant_rows(raw, ggml_type, g.n_embd), want)
+        assert rows == want.shape[0]
+        for read in ("hc_attn", "hc_ffn"):
+            hc = w.hc(f"blk.{layer}.{read}")
+            prefix = f"blk.{layer}.{read}"
+            W = dequant_rows(hc.dn_raw, hc.dn_type, g.hc * g.n_embd)
+            np.testing.assert_array_equal(W[:hc.L], matrix(prefix + "_down.weight"))
+            np.testing.assert_array_equal(W[hc.L:hc.L + hc.n_inj], matrix(prefix + "_inject.weight"))
+            assert not W[hc.L + hc.n_inj:].any() and W.shape[0] % 32 == 0
+    head = w.hc("output_hc")
+    assert head.n_inj == 0
