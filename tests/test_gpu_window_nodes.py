@@ -27,3 +27,20 @@ def test_listing_is_the_captured_graph(monkeypatch, fixture_dir, T):
         assert dict(summary.kinds) == dict(listed.kinds())
     finally:
         eng.close()
+
+
+def test_graph_nodes_shows_the_listing_per_layer(monkeypatch, fixture_dir):
+    """`strata graph-nodes --format json`: meta.layer_nodes and the node total are the CPU listing's."""
+    import json
+
+    from click.testing import CliRunner
+
+    from strata_cli.cli import main
+
+    path = fixture_dir / "model-q8_0.gguf"
+    with monkeypatch.context() as mp:
+        listed = window_launches(mp, host_engine(mp, open_model(path)), 4)
+    res = CliRunner().invoke(main, ["graph-nodes", str(path), "--window", "4", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    meta = json.loads(res.stdout)["meta"]
+    assert meta["layer_nodes"] == listed.per_layer() and meta["nodes"] == listed.total
