@@ -96,9 +96,12 @@ extern "C" __global__ void __launch_bounds__(1024)
 //   the block counted last in done[0] (a zeroed counter it resets): warp w takes rows t = w, w + 8, ...: p = exp(z -
 //   max) / sum, K rounds of warp argmax on p (ties -> lower id), w = top p / their sum (router_topk's selection;
 //   its sums go in warp order), then groups the J = T*K entries by expert as router_topk does (J <= 256).
+// shared_id >= 0: the shared expert runs as one more expert of the routed launches (its weights appended as expert
+// shared_id): ids and w have rows of K + 1, slot K = (shared_id, sg[t]), grouped with the rest (J = T*(K+1)); the
+// combine then adds sg * shared(x) last, as it adds the shared expert's output otherwise (sg_w must be given).
 extern "C" __global__ void __launch_bounds__(256)
     router_gemv_topk(const float* __restrict__ W, const float* __restrict__ x, int n_in, int T, float* logits,
-                     int E, int K, int* ids, float* __restrict__ w, int* __restrict__ g_expert,
+                     int E, int K, int shared_id, int* ids, float* __restrict__ w, int* __restrict__ g_expert,
                      int* __restrict__ g_count, int* __restrict__ g_entries, int max_rows, unsigned* done,
                      const u8* __restrict__ sg_w, int sg_type, float* __restrict__ sg) {
     extern __shared__ float p[];
@@ -132,7 +135,8 @@ extern "C" __global__ void __launch_bounds__(256)
             }
         }
     }
-    if (!arrived_last(done, gridDim.x)) return;  // the last block has every block's logits
+    if (!arrived_last(done, gridDim.x)) return;  // the last block has every block's logits (and gates)
+    const int Ks = shared_id >= 0 ? K + 1 : K;  // slots of a row
     float* pw = p + (i64)warp * E;
     for (int t = warp; t < T; t += GEMV_WARPS) {
         const float* z = logits + (i64)t * E;
@@ -155,7 +159,7 @@ extern "C" __global__ void __launch_bounds__(256)
                 if (arg_better(pw[j], j, bv, bi)) { bv = pw[j]; bi = j; }
             warp_argmax(bv, bi);  // every lane holds the winner
             if (lane == 0) {
-                ids[(i64)t * K + k] = bi;
+                ids[(i64)t * Ks + k] = bi;
                 top_p[warp][k] = bv;
                 pw[bi] = -1.0f;
             }
@@ -164,14 +168,17 @@ extern "C" __global__ void __launch_bounds__(256)
         if (lane == 0) {
             float sum = 0.0f;
             for (int k = 0; k < K; ++k) sum += top_p[warp][k];
-            for (int k = 0; k < K; ++k) w[(i64)t * K + k] = top_p[warp][k] / sum;
+            for (int k = 0; k < K; ++k) w[(i64)t * Ks + k] = top_p[warp][k] / sum;
+            if (shared_id >= 0) {
+                ids[(i64)t * Ks + K] = shared_id;
+                w[(i64)t * Ks + K] = __ldcg(sg + t);  // L2: another block may have written it
+            }
         }
         __syncwarp();
     }
     if (g_expert == nullptr) return;
-    __threadfence_block();
     __syncthreads();  // every row's ids are written (this block wrote them all)
-    const int J = T * K;
+    const int J = T * Ks;
     int* sid = reinterpret_cast<int*>(p);  // p is no longer read: the ids, then group_by_key's leader flags
     for (int j = threadIdx.x; j < J; j += blockDim.x) sid[j] = ids[j];
     __syncthreads();

@@ -279,28 +279,30 @@ def test_moe_block_captures_into_a_graph_without_allocating():
 
 @pytest.mark.parametrize("T", (1, 3, 16))
 @pytest.mark.parametrize("E,k,D", [(16, 4, 64), (61, 4, 100), (512, 10, 2560), (1024, 16, 96)])
-@pytest.mark.parametrize("sg_type", (None, F32, BF16), ids=("nogate", "sgF32", "sgBF16"))
-def test_router_gemv_topk_matches_reference(T, E, k, D, sg_type):
+@pytest.mark.parametrize("sg_type,shared", [(None, False), (F32, False), (BF16, False), (BF16, True)],
+                         ids=("nogate", "sgF32", "sgBF16", "shared-slot"))
+def test_router_gemv_topk_matches_reference(T, E, k, D, sg_type, shared):
     """router_gemv_topk (the window's router: GEMV, top-k, grouping and the shared gate in one launch) against the
     numpy router over x @ W^T: the same ids, weights and logits within rounding, the groups moe_group makes of those
     ids, the shared gate; NaN-poisoned outputs; eager and every graph replay give the same bits (the arrival counter
-    back at zero each time)."""
+    back at zero each time). shared: slot k of every row is the shared expert (id E, weight its gate), grouped too."""
     import cupy as cp
 
     from strata_cli.gpu import launch_moe
     from strata_cli.gpu.launch_util import GEMV_MAXT
     from strata_cli.ops.gemv import gemv
 
-    if T * k > 256:
+    slots = k + shared
+    if T * slots > 256:
         pytest.skip("the router groups at most 256 entries")
     rng = np.random.default_rng(T * 1000 + E + k + D)
     x = rng.standard_normal((T, D)).astype(np.float32)
     W = (rng.standard_normal((E, D)) / np.sqrt(D)).astype(np.float32)
     want_logits = gemv(W, F32, D, x)
     want_ids, want_w = moe.router_topk(want_logits, k)
-    J = T * k
+    J = T * slots
     dx, dW = to_dev(x), to_dev(W)
-    logits, ids, w = poisoned((T, E)), poisoned((T, k), np.int32), poisoned((T, k))
+    logits, ids, w = poisoned((T, E)), poisoned((T, slots), np.int32), poisoned((T, slots))
     groups = (poisoned((J,), np.int32), poisoned((J,), np.int32), cp.zeros((J, GEMV_MAXT), np.int32))
     done = cp.zeros((1,), np.uint32)
     sg = poisoned((T, 1))
@@ -311,14 +313,17 @@ def test_router_gemv_topk_matches_reference(T, E, k, D, sg_type):
 
     def record(stream):
         launch_moe.router_gemv_topk(dx, dW, F32, k, groups, done, out_logits=logits, out_ids=ids, out_w=w,
-                                    scalar_gate=gate, stream=stream)
+                                    scalar_gate=gate, shared_id=E if shared else None, stream=stream)
 
     outs = [logits, ids, w, *groups[:2]] + ([sg] if gate else [])
     got = assert_replay_equals_eager(record, [o for o in outs if o.dtype == np.float32])
     assert int(done.get()[0]) == 0
     assert_close("logits", want_logits, got[0], rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(ids.get(), want_ids)
-    np.testing.assert_allclose(w.get(), want_w, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(ids.get()[:, :k], want_ids)
+    np.testing.assert_allclose(w.get()[:, :k], want_w, rtol=0, atol=1e-6)
+    if shared:
+        assert (ids.get()[:, k] == E).all()
+        np.testing.assert_array_equal(w.get()[:, k], sg.get()[:, 0])
     want_groups = (poisoned((J,), np.int32), poisoned((J,), np.int32), cp.zeros((J, GEMV_MAXT), np.int32))
     launch_moe.group_entries(ids, J, want_groups)
     for name, a, b in zip(("g_expert", "g_count", "g_entries"), groups, want_groups):

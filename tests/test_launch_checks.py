@@ -170,6 +170,8 @@ def test_launchers_reject_bad_arguments_before_touching_the_device():
     with pytest.raises(ValueError, match=r"^x: 17 rows exceed"):
         launch_moe.router_gemv_topk(np.zeros((17, 64), np.float32), np.zeros((8, 64), np.float32), F32, 2, groups,
                                     done)
+    with pytest.raises(ValueError, match=r"^shared_id: given without scalar_gate"):
+        launch_moe.router_gemv_topk(x, np.zeros((8, 64), np.float32), F32, 2, groups, done, shared_id=8)
     assert launch_moe.router_fuses(F32, 1024) and not launch_moe.router_fuses(F32, 1025)
     assert not launch_moe.router_fuses(Q8_0, 16)
     with pytest.raises(ValueError, match=r"^ggml_types: 2 types, expected 3"):

@@ -14,7 +14,7 @@ from test_window_steps import _Buffers, _Rows
 GDN_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "qkv", "gdn-mix", "out-proj"]  # qkv + z: one GEMV
 QSA_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "k/v+norm-rope", "kv append", "q+norm-rope",
               "attention", "out-proj"]
-MOE_STAGES = ["hc1-write+norm", "hc1-down", "hc-read1", "router", "shared", "experts"]
+MOE_STAGES = ["hc1-write+norm", "hc1-down", "hc-read1", "router", "experts"]  # the shared expert: an entry of them
 
 
 def make_plan(kinds=("GDN", "GDN", "QSA")) -> sp.Plan:
@@ -276,7 +276,8 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
     assert g.ple is not None and any(g.compress_ratios) and g.gdn_layers  # every kind of stage is exercised
     weights = SimpleNamespace(raw=lambda name: (_Rows(), 0), f32=lambda name: _Rows(), blk_f32=lambda *a: _Rows(),
                               blk_raw=lambda *a: (_Rows(), 0), hc=lambda prefix: SimpleNamespace(n_inj=1),
-                              stack=lambda layer, name: (_Rows(), 0, 10**6))
+                              stack=lambda layer, name: (_Rows(), 0, 10**6),
+                              shared_expert_id=lambda layer: 99)
     calls = []
     e = SimpleNamespace(buf=_Buffers(), w=weights, g=g, stage=SimpleNamespace(
         tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),

@@ -21,9 +21,10 @@ from strata_cli.model.gguf_file import open_model
 # its top-k launch (moe.cu router_gemv_topk, an F32 router; 4e4d556: 17, 28); a GDN layer's qkv and z projections
 # one GEMV (their weights stacked, gdn_mix reading the rows [qkv | z]; 97b3d32: 16, 28); a QSA layer's k, v, q and
 # indexer q one GEMV (the consumers reading views of its rows; 2d90738: 25); the indexer's tail back at its
-# snapshot in its append kernel (no copy node):
-NODES_PER_LAYER = {1: [16, 23, 16, 24, 16, 16, 16, 24], 8: [16, 23, 16, 24, 16, 16, 16, 24]}
-WINDOW_NODES = {1: 162, 8: 162}
+# snapshot in its append kernel (no copy node; b91d893: 16, 24); the shared expert one more entry of the routed
+# experts' launches (its weights appended to theirs, its gate its weight in the combine):
+NODES_PER_LAYER = {1: [13, 20, 13, 21, 13, 13, 13, 21], 8: [13, 20, 13, 21, 13, 13, 13, 21]}
+WINDOW_NODES = {1: 138, 8: 138}
 
 
 @pytest.fixture
@@ -59,7 +60,8 @@ def test_listing_sees_the_window_size(monkeypatch, engine):
 
 def test_stacked_weights_are_their_matrices_row_for_row(engine):
     """DeviceWeights' stacks (a GDN layer's qkv + z, a QSA layer's k, v, q + indexer q, each HC read's down +
-    inject) hold the file's matrices in order, value for value, after the Q8_0 repack."""
+    inject, the routed experts + the shared expert) hold the file's matrices in order, value for value, after the
+    Q8_0 repack."""
     from strata_cli.engine.gpu.weights import KVQ, QKVZ, STACKS
     from strata_cli.model import packed
     from strata_cli.ops.gemv import dequant_rows
@@ -85,5 +87,14 @@ def test_stacked_weights_are_their_matrices_row_for_row(engine):
             np.testing.assert_array_equal(W[:hc.L], matrix(prefix + "_down.weight"))
             np.testing.assert_array_equal(W[hc.L:hc.L + hc.n_inj], matrix(prefix + "_inject.weight"))
             assert not W[hc.L + hc.n_inj:].any() and W.shape[0] % 32 == 0
+        # the shared expert appended to the routed experts as expert E (its launches are theirs)
+        assert w.shared_expert_id(layer) == g.n_expert
+        for p in ("gate", "up", "down"):
+            raw, ggml_type = w.raw(f"blk.{layer}.ffn_{p}_exps.weight")
+            routed, shared = (model.info(f"blk.{layer}.ffn_{p}_{s}.weight") for s in ("exps", "shexp"))
+            n_in = routed.shape[0]
+            want = np.concatenate([dequant_rows(routed.raw, routed.ggml_type, n_in),
+                                   dequant_rows(shared.raw, shared.ggml_type, n_in)])
+            np.testing.assert_array_equal(dequant_rows(raw, ggml_type, n_in), want)
     head = w.hc("output_hc")
     assert head.n_inj == 0

@@ -61,13 +61,14 @@ def _tiers(steps: list, split: bool):
 
 def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str | None = None,
                    ends: list | None = None, layers: tuple[int, int] | None = None, router_type: int = 0,
-                   stacked: bool = True) -> list[str]:
+                   stacked: bool = True, shared: bool = True) -> list[str]:
     """The launches record_window makes for a T-row window of `geometry` with launch variant `path`; tiers None
     (every expert in VRAM), "one" (tiers, one token group) or "split" (two groups). ends: appended the number of
     steps so far at each layer's end ("embed", then each "gap": GPUEngine.layer_nodes' stamps). layers: the
     range of a stage of the layer split (engine/gpu/layer_split.py; default every layer). router_type: the GGML
     type of the routers (every other weight F32); stacked: a layer's projections of its mixed rows stack (one GEMV:
-    a GDN layer's qkv and z, a QSA layer's k, v, q and indexer q)."""
+    a GDN layer's qkv and z, a QSA layer's k, v, q and indexer q); shared: the shared expert joins the routed
+    experts' tensors (one more entry a row)."""
     from strata_cli.engine.gpu import window
 
     steps: list[str] = []
@@ -79,7 +80,8 @@ def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str |
     weights = SimpleNamespace(raw=lambda name: (_Rows(), router_type if name.endswith("ffn_gate_inp.weight") else 0),
                               f32=lambda name: _Rows(), blk_f32=lambda *a: _Rows(), blk_raw=lambda *a: (_Rows(), 0),
                               hc=lambda prefix: SimpleNamespace(n_inj=1),
-                              stack=lambda layer, name: (_Rows(), 0, 10**6) if stacked else None)
+                              stack=lambda layer, name: (_Rows(), 0, 10**6) if stacked else None,
+                              shared_expert_id=lambda layer: 99 if shared else None)
     stage = SimpleNamespace(tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
                             out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows()))
     def count(layer, stage, stream):
@@ -101,8 +103,9 @@ GDN = ["launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv + z (one GE
 QSA_HEAD = ["launch_gemv.gemv", "qsa.norm_rope", "qsa.kv_append", "qsa.norm_rope"]  # k, v, q, indexer q: one GEMV
 QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "qsa.norm_rope", "qsa.block_scores", "qsa.select_cells"]
 QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
-# the router's GEMV in its top-k launch (an F32 router); the experts' combine is the next read's
-MOE = ["moe.router_gemv_topk", "moe.shared_expert", "moe.routed_parts"]
+# the router's GEMV in its top-k launch (an F32 router), the shared expert one more entry of the routed launches;
+# the experts' combine is the next read's
+MOE = ["moe.router_gemv_topk", "moe.routed_parts"]
 PLE = ["ple.ngram_rows", "embed.gather_rows", "ple.ple_mix"]
 PLE_GROUP_A = ["ple.ngram_rows", "embed.gather_rows", "memcpy", "ple.ple_mix", "memcpy"]
 PLE_GROUP_B = ["memcpy", "ple.ple_mix", "memcpy"]
@@ -181,10 +184,17 @@ def test_projections_of_two_types_are_a_gemv_each(monkeypatch, geometry):
 
 
 def test_a_router_of_another_type_is_a_gemv_then_router_topk(monkeypatch, geometry):
+    """... and the shared expert then has its launches (router_topk's ids have no slot for it)."""
     from strata_cli.model import quants
 
-    moe = ["launch_gemv.gemv", "moe.router_topk"] + MOE[1:]
+    moe = ["launch_gemv.gemv", "moe.router_topk", "moe.shared_expert", "moe.routed_parts"]
     got = recorded_steps(monkeypatch, geometry, 3, PLAIN, router_type=quants.F16)
+    assert got == unsplit(geometry, lambda layer: moe)
+
+
+def test_a_shared_expert_of_other_types_has_its_own_launches(monkeypatch, geometry):
+    moe = ["moe.router_gemv_topk", "moe.shared_expert", "moe.routed_parts"]
+    got = recorded_steps(monkeypatch, geometry, 3, PLAIN, shared=False)
     assert got == unsplit(geometry, lambda layer: moe)
 
 

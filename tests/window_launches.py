@@ -43,7 +43,8 @@ class WindowLaunches:
 def _host_cupy():
     """The part of CuPy DeviceWeights uses, on the host."""
     device = SimpleNamespace(synchronize=lambda: None)
-    return SimpleNamespace(asarray=np.array, empty_like=np.empty_like, cuda=SimpleNamespace(Device=lambda: device))
+    return SimpleNamespace(asarray=np.array, empty=np.empty, empty_like=np.empty_like,
+                           cuda=SimpleNamespace(Device=lambda: device))
 
 
 def _host_arena(arena) -> dict:

@@ -45,9 +45,10 @@ LAYER_STAGES = (
     "hc1-down",       # its down + inject GEMV
     "hc-read1",       # (seed 17) its up GEMV, gates, mix and inject gates
     "router",         # (seed 17) router GEMV + top-k
-    "shared",         # (seed 18) shared expert
+    "shared",         # (seed 18) shared expert, where it has launches of its own (else an entry of "experts")
     "waitA",          # (seed 19) expert tiers: wait for the plan (stamped by the tier code when it exists)
-    "experts",        # (seed 20) expert grouping + routed expert GEMVs held in VRAM
+    "experts",        # (seeds 20, 18) expert grouping + routed expert GEMVs held in VRAM (with the shared expert
+                      # where it joins their tensors)
     "waitB",          # (seed 21) expert tiers: wait for the host copies
     "pcie-group",     # (seed 22) expert tiers: experts read over PCIe
     "waitCPU",        # (seed 23) expert tiers: wait for the host-computed experts

@@ -74,12 +74,14 @@ def router_fuses(router_type: int, E: int) -> bool:
 
 
 def router_gemv_topk(x, router_raw, router_type: int, k: int, groups, done, out_logits=None, out_ids=None,
-                     out_w=None, scalar_gate=None, stream=None):
+                     out_w=None, scalar_gate=None, shared_id: int | None = None, stream=None):
     """x [T, n_in] -> (ids [T, k], weights [T, k]) as router_topk(x @ W^T) does, in one launch (kernels/moe.cu
     router_gemv_topk): the router's GEMV (its logits [T, E] also written), the top-k and, with groups = (g_expert,
     g_count, g_entries) and done (a zeroed uint32 [1]), the grouping of the entries by expert. router_raw [E, n_in]
     of a type in ROUTER_FUSED_TYPES with E <= ROUTER_FUSED_MAX_E (router_fuses). scalar_gate = (raw [n_in] row of a
-    type in SG_TYPES, type, sg [T, 1]): the shared expert's gate sigmoid(w . x) written too."""
+    type in SG_TYPES, type, sg [T, 1]): the shared expert's gate sigmoid(w . x) written too. shared_id (with
+    scalar_gate): the shared expert runs as expert shared_id of the routed launches: ids and weights [T, k + 1],
+    slot k = (shared_id, sg), grouped with the routed entries."""
     with U.on_stream(stream):
         U.check_array("x", x, np.float32, (None, None))
         T, n_in = x.shape
@@ -91,7 +93,10 @@ def router_gemv_topk(x, router_raw, router_type: int, k: int, groups, done, out_
                              f"F32 routers of at most {ROUTER_FUSED_MAX_E} experts (GEMV + router_topk otherwise)")
         if not 1 <= k <= min(E, U.ROUTER_MAXK):
             raise ValueError(f"k: {k} outside 1..{min(E, U.ROUTER_MAXK)} (E = {E}, kernel limit {U.ROUTER_MAXK})")
-        J = T * k
+        slots = k + (shared_id is not None)
+        if shared_id is not None and scalar_gate is None:
+            raise ValueError("shared_id: given without scalar_gate (slot k's weight is the shared expert's gate)")
+        J = T * slots
         if J > U.BLOCK:
             raise ValueError(f"x: {J} (row, slot) entries exceed the router's {U.BLOCK} grouping threads")
         U.check_array("done", done, np.uint32, (1,))
@@ -106,11 +111,12 @@ def router_gemv_topk(x, router_raw, router_type: int, k: int, groups, done, out_
             U.check_array("sg", sg, np.float32, (T, 1))
             sg_args = (sg_raw, np.int32(sg_type), sg)
         out_logits = U.out_array("out_logits", out_logits, (T, E), np.float32, empty)
-        out_ids = U.out_array("out_ids", out_ids, (T, k), np.int32, empty)
-        out_w = U.out_array("out_w", out_w, (T, k), np.float32, empty)
+        out_ids = U.out_array("out_ids", out_ids, (T, slots), np.int32, empty)
+        out_w = U.out_array("out_w", out_w, (T, slots), np.float32, empty)
         smem = 4 * max(U.GEMV_WARPS * E, J + U.BLOCK)
         nvrtc.kernel("moe", "router_gemv_topk")((-(-E // U.GEMV_WARPS), 1, 1), (U.BLOCK, 1, 1), (
-            router_raw, x, np.int32(n_in), np.int32(T), out_logits, np.int32(E), np.int32(k), out_ids, out_w,
+            router_raw, x, np.int32(n_in), np.int32(T), out_logits, np.int32(E), np.int32(k),
+            np.int32(-1 if shared_id is None else shared_id), out_ids, out_w,
             *g_args, np.int32(U.GEMV_MAXT), done, *sg_args), shared_mem=smem)
     return out_ids, out_w
 

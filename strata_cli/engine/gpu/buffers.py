@@ -88,14 +88,16 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
     for name, shape in [("R", (M, C, D)), ("emb", (M, D)), ("mixed", (M, D)), ("inj", (M, C)),
                         ("block_out", (M, D)), ("hc_xn", (M, C * D)),
                         ("hc_dn", (M, -(-(g.hc_lowrank + C) // DN_ROW_GROUP) * DN_ROW_GROUP)), ("router", (M, E)),
-                        ("route_w", (M, K)),
-                        ("moe_h", (M * K, g.n_ff_exp)), ("moe_parts", (M * K, D)), ("shared", (M, D)),
+                        ("route_w", (M, K)), ("route_w1", (M, K + 1)),
+                        # entries of a row: its K routed experts, and the shared expert where it runs as one more
+                        ("moe_h", (M * (K + 1), g.n_ff_exp)), ("moe_parts", (M * (K + 1), D)), ("shared", (M, D)),
                         ("sh_h", (M, g.n_ff_shexp)), ("sh_sg", (M, 1)), ("logits", (M, g.n_vocab))]:
         a.add(name, shape)
     a.add("route_ids", (M, K), np.int32)
-    a.add("moe_gexp", (M * K,), np.int32)
-    a.add("moe_gcnt", (M * K,), np.int32)
-    a.add("moe_gent", (M * K, GEMV_MAXT), np.int32)  # entries of each expert group
+    a.add("route_ids1", (M, K + 1), np.int32)  # ids with the shared expert's (DeviceWeights.shared_expert_id)
+    a.add("moe_gexp", (M * (K + 1),), np.int32)
+    a.add("moe_gcnt", (M * (K + 1),), np.int32)
+    a.add("moe_gent", (M * (K + 1), GEMV_MAXT), np.int32)  # entries of each expert group
     a.add("route_done", (1,), np.uint32)  # router_topk's arrival counter (zero between launches)
     a.add("gemv_partial", (GEMV_PARTIAL_FLOATS,))
     a.add("gemv_tiles", (ZSPLIT_TILES,), np.uint32)

@@ -49,15 +49,16 @@ def _marks(e, layer: int, prefix: str, stream):
 
 
 # What a read's pending write adds to R (the previous block's output): nothing, block_out (a mixer's out-projection,
-# the tiers' combine), or the routed experts' combine, which the read's first kernel computes (_moe leaves it)
-NO_WRITE, BLOCK_OUT, COMBINE = None, "block_out", "combine"
+# the tiers' combine), or a CombineWrite: the routed experts' combine, which the read's first kernel computes (_moe
+# returns it)
+NO_WRITE, BLOCK_OUT = None, "block_out"
 
 
 def _pending(e, pending, r0: int, r1: int):
     b = e.buf
-    if pending == COMBINE:
+    if isinstance(pending, hyper.CombineWrite):
         assert r0 == 0, "split windows run the tiers' MoE, which combines into block_out"
-        return hyper.CombineWrite(b["moe_parts"], b["route_w"][:r1], b["shared"][:r1], b["inj"][:r1])
+        return pending
     return (b["block_out"][r0:r1], b["inj"][r0:r1]) if pending == BLOCK_OUT else None
 
 
@@ -211,35 +212,46 @@ def _rows(buf, T: int, width: int):
 
 
 def _moe(e, layer: int, x, T: int, stream):
-    """Router, shared expert and routed experts, every expert in VRAM; their combine and its residual write are the
-    next read's (COMBINE)."""
+    """Router, shared expert and routed experts, every expert in VRAM; returns the CombineWrite of their combine,
+    which the next read applies with its residual write. Where the shared expert joins the routed tensors
+    (DeviceWeights.shared_expert_id) it is one more entry of every row, weighted by its gate: no launches of its own."""
     b, w, g = e.buf, e.w, e.g
     blk = f"blk.{layer}."
     scratch = moe.MoeScratch(b["moe_h"], b["moe_parts"], b["moe_gexp"], b["moe_gcnt"], b["moe_gent"])
     # the router's last block also groups the entries by expert (no moe_group node)
     groups = (scratch.g_expert, scratch.g_count, scratch.g_entries)
-    names = [blk + f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")] + [blk + "ffn_gate_inp_shexp.weight"]
-    raws = [w.raw(n) for n in names]
-    sg = b["sh_sg"][:T] if raws[3][1] in moe.SG_TYPES else None  # the router's launch computes the shared gate
+    gate = w.raw(blk + "ffn_gate_inp_shexp.weight")
+    sg = b["sh_sg"][:T] if gate[1] in moe.SG_TYPES else None  # the router's launch computes the shared gate
     router, router_type = w.raw(blk + "ffn_gate_inp.weight")
-    out = dict(out_ids=b["route_ids"][:T], out_w=b["route_w"][:T], stream=stream)
-    if moe.router_fuses(router_type, g.n_expert):  # the router's GEMV in the same launch
+    fused = moe.router_fuses(router_type, g.n_expert)
+    shared_id = w.shared_expert_id(layer) if fused and sg is not None else None
+    if shared_id is not None:  # ids and weights of K + 1 slots: the last the shared expert's
         ids, weights = moe.router_gemv_topk(x, router, router_type, g.n_expert_used, groups, b["route_done"],
-                                            out_logits=b["router"][:T], scalar_gate=None if sg is None else (
-                                                *raws[3], sg), **out)
+                                            out_logits=b["router"][:T], scalar_gate=(*gate, sg), shared_id=shared_id,
+                                            out_ids=b["route_ids1"][:T], out_w=b["route_w1"][:T], stream=stream)
+        stamp(e, layer, "router", stream)
     else:
-        gemv_weight(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
-        ids, weights = moe.router_topk(b["router"][:T], g.n_expert_used, groups=groups, done=b["route_done"],
-                                       scalar_gate=None if sg is None else (x, *raws[3], sg), **out)
-    stamp(e, layer, "router", stream)
-    moe.shared_expert(x, raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
-                      out=b["shared"][:T], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), split=split_k(b),
-                      stream=stream, sg=sg)
-    stamp(e, layer, "shared", stream)
+        out = dict(out_ids=b["route_ids"][:T], out_w=b["route_w"][:T], stream=stream)
+        scalar_gate = None if sg is None else (*gate, sg)
+        if fused:  # the router's GEMV in the same launch
+            ids, weights = moe.router_gemv_topk(x, router, router_type, g.n_expert_used, groups, b["route_done"],
+                                                out_logits=b["router"][:T], scalar_gate=scalar_gate, **out)
+        else:
+            gemv_weight(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
+            ids, weights = moe.router_topk(b["router"][:T], g.n_expert_used, groups=groups, done=b["route_done"],
+                                           scalar_gate=None if sg is None else (x, *scalar_gate), **out)
+        stamp(e, layer, "router", stream)
+        raws = [w.raw(blk + f"ffn_{p}_shexp.weight") for p in ("gate", "up", "down")] + [gate]
+        moe.shared_expert(x, raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
+                          out=b["shared"][:T], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), split=split_k(b),
+                          stream=stream, sg=sg)
+        stamp(e, layer, "shared", stream)
     exps = [w.raw(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
     moe.routed_parts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps], scratch=scratch,
                      grouped=True, stream=stream)
     stamp(e, layer, "experts", stream)
+    return hyper.CombineWrite(b["moe_parts"], weights, None if shared_id is not None else b["shared"][:T],
+                              b["inj"][:T])
 
 
 def _ple(e, T: int, stream):
@@ -296,7 +308,7 @@ class _LayerRecorder:
     def __init__(self, e, T: int, stream, groups):
         self.e, self.T, self.stream, self.groups = e, T, stream, groups
         self.split = len(groups) == 2
-        self.moe_write = BLOCK_OUT if e.tiers is not None else COMBINE  # the tiers' post combines into block_out
+        self.moe_write = BLOCK_OUT  # the tiers' post combines into block_out; else the last _moe's CombineWrite
 
     def pre(self, layer: int, grp: int) -> None:
         e, g, T, stream = self.e, self.e.g, self.T, self.stream
@@ -326,7 +338,7 @@ class _LayerRecorder:
         if e.tiers is not None:  # expert tiers (tiers.py): router, doorbell, shared expert, VRAM share
             e.tiers.pre(layer, grp, r0, n, len(self.groups), stream)
         else:
-            _moe(e, layer, mixed, T, stream)
+            self.moe_write = _moe(e, layer, mixed, T, stream)
 
     def post(self, layer: int, grp: int) -> None:
         e = self.e
