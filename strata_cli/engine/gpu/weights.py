@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...gpu.launch_hyper import HcWeights
+from ...gpu.launch_moe import router_fuses
 from ...gpu.runtime import cupy
 from ...model import packed
 from ...model.gguf_file import GGUFModel
@@ -193,9 +194,13 @@ def _stack_roles(model: GGUFModel, blk: str, stack: str) -> list[str] | None:
 
 def _merges_shared(model: GGUFModel, blk: str, skip) -> bool:
     """Whether blk's shared expert joins its routed experts' tensors: all six tensors there and uploaded (not the
-    tiers'), each routed tensor of its shared one's type and row shape."""
+    tiers'), each routed tensor of its shared one's type and row shape, and a router that router_gemv_topk takes
+    (the scalar gate is uploaded as F32, which it decodes)."""
     names = [blk + n for pair in SHARED_AS_EXPERT.items() for n in pair]
     if not blk or not all(n in model.specs for n in names) or (skip is not None and any(skip(n) for n in names)):
+        return False
+    router = model.info(blk + "ffn_gate_inp.weight")  # its launch gives the shared expert its slot (window._moe)
+    if not router_fuses(router.ggml_type, model.geometry.n_expert):
         return False
     for exps, shexp in SHARED_AS_EXPERT.items():
         routed, shared = model.info(blk + exps), model.info(blk + shexp)
