@@ -65,8 +65,8 @@ CHECK_E = 12  # the reference check: a few experts of the real shapes
 DEFAULT_TYPES = "Q8_0,Q4_0,Q4_K,Q5_K,Q6_K,Q2_K,Q3_K,IQ2_XS,IQ3_XXS,IQ4_XS,MXFP4"
 TUNE_TYPES = "Q2_K,Q4_0,Q8_0"
 DENSE_N_IN, DENSE_MB = 5120, 512
-PATHS = {"tc": U.WindowPath(fused_hc=False, gemv_tc=False, expert_tc=True),
-         "cuda": U.WindowPath(fused_hc=False, gemv_tc=False, expert_tc=False)}
+PATHS = {"tc": U.WindowPath(gemv_tc=False, expert_tc=True),
+         "cuda": U.WindowPath(gemv_tc=False, expert_tc=False)}
 
 
 def copy_gbs() -> float:

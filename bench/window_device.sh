@@ -3,7 +3,7 @@
 #   1. the gpu tests the one layer recorder, the T-keyed paths and the per-layer node count touch (-v)
 #   2. strata graph-nodes (with its "nodes per layer" line) on the tiny default model, T = 1 and 4, and, if
 #      present, an 8-layer Flash-Next file ($FN8, default /tmp/fn8.gguf), T = 1
-#   3. bench/window_paths_bench.py: the unfused and fused paths at T = 1, 2, 4, 8 on $1 (checks WINDOW_PATHS)
+#   3. bench/window_paths_bench.py: CUDA-core and tensor-core GEMVs at T = 1, 2, 4, 8 on $1 (checks WINDOW_PATHS)
 #   4. verify-bench T = 1, 2, 4, 8, 16 on $1 (its t/t(1) column: t(T)/t(1)), a short table last
 # Usage: bench/window_device.sh MODEL.gguf
 set -uo pipefail
@@ -14,11 +14,11 @@ strata() { python3 -m strata_cli "$@"; }
 step() { local name=$1 limit=$2; shift 2; echo "=== $name"; timeout "$limit" "$@"; echo "=== $name rc=$?"; }
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 
-step gpu-tests 80 python3 -m pytest -v -p no:cacheprovider $XDIST -m gpu tests/test_gpu_hc_fused.py \
-  tests/test_gpu_q8r.py tests/test_gpu_engine.py tests/test_gpu_graphs.py tests/test_gpu_profile.py \
+step gpu-tests 80 python3 -m pytest -v -p no:cacheprovider $XDIST -m gpu tests/test_gpu_hc_read.py \
+  tests/test_gpu_window_nodes.py tests/test_gpu_dense.py tests/test_gpu_q8r.py tests/test_gpu_engine.py tests/test_gpu_graphs.py tests/test_gpu_profile.py \
   tests/test_gpu_window_contract.py
 step cpu-tests 20 python3 -m pytest -q -p no:cacheprovider tests/test_window_steps.py tests/test_stage_timing.py \
-  tests/test_launch_checks.py
+  tests/test_launch_checks.py tests/test_window_nodes.py
 for T in 1 4; do
   step "graph-nodes default T=$T" 15 bash -c "python3 -m strata_cli graph-nodes --window $T | head -4"
 done

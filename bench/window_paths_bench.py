@@ -1,6 +1,6 @@
 """The window's two launch paths (launch_util.WINDOW_PATHS) against each other at every T: ms per window graph
-(median of CUDA-event times over -r windows after a context of -d tokens), unfused (CUDA-core GEMVs) vs fused (HC
-read, GDN launches, tensor-core GEMVs), and which one the table picks. Checks the table on a device and file.
+(median of CUDA-event times over -r windows after a context of -d tokens), the dense Q8_0_R32 GEMVs on CUDA cores
+("unfused") vs on tensor cores ("fused"; the names of the columns as before), and which one the table picks. Checks the table on a device and file.
 
     python3 bench/window_paths_bench.py MODEL [--window 1 2 4 8] [-r 30] [-d 256]
 
@@ -20,8 +20,8 @@ from strata_cli.engine.gpu import GPUEngine
 from strata_cli.gpu.launch_util import WindowPath, window_path
 from strata_cli.model.gguf_file import open_model
 
-PATHS = {"unfused": WindowPath(fused_hc=False, gemv_tc=False),
-         "fused": WindowPath(fused_hc=True, gemv_tc=True)}
+PATHS = {"unfused": WindowPath(gemv_tc=False),
+         "fused": WindowPath(gemv_tc=True)}
 
 
 def window_ms(model, path: WindowPath, windows, reps: int, depth: int) -> dict[int, float]:
@@ -61,7 +61,7 @@ def main() -> None:
     print(f"{'T':>3} {'unfused ms':>11} {'fused ms':>9}  table  faster")
     for T in args.window:
         ms = {name: by_path[name][T] for name in PATHS}
-        table = "fused" if window_path(T).fused_hc else "unfused"
+        table = "fused" if window_path(T).gemv_tc else "unfused"
         faster = min(ms, key=ms.get)
         print(f"{T:>3} {ms['unfused']:>11.3f} {ms['fused']:>9.3f}  {table:7s} {faster}{'' if faster == table else ' (!)'}",
               flush=True)

@@ -2,8 +2,11 @@
 //
 // Legend: T window rows, Ch = 2*Hk*dk + Hv*dv conv channels, K conv taps, Hk key/query heads, Hv value heads,
 // dk / dv key / value head dims. All arrays C-contiguous.
-//   qkv [T, Ch] raw projections; conv_state [K-1, Ch] previous raw rows (oldest first); conv_w [Ch, K]
-//   q, k [T, Hk, dk]; v [T, Hv, dv]; g, beta [T, Hv]; state [Hv, dk, dv]; o, z [T, Hv, dv]
+//   qkv [T, Ch] raw projections (rows qkv_ld apart); conv_state [K-1, Ch] previous raw rows (oldest first);
+//   conv_w [Ch, K]
+//   q, k [T, Hk, dk]; v [T, Hv, dv]; g, beta [T, Hv]; state [Hv, dk, dv]; o [T, Hv, dv]; z [T, Hv*dv] (rows z_ld
+//   apart). The window's qkv and z are one GEMV's [T, Ch + Hv*dv] rows where their weights stack (qkv_ld = z_ld =
+//   Ch + Hv*dv, z at column Ch).
 // A window reads the saved conv and recurrent state and never writes them; the commit kernels advance both to
 // the first n_keep rows from what the window stored (qkv, q, k, v, g, beta). Value head h reads key head h % Hk.
 #include "seq_common.cuh"
@@ -12,22 +15,23 @@
 #define GDN_RPT 32           // recurrence: state rows in registers per thread (dk <= GDN_RPT * blockDim.y)
 #define GDN_REC_THREADS 512  // recurrence: most threads per block (dv * blockDim.y)
 
-// Conv commit: conv_state [K1 = K-1, Ch] <- rows [n_keep, n_keep + K1) of [conv_state | qkv] (qkv holds T rows).
-// Thread per channel; the arguments of ple.cu's ple_history_commit (seq_util.rolling_commit builds both).
+// Conv commit: conv_state [K1 = K-1, Ch] <- rows [n_keep, n_keep + K1) of [conv_state | qkv] (qkv holds T rows of
+// row stride ld: the window's qkv and z projections may be one GEMV's [T, Ch + Hv*dv] output). Thread per channel;
+// the arguments of ple.cu's ple_history_commit (seq_util.rolling_commit builds both).
 extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
-    gdn_conv_commit(float* conv_state, const float* __restrict__ qkv, int T, int K1, int Ch, int n_keep,
+    gdn_conv_commit(float* conv_state, const float* __restrict__ qkv, int T, int K1, int Ch, int ld, int n_keep,
                     const int* n_keep_dev) {
-    rolling_commit(conv_state, qkv, T, K1, Ch, n_keep, n_keep_dev);
+    rolling_commit(conv_state, qkv, T, K1, Ch, ld, n_keep, n_keep_dev);
 }
 
 // silu(causal depthwise conv) of channel c at row t over seq = [conv_state | qkv] (K-1+T rows); tap K-1 is the
 // current row.
 __device__ __forceinline__ float conv_at(const float* __restrict__ qkv, const float* __restrict__ conv_state,
-                                         const float* __restrict__ conv_w, i64 t, i64 c, int Ch, int K) {
+                                         const float* __restrict__ conv_w, i64 t, i64 c, int Ch, int ld, int K) {
     float acc = 0.0f;
     for (int i = 0; i < K; ++i) {
-        const i64 r = t + i;  // row of seq = [conv_state | qkv]
-        const float x = r < K - 1 ? conv_state[r * Ch + c] : qkv[(r - (K - 1)) * Ch + c];
+        const i64 r = t + i;  // row of seq = [conv_state | qkv]; qkv rows ld apart
+        const float x = r < K - 1 ? conv_state[r * Ch + c] : qkv[(r - (K - 1)) * ld + c];
         acc += x * conv_w[c * K + i];
     }
     return silu_f(acc);
@@ -142,10 +146,10 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
 // q, k, v and o rows, the gates, and the recurrence's partial sums across p.
 extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
     gdn_mix(const float* __restrict__ qkv, const float* __restrict__ conv_state, const float* __restrict__ conv_w,
-            int Ch, int K, const float* __restrict__ state, const float* __restrict__ x, int n_in,
+            int Ch, int qkv_ld, int K, const float* __restrict__ state, const float* __restrict__ x, int n_in,
             const u8* __restrict__ w_alpha, i64 alpha_stride, int alpha_type, const u8* __restrict__ w_beta,
             i64 beta_stride, int beta_type, const float* __restrict__ alpha_in, const float* __restrict__ beta_in,
-            const float* __restrict__ dt_bias, const float* __restrict__ ssm_a, const float* __restrict__ z,
+            const float* __restrict__ dt_bias, const float* __restrict__ ssm_a, const float* __restrict__ z, int z_ld,
             const float* __restrict__ norm_w, float norm_eps, float* __restrict__ q, float* __restrict__ k,
             float* __restrict__ v, float* g, float* beta, float* __restrict__ y, int T, int r0, int nk, int nv,
             int dk, int dv, float q_scale, float l2_eps) {
@@ -179,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
             c = (i64)2 * nk * dk + (i64)hv * dv + (i - 2 * dk);
             dst = sv + t * dv + (i - 2 * dk);
         }
-        *dst = conv_at(qkv, conv_state, conv_w, t, c, Ch, K);
+        *dst = conv_at(qkv, conv_state, conv_w, t, c, Ch, qkv_ld, K);
     }
     for (int t = tid; t < r0; t += nthreads) {  // an earlier group's gates
         sdec[t] = g[(i64)t * nv + hv];
@@ -260,6 +264,7 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
         for (int i = lane; i < dv; i += WARP) ss += ot[i] * ot[i];
         const float rms = sqrtf(warp_sum(ss) / (float)dv + norm_eps);
         const i64 base = ((i64)(t - r0) * nv + hv) * dv;
-        for (int i = lane; i < dv; i += WARP) y[base + i] = ot[i] / rms * norm_w[i] * sigmoid_f(z[base + i]);
+        const float* zt = z + (i64)(t - r0) * z_ld + (i64)hv * dv;
+        for (int i = lane; i < dv; i += WARP) y[base + i] = ot[i] / rms * norm_w[i] * sigmoid_f(zt[i]);
     }
 }

@@ -9,6 +9,22 @@
 
 #define ROUTER_MAXK 16
 
+// Whether this block is the last of the n blocks counted in *counter (a zeroed counter, reset by that block): its
+// global writes made before the call are visible device-wide first, and the last block sees every block's. Every
+// thread of the block calls it.
+__device__ __forceinline__ bool arrived_last(unsigned* counter, unsigned n) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1u) == n - 1;
+        if (last) atomicExch(counter, 0u);
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // logits [T, E] f32 -> ids [T, K] int32 (descending probability, ties -> lower id), w [T, K] f32 summing to 1.
 // grid T, block 256, dynamic shared memory max(E, T*K + blockDim.x) floats. Mirrors numpy: p = exp(z - max) / sum,
 // select on p. g_expert != null: the block counted last in done[0] (a zeroed counter it resets) also groups the
@@ -64,17 +80,7 @@ extern "C" __global__ void __launch_bounds__(1024)
         for (int k = 0; k < K; ++k) sum += top_p[k];
         for (int k = 0; k < K; ++k) w[(i64)blockIdx.x * K + k] = top_p[k] / sum;
     }
-    if (g_expert == nullptr) return;
-    __shared__ int last;
-    __threadfence();  // this block's ids are visible device-wide before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(done, 1u) == gridDim.x - 1;
-        if (last) atomicExch(done, 0u);
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (g_expert == nullptr || !arrived_last(done, gridDim.x)) return;  // the ids of every block, then grouped
     const int J = (int)gridDim.x * K;
     int* sid = reinterpret_cast<int*>(p);  // p is no longer read: the ids, then group_by_key's leader flags
     for (int j = threadIdx.x; j < J; j += blockDim.x) sid[j] = __ldcg(ids + j);  // L2: other blocks wrote them
@@ -82,27 +88,117 @@ extern "C" __global__ void __launch_bounds__(1024)
     group_by_key(sid, sid + J, 0, J, max_rows, false, g_expert, g_count, g_entries);
 }
 
-// out[t, d] = sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null), and when R is not null
-// the residual write of that block output into the C streams: R[t, c, d] += out[t, d] * inj[t, c] (hyper.cu
-// hc_write's rounding: the product, then the add), so the window has no hc_write node after the MoE.
-// Grid-stride over T*D, block 256. Slot order; numpy adds in expert-id order (float32 rounding differs only).
+// The router's GEMV, its top-k and the shared expert's gate in one launch (the window's: no logits node before
+// router_topk). W [E, n_in] f32 rows, x [T, n_in] (T <= GEMV_MAXT), logits [T, E] written (and read back by the
+// last block). grid ceil(E / 8), block 256, dynamic shared memory max(8 * E, T*K + 256) floats.
+//   sg_w != null: block b writes sg[t] = sigmoid(sg_w . x[t]) for t = b, b + gridDim.x, ... (router_topk's gate);
+//   warp w of block b: logits[t, e] = W[e] . x[t] for e = 8b + w and every row t (lanes over n_in, warp_sum);
+//   the block counted last in done[0] (a zeroed counter it resets): warp w takes rows t = w, w + 8, ...: p = exp(z -
+//   max) / sum, K rounds of warp argmax on p (ties -> lower id), w = top p / their sum (router_topk's selection;
+//   its sums go in warp order), then groups the J = T*K entries by expert as router_topk does (J <= 256).
+// shared_id >= 0: the shared expert runs as one more expert of the routed launches (its weights appended as expert
+// shared_id): ids and w have rows of K + 1, slot K = (shared_id, sg[t]), grouped with the rest (J = T*(K+1)); the
+// combine then adds sg * shared(x) last, as it adds the shared expert's output otherwise (sg_w must be given).
+extern "C" __global__ void __launch_bounds__(256)
+    router_gemv_topk(const float* __restrict__ W, const float* __restrict__ x, int n_in, int T, float* logits,
+                     int E, int K, int shared_id, int* ids, float* __restrict__ w, int* __restrict__ g_expert,
+                     int* __restrict__ g_count, int* __restrict__ g_entries, int max_rows, unsigned* done,
+                     const u8* __restrict__ sg_w, int sg_type, float* __restrict__ sg) {
+    extern __shared__ float p[];
+    __shared__ float shv[WARP];
+    __shared__ float top_p[GEMV_WARPS][ROUTER_MAXK];
+    for (int t = blockIdx.x; sg_w != nullptr && t < T; t += gridDim.x) {  // uniform per block (block_sum's barriers)
+        const float* xt = x + (i64)t * n_in;
+        float acc = 0.0f;
+        for (int i = threadIdx.x; i < n_in; i += blockDim.x) acc += raw_at(sg_w, sg_type, i) * xt[i];
+        acc = block_sum(acc, shv);
+        if (threadIdx.x == 0) sg[t] = sigmoid_f(acc);
+    }
+    const int lane = threadIdx.x & (WARP - 1), warp = threadIdx.x / WARP;
+    const int e = blockIdx.x * GEMV_WARPS + warp;
+    if (e < E) {
+        const float* row = W + (i64)e * n_in;
+        float acc[GEMV_MAXT];
+#pragma unroll
+        for (int t = 0; t < GEMV_MAXT; ++t) acc[t] = 0.0f;
+        for (int i = lane; i < n_in; i += WARP) {
+            const float wi = __ldg(row + i);
+#pragma unroll
+            for (int t = 0; t < GEMV_MAXT; ++t)
+                if (t < T) acc[t] += wi * x[(i64)t * n_in + i];
+        }
+#pragma unroll
+        for (int t = 0; t < GEMV_MAXT; ++t) {
+            if (t < T) {  // T is uniform: every lane meets the shuffles
+                const float v = warp_sum(acc[t]);
+                if (lane == 0) logits[(i64)t * E + e] = v;
+            }
+        }
+    }
+    if (!arrived_last(done, gridDim.x)) return;  // the last block has every block's logits (and gates)
+    const int Ks = shared_id >= 0 ? K + 1 : K;  // slots of a row
+    float* pw = p + (i64)warp * E;
+    for (int t = warp; t < T; t += GEMV_WARPS) {
+        const float* z = logits + (i64)t * E;
+        float m = NEG_INF;
+        for (int j = lane; j < E; j += WARP) m = fmaxf(m, __ldcg(z + j));  // L2: other blocks wrote them
+        m = warp_max(m);
+        float s = 0.0f;
+        for (int j = lane; j < E; j += WARP) {
+            pw[j] = expf(__ldcg(z + j) - m);
+            s += pw[j];
+        }
+        s = warp_sum(s);
+        for (int j = lane; j < E; j += WARP) pw[j] = pw[j] / s;  // each lane touches only its own j
+        __syncwarp();
+        // K rounds of warp argmax; a taken expert is set to -1 (probabilities are >= 0, so it never wins again)
+        for (int k = 0; k < K; ++k) {
+            float bv = NEG_INF;
+            int bi = BIG_ID;
+            for (int j = lane; j < E; j += WARP)
+                if (arg_better(pw[j], j, bv, bi)) { bv = pw[j]; bi = j; }
+            warp_argmax(bv, bi);  // every lane holds the winner
+            if (lane == 0) {
+                ids[(i64)t * Ks + k] = bi;
+                top_p[warp][k] = bv;
+                pw[bi] = -1.0f;
+            }
+            __syncwarp();
+        }
+        if (lane == 0) {
+            float sum = 0.0f;
+            for (int k = 0; k < K; ++k) sum += top_p[warp][k];
+            for (int k = 0; k < K; ++k) w[(i64)t * Ks + k] = top_p[warp][k] / sum;
+            if (shared_id >= 0) {
+                ids[(i64)t * Ks + K] = shared_id;
+                w[(i64)t * Ks + K] = __ldcg(sg + t);  // L2: another block may have written it
+            }
+        }
+        __syncwarp();
+    }
+    if (g_expert == nullptr) return;
+    __syncthreads();  // every row's ids are written (this block wrote them all)
+    const int J = T * Ks;
+    int* sid = reinterpret_cast<int*>(p);  // p is no longer read: the ids, then group_by_key's leader flags
+    for (int j = threadIdx.x; j < J; j += blockDim.x) sid[j] = ids[j];
+    __syncthreads();
+    group_by_key(sid, sid + J, 0, J, max_rows, false, g_expert, g_count, g_entries);
+}
+
+// out[t, d] = sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null); its residual write
+// into the streams is the next hyper-connection read's (hyper.cu hc_write_norm, which also computes this sum in
+// the window). Grid-stride over T*D, block 256. Slot order; numpy adds in expert-id order (float32 rounding differs
+// only).
 extern "C" __global__ void __launch_bounds__(256)
     moe_combine(const float* __restrict__ parts, const float* __restrict__ w, const float* __restrict__ shared,
-                float* __restrict__ out, float* __restrict__ R, const float* __restrict__ inj, int C, int T, int K,
-                int D) {
+                float* __restrict__ out, int T, int K, int D) {
     for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < (i64)T * D; idx += (i64)gridDim.x * blockDim.x) {
         const i64 t = idx / D, d = idx % D;
         const float* wt = w + t * K;
         const float* column = parts + t * K * D + d;  // entry t*K + k at column[k * D]
         float acc = 0.0f;
         for (int k = 0; k < K; ++k) acc += wt[k] * column[(i64)k * D];
-        const float v = shared ? acc + shared[idx] : acc;
-        out[idx] = v;
-        if (R == nullptr) continue;
-        for (int c = 0; c < C; ++c) {
-            const i64 at = (t * C + c) * D + d;
-            R[at] = R[at] + __fmul_rn(v, inj[t * C + c]);
-        }
+        out[idx] = shared ? acc + shared[idx] : acc;
     }
 }
 

@@ -105,14 +105,14 @@ extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
 
 // History commit: history <- rows [n_keep, n_keep + Hh) of [history | normed]. Thread per channel.
 extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
-    ple_history_commit(float* history, const float* __restrict__ normed, int T, int Hh, int CD, int n_keep,
+    ple_history_commit(float* history, const float* __restrict__ normed, int T, int Hh, int CD, int ld, int n_keep,
                        const int* n_keep_dev) {
-    rolling_commit(history, normed, T, Hh, CD, n_keep, n_keep_dev);
+    rolling_commit(history, normed, T, Hh, CD, ld, n_keep, n_keep_dev);
 }
 
 // Predecessor commit: prev [n-1] <- the last n-1 of [prev | tokens[:n_keep]] (tokens [T]). One thread.
 extern "C" __global__ void ple_prev_commit(i64* prev, const i64* __restrict__ tokens, int T, int n_prev, int n_keep,
                                            const int* n_keep_dev) {
     if (blockIdx.x == 0 && threadIdx.x == 0)
-        shift_commit_column(prev, tokens, n_prev, (i64)1, (i64)0, count_from(n_keep, n_keep_dev, T));
+        shift_commit_column(prev, tokens, n_prev, (i64)1, (i64)0, count_from(n_keep, n_keep_dev, T), (i64)1);
 }

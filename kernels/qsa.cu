@@ -41,23 +41,26 @@ extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
     }
 }
 
-// k_cache[positions[t]] = k[t], v_cache[positions[t]] = v[t]; k, v [T, Hk*d]. Grid-stride over T*Hk*d.
+// k_cache[positions[t]] = k[t], v_cache[positions[t]] = v[t]; k [T, Hk*d] contiguous, v rows v_ld apart (a view of
+// the window's one GEMV of k, v and q). Grid-stride over T*Hk*d.
 extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
     qsa_kv_append(float* __restrict__ k_cache, float* __restrict__ v_cache, const float* __restrict__ k,
-                  const float* __restrict__ v, const int* __restrict__ positions, int T, int row) {
+                  const float* __restrict__ v, i64 v_ld, const int* __restrict__ positions, int T, int row) {
     const i64 n = (i64)T * row;
     for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
         const i64 t = idx / row, e = idx % row;
         const i64 dst = (i64)positions[t] * row + e;
         k_cache[dst] = k[idx];
-        v_cache[dst] = v[idx];
+        v_cache[dst] = v[t * v_ld + e];
     }
 }
 
 // Append the first n = count_from(n_rows, n_dev, T) raw indexer keys raw [T, d] at positions[t], in order:
 // tail[pos % ratio] = key; when pos completes block b = pos / ratio,
 // pooled[b] = rope_{b*ratio}(rms_norm(mean of tail) * k_norm_w). save (nullable) receives the tail before
-// anything is appended (the run's snapshot); restore (nullable) replaces the tail first (the commit).
+// anything is appended (the run's snapshot) and the tail goes back to it at the end (a run writes no committed
+// state: the window's rows may wrap over slots of committed positions; no copy node after it); restore (nullable)
+// replaces the tail first (the commit).
 // One block of QSA_BLOCK threads: rows are sequential, a completion reads the slots earlier rows wrote.
 // Column i of tail is always touched by thread i % blockDim.x. Dynamic shared d floats.
 extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
@@ -101,6 +104,9 @@ extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
         }
         __syncthreads();  // y is rewritten by the next completion
     }
+    if (save == nullptr) return;
+    __syncthreads();  // the tail's columns were written by their own threads; the copy strides over ratio*d
+    for (int e = tid; e < ratio * d; e += nth) tail[e] = save[e];
 }
 
 // out[t, h*d:(h+1)*d] = sigmoid(gate[t, h]) * softmax_s(q[t, h] . k_s / sqrt_d) v_s over the row's cells s:

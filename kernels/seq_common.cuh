@@ -11,24 +11,25 @@ __device__ __forceinline__ int count_from(int n, const int* n_dev, int limit) {
     return min(max(n_dev ? *n_dev : n, 0), limit);
 }
 
-// Window commit of a rolling history of S rows: state [S, width] <- rows [n, n + S) of [state | rows].
-// Called by the thread owning column c. Row r reads row r + n >= r, which is not yet overwritten when rows go
-// in ascending order, so the update is safe in place. Requires 0 <= n <= (rows of `rows`).
+// Window commit of a rolling history of S rows: state [S, width] <- rows [n, n + S) of [state | rows] (rows: row
+// stride ld >= width). Called by the thread owning column c. Row r reads row r + n >= r, which is not yet
+// overwritten when rows go in ascending order, so the update is safe in place. Requires 0 <= n <= (rows of `rows`).
 template <typename V>
-__device__ __forceinline__ void shift_commit_column(V* state, const V* rows, int S, i64 width, i64 c, int n) {
+__device__ __forceinline__ void shift_commit_column(V* state, const V* rows, int S, i64 width, i64 c, int n,
+                                                    i64 ld) {
     for (int r = 0; r < S; ++r) {
         const int src = r + n;
-        state[(i64)r * width + c] = src < S ? state[(i64)src * width + c] : rows[(i64)(src - S) * width + c];
+        state[(i64)r * width + c] = src < S ? state[(i64)src * width + c] : rows[(i64)(src - S) * ld + c];
     }
 }
 
 // A rolling-history commit over a grid of threads, one per column (gdn_conv_commit, ple_history_commit):
-// state [S, W] <- rows [n, n + S) of [state | rows [T, W]] with n = count_from(n_keep, n_keep_dev, T).
+// state [S, W] <- rows [n, n + S) of [state | rows [T, W] (row stride ld)] with n = count_from(n_keep, n_keep_dev, T).
 __device__ __forceinline__ void rolling_commit(float* state, const float* __restrict__ rows, int T, int S, int W,
-                                               int n_keep, const int* n_keep_dev) {
+                                               int ld, int n_keep, const int* n_keep_dev) {
     const int n = count_from(n_keep, n_keep_dev, T);
     for (i64 c = (i64)blockIdx.x * blockDim.x + threadIdx.x; c < W; c += (i64)gridDim.x * blockDim.x)
-        shift_commit_column(state, rows, S, (i64)W, c, n);
+        shift_commit_column(state, rows, S, (i64)W, c, n, (i64)ld);
 }
 
 // Block-wide exclusive prefix sum of one int per thread (blockDim.x <= 1024); `total` gets the block's sum.

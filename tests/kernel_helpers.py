@@ -63,3 +63,20 @@ def assert_replay_equals_eager(record, outputs, replays: int = 3) -> list[np.nda
     assert not any(np.isnan(want).any() for want in eager)
     graph.destroy()
     return eager
+
+
+def hc_weights(norm_w, down, down_type, up, up_type, inject, inject_type, pack: bool = False):
+    """launch_hyper.HcWeights on the device from host raw matrices as DeviceWeights builds them: down and inject
+    stacked (ops/hyper.down_inject_rows); pack: that matrix repacked to Q8_0_R32 when it is Q8_0 (model/packed.py,
+    the numpy reference of the device packer)."""
+    from strata_cli.gpu.launch_hyper import HcWeights
+    from strata_cli.model import packed
+    from strata_cli.ops.hyper import down_inject_rows
+
+    n_in = norm_w.shape[0]
+    dn, dn_type = down_inject_rows(down, down_type, inject, inject_type, n_in)
+    if pack and packed.packable(dn.shape, dn_type):
+        dn, dn_type = packed.pack_q8_0(dn, n_in), packed.Q8_0_R32
+    L = down.shape[0]  # raw matrices in numpy order: [rows, *]
+    n_inj = 0 if inject is None else inject.shape[0]
+    return HcWeights(to_dev(norm_w), to_dev(dn), dn_type, L, n_inj, to_dev(up), up_type)

@@ -313,6 +313,7 @@ def test_the_commit_recorder_reads_only_n_keep_from_the_host(monkeypatch, model)
         for name in launchers:
             monkeypatch.setattr(module, name, logger(name))
     monkeypatch.setattr(window, "copy_async", logger("copy_async"))
+    monkeypatch.setattr(window, "qkv_rows", lambda e, layer: e.buf[f"qkv.{layer}"])  # an arena buffer (a view of it)
     arena = {}
 
     class Buf(dict):

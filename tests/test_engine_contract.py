@@ -85,6 +85,7 @@ def test_two_engines_on_two_streams_share_no_workspace(tmp_path):
     2048, few rows) split over grid z, the path whose workspace used to be one per process."""
     from strata_cli.gpu import launch_util as U
     from strata_cli.gpu.runtime import cupy
+    from strata_cli.ops.hyper import DN_ROW_GROUP
     from strata_cli.synth import load_preset, write_model
 
     preset = load_preset("small").with_overrides(layers=4, vocab=4096)
@@ -92,7 +93,8 @@ def test_two_engines_on_two_streams_share_no_workspace(tmp_path):
     write_model(path, preset, seed=5, ggml_type="BF16")
     model = open_model(path)
     g = model.geometry
-    assert U.gemv_split(g.hc_lowrank, g.hc * g.n_embd, max_z=U.GEMV_MAX_ZSPLIT)[1] > 1  # the path under test
+    n_dn = -(-(g.hc_lowrank + g.hc) // DN_ROW_GROUP) * DN_ROW_GROUP  # the stacked down + inject rows
+    assert U.gemv_split(n_dn, g.hc * g.n_embd, max_z=U.GEMV_MAX_ZSPLIT)[1] > 1  # the path under test
     engines = [_gpu(model), _gpu(model)]
     a, b = engines
     assert a.stream.ptr != b.stream.ptr

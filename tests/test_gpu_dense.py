@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import TYPE_IDS, TYPES, assert_close, poisoned, raw_weight, to_dev
+from kernel_helpers import TYPE_IDS, TYPES, assert_close, hc_weights, poisoned, raw_weight, to_dev
 
 from strata_cli.model import quants
 from strata_cli.ops import gemv as ref
@@ -73,9 +73,8 @@ def test_hc_read_matches_reference(ggml_type, C, D, L, T, inject):
     want_mixed, want_inj = hyper.hc_read_raw(R, norm_w, down, ggml_type, up, ggml_type, inj, ggml_type, eps)
     out_mixed = poisoned((T, D))
     out_inj = poisoned((T, C)) if inject else None
-    mixed, got_inj = launch_hyper.hc_read(to_dev(R), to_dev(norm_w), to_dev(down), ggml_type, to_dev(up),
-                                          ggml_type, None if inj is None else to_dev(inj), ggml_type, eps,
-                                          out_mixed=out_mixed, out_inj=out_inj)
+    w = hc_weights(norm_w, down, ggml_type, up, ggml_type, inj, ggml_type)
+    mixed, got_inj = launch_hyper.hc_read(to_dev(R), w, eps, out_mixed=out_mixed, out_inj=out_inj)
     assert_close("hc_read mixed", want_mixed, mixed)
     if inject:
         assert_close("hc_read inj", want_inj, got_inj)
@@ -89,9 +88,9 @@ def test_hc_read_uses_oversized_scratch():
     rng = np.random.default_rng(5)
     T, C, D, L = 3, 4, 40, 32
     R, norm_w, down, up, inj = _hc_inputs(rng, T, C, D, L, quants.BF16, True)
-    scratch = launch_hyper.HcScratch.empty(16, C, D, L)
-    mixed, got_inj = launch_hyper.hc_read(to_dev(R), to_dev(norm_w), to_dev(down), quants.BF16, to_dev(up),
-                                          quants.BF16, to_dev(inj), quants.BF16, 1e-6, scratch=scratch)
+    scratch = launch_hyper.HcScratch.empty(16, C, D, 2 * (L + C))
+    w = hc_weights(norm_w, down, quants.BF16, up, quants.BF16, inj, quants.BF16)
+    mixed, got_inj = launch_hyper.hc_read(to_dev(R), w, 1e-6, scratch=scratch)
     want_mixed, want_inj = hyper.hc_read_raw(R, norm_w, down, quants.BF16, up, quants.BF16, inj, quants.BF16, 1e-6)
     assert_close("mixed", want_mixed, mixed)
     assert_close("inj", want_inj, got_inj)
@@ -106,10 +105,10 @@ def test_hc_write_matches_reference_and_runs_in_place(T, C, D):
     bo = rng.standard_normal((T, D)).astype(np.float32)
     inj = (2.0 * rng.random((T, C))).astype(np.float32)
     want = hyper.hc_write(R, bo, inj)
-    got = launch_hyper.hc_write(to_dev(R), to_dev(bo), to_dev(inj), out=poisoned((T, C, D)))
+    got = launch_hyper.hc_write(to_dev(R), (to_dev(bo), to_dev(inj)), out=poisoned((T, C, D)))
     assert_close("hc_write", want, got, rtol=0, atol=0)
     R_dev = to_dev(R)
-    launch_hyper.hc_write(R_dev, to_dev(bo), to_dev(inj), out=R_dev)
+    launch_hyper.hc_write(R_dev, (to_dev(bo), to_dev(inj)), out=R_dev)
     assert_close("hc_write in place", want, R_dev, rtol=0, atol=0)
 
 
@@ -141,14 +140,15 @@ def test_hc_read_and_gemv_capture_into_a_graph_without_allocating():
     R, norm_w, down, up, inj = _hc_inputs(rng, T, C, D, L, quants.Q8_0, True)
     head = raw_weight(rng, (V, D), quants.BF16)
     dev = [to_dev(a) for a in (R, norm_w, down, up, inj, head)]
+    w = hc_weights(norm_w, down, quants.Q8_0, up, quants.Q8_0, inj, quants.Q8_0)
     mixed, inj_out, logits = cp.empty((T, D), cp.float32), cp.empty((T, C), cp.float32), cp.empty((T, V), cp.float32)
     ids = cp.empty((T,), cp.int32)
-    scratch = launch_hyper.HcScratch.empty(T, C, D, L)
+    scratch = launch_hyper.HcScratch.empty(T, C, D, 64)
     split, argmax = launch_gemv.SplitK.empty(), launch_sampling.ArgmaxScratch.empty()  # no allocation under capture
 
     def record(stream):
-        launch_hyper.hc_read(dev[0], dev[1], dev[2], quants.Q8_0, dev[3], quants.Q8_0, dev[4], quants.Q8_0, 1e-6,
-                             out_mixed=mixed, out_inj=inj_out, scratch=scratch, split=split, stream=stream)
+        launch_hyper.hc_read(dev[0], w, 1e-6, out_mixed=mixed, out_inj=inj_out, scratch=scratch, split=split,
+                             stream=stream)
         launch_gemv.gemv(dev[5], quants.BF16, D, mixed, out=logits, split=split, stream=stream)
         launch_sampling.argmax_rows(logits, out=ids, scratch=argmax, stream=stream)
 

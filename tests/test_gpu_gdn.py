@@ -163,6 +163,43 @@ def test_gdn_mix_replays_eager():
     assert_replay_equals_eager(record, outs)
 
 
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("T,r0", [(1, 0), (7, 0), (16, 9)])
+def test_gdn_mix_and_conv_commit_read_rows_of_qkv_then_z(L, shape, T, r0):
+    """The window's one GEMV of qkv and z: gdn_mix and gdn_conv_commit read qkv and z as views of rows [qkv | z]
+    (row stride Ch + Hv*dv, here with a pad column more) and give the bits of contiguous operands; the commit of
+    strided rows equals the reference's."""
+    cp = G.cupy()
+    nk, nv, dk, dv = shape
+    rng = np.random.default_rng(T * 3 + r0 + dv)
+    K, n_in = 4, 64
+    p = layer_params(rng, nk, nv, dk, dv, K)
+    args, args_d, _, ab_d = mix_operands(rng, T, nk, nv, dk, dv, K, n_in, p, quants.Q8_0, r0)
+    Ch, Zd = 2 * nk * dk + nv * dv, nv * dv
+    rows = cp.full((T, Ch + Zd + 1), np.nan, dtype=cp.float32)  # [qkv | z | pad]
+    rows[:, :Ch] = args_d[0]
+    rows[r0:, Ch:Ch + Zd] = args_d[7].reshape(T - r0, Zd)
+    before = (G.f32(rng, r0, nv, scale=0.1) - 0.5, 1 / (1 + np.exp(-G.f32(rng, r0, nv)))) if r0 else None
+    runs = []
+    for qkv, z in ((args_d[0], args_d[7]), (rows[:, :Ch], rows[r0:, Ch:Ch + Zd])):
+        outs = [G.nan_out(s) for s in [(T, nk, dk), (T, nk, dk), (T, nv, dv), (T, nv), (T, nv), (T - r0, nv, dv)]]
+        if r0:
+            outs[3][:r0], outs[4][:r0] = cp.asarray(before[0]), cp.asarray(before[1].astype(np.float32))
+        operands = list(args_d)
+        operands[0], operands[7] = qkv, z
+        L.gdn_mix(*operands, EPS, nk, dk, nv, dv, **ab_d, q=outs[0], k=outs[1], v=outs[2], g=outs[3],
+                  beta=outs[4], out=outs[5], r0=r0)
+        runs.append([o.get() for o in outs])
+    for name, a, b in zip(("q", "k", "v", "g", "beta", "y"), *runs):
+        np.testing.assert_array_equal(b, a, err_msg=name)
+    assert not np.isnan(runs[1][5]).any()
+    _, seq = ref.gdn_conv(args[0], args[1], p["conv_w"])
+    for n_keep in sorted({0, 1, T}):
+        state = cp.asarray(args[1])
+        L.gdn_conv_commit(state, rows[:, :Ch], n_keep)
+        G.exact(state, seq[n_keep:n_keep + K - 1], f"conv_state after commit({n_keep}) of strided rows")
+
+
 def test_gdn_mix_checks_its_operands(L):
     cp = G.cupy()
     nk, nv, dk, dv = SHAPES[0]

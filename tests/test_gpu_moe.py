@@ -10,7 +10,7 @@ import pytest
 from kernel_helpers import TYPES, assert_close, assert_replay_equals_eager, poisoned, raw_weight, to_dev
 
 from strata_cli.model import quants
-from strata_cli.ops import hyper, moe
+from strata_cli.ops import moe
 
 pytestmark = pytest.mark.gpu
 
@@ -184,42 +184,30 @@ def test_routed_experts_bad_id_poisons_only_its_row():
     assert_close("good rows", want[[0, 2]], got[[0, 2]])
 
 
-@pytest.mark.parametrize("T,C,D", [(1, 4, 96), (3, 3, 160), (16, 5, 32)])
-def test_routed_experts_write_the_residual(T, C, D):
-    """residual=(R, inj): the combine also writes out into the C streams in place, R + out * inj (ops/hyper.hc_write;
-    bit for bit what launch_hyper.hc_write makes of the same out), and replays the eager bits from a graph."""
-    import cupy as cp
+@pytest.mark.parametrize("T,D", [(1, 96), (3, 160), (16, 32)])
+def test_routed_experts_with_the_shared_output_replay_eager(T, D):
+    """The combine adds the shared expert's output (shared=) and a graph replays the eager bits (its residual write
+    is the next hyper-connection read's: test_gpu_hc_read.py)."""
+    from strata_cli.gpu import launch_moe
 
-    from strata_cli.gpu import launch_hyper, launch_moe
-
-    rng = np.random.default_rng(T * 3 + C + D)
+    rng = np.random.default_rng(T * 3 + D)
     E, F, K = 9, 64, 3
     types = (Q8_0, Q8_0, BF16)
     gate, up, down = _experts(rng, E, F, D, types)
     x = rng.standard_normal((T, D)).astype(np.float32)
     shared = rng.standard_normal((T, D)).astype(np.float32)
     ids, w = _routing(rng, T, E, K)
-    R0 = rng.standard_normal((T, C, D)).astype(np.float32)
-    inj = (2.0 * rng.random((T, C))).astype(np.float32)
     want_out = moe.routed_experts_raw(x, ids, w, gate, up, down, types) + shared
-    dev = [to_dev(a) for a in (x, ids, w, gate, up, down, shared, R0, inj)]
-    dx, dids, dw, dg, du, dd, dsh, dR0, dinj = dev
-    out, R = poisoned((T, D)), cp.empty_like(dR0)
+    dx, dids, dw, dg, du, dd, dsh = (to_dev(a) for a in (x, ids, w, gate, up, down, shared))
+    out = poisoned((T, D))
     scratch = launch_moe.MoeScratch.empty(T * K, F, D)
 
     def record(stream):
-        with stream:
-            cp.copyto(R, dR0)
         launch_moe.routed_experts(dx, dids, dw, dg, du, dd, types, out=out, shared=dsh, scratch=scratch,
-                                  stream=stream, residual=(R, dinj))
+                                  stream=stream)
 
-    got_out, got_R = assert_replay_equals_eager(record, [out, R])
+    (got_out,) = assert_replay_equals_eager(record, [out])
     assert_close("out", want_out, got_out)
-    assert_close("R", hyper.hc_write(R0, want_out, inj), got_R)
-    np.testing.assert_array_equal(got_R, launch_hyper.hc_write(dR0, out, dinj).get())
-    with pytest.raises(ValueError, match="residual inj"):
-        launch_moe.routed_experts(dx, dids, dw, dg, du, dd, types, out=out, scratch=scratch,
-                                  residual=(R, dinj[:, :1]))
 
 
 @pytest.mark.parametrize("types", EXPERT_TYPES, ids=EXPERT_IDS)
@@ -287,3 +275,59 @@ def test_moe_block_captures_into_a_graph_without_allocating():
             + moe.shared_expert_raw(x, *sh, sh_types))
     assert_close("graph moe", want, out)
     graph.destroy()
+
+
+@pytest.mark.parametrize("T", (1, 3, 16))
+@pytest.mark.parametrize("E,k,D", [(16, 4, 64), (61, 4, 100), (512, 10, 2560), (1024, 16, 96)])
+@pytest.mark.parametrize("sg_type,shared", [(None, False), (F32, False), (BF16, False), (BF16, True)],
+                         ids=("nogate", "sgF32", "sgBF16", "shared-slot"))
+def test_router_gemv_topk_matches_reference(T, E, k, D, sg_type, shared):
+    """router_gemv_topk (the window's router: GEMV, top-k, grouping and the shared gate in one launch) against the
+    numpy router over x @ W^T: the same ids, weights and logits within rounding, the groups moe_group makes of those
+    ids, the shared gate; NaN-poisoned outputs; eager and every graph replay give the same bits (the arrival counter
+    back at zero each time). shared: slot k of every row is the shared expert (id E, weight its gate), grouped too."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_moe
+    from strata_cli.gpu.launch_util import GEMV_MAXT
+    from strata_cli.ops.gemv import gemv
+
+    slots = k + shared
+    if T * slots > 256:
+        pytest.skip("the router groups at most 256 entries")
+    rng = np.random.default_rng(T * 1000 + E + k + D)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    W = (rng.standard_normal((E, D)) / np.sqrt(D)).astype(np.float32)
+    want_logits = gemv(W, F32, D, x)
+    want_ids, want_w = moe.router_topk(want_logits, k)
+    J = T * slots
+    dx, dW = to_dev(x), to_dev(W)
+    logits, ids, w = poisoned((T, E)), poisoned((T, slots), np.int32), poisoned((T, slots))
+    groups = (poisoned((J,), np.int32), poisoned((J,), np.int32), cp.zeros((J, GEMV_MAXT), np.int32))
+    done = cp.zeros((1,), np.uint32)
+    sg = poisoned((T, 1))
+    gate = None
+    if sg_type is not None:
+        sg_w = raw_weight(rng, (D,), sg_type, 0.05)
+        gate = (to_dev(sg_w), sg_type, sg)
+
+    def record(stream):
+        launch_moe.router_gemv_topk(dx, dW, F32, k, groups, done, out_logits=logits, out_ids=ids, out_w=w,
+                                    scalar_gate=gate, shared_id=E if shared else None, stream=stream)
+
+    outs = [logits, ids, w, *groups[:2]] + ([sg] if gate else [])
+    got = assert_replay_equals_eager(record, [o for o in outs if o.dtype == np.float32])
+    assert int(done.get()[0]) == 0
+    assert_close("logits", want_logits, got[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(ids.get()[:, :k], want_ids)
+    np.testing.assert_allclose(w.get()[:, :k], want_w, rtol=0, atol=1e-6)
+    if shared:
+        assert (ids.get()[:, k] == E).all()
+        np.testing.assert_array_equal(w.get()[:, k], sg.get()[:, 0])
+    want_groups = (poisoned((J,), np.int32), poisoned((J,), np.int32), cp.zeros((J, GEMV_MAXT), np.int32))
+    launch_moe.group_entries(ids, J, want_groups)
+    for name, a, b in zip(("g_expert", "g_count", "g_entries"), groups, want_groups):
+        np.testing.assert_array_equal(a.get(), b.get(), err_msg=name)
+    if gate is not None:
+        w_sg = quants.dequantize(sg_w, sg_type).reshape(-1).astype(np.float32)
+        assert_close("sg", (1.0 / (1.0 + np.exp(-(x @ w_sg)))).reshape(T, 1).astype(np.float32), sg, rtol=1e-5)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kernel_helpers import assert_close, assert_replay_equals_eager, poisoned, raw_weight, to_dev
+from kernel_helpers import assert_close, assert_replay_equals_eager, hc_weights, poisoned, raw_weight, to_dev
 
 from strata_cli.model import packed, quants
 from strata_cli.ops import gemv as ref
@@ -57,21 +57,23 @@ def test_gemv_matches_reference(n_out, n_in, T):
 
 @pytest.mark.parametrize("T", (1, 3, 16))
 @pytest.mark.parametrize("inject", (True, False), ids=("inject", "head"))
-def test_hc_read_with_packed_down_and_up(T, inject):
-    """Epilogues (silu / div, sigmoid) on the packed path; the 4-row inject stays raw Q8_0 as in the engine."""
+def test_hc_read_with_packed_down_inject(T, inject):
+    """The down + inject GEMV (no epilogue but the division by C) on the packed path, as the engine packs that
+    stacked matrix (its rows padded to whole 32-row groups); the up matrix stays raw Q8_0 (hc_up_mix reads it)."""
     from strata_cli.gpu import launch_hyper
 
     rng = np.random.default_rng(T + 50 * inject)
     C, D, L = 4, 40, 32
     R = rng.standard_normal((T, C, D)).astype(np.float32)
     norm_w = (1.0 + 0.1 * rng.standard_normal(C * D)).astype(np.float32)
-    down, down_p = _packed(rng, (L, C * D), 0.2)
-    up, up_p = _packed(rng, (C * D, L), 0.3)
+    down = raw_weight(rng, (L, C * D), Q8_0, 0.2)
+    up = raw_weight(rng, (C * D, L), Q8_0, 0.3)
     inj = raw_weight(rng, (C, C * D), Q8_0, 0.2) if inject else None
     want_mixed, want_inj = hyper.hc_read_raw(R, norm_w, down, Q8_0, up, Q8_0, inj, Q8_0, 1e-6)
-    mixed, got_inj = launch_hyper.hc_read(to_dev(R), to_dev(norm_w), to_dev(down_p), R32, to_dev(up_p), R32,
-                                          None if inj is None else to_dev(inj), Q8_0, 1e-6,
-                                          out_mixed=poisoned((T, D)), out_inj=poisoned((T, C)) if inject else None)
+    w = hc_weights(norm_w, down, Q8_0, up, Q8_0, inj, Q8_0, pack=True)
+    assert w.dn_type == R32
+    mixed, got_inj = launch_hyper.hc_read(to_dev(R), w, 1e-6, out_mixed=poisoned((T, D)),
+                                          out_inj=poisoned((T, C)) if inject else None)
     assert_close("hc_read mixed", want_mixed, mixed)
     if inject:
         assert_close("hc_read inj", want_inj, got_inj)

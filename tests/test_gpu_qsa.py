@@ -58,9 +58,17 @@ def test_kv_append(L):
     pos, d_pos = positions_of(20, 7)
     kc, vc = cp.asarray(k_cache), cp.asarray(v_cache)
     L.kv_append(kc, vc, cp.asarray(k), cp.asarray(v), d_pos)
-    k_cache[pos], v_cache[pos] = k, v
-    G.exact(kc, k_cache, "k_cache")
-    G.exact(vc, v_cache, "v_cache")
+    want_k, want_v = k_cache.copy(), v_cache.copy()
+    want_k[pos], want_v[pos] = k, v
+    G.exact(kc, want_k, "k_cache")
+    G.exact(vc, want_v, "v_cache")
+    # v as a view of the window's one GEMV of k, v and q: rows [k | v | q] (a NaN pad that must not be read)
+    rows = cp.full((7, 3 * HK * D + 5), np.nan, dtype=cp.float32)
+    rows[:, HK * D:2 * HK * D] = cp.asarray(v).reshape(7, HK * D)
+    kc, vc = cp.asarray(k_cache), cp.asarray(v_cache)
+    L.kv_append(kc, vc, cp.asarray(k), rows[:, HK * D:2 * HK * D].reshape(7, HK, D), d_pos)
+    G.exact(kc, want_k, "k_cache (v a view)")
+    G.exact(vc, want_v, "v_cache from a view of wider rows")
 
 
 def test_indexer_windows_with_commits(L, tables):
@@ -79,7 +87,7 @@ def test_indexer_windows_with_commits(L, tables):
         d_snap, d_raw = G.nan_out((RATIO, D)), cp.asarray(raw)
         L.indexer_append(d_tail, d_pooled, d_raw, d_pos, d_knw, EPS, d_cos, d_sin, snapshot=d_snap)
         G.exact(d_snap, snap, "snapshot")
-        G.exact(d_tail, tail, "tail after the window")
+        G.exact(d_tail, snap, "tail back at its snapshot after the window")
         G.check(d_pooled, pooled, what="pooled after the window")
 
         tail = snap.copy()

@@ -23,8 +23,8 @@ pytestmark = pytest.mark.gpu
 
 IDS = [Q.TYPE_NAMES[t] for t in TYPES]
 # the grouped expert GEMVs' two kernel families (launch_util.WindowPath.expert_tc picks one per T)
-EXPERT_PATHS = {"tc": U.WindowPath(fused_hc=False, gemv_tc=False, expert_tc=True),
-                "cuda": U.WindowPath(fused_hc=False, gemv_tc=False, expert_tc=False)}
+EXPERT_PATHS = {"tc": U.WindowPath(gemv_tc=False, expert_tc=True),
+                "cuda": U.WindowPath(gemv_tc=False, expert_tc=False)}
 
 
 @pytest.fixture(params=sorted(EXPERT_PATHS))

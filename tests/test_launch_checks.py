@@ -111,11 +111,9 @@ def test_grid_math():
 
 
 def test_window_paths_are_chosen_by_window_size():
-    """launch_util.WINDOW_PATHS: the fused HC read and tensor-core Q8_0_R32 GEMVs from T = 4
-    (they lose at T <= 2 on the full-size file), no environment switch. The split sees the tensor-core warp's 64
-    rows."""
+    """launch_util.WINDOW_PATHS: tensor-core Q8_0_R32 GEMVs from T = 4 (they lose at T <= 2 on the full-size
+    file), no environment switch. The split sees the tensor-core warp's 64 rows."""
     paths = [U.window_path(t) for t in (1, 2, 3, 4, 8, 16, 40)]
-    assert [p.fused_hc for p in paths] == [p.gemv_tc for p in paths]
     assert [p.gemv_tc for p in paths] == [False, False, False, True, True, True, True]
     assert [U.q8r_tensor_cores(t) for t in (1, 2, 4, 16)] == [False, False, True, True]
     assert [first for first, _ in U.WINDOW_PATHS] == sorted({first for first, _ in U.WINDOW_PATHS})
@@ -127,7 +125,7 @@ def test_window_paths_are_chosen_by_window_size():
     assert U.q8r_split(320, 10240, 8, max_z=8, rpw=64) == (8, 8)
     assert [U.expert_tensor_cores(t) for t in (1, 2, 4, 8, 16)] == [p.expert_tc for p in
                                                                     map(U.window_path, (1, 2, 4, 8, 16))]
-    with U.recording_path(U.WindowPath(fused_hc=False, gemv_tc=False, expert_tc=False)):
+    with U.recording_path(U.WindowPath(gemv_tc=False, expert_tc=False)):
         assert not U.expert_tensor_cores(8)
 
 
@@ -186,11 +184,52 @@ def test_launchers_reject_bad_arguments_before_touching_the_device():
         launch_gemv.gemv(_raw((4, 96), Q8_0), Q8_0, 96, x)
     with pytest.raises(ValueError, match=r"^k: 9 outside 1..8"):
         launch_moe.router_topk(np.zeros((2, 8), np.float32), 9)
+    groups = (np.zeros(8, np.int32), np.zeros(8, np.int32), np.zeros((8, U.GEMV_MAXT), np.int32))
+    done = np.zeros(1, np.uint32)
+    with pytest.raises(ValueError, match=r"^router_raw: 2000 experts of type F32"):
+        launch_moe.router_gemv_topk(x, np.zeros((2000, 64), np.float32), F32, 2, groups, done)
+    with pytest.raises(ValueError, match=r"^router_raw: 8 experts of type BF16"):
+        launch_moe.router_gemv_topk(x, _raw((8, 64), BF16), BF16, 2, groups, done)
+    with pytest.raises(ValueError, match=r"^k: 9 outside 1..8"):
+        launch_moe.router_gemv_topk(x, np.zeros((8, 64), np.float32), F32, 9, groups, done)
+    with pytest.raises(ValueError, match=r"^scratch.g_expert: 8 rows, the window needs 9"):
+        launch_moe.router_gemv_topk(x, np.zeros((8, 64), np.float32), F32, 3, groups, done)
+    with pytest.raises(ValueError, match=r"^x: 17 rows exceed"):
+        launch_moe.router_gemv_topk(np.zeros((17, 64), np.float32), np.zeros((8, 64), np.float32), F32, 2, groups,
+                                    done)
+    with pytest.raises(ValueError, match=r"^shared_id: given without scalar_gate"):
+        launch_moe.router_gemv_topk(x, np.zeros((8, 64), np.float32), F32, 2, groups, done, shared_id=8)
+    assert launch_moe.router_fuses(F32, 1024) and not launch_moe.router_fuses(F32, 1025)
+    assert not launch_moe.router_fuses(Q8_0, 16)
     with pytest.raises(ValueError, match=r"^ggml_types: 2 types, expected 3"):
         launch_moe.routed_experts(x, None, None, None, None, None, (F32, F32))
-    with pytest.raises(ValueError, match=r"^out_inj: given, but inject_raw is None"):
-        launch_hyper.hc_read(np.zeros((1, 2, 32), np.float32), np.ones(64, np.float32), _raw((32, 64), BF16), BF16,
-                             _raw((64, 32), BF16), BF16, None, None, 1e-6, out_inj=np.zeros((1, 2), np.float32))
+    def hc(dn_rows=32, L=32, n_inj=0, up_type=BF16):
+        return launch_hyper.HcWeights(np.ones(64, np.float32), _raw((dn_rows, 64), BF16), BF16, L, n_inj,
+                                      _raw((64, L), up_type), up_type)
+
+    R = np.zeros((1, 2, 32), np.float32)
+    with pytest.raises(ValueError, match=r"^out_inj: given, but the read has no inject rows"):
+        launch_hyper.hc_read(R, hc(), 1e-6, out_inj=np.zeros((1, 2), np.float32))
+    with pytest.raises(ValueError, match=r"^dn_raw: 32 rows, expected at least L \+ n_inj = 34"):
+        launch_hyper.hc_read(R, hc(n_inj=2), 1e-6)
+    with pytest.raises(ValueError, match=r"^n_inj: 3, expected 0"):
+        launch_hyper.hc_read(R, hc(dn_rows=64, n_inj=3), 1e-6)
+    with pytest.raises(ValueError, match=r"^up_raw: type Q4_0 is not one of"):
+        launch_hyper.hc_read(R, launch_hyper.HcWeights(np.ones(64, np.float32), _raw((32, 64), BF16), BF16, 32, 0,
+                                                       np.zeros((64, 18), np.uint8), quants.Q4_0), 1e-6)
+    bad = launch_hyper.CombineWrite(np.zeros((3, 32), np.float32), np.zeros((1, 4), np.float32), None,
+                                    np.zeros((1, 2), np.float32))
+    with pytest.raises(ValueError, match=r"^pending.parts: 3 rows, the combine needs 1 x 4"):
+        launch_hyper.hc_read(R, hc(), 1e-6, pending=bad)
+    with pytest.raises(ValueError, match=r"^pending.parts: 3 rows"):
+        launch_hyper.hc_write(R, bad, out=R)
+    with pytest.raises(ValueError, match=r"^pending: None"):
+        launch_hyper.hc_write(R, None)
+    with pytest.raises(ValueError, match=r"^R: 17 rows exceed"):
+        launch_hyper.hc_read(np.zeros((17, 2, 32), np.float32), hc(), 1e-6)
+    with pytest.raises(ValueError, match=r"^scratch.dn: 16 values, the read needs 1 x 32"):
+        launch_hyper.hc_read(R, hc(), 1e-6, scratch=launch_hyper.HcScratch(np.zeros((1, 64), np.float32),
+                                                                         np.zeros(16, np.float32)))
     with pytest.raises(ValueError, match=r"^split.tile_done: dtype int32"):
         split = launch_gemv.SplitK(np.zeros(U.GEMV_PARTIAL_FLOATS, np.float32),
                                    np.zeros(launch_gemv.ZSPLIT_TILES, np.int32))
@@ -209,7 +248,7 @@ def _source(name):
 def test_kernel_names_and_constants_match_the_sources():
     names = {"gemv.cu": [f"gemv_{s}_t{nt}" for s in U.TYPE_SUFFIX.values() for nt in (1, 2, 4, 8, 16)]
              + [f"gemv_expert_{s}_t{nt}" for s in U.TYPE_SUFFIX.values() for nt in (1, 2, 4, 8, 16)],
-             "hyper.cu": ["hc_norm", "hc_mix", "hc_write"], "moe.cu": ["router_topk", "moe_combine", "moe_group"],
+             "hyper.cu": ["hc_write_norm", "hc_up_mix", "hc_write"], "moe.cu": ["router_topk", "router_gemv_topk", "moe_combine", "moe_group"],
              "sampling.cu": ["argmax_partial", "argmax_rows", "sample_rows"], "embed.cu": ["gather_rows"]}
     names["hyper.cu"].append("broadcast_streams")
     for file, kernels in names.items():

@@ -11,11 +11,10 @@ import pytest
 from strata_cli.engine import stage_timing as sp
 from test_window_steps import _Buffers, _Rows
 
-GDN_STAGES = ["hc0-norm", "hc0-down", "hc0-up", "hc-read0", "qkv", "z", "gdn-mix", "out-proj"]
-QSA_STAGES = ["hc0-norm", "hc0-down", "hc0-up", "hc-read0", "k/v+norm-rope", "kv append", "q+norm-rope",
+GDN_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "qkv", "gdn-mix", "out-proj"]  # qkv + z: one GEMV
+QSA_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "k/v+norm-rope", "kv append", "q+norm-rope",
               "attention", "out-proj"]
-MOE_STAGES = ["hc1-write+norm", "hc1-down", "hc1-up", "hc-read1", "router", "shared", "experts", "combine",
-              "hc-write1"]
+MOE_STAGES = ["hc1-write+norm", "hc1-down", "hc-read1", "router", "experts"]  # the shared expert: an entry of them
 
 
 def make_plan(kinds=("GDN", "GDN", "QSA")) -> sp.Plan:
@@ -83,7 +82,7 @@ def test_exact_recovery_and_groups(plan, durations):
 
 def test_missing_stamp_moves_its_time_to_the_next_stage(plan, durations):
     stamps = stamps_for(plan, durations, 10**12)
-    k = plan.stages.index("z")
+    k = plan.stages.index("qkv")
     stamps[1, plan.slots[k]] = 0
     got = sp.stage_durations(stamps, plan.slots)
     assert got[1, k] == 0
@@ -242,19 +241,20 @@ class _Launches:
     """Stands in for a launcher module: every launcher is a no-op that calls its mark hook like the real one;
     scratch classes and geometry helpers are the real module's."""
 
-    PARTS = {"hc_read": ("norm", "down", "up"), "routed_experts": ("experts",)}
+    PARTS = {"hc_read": ("norm", "down")}
 
     def __init__(self, real):
         self.real = real
 
     def __getattr__(self, name):
-        if name[0].isupper() or name == "cell_capacity":
+        if name[0].isupper() or name in ("cell_capacity", "router_fuses"):
             return getattr(self.real, name)
 
         def launch(*args, mark=None, **kwargs):
             for part in self.PARTS.get(name, ()) if mark is not None else ():
                 mark("write+norm" if part == "norm" and kwargs.get("pending") is not None else part)
-            return (_Rows(), _Rows()) if name in ("hc_read", "select_cells", "router_topk") else _Rows()
+            pair = name in ("hc_read", "select_cells", "router_topk", "router_gemv_topk")
+            return (_Rows(), _Rows()) if pair else _Rows()
 
         return launch
 
@@ -275,12 +275,14 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
     g = open_model(fixture_dir / "model-q8_0.gguf").geometry
     assert g.ple is not None and any(g.compress_ratios) and g.gdn_layers  # every kind of stage is exercised
     weights = SimpleNamespace(raw=lambda name: (_Rows(), 0), f32=lambda name: _Rows(), blk_f32=lambda *a: _Rows(),
-                              blk_raw=lambda *a: (_Rows(), 0))
+                              blk_raw=lambda *a: (_Rows(), 0), hc=lambda prefix: SimpleNamespace(n_inj=1),
+                              stack=lambda layer, name: (_Rows(), 0, 10**6),
+                              shared_expert_id=lambda layer: 99)
     calls = []
     e = SimpleNamespace(buf=_Buffers(), w=weights, g=g, stage=SimpleNamespace(
         tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
         out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows())), stamper=None,
-        tiers=None, window_paths=lambda T: WindowPath(fused_hc=False, gemv_tc=False),
+        tiers=None, window_paths=lambda T: WindowPath(gemv_tc=False),
         layers=(0, g.n_layers), has_ple=g.ple is not None)
     window.record_window(e, 4, None)
     plan = sp.Plan(g.n_layers, tuple("QSA" if a else "GDN" for a in g.layer_is_attn))
@@ -292,9 +294,12 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
     assert plan.layers[2:-3] == sorted(plan.layers[2:-3])            # layers in order, one block each
     for layer in range(g.n_layers):
         stages = [s for s, lay in zip(plan.stages, plan.layers) if lay == layer]
-        want = (["ple"] if g.ple is not None and g.ple.layer == layer else []) + GDN_STAGES[:4]
+        ple = g.ple is not None and g.ple.layer == layer
+        # the previous layer's MoE write goes into this layer's first read (before the PLE: a node of its own)
+        read0 = ["hc0-norm" if layer == 0 or ple else "hc0-write+norm"] + GDN_STAGES[1:3]
+        want = (["ple"] if ple else []) + read0
         want += (["k/v+norm-rope", "kv append", "q+norm-rope"]
                  + (["idx append", "idx-q", "scores+topk"] if g.compress_ratios[layer] else []) + ["attention",
                                                                                                   "out-proj"]
-                 if g.layer_is_attn[layer] else GDN_STAGES[4:])
-        assert stages == want + MOE_STAGES[:-1] + ["gap"], layer  # the combine applies hc-write1
+                 if g.layer_is_attn[layer] else GDN_STAGES[3:])
+        assert stages == want + MOE_STAGES + ["gap"], layer

@@ -255,7 +255,7 @@ def _stream_order(monkeypatch, g, T, G, layers):
         return _ORDERS[key]
 
     with monkeypatch.context() as mp:
-        steps = recorded_steps(mp, g, T, WindowPath(fused_hc=False, gemv_tc=False), tiers="split" if G == 2 else "one",
+        steps = recorded_steps(mp, g, T, WindowPath(gemv_tc=False), tiers="split" if G == 2 else "one",
                                layers=layers)
     out = []
     for s in steps:

@@ -1,6 +1,7 @@
 """The GPU window's layer sequence (engine/gpu/window.py _LayerRecorder) without a GPU: every launcher replaced by
-a recorder of its name, the recorded steps of each variant (plain, fused HC read, fused GDN, --split token
-groups, unsplit expert tiers) in the order the device runs them."""
+a recorder of its name, the recorded steps of each variant (one token group, --split token groups, unsplit
+expert tiers, stages of the layer split) in the order the device runs them. The nodes each launch adds are
+test_window_nodes.py's (the real launchers, listed)."""
 
 from __future__ import annotations
 
@@ -39,12 +40,12 @@ class _Recorded:
         self.real, self.label, self.steps = real, label, steps
 
     def __getattr__(self, name):
-        if name[0].isupper() or name in ("cell_capacity", "AB_TYPES"):
+        if name[0].isupper() or name in ("cell_capacity", "router_fuses"):
             return getattr(self.real, name)
 
         def launch(*args, **kwargs):
             self.steps.append(f"{self.label}.{name}")
-            return (_Rows(), _Rows()) if name.startswith(("hc_read", "select_cells", "router_topk")) else _Rows()
+            return (_Rows(), _Rows()) if name.startswith(("hc_read", "select_cells", "router_")) else _Rows()
 
         return launch
 
@@ -59,11 +60,15 @@ def _tiers(steps: list, split: bool):
 
 
 def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str | None = None,
-                   ends: list | None = None, layers: tuple[int, int] | None = None) -> list[str]:
+                   ends: list | None = None, layers: tuple[int, int] | None = None, router_type: int = 0,
+                   stacked: bool = True, shared: bool = True) -> list[str]:
     """The launches record_window makes for a T-row window of `geometry` with launch variant `path`; tiers None
     (every expert in VRAM), "one" (tiers, one token group) or "split" (two groups). ends: appended the number of
     steps so far at each layer's end ("embed", then each "gap": GPUEngine.layer_nodes' stamps). layers: the
-    range of a stage of the layer split (engine/gpu/layer_split.py; default every layer)."""
+    range of a stage of the layer split (engine/gpu/layer_split.py; default every layer). router_type: the GGML
+    type of the routers (every other weight F32); stacked: a layer's projections of its mixed rows stack (one GEMV:
+    a GDN layer's qkv and z, a QSA layer's k, v, q and indexer q); shared: the shared expert joins the routed
+    experts' tensors (one more entry a row)."""
     from strata_cli.engine.gpu import window
 
     steps: list[str] = []
@@ -72,8 +77,11 @@ def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str |
     monkeypatch.setattr(window, "copy_async", lambda *a: steps.append("memcpy"))
     for helper in ("split_k", "argmax_scratch"):
         monkeypatch.setattr(window, helper, lambda *a: None)
-    weights = SimpleNamespace(raw=lambda name: (_Rows(), 0), f32=lambda name: _Rows(), blk_f32=lambda *a: _Rows(),
-                              blk_raw=lambda *a: (_Rows(), 0))
+    weights = SimpleNamespace(raw=lambda name: (_Rows(), router_type if name.endswith("ffn_gate_inp.weight") else 0),
+                              f32=lambda name: _Rows(), blk_f32=lambda *a: _Rows(), blk_raw=lambda *a: (_Rows(), 0),
+                              hc=lambda prefix: SimpleNamespace(n_inj=1),
+                              stack=lambda layer, name: (_Rows(), 0, 10**6) if stacked else None,
+                              shared_expert_id=lambda layer: 99 if shared else None)
     stage = SimpleNamespace(tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
                             out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows()))
     def count(layer, stage, stream):
@@ -87,17 +95,17 @@ def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str |
     return steps
 
 
-PLAIN = WindowPath(fused_hc=False, gemv_tc=False)
-FUSED = WindowPath(fused_hc=True, gemv_tc=True)
+PLAIN = WindowPath(gemv_tc=False)
+TC = WindowPath(gemv_tc=True)
 HC_READ = ["hyper.hc_read"]
 HC_WRITE = ["hyper.hc_write"]
-GDN = ["launch_gemv.gemv", "launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv, z, gdn_mix, out
-QSA_HEAD = ["launch_gemv.gemv", "qsa.norm_rope", "launch_gemv.gemv", "qsa.kv_append", "launch_gemv.gemv",
-            "qsa.norm_rope"]
-QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "memcpy", "launch_gemv.gemv", "qsa.norm_rope",
-               "qsa.block_scores", "qsa.select_cells"]
+GDN = ["launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv + z (one GEMV), gdn_mix, out
+QSA_HEAD = ["launch_gemv.gemv", "qsa.norm_rope", "qsa.kv_append", "qsa.norm_rope"]  # k, v, q, indexer q: one GEMV
+QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "qsa.norm_rope", "qsa.block_scores", "qsa.select_cells"]
 QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
-MOE = ["launch_gemv.gemv", "moe.router_topk", "moe.shared_expert", "moe.routed_experts"]
+# the router's GEMV in its top-k launch (an F32 router), the shared expert one more entry of the routed launches;
+# the experts' combine is the next read's
+MOE = ["moe.router_gemv_topk", "moe.routed_parts"]
 PLE = ["ple.ngram_rows", "embed.gather_rows", "ple.ple_mix"]
 PLE_GROUP_A = ["ple.ngram_rows", "embed.gather_rows", "memcpy", "ple.ple_mix", "memcpy"]
 PLE_GROUP_B = ["memcpy", "ple.ple_mix", "memcpy"]
@@ -120,81 +128,102 @@ def mixer(g, layer: int) -> list[str]:
     return QSA_HEAD + (QSA_INDEXER if g.compress_ratios[layer] else []) + QSA_TAIL
 
 
-def unsplit(g, fused: bool, moe, tiers: bool = False) -> list[str]:
-    """The steps of a one-group window: moe(layer) = its MoE steps; fused: the fused HC read; tiers: the MoE's
-    write is a node of its own (else the combine of the routed experts in VRAM applies it)."""
+def unsplit(g, moe) -> list[str]:
+    """The steps of a one-group window: moe(layer) = its MoE steps. Every block's write goes into the next read, so
+    there is no write node except before the PLE layer (the mix reads R)."""
     want = list(INPUTS)
-    read = ["hyper.hc_read_fused"] if fused else HC_READ
-    write = [] if fused else HC_WRITE
     for layer in range(g.n_layers):
-        if g.ple.layer == layer:  # the fused read's pending write is launched on its own before the PLE mix
-            want += (HC_WRITE if fused else []) + PLE
-        want += read + mixer(g, layer) + read + moe(layer) + (write if tiers else [])
-    return want + read + HEAD
+        if g.ple.layer == layer:
+            want += (HC_WRITE if layer > 0 else []) + PLE
+        want += HC_READ + mixer(g, layer) + HC_READ + moe(layer)
+    return want + HC_READ + HEAD
 
 
-def stage_steps(g, fused: bool, lo: int, hi: int) -> list[str]:
+def stage_steps(g, lo: int, hi: int) -> list[str]:
     """The steps of a stage of the layer split over layers [lo, hi), every expert in VRAM: the tokens' and
     positions' copies, the embedding only on the first stage (a later one starts from the R the previous stage's
-    hand-off wrote), its layers (its first read has no pending write), then the head on the last stage, else (the
-    fused read) the last layer's write on its own, so that the R handed on is whole."""
-    read = ["hyper.hc_read_fused"] if fused else HC_READ
+    hand-off wrote), its layers (its first read has no pending write), then the head on the last stage, else the
+    last layer's write on its own, so that the R handed on is whole."""
     want = list(INPUTS) if lo == 0 else INPUTS[:2]
     for layer in range(lo, hi):
         if g.ple.layer == layer:
-            want += (HC_WRITE if fused and layer > lo else []) + PLE
-        want += read + mixer(g, layer) + read + MOE
+            want += (HC_WRITE if layer > lo else []) + PLE
+        want += HC_READ + mixer(g, layer) + HC_READ + MOE
     if hi < g.n_layers:
-        return want + (HC_WRITE if fused else [])
-    return want + read + HEAD
+        return want + HC_WRITE
+    return want + HC_READ + HEAD
 
 
-@pytest.mark.parametrize("path", [PLAIN, FUSED])
+@pytest.mark.parametrize("path", [PLAIN, TC], ids=("cuda-core", "tensor-core"))
 def test_layer_split_stages_record_their_range(monkeypatch, geometry, path):
     g = geometry
     L = g.n_layers
-    assert stage_steps(g, path.fused_hc, 0, L) == unsplit(g, path.fused_hc, lambda layer: MOE)
+    assert stage_steps(g, 0, L) == unsplit(g, lambda layer: MOE)
     for bounds in [(0, 1, L), (0, g.ple.layer, L), (0, g.ple.layer + 1, L), (0, 2, 5, L), (0, 3, 4, 7, L)]:
         for lo, hi in zip(bounds, bounds[1:]):
             got = recorded_steps(monkeypatch, g, 5, path, layers=(lo, hi))
-            assert got == stage_steps(g, path.fused_hc, lo, hi), (bounds, lo, hi)
+            assert got == stage_steps(g, lo, hi), (bounds, lo, hi)
 
 
-def test_plain_window_is_the_reference_layer_order(monkeypatch, geometry):
-    assert recorded_steps(monkeypatch, geometry, 3, PLAIN) == unsplit(geometry, False, lambda layer: MOE)
+@pytest.mark.parametrize("T,path", [(3, PLAIN), (5, TC)], ids=("cuda-core", "tensor-core"))
+def test_window_applies_each_write_in_the_next_read(monkeypatch, geometry, T, path):
+    assert recorded_steps(monkeypatch, geometry, T, path) == unsplit(geometry, lambda layer: MOE)
 
 
-def test_fused_window_applies_each_write_in_the_next_read(monkeypatch, geometry):
-    """No write node except before the PLE layer (the mix reads R)."""
-    assert recorded_steps(monkeypatch, geometry, 5, FUSED) == unsplit(geometry, True, lambda layer: MOE)
+def test_projections_of_two_types_are_a_gemv_each(monkeypatch, geometry):
+    """No stack: a GDN layer's qkv and z are two GEMVs, a QSA layer's k, v, q three and its indexer q one more."""
+    g = geometry
+    got = recorded_steps(monkeypatch, g, 3, PLAIN, stacked=False)
+    want = unsplit(g, lambda layer: MOE)
+    extra = len(g.gdn_layers) + sum(2 + (1 if g.compress_ratios[layer] else 0) for layer in g.attn_layers)
+    assert len(got) == len(want) + extra and got.count("gdn.gdn_mix") == len(g.gdn_layers)
+    first = got.index("gdn.gdn_mix")
+    assert got[first - 2:first] == ["launch_gemv.gemv", "launch_gemv.gemv"]
+    qsa = got.index("qsa.kv_append")
+    assert got[qsa - 4:qsa] == ["launch_gemv.gemv"] * 3 + ["qsa.norm_rope"]
 
 
-@pytest.mark.parametrize("path", [PLAIN, FUSED])
-def test_unsplit_tiers_replace_the_moe_only(monkeypatch, geometry, path):
+def test_a_router_of_another_type_is_a_gemv_then_router_topk(monkeypatch, geometry):
+    """... and the shared expert then has its launches (router_topk's ids have no slot for it)."""
+    from strata_cli.model import quants
+
+    moe = ["launch_gemv.gemv", "moe.router_topk", "moe.shared_expert", "moe.routed_parts"]
+    got = recorded_steps(monkeypatch, geometry, 3, PLAIN, router_type=quants.F16)
+    assert got == unsplit(geometry, lambda layer: moe)
+
+
+def test_a_shared_expert_of_other_types_has_its_own_launches(monkeypatch, geometry):
+    moe = ["moe.router_gemv_topk", "moe.shared_expert", "moe.routed_parts"]
+    got = recorded_steps(monkeypatch, geometry, 3, PLAIN, shared=False)
+    assert got == unsplit(geometry, lambda layer: moe)
+
+
+def test_unsplit_tiers_replace_the_moe_only(monkeypatch, geometry):
     def tiers(layer):
         return [f"tiers.pre {layer} 0", f"tiers.post {layer} 0"]
 
-    assert recorded_steps(monkeypatch, geometry, 2, path, tiers="one") == unsplit(geometry, path.fused_hc, tiers, tiers=True)
+    assert recorded_steps(monkeypatch, geometry, 2, PLAIN, tiers="one") == unsplit(geometry, tiers)
 
 
 def test_split_window_interleaves_two_token_groups(monkeypatch, geometry):
-    """pre(0,A) pre(0,B) | post(0,A) pre(1,A) | post(0,B) pre(1,B) | ... | head, always the unfused HC read."""
+    """pre(0,A) pre(0,B) | post(0,A) pre(1,A) | post(0,B) pre(1,B) | ... | head; each group's MoE write goes
+    into its next read (before the PLE layer: a write of the group's rows on its own)."""
     g = geometry
 
     def pre(layer, grp):
         ple = (PLE_GROUP_A if grp == 0 else PLE_GROUP_B) if g.ple.layer == layer else []
+        ple = (HC_WRITE if ple and layer > 0 else []) + ple
         return ple + HC_READ + mixer(g, layer) + HC_READ + [f"tiers.pre {layer} {grp}"]
 
     def post(layer, grp):
-        return [f"tiers.post {layer} {grp}"] + HC_WRITE
+        return [f"tiers.post {layer} {grp}"]
 
     want = INPUTS + pre(0, 0) + pre(0, 1)
     for layer in range(g.n_layers):
         for grp in (0, 1):
             want += post(layer, grp) + (pre(layer + 1, grp) if layer + 1 < g.n_layers else [])
     want += HC_READ + HEAD
-    path = WindowPath(fused_hc=True, gemv_tc=False)
-    assert recorded_steps(monkeypatch, g, 5, path, tiers="split") == want
+    assert recorded_steps(monkeypatch, g, 5, TC, tiers="split") == want
 
 
 def test_split_window_is_stamped_as_a_whole(monkeypatch, geometry):
@@ -220,36 +249,6 @@ def test_split_window_is_stamped_as_a_whole(monkeypatch, geometry):
     assert plan.stages == ["begin", "split-window"]
 
 
-# Graph nodes of one recorded launch on the Q8_0 fixture (every other launch is one node): the HC read's norm, down,
-# up, mix and inject (the fused read: write + norm, down, up, mix + inject), the shared expert's up, gate
-# and down (its scalar gate is router_topk's), the routed experts' up, gate (Q8_0 experts: not one gate/up launch),
-# down and combine (their grouping is router_topk's).
-NODES = {"hyper.hc_read": 5, "hyper.hc_read_fused": 4, "moe.shared_expert": 3, "moe.routed_experts": 4}
-
-
-def layer_nodes(monkeypatch, g, T: int, path: WindowPath) -> list[int]:
-    """The graph nodes per layer of a T-row window (GPUEngine.layer_nodes' count, from the recorded launches)."""
-    ends: list[int] = []
-    steps = recorded_steps(monkeypatch, g, T, path, ends=ends)
-    return [sum(NODES.get(step, 1) for step in steps[a:b]) for a, b in zip(ends, ends[1:])]
-
-
-def test_nodes_per_layer(monkeypatch, geometry):
-    """The per-layer node count `strata graph-nodes` shows on the Q8_0 fixture (GDN layers 0-2, 4-6; QSA layers 3
-    and 7 with the indexer; the PLE at layer 1). Before the fusions (289 nodes in the T = 1 window, 239 at T = 4):
-    T = 1 [33, 36, 33, 38, 33, 33, 33, 38], T = 4 [26, 30, 26, 34, 26, 26, 26, 34].
-    gdn_mix (one launch for conv + split, gates, recurrence, gated norm): 6 nodes fewer per GDN layer at T <= 3
-    (conv, split, alpha, beta, gates, gated norm), 3 from T = 4 (conv_split, ab_gates, gated norm). The routed
-    experts' combine applies the MoE's residual write: 1 node fewer per layer at T <= 3 (from T = 4 the next fused
-    read applies it); the unfused FFN read applies the mixer's write in its norm kernel (hc_write_norm): 1 node
-    fewer per layer at T <= 3 (the fused read did so already). router_topk groups the entries by expert and computes the shared expert's scalar gate: 2 nodes
-    (moe_group, the scalar-gate GEMV) fewer per layer at every T."""
-    g = geometry
-    assert [g.layer_is_attn[layer] for layer in range(g.n_layers)] == [False] * 3 + [True] + [False] * 3 + [True]
-    assert layer_nodes(monkeypatch, g, 1, PLAIN) == [23, 26, 23, 34, 23, 23, 23, 34]
-    assert layer_nodes(monkeypatch, g, 4, FUSED) == [21, 25, 21, 32, 21, 21, 21, 32]
-
-
 def test_layer_split_stages_commit_their_own_state(monkeypatch, geometry):
     """record_commit of a stage over [lo, hi): the GDN and indexer commits of its layers only, the PLE commit iff
     it holds the PLE layer; the stages of a split together commit what the one engine does."""
@@ -264,7 +263,7 @@ def test_layer_split_stages_commit_their_own_state(monkeypatch, geometry):
             monkeypatch.setattr(window, name, _Recorded(getattr(window, name), name, steps))
         monkeypatch.setattr(window, "copy_async", lambda *a: steps.append("memcpy"))
         inside = lambda layers: [layer for layer in layers if lo <= layer < hi]  # noqa: E731
-        e = SimpleNamespace(buf=_Buffers(), w=SimpleNamespace(blk_f32=lambda *a: _Rows()), g=g,
+        e = SimpleNamespace(buf=_Buffers(), w=SimpleNamespace(blk_f32=lambda *a: _Rows(), stack=lambda layer, name: None), g=g,
                             stage=SimpleNamespace(n_keep=SimpleNamespace(device=None)),
                             gdn_layers=inside(g.gdn_layers), attn_layers=inside(g.attn_layers),
                             has_ple=lo <= g.ple.layer < hi)

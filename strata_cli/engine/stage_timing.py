@@ -23,14 +23,14 @@ import numpy as np
 # ones. (seed n) names the seed's stamp whose work the stage holds; stages without one are strata's own.
 LAYER_STAGES = (
     "ple",            # per-layer embedding mix (the PLE layer only)
-    "hc0-norm",       # (seed 27) hyper-connection read before the block: RMS norm of the C streams
-    "hc0-write+norm",  # the same with the fused read (T >= 4): the previous layer's pending write, the norm and the
-                       # inject partial dots in one kernel (hc-write1 of the previous layer then has no stamp)
-    "hc0-down",       # (seed 28) its low-rank down GEMV
-    "hc0-up",         # (seed 29) its up GEMV (gates)
-    "hc-read0",       # (seed 1) mix + inject gates (the rest of the read)
-    "qkv",            # (seed 2) GDN: qkv projection
-    "z",              # (seed 5) GDN: z (output gate) projection
+    "hc0-norm",       # (seed 27) hyper-connection read before the block: RMS norm of the C streams (the first layer of
+                      # the window or stage, and the PLE layer, whose write has a node of its own)
+    "hc0-write+norm",  # the same after the previous layer's pending MoE write, in one kernel (with every expert in
+                       # VRAM also the experts' weighted sum + shared expert, seed 24's combine)
+    "hc0-down",       # (seed 28) its down + inject GEMV (one matrix)
+    "hc-read0",       # (seeds 29, 1) up GEMV, gates, mix and inject gates (hyper.cu hc_up_mix)
+    "qkv",            # (seeds 2, 5) GDN: qkv projection (and the z (output gate) projection where they stack)
+    "z",              # (seed 5) GDN: z projection, when its type is not qkv's
     "ab",             # (seed 4) GDN: alpha and beta projections, only for types gdn_mix does not decode
     "gdn-mix",        # (seeds 3, 4, 6, 14) GDN: conv + q/k/v split, gates, delta-rule recurrence, gated RMS norm
     "k/v+norm-rope",  # (seeds 7, 8) QSA: k projection + norm + rope, v projection
@@ -42,21 +42,17 @@ LAYER_STAGES = (
     "attention",      # (seed 13) QSA: attention over the selected cells
     "out-proj",       # (seed 16) output projection of the block
     "hc1-write+norm",  # hyper-connection read before the MoE: the block's residual write and the norm in one kernel
-                       # (with the fused read, T >= 4, also the inject partial dots)
-    "hc1-down",       # its down GEMV
-    "hc1-up",         # its up GEMV
-    "hc-read1",       # (seed 17) its mix + inject
+    "hc1-down",       # its down + inject GEMV
+    "hc-read1",       # (seed 17) its up GEMV, gates, mix and inject gates
     "router",         # (seed 17) router GEMV + top-k
-    "shared",         # (seed 18) shared expert
+    "shared",         # (seed 18) shared expert, where it has launches of its own (else an entry of "experts")
     "waitA",          # (seed 19) expert tiers: wait for the plan (stamped by the tier code when it exists)
-    "experts",        # (seed 20) expert grouping + routed expert GEMVs held in VRAM
+    "experts",        # (seeds 20, 18) expert grouping + routed expert GEMVs held in VRAM (with the shared expert
+                      # where it joins their tensors)
     "waitB",          # (seed 21) expert tiers: wait for the host copies
     "pcie-group",     # (seed 22) expert tiers: experts read over PCIe
     "waitCPU",        # (seed 23) expert tiers: wait for the host-computed experts
     "moe-tiers",      # expert tiers: what of the tiered MoE (engine/gpu/tiers.py) no finer stamp took
-    "combine",        # (seed 24) weighted sum of the experts + shared expert (+ the residual write, experts in VRAM,
-                      # T <= 3)
-    "hc-write1",      # residual write of the MoE into the streams (expert tiers)
     "gap",            # (seed 25) from the layer's last stamp to the next layer's first (node overhead)
 )
 # Stages of the window outside the layers (row n_layers). "begin" is the reference (first node of the graph),

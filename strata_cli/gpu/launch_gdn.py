@@ -25,7 +25,7 @@ GDN_REC_THREADS = 512
 
 
 def _conv_operands(qkv, conv_w, conv_state) -> tuple[int, int, int]:
-    """T, Ch and the taps K of a GDN conv's checked operands (qkv [T, Ch] already checked)."""
+    """T, Ch and the taps K of a GDN conv's checked operands (qkv [T, Ch] rows already checked)."""
     T, Ch = qkv.shape
     U.check_array("conv_w", conv_w, np.float32, (Ch, None))
     K = conv_w.shape[1]
@@ -53,13 +53,14 @@ def gdn_mix(qkv, conv_state, conv_w, state, x, dt_bias, ssm_a, z, norm_w, eps: f
     """The GDN mixer between its projections in one launch (kernels/gdn.cu gdn_mix; reference ops/gdn.gdn_mix_raw):
     the conv + q/k/v split, the gates, the delta rule from the saved state and the gated norm. Returns y [n, Hv, dv] of rows [r0, T) (n = T - r0).
 
-    qkv [T, Ch] and conv_state [K-1, Ch], conv_w [Ch, K]; state [Hv, dk, dv] (not written); x [n, n_in] the
-    group's mixed rows; z [n, Hv, dv]; norm_w [dv]. The gates come from ab_raw = (alpha_raw, alpha_type, beta_raw,
+    qkv [T, Ch] (rows of a wider buffer allowed) and conv_state [K-1, Ch], conv_w [Ch, K]; state [Hv, dk, dv] (not
+    written); x [n, n_in] the group's mixed rows; z [n, Hv, dv], or [n, Hv*dv] rows of a wider buffer (qkv and z as
+    one GEMV's output rows [qkv | z]); norm_w [dv]. The gates come from ab_raw = (alpha_raw, alpha_type, beta_raw,
     beta_type) (raw [Hv, n_in] rows of AB_TYPES, projected in the kernel) or ab_proj = (alpha, beta_in) [n, Hv]
     (the projections, for other types). Written for the commit: q, k [T, Hk, dk], v [T, Hv, dv], and rows [r0, T)
     of g, beta [T, Hv]; r0 > 0 (the second token group of a split window) reads rows [0, r0) of g and beta."""
     with U.on_stream(stream):
-        U.check_array("qkv", qkv, np.float32, (None, 2 * nk * dk + nv * dv))
+        (qkv_ld,) = S.check_rows_view("qkv", qkv, 2, (None, 2 * nk * dk + nv * dv))
         T, Ch, K = _conv_operands(qkv, conv_w, conv_state)
         if not 0 <= r0 < T:
             raise ValueError(f"r0: {r0} outside 0..{T - 1} (the window's rows)")
@@ -69,7 +70,11 @@ def gdn_mix(qkv, conv_state, conv_w, state, x, dt_bias, ssm_a, z, norm_w, eps: f
         U.check_array("state", state, np.float32, (nv, dk, dv))
         U.check_array("x", x, np.float32, (n, None))
         n_in = x.shape[1]
-        U.check_array("z", z, np.float32, (n, nv, dv))
+        if getattr(z, "ndim", 0) == 3:
+            z_ld = np.int64(nv * dv)
+            U.check_array("z", z, np.float32, (n, nv, dv))
+        else:  # rows of [qkv | z] (the window's one GEMV of both)
+            (z_ld,) = S.check_rows_view("z", z, 2, (n, nv * dv))
         U.check_array("norm_w", norm_w, np.float32, (dv,))
         U.check_array("dt_bias", dt_bias, np.float32, (nv,))
         U.check_array("ssm_a", ssm_a, np.float32, (nv,))
@@ -106,9 +111,9 @@ def gdn_mix(qkv, conv_state, conv_w, state, x, dt_bias, ssm_a, z, norm_w, eps: f
         beta = U.out_array("beta", beta, (T, nv), np.float32, empty)
         out = U.out_array("out", out, (n, nv, dv), np.float32, empty)
         nvrtc.kernel("gdn", "gdn_mix")((nv, 1, 1), (threads, 1, 1), (
-            qkv, conv_state, conv_w, np.int32(Ch), np.int32(K), state, x, np.int32(n_in), *ab, dt_bias, ssm_a, z,
-            norm_w, np.float32(eps), q, k, v, g, beta, out, np.int32(T), np.int32(r0), np.int32(nk), np.int32(nv),
-            np.int32(dk), np.int32(dv), np.float32(dk ** -0.5), np.float32(1e-6)), shared_mem=smem)
+            qkv, conv_state, conv_w, np.int32(Ch), np.int32(qkv_ld), np.int32(K), state, x, np.int32(n_in), *ab,
+            dt_bias, ssm_a, z, np.int32(z_ld), norm_w, np.float32(eps), q, k, v, g, beta, out, np.int32(T),
+            np.int32(r0), np.int32(nk), np.int32(nv), np.int32(dk), np.int32(dv), np.float32(dk ** -0.5), np.float32(1e-6)), shared_mem=smem)
     return out
 
 

@@ -1,10 +1,12 @@
-"""CuPy launchers of kernels/hyper.cu, mirroring strata_cli/ops/hyper.py (hc_read_raw, hc_write,
+"""CuPy launchers of kernels/hyper.cu, mirroring strata_cli/ops/hyper.py (hc_write_read_raw, hc_up_mix, hc_write,
 broadcast_streams). Same conventions as launch_gemv: CuPy arrays, float32, C-contiguous, `out=` and scratch
-preallocated for graph capture, `stream=` None for the current stream. The down, up and inject projections are
-launch_gemv launches with fused epilogues. hc_read_fused is the same read in 4 launches that also applies the
-previous block's pending hc_write (reference: ops/hyper.hc_write_read_raw).
+preallocated for graph capture, `stream=` None for the current stream.
 
-Legend: T window rows, C streams, D hidden, L low rank.
+hc_read is 3 launches: hc_write_norm (the pending write of the previous block and the norm), one GEMV over
+W_dn = [W_down; W_inject] (ops/hyper.down_inject_rows: both projections read the same xn), and hc_up_mix (the up
+projection, the gates, the mix and the inject gates).
+
+Legend: T window rows, C streams, D hidden, L low rank, n_dn the rows of W_dn.
 """
 
 from __future__ import annotations
@@ -19,127 +21,131 @@ from . import launch_util as U
 from .launch_gemv import SplitK, launch_gemv
 from .runtime import empty
 
+UP_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q8_0)  # hc_up_mix reads W_up by raw_at
+UP_SMEM_FLOATS = 48 * 1024 // 4  # hc_up_mix holds low [T, L] in the default 48 KiB of dynamic shared memory
+
+
+@dataclass
+class HcWeights:
+    """One read's weights on the device: norm_w [C*D] f32, dn_raw [n_dn, C*D] raw rows of dn_type (W_down; W_inject;
+    zero rows), L the low rank, n_inj the inject rows (C, or 0 for the head's read), up_raw [C*D, L] raw rows of
+    up_type (one of UP_TYPES, not repacked)."""
+
+    norm_w: object
+    dn_raw: object
+    dn_type: int
+    L: int
+    n_inj: int
+    up_raw: object
+    up_type: int
+
+
+@dataclass
+class CombineWrite:
+    """A pending write whose block output is the MoE's combine (launch_moe.combine's arithmetic), computed by the
+    read's first kernel: parts [>= T*K, D] the unweighted expert outputs (entry t*K + k), weights [T, K], shared
+    [T, D] or None (added), inj [T, C] the write's gates."""
+
+    parts: object
+    weights: object
+    shared: object
+    inj: object
+
 
 @dataclass
 class HcScratch:
-    """Intermediates of hc_read: xn [T, C*D], low [T, L], gates [T, C*D], and for hc_read_fused the inject partial
-    dots inj_part [T, C*C]; may hold more rows than the window."""
+    """Intermediates of hc_read: xn [>= T, C*D] and dn, a float32 buffer of at least T * n_dn values (its leading
+    [T, n_dn] view is used)."""
 
     xn: object
-    low: object
-    gates: object
-    inj_part: object = None
+    dn: object
 
     @classmethod
-    def empty(cls, T: int, C: int, D: int, L: int) -> "HcScratch":
-        return cls(empty((T, C * D), np.float32), empty((T, L), np.float32), empty((T, C * D), np.float32),
-                   empty((T, C * C), np.float32))
+    def empty(cls, T: int, C: int, D: int, n_dn: int) -> "HcScratch":
+        return cls(empty((T, C * D), np.float32), empty((T, n_dn), np.float32))
 
 
-def _read_operands(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, out_mixed, out_inj,
-                   scratch):
-    """The checked operands of an HC read (both launch sequences): T, C, D, L, the scratch, its xn / low / gates
-    rows, and the outputs (mixed, inj or None)."""
-    U.check_array("R", R, np.float32, (None, None, None))
-    T, C, D = R.shape
-    CD = C * D
-    U.check_array("norm_w", norm_w, np.float32, (CD,))
-    L = U.weight_rows("down_raw", down_raw, down_type, CD)
-    U.weight_rows("up_raw", up_raw, up_type, L, n_out=CD)
-    if inject_raw is not None:
-        U.weight_rows("inject_raw", inject_raw, inject_type, CD, n_out=C)
-    elif out_inj is not None:
-        raise ValueError("out_inj: given, but inject_raw is None (no inject gates to write)")
-    s = scratch if scratch is not None else HcScratch(None, None, None)
-    xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), empty)
-    low = U.scratch_rows("scratch.low", s.low, T, (L,), empty)
-    gates = U.scratch_rows("scratch.gates", s.gates, T, (CD,), empty)
-    out_mixed = U.out_array("out_mixed", out_mixed, (T, D), np.float32, empty)
-    if inject_raw is not None:
-        out_inj = U.out_array("out_inj", out_inj, (T, C), np.float32, empty)
-    return T, C, D, L, s, xn, low, gates, out_mixed, out_inj
+def _leading_rows(name: str, buf, T: int, width: int, xp_empty):
+    """A contiguous [T, width] view at the start of a float32 buffer of at least T * width values."""
+    if buf is None:
+        return xp_empty((T, width), dtype=np.float32)
+    if getattr(buf, "dtype", None) != np.float32 or not buf.flags.c_contiguous:
+        raise ValueError(f"{name}: expected a C-contiguous float32 buffer")
+    if buf.size < T * width:
+        raise ValueError(f"{name}: {buf.size} values, the read needs {T} x {width}")
+    return buf.reshape(-1)[:T * width].reshape(T, width)
 
 
-def hc_read(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_raw, inject_type: int | None,
-            eps: float, out_mixed=None, out_inj=None, scratch: HcScratch | None = None, split: SplitK | None = None,
-            stream=None, mark=None, pending=None):
-    """R [T, C, D] -> (mixed [T, D], inj [T, C] or None when inject_raw is None); see kernels/hyper.cu.
+def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=None,
+            scratch: HcScratch | None = None, split: SplitK | None = None, stream=None, mark=None):
+    """R [T, C, D] -> (mixed [T, D], inj [T, C] or None when w.n_inj is 0); reference ops/hyper.hc_write_read_raw.
 
-    norm_w [C*D] f32; down_raw [L, C*D], up_raw [C*D, L], inject_raw [C, C*D] raw rows of their GGML types.
-    pending = (block_out [T, D], inj_prev [T, C]): the norm's kernel applies that write to R in place first
-    (hc_write_norm without inject partials: hc_write + hc_norm bit for bit, one node). mark(part) is called after
-    the "norm" ("write+norm"), "down" and "up" launches (the profiling graph's stamps)."""
+    pending = (block_out [T, D], inj_prev [T, C]): the previous block's write R += block_out * inj_prev is applied
+    to R in place first (hc_write's arithmetic), in the norm's kernel; a CombineWrite: block_out is the MoE's
+    combine, computed there (no combine launch). out_inj may be inj_prev's buffer (the norm's
+    kernel has read it before hc_up_mix writes). mark(part) is called after the "norm" ("write+norm") and "down"
+    launches (the profiling graph's stamps)."""
     with U.on_stream(stream):
-        T, C, D, L, _, xn, low, gates, out_mixed, out_inj = _read_operands(
-            R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, out_mixed, out_inj, scratch)
+        U.check_array("R", R, np.float32, (None, None, None))
+        T, C, D = R.shape
         CD = C * D
+        if T > U.GEMV_MAXT:
+            raise ValueError(f"R: {T} rows exceed hc_up_mix's {U.GEMV_MAXT}")
+        U.check_array("norm_w", w.norm_w, np.float32, (CD,))
+        n_dn = U.weight_rows("dn_raw", w.dn_raw, w.dn_type, CD)
+        if n_dn < w.L + w.n_inj:
+            raise ValueError(f"dn_raw: {n_dn} rows, expected at least L + n_inj = {w.L + w.n_inj}")
+        if w.n_inj not in (0, C):
+            raise ValueError(f"n_inj: {w.n_inj}, expected 0 (no inject gates) or C = {C}")
+        if w.up_type not in UP_TYPES:
+            raise ValueError(f"up_raw: type {U.type_name(w.up_type)} is not one of F32, F16, BF16, Q8_0 "
+                             "(hc_up_mix reads it element-wise)")
+        U.weight_rows("up_raw", w.up_raw, w.up_type, w.L, n_out=CD)
+        if T * w.L > UP_SMEM_FLOATS:
+            raise ValueError(f"up_raw: {T} rows x low rank {w.L} exceed hc_up_mix's shared memory "
+                             f"({UP_SMEM_FLOATS} floats)")
+        if not w.n_inj and out_inj is not None:
+            raise ValueError("out_inj: given, but the read has no inject rows (n_inj 0)")
+        bo, combine, inj_prev = _pending(pending, T, C, D)
+        s = scratch if scratch is not None else HcScratch(None, None)
+        xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), empty)
+        dn = _leading_rows("scratch.dn", s.dn, T, n_dn, empty)
+        out_mixed = U.out_array("out_mixed", out_mixed, (T, D), np.float32, empty)
+        if w.n_inj:
+            out_inj = U.out_array("out_inj", out_inj, (T, C), np.float32, empty)
 
-        if pending is None:
-            nvrtc.kernel("hyper", "hc_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
-                R, norm_w, xn, np.int32(C), np.int32(D), np.float32(eps)))
-        else:
-            _write_norm(R, pending, norm_w, xn, None, 0, None, C, D, eps)
+        nvrtc.kernel("hyper", "hc_write_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
+            R, U.null_or(bo), *combine, U.null_or(inj_prev), w.norm_w, xn, np.int32(C), np.int32(D),
+            np.float32(eps)))
         _mark(mark, "norm" if pending is None else "write+norm")
-        launch_gemv(down_raw, down_type, CD, xn, low, split, act=U.ACT_SILU, div=float(C))
+        launch_gemv(w.dn_raw, w.dn_type, CD, xn, dn, split, div=float(C))
         _mark(mark, "down")
-        launch_gemv(up_raw, up_type, L, low, gates, split, act=U.ACT_SIGMOID)
-        _mark(mark, "up")
-        grid, block = U.elementwise_grid(T * D)
-        nvrtc.kernel("hyper", "hc_mix")(grid, block, (xn, gates, out_mixed, np.int32(T), np.int32(C), np.int32(D)))
-        if inject_raw is not None:
-            launch_gemv(inject_raw, inject_type, CD, xn, out_inj, split, act=U.ACT_2SIGMOID, div=float(C))
-    return out_mixed, (out_inj if inject_raw is not None else None)
+        nvrtc.kernel("hyper", "hc_up_mix")((-(-D // U.GEMV_WARPS), 1, 1), (U.GEMV_WARPS * 32, 1, 1), (
+            xn, dn, np.int32(n_dn), np.int32(w.L), w.up_raw, np.int64(U.row_stride(w.up_type, w.L)),
+            np.int32(w.up_type), out_mixed, U.null_or(out_inj if w.n_inj else None), np.int32(w.n_inj),
+            np.int32(T), np.int32(C), np.int32(D)), shared_mem=4 * T * w.L)
+    return out_mixed, (out_inj if w.n_inj else None)
 
 
-FUSED_INJECT_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q8_0)  # hc_write_norm's raw_at decodes these
-
-
-def hc_read_fused(R, norm_w, down_raw, down_type: int, up_raw, up_type: int, inject_raw, inject_type: int | None,
-                  eps: float, pending=None, out_mixed=None, out_inj=None, scratch: HcScratch | None = None,
-                  split: SplitK | None = None, stream=None, mark=None):
-    """hc_read of R after the pending write: pending = (block_out [T, D], inj_prev [T, C]) or None, and R [T, C, D]
-    is updated in place to R + block_out * inj_prev first (hc_write). Returns (mixed, inj) as hc_read does.
-
-    Launches hc_write_norm, the down and up GEMVs, hc_mix_inject (4 nodes; hc_write + hc_read take 6). The inject
-    GEMV becomes per-stream partial dots summed over the streams (reassociated). An inject matrix of another type
-    than F32/F16/BF16/Q8_0 takes hc_read(pending=) instead. mark(part): after "norm" (write + norm + inject
-    partials), "down" and "up"."""
-    if inject_raw is not None and inject_type not in FUSED_INJECT_TYPES:
-        return hc_read(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, eps,
-                       out_mixed=out_mixed, out_inj=out_inj, scratch=scratch, split=split, stream=stream, mark=mark,
-                       pending=pending)
-    with U.on_stream(stream):
-        T, C, D, L, s, xn, low, gates, out_mixed, out_inj = _read_operands(
-            R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, out_mixed, out_inj, scratch)
-        CD = C * D
-        injp = U.scratch_rows("scratch.inj_part", s.inj_part, T, (C * C,), empty) if inject_raw is not None else None
-        inj_stride = U.row_stride(inject_type, CD) if inject_raw is not None else 0
-        _write_norm(R, pending, norm_w, xn, inject_raw, inj_stride, injp, C, D, eps,
-                    inject_type if inject_raw is not None else 0)
-        _mark(mark, "write+norm" if pending is not None else "norm")
-        launch_gemv(down_raw, down_type, CD, xn, low, split, act=U.ACT_SILU, div=float(C))
-        _mark(mark, "down")
-        launch_gemv(up_raw, up_type, L, low, gates, split, act=U.ACT_SIGMOID)
-        _mark(mark, "up")
-        grid, block = U.elementwise_grid(T * D)
-        nvrtc.kernel("hyper", "hc_mix_inject")(grid, block, (
-            xn, gates, out_mixed, U.null_or(injp), U.null_or(out_inj if inject_raw is not None else None),
-            np.int32(T), np.int32(C), np.int32(D)))
-    return out_mixed, (out_inj if inject_raw is not None else None)
-
-
-def _write_norm(R, pending, norm_w, xn, inject_raw, inj_stride: int, injp, C: int, D: int, eps: float,
-                inject_type: int = 0) -> None:
-    """hc_write_norm over R [T, C, D]: the pending write (block_out, inj_prev) or None (checked here), the norm into
-    xn, and with inject_raw the inject partial dots into injp."""
-    T = R.shape[0]
-    if pending is not None:
-        U.check_array("block_out", pending[0], np.float32, (T, D))
-        U.check_array("inj_prev", pending[1], np.float32, (T, C))
-    bo, inj_prev = pending if pending is not None else (None, None)
-    nvrtc.kernel("hyper", "hc_write_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
-        R, U.null_or(bo), U.null_or(inj_prev), norm_w, xn, U.null_or(inject_raw), np.int64(inj_stride),
-        np.int32(inject_type), U.null_or(injp), np.int32(C), np.int32(D), np.float32(eps)))
+def _pending(pending, T: int, C: int, D: int):
+    """(block_out or None, the combine's (parts, weights, shared, K) kernel arguments, inj_prev or None), checked."""
+    none = (U.null_or(None),) * 3 + (np.int32(0),)
+    if pending is None:
+        return None, none, None
+    if isinstance(pending, CombineWrite):
+        U.check_array("pending.weights", pending.weights, np.float32, (T, None))
+        K = pending.weights.shape[1]
+        U.check_array("pending.parts", pending.parts, np.float32, (None, D))
+        if pending.parts.shape[0] < T * K:
+            raise ValueError(f"pending.parts: {pending.parts.shape[0]} rows, the combine needs {T} x {K}")
+        if pending.shared is not None:
+            U.check_array("pending.shared", pending.shared, np.float32, (T, D))
+        U.check_array("pending.inj", pending.inj, np.float32, (T, C))
+        return None, (pending.parts, pending.weights, U.null_or(pending.shared), np.int32(K)), pending.inj
+    bo, inj_prev = pending
+    U.check_array("block_out", bo, np.float32, (T, D))
+    U.check_array("inj_prev", inj_prev, np.float32, (T, C))
+    return bo, none, inj_prev
 
 
 def _mark(mark, part: str) -> None:
@@ -147,17 +153,19 @@ def _mark(mark, part: str) -> None:
         mark(part)
 
 
-def hc_write(R, block_out, inj, out=None, stream=None):
-    """R [T, C, D] + block_out [T, D] * inj [T, C] per stream -> out [T, C, D] (pass out=R to update in place)."""
+def hc_write(R, pending, out=None, stream=None):
+    """R [T, C, D] + block_out [T, D] * inj [T, C] per stream -> out [T, C, D] (pass out=R to update in place);
+    pending = (block_out, inj), or a CombineWrite (block_out the MoE's combine, computed in the same kernel)."""
     with U.on_stream(stream):
         U.check_array("R", R, np.float32, (None, None, None))
         T, C, D = R.shape
-        U.check_array("block_out", block_out, np.float32, (T, D))
-        U.check_array("inj", inj, np.float32, (T, C))
+        if pending is None:
+            raise ValueError("pending: None, expected (block_out, inj) or a CombineWrite")
+        bo, combine, inj = _pending(pending, T, C, D)
         out = U.out_array("out", out, (T, C, D), np.float32, empty)
         grid, block = U.elementwise_grid(T * C * D)
         nvrtc.kernel("hyper", "hc_write")(grid, block, (
-            R, block_out, inj, out, np.int32(T), np.int32(C), np.int32(D)))
+            R, U.null_or(bo), *combine, inj, out, np.int32(T), np.int32(C), np.int32(D)))
     return out
 
 

@@ -64,6 +64,63 @@ def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None, groups=No
     return out_ids, out_w
 
 
+ROUTER_FUSED_MAX_E = 1024  # router_gemv_topk's last block holds p [8 warps, E] in 32 KiB of shared memory
+ROUTER_FUSED_TYPES = (quants.F32,)  # the routers of the converter's files (kept F32 at every --outtype)
+
+
+def router_fuses(router_type: int, E: int) -> bool:
+    """Whether router_gemv_topk takes a router of this type and expert count (else a GEMV, then router_topk)."""
+    return router_type in ROUTER_FUSED_TYPES and E <= ROUTER_FUSED_MAX_E
+
+
+def router_gemv_topk(x, router_raw, router_type: int, k: int, groups, done, out_logits=None, out_ids=None,
+                     out_w=None, scalar_gate=None, shared_id: int | None = None, stream=None):
+    """x [T, n_in] -> (ids [T, k], weights [T, k]) as router_topk(x @ W^T) does, in one launch (kernels/moe.cu
+    router_gemv_topk): the router's GEMV (its logits [T, E] also written), the top-k and, with groups = (g_expert,
+    g_count, g_entries) and done (a zeroed uint32 [1]), the grouping of the entries by expert. router_raw [E, n_in]
+    of a type in ROUTER_FUSED_TYPES with E <= ROUTER_FUSED_MAX_E (router_fuses). scalar_gate = (raw [n_in] row of a
+    type in SG_TYPES, type, sg [T, 1]): the shared expert's gate sigmoid(w . x) written too. shared_id (with
+    scalar_gate): the shared expert runs as expert shared_id of the routed launches: ids and weights [T, k + 1],
+    slot k = (shared_id, sg), grouped with the routed entries."""
+    with U.on_stream(stream):
+        U.check_array("x", x, np.float32, (None, None))
+        T, n_in = x.shape
+        if T > U.GEMV_MAXT:
+            raise ValueError(f"x: {T} rows exceed router_gemv_topk's {U.GEMV_MAXT}")
+        E = U.weight_rows("router_raw", router_raw, router_type, n_in)
+        if not router_fuses(router_type, E):
+            raise ValueError(f"router_raw: {E} experts of type {U.type_name(router_type)}: router_gemv_topk takes "
+                             f"F32 routers of at most {ROUTER_FUSED_MAX_E} experts (GEMV + router_topk otherwise)")
+        if not 1 <= k <= min(E, U.ROUTER_MAXK):
+            raise ValueError(f"k: {k} outside 1..{min(E, U.ROUTER_MAXK)} (E = {E}, kernel limit {U.ROUTER_MAXK})")
+        slots = k + (shared_id is not None)
+        if shared_id is not None and scalar_gate is None:
+            raise ValueError("shared_id: given without scalar_gate (slot k's weight is the shared expert's gate)")
+        J = T * slots
+        if J > U.BLOCK:
+            raise ValueError(f"x: {J} (row, slot) entries exceed the router's {U.BLOCK} grouping threads")
+        U.check_array("done", done, np.uint32, (1,))
+        g_args = _group_buffers(MoeScratch(None, None, *groups), J)
+        sg_args = (U.null_or(None), np.int32(0), U.null_or(None))
+        if scalar_gate is not None:
+            sg_raw, sg_type, sg = scalar_gate
+            if sg_type not in SG_TYPES:
+                raise ValueError(f"scalar_gate: type {U.type_name(sg_type)} is not one of F32, F16, BF16, Q8_0 "
+                                 "(router_gemv_topk decodes only these)")
+            U.weight_rows("scalar_gate raw", sg_raw, sg_type, n_in, n_out=1)
+            U.check_array("sg", sg, np.float32, (T, 1))
+            sg_args = (sg_raw, np.int32(sg_type), sg)
+        out_logits = U.out_array("out_logits", out_logits, (T, E), np.float32, empty)
+        out_ids = U.out_array("out_ids", out_ids, (T, slots), np.int32, empty)
+        out_w = U.out_array("out_w", out_w, (T, slots), np.float32, empty)
+        smem = 4 * max(U.GEMV_WARPS * E, J + U.BLOCK)
+        nvrtc.kernel("moe", "router_gemv_topk")((-(-E // U.GEMV_WARPS), 1, 1), (U.BLOCK, 1, 1), (
+            router_raw, x, np.int32(n_in), np.int32(T), out_logits, np.int32(E), np.int32(k),
+            np.int32(-1 if shared_id is None else shared_id), out_ids, out_w,
+            *g_args, np.int32(U.GEMV_MAXT), done, *sg_args), shared_mem=smem)
+    return out_ids, out_w
+
+
 def launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, n_groups, T, x, x_div, n_in, y, *,
                        act=U.ACT_NONE, mul=None, mul_strides=(0, 0)) -> None:
     """y [*, n_out]: entry j of each of the n_groups groups = its group's expert applied to x row j // x_div, each
@@ -160,16 +217,14 @@ def _check_types(name: str, ggml_types, n: int) -> tuple[int, ...]:
     return tuple(U.check_type(name, t) for t in types)
 
 
-def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=None, shared=None,
-                   scratch: MoeScratch | None = None, stream=None, mark=None, residual=None, grouped: bool = False):
-    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> out [T, D] (+ shared [T, D] when given, fused).
+def routed_parts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, scratch: MoeScratch | None = None,
+                 stream=None, grouped: bool = False):
+    """parts [J, D]: entry j = t*K + k holds expert_{ids[t, k]}(x[t]), unweighted (routed_experts without its
+    combine; the window's next hyper-connection read combines them: launch_hyper.CombineWrite).
 
-    x [T, D]; ids [T, K] int32; weights [T, K] f32; gate_raw, up_raw [E, F, D] and down_raw [E, D, F] raw
-    tensors in numpy order; ggml_types = (gate, up, down). An id outside 0..E-1 turns its row's output NaN.
-    residual = (R [T, C, D], inj [T, C]): the combine also writes out into the streams, R += out * inj per
-    stream in place (launch_hyper.hc_write's arithmetic). grouped: scratch's g_expert / g_count / g_entries already
-    hold the grouping of ids (router_topk(groups=) made it in the same stream). mark("experts") is called before the combine launch
-    (the profiling graph's stamps)."""
+    x [T, D]; ids [T, K] int32; weights [T, K] f32 (checked for the combine); gate_raw, up_raw [E, F, D] and
+    down_raw [E, D, F] raw tensors in numpy order; ggml_types = (gate, up, down). grouped: scratch's g_expert /
+    g_count / g_entries already hold the grouping of ids (router_topk(groups=) made it in the same stream)."""
     gt, ut, dt = _check_types("ggml_types", ggml_types, 3)
     with U.on_stream(stream):
         U.check_array("x", x, np.float32, (None, None))
@@ -180,14 +235,6 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         E, F, gate_stride = U.expert_geometry("gate_raw", gate_raw, gt, D)
         _, _, up_stride = U.expert_geometry("up_raw", up_raw, ut, D, n_out=F, n_expert=E)
         _, _, down_stride = U.expert_geometry("down_raw", down_raw, dt, F, n_out=D, n_expert=E)
-        if shared is not None:
-            U.check_array("shared", shared, np.float32, (T, D))
-        R, inj, C = U.null_or(None), U.null_or(None), 0
-        if residual is not None:
-            R, inj = residual
-            U.check_array("residual R", R, np.float32, (T, None, D))
-            C = R.shape[1]
-            U.check_array("residual inj", inj, np.float32, (T, C))
         J = T * K
         if T > U.GEMV_MAXT:
             raise ValueError(f"x: {T} rows exceed {U.GEMV_MAXT} (an expert group holds at most that many entries)")
@@ -195,19 +242,44 @@ def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=
         h = U.scratch_rows("scratch.h", s.h, J, (F,), empty)
         parts = U.scratch_rows("scratch.parts", s.parts, J, (D,), empty)
         groups = _group_buffers(s, J)
-        out = U.out_array("out", out, (T, D), np.float32, empty)
 
         # group the entries by expert; entry j = t*K + k reads x row t = j // K; h and parts are indexed by entry
         if not grouped:
             group_entries(ids, J, groups)
         launch_swiglu_experts((gate_raw, gt, gate_stride), (up_raw, ut, up_stride), (down_raw, dt, down_stride), E,
                               groups, J, T, x, K, h, parts)
-        if mark is not None:
-            mark("experts")
+    return parts
+
+
+def combine(parts, weights, shared=None, out=None, stream=None):
+    """out [T, D] = sum_k weights[t, k] * parts[t*K + k] (+ shared [T, D]), in slot order (kernels/moe.cu
+    moe_combine); parts [>= T*K, D]."""
+    with U.on_stream(stream):
+        U.check_array("weights", weights, np.float32, (None, None))
+        T, K = weights.shape
+        U.check_array("parts", parts, np.float32, (None, None))
+        D = parts.shape[1]
+        if parts.shape[0] < T * K:
+            raise ValueError(f"parts: {parts.shape[0]} rows, the combine needs {T} x {K}")
+        if shared is not None:
+            U.check_array("shared", shared, np.float32, (T, D))
+        out = U.out_array("out", out, (T, D), np.float32, empty)
         grid, block = U.elementwise_grid(T * D)
         nvrtc.kernel("moe", "moe_combine")(grid, block, (
-            parts, weights, U.null_or(shared), out, R, inj, np.int32(C), np.int32(T), np.int32(K), np.int32(D)))
+            parts, weights, U.null_or(shared), out, np.int32(T), np.int32(K), np.int32(D)))
     return out
+
+
+def routed_experts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, out=None, shared=None,
+                   scratch: MoeScratch | None = None, stream=None, mark=None, grouped: bool = False):
+    """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) -> out [T, D] (+ shared [T, D] when given, fused):
+    routed_parts, then combine. An id outside 0..E-1 turns its row's output NaN. mark("experts") is called before
+    the combine launch (the profiling graph's stamps)."""
+    parts = routed_parts(x, ids, weights, gate_raw, up_raw, down_raw, ggml_types, scratch=scratch, stream=stream,
+                         grouped=grouped)
+    if mark is not None:
+        mark("experts")
+    return combine(parts, weights, shared=shared, out=out, stream=stream)
 
 
 @dataclass

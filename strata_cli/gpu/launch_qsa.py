@@ -64,18 +64,21 @@ def norm_rope(x, w, eps: float, cos, sin, positions=None, out=None, stream=None)
 
 
 def kv_append(k_cache, v_cache, k, v, positions, stream=None):
-    """k_cache[positions] = k, v_cache[positions] = v; caches [N, Hk, d], k, v [T, Hk, d]."""
+    """k_cache[positions] = k, v_cache[positions] = v; caches [N, Hk, d], k [T, Hk, d], v [T, Hk, d] rows (each
+    row's Hk*d values contiguous: a view of rows of a wider buffer is taken)."""
     with U.on_stream(stream):
         U.check_array("k_cache", k_cache, np.float32, (None, None, None))
         N, Hk, d = k_cache.shape
         U.check_array("v_cache", v_cache, np.float32, (N, Hk, d))
         U.check_array("k", k, np.float32, (None, Hk, d))
         T = k.shape[0]
-        U.check_array("v", v, np.float32, (T, Hk, d))
+        v_ld, v_h = S.check_rows_view("v", v, 3, (T, Hk, d))
+        if v_h != d:
+            raise ValueError(f"v: its heads are {v_h} values apart, expected {d} (each row's Hk*d values contiguous)")
         S.check_positions("positions", positions, T)
         grid, block = U.elementwise_grid(T * Hk * d, QSA_BLOCK)
         nvrtc.kernel("qsa", "qsa_kv_append")(grid, block, (
-            k_cache, v_cache, k, v, positions, np.int32(T), np.int32(Hk * d)))
+            k_cache, v_cache, k, v, np.int64(v_ld), positions, np.int32(T), np.int32(Hk * d)))
 
 
 def _indexer(tail, pooled, raw_keys, positions, k_norm_w, eps, cos, sin, n_keep, n_keep_dev, save, restore):
@@ -99,7 +102,8 @@ def _indexer(tail, pooled, raw_keys, positions, k_norm_w, eps, cos, sin, n_keep,
 
 def indexer_append(tail, pooled, raw_keys, positions, k_norm_w, eps: float, cos, sin, snapshot=None, stream=None):
     """Append raw indexer keys [T, d] at consecutive positions into tail [ratio, d] / pooled [NB, d], in place
-    (ops.qsa.indexer_append with whole rope tables); snapshot [ratio, d], if given, receives the tail first."""
+    (ops.qsa.indexer_append with whole rope tables); snapshot [ratio, d], if given, receives the tail first and the
+    tail goes back to it at the end (the window's run: only the blocks it completes are pooled)."""
     with U.on_stream(stream):
         _indexer(tail, pooled, raw_keys, positions, k_norm_w, eps, cos, sin, None, None, snapshot, None)
 

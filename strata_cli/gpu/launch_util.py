@@ -196,23 +196,21 @@ def q8r_rows_per_warp(T: int) -> int:
 class WindowPath:
     """The launch variants a T-row window records (engine/gpu/window.py, launch_gemv)."""
 
-    fused_hc: bool  # launch_hyper.hc_read_fused: each HC read also applies the previous block's write
     gemv_tc: bool  # dense Q8_0_R32 GEMVs on tensor cores (kernels/gemv_q8r.cu gemv_q8r_tc_t*)
-    # routed-expert GEMVs of the block types on tensor cores (kernels/gemv_quant.cu qtc_*): not yet measured on the
-    # device; every T takes them until bench/quant_gemv_bench.py --paths both says at which T the CUDA-core
-    # kernels (qgemv_expert_* / qgemv_gateup_*) win
+    # routed-expert GEMVs of the block types on tensor cores (kernels/gemv_quant.cu qtc_*): on the H200 at f2de868
+    # Q2_K gate/up 377-689 GB/s and Q4_0 down 644-998 GB/s at T = 1..8 (docs/BENCHMARKS.md), against 6-11 % of the
+    # copy rate for the CUDA-core kernels (qgemv_expert_* / qgemv_gateup_*) at 947c884; the bench's same-call pair
+    # (quant_gemv_bench.py --paths tc,cuda) decides whether the CUDA-core kernels are deleted or keep some T
     expert_tc: bool = True
 
 
 # (first T, path) in ascending T: a window takes the path of the last row whose first T <= T. Measured on the H200
 # at 947c884 (issue 18: the full-size Flash-Next file, every expert in VRAM, STRATA_QUANT_GEMV=v2, ms per window at
-# T = 1/2/4/8): unfused 13.56 / 16.91 / 22.63 / 43.62, the three fused paths together 14.44 / 18.52 / 21.76 / 32.82,
-# so they lose at T <= 2 and win from T = 4. A likely cause at T = 1 (read in the kernels, not measured apart):
-# hc_write_norm runs T*C blocks (4 on Flash-Next) that do the write, the norm and C serial inject dots each, where
-# the unfused read's write and inject GEMV spread over the whole GPU; the nodes saved cost less than that. (The
-# fused GDN launches of that measurement are gone: every window runs kernels/gdn.cu gdn_mix, not measured yet.)
-WINDOW_PATHS = ((1, WindowPath(fused_hc=False, gemv_tc=False)),
-                (4, WindowPath(fused_hc=True, gemv_tc=True)))
+# T = 1/2/4/8): without and with the tensor-core Q8_0_R32 GEMVs (together with the fused HC read and GDN launches
+# of then, which every window now runs in their place: kernels/hyper.cu, kernels/gdn.cu) 13.56 / 16.91 / 22.63 /
+# 43.62 against 14.44 / 18.52 / 21.76 / 32.82, so they lose at T <= 2 and win from T = 4.
+WINDOW_PATHS = ((1, WindowPath(gemv_tc=False)),
+                (4, WindowPath(gemv_tc=True)))
 
 
 def window_path(T: int) -> WindowPath:

@@ -44,11 +44,12 @@ def commit_count(n_keep, n_keep_dev, T: int):
 
 def rolling_commit(state_name: str, state, rows_name: str, rows, n_keep, n_keep_dev, block: int):
     """(grid, block, kernel arguments) of a rolling-history commit, thread per column: state [S, W] <- rows
-    [n_keep, n_keep + S) of [state | rows [T, W]], in place (kernels gdn_conv_commit and ple_history_commit)."""
+    [n_keep, n_keep + S) of [state | rows [T, W]], in place (kernels gdn_conv_commit and ple_history_commit); rows
+    may be a view of rows of a wider buffer (its last axis contiguous)."""
     U.check_array(state_name, state, np.float32, (None, None))
     n_rows, width = state.shape
-    U.check_array(rows_name, rows, np.float32, (None, width))
+    (ld,) = check_rows_view(rows_name, rows, 2, (None, width))  # rows of a wider buffer (gdn: qkv of [qkv | z])
     T = rows.shape[0]
     n, n_dev = commit_count(n_keep, n_keep_dev, T)
     grid, block = U.elementwise_grid(width, block)
-    return grid, block, (state, rows, np.int32(T), np.int32(n_rows), np.int32(width), n, n_dev)
+    return grid, block, (state, rows, np.int32(T), np.int32(n_rows), np.int32(width), np.int32(ld), n, n_dev)

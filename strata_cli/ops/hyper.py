@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from .basic import grouped_rms_norm, linear, sigmoid, silu
+from ..model import quants
 from .gemv import dequant_rows
+
+DN_ROW_GROUP = 32  # down_inject_rows pads to whole groups of this many rows (a Q8_0 matrix then repacks)
 
 
 def hc_read(R: np.ndarray, norm_w: np.ndarray, w_down: np.ndarray, w_up: np.ndarray,
@@ -42,8 +45,8 @@ def hc_read_raw(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inj
 
 
 def hc_write_read_raw(R, pending, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, eps):
-    """The reference of gpu/launch_hyper.hc_read_fused: the pending write (block_out [T, D], inj [T, C]) or None,
-    then hc_read_raw. Returns (R after the write, mixed, inj)."""
+    """The reference of gpu/launch_hyper.hc_read (over down_inject_rows of down and inject): the pending write
+    (block_out [T, D], inj [T, C]) or None, then hc_read_raw. Returns (R after the write, mixed, inj)."""
     if pending is not None:
         R = hc_write(R, *pending)
     mixed, inj = hc_read_raw(R, norm_w, down_raw, down_type, up_raw, up_type, inject_raw, inject_type, eps)
@@ -53,3 +56,30 @@ def hc_write_read_raw(R, pending, norm_w, down_raw, down_type, up_raw, up_type, 
 def broadcast_streams(emb: np.ndarray, C: int) -> np.ndarray:
     """emb [T, D] -> R [T, C, D]: a window's residual stack starts as C copies of its embedding rows."""
     return np.repeat(emb[:, None, :], C, axis=1)
+
+
+def down_inject_rows(down_raw, down_type: int, inject_raw, inject_type: int | None, n_in: int):
+    """W_dn = [W_down; W_inject; zero rows] as raw rows of one type: the matrix of the read's one down + inject GEMV
+    (kernels/hyper.cu). Rows padded with zeros to a multiple of DN_ROW_GROUP (a Q8_0 matrix then repacks to
+    Q8_0_R32; a zero row is zero in every type). Two types that differ are both dequantized to F32 (exact: every
+    type's values are float32 numbers). down [L, n_in], inject [C, n_in] or None -> (uint8 rows [n_dn, *], type)."""
+    parts = [(down_raw, down_type)] + ([] if inject_raw is None else [(inject_raw, inject_type)])
+    if len({t for _, t in parts}) > 1:
+        parts = [(dequant_rows(raw, t, n_in).astype(np.float32), quants.F32) for raw, t in parts]
+    ggml_type = parts[0][1]
+    row = quants.row_bytes(ggml_type, n_in)
+    rows = [np.ascontiguousarray(raw).view(np.uint8).reshape(-1, row) for raw, _ in parts]
+    n = sum(len(r) for r in rows)
+    rows.append(np.zeros((-n % DN_ROW_GROUP, row), np.uint8))
+    return np.concatenate(rows), ggml_type  # byte rows: every launcher and dequant_rows take them
+
+
+def hc_up_mix(xn: np.ndarray, dn: np.ndarray, L: int, w_up: np.ndarray, C: int, n_inj: int):
+    """The reference of kernels/hyper.cu hc_up_mix: xn [T, C*D] (the normed streams), dn [T, n_dn] (the down +
+    inject GEMV, divided by C), w_up [C*D, L] -> mixed [T, D], inj [T, n_inj] (None when n_inj is 0)."""
+    T = xn.shape[0]
+    low = silu(dn[:, :L])                                                # [T, L]
+    gates = sigmoid(linear(low, w_up)).reshape(T, C, -1)                 # [T, C, D]
+    mixed = (gates * xn.reshape(T, C, -1)).mean(axis=1).astype(np.float32)
+    inj = (2.0 * sigmoid(dn[:, L:L + n_inj])).astype(np.float32) if n_inj else None
+    return mixed, inj

@@ -34,6 +34,18 @@ def routed_experts(x: np.ndarray, ids: np.ndarray, weights: np.ndarray, expert_w
     return out
 
 
+def combine(parts: np.ndarray, weights: np.ndarray, shared: np.ndarray | None = None) -> np.ndarray:
+    """parts [>= T*K, D] (entry t*K + k: expert ids[t, k]'s unweighted output), weights [T, K] -> [T, D] summed in
+    slot order in float32 (+ shared [T, D]): the reference of kernels/moe.cu moe_combine and of the combine the
+    hyper-connection write computes (kernels/hyper.cu Pending)."""
+    T, K = weights.shape
+    p = parts[:T * K].reshape(T, K, -1).astype(np.float32)
+    acc = np.zeros((T, p.shape[2]), np.float32)
+    for k in range(K):
+        acc = acc + weights[:, k:k + 1].astype(np.float32) * p[:, k]
+    return acc if shared is None else (acc + shared).astype(np.float32)
+
+
 def shared_expert(x: np.ndarray, w_gate: np.ndarray, w_up: np.ndarray, w_down: np.ndarray,
                   w_scalar_gate: np.ndarray) -> np.ndarray:
     """SwiGLU shared expert scaled by sigmoid(w_scalar_gate . x); w_scalar_gate [D]."""

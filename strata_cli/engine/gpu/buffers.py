@@ -15,6 +15,7 @@ from ...gpu.launch_gemv import ZSPLIT_TILES, SplitK
 from ...gpu.launch_sampling import ARGMAX_MAX_PARTS, ArgmaxScratch
 from ...gpu.launch_util import GEMV_MAXT, GEMV_PARTIAL_FLOATS
 from ...gpu.runtime import MappedBuffer, cupy
+from ...ops.hyper import DN_ROW_GROUP
 from ..stage_timing import n_slots
 
 ALIGN = 256
@@ -85,15 +86,18 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
     a.add("ids", (M,), np.int32)
     a.add("stamps", (n_slots(g.n_layers),), np.uint64)  # the profiling graph's stage stamps (ns)
     for name, shape in [("R", (M, C, D)), ("emb", (M, D)), ("mixed", (M, D)), ("inj", (M, C)),
-                        ("block_out", (M, D)), ("hc_xn", (M, C * D)), ("hc_low", (M, g.hc_lowrank)),
-                        ("hc_gates", (M, C * D)), ("hc_inj_part", (M, C * C)), ("router", (M, E)), ("route_w", (M, K)),
-                        ("moe_h", (M * K, g.n_ff_exp)), ("moe_parts", (M * K, D)), ("shared", (M, D)),
+                        ("block_out", (M, D)), ("hc_xn", (M, C * D)),
+                        ("hc_dn", (M, -(-(g.hc_lowrank + C) // DN_ROW_GROUP) * DN_ROW_GROUP)), ("router", (M, E)),
+                        ("route_w", (M, K)), ("route_w1", (M, K + 1)),
+                        # entries of a row: its K routed experts, and the shared expert where it runs as one more
+                        ("moe_h", (M * (K + 1), g.n_ff_exp)), ("moe_parts", (M * (K + 1), D)), ("shared", (M, D)),
                         ("sh_h", (M, g.n_ff_shexp)), ("sh_sg", (M, 1)), ("logits", (M, g.n_vocab))]:
         a.add(name, shape)
     a.add("route_ids", (M, K), np.int32)
-    a.add("moe_gexp", (M * K,), np.int32)
-    a.add("moe_gcnt", (M * K,), np.int32)
-    a.add("moe_gent", (M * K, GEMV_MAXT), np.int32)  # entries of each expert group
+    a.add("route_ids1", (M, K + 1), np.int32)  # ids with the shared expert's (DeviceWeights.shared_expert_id)
+    a.add("moe_gexp", (M * (K + 1),), np.int32)
+    a.add("moe_gcnt", (M * (K + 1),), np.int32)
+    a.add("moe_gent", (M * (K + 1), GEMV_MAXT), np.int32)  # entries of each expert group
     a.add("route_done", (1,), np.uint32)  # router_topk's arrival counter (zero between launches)
     a.add("gemv_partial", (GEMV_PARTIAL_FLOATS,))
     a.add("gemv_tiles", (ZSPLIT_TILES,), np.uint32)
@@ -108,7 +112,8 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
             a.add(name, shape)
         for layer in gdn_layers:  # state, and what the window keeps for the commit
             for name, shape in [("S", (nv, dk, dv)), ("conv", (g.conv_kernel - 1, g.conv_dim)),
-                                ("qkv", (M, g.conv_dim)), ("q", (M, nk, dk)), ("k", (M, nk, dk)),
+                                ("qkv", (M, g.conv_dim + nv * dv)),  # [qkv | z]: one GEMV's rows (window.qkv_rows)
+                                ("q", (M, nk, dk)), ("k", (M, nk, dk)),
                                 ("v", (M, nv, dv)), ("g", (M, nv)), ("beta", (M, nv))]:
                 a.add(f"{name}.{layer}", shape)
     if g.attn_layers:
@@ -117,6 +122,8 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
                             ("qa_qg", (M, H * 2 * d)), ("qa_qn", (M, H, d)), ("qa_att", (M, H * d)),
                             ("qi_raw", (M, max(g.idx_heads, 1) * max(g.idx_dim, 1))),
                             ("qi", (M, max(g.idx_heads, 1), max(g.idx_dim, 1))),
+                            # [k | v | q | indexer q]: one GEMV's rows (window._qsa_projections)
+                            ("qa_kvq", (M, 2 * Hk * d + H * 2 * d + max(g.idx_heads, 1) * max(g.idx_dim, 1))),
                             ("cos", (n_ctx, g.n_rot)), ("sin", (n_ctx, g.n_rot))]:
             a.add(name, shape)
         ratios = [g.compress_ratios[layer] for layer in g.attn_layers if g.compress_ratios[layer]]

@@ -1,6 +1,6 @@
 """The launches of one verify window and of the commit; _LayerRecorder holds the one layer sequence (the order of
-ReferenceEngine._layer) of every variant: plain, split into two token groups (--split with expert tiers), fused
-HC reads (chosen by T, launch_util.window_path).
+ReferenceEngine._layer) of every variant: one token group, or two (--split with expert tiers); the GEMV kernels
+of each T as launch_util.window_path chooses.
 
 Both recorders only launch kernels on preallocated buffers, so the same calls run eagerly or under capture.
 Per-window values (tokens, positions, n_keep) are read by the kernels from device buffers that the recorded
@@ -21,10 +21,11 @@ from ...gpu import launch_moe as moe
 from ...gpu import launch_ple as ple
 from ...gpu import launch_qsa as qsa
 from ...gpu import launch_sampling as sampling
-from ...gpu.launch_util import WindowPath, recording_path
+from ...gpu.launch_util import recording_path
 from ...gpu.runtime import check, cudart
 from ...model.names import PLE_TABLE
 from .buffers import argmax_scratch, split_k
+from .weights import KVQ, QKVZ
 
 
 def copy_async(dst, src, nbytes: int, stream) -> None:
@@ -47,30 +48,37 @@ def _marks(e, layer: int, prefix: str, stream):
     return lambda part: e.stamper(layer, prefix + part, stream)
 
 
-def _hc(e, prefix: str, T: int, inject: bool, stream, r0: int = 0, mark=None, pending: bool = False):
+# What a read's pending write adds to R (the previous block's output): nothing, block_out (a mixer's out-projection,
+# the tiers' combine), or a CombineWrite: the routed experts' combine, which the read's first kernel computes (_moe
+# returns it)
+NO_WRITE, BLOCK_OUT = None, "block_out"
+
+
+def _pending(e, pending, r0: int, r1: int):
+    b = e.buf
+    if isinstance(pending, hyper.CombineWrite):
+        assert r0 == 0, "split windows run the tiers' MoE, which combines into block_out"
+        return pending
+    return (b["block_out"][r0:r1], b["inj"][r0:r1]) if pending == BLOCK_OUT else None
+
+
+def _hc(e, prefix: str, T: int, stream, r0: int = 0, mark=None, pending=NO_WRITE):
     """HC read of rows [r0, T) (r0 > 0 only for the second token group of a split window); pending: the write of
-    those rows' block_out with the last read's inj goes into R first (in the norm's kernel)."""
-    b, w = e.buf, e.w
-    down, up = w.raw(f"{prefix}_down.weight"), w.raw(f"{prefix}_up.weight")
-    inj = w.raw(f"{prefix}_inject.weight") if inject else (None, None)
-    scratch = hyper.HcScratch(b["hc_xn"], b["hc_low"], b["hc_gates"])
-    return hyper.hc_read(b["R"][r0:T], w.f32(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
-                         out_mixed=b["mixed"][r0:T], out_inj=b["inj"][r0:T] if inject else None, scratch=scratch,
-                         split=split_k(b), stream=stream, mark=mark,
-                         pending=(b["block_out"][r0:T], b["inj"][r0:T]) if pending else None)
+    those rows' block output with the last read's inj goes into R first (in the norm's kernel). The read's inject
+    gates (if any) go to inj, which held the pending write's."""
+    b = e.buf
+    w = e.w.hc(prefix)
+    scratch = hyper.HcScratch(b["hc_xn"], b["hc_dn"])
+    return hyper.hc_read(b["R"][r0:T], w, e.g.eps, pending=_pending(e, pending, r0, T), out_mixed=b["mixed"][r0:T],
+                         out_inj=b["inj"][r0:T] if w.n_inj else None, scratch=scratch, split=split_k(b),
+                         stream=stream, mark=mark)
 
 
-def _hc_fused(e, prefix: str, T: int, inject: bool, pending: bool, stream, mark=None):
-    """The fused HC read of rows [0, T), after the pending write of block_out with the last read's inj when
-    `pending` (the write goes into R in place first)."""
-    b, w = e.buf, e.w
-    down, up = w.raw(f"{prefix}_down.weight"), w.raw(f"{prefix}_up.weight")
-    inj = w.raw(f"{prefix}_inject.weight") if inject else (None, None)
-    scratch = hyper.HcScratch(b["hc_xn"], b["hc_low"], b["hc_gates"], b["hc_inj_part"])
-    return hyper.hc_read_fused(b["R"][:T], w.f32(f"{prefix}_norm.weight"), *down, *up, *inj, e.g.eps,
-                               pending=(b["block_out"][:T], b["inj"][:T]) if pending else None,
-                               out_mixed=b["mixed"][:T], out_inj=b["inj"][:T] if inject else None, scratch=scratch,
-                               split=split_k(b), stream=stream, mark=mark)
+def _write(e, r0: int, r1: int, stream, pending) -> None:
+    """The pending write of rows [r0, r1) on its own (hc_write, computing the experts' combine when it is theirs):
+    before the PLE mix, which reads R, and at the end of a stage of the layer split, which hands R on whole."""
+    R = e.buf["R"][r0:r1]
+    hyper.hc_write(R, _pending(e, pending, r0, r1), out=R, stream=stream)
 
 
 def gemv_weight(e, name: str, x, out, stream):
@@ -79,18 +87,35 @@ def gemv_weight(e, name: str, x, out, stream):
     return launch_gemv.gemv(raw, ggml_type, x.shape[1], x, out=out, split=split_k(e.buf), stream=stream)
 
 
+def qkv_rows(e, layer: int):
+    """The qkv rows [M, conv_dim] a GDN layer's window writes and its commit reads: the leading columns of its
+    [M, conv_dim + z] buffer when qkv and z are one GEMV (the row stride the kernels take), else the buffer's
+    leading M * conv_dim values as contiguous rows."""
+    buf, Ch = e.buf[f"qkv.{layer}"], e.g.conv_dim
+    return buf[:, :Ch] if e.w.stack(layer, QKVZ) is not None else _rows(buf, buf.shape[0], Ch)
+
+
 def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
-    """GDN of rows [r0, T), x = their mixed rows: the qkv and z projections, gdn_mix (conv + split, gates, delta
-    rule, gated norm in one launch; alpha/beta GEMVs first for types it does not decode) and the out projection.
+    """GDN of rows [r0, T), x = their mixed rows: the qkv and z projections (one GEMV where they stack), gdn_mix
+    (conv + split, gates, delta rule, gated norm in one launch; alpha/beta GEMVs first for types it does not decode)
+    and the out projection.
     r0 > 0 (group B of a split window): the conv and the recurrence run again from the saved state over rows
     [0, T) and the earlier group's rows come out as they did (gdn_mix reads their gates)."""
     b, w, g = e.buf, e.w, e.g
     blk, n = f"blk.{layer}.", T - r0
-    qkv = b[f"qkv.{layer}"][:T]
-    gemv_weight(e, blk + "attn_qkv.weight", x, qkv[r0:], stream)
-    stamp(e, layer, "qkv", stream)
-    gemv_weight(e, blk + "attn_gate.weight", x, b["gdn_z"][r0:T], stream)
-    stamp(e, layer, "z", stream)
+    qkv = qkv_rows(e, layer)[:T]
+    qkvz = w.stack(layer, QKVZ)
+    if qkvz is not None:  # one GEMV: rows [qkv | z] of the layer's buffer
+        rows = b[f"qkv.{layer}"]
+        launch_gemv.gemv(*qkvz[:2], x.shape[1], x, out=rows[r0:T], split=split_k(b), stream=stream)
+        z = rows[r0:T, g.conv_dim:]
+        stamp(e, layer, "qkv", stream)
+    else:
+        gemv_weight(e, blk + "attn_qkv.weight", x, qkv[r0:], stream)
+        stamp(e, layer, "qkv", stream)
+        z = b["gdn_z"][r0:T].reshape(n, g.ssm_nv, g.ssm_dv)
+        gemv_weight(e, blk + "attn_gate.weight", x, b["gdn_z"][r0:T], stream)
+        stamp(e, layer, "z", stream)
     alpha_w, beta_w = w.raw(blk + "ssm_alpha.weight"), w.raw(blk + "ssm_beta.weight")
     ab_raw = ab_proj = None
     if alpha_w[1] in gdn.AB_TYPES and beta_w[1] in gdn.AB_TYPES:
@@ -101,8 +126,8 @@ def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
         gemv_weight(e, blk + "ssm_beta.weight", x, ab_proj[1], stream)
         stamp(e, layer, "ab", stream)
     y = gdn.gdn_mix(qkv, b[f"conv.{layer}"], w.blk_f32(layer, "ssm_conv1d"), b[f"S.{layer}"], x,
-                    w.blk_f32(layer, "ssm_dt.bias"), w.blk_f32(layer, "ssm_a"),
-                    b["gdn_z"][r0:T].reshape(n, g.ssm_nv, g.ssm_dv), w.blk_f32(layer, "ssm_norm"), g.eps, g.ssm_nk,
+                    w.blk_f32(layer, "ssm_dt.bias"), w.blk_f32(layer, "ssm_a"), z, w.blk_f32(layer, "ssm_norm"),
+                    g.eps, g.ssm_nk,
                     g.ssm_dk, g.ssm_nv, g.ssm_dv, ab_raw=ab_raw, ab_proj=ab_proj, q=b[f"q.{layer}"][:T],
                     k=b[f"k.{layer}"][:T], v=b[f"v.{layer}"][:T], g=b[f"g.{layer}"][:T], beta=b[f"beta.{layer}"][:T],
                     out=b["gdn_y"][r0:T], r0=r0, stream=stream)
@@ -117,16 +142,12 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
     b, w, g = e.buf, e.w, e.g
     blk, d, pos, n = f"blk.{layer}.", g.head_dim, b["positions"][r0:T], T - r0
     cos, sin = b["cos"], b["sin"]
-    gemv_weight(e, blk + "attn_k.weight", x, b["qa_k"][r0:T], stream)
-    kn = qsa.norm_rope(b["qa_k"][r0:T].reshape(n, g.n_head_kv, d), w.blk_f32(layer, "attn_k_norm"), g.eps, cos, sin,
-                       positions=pos, out=b["qa_kn"][r0:T], stream=stream)
-    gemv_weight(e, blk + "attn_v.weight", x, b["qa_v"][r0:T], stream)
+    k_raw, v, qg, qi_raw = _qsa_projections(e, layer, x, T, stream, r0)
+    kn = qsa.norm_rope(k_raw, w.blk_f32(layer, "attn_k_norm"), g.eps, cos, sin, positions=pos,
+                       out=b["qa_kn"][r0:T], stream=stream)
     stamp(e, layer, "k/v+norm-rope", stream)
-    qsa.kv_append(b[f"kc.{layer}"], b[f"vc.{layer}"], kn, b["qa_v"][r0:T].reshape(n, g.n_head_kv, d), pos,
-                  stream=stream)
+    qsa.kv_append(b[f"kc.{layer}"], b[f"vc.{layer}"], kn, v, pos, stream=stream)
     stamp(e, layer, "kv append", stream)
-    gemv_weight(e, blk + "attn_q.weight", x, b["qa_qg"][r0:T], stream)
-    qg = b["qa_qg"][r0:T].reshape(n, g.n_head, 2 * d)
     qn = qsa.norm_rope(qg[:, :, :d], w.blk_f32(layer, "attn_q_norm"), g.eps, cos, sin, positions=pos,
                        out=b["qa_qn"][r0:T], stream=stream)
     stamp(e, layer, "q+norm-rope", stream)
@@ -136,14 +157,14 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
         raw = b[f"idx_raw.{layer}"][:T]
         gemv_weight(e, blk + "indexer.k_proj.weight", x, raw[r0:], stream)
         tail, snap = b[f"tail.{layer}"], b[f"snap.{layer}"]
+        # a run writes no committed state (engine/state.py): the tail goes back to its snapshot in the same launch,
+        # since a window longer than ratio - n_past % ratio rows wraps over slots of committed positions
         qsa.indexer_append(tail, b[f"pooled.{layer}"], raw, b["positions"][:T], w.blk_f32(layer, "indexer.k_norm"),
                            g.eps, cos, sin, snapshot=snap, stream=stream)
-        # a run writes no committed state (engine/state.py): the tail goes back to its snapshot at once, since a
-        # window longer than ratio - n_past % ratio rows wraps over slots of committed positions
-        copy_async(tail, snap, snap.nbytes, stream)
         stamp(e, layer, "idx append", stream)
-        qi_raw = b["qi_raw"][r0:T]
-        gemv_weight(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
+        if qi_raw is None:  # not in the stack
+            qi_raw = b["qi_raw"][r0:T]
+            gemv_weight(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
         qi = qsa.norm_rope(qi_raw.reshape(n, g.idx_heads, g.idx_dim), w.blk_f32(layer, "indexer.q_norm"), g.eps,
                            cos, sin, positions=pos, out=b["qi"][r0:T], stream=stream)
         stamp(e, layer, "idx-q", stream)
@@ -163,38 +184,74 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
     stamp(e, layer, "out-proj", stream)
 
 
+def _qsa_projections(e, layer: int, x, T: int, stream, r0: int):
+    """The k, v, q (+ gate) and, with the indexer, indexer-q projections of rows [r0, T): one GEMV where their weights
+    stack (views of its [k | v | q | indexer q] rows), else a GEMV each (no indexer q: None, projected later).
+    Returns k [n, Hk, d], v [n, Hk, d], qg [n, H, 2d], qi_raw [n, idx_dim * heads] or None."""
+    b, w, g = e.buf, e.w, e.g
+    blk, d, n = f"blk.{layer}.", g.head_dim, T - r0
+    kv, qw = g.n_head_kv * d, g.n_head * 2 * d
+    stacked = w.stack(layer, KVQ)
+    if stacked is None:
+        for name, buf in (("attn_k", "qa_k"), ("attn_v", "qa_v"), ("attn_q", "qa_qg")):
+            gemv_weight(e, blk + name + ".weight", x, b[buf][r0:T], stream)
+        return (b["qa_k"][r0:T].reshape(n, g.n_head_kv, d), b["qa_v"][r0:T].reshape(n, g.n_head_kv, d),
+                b["qa_qg"][r0:T].reshape(n, g.n_head, 2 * d), None)
+    raw, ggml_type, width = stacked
+    rows = _rows(b["qa_kvq"], T, width)[r0:]
+    launch_gemv.gemv(raw, ggml_type, x.shape[1], x, out=rows, split=split_k(b), stream=stream)
+    qi_raw = rows[:, 2 * kv + qw:] if width > 2 * kv + qw else None
+    return (rows[:, :kv].reshape(n, g.n_head_kv, d), rows[:, kv:2 * kv].reshape(n, g.n_head_kv, d),
+            rows[:, 2 * kv:2 * kv + qw].reshape(n, g.n_head, 2 * d), qi_raw)
+
+
 def _rows(buf, T: int, width: int):
     """A contiguous [T, width] view at the start of a [M, W >= width] buffer (layers may use fewer columns)."""
     flat = buf.reshape(-1)[:T * width]
     return flat.reshape(T, width)
 
 
-def _moe(e, layer: int, x, T: int, stream, write: bool):
-    """Router, shared expert, routed experts and their combine into block_out, every expert in VRAM; write: the
-    combine also applies the residual write of block_out into R (no hc_write node; else the next read does)."""
+def _moe(e, layer: int, x, T: int, stream):
+    """Router, shared expert and routed experts, every expert in VRAM; returns the CombineWrite of their combine,
+    which the next read applies with its residual write. Where the shared expert joins the routed tensors
+    (DeviceWeights.shared_expert_id) it is one more entry of every row, weighted by its gate: no launches of its own."""
     b, w, g = e.buf, e.w, e.g
     blk = f"blk.{layer}."
-    gemv_weight(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
     scratch = moe.MoeScratch(b["moe_h"], b["moe_parts"], b["moe_gexp"], b["moe_gcnt"], b["moe_gent"])
     # the router's last block also groups the entries by expert (no moe_group node)
     groups = (scratch.g_expert, scratch.g_count, scratch.g_entries)
-    names = [blk + f"ffn_{p}_shexp.weight" for p in ("gate", "up", "down")] + [blk + "ffn_gate_inp_shexp.weight"]
-    raws = [w.raw(n) for n in names]
-    sg = b["sh_sg"][:T] if raws[3][1] in moe.SG_TYPES else None  # the router's launch computes the shared gate
-    ids, weights = moe.router_topk(b["router"][:T], g.n_expert_used, out_ids=b["route_ids"][:T],
-                                   out_w=b["route_w"][:T], stream=stream, groups=groups, done=b["route_done"],
-                                   scalar_gate=None if sg is None else (x, *raws[3], sg))
-    stamp(e, layer, "router", stream)
-    moe.shared_expert(x, raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
-                      out=b["shared"][:T], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), split=split_k(b),
-                      stream=stream, sg=sg)
-    stamp(e, layer, "shared", stream)
+    gate = w.raw(blk + "ffn_gate_inp_shexp.weight")
+    sg = b["sh_sg"][:T] if gate[1] in moe.SG_TYPES else None  # the router's launch computes the shared gate
+    router, router_type = w.raw(blk + "ffn_gate_inp.weight")
+    fused = moe.router_fuses(router_type, g.n_expert)
+    shared_id = w.shared_expert_id(layer) if fused and sg is not None else None
+    if shared_id is not None:  # ids and weights of K + 1 slots: the last the shared expert's
+        ids, weights = moe.router_gemv_topk(x, router, router_type, g.n_expert_used, groups, b["route_done"],
+                                            out_logits=b["router"][:T], scalar_gate=(*gate, sg), shared_id=shared_id,
+                                            out_ids=b["route_ids1"][:T], out_w=b["route_w1"][:T], stream=stream)
+        stamp(e, layer, "router", stream)
+    else:
+        out = dict(out_ids=b["route_ids"][:T], out_w=b["route_w"][:T], stream=stream)
+        scalar_gate = None if sg is None else (*gate, sg)
+        if fused:  # the router's GEMV in the same launch
+            ids, weights = moe.router_gemv_topk(x, router, router_type, g.n_expert_used, groups, b["route_done"],
+                                                out_logits=b["router"][:T], scalar_gate=scalar_gate, **out)
+        else:
+            gemv_weight(e, blk + "ffn_gate_inp.weight", x, b["router"][:T], stream)
+            ids, weights = moe.router_topk(b["router"][:T], g.n_expert_used, groups=groups, done=b["route_done"],
+                                           scalar_gate=None if sg is None else (x, *scalar_gate), **out)
+        stamp(e, layer, "router", stream)
+        raws = [w.raw(blk + f"ffn_{p}_shexp.weight") for p in ("gate", "up", "down")] + [gate]
+        moe.shared_expert(x, raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
+                          out=b["shared"][:T], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), split=split_k(b),
+                          stream=stream, sg=sg)
+        stamp(e, layer, "shared", stream)
     exps = [w.raw(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
-    moe.routed_experts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps],
-                       out=b["block_out"][:T], shared=b["shared"][:T],
-                       residual=(b["R"][:T], b["inj"][:T]) if write else None, scratch=scratch, grouped=True,
-                       stream=stream, mark=_marks(e, layer, "", stream))
-    stamp(e, layer, "combine", stream)
+    moe.routed_parts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps], scratch=scratch,
+                     grouped=True, stream=stream)
+    stamp(e, layer, "experts", stream)
+    return hyper.CombineWrite(b["moe_parts"], weights, None if shared_id is not None else b["shared"][:T],
+                              b["inj"][:T])
 
 
 def _ple(e, T: int, stream):
@@ -238,73 +295,59 @@ def _ple_group(e, T: int, r0: int, r1: int, stream) -> None:
 
 class _LayerRecorder:
     """The one layer sequence of every window variant: token groups (one, or two with --split: the order in
-    record_window) and the fused HC read (each block's residual write applied by the next read's first kernel), as
-    chosen for T (launch_util.window_path); a GDN mixer is always 4 nodes (_gdn). Per layer and group:
+    record_window); every block's residual write is applied by the next HC read's first kernel (the pending
+    write); a GDN mixer is 3 nodes (_gdn; 4 where qkv and z differ in type). Per layer and group:
 
-        pre(l, g)  = [PLE] HC read (attn), mixer, HC read (ffn: it applies the mixer's write first), MoE (its combine also writes the
-                     residual, unless the read is fused) or the tiers' front: router, doorbell, shared expert, VRAM
-                     experts
-        post(l, g) = the tiers' back: waits, PCIe experts, combine, [HC write]
+        pre(l, g)  = [write, PLE] HC read (attn; the previous layer's MoE write first, with every expert in VRAM also
+                     the experts' combine), mixer, HC read (ffn; the mixer's write first), MoE (router, shared
+                     expert, routed experts) or the tiers' front: router, doorbell, shared expert, VRAM experts
+        post(l, g) = the tiers' back: waits, PCIe experts, combine
 
-    The split window keeps the unfused HC read (hc_read_fused takes no row range). With the fused read the write
-    before a PLE layer that is not the first is launched on its own (the mix reads R)."""
+    The write before a PLE layer that is not the first is launched on its own (the mix reads R)."""
 
-    def __init__(self, e, T: int, stream, groups, path: WindowPath):
+    def __init__(self, e, T: int, stream, groups):
         self.e, self.T, self.stream, self.groups = e, T, stream, groups
         self.split = len(groups) == 2
-        self.fused_hc = path.fused_hc and not self.split
-
-    def _read(self, prefix: str, layer: int, part: str, r0: int, r1: int, pending: bool):
-        mark = _marks(self.e, layer, part, self.stream)
-        if self.fused_hc:
-            return _hc_fused(self.e, prefix, self.T, True, pending, self.stream, mark=mark)
-        return _hc(self.e, prefix, r1, True, self.stream, r0, mark=mark, pending=pending)
-
-    def _write(self, layer: int, stage: str, r0: int, r1: int) -> None:
-        if self.fused_hc:
-            return  # the next read applies it
-        b = self.e.buf
-        hyper.hc_write(b["R"][r0:r1], b["block_out"][r0:r1], b["inj"][r0:r1], out=b["R"][r0:r1], stream=self.stream)
-        stamp(self.e, layer, stage, self.stream)
+        self.moe_write = BLOCK_OUT  # the tiers' post combines into block_out; else the last _moe's CombineWrite
 
     def pre(self, layer: int, grp: int) -> None:
-        e, g, b, T, stream = self.e, self.e.g, self.e.buf, self.T, self.stream
+        e, g, T, stream = self.e, self.e.g, self.T, self.stream
         r0, n = self.groups[grp]
         r1 = r0 + n
         if layer:
             stamp(e, layer - 1, "gap", stream)
-        pending = self.fused_hc and layer > self.e.layers[0]  # the previous layer's write awaits this read
+        pending = self.moe_write if layer > self.e.layers[0] else NO_WRITE  # the previous layer's MoE write
         if g.ple is not None and g.ple.layer == layer:
             if pending:
-                hyper.hc_write(b["R"][:T], b["block_out"][:T], b["inj"][:T], out=b["R"][:T], stream=stream)
-                pending = False
+                _write(e, r0, r1, stream, pending)
+                pending = NO_WRITE
             if self.split:
                 _ple_group(e, T, r0, r1, stream)
             else:
                 _ple(e, T, stream)
-        mixed, _ = self._read(f"blk.{layer}.hc_attn", layer, "hc0-", r0, r1, pending)
+        mixed, _ = _hc(e, f"blk.{layer}.hc_attn", r1, stream, r0, mark=_marks(e, layer, "hc0-", stream),
+                       pending=pending)
         stamp(e, layer, "hc-read0", stream)
         if g.layer_is_attn[layer]:
             _qsa(e, layer, mixed, r1, stream, r0)
         else:
             _gdn(e, layer, mixed, r1, stream, r0)
-        # the mixer's residual write is applied by the next read's norm kernel (either read)
-        mixed, _ = self._read(f"blk.{layer}.hc_ffn", layer, "hc1-", r0, r1, True)
+        mixed, _ = _hc(e, f"blk.{layer}.hc_ffn", r1, stream, r0, mark=_marks(e, layer, "hc1-", stream),
+                       pending=BLOCK_OUT)
         stamp(e, layer, "hc-read1", stream)
         if e.tiers is not None:  # expert tiers (tiers.py): router, doorbell, shared expert, VRAM share
             e.tiers.pre(layer, grp, r0, n, len(self.groups), stream)
         else:
-            _moe(e, layer, mixed, T, stream, write=not self.fused_hc)
+            self.moe_write = _moe(e, layer, mixed, T, stream)
 
     def post(self, layer: int, grp: int) -> None:
         e = self.e
         r0, n = self.groups[grp]
         if e.tiers is None:
-            return  # _moe's combine wrote the residual (or left it to the next fused read)
+            return  # _moe ran whole in pre
         # the waits for the host's shares, the PCIe share, the combine into block_out
         e.tiers.post(layer, grp, r0, n, len(self.groups), self.stream)
         stamp(e, layer, "moe-tiers", self.stream)
-        self._write(layer, "hc-write1", r0, r0 + n)
 
     def record(self) -> None:
         """pre(0, A) pre(0, B) | post(0, A) pre(1, A) | post(0, B) pre(1, B) | ... | post(L-1, A) | post(L-1, B) |
@@ -325,15 +368,11 @@ class _LayerRecorder:
                     self.pre(layer + 1, grp)
         if hi > lo:
             stamp(e, hi - 1, "gap", stream)
-        if hi < L:  # the hand-off holds R whole: the last layer's write, awaiting the next fused read, goes in now
-            if self.fused_hc:
-                b = e.buf
-                hyper.hc_write(b["R"][:T], b["block_out"][:T], b["inj"][:T], out=b["R"][:T], stream=stream)
+        if hi < L:  # the hand-off holds R whole: the last layer's write, awaiting the next read, goes in now
+            if hi > lo:
+                _write(e, 0, T, stream, self.moe_write)
             return
-        if self.fused_hc:
-            mixed, _ = _hc_fused(e, "output_hc", T, False, L > 0, stream)
-        else:
-            mixed, _ = _hc(e, "output_hc", T, False, stream)
+        mixed, _ = _hc(e, "output_hc", T, stream, pending=self.moe_write if hi > lo else NO_WRITE)
         stamp(e, L, "hc-out", stream)
         _head_after_read(e, mixed, T, stream)
 
@@ -344,7 +383,7 @@ def record_window(e, T: int, stream) -> None:
     stamp(e, head, "begin", stream)
     groups = e.tiers.groups(T) if e.tiers is not None else [(0, T)]
     path = e.window_paths(T)
-    recorder = _LayerRecorder(e, T, stream, groups, path)
+    recorder = _LayerRecorder(e, T, stream, groups)
     with recording_path(path):
         if not recorder.split:
             recorder.record()
@@ -390,7 +429,7 @@ def record_commit(e, stream) -> None:
     copy_async(b["n_keep"], e.stage.n_keep.device, 4, stream)
     n_keep = b["n_keep"]
     for layer in e.gdn_layers:
-        gdn.gdn_conv_commit(b[f"conv.{layer}"], b[f"qkv.{layer}"], None, n_keep_dev=n_keep, stream=stream)
+        gdn.gdn_conv_commit(b[f"conv.{layer}"], qkv_rows(e, layer), None, n_keep_dev=n_keep, stream=stream)
         gdn.gdn_commit_state(b[f"S.{layer}"], b[f"q.{layer}"], b[f"k.{layer}"], b[f"v.{layer}"], b[f"g.{layer}"],
                              b[f"beta.{layer}"], None, n_keep_dev=n_keep, stream=stream)
     for layer in e.attn_layers:

@@ -1,0 +1,100 @@
+"""The graph nodes of the window per layer, without a GPU (tests/window_launches.py: the real recorder and
+launchers over host arrays, each kernel launch and device copy listed): what `strata graph-nodes` shows on the
+device (tests/test_gpu_window_nodes.py holds the two equal). Issue 18's target is at most 12 nodes per layer.
+
+Run with -s to see the per-layer lists."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from window_launches import host_engine, window_launches
+
+from strata_cli.model.gguf_file import open_model
+
+# Per layer on the Q8_0 fixture (GDN layers 0-2, 4-6; QSA layers 3 and 7 with the indexer; the PLE at layer 1;
+# the PLE layer's extra node is its pending write on its own, as the mix reads R). Before issue 18's fusions
+# (43184b0): T = 1 [23, 29, 23, 34, 23, 23, 23, 34] (224 in the window), T = 8 [21, 28, 21, 32, 21, 21, 21, 32] (209).
+# Each HC read 3 nodes (hyper.cu hc_write_norm, one GEMV of down + inject, hc_up_mix) instead of 5 at T <= 3 and 4
+# from T = 4, every block's write in the next read, one path at every T (d5addfe: 19 a GDN layer, 30 a QSA layer);
+# the routed experts' combine computed by that write (00acfd6: 18, 29; no moe_combine node); the router's GEMV in
+# its top-k launch (moe.cu router_gemv_topk, an F32 router; 4e4d556: 17, 28); a GDN layer's qkv and z projections
+# one GEMV (their weights stacked, gdn_mix reading the rows [qkv | z]; 97b3d32: 16, 28); a QSA layer's k, v, q and
+# indexer q one GEMV (the consumers reading views of its rows; 2d90738: 25); the indexer's tail back at its
+# snapshot in its append kernel (no copy node; b91d893: 16, 24); the shared expert one more entry of the routed
+# experts' launches (its weights appended to theirs, its gate its weight in the combine):
+NODES_PER_LAYER = {1: [13, 20, 13, 21, 13, 13, 13, 21], 8: [13, 20, 13, 21, 13, 13, 13, 21]}
+WINDOW_NODES = {1: 138, 8: 138}
+
+
+@pytest.fixture
+def engine(monkeypatch, fixture_dir):
+    model = open_model(fixture_dir / "model-q8_0.gguf")
+    g = model.geometry
+    assert [g.layer_is_attn[layer] for layer in range(g.n_layers)] == [False] * 3 + [True] + [False] * 3 + [True]
+    assert g.ple.layer == 1 and all(g.compress_ratios[layer] for layer in g.attn_layers)
+    return host_engine(monkeypatch, model)
+
+
+@pytest.mark.parametrize("T", sorted(NODES_PER_LAYER))
+def test_nodes_per_layer(monkeypatch, engine, T):
+    launches = window_launches(monkeypatch, engine, T)
+    print(f"\nT = {T}: {launches.total} nodes; per layer {launches.per_layer()}")
+    for layer, nodes in enumerate(launches.layers):
+        print(f"  layer {layer} ({len(nodes)}): {' '.join(nodes)}")
+    print(f"  inputs: {' '.join(launches.inputs)}\n  head: {' '.join(launches.head)}")
+    assert launches.per_layer() == NODES_PER_LAYER[T]
+    assert launches.total == WINDOW_NODES[T]
+
+
+def test_listing_sees_the_window_size(monkeypatch, engine):
+    """The kernels' row buckets follow T (gemv_*_t<NT>), the whole window is listed (inputs, layers, head), and a
+    window larger than the engine's buffers is refused by the launchers' checks, as on the device."""
+    one, eight = (window_launches(monkeypatch, engine, T) for T in (1, 8))
+    assert any(n.endswith("_t1") for n in one.kinds()) and not any(n.endswith("_t8") for n in one.kinds())
+    assert any(n.endswith("_t8") for n in eight.kinds()) and not any(n.endswith("_t1") for n in eight.kinds())
+    assert one.inputs[:2] == ["memcpy", "memcpy"] and one.head[-3:] == ["argmax_partial", "argmax_rows", "memcpy"]
+    with pytest.raises(ValueError):
+        window_launches(monkeypatch, engine, 17)
+
+
+def test_stacked_weights_are_their_matrices_row_for_row(engine):
+    """DeviceWeights' stacks (a GDN layer's qkv + z, a QSA layer's k, v, q + indexer q, each HC read's down +
+    inject, the routed experts + the shared expert) hold the file's matrices in order, value for value, after the
+    Q8_0 repack."""
+    from strata_cli.engine.gpu.weights import KVQ, QKVZ, STACKS
+    from strata_cli.model import packed
+    from strata_cli.ops.gemv import dequant_rows
+
+    model, w, g = engine.w.model, engine.w, engine.g
+
+    def matrix(name):
+        info = model.info(name)
+        return dequant_rows(info.raw, info.ggml_type, info.shape[0])
+
+    for layer in range(g.n_layers):
+        stack = QKVZ if layer in g.gdn_layers else KVQ
+        raw, ggml_type, rows = w.stack(layer, stack)
+        assert ggml_type == packed.Q8_0_R32
+        roles = [r for r in STACKS[stack] if f"blk.{layer}.{r}" in model.specs]
+        want = np.concatenate([matrix(f"blk.{layer}.{r}") for r in roles])
+        np.testing.assert_array_equal(dequant_rows(raw, ggml_type, g.n_embd), want)
+        assert rows == want.shape[0]
+        for read in ("hc_attn", "hc_ffn"):
+            hc = w.hc(f"blk.{layer}.{read}")
+            prefix = f"blk.{layer}.{read}"
+            W = dequant_rows(hc.dn_raw, hc.dn_type, g.hc * g.n_embd)
+            np.testing.assert_array_equal(W[:hc.L], matrix(prefix + "_down.weight"))
+            np.testing.assert_array_equal(W[hc.L:hc.L + hc.n_inj], matrix(prefix + "_inject.weight"))
+            assert not W[hc.L + hc.n_inj:].any() and W.shape[0] % 32 == 0
+        # the shared expert appended to the routed experts as expert E (its launches are theirs)
+        assert w.shared_expert_id(layer) == g.n_expert
+        for p in ("gate", "up", "down"):
+            raw, ggml_type = w.raw(f"blk.{layer}.ffn_{p}_exps.weight")
+            routed, shared = (model.info(f"blk.{layer}.ffn_{p}_{s}.weight") for s in ("exps", "shexp"))
+            n_in = routed.shape[0]
+            want = np.concatenate([dequant_rows(routed.raw, routed.ggml_type, n_in),
+                                   dequant_rows(shared.raw, shared.ggml_type, n_in)])
+            np.testing.assert_array_equal(dequant_rows(raw, ggml_type, n_in), want)
+    head = w.hc("output_hc")
+    assert head.n_inj == 0
