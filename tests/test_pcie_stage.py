@@ -86,7 +86,7 @@ def test_tier_host_gathers_then_copies_each_projection_between_two_events(monkey
     monkeypatch.setattr(tier_host, "cudart", lambda: FakeRt())
     monkeypatch.setattr(launch_tiers, "write_word", lambda word, value, stream: log.append(("flagB", value)))
     rng = np.random.default_rng(1)
-    E, K, Q = 6, 2, 4
+    E, Q = 6, 4
     src = [rng.integers(0, 256, (E, n), dtype=np.uint8) for n in (24, 24, 40)]
     device = {f"tier_stage.{g}.{p}": np.zeros(Q * 40, np.uint8) for g in range(2) for p in range(3)}
     slots = {k: types.SimpleNamespace(data=types.SimpleNamespace(ptr=v.ctypes.data)) for k, v in device.items()}

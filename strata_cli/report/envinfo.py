@@ -78,7 +78,7 @@ def gpu_record() -> dict:
     """gpu_name, driver, cuda_runtime of the current CuPy device; each None where it cannot be read."""
     rec: dict = {"gpu_name": None, "driver": None, "cuda_runtime": None}
     try:
-        from ..gpu import runtime  # noqa: F401  (CUDA_MODULE_LOADING before the driver starts)
+        from ..gpu import runtime as _strata_runtime  # noqa: F401  (CUDA_MODULE_LOADING before the driver starts)
         import cupy
 
         runtime = cupy.cuda.runtime

@@ -252,7 +252,6 @@ def encode_iq2_xs(x: np.ndarray) -> np.ndarray:
 
 
 def encode_iq2_s(x: np.ndarray) -> np.ndarray:
-    n = x.shape[0]
     d_bytes, _, s, ids, _, negative = _grid_encode(x, GRIDS[Q.IQ2_S])
     high = pack(ids >> 8, (8, 4, 1), (0, 2, 4, 6))
     return np.concatenate([d_bytes, (ids & 0xFF).astype(np.uint8), _sign_bytes(negative), high, _scale_nibbles(s)],
