@@ -400,6 +400,7 @@ QGEMV_KERNELS(16)
 #define QTC_BIG 32768.0f  // |x| from which a span is split from x * 2^-16
 
 constexpr int qtc_nn(int nt) { return nt > 8 ? 2 : 1; }
+template <bool B> struct QBool { static constexpr bool v = B; };  // a compile-time flag passed to a generic lambda
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     u32 r;
@@ -491,11 +492,15 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
     float acc[F][4];
 #pragma unroll
     for (int f = 0; f < F; ++f) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
-    const float* xrow[NN];  // B column g of column tile nn: entry 8 nn + g's x row, from element 8t
+    // B column g of column tile nn: entry 8 nn + g's x row, from this lane's first element of a span: 8t, or 4t
+    // for the split16 types (quant_decode.cuh QTcFrag: their groups take the float4 at 4t and 16 + 4t)
+    constexpr bool SPLIT16 = QTcFrag<QTYPE>::split16;
+    static_assert(!(SPLIT16 && QHasMin<QTYPE>::v), "the mins' x sums assume a lane's 8 elements in one half");
+    const float* xrow[NN];
 #pragma unroll
     for (int nn = 0; nn < NN; ++nn) {
         const int n = nn * 8 + g;
-        xrow[nn] = n < nt ? x + (i64)pick(xr, n) * n_in + 8 * t : nullptr;
+        xrow[nn] = n < nt ? x + (i64)pick(xr, n) * n_in + (SPLIT16 ? 4 : 8) * t : nullptr;
     }
 
 #pragma unroll
@@ -508,13 +513,26 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         const int s = kslice + j * ksplit;
         const int4* slot = ring + (j % NS) * QTC_STAGE_INT4;
         const u8* ub[QTC_MT][2];  // this lane's units (rows g, g + 8 of each m tile) in the slot
+        // An even block size makes the row stride even, so a lane's units (rows g + 8 j of one matrix) all have
+        // the address mod 16 of row g: each unit is one base register per matrix plus a constant, and every load
+        // of a span is [base + span offset + immediate] (no per-unit address add: ~3 instructions a qtc_frag)
+        const u8* base[2];
+#pragma unroll
+        for (int mx = 0; mx < 2; ++mx) {
+            const int uu = mx * 16 * HALF + g;  // (matrix 1: the up rows of gate/up)
+            base[mx] = reinterpret_cast<const u8*>(slot + g * QCHUNKS) +
+                       ((size_t)(unit_row(uu) + (i64)s * QSTEP_BYTES) & 15);
+        }
 #pragma unroll
         for (int mt = 0; mt < QTC_MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int uu = mt * 16 + g + 8 * h;
-                ub[mt][h] = reinterpret_cast<const u8*>(slot + uu * QCHUNKS) +
-                            ((size_t)(unit_row(uu) + (i64)s * QSTEP_BYTES) & 15);
+                if (QB::bytes % 2 == 0)
+                    ub[mt][h] = base[GATEUP && mt >= HALF] + (uu - g) * QCHUNKS * 16;
+                else
+                    ub[mt][h] = reinterpret_cast<const u8*>(slot + uu * QCHUNKS) +
+                                ((size_t)(unit_row(uu) + (i64)s * QSTEP_BYTES) & 15);
             }
         // (n_in is a multiple of 32, the block's; QTC_PROBE decodes nothing: launch_quant.QtcTune.probe)
         const int n_sp = QTC_PROBE ? 0 : min(QSTEP, n_in - s * QSTEP) / 32;
@@ -527,7 +545,11 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 #pragma unroll
             for (int nn = 0; nn < NN; ++nn) {
                 float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q = p;
-                if (xrow[nn]) load_x8(xrow[nn], 0, 0, s * QSTEP + sp * 32, p, q);
+                if (xrow[nn]) {
+                    const float4* xp = reinterpret_cast<const float4*>(xrow[nn] + s * QSTEP + sp * 32);
+                    p = __ldg(xp);
+                    q = __ldg(xp + (SPLIT16 ? 4 : 1));  // the lane's elements 4 .. 7 (split16: 16 + 4t ..)
+                }
                 xv[nn][0] = p.x; xv[nn][1] = p.y; xv[nn][2] = p.z; xv[nn][3] = p.w;
                 xv[nn][4] = q.x; xv[nn][5] = q.y; xv[nn][6] = q.z; xv[nn][7] = q.w;
                 const float mx = fmaxf(fmaxf(fmaxf(fabsf(xv[nn][0]), fabsf(xv[nn][1])),
@@ -536,7 +558,9 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                                              fmaxf(fabsf(xv[nn][6]), fabsf(xv[nn][7]))));
                 big[nn] = mx >= QTC_BIG;  // (fmaxf drops a NaN x: its products are NaN on either path)
             }
-            // the x sums of the span's halves (elements 0..15, 16..31) for C's entries 2t, 2t+1 (the mins' term)
+            // the x sums of the span's halves (elements 0..15, 16..31) for C's entries 2t, 2t+1 (the mins' term):
+            // sx[nn][0] the half of this lane's own groups (t / 2), sx[nn][1] the other half (lane t ^ 2's), so
+            // that each row's own min and its partner's need no select (the source lane picks the half)
             float sx[NN][2][2];
             if (QHasMin<QTYPE>::v) {
 #pragma unroll
@@ -548,14 +572,21 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                     for (int c = 0; c < 2; ++c)
 #pragma unroll
                         for (int hf = 0; hf < 2; ++hf)
-                            sx[nn][hf][c] = __shfl_sync(FULL_MASK, s8, 4 * (2 * t + c) + 2 * hf);
+                            sx[nn][hf][c] = __shfl_sync(FULL_MASK, s8, 4 * (2 * t + c) + 2 * ((t >> 1) ^ hf));
                 }
             }
             bool scaled[NN];
             float unscale[NN][2];  // per B column, so one entry's size costs the others no precision
             column_scales<NN>(big, scaled, unscale);
-            u32 bh[NN][2][2], bl[NN][2][2];  // [column tile][k tile][b0 / b1]
-            split_b_frags<NN, QTcFrag<QTYPE>::interleaved>(xv, scaled, bh, bl);
+            // the B split and the m tiles, compiled twice: SC says some column of the warp is scaled (x times 2^-16,
+            // C times D unscale: 8 + 4 QTC_MT FMUL); the usual span has none (a warp-uniform branch)
+            auto mtiles = [&](auto sc_tag) {
+                constexpr bool SC = decltype(sc_tag)::v;
+                bool sc_cols[NN];
+#pragma unroll
+                for (int nn = 0; nn < NN; ++nn) sc_cols[nn] = SC && scaled[nn];
+                u32 bh[NN][2][2], bl[NN][2][2];  // [column tile][k tile][b0 / b1]
+                split_b_frags<NN, QTcFrag<QTYPE>::interleaved>(xv, sc_cols, bh, bl);
 #pragma unroll
             for (int mt = 0; mt < QTC_MT; ++mt) {
                 u32 A[2][4], L[2][4];
@@ -580,29 +611,34 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                             mma_f16_16816(c[nn], L[0][2 * kt], L[1][2 * kt], L[0][2 * kt + 1], L[1][2 * kt + 1],
                                           bh[nn][kt][0], bh[nn][kt][1]);
                     }
-                float m0[2], m1[2];  // the min of each half of the span, rows g and g + 8
+                float mo[2];  // the min of the other half of the span (lane t ^ 2's), rows g and g + 8
                 if (QHasMin<QTYPE>::v) {
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const float other = __shfl_xor_sync(FULL_MASK, m[h], 2);  // lane t ^ 2: the other half
-                        m0[h] = t < 2 ? m[h] : other;
-                        m1[h] = t < 2 ? other : m[h];
-                    }
+                    for (int h = 0; h < 2; ++h) mo[h] = __shfl_xor_sync(FULL_MASK, m[h], 2);
                 }
 #pragma unroll
                 for (int nn = 0; nn < NN; ++nn) {
                     float* a = acc[mt * NN + nn];
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
-                        a[k] = fmaf((k < 2 ? D[0] : D[1]) * unscale[nn][k & 1], c[nn][k], a[k]);
+                        const float Dk = k < 2 ? D[0] : D[1];
+                        a[k] = fmaf(SC ? Dk * unscale[nn][k & 1] : Dk, c[nn][k], a[k]);
                         if (QHasMin<QTYPE>::v) {
                             const int h = k >> 1, col = k & 1;
-                            a[k] = fmaf(m0[h], sx[nn][0][col], a[k]);
-                            a[k] = fmaf(m1[h], sx[nn][1][col], a[k]);
+                            a[k] = fmaf(m[h], sx[nn][0][col], a[k]);
+                            a[k] = fmaf(mo[h], sx[nn][1][col], a[k]);
                         }
                     }
                 }
             }
+            };
+            bool any_big = false;
+#pragma unroll
+            for (int nn = 0; nn < NN; ++nn) any_big |= big[nn];
+            if (__any_sync(FULL_MASK, any_big))
+                mtiles(QBool<true>{});
+            else
+                mtiles(QBool<false>{});
         }
     }
     cp_async_wait<0>();  // (only empty groups are left: every step's copies landed before it was decoded)

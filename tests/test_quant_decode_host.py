@@ -130,6 +130,7 @@ extern "C" int decode_blocks_tc(const u8* blocks, long n_blocks, float* out, flo
 }
 extern "C" int tc_needs_lo(void) { return QTcLo<QTYPE>::v; }
 extern "C" int tc_interleaved(void) { return QTcFrag<QTYPE>::interleaved; }
+extern "C" int tc_split16(void) { return QTcFrag<QTYPE>::split16; }
 extern "C" int tc_has_min(void) { return QHasMin<QTYPE>::v; }
 // one lane's A words of group g of the block at blk (the tensor-core GEMV's qtc_frag)
 extern "C" void frag_words(const u8* blk, int g, u32* A, u32* L, float* D, float* m) {
@@ -151,7 +152,7 @@ extern "C" int decode_blocks_frag(const u8* blocks, long n_blocks, float* a_out,
                 // word w, half h of element k: natural (k / 2, k % 2); interleaved (0,2) (1,3) (4,6) (5,7)
                 const int w = QTcFrag<QTYPE>::interleaved ? (k & 4) / 2 + (k & 1) : k / 2;
                 const int h = QTcFrag<QTYPE>::interleaved ? (k >> 1) & 1 : k & 1;
-                const long i = b * QB::qk + 8 * g + k;
+                const long i = b * QB::qk + qtc_elem<QTYPE>(g, k);  // (split16: 4g + k, then 16 + 4g + k - 4)
                 a_out[i] = f16_bits_to_float((u16)(A[w] >> (16 * h))) + f16_bits_to_float((u16)(L[w] >> (16 * h)));
                 d_out[i] = D;
                 m_out[i] = m;
@@ -187,7 +188,7 @@ def _decoder(cxx, tmp_path, ggml_type):
     lib.decode_blocks_tc.restype = lib.tc_needs_lo.restype = lib.decode_blocks_frag.restype = ctypes.c_int
     lib.decode_blocks_frag.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 3
     lib.frag_words.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 4
-    lib.tc_interleaved.restype = lib.tc_has_min.restype = ctypes.c_int
+    lib.tc_interleaved.restype = lib.tc_has_min.restype = lib.tc_split16.restype = ctypes.c_int
     return fn, fn_q, lib
 
 
@@ -301,6 +302,8 @@ def test_tensor_core_span_arithmetic(cxx, tmp_path, ggml_type):
     w = _aligned_copy(random_tensor(rng, ggml_type, (16, n_in), 0.05))
     want_w = Q.dequantize(w, ggml_type).reshape(16, n_in).astype(np.float64)
     inter, lo_parts, has_min = lib.tc_interleaved(), lib.tc_needs_lo(), lib.tc_has_min()
+    split16 = lib.tc_split16()
+    assert not (split16 and has_min), "split16 (a lane's group spans both halves of a span) has no mins' term"
     for e0 in range(0, n_in, 32):  # every span of the row
         x = rng.standard_normal((8, n_in)).astype(np.float32)
         A, L, D, M = {}, {}, {}, {}
@@ -320,7 +323,9 @@ def test_tensor_core_span_arithmetic(cxx, tmp_path, ggml_type):
             bh, bl = [], []
             for lane in range(32):
                 g, t = lane >> 2, lane & 3
-                xv = x[g, e0 + 8 * t:e0 + 8 * t + 8]
+                # the lane's x: elements 8t .. 8t+7 of the span, split16: 4t .. 4t+3 and 16+4t .. 16+4t+3
+                xv = (np.concatenate([x[g, e0 + 4 * t:e0 + 4 * t + 4], x[g, e0 + 16 + 4 * t:e0 + 20 + 4 * t]])
+                      if split16 else x[g, e0 + 8 * t:e0 + 8 * t + 8])
                 hi_w, lo_w = [], []
                 for p in range(2):
                     k0 = 4 * kt + p if inter else 4 * kt + 2 * p
