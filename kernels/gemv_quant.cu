@@ -495,6 +495,8 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
     // B column g of column tile nn: entry 8 nn + g's x row, from this lane's first element of a span: 8t, or 4t
     // for the split16 types (quant_decode.cuh QTcFrag: their groups take the float4 at 4t and 16 + 4t)
     constexpr bool SPLIT16 = QTcFrag<QTYPE>::split16;
+    // the mins' term: once a step by an MMA (QTcStepMins: Q2_K, a block per step), else per span and half
+    constexpr bool STEP_MINS = QTcStepMins<QTYPE>::v && QB::qk == QSTEP, SPAN_MINS = QHasMin<QTYPE>::v && !STEP_MINS;
     static_assert(!(SPLIT16 && QHasMin<QTYPE>::v), "the mins' x sums assume a lane's 8 elements in one half");
     const float* xrow[NN];
 #pragma unroll
@@ -536,6 +538,10 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
             }
         // (n_in is a multiple of 32, the block's; QTC_PROBE decodes nothing: launch_quant.QtcTune.probe)
         const int n_sp = QTC_PROBE ? 0 : min(QSTEP, n_in - s * QSTEP) / 32;
+        // STEP_MINS: the sub-block sums X_{2t}, X_{2t+1}, X_{2t+8}, X_{2t+9} of column g (B of the step's mins MMA)
+        float xsb[NN][4];
+#pragma unroll
+        for (int nn = 0; nn < NN; ++nn) xsb[nn][0] = xsb[nn][1] = xsb[nn][2] = xsb[nn][3] = 0.0f;
 #pragma unroll 1
         for (int sp = 0; sp < n_sp; ++sp) {
             const int el = sp * 32 + 8 * t;  // this lane's group in the step
@@ -562,7 +568,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
             // sx[nn][0] the half of this lane's own groups (t / 2), sx[nn][1] the other half (lane t ^ 2's), so
             // that each row's own min and its partner's need no select (the source lane picks the half)
             float sx[NN][2][2];
-            if (QHasMin<QTYPE>::v) {
+            if (SPAN_MINS) {
 #pragma unroll
                 for (int nn = 0; nn < NN; ++nn) {
                     float s8 = ((xv[nn][0] + xv[nn][1]) + (xv[nn][2] + xv[nn][3])) +
@@ -573,6 +579,22 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 #pragma unroll
                         for (int hf = 0; hf < 2; ++hf)
                             sx[nn][hf][c] = __shfl_sync(FULL_MASK, s8, 4 * (2 * t + c) + 2 * ((t >> 1) ^ hf));
+                }
+            }
+            if (STEP_MINS) {  // lanes t = 0, 1 of column g sum sub-block 2 sp, lanes 2, 3 sub-block 2 sp + 1
+#pragma unroll
+                for (int nn = 0; nn < NN; ++nn) {
+                    float s8 = ((xv[nn][0] + xv[nn][1]) + (xv[nn][2] + xv[nn][3])) +
+                               ((xv[nn][4] + xv[nn][5]) + (xv[nn][6] + xv[nn][7]));
+                    s8 += __shfl_xor_sync(FULL_MASK, s8, 1);
+                    const float v0 = __shfl_sync(FULL_MASK, s8, lane & ~3);
+                    const float v1 = __shfl_sync(FULL_MASK, s8, (lane & ~3) + 2);
+                    // sub-blocks 2t, 2t+1 (span t) and 2t+8, 2t+9 (span t + 4) are this lane's (no run-time index)
+                    const bool mine = (sp & 3) == t, first = sp < 4;
+                    xsb[nn][0] = mine && first ? v0 : xsb[nn][0];
+                    xsb[nn][1] = mine && first ? v1 : xsb[nn][1];
+                    xsb[nn][2] = mine && !first ? v0 : xsb[nn][2];
+                    xsb[nn][3] = mine && !first ? v1 : xsb[nn][3];
                 }
             }
             bool scaled[NN];
@@ -612,7 +634,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                                           bh[nn][kt][0], bh[nn][kt][1]);
                     }
                 float mo[2];  // the min of the other half of the span (lane t ^ 2's), rows g and g + 8
-                if (QHasMin<QTYPE>::v) {
+                if (SPAN_MINS) {
 #pragma unroll
                     for (int h = 0; h < 2; ++h) mo[h] = __shfl_xor_sync(FULL_MASK, m[h], 2);
                 }
@@ -623,7 +645,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                     for (int k = 0; k < 4; ++k) {
                         const float Dk = k < 2 ? D[0] : D[1];
                         a[k] = fmaf(SC ? Dk * unscale[nn][k & 1] : Dk, c[nn][k], a[k]);
-                        if (QHasMin<QTYPE>::v) {
+                        if (SPAN_MINS) {
                             const int h = k >> 1, col = k & 1;
                             a[k] = fmaf(m[h], sx[nn][0][col], a[k]);
                             a[k] = fmaf(mo[h], sx[nn][1][col], a[k]);
@@ -639,6 +661,42 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                 mtiles(QBool<true>{});
             else
                 mtiles(QBool<false>{});
+        }
+        if (STEP_MINS && n_sp > 0) {
+            // acc += -dmin sum_sb mn_sb X_sb per row: one MMA of k = the 16 sub-blocks (quant_decode.cuh
+            // qtc_min_frag); the sums are split hi + lo (x 2^-16 for a column whose sums reach 2^15) as x is
+            bool bigx[NN], scx[NN];
+            float unx[NN][2];
+#pragma unroll
+            for (int nn = 0; nn < NN; ++nn)
+                bigx[nn] = fmaxf(fmaxf(fabsf(xsb[nn][0]), fabsf(xsb[nn][1])),
+                                 fmaxf(fabsf(xsb[nn][2]), fabsf(xsb[nn][3]))) >= QTC_BIG;
+            column_scales<NN>(bigx, scx, unx);
+            u32 xh[NN][2], xl[NN][2];
+#pragma unroll
+            for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {
+                    float a = xsb[nn][2 * p], c = xsb[nn][2 * p + 1];
+                    if (scx[nn]) { a *= 1.52587890625e-05f; c *= 1.52587890625e-05f; }  // 2^-16
+                    split_f16x2(a, c, xh[nn][p], xl[nn][p]);
+                }
+#pragma unroll
+            for (int mt = 0; mt < QTC_MT; ++mt) {
+                u32 M[2][2];
+                float nd[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) qtc_min_frag<QTYPE>(ub[mt][h], t, M[h][0], M[h][1], nd[h]);
+#pragma unroll
+                for (int nn = 0; nn < NN; ++nn) {
+                    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_f16_16816(c, M[0][0], M[1][0], M[0][1], M[1][1], xl[nn][0], xl[nn][1]);
+                    mma_f16_16816(c, M[0][0], M[1][0], M[0][1], M[1][1], xh[nn][0], xh[nn][1]);
+                    float* a = acc[mt * NN + nn];
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) a[k] = fmaf(nd[k >> 1] * unx[nn][k & 1], c[k], a[k]);
+                }
+            }
         }
     }
     cp_async_wait<0>();  // (only empty groups are left: every step's copies landed before it was decoded)

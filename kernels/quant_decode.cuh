@@ -813,6 +813,27 @@ template <> __device__ __forceinline__ void qtc_frag<T_Q4_0>(const u8* b, int g,
     D = pf16<QAl<T_Q4_0>::b>(b);
 }
 
+// ---- The mins of the per-16 min type by one MMA a step (QTcStepMins: Q2_K, whose 256-element block is the GEMV's
+// step and whose 16 sub-blocks are exactly the k = 16 of one m16n8k16): sum_k m(k) x_k over a block is
+// -dmin sum_sb mn_sb X_sb, X_sb the sum of x over sub-block sb, so the A operand is the 4-bit mins mn[row][sb]
+// (exact in f16) and B the 16 sub-block sums of each x row (hi + lo), once per step instead of per span FMAs.
+// qtc_min_frag(blk, t, lo, hi, nd): lane (g, t)'s A words (mn of sub-blocks 2t, 2t+1 and 2t+8, 2t+9, as the
+// m16n8k16 A fragment's k pairs) of the block at blk and nd = -dmin.
+template <int TYPE> struct QTcStepMins { static constexpr bool v = false; };
+template <> struct QTcStepMins<T_Q2_K> { static constexpr bool v = true; };
+
+template <int TYPE>
+__device__ __forceinline__ void qtc_min_frag(const u8* __restrict__ b, int t, u32& lo, u32& hi, float& nd);
+// scale bytes (b0, b1) at b + 2t -> bytes 0 and 2 (PRMT), high nibbles 16 mn at bit 4 of each half's 1024:
+// (1024 + 16 mn) / 16 - 64 = mn exactly
+template <> __device__ __forceinline__ void qtc_min_frag<T_Q2_K>(const u8* b, int t, u32& lo, u32& hi, float& nd) {
+    const u32 w0 = __byte_perm(pl16<QAL(T_Q2_K, 2)>(b + 2 * t), 0u, 0x4140u);
+    const u32 w1 = __byte_perm(pl16<QAL(T_Q2_K, 2)>(b + 8 + 2 * t), 0u, 0x4140u);
+    lo = h2_fma((w0 & 0x00f000f0u) | 0x64006400u, 0x2c002c00u, 0xd400d400u);
+    hi = h2_fma((w1 & 0x00f000f0u) | 0x64006400u, 0x2c002c00u, 0xd400d400u);
+    nd = -f16_bits_to_float((u16)pl16<QAL(T_Q2_K, 2)>(b + 82));
+}
+
 // Q2_K: crumb q at bit 2k of its byte, times the 4-bit sub-block scale sc (qtc8's a = sc q); D = d, m = -dmin mn
 template <> __device__ __forceinline__ void qtc_frag<T_Q2_K>(const u8* b, int g, u32 (&A)[4], u32 (&L)[4], float& D,
                                                             float& m) {
