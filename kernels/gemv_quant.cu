@@ -664,7 +664,8 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         }
         if (STEP_MINS && n_sp > 0) {
             // acc += -dmin sum_sb mn_sb X_sb per row: one MMA of k = the 16 sub-blocks (quant_decode.cuh
-            // qtc_min_frag); the sums are split hi + lo (x 2^-16 for a column whose sums reach 2^15) as x is
+            // qtc_min_frag); the sums are split hi + lo as x is, x 2^-20 for a column whose sums reach 2^15 (a sum
+            // of 16 is up to 16 times x's range: 2^-20 keeps the f16 range of x's 2^-16 for every x below 2^32)
             bool bigx[NN], scx[NN];
             float unx[NN][2];
 #pragma unroll
@@ -678,7 +679,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 #pragma unroll
                 for (int p = 0; p < 2; ++p) {
                     float a = xsb[nn][2 * p], c = xsb[nn][2 * p + 1];
-                    if (scx[nn]) { a *= 1.52587890625e-05f; c *= 1.52587890625e-05f; }  // 2^-16
+                    if (scx[nn]) { a *= 9.5367431640625e-07f; c *= 9.5367431640625e-07f; }  // 2^-20
                     split_f16x2(a, c, xh[nn][p], xl[nn][p]);
                 }
 #pragma unroll
@@ -694,7 +695,8 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                     mma_f16_16816(c, M[0][0], M[1][0], M[0][1], M[1][1], xh[nn][0], xh[nn][1]);
                     float* a = acc[mt * NN + nn];
 #pragma unroll
-                    for (int k = 0; k < 4; ++k) a[k] = fmaf(nd[k >> 1] * unx[nn][k & 1], c[k], a[k]);
+                    for (int k = 0; k < 4; ++k)  // (unx: 2^16 for a scaled column, whose sums took 2^-20)
+                        a[k] = fmaf(nd[k >> 1] * (unx[nn][k & 1] > 1.0f ? 1048576.0f : 1.0f), c[k], a[k]);
                 }
             }
         }

@@ -387,7 +387,7 @@ def test_tensor_core_step_mins(cxx, tmp_path):
     rng = np.random.default_rng(91)
     w = _aligned_copy(random_tensor(rng, Q.Q2_K, (16, qk), 0.05))
     m = _folded(lib, w, 16 * qk)[3].reshape(16, qk).astype(np.float64)
-    for scale in (1.0, 3e4):  # sub-block sums past 2^15: the kernel's column scaling
+    for scale in (1.0, 3e4, 1e9):  # sub-block sums past 2^15 (and past f16 x 2^16): the kernel's column scaling
         x = (rng.standard_normal((8, qk)) * scale).astype(np.float32)
         xsb = x.reshape(8, 16, 16).sum(axis=2, dtype=np.float32)  # [column, sub-block]
         a_regs, bh, bl, nd = [], [], [], {}
@@ -402,7 +402,7 @@ def test_tensor_core_step_mins(cxx, tmp_path):
             big = np.abs(xsb[g]).max() >= 32768
             hi_w, lo_w = [], []
             for k0 in (2 * t, 2 * t + 8):
-                pair = xsb[g, [k0, k0 + 1]] * np.float32(2.0 ** -16 if big else 1.0)
+                pair = xsb[g, [k0, k0 + 1]] * np.float32(2.0 ** -20 if big else 1.0)
                 hi = pair.astype(np.float16).astype(np.float32)
                 hi_w.append(_f16_words(*hi))
                 lo_w.append(_f16_words(*(pair - hi)))
@@ -414,7 +414,7 @@ def test_tensor_core_step_mins(cxx, tmp_path):
             g, t = lane >> 2, lane & 3
             for k in range(4):
                 h, col = k >> 1, k & 1
-                unscale = 65536.0 if np.abs(xsb[2 * t + col]).max() >= 32768 else 1.0
+                unscale = 2.0 ** 20 if np.abs(xsb[2 * t + col]).max() >= 32768 else 1.0
                 got[g + 8 * h, 2 * t + col] = nd[lane, h] * unscale * C[g + 8 * h, 2 * t + col]
         want = m @ x.astype(np.float64).T
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=f"scale {scale}")
