@@ -344,18 +344,29 @@ QGEMV_KERNELS(16)
 //   other: ~32-43 KB an SM, about what 4.3 TB/s x ~1-1.5 us of loaded latency / 132 SMs asks (33-50 KB). But the
 //   whole layer is only 81 KB an SM (two round trips), so each warp's serial chain (wait, decode 8 spans with
 //   their MMAs, wait) sets the time, not the bytes in flight.
-//   Issue bound (PTX of the span loop, sm_90): Q2_K gate/up 552 instructions per span of 64 rows (2048 weights,
-//   ~0.27 a weight: decode ~60 %, x split ~10 %, MMAs 16); Q4_0 down 225 per span of 32 rows (0.22). T = 1 gate/up
-//   is 32.8 M weights = 8.9 M warp-instructions = 16.8 K clocks of 132 SMs x 4 schedulers issuing one a clock:
-//   8.5 us at full issue, 3.4x the bytes' 2.5 us; the measured 28.5 us is 3.4x that again (too few warps to hide
-//   each one's latency). T = 8: 244 M weights, 63 us at full issue, 116 us measured, 31 us at 60 %.
+//   Issue bound (SASS of the span loop: NVRTC sm_90 cubin, nvdisasm, the unscaled path): at 5cd26f8 Q2_K gate/up
+//   444 instructions per span of 64 rows (2048 weights, 0.22 a weight; 552 in PTX) plus ~614 a step (8 spans)
+//   outside it (the cp.async issue, the unit addresses); Q4_0 down 192 per span of 32 rows (0.19). T = 1 gate/up
+//   is 32.8 M weights = 8.9 M warp-instructions (PTX count) = 16.8 K clocks of 132 SMs x 4 schedulers issuing one
+//   a clock: 8.5 us at full issue, 3.4x the bytes' 2.5 us; the measured 28.5 us is 3.4x that again (too few warps
+//   to hide each one's latency). T = 8: 244 M weights, 63 us at full issue, 116 us measured, 31 us at 60 %.
+//   The decode now (same counting): Q2_K 293 a span (0.14 a weight) + ~777 a step, Q4_0 162 (0.16), by
+//     * Q2_K's scale words S = sc 4^-k, B = -1024 S made in f16x2 (LOP3, IMAD, HFMA2, HMUL2), not a float
+//       rounded into two packed words; its min's sign folded into an exact subtraction;
+//     * Q2_K's mins once a step: one MMA of k = the 16 sub-blocks (quant_decode.cuh qtc_min_frag, the x sums of
+//       each sub-block as B), instead of a min per group, 8 shuffles and 32 FMAs a span;
+//     * Q4_0's split16 k-order (QTcFrag): a group is one 32-bit word of codes (2 loads instead of 4, constant
+//       masks and S, B);
+//     * a lane's units as one base register per matrix (even block sizes: every unit of a lane has the same
+//       address mod 16), so a span's loads take immediates, not a 3-input add each;
+//     * spans with no scaled column (warp-uniform) skip the x and C rescaling (8 + 4 QTC_MT FMUL).
 // So (a) more warps (row sets of 16 rows, QTC_MT 2; 8 warps a block split 8 ways: 1600-3200 warps at T = 1, 1-2
-// steps each; a deeper ring) can at best bring T = 1 to its issue bound, ~30 % of the copy rate; (b) 60 % needs
-// <= ~0.13 instructions a weight at every T: the decode's fixed cost per group of 8 (the scale and min loads and
-// conversions, ~2/3 of a Q2_K qtc_frag) must be shared by more weights, e.g. a lane decoding the 16 weights of one
-// sub-block (64-element spans of 4 k tiles). bench/quant_gemv_bench.py --tune (launch_quant.TUNE_GRID) times (a)
-// and QTC_PROBE, the same grids and rings decoding nothing: the probe's GB/s is what the streaming alone reaches,
-// and full / probe is the share of the time the decode takes.
+// steps each; a deeper ring) can at best bring T = 1 to its issue bound; (b) 60 % needs <= ~0.13 instructions a
+// weight at every T, which the decode is now near; what is left a span is the 4 field LOP3 + 4 HFMA2 + 2 shifts a
+// group (~0.08 a weight), the scale and D loads (4 LDS + 5 a group), the x split (~35) and the 16 MMAs.
+// bench/quant_gemv_bench.py --tune (launch_quant.TUNE_GRID) times (a) and QTC_PROBE, the same grids and rings
+// decoding nothing: the probe's GB/s is what the streaming alone reaches, and full / probe is the share of the
+// time the decode takes.
 // Shape legend (NT window bucket, NN = 1 column tile of 8 entries, 2 for NT = 16; lane = 4 g + t):
 //   grid (ceil(n_out / (ROWS * QTC_WARPS / ksplit)), J groups), block QTC_WARPS * 32; group u = blockIdx.y holds
 //   up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and writes y row
@@ -365,10 +376,13 @@ QGEMV_KERNELS(16)
 //   interleaved 256-element steps s = kslice, kslice + ksplit, ... and add up in shared memory (ksplit_reduce).
 //   unit       one row's range of a step: QTC_UNITS = 16 QTC_MT per stage (row mt * 16 + r of the warp), as in
 //              qslice_rows (QCHUNKS aligned 16-byte chunks, each byte at its address mod 16)
-//   span sp    32 elements 32 sp .. 32 sp + 31 of a step; lane (g, t) decodes group t (elements 8t .. 8t+7) of
-//              rows g and g + 8 of each m tile (quant_decode.cuh qtc_frag), k tile kt of the MMA holds elements
-//              8t + 4kt + {0, 1} (a0 / b0) and 8t + 4kt + {2, 3} (a2 / b1) of every lane t (interleaved types,
-//              QTcFrag: {0, 2} and {1, 3}); B column g = entry 8 nn + g
+//   span sp    32 elements 32 sp .. 32 sp + 31 of a step; lane (g, t) decodes group t (elements 8t .. 8t+7;
+//              split16 types 4t .. 4t+3, 16+4t .. 16+4t+3) of rows g and g + 8 of each m tile (quant_decode.cuh
+//              qtc_frag), k tile kt of the MMA holds the group's elements 4kt + {0, 1} (a0 / b0) and
+//              4kt + {2, 3} (a2 / b1) of every lane t (interleaved types, QTcFrag: {0, 2} and {1, 3});
+//              B column g = entry 8 nn + g
+//   step mins  (QTcStepMins: Q2_K) k = sub-block 0..15 of the step's block: A = the rows' 4-bit mins, B = column
+//              g's sub-block sums of x (lane t: sub-blocks 2t, 2t+1 from span t, 2t+8, 2t+9 from span t + 4)
 //   C          c0, c1 = (row g, entries 2t, 2t+1), c2, c3 = (row g + 8, same entries); acc[mt * NN + nn][e]
 // Reductions are fixed-order (MMA, span FMAs, the ksplit sum): graph replays are bit-identical to eager.
 //
@@ -662,7 +676,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
             else
                 mtiles(QBool<false>{});
         }
-        if (STEP_MINS && n_sp > 0) {
+        if constexpr (STEP_MINS) if (n_sp > 0) {  // (constexpr: qtc_min_frag exists for the QTcStepMins types)
             // acc += -dmin sum_sb mn_sb X_sb per row: one MMA of k = the 16 sub-blocks (quant_decode.cuh
             // qtc_min_frag); the sums are split hi + lo as x is, x 2^-20 for a column whose sums reach 2^15 (a sum
             // of 16 is up to 16 times x's range: 2^-20 keeps the f16 range of x's 2^-16 for every x below 2^32)
@@ -731,8 +745,8 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 // blocks per SM the registers must allow: at 4 warps a block, 4 (<= 128 registers, 16 warps) for 2 m tiles per warp;
 // 3 (<= 168) for 4, whose ~57-64 KB rings fit only 3 blocks per SM anyway (128 registers would spill 30-220 bytes
 // a thread). Other QTC_WARPS keep those registers per thread (the same 16 or 12 warps an SM). ptxas -v (NVRTC,
-// sm_90, Q2_K, no spills in any of launch_quant.TUNE_GRID): qtc_gateup_t1 / qtc_expert_t1 158 / 168 registers by
-// default, 111 / 125 with QTC_MT 2, 103 / 125 with 8 warps and QTC_MT 2, 160 / 168 with the 24 KB ring.
+// sm_90, Q2_K, no spills in any of launch_quant.TUNE_GRID): qtc_gateup_t1 / qtc_expert_t1 132 / 167 registers by
+// default, 96 / 114 with QTC_MT 2 (also with 8 warps), 132 / 165 with the 24 KB ring; Q4_0 104 / 116 by default.
 #ifndef QTC_MIN_BLOCKS
 #define QTC_MIN_BLOCKS ((QTC_MT == 4 ? 12 : 16) / QTC_WARPS)
 #endif
