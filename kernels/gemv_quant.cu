@@ -414,7 +414,8 @@ QGEMV_KERNELS(16)
 #define QTC_BIG 32768.0f  // |x| from which a span is split from x * 2^-16
 
 constexpr int qtc_nn(int nt) { return nt > 8 ? 2 : 1; }
-template <bool B> struct QBool { static constexpr bool v = B; };  // a compile-time flag passed to a generic lambda
+template <bool B> struct QBool { static constexpr bool v = B; };  // compile-time values passed to a generic lambda
+template <int V> struct QInt { static constexpr int v = V; };
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     u32 r;
@@ -676,7 +677,9 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
             else
                 mtiles(QBool<false>{});
         }
-        if constexpr (STEP_MINS) if (n_sp > 0) {  // (constexpr: qtc_min_frag exists for the QTcStepMins types)
+        // (a generic lambda of the type: qtc_min_frag exists for the QTcStepMins types only)
+        auto step_mins = [&](auto ty) {
+            constexpr int TY = decltype(ty)::v;
             // acc += -dmin sum_sb mn_sb X_sb per row: one MMA of k = the 16 sub-blocks (quant_decode.cuh
             // qtc_min_frag); the sums are split hi + lo as x is, x 2^-20 for a column whose sums reach 2^15 (a sum
             // of 16 is up to 16 times x's range: 2^-20 keeps the f16 range of x's 2^-16 for every x below 2^32)
@@ -701,7 +704,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                 u32 M[2][2];
                 float nd[2];
 #pragma unroll
-                for (int h = 0; h < 2; ++h) qtc_min_frag<QTYPE>(ub[mt][h], t, M[h][0], M[h][1], nd[h]);
+                for (int h = 0; h < 2; ++h) qtc_min_frag<TY>(ub[mt][h], t, M[h][0], M[h][1], nd[h]);
 #pragma unroll
                 for (int nn = 0; nn < NN; ++nn) {
                     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -713,7 +716,9 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                         a[k] = fmaf(nd[k >> 1] * (unx[nn][k & 1] > 1.0f ? 1048576.0f : 1.0f), c[k], a[k]);
                 }
             }
-        }
+        };
+        if constexpr (STEP_MINS)
+            if (n_sp > 0) step_mins(QInt<QTYPE>{});
     }
     cp_async_wait<0>();  // (only empty groups are left: every step's copies landed before it was decoded)
     __syncwarp();        // every lane is done with the ring: the ksplit sums [F][4][32] of warp w reuse w's ring
