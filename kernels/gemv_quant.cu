@@ -344,18 +344,29 @@ QGEMV_KERNELS(16)
 //   other: ~32-43 KB an SM, about what 4.3 TB/s x ~1-1.5 us of loaded latency / 132 SMs asks (33-50 KB). But the
 //   whole layer is only 81 KB an SM (two round trips), so each warp's serial chain (wait, decode 8 spans with
 //   their MMAs, wait) sets the time, not the bytes in flight.
-//   Issue bound (PTX of the span loop, sm_90): Q2_K gate/up 552 instructions per span of 64 rows (2048 weights,
-//   ~0.27 a weight: decode ~60 %, x split ~10 %, MMAs 16); Q4_0 down 225 per span of 32 rows (0.22). T = 1 gate/up
-//   is 32.8 M weights = 8.9 M warp-instructions = 16.8 K clocks of 132 SMs x 4 schedulers issuing one a clock:
-//   8.5 us at full issue, 3.4x the bytes' 2.5 us; the measured 28.5 us is 3.4x that again (too few warps to hide
-//   each one's latency). T = 8: 244 M weights, 63 us at full issue, 116 us measured, 31 us at 60 %.
+//   Issue bound (SASS of the span loop: NVRTC sm_90 cubin, nvdisasm, the unscaled path): at 5cd26f8 Q2_K gate/up
+//   444 instructions per span of 64 rows (2048 weights, 0.22 a weight; 552 in PTX) plus ~614 a step (8 spans)
+//   outside it (the cp.async issue, the unit addresses); Q4_0 down 192 per span of 32 rows (0.19). T = 1 gate/up
+//   is 32.8 M weights = 8.9 M warp-instructions (PTX count) = 16.8 K clocks of 132 SMs x 4 schedulers issuing one
+//   a clock: 8.5 us at full issue, 3.4x the bytes' 2.5 us; the measured 28.5 us is 3.4x that again (too few warps
+//   to hide each one's latency). T = 8: 244 M weights, 63 us at full issue, 116 us measured, 31 us at 60 %.
+//   The decode now (same counting): Q2_K 293 a span (0.14 a weight) + ~777 a step, Q4_0 162 (0.16), by
+//     * Q2_K's scale words S = sc 4^-k, B = -1024 S made in f16x2 (LOP3, IMAD, HFMA2, HMUL2), not a float
+//       rounded into two packed words; its min's sign folded into an exact subtraction;
+//     * Q2_K's mins once a step: one MMA of k = the 16 sub-blocks (quant_decode.cuh qtc_min_frag, the x sums of
+//       each sub-block as B), instead of a min per group, 8 shuffles and 32 FMAs a span;
+//     * Q4_0's split16 k-order (QTcFrag): a group is one 32-bit word of codes (2 loads instead of 4, constant
+//       masks and S, B);
+//     * a lane's units as one base register per matrix (even block sizes: every unit of a lane has the same
+//       address mod 16), so a span's loads take immediates, not a 3-input add each;
+//     * spans with no scaled column (warp-uniform) skip the x and C rescaling (8 + 4 QTC_MT FMUL).
 // So (a) more warps (row sets of 16 rows, QTC_MT 2; 8 warps a block split 8 ways: 1600-3200 warps at T = 1, 1-2
-// steps each; a deeper ring) can at best bring T = 1 to its issue bound, ~30 % of the copy rate; (b) 60 % needs
-// <= ~0.13 instructions a weight at every T: the decode's fixed cost per group of 8 (the scale and min loads and
-// conversions, ~2/3 of a Q2_K qtc_frag) must be shared by more weights, e.g. a lane decoding the 16 weights of one
-// sub-block (64-element spans of 4 k tiles). bench/quant_gemv_bench.py --tune (launch_quant.TUNE_GRID) times (a)
-// and QTC_PROBE, the same grids and rings decoding nothing: the probe's GB/s is what the streaming alone reaches,
-// and full / probe is the share of the time the decode takes.
+// steps each; a deeper ring) can at best bring T = 1 to its issue bound; (b) 60 % needs <= ~0.13 instructions a
+// weight at every T, which the decode is now near; what is left a span is the 4 field LOP3 + 4 HFMA2 + 2 shifts a
+// group (~0.08 a weight), the scale and D loads (4 LDS + 5 a group), the x split (~35) and the 16 MMAs.
+// bench/quant_gemv_bench.py --tune (launch_quant.TUNE_GRID) times (a) and QTC_PROBE, the same grids and rings
+// decoding nothing: the probe's GB/s is what the streaming alone reaches, and full / probe is the share of the
+// time the decode takes.
 // Shape legend (NT window bucket, NN = 1 column tile of 8 entries, 2 for NT = 16; lane = 4 g + t):
 //   grid (ceil(n_out / (ROWS * QTC_WARPS / ksplit)), J groups), block QTC_WARPS * 32; group u = blockIdx.y holds
 //   up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and writes y row
@@ -365,10 +376,13 @@ QGEMV_KERNELS(16)
 //   interleaved 256-element steps s = kslice, kslice + ksplit, ... and add up in shared memory (ksplit_reduce).
 //   unit       one row's range of a step: QTC_UNITS = 16 QTC_MT per stage (row mt * 16 + r of the warp), as in
 //              qslice_rows (QCHUNKS aligned 16-byte chunks, each byte at its address mod 16)
-//   span sp    32 elements 32 sp .. 32 sp + 31 of a step; lane (g, t) decodes group t (elements 8t .. 8t+7) of
-//              rows g and g + 8 of each m tile (quant_decode.cuh qtc_frag), k tile kt of the MMA holds elements
-//              8t + 4kt + {0, 1} (a0 / b0) and 8t + 4kt + {2, 3} (a2 / b1) of every lane t (interleaved types,
-//              QTcFrag: {0, 2} and {1, 3}); B column g = entry 8 nn + g
+//   span sp    32 elements 32 sp .. 32 sp + 31 of a step; lane (g, t) decodes group t (elements 8t .. 8t+7;
+//              split16 types 4t .. 4t+3, 16+4t .. 16+4t+3) of rows g and g + 8 of each m tile (quant_decode.cuh
+//              qtc_frag), k tile kt of the MMA holds the group's elements 4kt + {0, 1} (a0 / b0) and
+//              4kt + {2, 3} (a2 / b1) of every lane t (interleaved types, QTcFrag: {0, 2} and {1, 3});
+//              B column g = entry 8 nn + g
+//   step mins  (QTcStepMins: Q2_K) k = sub-block 0..15 of the step's block: A = the rows' 4-bit mins, B = column
+//              g's sub-block sums of x (lane t: sub-blocks 2t, 2t+1 from span t, 2t+8, 2t+9 from span t + 4)
 //   C          c0, c1 = (row g, entries 2t, 2t+1), c2, c3 = (row g + 8, same entries); acc[mt * NN + nn][e]
 // Reductions are fixed-order (MMA, span FMAs, the ksplit sum): graph replays are bit-identical to eager.
 //
@@ -400,6 +414,8 @@ QGEMV_KERNELS(16)
 #define QTC_BIG 32768.0f  // |x| from which a span is split from x * 2^-16
 
 constexpr int qtc_nn(int nt) { return nt > 8 ? 2 : 1; }
+template <bool B> struct QBool { static constexpr bool v = B; };  // compile-time values passed to a generic lambda
+template <int V> struct QInt { static constexpr int v = V; };
 
 __device__ __forceinline__ u32 smem_u32(const void* p) {
     u32 r;
@@ -491,11 +507,17 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
     float acc[F][4];
 #pragma unroll
     for (int f = 0; f < F; ++f) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
-    const float* xrow[NN];  // B column g of column tile nn: entry 8 nn + g's x row, from element 8t
+    // B column g of column tile nn: entry 8 nn + g's x row, from this lane's first element of a span: 8t, or 4t
+    // for the split16 types (quant_decode.cuh QTcFrag: their groups take the float4 at 4t and 16 + 4t)
+    constexpr bool SPLIT16 = QTcFrag<QTYPE>::split16;
+    // the mins' term: once a step by an MMA (QTcStepMins: Q2_K, a block per step), else per span and half
+    constexpr bool STEP_MINS = QTcStepMins<QTYPE>::v && QB::qk == QSTEP, SPAN_MINS = QHasMin<QTYPE>::v && !STEP_MINS;
+    static_assert(!(SPLIT16 && QHasMin<QTYPE>::v), "the mins' x sums assume a lane's 8 elements in one half");
+    const float* xrow[NN];
 #pragma unroll
     for (int nn = 0; nn < NN; ++nn) {
         const int n = nn * 8 + g;
-        xrow[nn] = n < nt ? x + (i64)pick(xr, n) * n_in + 8 * t : nullptr;
+        xrow[nn] = n < nt ? x + (i64)pick(xr, n) * n_in + (SPLIT16 ? 4 : 8) * t : nullptr;
     }
 
 #pragma unroll
@@ -508,16 +530,33 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         const int s = kslice + j * ksplit;
         const int4* slot = ring + (j % NS) * QTC_STAGE_INT4;
         const u8* ub[QTC_MT][2];  // this lane's units (rows g, g + 8 of each m tile) in the slot
+        // An even block size makes the row stride even, so a lane's units (rows g + 8 j of one matrix) all have
+        // the address mod 16 of row g: each unit is one base register per matrix plus a constant, and every load
+        // of a span is [base + span offset + immediate] (no per-unit address add: ~3 instructions a qtc_frag)
+        const u8* base[2];
+#pragma unroll
+        for (int mx = 0; mx < 2; ++mx) {
+            const int uu = mx * 16 * HALF + g;  // (matrix 1: the up rows of gate/up)
+            base[mx] = reinterpret_cast<const u8*>(slot + g * QCHUNKS) +
+                       ((size_t)(unit_row(uu) + (i64)s * QSTEP_BYTES) & 15);
+        }
 #pragma unroll
         for (int mt = 0; mt < QTC_MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int uu = mt * 16 + g + 8 * h;
-                ub[mt][h] = reinterpret_cast<const u8*>(slot + uu * QCHUNKS) +
-                            ((size_t)(unit_row(uu) + (i64)s * QSTEP_BYTES) & 15);
+                if (QB::bytes % 2 == 0)
+                    ub[mt][h] = base[GATEUP && mt >= HALF] + (uu - g) * QCHUNKS * 16;
+                else
+                    ub[mt][h] = reinterpret_cast<const u8*>(slot + uu * QCHUNKS) +
+                                ((size_t)(unit_row(uu) + (i64)s * QSTEP_BYTES) & 15);
             }
         // (n_in is a multiple of 32, the block's; QTC_PROBE decodes nothing: launch_quant.QtcTune.probe)
         const int n_sp = QTC_PROBE ? 0 : min(QSTEP, n_in - s * QSTEP) / 32;
+        // STEP_MINS: the sub-block sums X_{2t}, X_{2t+1}, X_{2t+8}, X_{2t+9} of column g (B of the step's mins MMA)
+        float xsb[NN][4];
+#pragma unroll
+        for (int nn = 0; nn < NN; ++nn) xsb[nn][0] = xsb[nn][1] = xsb[nn][2] = xsb[nn][3] = 0.0f;
 #pragma unroll 1
         for (int sp = 0; sp < n_sp; ++sp) {
             const int el = sp * 32 + 8 * t;  // this lane's group in the step
@@ -527,7 +566,11 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 #pragma unroll
             for (int nn = 0; nn < NN; ++nn) {
                 float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q = p;
-                if (xrow[nn]) load_x8(xrow[nn], 0, 0, s * QSTEP + sp * 32, p, q);
+                if (xrow[nn]) {
+                    const float4* xp = reinterpret_cast<const float4*>(xrow[nn] + s * QSTEP + sp * 32);
+                    p = __ldg(xp);
+                    q = __ldg(xp + (SPLIT16 ? 4 : 1));  // the lane's elements 4 .. 7 (split16: 16 + 4t ..)
+                }
                 xv[nn][0] = p.x; xv[nn][1] = p.y; xv[nn][2] = p.z; xv[nn][3] = p.w;
                 xv[nn][4] = q.x; xv[nn][5] = q.y; xv[nn][6] = q.z; xv[nn][7] = q.w;
                 const float mx = fmaxf(fmaxf(fmaxf(fabsf(xv[nn][0]), fabsf(xv[nn][1])),
@@ -536,9 +579,11 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                                              fmaxf(fabsf(xv[nn][6]), fabsf(xv[nn][7]))));
                 big[nn] = mx >= QTC_BIG;  // (fmaxf drops a NaN x: its products are NaN on either path)
             }
-            // the x sums of the span's halves (elements 0..15, 16..31) for C's entries 2t, 2t+1 (the mins' term)
+            // the x sums of the span's halves (elements 0..15, 16..31) for C's entries 2t, 2t+1 (the mins' term):
+            // sx[nn][0] the half of this lane's own groups (t / 2), sx[nn][1] the other half (lane t ^ 2's), so
+            // that each row's own min and its partner's need no select (the source lane picks the half)
             float sx[NN][2][2];
-            if (QHasMin<QTYPE>::v) {
+            if (SPAN_MINS) {
 #pragma unroll
                 for (int nn = 0; nn < NN; ++nn) {
                     float s8 = ((xv[nn][0] + xv[nn][1]) + (xv[nn][2] + xv[nn][3])) +
@@ -548,14 +593,37 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                     for (int c = 0; c < 2; ++c)
 #pragma unroll
                         for (int hf = 0; hf < 2; ++hf)
-                            sx[nn][hf][c] = __shfl_sync(FULL_MASK, s8, 4 * (2 * t + c) + 2 * hf);
+                            sx[nn][hf][c] = __shfl_sync(FULL_MASK, s8, 4 * (2 * t + c) + 2 * ((t >> 1) ^ hf));
+                }
+            }
+            if (STEP_MINS) {  // lanes t = 0, 1 of column g sum sub-block 2 sp, lanes 2, 3 sub-block 2 sp + 1
+#pragma unroll
+                for (int nn = 0; nn < NN; ++nn) {
+                    float s8 = ((xv[nn][0] + xv[nn][1]) + (xv[nn][2] + xv[nn][3])) +
+                               ((xv[nn][4] + xv[nn][5]) + (xv[nn][6] + xv[nn][7]));
+                    s8 += __shfl_xor_sync(FULL_MASK, s8, 1);
+                    const float v0 = __shfl_sync(FULL_MASK, s8, lane & ~3);
+                    const float v1 = __shfl_sync(FULL_MASK, s8, (lane & ~3) + 2);
+                    // sub-blocks 2t, 2t+1 (span t) and 2t+8, 2t+9 (span t + 4) are this lane's (no run-time index)
+                    const bool mine = (sp & 3) == t, first = sp < 4;
+                    xsb[nn][0] = mine && first ? v0 : xsb[nn][0];
+                    xsb[nn][1] = mine && first ? v1 : xsb[nn][1];
+                    xsb[nn][2] = mine && !first ? v0 : xsb[nn][2];
+                    xsb[nn][3] = mine && !first ? v1 : xsb[nn][3];
                 }
             }
             bool scaled[NN];
             float unscale[NN][2];  // per B column, so one entry's size costs the others no precision
             column_scales<NN>(big, scaled, unscale);
-            u32 bh[NN][2][2], bl[NN][2][2];  // [column tile][k tile][b0 / b1]
-            split_b_frags<NN, QTcFrag<QTYPE>::interleaved>(xv, scaled, bh, bl);
+            // the B split and the m tiles, compiled twice: SC says some column of the warp is scaled (x times 2^-16,
+            // C times D unscale: 8 + 4 QTC_MT FMUL); the usual span has none (a warp-uniform branch)
+            auto mtiles = [&](auto sc_tag) {
+                constexpr bool SC = decltype(sc_tag)::v;
+                bool sc_cols[NN];
+#pragma unroll
+                for (int nn = 0; nn < NN; ++nn) sc_cols[nn] = SC && scaled[nn];
+                u32 bh[NN][2][2], bl[NN][2][2];  // [column tile][k tile][b0 / b1]
+                split_b_frags<NN, QTcFrag<QTYPE>::interleaved>(xv, sc_cols, bh, bl);
 #pragma unroll
             for (int mt = 0; mt < QTC_MT; ++mt) {
                 u32 A[2][4], L[2][4];
@@ -580,30 +648,77 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                             mma_f16_16816(c[nn], L[0][2 * kt], L[1][2 * kt], L[0][2 * kt + 1], L[1][2 * kt + 1],
                                           bh[nn][kt][0], bh[nn][kt][1]);
                     }
-                float m0[2], m1[2];  // the min of each half of the span, rows g and g + 8
-                if (QHasMin<QTYPE>::v) {
+                float mo[2];  // the min of the other half of the span (lane t ^ 2's), rows g and g + 8
+                if (SPAN_MINS) {
 #pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const float other = __shfl_xor_sync(FULL_MASK, m[h], 2);  // lane t ^ 2: the other half
-                        m0[h] = t < 2 ? m[h] : other;
-                        m1[h] = t < 2 ? other : m[h];
-                    }
+                    for (int h = 0; h < 2; ++h) mo[h] = __shfl_xor_sync(FULL_MASK, m[h], 2);
                 }
 #pragma unroll
                 for (int nn = 0; nn < NN; ++nn) {
                     float* a = acc[mt * NN + nn];
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
-                        a[k] = fmaf((k < 2 ? D[0] : D[1]) * unscale[nn][k & 1], c[nn][k], a[k]);
-                        if (QHasMin<QTYPE>::v) {
+                        const float Dk = k < 2 ? D[0] : D[1];
+                        a[k] = fmaf(SC ? Dk * unscale[nn][k & 1] : Dk, c[nn][k], a[k]);
+                        if (SPAN_MINS) {
                             const int h = k >> 1, col = k & 1;
-                            a[k] = fmaf(m0[h], sx[nn][0][col], a[k]);
-                            a[k] = fmaf(m1[h], sx[nn][1][col], a[k]);
+                            a[k] = fmaf(m[h], sx[nn][0][col], a[k]);
+                            a[k] = fmaf(mo[h], sx[nn][1][col], a[k]);
                         }
                     }
                 }
             }
+            };
+            bool any_big = false;
+#pragma unroll
+            for (int nn = 0; nn < NN; ++nn) any_big |= big[nn];
+            if (__any_sync(FULL_MASK, any_big))
+                mtiles(QBool<true>{});
+            else
+                mtiles(QBool<false>{});
         }
+        // (a generic lambda of the type: qtc_min_frag exists for the QTcStepMins types only)
+        auto step_mins = [&](auto ty) {
+            constexpr int TY = decltype(ty)::v;
+            // acc += -dmin sum_sb mn_sb X_sb per row: one MMA of k = the 16 sub-blocks (quant_decode.cuh
+            // qtc_min_frag); the sums are split hi + lo as x is, x 2^-20 for a column whose sums reach 2^15 (a sum
+            // of 16 is up to 16 times x's range: 2^-20 keeps the f16 range of x's 2^-16 for every x below 2^32)
+            bool bigx[NN], scx[NN];
+            float unx[NN][2];
+#pragma unroll
+            for (int nn = 0; nn < NN; ++nn)
+                bigx[nn] = fmaxf(fmaxf(fabsf(xsb[nn][0]), fabsf(xsb[nn][1])),
+                                 fmaxf(fabsf(xsb[nn][2]), fabsf(xsb[nn][3]))) >= QTC_BIG;
+            column_scales<NN>(bigx, scx, unx);
+            u32 xh[NN][2], xl[NN][2];
+#pragma unroll
+            for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+                for (int p = 0; p < 2; ++p) {
+                    float a = xsb[nn][2 * p], c = xsb[nn][2 * p + 1];
+                    if (scx[nn]) { a *= 9.5367431640625e-07f; c *= 9.5367431640625e-07f; }  // 2^-20
+                    split_f16x2(a, c, xh[nn][p], xl[nn][p]);
+                }
+#pragma unroll
+            for (int mt = 0; mt < QTC_MT; ++mt) {
+                u32 M[2][2];
+                float nd[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) qtc_min_frag<TY>(ub[mt][h], t, M[h][0], M[h][1], nd[h]);
+#pragma unroll
+                for (int nn = 0; nn < NN; ++nn) {
+                    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                    mma_f16_16816(c, M[0][0], M[1][0], M[0][1], M[1][1], xl[nn][0], xl[nn][1]);
+                    mma_f16_16816(c, M[0][0], M[1][0], M[0][1], M[1][1], xh[nn][0], xh[nn][1]);
+                    float* a = acc[mt * NN + nn];
+#pragma unroll
+                    for (int k = 0; k < 4; ++k)  // (unx: 2^16 for a scaled column, whose sums took 2^-20)
+                        a[k] = fmaf(nd[k >> 1] * (unx[nn][k & 1] > 1.0f ? 1048576.0f : 1.0f), c[k], a[k]);
+                }
+            }
+        };
+        if constexpr (STEP_MINS)
+            if (n_sp > 0) step_mins(QInt<QTYPE>{});
     }
     cp_async_wait<0>();  // (only empty groups are left: every step's copies landed before it was decoded)
     __syncwarp();        // every lane is done with the ring: the ksplit sums [F][4][32] of warp w reuse w's ring
@@ -635,8 +750,8 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 // blocks per SM the registers must allow: at 4 warps a block, 4 (<= 128 registers, 16 warps) for 2 m tiles per warp;
 // 3 (<= 168) for 4, whose ~57-64 KB rings fit only 3 blocks per SM anyway (128 registers would spill 30-220 bytes
 // a thread). Other QTC_WARPS keep those registers per thread (the same 16 or 12 warps an SM). ptxas -v (NVRTC,
-// sm_90, Q2_K, no spills in any of launch_quant.TUNE_GRID): qtc_gateup_t1 / qtc_expert_t1 158 / 168 registers by
-// default, 111 / 125 with QTC_MT 2, 103 / 125 with 8 warps and QTC_MT 2, 160 / 168 with the 24 KB ring.
+// sm_90, Q2_K, no spills in any of launch_quant.TUNE_GRID): qtc_gateup_t1 / qtc_expert_t1 132 / 167 registers by
+// default, 96 / 114 with QTC_MT 2 (also with 8 warps), 132 / 165 with the 24 KB ring; Q4_0 104 / 116 by default.
 #ifndef QTC_MIN_BLOCKS
 #define QTC_MIN_BLOCKS ((QTC_MT == 4 ? 12 : 16) / QTC_WARPS)
 #endif

@@ -744,9 +744,25 @@ template <> __device__ __forceinline__ void qtc8<T_NVFP4>(const u8* b, int g, fl
 // (1024 + f 2^p) S + B with S = s 2^-p, B = -1024 s 2^-p leaves the exact s f (a product of <= 11 significant bits,
 // one rounding of an exact value). A field pair sits in bytes 0 and 2 of a word (the halves' low bytes), so those
 // types' words hold elements (0, 2), (1, 3), (4, 6), (5, 7) (QTcFrag::interleaved); the GEMV pairs x the same way.
-template <int TYPE> struct QTcFrag { static constexpr bool interleaved = false; };
-template <> struct QTcFrag<T_Q4_0> { static constexpr bool interleaved = true; };
-template <> struct QTcFrag<T_Q2_K> { static constexpr bool interleaved = true; };
+// QTcFrag::split16 (Q4_0): group g of a 32-element block is not elements 8g .. 8g+7 but the two nibbles of qs bytes
+// 4g .. 4g+3, elements 4g .. 4g+3 then 16+4g .. 16+4g+3 (one 32-bit word of codes, the nibble masks and S, B
+// compile-time constants); the GEMV reads its x as the two float4 at 4g and 16+4g (a permutation of the MMA's k).
+template <int TYPE> struct QTcFrag {
+    static constexpr bool interleaved = false;
+    static constexpr bool split16 = false;
+};
+template <> struct QTcFrag<T_Q4_0> {
+    static constexpr bool interleaved = true;
+    static constexpr bool split16 = true;
+};
+template <> struct QTcFrag<T_Q2_K> {
+    static constexpr bool interleaved = true;
+    static constexpr bool split16 = false;
+};
+// element k (0..7) of qtc_frag's group g as an offset in the block (the order of qtc8's a for every type)
+template <int TYPE> __host__ __device__ constexpr int qtc_elem(int g, int k) {
+    return QTcFrag<TYPE>::split16 ? (k < 4 ? 4 * g + k : 16 + 4 * g + k - 4) : 8 * g + k;
+}
 
 #ifndef QUANT_DECODE_HOST  // (tests/test_quant_decode_host.py's shim emulates these two in software)
 __device__ __forceinline__ u32 h2_pack(float lo, float hi) {  // (f16(lo), f16(hi)), lo in the low half
@@ -784,14 +800,38 @@ __device__ __forceinline__ void qtc_fields(u32 lo, u32 hi, u32 mask, u32 S, u32 
     A[3] = h2_fma(((hi >> 8) & mask) | 0x64006400u, S, B);  // 5, 7
 }
 
-// Q4_0: nibble q at bit 0 (S = 1, B = -1032) or bit 4 (S = 1/16, B = -72) of its byte: q - 8
+// Q4_0 (split16): qs bytes 4g .. 4g+3 as one word w; the low nibble q at bit 0 (S = 1, B = -1032: q - 8) gives
+// elements 4g + (0, 2) from w and 4g + (1, 3) from w >> 8, the high nibble at bit 4 (S = 1/16, B = -72) the same of
+// 16 + 4g: two 16-bit loads, one PRMT, one shift, 4 LOP3 + 4 HFMA2 for 8 weights
 template <> __device__ __forceinline__ void qtc_frag<T_Q4_0>(const u8* b, int g, u32 (&A)[4], u32 (&L)[4], float& D,
                                                             float& m) {
-    const uint2 v = pl64<QAL(T_Q4_0, 2)>(b + 2 + (g & 1) * 8);
-    const bool high = g >> 1;
-    qtc_fields(v.x, v.y, high ? 0x00f000f0u : 0x000f000fu, high ? 0x2c002c00u : 0x3c003c00u,
-               high ? 0xd480d480u : 0xe408e408u, A);
+    const u32 w = pl32<QAL(T_Q4_0, 2)>(b + 2 + 4 * g), w8 = w >> 8;
+    A[0] = h2_fma((w & 0x000f000fu) | 0x64006400u, 0x3c003c00u, 0xe408e408u);   // elements 4g, 4g+2
+    A[1] = h2_fma((w8 & 0x000f000fu) | 0x64006400u, 0x3c003c00u, 0xe408e408u);  // 4g+1, 4g+3
+    A[2] = h2_fma((w & 0x00f000f0u) | 0x64006400u, 0x2c002c00u, 0xd480d480u);   // 16+4g, 16+4g+2
+    A[3] = h2_fma((w8 & 0x00f000f0u) | 0x64006400u, 0x2c002c00u, 0xd480d480u);  // 16+4g+1, 16+4g+3
     D = pf16<QAl<T_Q4_0>::b>(b);
+}
+
+// ---- The mins of the per-16 min type by one MMA a step (QTcStepMins: Q2_K, whose 256-element block is the GEMV's
+// step and whose 16 sub-blocks are exactly the k = 16 of one m16n8k16): sum_k m(k) x_k over a block is
+// -dmin sum_sb mn_sb X_sb, X_sb the sum of x over sub-block sb, so the A operand is the 4-bit mins mn[row][sb]
+// (exact in f16) and B the 16 sub-block sums of each x row (hi + lo), once per step instead of per span FMAs.
+// qtc_min_frag(blk, t, lo, hi, nd): lane (g, t)'s A words (mn of sub-blocks 2t, 2t+1 and 2t+8, 2t+9, as the
+// m16n8k16 A fragment's k pairs) of the block at blk and nd = -dmin.
+template <int TYPE> struct QTcStepMins { static constexpr bool v = false; };
+template <> struct QTcStepMins<T_Q2_K> { static constexpr bool v = true; };
+
+template <int TYPE>
+__device__ __forceinline__ void qtc_min_frag(const u8* __restrict__ b, int t, u32& lo, u32& hi, float& nd);
+// scale bytes (b0, b1) at b + 2t -> bytes 0 and 2 (PRMT), high nibbles 16 mn at bit 4 of each half's 1024:
+// (1024 + 16 mn) / 16 - 64 = mn exactly
+template <> __device__ __forceinline__ void qtc_min_frag<T_Q2_K>(const u8* b, int t, u32& lo, u32& hi, float& nd) {
+    const u32 w0 = __byte_perm(pl16<QAL(T_Q2_K, 2)>(b + 2 * t), 0u, 0x4140u);
+    const u32 w1 = __byte_perm(pl16<QAL(T_Q2_K, 2)>(b + 8 + 2 * t), 0u, 0x4140u);
+    lo = h2_fma((w0 & 0x00f000f0u) | 0x64006400u, 0x2c002c00u, 0xd400d400u);
+    hi = h2_fma((w1 & 0x00f000f0u) | 0x64006400u, 0x2c002c00u, 0xd400d400u);
+    nd = -f16_bits_to_float((u16)pl16<QAL(T_Q2_K, 2)>(b + 82));
 }
 
 // Q2_K: crumb q at bit 2k of its byte, times the 4-bit sub-block scale sc (qtc8's a = sc q); D = d, m = -dmin mn
@@ -800,9 +840,14 @@ template <> __device__ __forceinline__ void qtc_frag<T_Q2_K>(const u8* b, int g,
     const int e = 8 * g, c = e >> 7, k = (e >> 5) & 3, l = e & 31;
     const uint2 v = pl64<QAL(T_Q2_K, 8)>(b + 16 + 32 * c + l);
     const u32 sc = pb(b + g / 2);
-    const float s = fmul(small_f(sc & 0xfu, 0.0f), __uint_as_float((u32)(127 - 2 * k) << 23));  // sc 4^-k
-    qtc_fields(v.x, v.y, 0x00030003u << (2 * k), h2_pack(s, s), h2_pack(-1024.0f * s, -1024.0f * s), A);
+    // S = sc 4^-k and B = -1024 S built in f16x2: the scale nibble spliced into both halves of 1024 (one IMAD), one
+    // fma (1024 + sc) 4^-k - 1024 4^-k, one fma S (-1024) - 0 (both exact: sc 4^-k has 4 significant bits), instead
+    // of a float scale rounded into two packed words (6 instructions); 4^-k and -1024 4^-k are per span (k = sp % 4)
+    const u32 P = (u32)(15 - 2 * k) << 10, N = 0x8000u | ((u32)(25 - 2 * k) << 10);
+    const u32 S = h2_fma((sc & 0xfu) * 0x00010001u + 0x64006400u, P * 0x00010001u, N * 0x00010001u);
+    qtc_fields(v.x, v.y, 0x00030003u << (2 * k), S, h2_fma(S, 0xe400e400u, 0x80008000u), A);
     const u32 dm = pl32<QAL(T_Q2_K, 16)>(b + 80);
     D = f16_bits_to_float((u16)(dm & 0xffffu));
-    m = -fmul(f16_bits_to_float((u16)(dm >> 16)), small_f(sc >> 4, 0.0f));
+    // m = -dmin mn with the sign in the exact (2^23 - (2^23 + mn)): a free operand negation, no FADD for -product
+    m = fmul(f16_bits_to_float((u16)(dm >> 16)), 8388608.0f - __uint_as_float(0x4B000000u | (sc >> 4)));
 }

@@ -130,6 +130,12 @@ extern "C" int decode_blocks_tc(const u8* blocks, long n_blocks, float* out, flo
 }
 extern "C" int tc_needs_lo(void) { return QTcLo<QTYPE>::v; }
 extern "C" int tc_interleaved(void) { return QTcFrag<QTYPE>::interleaved; }
+extern "C" int tc_split16(void) { return QTcFrag<QTYPE>::split16; }
+extern "C" int tc_step_mins(void) { return QTcStepMins<QTYPE>::v; }
+// lane t's A words of the step's mins MMA (mn of sub-blocks 2t, 2t+1 / 2t+8, 2t+9) and -dmin, of the block at blk
+extern "C" void min_frag_words(const u8* blk, int t, u32* w, float* nd) {
+    if constexpr (QTcStepMins<QTYPE>::v) qtc_min_frag<QTYPE>(blk, t, w[0], w[1], *nd);
+}
 extern "C" int tc_has_min(void) { return QHasMin<QTYPE>::v; }
 // one lane's A words of group g of the block at blk (the tensor-core GEMV's qtc_frag)
 extern "C" void frag_words(const u8* blk, int g, u32* A, u32* L, float* D, float* m) {
@@ -151,7 +157,7 @@ extern "C" int decode_blocks_frag(const u8* blocks, long n_blocks, float* a_out,
                 // word w, half h of element k: natural (k / 2, k % 2); interleaved (0,2) (1,3) (4,6) (5,7)
                 const int w = QTcFrag<QTYPE>::interleaved ? (k & 4) / 2 + (k & 1) : k / 2;
                 const int h = QTcFrag<QTYPE>::interleaved ? (k >> 1) & 1 : k & 1;
-                const long i = b * QB::qk + 8 * g + k;
+                const long i = b * QB::qk + qtc_elem<QTYPE>(g, k);  // (split16: 4g + k, then 16 + 4g + k - 4)
                 a_out[i] = f16_bits_to_float((u16)(A[w] >> (16 * h))) + f16_bits_to_float((u16)(L[w] >> (16 * h)));
                 d_out[i] = D;
                 m_out[i] = m;
@@ -187,7 +193,10 @@ def _decoder(cxx, tmp_path, ggml_type):
     lib.decode_blocks_tc.restype = lib.tc_needs_lo.restype = lib.decode_blocks_frag.restype = ctypes.c_int
     lib.decode_blocks_frag.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 3
     lib.frag_words.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 4
-    lib.tc_interleaved.restype = lib.tc_has_min.restype = ctypes.c_int
+    lib.tc_interleaved.restype = lib.tc_has_min.restype = lib.tc_split16.restype = ctypes.c_int
+    lib.tc_step_mins.restype = ctypes.c_int
+    lib.ggml_type = ggml_type
+    lib.min_frag_words.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     return fn, fn_q, lib
 
 
@@ -264,6 +273,14 @@ def test_tensor_core_folded_form_is_exact(cxx, tmp_path, ggml_type):
             assert same.all(), f"{name}: qtc_frag's {what} differs from qtc8's at {np.flatnonzero(~same)[:5]}"
 
 
+def _folded(lib, blocks: np.ndarray, n_elems: int):
+    """qtc8's per-element (w, a, D, m) of contiguous raw blocks holding n_elems elements."""
+    out = [np.empty(n_elems, np.float32) for _ in range(4)]
+    n_blocks = n_elems // Q.BLOCK[lib.ggml_type][0]
+    assert lib.decode_blocks_tc(blocks.ctypes.data, n_blocks, *(o.ctypes.data for o in out)) == 0
+    return out
+
+
 def _f16_words(lo, hi) -> int:
     return int(np.float16(lo).view(np.uint16)) | int(np.float16(hi).view(np.uint16)) << 16
 
@@ -301,6 +318,11 @@ def test_tensor_core_span_arithmetic(cxx, tmp_path, ggml_type):
     w = _aligned_copy(random_tensor(rng, ggml_type, (16, n_in), 0.05))
     want_w = Q.dequantize(w, ggml_type).reshape(16, n_in).astype(np.float64)
     inter, lo_parts, has_min = lib.tc_interleaved(), lib.tc_needs_lo(), lib.tc_has_min()
+    split16, step_mins = lib.tc_split16(), lib.tc_step_mins()
+    assert not (split16 and has_min), "split16 (a lane's group spans both halves of a span) has no mins' term"
+    if step_mins:  # the mins are the step's MMA (test_tensor_core_step_mins): the spans sum D a x alone
+        want_w = want_w - _folded(lib, w, 16 * n_in)[3].reshape(16, n_in)
+        has_min = False
     for e0 in range(0, n_in, 32):  # every span of the row
         x = rng.standard_normal((8, n_in)).astype(np.float32)
         A, L, D, M = {}, {}, {}, {}
@@ -320,7 +342,9 @@ def test_tensor_core_span_arithmetic(cxx, tmp_path, ggml_type):
             bh, bl = [], []
             for lane in range(32):
                 g, t = lane >> 2, lane & 3
-                xv = x[g, e0 + 8 * t:e0 + 8 * t + 8]
+                # the lane's x: elements 8t .. 8t+7 of the span, split16: 4t .. 4t+3 and 16+4t .. 16+4t+3
+                xv = (np.concatenate([x[g, e0 + 4 * t:e0 + 4 * t + 4], x[g, e0 + 16 + 4 * t:e0 + 20 + 4 * t]])
+                      if split16 else x[g, e0 + 8 * t:e0 + 8 * t + 8])
                 hi_w, lo_w = [], []
                 for p in range(2):
                     k0 = 4 * kt + p if inter else 4 * kt + 2 * p
@@ -351,3 +375,46 @@ def test_tensor_core_span_arithmetic(cxx, tmp_path, ggml_type):
         want = want_w[:, e0:e0 + 32] @ x[:, e0:e0 + 32].astype(np.float64).T
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(),
                                    err_msg=f"{Q.TYPE_NAMES[ggml_type]} span at {e0}")
+
+
+def test_tensor_core_step_mins(cxx, tmp_path):
+    """Q2_K's mins in kernels/gemv_quant.cu qtc_grouped: once a step (a block), one MMA whose k is the 16 sub-blocks
+    (A: quant_decode.cuh qtc_min_frag's 4-bit mins, B: the sub-block sums of x, hi + lo, as the kernel gathers
+    them), times -dmin per row, replayed lane by lane against sum_k m_k x_k of qtc8's mins."""
+    _, _, lib = _decoder(cxx, tmp_path, Q.Q2_K)
+    assert lib.tc_step_mins()
+    qk, size = Q.BLOCK[Q.Q2_K]
+    rng = np.random.default_rng(91)
+    w = _aligned_copy(random_tensor(rng, Q.Q2_K, (16, qk), 0.05))
+    m = _folded(lib, w, 16 * qk)[3].reshape(16, qk).astype(np.float64)
+    for scale in (1.0, 3e4, 1e9):  # sub-block sums past 2^15 (and past f16 x 2^16): the kernel's column scaling
+        x = (rng.standard_normal((8, qk)) * scale).astype(np.float32)
+        xsb = x.reshape(8, 16, 16).sum(axis=2, dtype=np.float32)  # [column, sub-block]
+        a_regs, bh, bl, nd = [], [], [], {}
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            words = {}
+            for h in range(2):
+                wv, d = (ctypes.c_uint32 * 2)(), ctypes.c_float()
+                lib.min_frag_words(w.ctypes.data + (g + 8 * h) * size, t, wv, ctypes.byref(d))
+                words[h], nd[lane, h] = list(wv), d.value
+            a_regs.append((words[0][0], words[1][0], words[0][1], words[1][1]))
+            big = np.abs(xsb[g]).max() >= 32768
+            hi_w, lo_w = [], []
+            for k0 in (2 * t, 2 * t + 8):
+                pair = xsb[g, [k0, k0 + 1]] * np.float32(2.0 ** -20 if big else 1.0)
+                hi = pair.astype(np.float16).astype(np.float32)
+                hi_w.append(_f16_words(*hi))
+                lo_w.append(_f16_words(*(pair - hi)))
+            bh.append(hi_w)
+            bl.append(lo_w)
+        C = _mma(a_regs, bl) + _mma(a_regs, bh)
+        got = np.zeros((16, 8))
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            for k in range(4):
+                h, col = k >> 1, k & 1
+                unscale = 2.0 ** 20 if np.abs(xsb[2 * t + col]).max() >= 32768 else 1.0
+                got[g + 8 * h, 2 * t + col] = nd[lane, h] * unscale * C[g + 8 * h, 2 * t + col]
+        want = m @ x.astype(np.float64).T
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=f"scale {scale}")
