@@ -8,8 +8,8 @@
 #   setup        install the carried wheels (.whl/*.whl) into /tmp/site; print the card, driver, CuPy, host cores
 #   peer         start the llama.cpp build and the full-size Flash-Next file in the background (.peer/side_by_side.sh
 #                prepare; they run on between calls while the machine stays warm)
-#   warm         compile every kernel module in parallel (bench/warm_kernels.py): 124 s cold on 2026-12-02 while
-#                gemv.cu was one module; it is compiled per weight type now (not yet timed)
+#   warm         compile every kernel module in parallel (bench/warm_kernels.py): 65-89 s cold with 16 processes
+#                (2026-12-02, gemv.cu per weight type; 124 s while it was one module)
 #   gpu          the whole GPU suite, -v so each result keeps its name even when the step is cut
 #   gpu=EXPR     the GPU tests whose file names match EXPR (a pytest -k expression over tests/test_gpu_*.py)
 #   ids=FILE     the GPU tests whose node ids FILE lists (one a line), short tracebacks kept in ids-FILE.log
