@@ -151,7 +151,7 @@ def test_window_matches_numpy_and_replays_eager(fixture_dir, name, gemv_tc):
     np.testing.assert_array_equal(runs[False][1], ref.ids)
 
 
-@pytest.mark.parametrize("T,C,D,K", [(1, 4, 64, 4), (3, 3, 40, 10), (16, 5, 96, 1)])
+@pytest.mark.parametrize("T,C,D,K", [(1, 4, 64, 4), (3, 4, 40, 10), (16, 5, 96, 1)])
 @pytest.mark.parametrize("shared", (True, False), ids=("shared", "noshared"))
 def test_read_and_write_compute_the_experts_combine(T, C, D, K, shared):
     """A CombineWrite (the window after its routed experts): the block output is the experts' combine, computed in

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...gpu.launch_hyper import HcWeights
+from ...gpu.launch_hyper import UP_TYPES, HcWeights
 from ...gpu.launch_moe import router_fuses
 from ...gpu.runtime import cupy
-from ...model import packed
+from ...model import packed, quants
 from ...model.gguf_file import GGUFModel
 from ...model.names import GATHERED, PLE_TABLE, blk_tensor
 from ...ops.hyper import down_inject_rows
@@ -116,7 +116,11 @@ class DeviceWeights:
             self.packed += dn.nbytes
         norm = cp.asarray(np.ascontiguousarray(model.f32(f"{prefix}_norm.weight"), dtype=np.float32))
         n_inj = 0 if inject is None else int(inject.shape[1])
-        return HcWeights(norm, dn, ggml_type, L, n_inj, cp.asarray(np.ascontiguousarray(up.raw)), up.ggml_type)
+        up_raw, up_type = up.raw, up.ggml_type
+        if up_type not in UP_TYPES:  # hc_up_mix reads W_up element-wise: a block type (a recipe's IQ4_NL) is
+            # uploaded as its exact dequantized values (the truth of a quantized file; W_up is C*D x L, small)
+            up_raw, up_type = np.ascontiguousarray(model.f32(f"{prefix}_up.weight"), dtype=np.float32), quants.F32
+        return HcWeights(norm, dn, ggml_type, L, n_inj, cp.asarray(np.ascontiguousarray(up_raw)), up_type)
 
     def _stack(self, model: GGUFModel, blk: str, stack: str, pack_q8: bool) -> None:
         """Upload blk's roles of `stack` as one matrix (their rows in STACKS order)."""
