@@ -33,6 +33,8 @@
 #   window       bench/window_device.sh on the full-size file (window paths by T, nodes per layer, T = 1..16)
 #   cache        bench/cache_policy.sh on the full-size file (issue 20: profile, held-out trace, cache-sim, policies)
 #                (the full-size file: $FN, else the one .peer/side_by_side.sh prepare wrote)
+#   profile      strata profile of the full-size file at T = 1 and 8 (every expert in VRAM; per stage, and per layer
+#                in profile-t1.json / profile-t8.json): issue 18's "where the time goes" of record
 #   nodes        graph-nodes of the default model's T = 1 / 4 / 8 window graphs (total and per layer)
 #   split        issue 21 on one GPU: verify-bench of the full-size file (all experts resident) as one engine and
 #                as two stages on device 0 (--gpus 0,0, split by bytes): per-stage ms, bytes, hand-off ms (JSON)
@@ -148,9 +150,13 @@ for arg in "$@"; do
         ids=*) f=${name#ids=}; run_step "ids-$(basename "$f" .txt)" "$limit" bash -c "STRATA_REQUIRE_GPU=1 python3 -m pytest \
             -v -n 12 -m gpu -p no:cacheprovider --tb=short -rfE --timeout \${TEST_TIMEOUT:-150} \$(cat $f) 2>&1 \
             | grep -vE ' PASSED|^\[gw|^$|Benchmark|warner'";;
-        tiers) run_step tiers "$limit" bash bench/tiers_device.sh "$(full_size)" "$OUT/tiers";;
+        tiers) TIERS_PROFILE=${TIERS_PROFILE:-$(ls "$OUT/sbs/profile.yaml" 2>/dev/null)} run_step tiers "$limit" \
+            bash bench/tiers_device.sh "$(full_size)" "$OUT/tiers";;
         window) run_step window "$limit" bash bench/window_device.sh "$(full_size)";;
         cache) FN=$(full_size) run_step cache "$limit" bash bench/cache_policy.sh;;
+        profile) run_step profile "$limit" bash -c 'f="'"$(full_size)"'"; for T in 1 8; do
+            python3 -m strata_cli profile "$f" --window $T -r 20 -d 512 --per-layer --format json > "'"$OUT"'/profile-t$T.json"
+            python3 -m strata_cli profile "$f" --window $T -r 20 -d 512 | tail -45; done';;
         nodes) run_step nodes "$limit" bash -c 'for T in 1 4 8; do python3 -m strata_cli graph-nodes --window $T \
             | grep -E "nodes|per layer" | head -3; done';;
         split) run_step split "$limit" bash -c 'f="'"$(full_size)"'"; for g in "" "--gpus 0,0"; do
