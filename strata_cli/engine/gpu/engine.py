@@ -336,14 +336,18 @@ class GPUEngine:
             host.launched(T, lambda: graph.launch(self.stream))
             return
         failed: list[BaseException] = []
+        tiers = self.tiers
 
         def launch():
+            # each flagB wait is launched only after the host issued its step's copies (tiers/host.py says why)
+            tiers.launch_gate = host.wait_issued
             try:
                 with self.stream:
                     self._record(T, self.stream, profile)
             except BaseException as exc:  # noqa: BLE001 - re-raised by the serving thread below
                 failed.append(exc)
             finally:
+                tiers.launch_gate = None
                 host.launch_done()
 
         thread = threading.Thread(target=launch, name="strata-eager-launch", daemon=True)

@@ -99,6 +99,9 @@ class ExpertTiers:
         self.wait_ns = MappedBuffer((self.steps.count(2), 2), np.uint64)  # [step, wait kind], up to 2 groups
         self.copy_stream = None
         self.ring_stage = None
+        # an eager window's launcher calls launch_gate(ring) before each flagB wait (tiers/host.py TierHost.wait_issued:
+        # the step's copies issued first); None while a graph is captured (a graph launch launches nothing after)
+        self.launch_gate = None
         if self.pcie:
             from ...gpu.graphs import new_stream
             from .pcie_stage import StagingRing, expert_bytes_view
@@ -211,6 +214,8 @@ class ExpertTiers:
         J = n * K
         kind = self.cfg.wait
         if self.pcie:
+            if self.launch_gate is not None:
+                self.launch_gate(ring)
             tl.wait_word(words[FLAG_B:FLAG_B + 1], ring, err, self.wait_code(step, WAIT_B), self.timeout_ns,
                          self.wait_ns.device[step, WAIT_B:WAIT_B + 1], stream, kind)
             copy_async(plan_dev, plan_host, self.plan_words * 4, stream)
