@@ -42,6 +42,7 @@ from .plan import ExpertEntries, build_plan
 
 SRC_VRAM, SRC_PCIE, SRC_CPU = 0, 1, 2
 POLL_S = 0.002  # how often a waiting host asks the driver whether the stream failed or finished
+LAUNCH_NOTE_S = 10.0  # a ring awaited this long while an eager window is still launched: one line on stderr
 
 
 class EngineReleased(StrataError):
@@ -84,10 +85,13 @@ class ExpertSource:
     GGUF blocks, the GIL released; float32 on the exactly dequantized weights), written straight into the
     group's rows of mapped `ymiss`."""
 
-    def __init__(self, model):
+    def __init__(self, model, max_entries: int = 0):
         from .pool import ExpertPool
 
         self.pool = ExpertPool(model)
+        # the pool's gate/up scratch at its largest (every entry of a window), its pages written now: no window
+        # pays their first-touch faults
+        self.pool.reserve(max_entries)
 
     def compute_into(self, layer: int, x: np.ndarray, plan: StepPlan, out: np.ndarray) -> None:
         """x [n, D] the group's rows, out [n*K, D] the group's ymiss rows: out[j] for every CPU entry j."""
@@ -101,7 +105,7 @@ class TierHost:
 
     def __init__(self, tiers, engine, stall: int = 0):
         self.t, self.e = tiers, engine
-        self.src = ExpertSource(tiers.model)
+        self.src = ExpertSource(tiers.model, getattr(tiers, "JM", 0))
         self.stall = stall
         self.warmed = False        # after_warm_up ran: windows count from here, and only they may stall
         self.windows = 0
@@ -378,15 +382,24 @@ class TierHost:
         from .doorbell import wait_word
 
         seq = self.t.words.host[SEQ:SEQ + 1]
-        start = time.monotonic()
+        start = said = time.monotonic()
         while wait_word(seq, want, POLL_S) < want:
             if self.released is not None:
                 raise EngineReleased(self.released)
             if not self.launching and self._stream_idle() and seq[0] < want:
                 raise StrataError(f"layer {layer} never rang (the window's stream ended first"
                                   f"{self._err_text()})")
-            if not self.launching and time.monotonic() - start > self.t.cfg.timeout_s:  # eager launches compile
+            now = time.monotonic()
+            if not self.launching and now - start > self.t.cfg.timeout_s:  # eager launches compile
                 raise StrataError(f"layer {layer} never rang within {self.t.cfg.timeout_s:g} s")
+            if self.launching and now - said >= LAUNCH_NOTE_S:  # unbounded (a cold kernel cache compiles for
+                said = now                                       # minutes), so it says what it waits for
+                from ..report.present import err_console
+
+                copier = f"; {self._copy_doing()}" if self._copier is not None else ""
+                err_console().print(f"tiers: waiting {now - start:.0f} s for layer {layer}'s ring: the eager window "
+                                    f"is still being launched (kernels compiling or loading{copier})",
+                                    style="dim", highlight=False, soft_wrap=True)
 
     def _await_idle(self) -> None:
         """Wait for the window's stream; a withheld flag ends only through a GPU wait's bound or a release."""

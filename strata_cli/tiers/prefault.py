@@ -163,7 +163,7 @@ def prefault_experts(model, table: np.ndarray, layers: tuple[int, int] | None = 
     rss1 = rss_file_bytes()
     mapped = rss1 - rss0 if rss0 is not None and rss1 is not None else None
     cached = resident_bytes(pieces)
-    err_console().print(summary(total, seconds, ways, mapped, cached), style="dim", highlight=False)
+    err_console().print(summary(total, seconds, ways, mapped, cached), style="dim", highlight=False, soft_wrap=True)
     if cached is not None and cached < 0.99 * total:
         from ..report.present import warn
 

@@ -27,6 +27,7 @@ from ...gpu import launch_tiers as tl
 from ...gpu.launch_util import GEMV_MAXT
 from ...gpu.runtime import MappedBuffer, cupy
 from ...model import packed
+from ...report.progress import timed_phase
 from ...tiers.config import TierConfig
 from ...tiers.doorbell import ERR, FLAG, FLAG_B, N_WORDS, SEQ, StepRange
 from ...tiers.residency import expert_names
@@ -82,7 +83,14 @@ class ExpertTiers:
         self.plan_words = self.JM * (3 + GEMV_MAXT)  # src | pcie g_expert | g_count | g_entries [JM, MAXT]
         # an adaptive --expert-policy copies raw file blocks into the slots (residency_fill.py): no repacking
         layers = self.steps.layers
-        self.resident = upload_resident(model, table, pack_q8 and cfg.policy == "static", layers)
+        phase = getattr(engine, "load_phase", None) or (lambda text: timed_phase(text, quiet=True))
+        with phase("resident experts uploaded") as done:
+            self.resident = upload_resident(model, table, pack_q8 and cfg.policy == "static", layers)
+            rows = table[self.steps.lo:self.steps.hi]
+            nbytes = sum(int(sum(model.info(n).n_bytes // self.E for n in expert_names(layer))
+                             * (rows[layer - self.steps.lo] >= 0).sum()) for layer in layers)
+            done["what"] = (f"resident experts uploaded ({int((rows >= 0).sum())} (layer, expert) pairs, "
+                            f"{nbytes / 2**30:.2f} GiB)")
         self.has_slots = (table >= 0).any(axis=1)  # per layer, fixed: the graph runs a layer's VRAM experts iff
         self.fill = None                            # it has slots; fill: tiers/cache_policy.SlotFiller (bind)
         self.expert_bytes = [[model.info(n).n_bytes // self.E for n in expert_names(layer)]
@@ -112,7 +120,10 @@ class ExpertTiers:
             self.expert_src = {layer: [expert_bytes_view(model.info(n).raw, self.E) for n in expert_names(layer)]
                                for layer in layers}
             sizes = [self.Q * self.most_bytes(p) for p in range(3)]
-            self.ring_stage = StagingRing(self.G, sizes, lambda n: MappedBuffer((n,), np.uint8))
+            with phase("PCIe staging buffers pinned") as done:
+                self.ring_stage = StagingRing(self.G, sizes, lambda n: MappedBuffer((n,), np.uint8))
+                done["what"] = (f"PCIe staging buffers pinned ({self.G} x {sum(sizes) / 2**20:.1f} MiB: "
+                                f"{self.Q} experts per step)")
         self.timeout_ns = int(cfg.timeout_s * 1e9)
 
     def most_bytes(self, p: int) -> int:
@@ -259,4 +270,7 @@ def attach_tiers(engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool) -> N
     # the CPU / PCIe shares read these pages (the engine's layers' only): no window faults them
     prefault_experts(model=engine.model, table=table, layers=engine.layers)
     engine.tiers.add_buffers(engine.arena)
-    engine.tier_host = TierHost(engine.tiers, engine, cfg.stall_window)
+    phase = getattr(engine, "load_phase", None) or (lambda text: timed_phase(text, quiet=True))
+    with phase("CPU expert pool ready") as done:  # the pool's C kernels build on first use (seconds, once)
+        engine.tier_host = TierHost(engine.tiers, engine, cfg.stall_window)
+        done["what"] = f"CPU expert pool ready ({engine.tier_host.src.pool.backend})"
