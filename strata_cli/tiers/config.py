@@ -23,6 +23,10 @@ class TierConfig:
     policy: str = "static"            # --expert-policy (tiers/cache_policy.py): how the slots change between windows
     max_copy: int | str = DEFAULT_MAX_COPY_BYTES  # bytes an adaptive policy copies into VRAM per window at most
     loaded_profile: object = None     # the profile as already read (an ExpertProfile): `-` (stdin) is read once
+    # set while the engine is built (tiers/setup.residency_for, engine/gpu/tiers.rebalance_share), never by a user:
+    share_auto: bool = False          # pcie_frac came from auto: re-balanced once the copy path is measured
+    pool_gbs: float | None = None     # the CPU pool's measured rate (auto)
+    copy_gbs: float | None = None     # the PCIe copy path's measured rate (auto)
 
     def __post_init__(self):
         self.pcie_frac = parse_pcie_frac(self.pcie_frac)

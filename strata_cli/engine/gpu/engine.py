@@ -140,7 +140,10 @@ class GPUEngine:
             self.buf = self.arena.allocate()
             phase["what"] = f"device buffers allocated ({self.arena.planned_bytes() / 2**30:.2f} GiB)"
         if self.tiers is not None:
+            from .tiers import rebalance_share
+
             self.tiers.bind(self.buf)
+            rebalance_share(self)  # --pcie-frac auto: the copy path measured, the share set by the two rates
         self.stage = Staging(self.max_t)
         if g.attn_layers:
             from ...ops.qsa import rope_tables
