@@ -124,9 +124,11 @@ class GPUEngine:
         quiet = tiers is None
         self.load_phase = lambda text: timed_phase(text, quiet=quiet)
         self.arena = plan_buffers(g, self.n_ctx, self.max_t, self.layers)
-        with self.load_phase("expert residency chosen"):
+        with self.load_phase("expert residency chosen") as phase:
             table, self.tier_note, tiers = residency_for(model, tiers, self.arena.planned_bytes(), self.max_t,
                                                           self.layers)
+            if tiers is not None and tiers.pool_gbs is not None:  # --pcie-frac auto timed the pool first
+                phase["what"] = f"expert residency chosen (CPU pool probe {tiers.pool_gbs:.1f} GB/s)"
         skip = _stage_skip(self.layers, g, table is not None)
         with self.load_phase("dense weights uploaded") as phase:
             self.w = DeviceWeights(model, pack_q8=pack_q8, skip=skip)  # pack_q8=False keeps raw Q8_0 (comparisons)
