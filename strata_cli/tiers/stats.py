@@ -7,7 +7,8 @@ Where the time goes: the GPU's time in the flagB and flag waits (spin waits), th
 those waits), the host waiting for rings and in the CPU pool, and the PCIe share's host gather and DMAs (copy GB/s:
 its bytes over the DMA time between the copy events). The tier floor: the all-resident window's floor (every byte it
 reads at the device copy rate, verify-bench's floor ms) plus the longer of the two host shares, which overlap: the
-CPU-share bytes at the pool's measured rate and the PCIe bytes at the copy engine's (tiers/share.py's rates)."""
+CPU-share bytes at the pool's rate and the PCIe bytes at the copy path's (measured while the engine was built with
+--pcie-frac auto, else tiers/share.py's constants)."""
 
 from __future__ import annotations
 
