@@ -23,6 +23,9 @@ from ..errors import OptionError
 PCIE_GBS = 51.0
 POOL_GBS = 77.7
 AUTO = "auto"
+# --pcie-frac when not given: the CPU pool alone, until auto is measured to win on the full-size file
+# (bench/tiers_device.sh: pcie_auto's ms_median below pcie_0's at every T); then AUTO here is the whole change
+DEFAULT_PCIE_FRAC: float | str = 0.0
 PROBE_EXPERTS = 32   # experts of layer 0 the pool probe computes (one row each), at most
 PROBE_REPEATS = 3    # the best of these is the rate
 
