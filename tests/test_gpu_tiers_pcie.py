@@ -55,15 +55,13 @@ def test_deep_eager_warm_up_with_a_pcie_share_never_waits_for_the_bound(tmp_path
     """#17: a PCIe-share engine's warm-up (one eager window) on a 48-layer model, the first PCIe engine of a fresh
     process (run it alone to see the module loads): its launcher runs ahead into the driver while the GPU waits for
     flagB; without the launch gate the copy thread's calls queued behind it until each wait's 20 s bound. With the
-    gate the build takes seconds, no wait reaches its bound, and eager and graph windows equal the all-resident run."""
-    import time
-
+    gate no wait of the warm-up comes near its bound (the GPU's wait times of that window are still in wait_ns: a
+    build's time would also count kernel compiles), and eager and graph windows equal the all-resident run."""
     model = synthetic_model(tmp_path, "tiny", 7, "Q8_0", layers=48, experts=16)
     tokens = np.random.default_rng(8).integers(0, model.geometry.n_vocab, 12)
-    t0 = time.perf_counter()
     with tiered_engine(model, cache="0", pcie_frac=0.5, timeout_s=20.0) as eng:
-        built_s = time.perf_counter() - t0
-        assert built_s < 15.0, f"built in {built_s:.1f} s: a GPU wait reached its 20 s bound"
+        waited_s = eng.tiers.wait_ns.host.max() / 1e9
+        assert waited_s < 5.0, f"a warm-up wait took {waited_s:.1f} s (the bound is 20 s)"
         assert int(eng.tiers.words.host[4]) == 0 and eng.tiers.launch_gate is None  # ERR word clear
         eager = [eng.run(tokens[:4], eager=True).logits]
         eng.reset()
