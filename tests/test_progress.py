@@ -34,20 +34,27 @@ def test_byte_progress_quiet_off_a_terminal():
     assert buf.getvalue() == ""
 
 
-def test_a_timed_phase_prints_one_line_with_its_time_or_its_failure():
-    """Off a terminal: no spinner, one `load:` line per phase (what it did, its seconds); a phase that raises says
-    after how long; quiet prints nothing."""
+def test_a_timed_phase_prints_one_line_with_its_time_or_its_failure(monkeypatch):
+    """Off a terminal: no spinner, one `load:` line per phase (what it did, its seconds); a phase that raises after
+    FAILED_NOTE_S says after how long; quiet prints nothing."""
     import re
     import time
 
     import pytest
+
+    from strata_cli.report import progress
 
     con, buf = _console(False)
     with timed_phase("dense weights uploaded", console=con) as phase:
         time.sleep(0.02)
         phase["what"] = "dense weights uploaded (9.01 GiB)"
     with pytest.raises(RuntimeError):
+        with timed_phase("a quick refusal", console=con):
+            raise RuntimeError("bad profile")  # under FAILED_NOTE_S: its error is the one line
+    monkeypatch.setattr(progress, "FAILED_NOTE_S", 0.01)
+    with pytest.raises(RuntimeError):
         with timed_phase("warm-up window", console=con):
+            time.sleep(0.02)
             raise RuntimeError("boom")
     with timed_phase("arena", console=con, quiet=True):
         pass
