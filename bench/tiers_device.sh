@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The expert tiers on the device, one call (<= 5 minutes): the GPU tier tests (-v), then verify-bench at
-# --expert-cache 0 with --pcie-frac 0 / 0.5 / 1 / auto and --pcie-frac 0 --split, each under a timeout, with its load
-# time (the engine's "engine built in" and "expert pages in" lines); with TIERS_PROFILE (an expert profile, e.g. the
-# one side_by_side.sh made) also 12 and 24 GiB of experts by that profile without and with --split (issue 17 item 5:
-# the split window measured at cache 0 / 12 / 24 GiB); a short table last.
+# --expert-cache 0 with --pcie-frac 0 / 0.25 / 0.5 / 1 / auto and --pcie-frac 0 --split, each under a timeout, with
+# its load lines (one "load: PHASE in S s" per phase, "expert pages in", the PCIe share chosen, "engine built in",
+# any "tiers: waiting" or error line); with TIERS_PROFILE (an expert profile, e.g. the one side_by_side.sh made)
+# also 12 and 24 GiB of experts by that profile without and with --split (issue 17 item 5: the split window
+# measured at cache 0 / 12 / 24 GiB); a short table last.
 #   bench/tiers_device.sh MODEL.gguf [OUT_DIR]
 # Env: TIERS_TEST_S (the tests' timeout, default 120), TIERS_RUN_S (each verify-bench's timeout, default 36),
 # TIERS_WINDOWS (default 1,8), TIERS_REPS (default 5), TIERS_DEVICE (default gpu; cpu checks the script here),
@@ -18,21 +19,22 @@ if [ "${TIERS_DEVICE:-gpu}" = gpu ]; then  # the GPU tier tests (TIERS_DEVICE=cp
         2>&1 | tee "$out/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped"
     echo "tests rc ${PIPESTATUS[0]}" | tee -a "$out/tests.log"
 fi
-runs=("0" "0.5" "1" "auto" "0 --split")
+runs=("0" "0.25" "0.5" "1" "auto" "0 --split")
 [ -n "${TIERS_PROFILE:-}" ] && runs+=("0 --expert-cache 12GiB" "0 --expert-cache 12GiB --split"
                                       "0 --expert-cache 24GiB" "0 --expert-cache 24GiB --split")
 for spec in "${runs[@]}"; do
     name=$(echo "pcie $spec" | tr ' ' '_')
     cache=(--expert-cache 0); case $spec in *expert-cache*) cache=(--expert-profile "$TIERS_PROFILE");; esac
     t0=$(date +%s%N)
-    # -k: a run that ignores the TERM (stuck in the kernel, as a --pcie-frac 0.5 build was on 2026-12-02) is killed
+    # -k: a run that ignores the TERM (as a --pcie-frac 0.5 build did on 2026-12-02) is killed 10 s later
     # shellcheck disable=SC2086
-    timeout -k 5 "${TIERS_RUN_S:-36}" python -m strata_cli verify-bench "$model" --device "${TIERS_DEVICE:-gpu}" \
+    timeout -k 10 "${TIERS_RUN_S:-36}" python -m strata_cli verify-bench "$model" --device "${TIERS_DEVICE:-gpu}" \
         "${cache[@]}" --pcie-frac $spec --window "${TIERS_WINDOWS:-1,8}" -r "${TIERS_REPS:-5}" --warmup 1 --format json \
         >"$out/$name.json" 2>"$out/$name.err"
     rc=$?
-    printf '%s: rc %s, %s ms wall; %s\n' "$name" "$rc" "$(( ($(date +%s%N) - t0) / 1000000 ))" \
-        "$(grep -E 'engine built|expert pages in' "$out/$name.err" | tr '\n' ' ')"
+    printf '%s: rc %s, %s ms wall\n' "$name" "$rc" "$(( ($(date +%s%N) - t0) / 1000000 ))"
+    grep -E '^load:|engine built|expert pages in|PCIe share|tiers: waiting|error|warning' "$out/$name.err" \
+        | sed -E 's/^expert cache: .*(PCIe share: )/\1/; s/^/    /'
 done
 python - "$out" "${runs[@]}" <<'PY'
 import json, sys

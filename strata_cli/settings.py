@@ -73,11 +73,9 @@ GIT_COMMIT = Setting("STRATA_GIT_COMMIT", _text, None)                   # the c
 WATCHDOG_S = Setting("STRATA_WATCHDOG_S", _seconds, 60.0)                # tiers/watchdog.py; 0 = off
 TEST_VERIFY_STALL = Setting("STRATA_TEST_VERIFY_STALL", _window_number, 0)  # test hook: window whose flag is withheld
 POOL_NATIVE = Setting("STRATA_POOL_NATIVE", _switch, True)               # 0: the CPU pool computes with numpy
-PCIE_COPY_THREAD = Setting("STRATA_PCIE_COPY_THREAD", _switch, True)     # 0: PCIe copies from the serving thread
 POOL_THREADS = Setting("STRATA_POOL_THREADS", _thread_count, None)       # the CPU pool's team size; unset: every core
 
-ALL = (TRACEBACK, VERIFY_PROFILE, CACHE, GIT_COMMIT, WATCHDOG_S, TEST_VERIFY_STALL, POOL_NATIVE, PCIE_COPY_THREAD,
-       POOL_THREADS)
+ALL = (TRACEBACK, VERIFY_PROFILE, CACHE, GIT_COMMIT, WATCHDOG_S, TEST_VERIFY_STALL, POOL_NATIVE, POOL_THREADS)
 
 
 def check_environment(env: Mapping[str, str] | None = None) -> None:

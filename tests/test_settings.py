@@ -8,8 +8,7 @@ from click.testing import CliRunner
 from strata_cli import settings
 
 BAD = {"STRATA_TRACEBACK": "yes", "STRATA_VERIFY_PROFILE": "on", "STRATA_WATCHDOG_S": "soon",
-       "STRATA_TEST_VERIFY_STALL": "x", "STRATA_POOL_NATIVE": "off", "STRATA_PCIE_COPY_THREAD": "2",
-       "STRATA_POOL_THREADS": "0"}
+       "STRATA_TEST_VERIFY_STALL": "x", "STRATA_POOL_NATIVE": "off", "STRATA_POOL_THREADS": "0"}
 FREE_TEXT = {"STRATA_CACHE", "STRATA_GIT_COMMIT"}  # any string is a path / a commit name
 
 
@@ -33,7 +32,7 @@ def test_defaults_and_values():
     assert values["STRATA_POOL_NATIVE"] is True
     assert settings.TEST_VERIFY_STALL.value({"STRATA_TEST_VERIFY_STALL": "3"}) == 3
     assert settings.WATCHDOG_S.value({"STRATA_WATCHDOG_S": "2.5"}) == 2.5
-    assert settings.PCIE_COPY_THREAD.value({"STRATA_PCIE_COPY_THREAD": ""}) is True  # empty is unset
+    assert settings.POOL_NATIVE.value({"STRATA_POOL_NATIVE": ""}) is True  # empty is unset
     for bad in ("-1", "inf", "nan"):
         with pytest.raises(settings.SettingError, match=f"STRATA_WATCHDOG_S='{bad}'"):
             settings.WATCHDOG_S.value({"STRATA_WATCHDOG_S": bad})

@@ -491,3 +491,23 @@ def test_the_warm_up_window_never_stalls(monkeypatch, fixture_dir):
     monkeypatch.setattr(TierHost, "_idle", staticmethod(lambda stream, strict=False: second.done.is_set()))
     host.launched(3, second.start)
     assert second.done.wait(5) and second.timed_out == [tiers.L - 1]  # the last step's flag was withheld
+
+
+def test_a_ring_awaited_while_an_eager_window_is_launched_says_what_it_waits_for(monkeypatch, fixture_dir, capsys):
+    """That wait has no bound (a cold kernel cache compiles for minutes), so every LAUNCH_NOTE_S it prints one line
+    naming the layer and what the copy thread is doing: a stuck warm-up is never silent."""
+    from strata_cli.tiers import host as host_mod
+
+    monkeypatch.setattr(host_mod, "LAUNCH_NOTE_S", 0.05)
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
+    host.launching = True
+
+    def late_start():
+        threading.Timer(0.3, gpu.start).start()
+        threading.Timer(0.35, host.launch_done).start()
+
+    host.launched(3, late_start)
+    assert gpu.done.wait(5) and not gpu.timed_out
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tiers: waiting")]
+    assert lines and "for layer 0's ring: the eager window is still being launched" in lines[0]
+    assert lines[0].endswith("(kernels compiling or loading)")  # no PCIe share: no copy thread to name

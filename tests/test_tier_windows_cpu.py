@@ -95,6 +95,9 @@ class FakeRt:
     def cudaEventRecord(self, event, stream):
         return (0,)
 
+    def cudaEventSynchronize(self, event):
+        return (0,)
+
     def cudaEventElapsedTime(self, a, b):
         return (0, 0.25)
 
@@ -282,6 +285,7 @@ def _tiered(monkeypatch, model, cfg, layers=None):
     FakeMapped.live.clear()
     monkeypatch.setattr(tiers_mod, "MappedBuffer", FakeMapped)
     monkeypatch.setattr(host_mod, "cudart", lambda: rt)  # (the TierHost's copy thread reads it when attached)
+    monkeypatch.setattr(tiers_mod, "cudart", lambda: rt)  # (--pcie-frac auto's copy-path probe)
     monkeypatch.setattr(graphs, "new_stream", lambda: COPY_STREAM)
     # an adaptive cache's DeviceSlots: pinned staging, DMAs into the slot arrays (they land at once), its event
     monkeypatch.setattr(residency_fill, "MappedBuffer", FakeMapped)
@@ -324,6 +328,7 @@ def _tiered(monkeypatch, model, cfg, layers=None):
     tiers_mod.attach_tiers(engine, table, cfg, pack_q8=True)
     engine.buf = {name: dev_zeros(shape, dtype) for name, shape, dtype in arena.specs}
     engine.tiers.bind(engine.buf)
+    tiers_mod.rebalance_share(engine)  # as GPUEngine._build: auto's share from both measured rates
     kernels = Kernels(engine, None, cfg.timeout_s)
     bind_fakes(monkeypatch, kernels, rt)
     return engine, kernels, rt
@@ -428,6 +433,12 @@ def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
     kernels.ref = ref
     t, host = engine.tiers, engine.tier_host
     assert not t.all_resident and t.pcie == (t.cfg.pcie_frac > 0) and isinstance(t.cfg.pcie_frac, float)
+    if tier_args.get("pcie_frac") == "auto":  # both rates measured: the copy path's after the buffers exist
+        assert t.cfg.share_auto and t.cfg.pool_gbs > 0 and t.cfg.copy_gbs > 0
+        assert "PCIe copy path" in engine.tier_note and "measured (gather" in engine.tier_note
+        assert t.cfg.pcie_frac == pytest.approx(t.cfg.copy_gbs / (t.cfg.copy_gbs + t.cfg.pool_gbs))
+    else:
+        assert not t.cfg.share_auto and t.cfg.copy_gbs is None
     # the stage's rows only: other layers hold no slot, upload nothing, have no step (wait-time rows per step)
     assert (t.table_host[:lo] < 0).all() and (t.table_host[hi:] < 0).all()
     assert sorted(t.resident) == list(range(lo, hi)) and t.wait_ns.host.shape == (n_stage * 2, 2)
@@ -483,3 +494,29 @@ def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
     t.close()
     assert rt.events_alive == 0 and host not in watchdog.live_verifiers()
     assert FakeMapped.live and all(buf.freed for buf in FakeMapped.live)
+
+
+def test_the_copy_path_probe_copies_the_first_layers_missed_experts(monkeypatch, fixture_dir):
+    """ExpertTiers.measure_copy_path (--pcie-frac auto): up to Q experts of the engine's first layer, the
+    non-resident ones first (their pages were brought in), land in group 0's device staging slots in that order; the
+    path's rate is bytes over gather + DMA (tiers/share.path_gbs)."""
+    from strata_cli.model.gguf_file import open_model
+    from strata_cli.tiers.config import TierConfig
+    from strata_cli.tiers.share import path_gbs
+
+    model = open_model(fixture_dir / "model-q8_0.gguf")
+    engine, kernels, rt = _tiered(monkeypatch, model, TierConfig(cache="7", pcie_frac=0.5), (2, 6))
+    t = engine.tiers
+    gbs, gather, dma, nbytes = t.measure_copy_path(repeats=2)
+    row = t.table_host[2]
+    want = np.concatenate([np.flatnonzero(row < 0), np.flatnonzero(row >= 0)])[:t.Q]
+    assert (row[want[:3]] < 0).all() and nbytes == len(want) * sum(t.expert_bytes[2])
+    for p, name in enumerate(("gate", "up", "down")):
+        raw = model.info(f"blk.2.ffn_{name}_exps.weight").raw
+        per = raw.nbytes // t.E
+        got = engine.buf[f"tier_stage.0.{p}"][:len(want) * per].reshape(len(want), per)
+        np.testing.assert_array_equal(got, np.asarray(raw).reshape(t.E, -1).view(np.uint8)[want])
+    assert 0 < gbs < min(gather, dma) and dma == pytest.approx(nbytes / 1e9 / 0.25e-3)  # FakeRt: 0.25 ms a DMA
+    assert path_gbs(10**9, 0.5, 0.5) == (1.0, 2.0, 2.0) and rt.events_alive == 0
+    engine.tier_host.close()
+    t.close()

@@ -66,3 +66,42 @@ def test_real_madvise_and_touch_on_an_anonymous_mapping():
     pf.touch(addr, 4 * mmap.PAGESIZE)
     assert pf.madvise(addr, 4 * mmap.PAGESIZE, pf.MADV_WILLNEED)
     assert pf.bring_in(addr, 4 * mmap.PAGESIZE) in ("populate", "touch")
+
+
+def test_a_populated_file_mapping_is_checked_mapped_and_cached(tmp_path):
+    """The line's checks on a real file mapping: after prefault its pages are in the page cache (mincore) and in
+    this process's page tables (RssFile grew by about the mapped bytes; a few pages of slack for other mappings)."""
+    n = 64 * mmap.PAGESIZE
+    path = tmp_path / "experts.bin"
+    path.write_bytes(np.random.default_rng(0).integers(0, 256, n, dtype=np.uint8).tobytes())
+    mapped = np.memmap(path, mode="r")
+    pieces = pf.page_pieces([(mapped.ctypes.data, n)], piece=16 * mmap.PAGESIZE)
+    assert len(pieces) == 4
+    rss0 = pf.rss_file_bytes()
+    ways = pf.prefault(pieces, threads=2)
+    assert sum(ways.values()) == n
+    assert pf.resident_bytes(pieces) == n
+    if rss0 is not None:
+        assert pf.rss_file_bytes() - rss0 >= n - 8 * mmap.PAGESIZE
+
+
+def test_the_summary_line_says_how_and_what_was_checked():
+    gib = 2 ** 30
+    line = pf.summary(int(45.7 * gib), 0.031, {"populate": int(45.7 * gib), "touch": 0}, int(45.7 * gib),
+                      int(45.7 * gib))
+    assert line == ("expert pages in: 45.70 GiB in 0.03 s (MADV_POPULATE_READ; RssFile +45.70 GiB, 100.0% in the "
+                    "page cache)")
+    line = pf.summary(gib, 2.0, {"populate": 0, "touch": gib}, None, gib // 2)
+    assert line == ("expert pages in: 1.00 GiB in 2.00 s (touch pass on 1.00 GiB (no MADV_POPULATE_READ); 50.0% in "
+                    "the page cache)")
+    assert pf.summary(gib, 1.0, {"populate": gib, "touch": 0}, None, None).endswith("(MADV_POPULATE_READ)")
+
+
+def test_resident_bytes_refuses_an_unmapped_range():
+    buf = mmap.mmap(-1, 2 * mmap.PAGESIZE)
+    addr = np.frombuffer(buf, dtype=np.uint8).ctypes.data
+    pf.touch(addr, 2 * mmap.PAGESIZE)
+    assert pf.resident_bytes([(addr, 2 * mmap.PAGESIZE)]) == 2 * mmap.PAGESIZE
+    del addr
+    buf.close()
+    assert pf.resident_bytes([(0, mmap.PAGESIZE)]) is None  # page 0 is never mapped: ENOMEM

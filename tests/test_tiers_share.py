@@ -45,6 +45,27 @@ def test_resolve_says_what_it_chose():
     assert f"{frac:.2f}" in note and "--pcie-frac auto" in note and f"{PCIE_GBS:g} GB/s" in note
     frac, note = resolve_pcie_frac(0.25)
     assert frac == 0.25 and "--pcie-frac 0.25" in note
+    # both rates measured (the pool at setup, the copy path once the staging buffers exist): split by them
+    frac, note = resolve_pcie_frac("auto", 10.6, 24.0, "gather 40.0 GB/s, then DMA 60.0 GB/s, on 320 MiB")
+    assert frac == pytest.approx(24.0 / 34.6)
+    assert ("PCIe copy path 24.0 GB/s measured (gather 40.0 GB/s, then DMA 60.0 GB/s, on 320 MiB), CPU pool 10.6 "
+            "GB/s measured on this model's experts") in note and f"{frac:.2f} of each layer" in note
+
+
+def test_the_tier_floor_uses_the_rates_measured_for_auto():
+    from types import SimpleNamespace
+
+    from strata_cli.tiers.stats import tier_means
+
+    history = [{"T": 1, "vram": 0, "pcie": 5, "cpu": 5, "vram_share": 0.0, "pcie_share": 0.5, "cpu_share": 0.5,
+                "wait_b_ms": 0.0, "wait_flag_ms": 0.0, "host_wait_ms": 0.0, "pool_ms": 1.0, "pcie_bytes": 20e6,
+                "cpu_bytes": 10e6, "gather_ms": 0.5, "copy_ms": 0.4}]
+    for cfg, want in [(TierConfig(cache="0", pcie_frac=0.5), max(10e6 / (POOL_GBS * 1e6), 20e6 / (PCIE_GBS * 1e6))),
+                      (TierConfig(cache="0", pcie_frac=0.5, pool_gbs=10.0, copy_gbs=10.0), 2.0)]:
+        t = SimpleNamespace(cfg=cfg, stage_table=lambda: np.array([[-1]]))
+        row = tier_means(t, SimpleNamespace(history=history), 1, 1, 5.0, 1.0)
+        assert row["tier_floor_ms"] == pytest.approx(1.0 + want)
+        assert row["copy_gb_s"] == pytest.approx(20e6 / 1e9 / 0.4e-3)  # the DMAs' rate (copy ms)
 
 
 def test_pool_probe_times_the_pool_on_layer_0_experts_with_their_pages_in(fixture_dir):
@@ -88,6 +109,7 @@ def test_engine_setup_resolves_auto_and_says_so(fixture_dir, monkeypatch):
     arena = plan_buffers(model.geometry, 64, 8).planned_bytes()
     table, note, cfg = residency_for(model, TierConfig(cache="3", pcie_frac="auto"), arena, 8)
     assert cfg.pcie_frac == balanced_pcie_frac(PCIE_GBS, 17.0) and (table < 0).any()
+    assert cfg.share_auto and cfg.pool_gbs == 17.0 and cfg.copy_gbs is None  # the copy path: measured later
     assert "CPU pool 17.0 GB/s measured" in note
     assert note.startswith("expert cache: 3 of") and "PCIe share: " in note and "--pcie-frac auto" in note
     table, note, cfg = residency_for(model, TierConfig(cache="all", pcie_frac="auto"), arena, 8)

@@ -130,7 +130,8 @@ def load_engine(model, device: str, n_ctx: int | None = None, max_t: int | None 
     if engine.tiers is not None:  # a tiered load also brings the experts' pages in: say how long it took
         from ..report.present import err_console
 
-        err_console().print(f"engine built in {time.perf_counter() - t0:.1f} s", style="dim", highlight=False)
+        err_console().print(f"engine built in {time.perf_counter() - t0:.1f} s", style="dim", highlight=False,
+                            soft_wrap=True)
     return engine
 
 

@@ -49,14 +49,16 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, exper
     from ..tiers.cache_policy import DEFAULT_MAX_COPY
     from ..tiers.config import TierConfig
     from ..tiers.expert_profile import load_profile
+    from ..tiers.share import DEFAULT_PCIE_FRAC
 
     cache = cache_override if cache_override is not None else expert_cache
     stall = settings.TEST_VERIFY_STALL.value() if stall_window is None else stall_window
-    # default 0, the CPU pool alone: a PCIe share on Flash-Next-size experts is not yet shown to finish its windows
-    # on the H200 (docs/BENCHMARKS.md); auto and numbers are the user's choice.
+    # the default share (tiers/share.DEFAULT_PCIE_FRAC) is 0, the CPU pool alone, until auto is measured to win on
+    # the full-size file; auto and numbers are the user's choice
     cfg = TierConfig(profile=expert_profile, cache="all" if cache is None else cache,
-                     pcie_frac=0.0 if pcie_frac is None else pcie_frac, split=split, wait=tier_wait, stall_window=stall,
-                     policy=expert_policy, max_copy=DEFAULT_MAX_COPY if expert_max_copy is None else expert_max_copy)
+                     pcie_frac=DEFAULT_PCIE_FRAC if pcie_frac is None else pcie_frac, split=split, wait=tier_wait,
+                     stall_window=stall, policy=expert_policy,
+                     max_copy=DEFAULT_MAX_COPY if expert_max_copy is None else expert_max_copy)
     if cache is None and expert_profile is None and pcie_frac is None and not split and tier_wait == "spin" \
             and not stall and expert_policy == "static" and expert_max_copy is None:
         return None

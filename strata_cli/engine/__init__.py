@@ -75,7 +75,7 @@ def make_engine(model, device: str = "cpu", n_ctx: int | None = None, max_t: int
         if engine.tier_note:
             from ..report.present import err_console
 
-            err_console().print(engine.tier_note, style="dim", highlight=False)
+            err_console().print(engine.tier_note, style="dim", highlight=False, soft_wrap=True)
         return engine
     if tiers is not None:
         from ..report.present import warn
@@ -109,5 +109,5 @@ def _split_engine(model, split, n_ctx, max_t, tiers, gpu: bool):
 
     err_console().print(engine.split_note, style="dim", highlight=False)
     if engine.tier_note:  # each stage's residency
-        err_console().print(engine.tier_note, style="dim", highlight=False)
+        err_console().print(engine.tier_note, style="dim", highlight=False, soft_wrap=True)
     return engine

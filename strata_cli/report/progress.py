@@ -6,6 +6,7 @@ still work, they draw nothing). Bars are transient: they disappear when the step
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -72,3 +73,28 @@ def step_progress(description: str, total: int | None = None, console: Console |
             bar.update(task, **fields)
 
         yield update
+
+
+FAILED_NOTE_S = 1.0  # a load phase that fails sooner prints nothing of its own
+
+
+@contextmanager
+def timed_phase(description: str, console: Console | None = None, quiet: bool = False):
+    """One phase of a long load: a spinner while it runs (a terminal only), then one line on stderr, `load: WHAT in
+    S s` (WHAT: the yielded dict's "what", default the description), or `load: DESCRIPTION failed after S s` when it
+    raised after FAILED_NOTE_S or more, so a log shows where a slow or stuck load spent its time (a quick refusal,
+    e.g. a profile of another model, stays the one line of its error). quiet: the spinner only."""
+    console = _stderr(console)
+    info = {"what": description}
+    t0 = time.perf_counter()
+    try:
+        with step_progress(description, console=console):
+            yield info
+    except BaseException:
+        if not quiet and time.perf_counter() - t0 >= FAILED_NOTE_S:
+            console.print(f"load: {description} failed after {time.perf_counter() - t0:.2f} s", style="dim",
+                          highlight=False, soft_wrap=True)
+        raise
+    if not quiet:
+        console.print(f"load: {info['what']} in {time.perf_counter() - t0:.2f} s", style="dim", highlight=False,
+                      soft_wrap=True)

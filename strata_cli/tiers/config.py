@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 from .cache_policy import DEFAULT_MAX_COPY_BYTES
 from .residency import CacheSpec, parse_cache_spec, parse_size
-from .share import parse_pcie_frac
+from .share import DEFAULT_PCIE_FRAC, parse_pcie_frac
 
 
 @dataclass
 class TierConfig:
     profile: str | None = None        # expert profile (YAML or STRP); None ranks pairs layer by layer, expert id order
     cache: CacheSpec | str = "all"    # --expert-cache all | auto | N slots | SIZE (12GiB, 500MB); a CacheSpec once made
-    pcie_frac: float | str = 0.0      # share of a step's distinct misses copied by the copy engine, or "auto"
+    pcie_frac: float | str = DEFAULT_PCIE_FRAC  # share of a step's distinct misses copied by the copy engine, or auto
     #                                   (tiers/share.py; setup.residency_for resolves it to a number)
     split: bool = False               # two token groups per window
     wait: str = "spin"                # spin kernels or captured cuStreamWaitValue32
@@ -23,6 +23,10 @@ class TierConfig:
     policy: str = "static"            # --expert-policy (tiers/cache_policy.py): how the slots change between windows
     max_copy: int | str = DEFAULT_MAX_COPY_BYTES  # bytes an adaptive policy copies into VRAM per window at most
     loaded_profile: object = None     # the profile as already read (an ExpertProfile): `-` (stdin) is read once
+    # set while the engine is built (tiers/setup.residency_for, engine/gpu/tiers.rebalance_share), never by a user:
+    share_auto: bool = False          # pcie_frac came from auto: re-balanced once the copy path is measured
+    pool_gbs: float | None = None     # the CPU pool's measured rate (auto)
+    copy_gbs: float | None = None     # the PCIe copy path's measured rate (auto)
 
     def __post_init__(self):
         self.pcie_frac = parse_pcie_frac(self.pcie_frac)

@@ -9,7 +9,16 @@ tiers/doorbell.StepRange numbers them). The plan (per group slot, mapped int32):
   pg_entries [JM, 16]   the group's global entries, ascending
 VRAM groups are not in the plan: the device groups them from its residency table right after the ring.
 The PCIe share is the last floor(n_miss * pcie_frac) distinct misses in routing order; the copy stream
-writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never runs ahead of a copy.
+writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never runs ahead of a copy. One copy thread
+gathers each step's PCIe experts and issues their copies (in step order) while this thread runs the CPU pool.
+
+An eager window (the engine's warm-up) is launched by a second thread while this one serves it, and the launcher
+may sit in a driver call that waits for the GPU (a module load, a launch into a full queue: the GPU is stopped at
+layer l's wait while the launcher is tens of layers ahead). If the GPU then waits for flagB, whose copies still need
+driver calls on the copy thread, those calls queue behind the launcher's: nothing moves until the spin's 20 s bound
+(#17: "copies were not issued within 20 s" at layer 0 in the warm-up, and 20 s per layer at full size). So the
+launcher passes a gate before each step's flagB wait (wait_issued): it launches the wait only once the copy thread
+has issued that step's copies, and then nothing the GPU waits for needs a driver call that has not returned.
 
 Release: every flag to 0xFFFFFFFF (each GPU wait passes), then wait, bounded, until the streams are
 idle; the engine refuses every later window. Any exception while a window is served releases it: host errors,
@@ -25,7 +34,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import settings
 from ..errors import StrataError
 from ..gpu.launch_util import GEMV_MAXT
 from ..gpu.runtime import check, cudart
@@ -34,6 +42,7 @@ from .plan import ExpertEntries, build_plan
 
 SRC_VRAM, SRC_PCIE, SRC_CPU = 0, 1, 2
 POLL_S = 0.002  # how often a waiting host asks the driver whether the stream failed or finished
+LAUNCH_NOTE_S = 10.0  # a ring awaited this long while an eager window is still launched: one line on stderr
 
 
 class EngineReleased(StrataError):
@@ -76,10 +85,13 @@ class ExpertSource:
     GGUF blocks, the GIL released; float32 on the exactly dequantized weights), written straight into the
     group's rows of mapped `ymiss`."""
 
-    def __init__(self, model):
+    def __init__(self, model, max_entries: int = 0):
         from .pool import ExpertPool
 
         self.pool = ExpertPool(model)
+        # the pool's gate/up scratch at its largest (every entry of a window), its pages written now: no window
+        # pays their first-touch faults
+        self.pool.reserve(max_entries)
 
     def compute_into(self, layer: int, x: np.ndarray, plan: StepPlan, out: np.ndarray) -> None:
         """x [n, D] the group's rows, out [n*K, D] the group's ymiss rows: out[j] for every CPU entry j."""
@@ -93,7 +105,7 @@ class TierHost:
 
     def __init__(self, tiers, engine, stall: int = 0):
         self.t, self.e = tiers, engine
-        self.src = ExpertSource(tiers.model)
+        self.src = ExpertSource(tiers.model, getattr(tiers, "JM", 0))
         self.stall = stall
         self.warmed = False        # after_warm_up ran: windows count from here, and only they may stall
         self.windows = 0
@@ -106,12 +118,16 @@ class TierHost:
         self.launching = False
         self.history: list[dict] = []  # window_stats() of every window served
         self.route_hook = None  # (layer, ids [n, K]) of every step served (engine/routing.py counts them)
-        # The PCIe share's gathers and copies run on one copy thread (in step order) while this thread runs the pool;
-        # STRATA_PCIE_COPY_THREAD=0 issues them here, before the pool (the earlier path).
+        # The PCIe share's gathers and copies run on one copy thread (in step order) while this thread runs the pool
         self._copier = None
         self._events: list = []        # per step (start, end) cudaEvents around its DMAs
         self._timed_copies: list = []  # the pairs recorded in this window
-        if getattr(tiers, "pcie", False) and settings.PCIE_COPY_THREAD.value():
+        # the eager launcher's gate (wait_issued): the ring of the last step whose copies were issued this window
+        self._issued = 0
+        self._failing = False          # the window is failing: the gate opens (the launcher finishes, waits pass)
+        self._issued_cv = threading.Condition()
+        self._copy_phase = ("idle", time.monotonic())  # what the copy thread is doing, since when (the timeout line)
+        if getattr(tiers, "pcie", False):
             self._copier = self._make_copier()
         from .watchdog import register
 
@@ -180,6 +196,8 @@ class TierHost:
         self.stats = {"T": T, "vram": 0, "pcie": 0, "cpu": 0, "pool_ms": 0.0, "host_wait_ms": 0.0, "pcie_bytes": 0,
                       "cpu_bytes": 0, "gather_ms": 0.0, "copy_ms": 0.0, **filled}
         self._timed_copies.clear()
+        with self._issued_cv:
+            self._issued, self._failing = 0, False
 
     def launched(self, T: int, launch) -> None:
         """begin(T), launch() (the window's graph launch, or the start of the eager launcher), serve(T). A launch
@@ -210,6 +228,7 @@ class TierHost:
             self.stats["copy_ms"] = self._copy_ms()
             self.history.append(self.window_stats())
         except BaseException as exc:
+            self._open_gate()     # an eager launcher at the gate finishes its launches (they pass on the release)
             self._drain_copies()  # no copy job may write flagB after the release below
             if self.released is None:
                 self.release(5000, reason=str(exc) if isinstance(exc, StrataError) else
@@ -236,10 +255,8 @@ class TierHost:
         write_plan(slot, plan, r0 * K, t.JM)
         self._raise_flag(FLAG_A, want)
         copying = None
-        if t.pcie and self._copier is not None:  # the pool computes while the copies are issued
-            copying = self._copier.submit(self._copy_pcie, layer, grp, plan, want)
-        elif t.pcie:
-            self._copy_pcie(layer, grp, plan, want)
+        if t.pcie:  # the pool computes while the copy thread issues the copies
+            copying = self._copier.submit(self._issue_copies, layer, grp, plan, want)
         else:
             self._raise_flag(FLAG_B, want)
         if plan.cpu.n_groups:
@@ -261,6 +278,43 @@ class TierHost:
         s["cpu_bytes"] += eb * plan.cpu.n_groups
         self.progress = time.monotonic()
 
+    def _issue_copies(self, layer: int, grp: int, plan: StepPlan, want: int) -> None:
+        """The copy thread's job of one step: its copies issued, then the eager launcher's gate opened up to it."""
+        try:
+            self._copy_pcie(layer, grp, plan, want)
+        finally:
+            self._copy_phase = ("idle", time.monotonic())
+        with self._issued_cv:
+            self._issued = max(self._issued, want)
+            self._issued_cv.notify_all()
+
+    def wait_issued(self, ring: int) -> None:
+        """The eager launcher, before it launches the flagB wait of step `ring`: wait until the copy thread issued
+        that step's copies (the module docstring says why). Returns at once when the window fails or is released;
+        bounded like every wait."""
+        bound = self.t.cfg.timeout_s
+        deadline = time.monotonic() + bound
+        with self._issued_cv:
+            while self._issued < ring and not self._failing and self.released is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StrataError(f"layer {max(self.step_layer, 0)}: the eager launcher waited {bound:g} s for "
+                                      f"step {ring}'s PCIe copies to be issued ({self._copy_doing()})")
+                self._issued_cv.wait(min(left, 0.1))
+
+    def _open_gate(self) -> None:
+        with self._issued_cv:
+            self._failing = True
+            self._issued_cv.notify_all()
+
+    def _phase(self, text: str) -> None:
+        self._copy_phase = (text, time.monotonic())
+
+    def _copy_doing(self) -> str:
+        """What the copy thread is doing and for how long (the line of a copy or gate timeout)."""
+        text, since = self._copy_phase
+        return f"the copy thread: {text} for {time.monotonic() - since:.1f} s"
+
     def _copy_pcie(self, layer: int, grp: int, plan: StepPlan, want: int) -> None:
         """The PCIe share's expert blobs gathered from the memory-mapped file into the group's pinned staging
         buffers (pcie_stage.py), one DMA per projection into the device staging slots (copy engine), then flagB =
@@ -272,15 +326,20 @@ class TierHost:
         stream = t.copy_stream
         experts = plan.pcie.experts.astype(np.intp)
         g0 = time.perf_counter()
+        self._phase(f"gathering {len(experts)} experts of layer {layer} from the mapped file")
         staged = [t.ring_stage.gather(grp, p, t.expert_src[layer][p], experts) for p in range(3)]
         self.stats["gather_ms"] += (time.perf_counter() - g0) * 1e3
         start, end = self._copy_events(t.steps.ring(layer, grp, t.G) - 1)
+        self._phase(f"cudaEventRecord before layer {layer}'s copies")
         check(rt.cudaEventRecord(start, stream.ptr), "cudaEventRecord")
         for p, (host_ptr, nbytes) in enumerate(staged):
+            self._phase(f"cudaMemcpyAsync of layer {layer}'s {('gate', 'up', 'down')[p]} experts ({nbytes} bytes)")
             check(rt.cudaMemcpyAsync(t.buf[f"tier_stage.{grp}.{p}"].data.ptr, host_ptr, nbytes, kind, stream.ptr),
                   "cudaMemcpyAsync")
+        self._phase(f"cudaEventRecord after layer {layer}'s copies")
         check(rt.cudaEventRecord(end, stream.ptr), "cudaEventRecord")
         self._timed_copies.append((start, end))
+        self._phase(f"cuStreamWriteValue32 of flagB = {want} (layer {layer})")
         write_word(t.words.device[FLAG_B:FLAG_B + 1], want, stream)
 
     def _copy_events(self, step: int):
@@ -314,7 +373,8 @@ class TierHost:
             copying.result(timeout=self.t.cfg.timeout_s)
         except FutureTimeout:
             raise StrataError(f"layer {layer}: the PCIe share's copies were not issued within "
-                              f"{self.t.cfg.timeout_s:g} s") from None
+                              f"{self.t.cfg.timeout_s:g} s ({self._copy_doing()}"
+                              f"{'; an eager window still launching' if self.launching else ''})") from None
 
     def _await_ring(self, want: int, layer: int) -> None:
         """seq >= want. The wait itself is tiers/doorbell.wait_word (a pause-spin in C with the GIL released, so an
@@ -322,15 +382,24 @@ class TierHost:
         from .doorbell import wait_word
 
         seq = self.t.words.host[SEQ:SEQ + 1]
-        start = time.monotonic()
+        start = said = time.monotonic()
         while wait_word(seq, want, POLL_S) < want:
             if self.released is not None:
                 raise EngineReleased(self.released)
             if not self.launching and self._stream_idle() and seq[0] < want:
                 raise StrataError(f"layer {layer} never rang (the window's stream ended first"
                                   f"{self._err_text()})")
-            if not self.launching and time.monotonic() - start > self.t.cfg.timeout_s:  # eager launches compile
+            now = time.monotonic()
+            if not self.launching and now - start > self.t.cfg.timeout_s:  # eager launches compile
                 raise StrataError(f"layer {layer} never rang within {self.t.cfg.timeout_s:g} s")
+            if self.launching and now - said >= LAUNCH_NOTE_S:  # unbounded (a cold kernel cache compiles for
+                said = now                                       # minutes), so it says what it waits for
+                from ..report.present import err_console
+
+                copier = f"; {self._copy_doing()}" if self._copier is not None else ""
+                err_console().print(f"tiers: waiting {now - start:.0f} s for layer {layer}'s ring: the eager window "
+                                    f"is still being launched (kernels compiling or loading{copier})",
+                                    style="dim", highlight=False, soft_wrap=True)
 
     def _await_idle(self) -> None:
         """Wait for the window's stream; a withheld flag ends only through a GPU wait's bound or a release."""
@@ -379,6 +448,7 @@ class TierHost:
                 self.released = (f"an earlier window never finished on the GPU (#267): {self.describe_stall()}; "
                                  f"{reason}")
             self._store_released()
+        self._open_gate()
         t0 = time.monotonic()
         streams = [self.e.stream] + ([t.copy_stream] if t.copy_stream is not None else [])
         while True:

@@ -77,6 +77,15 @@ class ExpertPool:
             return f"native {self.lib.isa} ({self.n_threads} threads)"
         return "numpy" if n == 0 else f"native on {n} of {len(self.layers)} layers, numpy on the rest"
 
+    def reserve(self, n_entries: int) -> None:
+        """The gate/up scratch sized for n_entries (layer entries of one call) and written once, so that no later
+        call allocates it or faults its pages in."""
+        need = int(n_entries) * self.n_ff
+        if self._h.size < need:
+            h = np.empty(need, dtype=np.float32)
+            h.fill(0.0)
+            self._h = h
+
     def expert_bytes(self, layer: int) -> int:
         return self.layers[layer].expert_bytes
 

@@ -44,9 +44,10 @@ def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int,
     if cfg is None:
         return None, None, None
     stall = cfg.stall_window
-    pool_gbs = probe_pool_gbs(model) if cfg.pcie_frac == AUTO else None
+    auto = cfg.pcie_frac == AUTO
+    pool_gbs = probe_pool_gbs(model) if auto else None
     frac, pcie_note = resolve_pcie_frac(cfg.pcie_frac, pool_gbs)
-    cfg = dataclasses.replace(cfg, pcie_frac=frac)
+    cfg = dataclasses.replace(cfg, pcie_frac=frac, share_auto=auto, pool_gbs=pool_gbs)
     free = None
     span = (0, model.geometry.n_layers) if layers is None else (int(layers[0]), int(layers[1]))
     fixed = _dense_bytes(model, span) + arena_bytes + _staging_bytes(model, cfg, max_t, span)

@@ -7,7 +7,8 @@ Where the time goes: the GPU's time in the flagB and flag waits (spin waits), th
 those waits), the host waiting for rings and in the CPU pool, and the PCIe share's host gather and DMAs (copy GB/s:
 its bytes over the DMA time between the copy events). The tier floor: the all-resident window's floor (every byte it
 reads at the device copy rate, verify-bench's floor ms) plus the longer of the two host shares, which overlap: the
-CPU-share bytes at the pool's measured rate and the PCIe bytes at the copy engine's (tiers/share.py's rates)."""
+CPU-share bytes at the pool's rate and the PCIe bytes at the copy path's (measured while the engine was built with
+--pcie-frac auto, else tiers/share.py's constants)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ def tier_floor_ms(all_resident_ms: float | None, cpu_bytes: float, pcie_bytes: f
     return all_resident_ms + max(cpu_bytes / (pool_gbs * 1e6), pcie_bytes / (pcie_gbs * 1e6))
 
 
+def _measured(cfg, key: str, default: float) -> float:
+    """A rate the engine measured while it was built (--pcie-frac auto), else the constant."""
+    value = getattr(cfg, key, None)
+    return default if value is None else float(value)
+
+
 def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: float | None) -> dict | None:
     """The columns of one engine's tiers, or of one stage's of the layer split (its own layers' pairs, steps and
     waits): the means over the last n_windows windows of T rows that `host` served. ms_mean: the mean time of
@@ -58,7 +65,8 @@ def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: fl
                 wait_b_ms=mean("wait_b_ms"), wait_flag_ms=mean("wait_flag_ms"), host_ring_ms=mean("host_wait_ms"),
                 pool_ms=pool_ms, pool_gb_s=_rate(cpu_bytes, pool_ms), gather_ms=mean("gather_ms"), copy_ms=copy_ms,
                 copy_gb_s=_rate(pcie_bytes, copy_ms), pcie_mb=pcie_bytes / 1e6, cpu_mb=cpu_bytes / 1e6,
-                tier_floor_ms=tier_floor_ms(floor_ms, cpu_bytes, pcie_bytes), expert_policy=t.cfg.policy,
+                tier_floor_ms=tier_floor_ms(floor_ms, cpu_bytes, pcie_bytes, _measured(t.cfg, "pool_gbs", POOL_GBS),
+                                            _measured(t.cfg, "copy_gbs", PCIE_GBS)), expert_policy=t.cfg.policy,
                 swaps=mean("swaps"), fill_mb=mean("fill_bytes") / 1e6, fill_late=mean("fill_late"))
 
 

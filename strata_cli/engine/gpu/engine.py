@@ -32,6 +32,7 @@ from ...gpu.graphs import CapturedGraph, captured_nodes, new_stream
 from ...gpu.launch_util import GEMV_MAXT, WindowPath, window_path
 from ...gpu.launch_stamp import stamp_kernel
 from ...gpu.runtime import capture_guard, cupy
+from ...report.progress import timed_phase
 from ...tiers.config import TierConfig
 from ..contract import Capabilities, WindowResult, WindowTimer
 from ..stage_timing import Accumulator, register
@@ -67,6 +68,14 @@ def _stage_skip(layers: tuple[int, int], g, tiered: bool):
         return lo > 0  # token_embd
 
     return skip
+
+
+def _uploaded_bytes(model, skip) -> int:
+    """The file bytes of the tensors DeviceWeights uploads (every tensor but those skip() leaves in the file)."""
+    from ...model.names import PLE_TABLE
+
+    names = list(model.specs) + ([PLE_TABLE] if model.geometry.ple is not None else [])
+    return sum(model.info(n).n_bytes for n in names if skip is None or not skip(n))
 
 
 class GPUEngine:
@@ -110,19 +119,33 @@ class GPUEngine:
         from ...tiers.setup import residency_for
 
         self.tiers = None
+        # a tiered load says where its time goes, one line per phase (#17: a PCIe-share build that printed nothing
+        # for minutes); an untiered one shows the spinners only
+        quiet = tiers is None
+        self.load_phase = lambda text: timed_phase(text, quiet=quiet)
         self.arena = plan_buffers(g, self.n_ctx, self.max_t, self.layers)
-        table, self.tier_note, tiers = residency_for(model, tiers, self.arena.planned_bytes(), self.max_t,
-                                                      self.layers)
+        with self.load_phase("expert residency chosen") as phase:
+            table, self.tier_note, tiers = residency_for(model, tiers, self.arena.planned_bytes(), self.max_t,
+                                                          self.layers)
+            if tiers is not None and tiers.pool_gbs is not None:  # --pcie-frac auto timed the pool first
+                phase["what"] = f"expert residency chosen (CPU pool probe {tiers.pool_gbs:.1f} GB/s)"
         skip = _stage_skip(self.layers, g, table is not None)
-        self.w = DeviceWeights(model, pack_q8=pack_q8, skip=skip)  # pack_q8=False keeps raw Q8_0 (for comparisons)
+        with self.load_phase("dense weights uploaded") as phase:
+            self.w = DeviceWeights(model, pack_q8=pack_q8, skip=skip)  # pack_q8=False keeps raw Q8_0 (comparisons)
+            phase["what"] = f"dense weights uploaded ({_uploaded_bytes(model, skip) / 2**30:.2f} GiB)"
         self.stream = new_stream()
         if table is not None:
             from .tiers import attach_tiers
 
             attach_tiers(self, table, tiers or TierConfig(), pack_q8)
-        self.buf = self.arena.allocate()
+        with self.load_phase("device buffers allocated") as phase:
+            self.buf = self.arena.allocate()
+            phase["what"] = f"device buffers allocated ({self.arena.planned_bytes() / 2**30:.2f} GiB)"
         if self.tiers is not None:
+            from .tiers import rebalance_share
+
             self.tiers.bind(self.buf)
+            rebalance_share(self)  # --pcie-frac auto: the copy path measured, the share set by the two rates
         self.stage = Staging(self.max_t)
         if g.attn_layers:
             from ...ops.qsa import rope_tables
@@ -149,7 +172,8 @@ class GPUEngine:
         self.verify_profile: Accumulator | None = None
         if settings.VERIFY_PROFILE.value():
             self.verify_profile = register(Accumulator())
-        self._warm_up()
+        with self.load_phase("warm-up window (one eager window: every kernel loaded)"):
+            self._warm_up()
 
     # ---- lifetime
     def close(self) -> None:
@@ -336,14 +360,18 @@ class GPUEngine:
             host.launched(T, lambda: graph.launch(self.stream))
             return
         failed: list[BaseException] = []
+        tiers = self.tiers
 
         def launch():
+            # each flagB wait is launched only after the host issued its step's copies (tiers/host.py says why)
+            tiers.launch_gate = host.wait_issued
             try:
                 with self.stream:
                     self._record(T, self.stream, profile)
             except BaseException as exc:  # noqa: BLE001 - re-raised by the serving thread below
                 failed.append(exc)
             finally:
+                tiers.launch_gate = None
                 host.launch_done()
 
         thread = threading.Thread(target=launch, name="strata-eager-launch", daemon=True)

@@ -25,8 +25,9 @@ from ...errors import InputError
 from ...gpu import launch_moe as moe
 from ...gpu import launch_tiers as tl
 from ...gpu.launch_util import GEMV_MAXT
-from ...gpu.runtime import MappedBuffer, cupy
+from ...gpu.runtime import MappedBuffer, check, cudart, cupy
 from ...model import packed
+from ...report.progress import timed_phase
 from ...tiers.config import TierConfig
 from ...tiers.doorbell import ERR, FLAG, FLAG_B, N_WORDS, SEQ, StepRange
 from ...tiers.residency import expert_names
@@ -82,7 +83,14 @@ class ExpertTiers:
         self.plan_words = self.JM * (3 + GEMV_MAXT)  # src | pcie g_expert | g_count | g_entries [JM, MAXT]
         # an adaptive --expert-policy copies raw file blocks into the slots (residency_fill.py): no repacking
         layers = self.steps.layers
-        self.resident = upload_resident(model, table, pack_q8 and cfg.policy == "static", layers)
+        phase = getattr(engine, "load_phase", None) or (lambda text: timed_phase(text, quiet=True))
+        with phase("resident experts uploaded") as done:
+            self.resident = upload_resident(model, table, pack_q8 and cfg.policy == "static", layers)
+            rows = table[self.steps.lo:self.steps.hi]
+            nbytes = sum(int(sum(model.info(n).n_bytes // self.E for n in expert_names(layer))
+                             * (rows[layer - self.steps.lo] >= 0).sum()) for layer in layers)
+            done["what"] = (f"resident experts uploaded ({int((rows >= 0).sum())} (layer, expert) pairs, "
+                            f"{nbytes / 2**30:.2f} GiB)")
         self.has_slots = (table >= 0).any(axis=1)  # per layer, fixed: the graph runs a layer's VRAM experts iff
         self.fill = None                            # it has slots; fill: tiers/cache_policy.SlotFiller (bind)
         self.expert_bytes = [[model.info(n).n_bytes // self.E for n in expert_names(layer)]
@@ -99,6 +107,9 @@ class ExpertTiers:
         self.wait_ns = MappedBuffer((self.steps.count(2), 2), np.uint64)  # [step, wait kind], up to 2 groups
         self.copy_stream = None
         self.ring_stage = None
+        # an eager window's launcher calls launch_gate(ring) before each flagB wait (tiers/host.py TierHost.wait_issued:
+        # the step's copies issued first); None while a graph is captured (a graph launch launches nothing after)
+        self.launch_gate = None
         if self.pcie:
             from ...gpu.graphs import new_stream
             from .pcie_stage import StagingRing, expert_bytes_view
@@ -109,7 +120,10 @@ class ExpertTiers:
             self.expert_src = {layer: [expert_bytes_view(model.info(n).raw, self.E) for n in expert_names(layer)]
                                for layer in layers}
             sizes = [self.Q * self.most_bytes(p) for p in range(3)]
-            self.ring_stage = StagingRing(self.G, sizes, lambda n: MappedBuffer((n,), np.uint8))
+            with phase("PCIe staging buffers pinned") as done:
+                self.ring_stage = StagingRing(self.G, sizes, lambda n: MappedBuffer((n,), np.uint8))
+                done["what"] = (f"PCIe staging buffers pinned ({self.G} x {sum(sizes) / 2**20:.1f} MiB: "
+                                f"{self.Q} experts per step)")
         self.timeout_ns = int(cfg.timeout_s * 1e9)
 
     def most_bytes(self, p: int) -> int:
@@ -211,6 +225,8 @@ class ExpertTiers:
         J = n * K
         kind = self.cfg.wait
         if self.pcie:
+            if self.launch_gate is not None:
+                self.launch_gate(ring)
             tl.wait_word(words[FLAG_B:FLAG_B + 1], ring, err, self.wait_code(step, WAIT_B), self.timeout_ns,
                          self.wait_ns.device[step, WAIT_B:WAIT_B + 1], stream, kind)
             copy_async(plan_dev, plan_host, self.plan_words * 4, stream)
@@ -228,6 +244,43 @@ class ExpertTiers:
         tl.combine(b["moe_parts"], self.ymiss.device, plan_dev[:self.JM], b["route_w"], b["shared"], b["block_out"],
                    r0, n, stream)
 
+    def measure_copy_path(self, repeats: int = 3) -> tuple[float, float, float, int]:
+        """The PCIe share's copy path as a step runs it: up to Q experts of the engine's first layer (its
+        non-resident ones first: their pages were brought in at load) gathered from the mapping into group 0's
+        pinned staging buffers, then one DMA per projection into its device staging slots on the copy stream;
+        the best of `repeats`. Returns (path GB/s, gather GB/s, DMA GB/s, bytes per run). Call after bind()."""
+        import time
+
+        from ...tiers.share import path_gbs
+
+        rt = cudart()
+        kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        layer = self.steps.lo
+        row = self.table_host[layer]
+        experts = np.concatenate([np.flatnonzero(row < 0), np.flatnonzero(row >= 0)])[:self.Q].astype(np.intp)
+        stream = self.copy_stream.ptr
+        start, end = check(rt.cudaEventCreate(), "cudaEventCreate"), check(rt.cudaEventCreate(), "cudaEventCreate")
+        best = None
+        try:
+            for _ in range(max(1, repeats)):
+                g0 = time.perf_counter()
+                staged = [self.ring_stage.gather(0, p, self.expert_src[layer][p], experts) for p in range(3)]
+                gather_s = time.perf_counter() - g0
+                check(rt.cudaEventRecord(start, stream), "cudaEventRecord")
+                for p, (host_ptr, nbytes) in enumerate(staged):
+                    check(rt.cudaMemcpyAsync(self.buf[f"tier_stage.0.{p}"].data.ptr, host_ptr, nbytes, kind, stream),
+                          "cudaMemcpyAsync")
+                check(rt.cudaEventRecord(end, stream), "cudaEventRecord")
+                check(rt.cudaEventSynchronize(end), "cudaEventSynchronize")
+                dma_s = check(rt.cudaEventElapsedTime(start, end), "cudaEventElapsedTime") / 1e3
+                if best is None or gather_s + dma_s < sum(best):
+                    best = (gather_s, dma_s)
+        finally:
+            for event in (start, end):
+                check(rt.cudaEventDestroy(event), "cudaEventDestroy")
+        nbytes = len(experts) * sum(self.expert_bytes[layer])
+        return (*path_gbs(nbytes, *best), nbytes)
+
     def close(self) -> None:
         """Free the mapped buffers, the staging ring and its threads, an adaptive cache's staging buffer now (the
         engine's close(); idempotent)."""
@@ -239,6 +292,30 @@ class ExpertTiers:
         for buf in (self.pub_x, self.pub_ids, self.pub_w, self.words, self.ymiss, self.plan, self.wait_ns):
             buf.free()
         self.resident = self.buf = None  # the resident experts and arena views: device memory back to the pool
+
+
+def rebalance_share(engine) -> None:
+    """--pcie-frac auto, once the engine's buffers exist (after bind, before the warm-up window): the PCIe copy path
+    measured (ExpertTiers.measure_copy_path), the share re-balanced between it and the pool's rate measured at
+    setup, the tier note's PCIe part rewritten to say so. No-op for a given share or no PCIe share."""
+    import dataclasses
+
+    from ...tiers.share import AUTO, resolve_pcie_frac
+
+    t = engine.tiers
+    if t is None or not t.pcie or not t.cfg.share_auto:
+        return
+    cfg = t.cfg
+    _, before = resolve_pcie_frac(AUTO, cfg.pool_gbs)
+    phase = getattr(engine, "load_phase", None) or (lambda text: timed_phase(text, quiet=True))
+    with phase("PCIe copy path measured") as done:
+        gbs, gather_gbs, dma_gbs, nbytes = t.measure_copy_path()
+        detail = f"gather {gather_gbs:.1f} GB/s, then DMA {dma_gbs:.1f} GB/s, on {nbytes / 2**20:.0f} MiB"
+        frac, note = resolve_pcie_frac(AUTO, cfg.pool_gbs, gbs, detail)
+        done["what"] = f"PCIe copy path measured ({gbs:.1f} GB/s: {detail}; share {cfg.pcie_frac:.2f} -> {frac:.2f})"
+    t.cfg = dataclasses.replace(cfg, pcie_frac=frac, copy_gbs=gbs)
+    if engine.tier_note and before in engine.tier_note:
+        engine.tier_note = engine.tier_note.replace(before, note, 1)
 
 
 def attach_tiers(engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool) -> None:
@@ -254,4 +331,7 @@ def attach_tiers(engine, table: np.ndarray, cfg: TierConfig, pack_q8: bool) -> N
     # the CPU / PCIe shares read these pages (the engine's layers' only): no window faults them
     prefault_experts(model=engine.model, table=table, layers=engine.layers)
     engine.tiers.add_buffers(engine.arena)
-    engine.tier_host = TierHost(engine.tiers, engine, cfg.stall_window)
+    phase = getattr(engine, "load_phase", None) or (lambda text: timed_phase(text, quiet=True))
+    with phase("CPU expert pool ready") as done:  # the pool's C kernels build on first use (seconds, once)
+        engine.tier_host = TierHost(engine.tiers, engine, cfg.stall_window)
+        done["what"] = f"CPU expert pool ready ({engine.tier_host.src.pool.backend})"
