@@ -12,6 +12,26 @@
 #define ATT_WARPS 16  // warps per (row, head): a head's cells are spread over them (latency, not bandwidth)
 #define ATT_MAXR 8  // attention: d <= 32 * ATT_MAXR values per lane
 
+// dst[0..d) = rope_row(rms_norm(src[0..d)) * w) with cs, sn = row's cos/sin [n_rot]; one block, y dynamic shared
+// d floats (qsa_norm_rope and qsa_prep).
+__device__ __forceinline__ void norm_rope_head(const float* __restrict__ src, const float* __restrict__ w,
+                                               const float* __restrict__ cs, const float* __restrict__ sn,
+                                               float* __restrict__ dst, int d, int n_rot, float eps, float* sh,
+                                               float* y) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += src[i] * src[i];
+    ss = block_sum(ss, sh);
+    const float rms = sqrtf(ss / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) y[i] = src[i] / rms * w[i];
+    __syncthreads();  // rotation reads the partner element of another thread
+    const int half = n_rot / 2;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float val = y[i];
+        if (i < n_rot) val = y[i] * cs[i] + (i < half ? -y[i + half] : y[i - half]) * sn[i];
+        dst[i] = val;
+    }
+}
+
 // out[t, h] = rope_{row}(rms_norm(x[t, h]) * w), row = rows ? rows[t] : t (rows = positions with full tables).
 // x row (t, h) starts at x + t*xs_t + h*xs_h with d contiguous values (q is the first half of attn_q's heads).
 // grid T*H, block QSA_BLOCK, dynamic shared d floats.
@@ -22,37 +42,54 @@ extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
     __shared__ float sh[WARP];
     extern __shared__ float y[];
     const i64 t = blockIdx.x / H, h = blockIdx.x % H;
-    const float* src = x + t * xs_t + h * xs_h;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += src[i] * src[i];
-    ss = block_sum(ss, sh);
-    const float rms = sqrtf(ss / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) y[i] = src[i] / rms * w[i];
-    __syncthreads();  // rotation reads the partner element of another thread
     const i64 row = rows ? rows[t] : t;
-    const float* cs = cos_tab + row * n_rot;
-    const float* sn = sin_tab + row * n_rot;
-    const int half = n_rot / 2;
-    float* dst = out + (t * H + h) * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float val = y[i];
-        if (i < n_rot) val = y[i] * cs[i] + (i < half ? -y[i + half] : y[i - half]) * sn[i];
-        dst[i] = val;
-    }
+    norm_rope_head(x + t * xs_t + h * xs_h, w, cos_tab + row * n_rot, sin_tab + row * n_rot, out + (t * H + h) * d,
+                   d, n_rot, eps, sh, y);
 }
 
-// k_cache[positions[t]] = k[t], v_cache[positions[t]] = v[t]; k [T, Hk*d] contiguous, v rows v_ld apart (a view of
-// the window's one GEMV of k, v and q). Grid-stride over T*Hk*d.
+// A QSA layer's window rows after its one projection GEMV, in one launch (the seed's norm-rope k, kv append,
+// norm-rope q and norm-rope of the indexer query, ops/qsa.prep_window):
+//   k_cache[pos[t], h] = rope_pos(rms_norm(k[t, h]) * k_w)     h < Hk   (d values)
+//   v_cache[pos[t], h] = v[t, h]                               h < Hk
+//   qn[t, h]           = rope_pos(rms_norm(q[t, h]) * q_w)     h < H
+//   qi[t, h]           = rope_pos(rms_norm(qr[t, h]) * qi_w)   h < Hi   (di values; Hi = 0 without an indexer)
+// Inputs are views of the GEMV's rows: head h of row t of k starts at k + t*ks + h*d (v: vs, d; q: qs, qh; qr:
+// is, di). k_cache, v_cache [N, Hk, d]; qn [T, H, d]; qi [T, Hi, di]; cos/sin [P, n_rot] by absolute position.
+// grid T * (2 Hk + H + Hi): block t * per_row + j takes k head j (j < Hk), v head j - Hk, q head j - 2 Hk, then
+// indexer head; block QSA_BLOCK, dynamic shared max(d, di) floats. Each block writes only its own head.
 extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
-    qsa_kv_append(float* __restrict__ k_cache, float* __restrict__ v_cache, const float* __restrict__ k,
-                  const float* __restrict__ v, i64 v_ld, const int* __restrict__ positions, int T, int row) {
-    const i64 n = (i64)T * row;
-    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
-        const i64 t = idx / row, e = idx % row;
-        const i64 dst = (i64)positions[t] * row + e;
-        k_cache[dst] = k[idx];
-        v_cache[dst] = v[t * v_ld + e];
+    qsa_prep(const float* __restrict__ k, i64 ks, const float* __restrict__ v, i64 vs, const float* __restrict__ q,
+             i64 qs, i64 qh, const float* __restrict__ qr, i64 is, const float* __restrict__ k_w,
+             const float* __restrict__ q_w, const float* __restrict__ qi_w, float* __restrict__ k_cache,
+             float* __restrict__ v_cache, float* __restrict__ qn, float* __restrict__ qi,
+             const float* __restrict__ cos_tab, const float* __restrict__ sin_tab, const int* __restrict__ positions,
+             int Hk, int H, int Hi, int d, int di, int n_rot, float eps) {
+    __shared__ float sh[WARP];
+    extern __shared__ float y[];
+    const int per_row = 2 * Hk + H + Hi;
+    const i64 t = blockIdx.x / per_row;
+    int j = blockIdx.x % per_row;
+    const i64 pos = positions[t];
+    const float* cs = cos_tab + pos * n_rot;
+    const float* sn = sin_tab + pos * n_rot;
+    if (j < Hk) {
+        norm_rope_head(k + t * ks + (i64)j * d, k_w, cs, sn, k_cache + (pos * Hk + j) * d, d, n_rot, eps, sh, y);
+        return;
     }
+    j -= Hk;
+    if (j < Hk) {
+        const float* src = v + t * vs + (i64)j * d;
+        float* dst = v_cache + (pos * Hk + j) * d;
+        for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = src[i];
+        return;
+    }
+    j -= Hk;
+    if (j < H) {
+        norm_rope_head(q + t * qs + (i64)j * qh, q_w, cs, sn, qn + (t * H + j) * d, d, n_rot, eps, sh, y);
+        return;
+    }
+    j -= H;
+    norm_rope_head(qr + t * is + (i64)j * di, qi_w, cs, sn, qi + (t * Hi + j) * di, di, n_rot, eps, sh, y);
 }
 
 // Append the first n = count_from(n_rows, n_dev, T) raw indexer keys raw [T, d] at positions[t], in order:

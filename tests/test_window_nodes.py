@@ -22,9 +22,10 @@ from strata_cli.model.gguf_file import open_model
 # one GEMV (their weights stacked, gdn_mix reading the rows [qkv | z]; 97b3d32: 16, 28); a QSA layer's k, v, q and
 # indexer q one GEMV (the consumers reading views of its rows; 2d90738: 25); the indexer's tail back at its
 # snapshot in its append kernel (no copy node; b91d893: 16, 24); the shared expert one more entry of the routed
-# experts' launches (its weights appended to theirs, its gate its weight in the combine):
-NODES_PER_LAYER = {1: [13, 20, 13, 21, 13, 13, 13, 21], 8: [13, 20, 13, 21, 13, 13, 13, 21]}
-WINDOW_NODES = {1: 138, 8: 138}
+# experts' launches (its weights appended to theirs, its gate its weight in the combine; 35b700f: 13, 20, 21);
+# a QSA layer's k/v into the cache and its q and indexer-q norm-ropes one launch (qsa.cu qsa_prep: 18):
+NODES_PER_LAYER = {1: [13, 20, 13, 18, 13, 13, 13, 18], 8: [13, 20, 13, 18, 13, 13, 13, 18]}
+WINDOW_NODES = {1: 132, 8: 132}
 
 
 @pytest.fixture

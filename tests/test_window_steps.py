@@ -45,7 +45,8 @@ class _Recorded:
 
         def launch(*args, **kwargs):
             self.steps.append(f"{self.label}.{name}")
-            return (_Rows(), _Rows()) if name.startswith(("hc_read", "select_cells", "router_")) else _Rows()
+            pair = name.startswith(("hc_read", "select_cells", "router_")) or name == "prep"
+            return (_Rows(), _Rows()) if pair else _Rows()
 
         return launch
 
@@ -100,8 +101,9 @@ TC = WindowPath(gemv_tc=True)
 HC_READ = ["hyper.hc_read"]
 HC_WRITE = ["hyper.hc_write"]
 GDN = ["launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv + z (one GEMV), gdn_mix, out
-QSA_HEAD = ["launch_gemv.gemv", "qsa.norm_rope", "qsa.kv_append", "qsa.norm_rope"]  # k, v, q, indexer q: one GEMV
-QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "qsa.norm_rope", "qsa.block_scores", "qsa.select_cells"]
+# k, v, q, indexer q: one GEMV; k/v into the cache and the norm-ropes of q and the indexer query one launch
+QSA_HEAD = ["launch_gemv.gemv", "qsa.prep"]
+QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "qsa.block_scores", "qsa.select_cells"]
 QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
 # the router's GEMV in its top-k launch (an F32 router), the shared expert one more entry of the routed launches;
 # the experts' combine is the next read's
@@ -179,8 +181,8 @@ def test_projections_of_two_types_are_a_gemv_each(monkeypatch, geometry):
     assert len(got) == len(want) + extra and got.count("gdn.gdn_mix") == len(g.gdn_layers)
     first = got.index("gdn.gdn_mix")
     assert got[first - 2:first] == ["launch_gemv.gemv", "launch_gemv.gemv"]
-    qsa = got.index("qsa.kv_append")
-    assert got[qsa - 4:qsa] == ["launch_gemv.gemv"] * 3 + ["qsa.norm_rope"]
+    qsa = got.index("qsa.prep")  # k, v, q, then the indexer q
+    assert got[qsa - 4:qsa] == ["launch_gemv.gemv"] * 4
 
 
 def test_a_router_of_another_type_is_a_gemv_then_router_topk(monkeypatch, geometry):

@@ -33,11 +33,9 @@ LAYER_STAGES = (
     "z",              # (seed 5) GDN: z projection, when its type is not qkv's
     "ab",             # (seed 4) GDN: alpha and beta projections, only for types gdn_mix does not decode
     "gdn-mix",        # (seeds 3, 4, 6, 14) GDN: conv + q/k/v split, gates, delta-rule recurrence, gated RMS norm
-    "k/v+norm-rope",  # (seeds 7, 8) QSA: k projection + norm + rope, v projection
-    "kv append",      # (seed 9) QSA: K/V cache append
-    "q+norm-rope",    # (seed 10) QSA: q(+gate) projection + norm + rope
+    "kvq+norm-rope",  # (seeds 7-10) QSA: the k, v, q(+gate) and indexer-q projections (one GEMV where they stack),
+                      # their norms and ropes and the K/V cache append (qsa.cu qsa_prep: one launch)
     "idx append",     # (seed 9) QSA: indexer key projection + pooled-key append
-    "idx-q",          # (seed 10) QSA: indexer query projection + norm + rope
     "scores+topk",    # (seed 11) QSA: block scores + cell selection
     "attention",      # (seed 13) QSA: attention over the selected cells
     "out-proj",       # (seed 16) output projection of the block

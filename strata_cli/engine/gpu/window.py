@@ -143,16 +143,19 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
     blk, d, pos, n = f"blk.{layer}.", g.head_dim, b["positions"][r0:T], T - r0
     cos, sin = b["cos"], b["sin"]
     k_raw, v, qg, qi_raw = _qsa_projections(e, layer, x, T, stream, r0)
-    kn = qsa.norm_rope(k_raw, w.blk_f32(layer, "attn_k_norm"), g.eps, cos, sin, positions=pos,
-                       out=b["qa_kn"][r0:T], stream=stream)
-    stamp(e, layer, "k/v+norm-rope", stream)
-    qsa.kv_append(b[f"kc.{layer}"], b[f"vc.{layer}"], kn, v, pos, stream=stream)
-    stamp(e, layer, "kv append", stream)
-    qn = qsa.norm_rope(qg[:, :, :d], w.blk_f32(layer, "attn_q_norm"), g.eps, cos, sin, positions=pos,
-                       out=b["qa_qn"][r0:T], stream=stream)
-    stamp(e, layer, "q+norm-rope", stream)
-    cells = counts = None
     ratio = g.compress_ratios[layer]
+    if ratio and qi_raw is None:  # not in the stack
+        qi_raw = b["qi_raw"][r0:T]
+        gemv_weight(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
+    idx = ratio != 0
+    # k and v into the cache, q and the indexer query normed and roped: one launch
+    qn, qi = qsa.prep(k_raw, v, qg[:, :, :d], w.blk_f32(layer, "attn_k_norm"), w.blk_f32(layer, "attn_q_norm"),
+                      b[f"kc.{layer}"], b[f"vc.{layer}"], cos, sin, pos, g.eps, out_qn=b["qa_qn"][r0:T],
+                      qr=qi_raw.reshape(n, g.idx_heads, g.idx_dim) if idx else None,
+                      qi_w=w.blk_f32(layer, "indexer.q_norm") if idx else None, out_qi=b["qi"][r0:T] if idx else None,
+                      stream=stream)
+    stamp(e, layer, "kvq+norm-rope", stream)
+    cells = counts = None
     if ratio:
         raw = b[f"idx_raw.{layer}"][:T]
         gemv_weight(e, blk + "indexer.k_proj.weight", x, raw[r0:], stream)
@@ -162,12 +165,6 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
         qsa.indexer_append(tail, b[f"pooled.{layer}"], raw, b["positions"][:T], w.blk_f32(layer, "indexer.k_norm"),
                            g.eps, cos, sin, snapshot=snap, stream=stream)
         stamp(e, layer, "idx append", stream)
-        if qi_raw is None:  # not in the stack
-            qi_raw = b["qi_raw"][r0:T]
-            gemv_weight(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
-        qi = qsa.norm_rope(qi_raw.reshape(n, g.idx_heads, g.idx_dim), w.blk_f32(layer, "indexer.q_norm"), g.eps,
-                           cos, sin, positions=pos, out=b["qi"][r0:T], stream=stream)
-        stamp(e, layer, "idx-q", stream)
         nb = b[f"pooled.{layer}"].shape[0]
         scores = qsa.block_scores(qi, b[f"pooled.{layer}"], pos, ratio, out=_rows(b["scores"], n, nb),
                                   stream=stream)
