@@ -496,3 +496,24 @@ __device__ __forceinline__ void group_by_key(const int* sid, int* is_leader, int
         g_count[j] = 0;
     }
 }
+
+// The block output a pending write of the hyper-connections adds (hyper.cu hc_write / hc_write_norm, ple.cu
+// ple_gate), bo[t, d]: given (bo != null), or parts != null: the MoE's combine,
+// sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null), moe.cu moe_combine's arithmetic
+// (slot order), so the window has no combine node after its routed experts.
+struct Pending {
+    const float* bo;
+    const float* parts;
+    const float* w;
+    const float* shared;
+    int K;
+
+    __device__ __forceinline__ float at(int t, int d, int D) const {
+        if (parts == nullptr) return bo[(i64)t * D + d];
+        const float* wt = w + (i64)t * K;
+        const float* column = parts + (i64)t * K * D + d;
+        float acc = 0.0f;
+        for (int k = 0; k < K; ++k) acc += wt[k] * column[(i64)k * D];
+        return shared ? acc + shared[(i64)t * D + d] : acc;
+    }
+};

@@ -14,25 +14,7 @@
 // Legend: T window rows, C streams, D hidden, L low rank, n_dn the rows of W_dn (>= L + C). All f32, C-contiguous.
 #include "common.cuh"
 
-// The block output a pending write adds, bo[t, d]: given (bo != null), or parts != null: the MoE's combine,
-// sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null), moe.cu moe_combine's arithmetic
-// (slot order), so the window has no combine node after its routed experts.
-struct Pending {
-    const float* bo;
-    const float* parts;
-    const float* w;
-    const float* shared;
-    int K;
-
-    __device__ __forceinline__ float at(int t, int d, int D) const {
-        if (parts == nullptr) return bo[(i64)t * D + d];
-        const float* wt = w + (i64)t * K;
-        const float* column = parts + (i64)t * K * D + d;
-        float acc = 0.0f;
-        for (int k = 0; k < K; ++k) acc += wt[k] * column[(i64)k * D];
-        return shared ? acc + shared[(i64)t * D + d] : acc;
-    }
-};
+// Pending (common.cuh): the block output a pending write adds (bo, or the MoE combine of parts).
 
 // out[t, c, d] = R[t, c, d] + pending(t, d) * inj[t, c] (bo, or the MoE's combine of parts: Pending::at). out may
 // be R (in place: each element read then written once). The product is rounded before the add (no FMA

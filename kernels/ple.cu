@@ -5,7 +5,8 @@
 // Legend: T window rows, n n-gram size, hpn heads per n-gram order, Hn = (n-1)*hpn table rows per token,
 // hd table row length, C streams, D hidden, CD = C*D, Kc conv taps, dil dilation, Hh = (Kc-1)*dil history rows.
 //   tokens [T] int64; prev [n-1] int64 predecessors before the window, oldest first (EOS-padded)
-//   R [T, C, D]; key_raw [T, CD] = emb @ w_key^T; value [T, D] = emb @ w_value^T; norms [CD]; conv_w [CD, Kc]
+//   R [T, C, D]; key_raw [T, CD] = emb @ w_key^T; value [T, D] = emb @ w_value^T (or both one GEMV's rows
+//   [key | value] [T, CD + D] over the stacked [w_key; w_value]); norms [CD]; conv_w [CD, Kc]
 //   history [Hh, CD] previous normed rows, oldest first; gated, normed [T, CD]
 // A window reads history and prev and never writes them; the commit kernels advance both to n_keep rows.
 #include "seq_common.cuh"
@@ -44,26 +45,40 @@ extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
     }
 }
 
-// Per (row t, stream c): key = rms(key_raw) * norm_key, query = rms(R) * norm_query (grouped per stream),
+// Per (row t, stream c): first the layer's pending hyper-connection write, if any (bo or parts non-null: R[t, c, :]
+// += pending(t, :) * inj_prev[t, c] in place, hyper.cu hc_write's rounding, Pending in common.cuh), then
+// key = rms(key_raw) * norm_key, query = rms(R) * norm_query (grouped per stream),
 // s = key . query / sqrt_D, gate = sigmoid(sign(s) * sqrt(max(|s|, 1e-6))), gated = gate * value[t],
-// normed = rms(gated) * norm_conv. grid T*C, block PLE_BLOCK.
+// normed = rms(gated) * norm_conv. key_raw row t at key_raw + t*ks, value row t at value + t*vs (ks = vs = CD + D
+// where key and value are one GEMV's rows [key | value]). grid T*C, block PLE_BLOCK; block (t, c) owns R[t, c, :]
+// (each element updated and read by one thread).
 extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
-    ple_gate(const float* __restrict__ key_raw, const float* __restrict__ value, const float* __restrict__ R,
+    ple_gate(const float* __restrict__ key_raw, i64 ks, const float* __restrict__ value, i64 vs, float* R,
+             const float* __restrict__ bo, const float* __restrict__ parts, const float* __restrict__ route_w,
+             const float* __restrict__ shared, int K, const float* __restrict__ inj_prev,
              const float* __restrict__ norm_key, const float* __restrict__ norm_query,
              const float* __restrict__ norm_conv, float* __restrict__ gated, float* __restrict__ normed, int C, int D,
              float sqrt_D, float eps) {
     __shared__ float sh[WARP];
     const i64 tc = blockIdx.x, t = tc / C, c = tc % C;
     const i64 base = tc * D;
-    const float* kr = key_raw + base;
-    const float* rr = R + base;
+    const float* kr = key_raw + t * ks + c * D;
+    float* rr = R + base;
     const float* nk = norm_key + c * D;
     const float* nq = norm_query + c * D;
     const float* nc = norm_conv + c * D;
+    const bool write = bo != nullptr || parts != nullptr;
+    const Pending pend{bo, parts, route_w, shared, K};
+    const float g = write ? inj_prev[tc] : 0.0f;
     float sk = 0.0f, sr = 0.0f;
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float r = rr[i];
+        if (write) {
+            r = r + __fmul_rn(pend.at((int)t, i, D), g);
+            rr[i] = r;
+        }
         sk += kr[i] * kr[i];
-        sr += rr[i] * rr[i];
+        sr += r * r;
     }
     const float rms_k = sqrtf(block_sum(sk, sh) / (float)D + eps);
     const float rms_q = sqrtf(block_sum(sr, sh) / (float)D + eps);
@@ -74,7 +89,7 @@ extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
     const float gate = sigmoid_f(sign * sqrtf(fmaxf(fabsf(s), 1e-6f)));
     float sg = 0.0f;
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        const float gv = gate * value[t * D + i];
+        const float gv = gate * value[t * vs + i];
         gated[base + i] = gv;
         sg += gv * gv;
     }

@@ -90,3 +90,55 @@ def test_ple_mix_windows_with_commits(L, Kc, dilation, key_type):
         history = seq[n_keep:n_keep + Hh]
         L.ple_history_commit(d_hist, normed, None, n_keep_dev=cp.asarray([n_keep], dtype=np.int32))
         G.check(d_hist, history, what=f"history after commit({n_keep})")
+
+
+@pytest.mark.parametrize("T,C,D,P", [(1, 4, 64, 96), (5, 3, 40, 64), (16, 2, 48, 160)])
+@pytest.mark.parametrize("kv_type", [quants.F32, quants.Q8_0])
+@pytest.mark.parametrize("pending", ["block_out", "combine", None])
+def test_ple_mix_stacked_after_the_pending_write(L, T, C, D, P, kv_type, pending):
+    """ple_mix as the window launches it: key and value one GEMV over the stacked [w_key; w_value] (raw rows of
+    one type), the previous block's write (block_out, or the experts' combine) applied to R by the gate kernel;
+    against ops.ple.ple_mix_after_write (the write, then ple_mix), NaN-poisoned outputs and scratch, eager
+    against graph replay."""
+    from kernel_helpers import assert_replay_equals_eager, raw_weight
+
+    from strata_cli.gpu import launch_gemv, launch_hyper
+    from strata_cli.ops import moe as ref_moe
+    from strata_cli.ops.gemv import dequant_rows
+
+    cp = G.cupy()
+    Kc, dilation = 3, 2
+    CD, Hh = C * D, (Kc - 1) * dilation
+    rng = np.random.default_rng(T * 31 + C + D + kv_type + len(pending or ""))
+    kv_raw = raw_weight(rng, (CD + D, P), kv_type, P ** -0.5)
+    w_kv = dequant_rows(kv_raw, kv_type, P)
+    norms = [1 + G.f32(rng, CD, scale=0.1) for _ in range(3)]
+    conv_w, history = G.f32(rng, CD, Kc, scale=0.3), G.f32(rng, Hh, CD)
+    R, emb = G.f32(rng, T, C, D), G.f32(rng, T, P)
+    inj = (2.0 * rng.random((T, C))).astype(np.float32)
+    K = 3
+    parts, route_w = G.f32(rng, T * K + 2, D), rng.random((T, K)).astype(np.float32)
+    bo = G.f32(rng, T, D) if pending == "block_out" else ref_moe.combine(parts, route_w)
+    want_R, want, seq = ref.ple_mix_after_write(R, None if pending is None else (bo, inj), emb, history, w_kv,
+                                                *norms, conv_w, dilation, EPS)
+
+    dev = {name: cp.asarray(a) for name, a in dict(R=R, emb=emb, hist=history, kv=kv_raw, conv_w=conv_w, bo=bo,
+                                                      inj=inj, parts=parts, route_w=route_w).items()}
+    d_norms = [cp.asarray(a) for a in norms]
+    write = {None: None, "block_out": (dev["bo"], dev["inj"]),
+             "combine": launch_hyper.CombineWrite(dev["parts"], dev["route_w"], None, dev["inj"])}[pending]
+    R_work, out, normed = cp.empty_like(dev["R"]), G.nan_out((T, C, D)), G.nan_out((T, CD))
+    work = L.PLEWork(G.nan_out((T + 3, CD + D)), None, G.nan_out((T + 3, CD)))  # more rows than the window
+    split = launch_gemv.SplitK.empty()
+
+    def record(stream):
+        with stream:
+            cp.copyto(R_work, dev["R"])
+        L.ple_mix(R_work, dev["emb"], dev["hist"], None, None, *d_norms, dev["conv_w"], dilation, EPS,
+                  kv=(dev["kv"], kv_type), pending=write, out=out, normed=normed, work=work, split=split,
+                  stream=stream)
+
+    got_R, got, got_normed = assert_replay_equals_eager(record, [R_work, out, normed])
+    np.testing.assert_allclose(got_R, want_R, rtol=1e-6, atol=1e-6)  # the combine's products may be FMAs
+    G.check(got, want, rtol=2e-4, what="R after PLE")
+    G.check(got_normed, seq[Hh:], rtol=2e-4, what="normed rows")

@@ -23,9 +23,11 @@ from strata_cli.model.gguf_file import open_model
 # indexer q one GEMV (the consumers reading views of its rows; 2d90738: 25); the indexer's tail back at its
 # snapshot in its append kernel (no copy node; b91d893: 16, 24); the shared expert one more entry of the routed
 # experts' launches (its weights appended to theirs, its gate its weight in the combine; 35b700f: 13, 20, 21);
-# a QSA layer's k/v into the cache and its q and indexer-q norm-ropes one launch (qsa.cu qsa_prep: 18):
-NODES_PER_LAYER = {1: [13, 20, 13, 18, 13, 13, 13, 18], 8: [13, 20, 13, 18, 13, 13, 13, 18]}
-WINDOW_NODES = {1: 132, 8: 132}
+# a QSA layer's k/v into the cache and its q and indexer-q norm-ropes one launch (qsa.cu qsa_prep: 18); the PLE's
+# key and value one GEMV (their weights stacked) and the previous layer's write in its gate kernel (ple.cu
+# ple_gate; no hc_write node: 18):
+NODES_PER_LAYER = {1: [13, 18, 13, 18, 13, 13, 13, 18], 8: [13, 18, 13, 18, 13, 13, 13, 18]}
+WINDOW_NODES = {1: 130, 8: 130}
 
 
 @pytest.fixture
@@ -60,10 +62,10 @@ def test_listing_sees_the_window_size(monkeypatch, engine):
 
 
 def test_stacked_weights_are_their_matrices_row_for_row(engine):
-    """DeviceWeights' stacks (a GDN layer's qkv + z, a QSA layer's k, v, q + indexer q, each HC read's down +
-    inject, the routed experts + the shared expert) hold the file's matrices in order, value for value, after the
+    """DeviceWeights' stacks (a GDN layer's qkv + z, a QSA layer's k, v, q + indexer q, the PLE's key + value, each
+    HC read's down + inject, the routed experts + the shared expert) hold the file's matrices in order, value for value, after the
     Q8_0 repack."""
-    from strata_cli.engine.gpu.weights import KVQ, QKVZ, STACKS
+    from strata_cli.engine.gpu.weights import KVQ, PLE_KV, QKVZ, STACKS
     from strata_cli.model import packed
     from strata_cli.ops.gemv import dequant_rows
 
@@ -74,13 +76,17 @@ def test_stacked_weights_are_their_matrices_row_for_row(engine):
         return dequant_rows(info.raw, info.ggml_type, info.shape[0])
 
     for layer in range(g.n_layers):
-        stack = QKVZ if layer in g.gdn_layers else KVQ
-        raw, ggml_type, rows = w.stack(layer, stack)
-        assert ggml_type == packed.Q8_0_R32
-        roles = [r for r in STACKS[stack] if f"blk.{layer}.{r}" in model.specs]
-        want = np.concatenate([matrix(f"blk.{layer}.{r}") for r in roles])
-        np.testing.assert_array_equal(dequant_rows(raw, ggml_type, g.n_embd), want)
-        assert rows == want.shape[0]
+        stacks = [QKVZ if layer in g.gdn_layers else KVQ] + ([PLE_KV] if layer == g.ple.layer else [])
+        for stack in stacks:
+            raw, ggml_type, rows = w.stack(layer, stack)
+            assert ggml_type == packed.Q8_0_R32
+            roles = [r for r in STACKS[stack] if f"blk.{layer}.{r}" in model.specs]
+            assert len(roles) == len(STACKS[stack]) - (stack == KVQ and not g.compress_ratios[layer])
+            want = np.concatenate([matrix(f"blk.{layer}.{r}") for r in roles])
+            n_in = model.info(f"blk.{layer}.{roles[0]}").shape[0]
+            np.testing.assert_array_equal(dequant_rows(raw, ggml_type, n_in), want)
+            assert rows == want.shape[0]
+        assert layer == g.ple.layer or w.stack(layer, PLE_KV) is None
         for read in ("hc_attn", "hc_ffn"):
             hc = w.hc(f"blk.{layer}.{read}")
             prefix = f"blk.{layer}.{read}"

@@ -131,12 +131,12 @@ def mixer(g, layer: int) -> list[str]:
 
 
 def unsplit(g, moe) -> list[str]:
-    """The steps of a one-group window: moe(layer) = its MoE steps. Every block's write goes into the next read, so
-    there is no write node except before the PLE layer (the mix reads R)."""
+    """The steps of a one-group window: moe(layer) = its MoE steps. Every block's write goes into the next read (the
+    PLE layer's into its mix, which reads R first), so there is no write node."""
     want = list(INPUTS)
     for layer in range(g.n_layers):
         if g.ple.layer == layer:
-            want += (HC_WRITE if layer > 0 else []) + PLE
+            want += PLE
         want += HC_READ + mixer(g, layer) + HC_READ + moe(layer)
     return want + HC_READ + HEAD
 
@@ -149,7 +149,7 @@ def stage_steps(g, lo: int, hi: int) -> list[str]:
     want = list(INPUTS) if lo == 0 else INPUTS[:2]
     for layer in range(lo, hi):
         if g.ple.layer == layer:
-            want += (HC_WRITE if layer > lo else []) + PLE
+            want += PLE
         want += HC_READ + mixer(g, layer) + HC_READ + MOE
     if hi < g.n_layers:
         return want + HC_WRITE

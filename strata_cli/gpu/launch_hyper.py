@@ -106,7 +106,7 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
                              f"({UP_SMEM_FLOATS} floats)")
         if not w.n_inj and out_inj is not None:
             raise ValueError("out_inj: given, but the read has no inject rows (n_inj 0)")
-        bo, combine, inj_prev = _pending(pending, T, C, D)
+        bo, combine, inj_prev = pending_args(pending, T, C, D)
         s = scratch if scratch is not None else HcScratch(None, None)
         xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), empty)
         dn = _leading_rows("scratch.dn", s.dn, T, n_dn, empty)
@@ -127,8 +127,10 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
     return out_mixed, (out_inj if w.n_inj else None)
 
 
-def _pending(pending, T: int, C: int, D: int):
-    """(block_out or None, the combine's (parts, weights, shared, K) kernel arguments, inj_prev or None), checked."""
+def pending_args(pending, T: int, C: int, D: int):
+    """(block_out or None, the combine's (parts, weights, shared, K) kernel arguments, inj_prev or None), checked:
+    the kernel arguments of a pending write (None, (block_out [T, D], inj_prev [T, C]) or a CombineWrite) for the
+    kernels that apply it (hyper.cu, ple.cu ple_gate)."""
     none = (U.null_or(None),) * 3 + (np.int32(0),)
     if pending is None:
         return None, none, None
@@ -161,7 +163,7 @@ def hc_write(R, pending, out=None, stream=None):
         T, C, D = R.shape
         if pending is None:
             raise ValueError("pending: None, expected (block_out, inj) or a CombineWrite")
-        bo, combine, inj = _pending(pending, T, C, D)
+        bo, combine, inj = pending_args(pending, T, C, D)
         out = U.out_array("out", out, (T, C, D), np.float32, empty)
         grid, block = U.elementwise_grid(T * C * D)
         nvrtc.kernel("hyper", "hc_write")(grid, block, (

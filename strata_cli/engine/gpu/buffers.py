@@ -150,7 +150,7 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
         a.add("ple_prev", (p.ngram_size - 1,), np.int64)
         for name, n in [("ple_mult", p.ngram_size), ("ple_sizes", p.n_heads), ("ple_offsets", p.n_heads)]:
             a.add(name, (n,), np.int64)  # the n-gram hash constants (PLEGeometry.hash_arrays)
-        for name, shape in [("ple_emb", (M, p.embed_dim)), ("ple_key", (M, C * D)), ("ple_value", (M, D)),
+        for name, shape in [("ple_emb", (M, p.embed_dim)), ("ple_key", (M, C * D + D)), ("ple_value", (M, D)),
                             ("ple_gated", (M, C * D)), ("ple_normed", (M, C * D)),
                             ("ple_history", (p.history, C * D))]:
             a.add(name, shape)

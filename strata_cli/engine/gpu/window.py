@@ -25,7 +25,7 @@ from ...gpu.launch_util import recording_path
 from ...gpu.runtime import check, cudart
 from ...model.names import PLE_TABLE
 from .buffers import argmax_scratch, split_k
-from .weights import KVQ, QKVZ
+from .weights import KVQ, PLE_KV, QKVZ
 
 
 def copy_async(dst, src, nbytes: int, stream) -> None:
@@ -76,7 +76,8 @@ def _hc(e, prefix: str, T: int, stream, r0: int = 0, mark=None, pending=NO_WRITE
 
 def _write(e, r0: int, r1: int, stream, pending) -> None:
     """The pending write of rows [r0, r1) on its own (hc_write, computing the experts' combine when it is theirs):
-    before the PLE mix, which reads R, and at the end of a stage of the layer split, which hands R on whole."""
+    before a split window's PLE mix (which reads a copy of R), and at the end of a stage of the layer split, which
+    hands R on whole."""
     R = e.buf["R"][r0:r1]
     hyper.hc_write(R, _pending(e, pending, r0, r1), out=R, stream=stream)
 
@@ -251,19 +252,31 @@ def _moe(e, layer: int, x, T: int, stream):
                               b["inj"][:T])
 
 
-def _ple(e, T: int, stream):
+def _ple_weights(e, layer: int) -> dict:
+    """ple_mix's projection arguments: the stacked [key; value] matrix (one GEMV) where DeviceWeights stacks them,
+    else the two matrices and their types."""
+    kv = e.w.stack(layer, PLE_KV)
+    if kv is not None:
+        return dict(w_key=None, w_value=None, kv=kv[:2])
+    (wk, kt), (wv, vt) = e.w.blk_raw(layer, "ple_key"), e.w.blk_raw(layer, "ple_value")
+    return dict(w_key=wk, w_value=wv, key_type=kt, value_type=vt)
+
+
+def _ple(e, T: int, stream, pending=NO_WRITE):
+    """The PLE of the window's rows; pending: the previous layer's write, applied to R by the mix's gate kernel
+    before it reads R."""
     b, w, g = e.buf, e.w, e.g
     p, layer = g.ple, g.ple.layer
     rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, b["ple_mult"], p.heads_per_ngram,
                           b["ple_sizes"], b["ple_offsets"], out=b["ple_rows"][:T], stream=stream)
     table, table_type = w.raw(PLE_TABLE)
     emb = embed.gather_rows(rows, table, table_type, p.head_dim, out=b["ple_emb"][:T], stream=stream)
-    wk, kt = w.blk_raw(layer, "ple_key")
-    wv, vt = w.blk_raw(layer, "ple_value")
-    ple.ple_mix(b["R"][:T], emb, b["ple_history"], wk, wv, w.blk_f32(layer, "ple_norm_key"),
-                w.blk_f32(layer, "ple_norm_query"), w.blk_f32(layer, "ple_norm_conv"), w.blk_f32(layer, "ple_conv1d"),
-                p.dilation, g.eps, key_type=kt, value_type=vt, out=b["R"][:T], normed=b["ple_normed"][:T],
-                work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), split=split_k(b), stream=stream)
+    ple.ple_mix(b["R"][:T], emb, b["ple_history"], norm_key=w.blk_f32(layer, "ple_norm_key"),
+                norm_query=w.blk_f32(layer, "ple_norm_query"), norm_conv=w.blk_f32(layer, "ple_norm_conv"),
+                conv_w=w.blk_f32(layer, "ple_conv1d"), dilation=p.dilation, eps=g.eps,
+                pending=_pending(e, pending, 0, T), out=b["R"][:T], normed=b["ple_normed"][:T],
+                work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), split=split_k(b), stream=stream,
+                **_ple_weights(e, layer))
     stamp(e, layer, "ple", stream)
 
 
@@ -280,13 +293,11 @@ def _ple_group(e, T: int, r0: int, r1: int, stream) -> None:
     saved, mixed_out = b["split_ple_in"], b["split_ple_out"]
     row_bytes = saved[0].nbytes
     copy_async(saved[r0:r1], b["R"][r0:r1], (r1 - r0) * row_bytes, stream)
-    wk, kt = w.blk_raw(layer, "ple_key")
-    wv, vt = w.blk_raw(layer, "ple_value")
-    ple.ple_mix(saved[:r1], b["ple_emb"][:r1], b["ple_history"], wk, wv, w.blk_f32(layer, "ple_norm_key"),
-                w.blk_f32(layer, "ple_norm_query"), w.blk_f32(layer, "ple_norm_conv"),
-                w.blk_f32(layer, "ple_conv1d"),
-                p.dilation, g.eps, key_type=kt, value_type=vt, out=mixed_out[:r1], normed=b["ple_normed"][:r1],
-                work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), split=split_k(b), stream=stream)
+    ple.ple_mix(saved[:r1], b["ple_emb"][:r1], b["ple_history"], norm_key=w.blk_f32(layer, "ple_norm_key"),
+                norm_query=w.blk_f32(layer, "ple_norm_query"), norm_conv=w.blk_f32(layer, "ple_norm_conv"),
+                conv_w=w.blk_f32(layer, "ple_conv1d"), dilation=p.dilation, eps=g.eps, out=mixed_out[:r1],
+                normed=b["ple_normed"][:r1], work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]),
+                split=split_k(b), stream=stream, **_ple_weights(e, layer))
     copy_async(b["R"][r0:r1], mixed_out[r0:r1], (r1 - r0) * row_bytes, stream)
 
 
@@ -300,7 +311,8 @@ class _LayerRecorder:
                      expert, routed experts) or the tiers' front: router, doorbell, shared expert, VRAM experts
         post(l, g) = the tiers' back: waits, PCIe experts, combine
 
-    The write before a PLE layer that is not the first is launched on its own (the mix reads R)."""
+    Before a PLE layer that is not the first the pending write goes into the PLE mix's gate kernel (the mix reads R
+    first), or, in a split window, is launched on its own before the group's copy of R."""
 
     def __init__(self, e, T: int, stream, groups):
         self.e, self.T, self.stream, self.groups = e, T, stream, groups
@@ -315,13 +327,13 @@ class _LayerRecorder:
             stamp(e, layer - 1, "gap", stream)
         pending = self.moe_write if layer > self.e.layers[0] else NO_WRITE  # the previous layer's MoE write
         if g.ple is not None and g.ple.layer == layer:
-            if pending:
-                _write(e, r0, r1, stream, pending)
-                pending = NO_WRITE
-            if self.split:
+            if self.split:  # the group's rows are mixed from a saved copy of R: the write goes in first
+                if pending:
+                    _write(e, r0, r1, stream, pending)
                 _ple_group(e, T, r0, r1, stream)
-            else:
-                _ple(e, T, stream)
+            else:  # the mix's gate kernel applies the write
+                _ple(e, T, stream, pending)
+            pending = NO_WRITE
         mixed, _ = _hc(e, f"blk.{layer}.hc_attn", r1, stream, r0, mark=_marks(e, layer, "hc0-", stream),
                        pending=pending)
         stamp(e, layer, "hc-read0", stream)
