@@ -25,9 +25,10 @@ from strata_cli.model.gguf_file import open_model
 # experts' launches (its weights appended to theirs, its gate its weight in the combine; 35b700f: 13, 20, 21);
 # a QSA layer's k/v into the cache and its q and indexer-q norm-ropes one launch (qsa.cu qsa_prep: 18); the PLE's
 # key and value one GEMV (their weights stacked) and the previous layer's write in its gate kernel (ple.cu
-# ple_gate; no hc_write node: 18):
-NODES_PER_LAYER = {1: [13, 18, 13, 18, 13, 13, 13, 18], 8: [13, 18, 13, 18, 13, 13, 13, 18]}
-WINDOW_NODES = {1: 130, 8: 130}
+# ple_gate; no hc_write node: 18); the routed experts' gate and up one launch (gemv_q8r.cu gemv_q8r_gateup_t<NT>:
+# 12, 17, 17):
+NODES_PER_LAYER = {1: [12, 17, 12, 17, 12, 12, 12, 17], 8: [12, 17, 12, 17, 12, 12, 12, 17]}
+WINDOW_NODES = {1: 122, 8: 122}
 
 
 @pytest.fixture
