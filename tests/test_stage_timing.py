@@ -297,6 +297,7 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
         # the previous layer's MoE write goes into this layer's first read (before the PLE: a node of its own)
         read0 = ["hc0-norm" if layer == 0 or ple else "hc0-write+norm"] + GDN_STAGES[1:3]
         want = (["ple"] if ple else []) + read0
-        want += (["kvq+norm-rope"] + (["idx append", "scores+topk"] if g.compress_ratios[layer] else [])
+        # the indexer's key in the stack: its append is prep's (no "idx append" stage)
+        want += (["kvq+norm-rope"] + (["scores+topk"] if g.compress_ratios[layer] else [])
                  + ["attention", "out-proj"] if g.layer_is_attn[layer] else GDN_STAGES[3:])
         assert stages == want + MOE_STAGES + ["gap"], layer

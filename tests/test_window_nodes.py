@@ -26,9 +26,9 @@ from strata_cli.model.gguf_file import open_model
 # a QSA layer's k/v into the cache and its q and indexer-q norm-ropes one launch (qsa.cu qsa_prep: 18); the PLE's
 # key and value one GEMV (their weights stacked) and the previous layer's write in its gate kernel (ple.cu
 # ple_gate; no hc_write node: 18); the routed experts' gate and up one launch (gemv_q8r.cu gemv_q8r_gateup_t<NT>:
-# 12, 17, 17):
-NODES_PER_LAYER = {1: [12, 17, 12, 17, 12, 12, 12, 17], 8: [12, 17, 12, 17, 12, 12, 12, 17]}
-WINDOW_NODES = {1: 122, 8: 122}
+# 12, 17, 17); the indexer's key in the QSA stack, its append a block of qsa_prep's launch (15):
+NODES_PER_LAYER = {1: [12, 17, 12, 15, 12, 12, 12, 15], 8: [12, 17, 12, 15, 12, 12, 12, 15]}
+WINDOW_NODES = {1: 118, 8: 118}
 
 
 @pytest.fixture
@@ -63,9 +63,9 @@ def test_listing_sees_the_window_size(monkeypatch, engine):
 
 
 def test_stacked_weights_are_their_matrices_row_for_row(engine):
-    """DeviceWeights' stacks (a GDN layer's qkv + z, a QSA layer's k, v, q + indexer q, the PLE's key + value, each
-    HC read's down + inject, the routed experts + the shared expert) hold the file's matrices in order, value for value, after the
-    Q8_0 repack."""
+    """DeviceWeights' stacks (a GDN layer's qkv + z, a QSA layer's k, v, q + indexer q and k, the PLE's key +
+    value, each HC read's down + inject, the routed experts + the shared expert) hold the file's matrices in order,
+    value for value, after the Q8_0 repack."""
     from strata_cli.engine.gpu.weights import KVQ, PLE_KV, QKVZ, STACKS
     from strata_cli.model import packed
     from strata_cli.ops.gemv import dequant_rows
@@ -82,7 +82,7 @@ def test_stacked_weights_are_their_matrices_row_for_row(engine):
             raw, ggml_type, rows = w.stack(layer, stack)
             assert ggml_type == packed.Q8_0_R32
             roles = [r for r in STACKS[stack] if f"blk.{layer}.{r}" in model.specs]
-            assert len(roles) == len(STACKS[stack]) - (stack == KVQ and not g.compress_ratios[layer])
+            assert len(roles) == len(STACKS[stack]) - 2 * (stack == KVQ and not g.compress_ratios[layer])
             want = np.concatenate([matrix(f"blk.{layer}.{r}") for r in roles])
             n_in = model.info(f"blk.{layer}.{roles[0]}").shape[0]
             np.testing.assert_array_equal(dequant_rows(raw, ggml_type, n_in), want)

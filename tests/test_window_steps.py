@@ -101,9 +101,10 @@ TC = WindowPath(gemv_tc=True)
 HC_READ = ["hyper.hc_read"]
 HC_WRITE = ["hyper.hc_write"]
 GDN = ["launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv + z (one GEMV), gdn_mix, out
-# k, v, q, indexer q: one GEMV; k/v into the cache and the norm-ropes of q and the indexer query one launch
+# k, v, q, indexer q and k: one GEMV; k/v into the cache, the norm-ropes of q and the indexer query and the
+# indexer's key append one launch
 QSA_HEAD = ["launch_gemv.gemv", "qsa.prep"]
-QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "qsa.block_scores", "qsa.select_cells"]
+QSA_INDEXER = ["qsa.block_scores", "qsa.select_cells"]
 QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
 # the router's GEMV in its top-k launch (an F32 router), the shared expert one more entry of the routed launches;
 # the experts' combine is the next read's
@@ -173,16 +174,18 @@ def test_window_applies_each_write_in_the_next_read(monkeypatch, geometry, T, pa
 
 
 def test_projections_of_two_types_are_a_gemv_each(monkeypatch, geometry):
-    """No stack: a GDN layer's qkv and z are two GEMVs, a QSA layer's k, v, q three and its indexer q one more."""
+    """No stack: a GDN layer's qkv and z are two GEMVs, a QSA layer's k, v, q three, its indexer q one more before
+    prep and its indexer k one more after it, with the key append of its own."""
     g = geometry
     got = recorded_steps(monkeypatch, g, 3, PLAIN, stacked=False)
     want = unsplit(g, lambda layer: MOE)
-    extra = len(g.gdn_layers) + sum(2 + (1 if g.compress_ratios[layer] else 0) for layer in g.attn_layers)
+    extra = len(g.gdn_layers) + sum(2 + (3 if g.compress_ratios[layer] else 0) for layer in g.attn_layers)
     assert len(got) == len(want) + extra and got.count("gdn.gdn_mix") == len(g.gdn_layers)
     first = got.index("gdn.gdn_mix")
     assert got[first - 2:first] == ["launch_gemv.gemv", "launch_gemv.gemv"]
-    qsa = got.index("qsa.prep")  # k, v, q, then the indexer q
-    assert got[qsa - 4:qsa] == ["launch_gemv.gemv"] * 4
+    assert g.compress_ratios[g.attn_layers[0]]
+    qsa = got.index("qsa.prep")  # k, v, q, the indexer q, prep, the indexer k and its append
+    assert got[qsa - 4:qsa + 3] == ["launch_gemv.gemv"] * 4 + ["qsa.prep", "launch_gemv.gemv", "qsa.indexer_append"]
 
 
 def test_a_router_of_another_type_is_a_gemv_then_router_topk(monkeypatch, geometry):

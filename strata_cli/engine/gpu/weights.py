@@ -5,7 +5,7 @@ layout (strata_cli/model/packed.py): same bytes, read with 16-byte loads. Gather
 embeddings) stay raw: their kernels read single rows. So do the hyper-connection up matrices (kernels/hyper.cu
 hc_up_mix reads them element-wise); each read's down and inject matrices are stacked into one (hc(prefix)), and
 the projections of a layer's mixed rows (the same input) into one GEMV where their types agree (STACKS: a GDN
-layer's qkv and z; a QSA layer's k, v, q and indexer q; the PLE's key and value of its gathered rows;
+layer's qkv and z; a QSA layer's k, v, q and indexer q and k; the PLE's key and value of its gathered rows;
 stack(layer, name)). A shared expert of the routed
 experts' types and width is appended to their tensors as one more expert (shared_expert_id).
 """
@@ -33,7 +33,7 @@ QKVZ, KVQ, PLE_KV = "attn_qkvz.weight", "attn_kvq.weight", "ple_kv.weight"
 SHARED_AS_EXPERT = {"ffn_gate_exps.weight": "ffn_gate_shexp.weight", "ffn_up_exps.weight": "ffn_up_shexp.weight",
                     "ffn_down_exps.weight": "ffn_down_shexp.weight"}
 STACKS = {QKVZ: ("attn_qkv.weight", "attn_gate.weight"),
-          KVQ: ("attn_k.weight", "attn_v.weight", "attn_q.weight", "indexer.q_proj.weight"),
+          KVQ: ("attn_k.weight", "attn_v.weight", "attn_q.weight", "indexer.q_proj.weight", "indexer.k_proj.weight"),
           PLE_KV: ("ple_key.weight", "ple_value.weight")}
 
 
@@ -165,8 +165,8 @@ class DeviceWeights:
         return self._shared_id.get(f"blk.{layer}.")
 
     def stack(self, layer: int, name: str):
-        """(raw, type, rows) of layer's stacked projection `name` (QKVZ, KVQ, PLE_KV), or None (their types differ, or the
-        layer has no such projections: a GEMV each)."""
+        """(raw, type, rows) of layer's stacked projection `name` (QKVZ, KVQ, PLE_KV), or None (their types
+        differ, or the layer has no such projections: a GEMV each)."""
         key = f"blk.{layer}.{name}"
         return (*self._raw[key], self._stack_rows[key]) if key in self._raw else None
 

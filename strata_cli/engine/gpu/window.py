@@ -143,29 +143,35 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
     b, w, g = e.buf, e.w, e.g
     blk, d, pos, n = f"blk.{layer}.", g.head_dim, b["positions"][r0:T], T - r0
     cos, sin = b["cos"], b["sin"]
-    k_raw, v, qg, qi_raw = _qsa_projections(e, layer, x, T, stream, r0)
+    k_raw, v, qg, qi_raw, ik = _qsa_projections(e, layer, x, T, stream, r0)
     ratio = g.compress_ratios[layer]
-    if ratio and qi_raw is None:  # not in the stack
-        qi_raw = b["qi_raw"][r0:T]
-        gemv_weight(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
+    keys = None
+    if ratio:
+        if qi_raw is None:  # not in the stack
+            qi_raw = b["qi_raw"][r0:T]
+            gemv_weight(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
+        # a run writes no committed state (engine/state.py): the tail goes back to its snapshot in the same launch,
+        # since a window longer than ratio - n_past % ratio rows wraps over slots of committed positions
+        if ik is not None:  # the stack's keys: appended by prep's launch (rows [0, r0) are group A's, in idx_raw)
+            keys = qsa.IndexerKeys(ik, b[f"idx_raw.{layer}"], r0, b["positions"][:T], b[f"tail.{layer}"],
+                                   b[f"snap.{layer}"], b[f"pooled.{layer}"], w.blk_f32(layer, "indexer.k_norm"))
     idx = ratio != 0
-    # k and v into the cache, q and the indexer query normed and roped: one launch
+    # k and v into the cache, q and the indexer query normed and roped (and the indexer's keys appended): one launch
     qn, qi = qsa.prep(k_raw, v, qg[:, :, :d], w.blk_f32(layer, "attn_k_norm"), w.blk_f32(layer, "attn_q_norm"),
                       b[f"kc.{layer}"], b[f"vc.{layer}"], cos, sin, pos, g.eps, out_qn=b["qa_qn"][r0:T],
                       qr=qi_raw.reshape(n, g.idx_heads, g.idx_dim) if idx else None,
                       qi_w=w.blk_f32(layer, "indexer.q_norm") if idx else None, out_qi=b["qi"][r0:T] if idx else None,
-                      stream=stream)
+                      indexer=keys, stream=stream)
     stamp(e, layer, "kvq+norm-rope", stream)
-    cells = counts = None
-    if ratio:
+    if ratio and keys is None:  # the indexer's key projection and append on their own
         raw = b[f"idx_raw.{layer}"][:T]
         gemv_weight(e, blk + "indexer.k_proj.weight", x, raw[r0:], stream)
-        tail, snap = b[f"tail.{layer}"], b[f"snap.{layer}"]
-        # a run writes no committed state (engine/state.py): the tail goes back to its snapshot in the same launch,
-        # since a window longer than ratio - n_past % ratio rows wraps over slots of committed positions
-        qsa.indexer_append(tail, b[f"pooled.{layer}"], raw, b["positions"][:T], w.blk_f32(layer, "indexer.k_norm"),
-                           g.eps, cos, sin, snapshot=snap, stream=stream)
+        qsa.indexer_append(b[f"tail.{layer}"], b[f"pooled.{layer}"], raw, b["positions"][:T],
+                           w.blk_f32(layer, "indexer.k_norm"), g.eps, cos, sin, snapshot=b[f"snap.{layer}"],
+                           stream=stream)
         stamp(e, layer, "idx append", stream)
+    cells = counts = None
+    if ratio:
         nb = b[f"pooled.{layer}"].shape[0]
         scores = qsa.block_scores(qi, b[f"pooled.{layer}"], pos, ratio, out=_rows(b["scores"], n, nb),
                                   stream=stream)
@@ -183,9 +189,10 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
 
 
 def _qsa_projections(e, layer: int, x, T: int, stream, r0: int):
-    """The k, v, q (+ gate) and, with the indexer, indexer-q projections of rows [r0, T): one GEMV where their weights
-    stack (views of its [k | v | q | indexer q] rows), else a GEMV each (no indexer q: None, projected later).
-    Returns k [n, Hk, d], v [n, Hk, d], qg [n, H, 2d], qi_raw [n, idx_dim * heads] or None."""
+    """The k, v, q (+ gate) and, with the indexer, indexer-q and indexer-k projections of rows [r0, T): one GEMV
+    where their weights stack (views of its [k | v | q | indexer q | indexer k] rows), else a GEMV each (no indexer
+    q / k: None, projected later). Returns k [n, Hk, d], v [n, Hk, d], qg [n, H, 2d], qi_raw [n, idx_dim * heads]
+    or None, ik [n, idx_dim] or None."""
     b, w, g = e.buf, e.w, e.g
     blk, d, n = f"blk.{layer}.", g.head_dim, T - r0
     kv, qw = g.n_head_kv * d, g.n_head * 2 * d
@@ -194,13 +201,16 @@ def _qsa_projections(e, layer: int, x, T: int, stream, r0: int):
         for name, buf in (("attn_k", "qa_k"), ("attn_v", "qa_v"), ("attn_q", "qa_qg")):
             gemv_weight(e, blk + name + ".weight", x, b[buf][r0:T], stream)
         return (b["qa_k"][r0:T].reshape(n, g.n_head_kv, d), b["qa_v"][r0:T].reshape(n, g.n_head_kv, d),
-                b["qa_qg"][r0:T].reshape(n, g.n_head, 2 * d), None)
+                b["qa_qg"][r0:T].reshape(n, g.n_head, 2 * d), None, None)
     raw, ggml_type, width = stacked
     rows = _rows(b["qa_kvq"], T, width)[r0:]
     launch_gemv.gemv(raw, ggml_type, x.shape[1], x, out=rows, split=split_k(b), stream=stream)
-    qi_raw = rows[:, 2 * kv + qw:] if width > 2 * kv + qw else None
+    qi_raw = ik = None
+    if width > 2 * kv + qw:  # the indexer's q and k rows follow
+        qi_end = 2 * kv + qw + g.idx_heads * g.idx_dim
+        qi_raw, ik = rows[:, 2 * kv + qw:qi_end], rows[:, qi_end:qi_end + g.idx_dim]
     return (rows[:, :kv].reshape(n, g.n_head_kv, d), rows[:, kv:2 * kv].reshape(n, g.n_head_kv, d),
-            rows[:, 2 * kv:2 * kv + qw].reshape(n, g.n_head, 2 * d), qi_raw)
+            rows[:, 2 * kv:2 * kv + qw].reshape(n, g.n_head, 2 * d), qi_raw, ik)
 
 
 def _rows(buf, T: int, width: int):
