@@ -517,3 +517,28 @@ struct Pending {
         return shared ? acc + shared[(i64)t * D + d] : acc;
     }
 };
+
+// The PLE's last step (ple.cu ple_conv_out, and hyper.cu hc_write_norm as the PLE layer's pending write): the
+// element (t, ch) it adds to R is gated[t, ch] + silu(sum_k seq[Hh - (Kc-1-k)*dil + t, ch] * conv_w[ch, k]) over
+// seq = [history [Hh, CD] | normed [T, CD]], Hh = (Kc-1)*dil; R + gated is added first, then the silu (numpy's order).
+struct PleConv {
+    const float* gated;
+    const float* history;
+    const float* normed;
+    const float* conv_w;
+    int CD, Kc, dil;
+
+    __device__ __forceinline__ float silu_conv(i64 t, i64 ch) const {
+        const int Hh = (Kc - 1) * dil;
+        float acc = 0.0f;
+        for (int k = 0; k < Kc; ++k) {
+            const i64 r = Hh - (i64)(Kc - 1 - k) * dil + t;  // row of seq
+            const float x = r < Hh ? history[r * CD + ch] : normed[(r - Hh) * CD + ch];
+            acc += x * conv_w[ch * Kc + k];
+        }
+        return silu_f(acc);
+    }
+    __device__ __forceinline__ float add_to(float r, i64 t, i64 ch) const {
+        return r + gated[t * CD + ch] + silu_conv(t, ch);
+    }
+};

@@ -98,24 +98,17 @@ extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
 }
 
 // out[t, ch] = R[t, ch] + gated[t, ch] + silu(sum_k seq[Hh - (Kc-1-k)*dil + t, ch] * conv_w[ch, k]) over
-// seq = [history | normed] (Hh + T rows). out may be R (each element read, then written, by one thread).
+// seq = [history | normed] (Hh + T rows; PleConv in common.cuh, which hyper.cu hc_write_norm applies instead where
+// the window's next read follows). out may be R (each element read, then written, by one thread).
 // Grid-stride over T*CD, block PLE_BLOCK.
 extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
     ple_conv_out(const float* R, const float* __restrict__ gated, const float* __restrict__ history,
                  const float* __restrict__ normed, const float* __restrict__ conv_w, float* out, int T, int CD,
                  int Kc, int dil) {
+    const PleConv ple{gated, history, normed, conv_w, CD, Kc, dil};
     const i64 n = (i64)T * CD;
-    const int Hh = (Kc - 1) * dil;
-    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
-        const i64 t = idx / CD, ch = idx % CD;
-        float acc = 0.0f;
-        for (int k = 0; k < Kc; ++k) {
-            const i64 r = Hh - (i64)(Kc - 1 - k) * dil + t;  // row of seq
-            const float x = r < Hh ? history[r * CD + ch] : normed[(r - Hh) * CD + ch];
-            acc += x * conv_w[ch * Kc + k];
-        }
-        out[idx] = R[idx] + gated[idx] + silu_f(acc);
-    }
+    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x)
+        out[idx] = ple.add_to(R[idx], idx / CD, idx % CD);
 }
 
 // History commit: history <- rows [n_keep, n_keep + Hh) of [history | normed]. Thread per channel.

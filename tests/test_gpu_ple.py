@@ -142,3 +142,62 @@ def test_ple_mix_stacked_after_the_pending_write(L, T, C, D, P, kv_type, pending
     np.testing.assert_allclose(got_R, want_R, rtol=1e-6, atol=1e-6)  # the combine's products may be FMAs
     G.check(got, want, rtol=2e-4, what="R after PLE")
     G.check(got_normed, seq[Hh:], rtol=2e-4, what="normed rows")
+
+
+@pytest.mark.parametrize("T,C,D", [(1, 4, 64), (5, 3, 40), (16, 2, 96)])
+def test_read_applies_the_ple_conv_step(L, T, C, D):
+    """ple_mix_write, then the layer's hyper-connection read with its PleWrite pending (hc_write_norm adds the
+    PLE's conv step: no ple_conv_out launch): R, mixed and inj those of ple_mix (ple_conv_out) and a plain read,
+    both against the numpy reference (ops.ple.ple_mix, then ops.hyper.hc_write_read_raw);
+    NaN-poisoned outputs, eager against graph replay."""
+    from kernel_helpers import assert_close, assert_replay_equals_eager, hc_weights, raw_weight
+
+    from strata_cli.gpu import launch_gemv, launch_hyper
+    from strata_cli.ops import hyper
+
+    cp = G.cupy()
+    P, Kc, dilation, Lr = 64, 3, 2, 32
+    CD, Hh = C * D, (Kc - 1) * dilation
+    rng = np.random.default_rng(T * 17 + C + D)
+    w_key, w_value = G.f32(rng, CD, P, scale=P ** -0.5), G.f32(rng, D, P, scale=P ** -0.5)
+    norms = [1 + G.f32(rng, CD, scale=0.1) for _ in range(3)]
+    conv_w, history = G.f32(rng, CD, Kc, scale=0.3), G.f32(rng, Hh, CD)
+    R, emb = G.f32(rng, T, C, D), G.f32(rng, T, P)
+    norm_w = (1.0 + 0.1 * rng.standard_normal(CD)).astype(np.float32)
+    down, up = raw_weight(rng, (Lr, CD), quants.Q8_0, 0.2), raw_weight(rng, (CD, Lr), quants.Q8_0, 0.3)
+    inj_w = raw_weight(rng, (C, CD), quants.Q8_0, 0.2)
+    want_ple, _ = ref.ple_mix(R, emb, history, w_key, w_value, *norms, conv_w, dilation, EPS)
+    want_R, want_mixed, want_inj = hyper.hc_write_read_raw(want_ple, None, norm_w, down, quants.Q8_0, up,
+                                                           quants.Q8_0, inj_w, quants.Q8_0, EPS)
+    hc = hc_weights(norm_w, down, quants.Q8_0, up, quants.Q8_0, inj_w, quants.Q8_0, pack=True)
+    d = {name: cp.asarray(a) for name, a in dict(R=R, emb=emb, hist=history, wk=w_key, wv=w_value,
+                                                    conv_w=conv_w).items()}
+    d_norms = [cp.asarray(a) for a in norms]
+    split = launch_gemv.SplitK.empty()
+    runs = {}
+    for fused in (True, False):
+        R_work, normed = cp.empty_like(d["R"]), G.nan_out((T, CD))
+        mixed, inj = G.nan_out((T, D)), G.nan_out((T, C))
+        work = L.PLEWork.empty(T, C, D)
+        scratch = launch_hyper.HcScratch.empty(T, C, D, hc.dn_raw.shape[0])
+
+        def record(stream, fused=fused, R_work=R_work, normed=normed, mixed=mixed, inj=inj, work=work,
+                   scratch=scratch):
+            with stream:
+                cp.copyto(R_work, d["R"])
+            args = (R_work, d["emb"], d["hist"], d["wk"], d["wv"], *d_norms, d["conv_w"], dilation, EPS)
+            if fused:
+                write, _ = L.ple_mix_write(*args, normed=normed, work=work, split=split, stream=stream)
+            else:
+                L.ple_mix(*args, out=R_work, normed=normed, work=work, split=split, stream=stream)
+                write = None
+            launch_hyper.hc_read(R_work, hc, EPS, pending=write, out_mixed=mixed, out_inj=inj, scratch=scratch,
+                                 split=split, stream=stream)
+
+        runs[fused] = assert_replay_equals_eager(record, [R_work, mixed, inj, normed])
+    for got_fused, got_plain in zip(runs[True], runs[False]):  # one arithmetic (PleConv); contractions may differ
+        np.testing.assert_allclose(got_fused, got_plain, rtol=1e-6, atol=1e-6 * float(np.abs(got_plain).max()))
+    got_R, got_mixed, got_inj, _ = runs[True]
+    assert_close("R", want_R, got_R)
+    assert_close("mixed", want_mixed, got_mixed)
+    assert_close("inj", want_inj, got_inj)

@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from strata_cli.gpu import launch_embed, launch_gdn, launch_ple, launch_qsa
+from strata_cli.gpu import launch_embed, launch_gdn, launch_hyper, launch_ple, launch_qsa
 from strata_cli.gpu.compile import kernels_dir
 from strata_cli.ops import topk_ties
 
@@ -116,6 +116,8 @@ def gdn_mix(nk=1, nv=2, dk=2, dv=2, **given):
     (lambda: launch_ple.ngram_rows(np.zeros(3, np.int64), np.zeros(8, np.int64), 0, np.zeros(9, np.int64), 1,
                                    np.zeros(8, np.int64), np.zeros(8, np.int64)), "prev"),
     (lambda: launch_embed.gather_rows(np.zeros((2, 3), np.int32), f32(5, 24), 0, 24), "rows"),
+    (lambda: launch_hyper.hc_write(f32(2, 3, 8), launch_hyper.PleWrite(f32(2, 24), f32(4, 24), f32(2, 24),
+                                                                       f32(24, 3), 2)), "pending"),
     (lambda: launch_ple.ple_mix(f32(2, 3, 8), f32(2, 16), f32(3, 24), f32(24, 16), f32(8, 16), f32(24), f32(24),
                                 f32(24), f32(24, 4), 3, 1e-6), "history"),
 ])

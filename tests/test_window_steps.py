@@ -45,7 +45,7 @@ class _Recorded:
 
         def launch(*args, **kwargs):
             self.steps.append(f"{self.label}.{name}")
-            pair = name.startswith(("hc_read", "select_cells", "router_")) or name == "prep"
+            pair = name.startswith(("hc_read", "select_cells", "router_")) or name in ("prep", "ple_mix_write")
             return (_Rows(), _Rows()) if pair else _Rows()
 
         return launch
@@ -109,7 +109,7 @@ QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
 # the router's GEMV in its top-k launch (an F32 router), the shared expert one more entry of the routed launches;
 # the experts' combine is the next read's
 MOE = ["moe.router_gemv_topk", "moe.routed_parts"]
-PLE = ["ple.ngram_rows", "embed.gather_rows", "ple.ple_mix"]
+PLE = ["ple.ngram_rows", "embed.gather_rows", "ple.ple_mix_write"]  # its conv step: the layer's first read
 PLE_GROUP_A = ["ple.ngram_rows", "embed.gather_rows", "memcpy", "ple.ple_mix", "memcpy"]
 PLE_GROUP_B = ["memcpy", "ple.ple_mix", "memcpy"]
 INPUTS = ["memcpy", "memcpy", "embed.gather_rows", "hyper.broadcast_streams"]

@@ -22,7 +22,7 @@ from . import compile as nvrtc
 from . import launch_util as U
 from . import seq_util as S
 from .launch_gemv import SplitK, gemv
-from .launch_hyper import pending_args
+from .launch_hyper import PleWrite, pending_args
 from .runtime import empty
 
 PLE_BLOCK = 256  # kernels/ple.cu
@@ -79,17 +79,18 @@ def _flat_rows(name: str, buf, T: int, width: int):
     return buf.reshape(-1)[:T * width].reshape(T, width)
 
 
-def ple_mix(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, conv_w, dilation: int, eps: float,
-            *, key_type: int = quants.F32, value_type: int = quants.F32, kv=None, pending=None, out=None,
-            normed=None, work: PLEWork | None = None, split: SplitK | None = None, stream=None):
-    """Add the PLE block to R [T, C, D]: returns (R_new [T, C, D], normed [T, CD]).
+def ple_mix_write(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, conv_w, dilation: int,
+                  eps: float, *, key_type: int = quants.F32, value_type: int = quants.F32, kv=None, pending=None,
+                  normed=None, work: PLEWork | None = None, split: SplitK | None = None, stream=None):
+    """The PLE block up to its last step: returns (the PleWrite that adds it to R, normed [T, CD]); the read that
+    follows applies it (launch_hyper.hc_read(pending=)), or ple_mix's ple_conv_out launch does.
 
     emb [T, P]; history [Hh, CD]; w_key raw [CD, P] and w_value raw [D, P] of key_type / value_type, or kv = (raw
     [CD + D, P], type): the two stacked (one GEMV; w_key and w_value None); norms [CD]; conv_w [CD, Kc].
     pending: the previous block's hyper-connection write ((block_out [T, D], inj [T, C]) or a CombineWrite,
     launch_hyper.hc_write's arithmetic), applied to R in place by the gate's kernel before it reads R (no write
     launch). ops.ple.ple_mix returns seq = [history | normed]; here only normed is written and ple_history_commit
-    keeps rows of that sequence. out may be R (updated in place)."""
+    keeps rows of that sequence."""
     with U.on_stream(stream):
         U.check_array("R", R, np.float32, (None, None, None))
         T, C, D = R.shape
@@ -114,7 +115,6 @@ def ple_mix(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, co
         w = work if work is not None else PLEWork(None, None, None)
         gated = U.scratch_rows("work.gated", w.gated, T, (CD,), empty)
         normed = U.out_array("normed", normed, (T, CD), np.float32, empty)
-        out = U.out_array("out", out, (T, C, D), np.float32, empty)
 
         if kv is not None:  # rows [key | value]
             rows = _flat_rows("work.key", w.key, T, CD + D)
@@ -130,9 +130,26 @@ def ple_mix(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, co
             key, np.int64(ld or CD), value, np.int64(ld or D), R, U.null_or(bo), *combine, U.null_or(inj_prev),
             norm_key, norm_query, norm_conv, gated, normed, np.int32(C), np.int32(D), np.float32(np.sqrt(D)),
             np.float32(eps)))
+    return PleWrite(gated, history, normed, conv_w, dilation), normed
+
+
+def ple_mix(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, conv_w, dilation: int, eps: float,
+            *, out=None, stream=None, **kwargs):
+    """Add the PLE block to R [T, C, D]: returns (R_new [T, C, D], normed [T, CD]): ple_mix_write (its arguments
+    and keywords), then its last step in a launch of its own (ple_conv_out). out may be R (updated in place)."""
+    with U.on_stream(stream):
+        U.check_array("R", R, np.float32, (None, None, None))
+        T, C, D = R.shape
+        CD = C * D
+        if out is not None:  # checked before anything launches
+            out = U.out_array("out", out, (T, C, D), np.float32, empty)
+        write, normed = ple_mix_write(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, conv_w,
+                                      dilation, eps, **kwargs)
+        out = U.out_array("out", out, (T, C, D), np.float32, empty)
         grid, block = U.elementwise_grid(T * CD, PLE_BLOCK)
         nvrtc.kernel("ple", "ple_conv_out")(grid, block, (
-            R, gated, history, normed, conv_w, out, np.int32(T), np.int32(CD), np.int32(Kc), np.int32(dilation)))
+            R, write.gated, history, normed, conv_w, out, np.int32(T), np.int32(CD), np.int32(conv_w.shape[1]),
+            np.int32(dilation)))
     return out, normed
 
 

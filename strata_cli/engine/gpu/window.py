@@ -49,13 +49,16 @@ def _marks(e, layer: int, prefix: str, stream):
 
 
 # What a read's pending write adds to R (the previous block's output): nothing, block_out (a mixer's out-projection,
-# the tiers' combine), or a CombineWrite: the routed experts' combine, which the read's first kernel computes (_moe
-# returns it)
+# the tiers' combine), a CombineWrite: the routed experts' combine, which the read's first kernel computes (_moe
+# returns it), or a PleWrite: the PLE's conv step, which the PLE layer's read computes (_ple returns it)
 NO_WRITE, BLOCK_OUT = None, "block_out"
 
 
 def _pending(e, pending, r0: int, r1: int):
     b = e.buf
+    if isinstance(pending, hyper.PleWrite):  # the PLE layer's conv step (_ple), whole window only
+        assert r0 == 0, "split windows mix the PLE into R on their own"
+        return pending
     if isinstance(pending, hyper.CombineWrite):
         assert r0 == 0, "split windows run the tiers' MoE, which combines into block_out"
         return pending
@@ -273,21 +276,23 @@ def _ple_weights(e, layer: int) -> dict:
 
 
 def _ple(e, T: int, stream, pending=NO_WRITE):
-    """The PLE of the window's rows; pending: the previous layer's write, applied to R by the mix's gate kernel
-    before it reads R."""
+    """The PLE of the window's rows up to its conv step, whose PleWrite (returned) the layer's read applies;
+    pending: the previous layer's write, applied to R by the mix's gate kernel before it reads R."""
     b, w, g = e.buf, e.w, e.g
     p, layer = g.ple, g.ple.layer
     rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, b["ple_mult"], p.heads_per_ngram,
                           b["ple_sizes"], b["ple_offsets"], out=b["ple_rows"][:T], stream=stream)
     table, table_type = w.raw(PLE_TABLE)
     emb = embed.gather_rows(rows, table, table_type, p.head_dim, out=b["ple_emb"][:T], stream=stream)
-    ple.ple_mix(b["R"][:T], emb, b["ple_history"], norm_key=w.blk_f32(layer, "ple_norm_key"),
-                norm_query=w.blk_f32(layer, "ple_norm_query"), norm_conv=w.blk_f32(layer, "ple_norm_conv"),
-                conv_w=w.blk_f32(layer, "ple_conv1d"), dilation=p.dilation, eps=g.eps,
-                pending=_pending(e, pending, 0, T), out=b["R"][:T], normed=b["ple_normed"][:T],
-                work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), split=split_k(b), stream=stream,
-                **_ple_weights(e, layer))
+    write, _ = ple.ple_mix_write(b["R"][:T], emb, b["ple_history"], norm_key=w.blk_f32(layer, "ple_norm_key"),
+                                 norm_query=w.blk_f32(layer, "ple_norm_query"),
+                                 norm_conv=w.blk_f32(layer, "ple_norm_conv"), conv_w=w.blk_f32(layer, "ple_conv1d"),
+                                 dilation=p.dilation, eps=g.eps, pending=_pending(e, pending, 0, T),
+                                 normed=b["ple_normed"][:T],
+                                 work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), split=split_k(b),
+                                 stream=stream, **_ple_weights(e, layer))
     stamp(e, layer, "ple", stream)
+    return write
 
 
 def _ple_group(e, T: int, r0: int, r1: int, stream) -> None:
@@ -322,7 +327,8 @@ class _LayerRecorder:
         post(l, g) = the tiers' back: waits, PCIe experts, combine
 
     Before a PLE layer that is not the first the pending write goes into the PLE mix's gate kernel (the mix reads R
-    first), or, in a split window, is launched on its own before the group's copy of R."""
+    first), or, in a split window, is launched on its own before the group's copy of R; the PLE's last step (its
+    conv) goes into the layer's first read (a split window's PLE finishes in its own launches)."""
 
     def __init__(self, e, T: int, stream, groups):
         self.e, self.T, self.stream, self.groups = e, T, stream, groups
@@ -341,9 +347,9 @@ class _LayerRecorder:
                 if pending:
                     _write(e, r0, r1, stream, pending)
                 _ple_group(e, T, r0, r1, stream)
-            else:  # the mix's gate kernel applies the write
-                _ple(e, T, stream, pending)
-            pending = NO_WRITE
+                pending = NO_WRITE
+            else:  # the mix's gate kernel applies the write; the PLE's conv step is the read's pending write
+                pending = _ple(e, T, stream, pending)
         mixed, _ = _hc(e, f"blk.{layer}.hc_attn", r1, stream, r0, mark=_marks(e, layer, "hc0-", stream),
                        pending=pending)
         stamp(e, layer, "hc-read0", stream)
