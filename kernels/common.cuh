@@ -58,6 +58,16 @@ __device__ __forceinline__ float raw_at(const u8* __restrict__ row, int type, i6
     return q8_0_scale(blk) * (float)(signed char)__ldg(blk + 2 + i % QK8_0);
 }
 
+// Element i of a gathered table row of type F32, F16, BF16 or Q8_0 (embed.cu gather_rows, ple.cu ple_gather):
+// plain loads, since the table may be mapped host memory.
+__device__ __forceinline__ float table_at(const u8* src, int type, int i) {
+    if (type == GGML_F32) return reinterpret_cast<const float*>(src)[i];
+    if (type == GGML_F16) return f16_bits_to_float(reinterpret_cast<const u16*>(src)[i]);
+    if (type == GGML_BF16) return bf16_bits_to_float(reinterpret_cast<const u16*>(src)[i]);
+    const u8* blk = src + (i64)(i / QK8_0) * Q8_0_BYTES;  // GGML_Q8_0
+    return q8_0_scale(blk) * (float)(signed char)blk[2 + i % QK8_0];
+}
+
 // Same formulas as strata_cli/ops/basic.py (1 / (1 + exp(-x)), x * sigmoid(x)).
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu_f(float x) { return x * sigmoid_f(x); }

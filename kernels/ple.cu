@@ -1,6 +1,7 @@
-// ple.cu: the PLE block over a verify window (strata_cli/ops/ple.py): n-gram hash rows, and the per-stream gate,
-// grouped norms and dilated conv of ple_mix. The table rows are gathered by embed.cu, the key/value projections
-// are gemv.cu launches.
+// ple.cu: the PLE block over a verify window (strata_cli/ops/ple.py): n-gram hash rows (and, for tables of the
+// element-wise types, their gather in the same launch: ple_gather), and the per-stream gate, grouped norms and
+// dilated conv of ple_mix. Block-type tables are gathered by gemv_quant.cu, the key/value projections are gemv.cu
+// launches.
 //
 // Legend: T window rows, n n-gram size, hpn heads per n-gram order, Hn = (n-1)*hpn table rows per token,
 // hd table row length, C streams, D hidden, CD = C*D, Kc conv taps, dil dilation, Hh = (Kc-1)*dil history rows.
@@ -16,13 +17,12 @@
 
 // rows[t, (m-2)*hpn + g] = (XOR_{j<m} ctx[j]*mult[j]) floor-mod sizes[.] + offsets[.] for orders m = 2..n, with
 // ctx = [token, newest predecessor, ...] where a predecessor reads EOS once an EOS lies between it and the token
-// (ops.ple.ngram_context). Products wrap mod 2^64 as torch's int64 does. Thread per window row.
-extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
-    ple_ngram_rows(const i64* __restrict__ tokens, const i64* __restrict__ prev, const i64* __restrict__ mult,
-                   const i64* __restrict__ sizes, const i64* __restrict__ offsets, i64* __restrict__ rows, int T, int n,
-                   int hpn, i64 eos) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
+// (ops.ple.ngram_context). Products wrap mod 2^64 as torch's int64 does. The table row of window row t, head
+// `head` (order m = head / hpn + 2), or all Hn of them into rows[0..Hn) when head < 0.
+__device__ __forceinline__ i64 ngram_row(const i64* __restrict__ tokens, const i64* __restrict__ prev,
+                                         const i64* __restrict__ mult, const i64* __restrict__ sizes,
+                                         const i64* __restrict__ offsets, int t, int n, int hpn, i64 eos, int head,
+                                         i64* rows) {
     i64 ctx[PLE_MAXN];
     ctx[0] = tokens[t];
     bool cut = false;
@@ -32,17 +32,46 @@ extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
         cut = cut || tok == eos;
         ctx[s] = cut ? eos : tok;
     }
-    const int Hn = (n - 1) * hpn;
+    const int m_last = head < 0 ? n : head / hpn + 2;
     unsigned long long mixed = (unsigned long long)ctx[0] * (unsigned long long)mult[0];
-    for (int m = 2; m <= n; ++m) {
+    i64 row = 0;
+    for (int m = 2; m <= m_last; ++m) {
         mixed ^= (unsigned long long)ctx[m - 1] * (unsigned long long)mult[m - 1];
         for (int g = 0; g < hpn; ++g) {
-            const int head = (m - 2) * hpn + g;
-            i64 r = (i64)mixed % sizes[head];  // C truncates; numpy's remainder floors
-            if (r < 0) r += sizes[head];
-            rows[(i64)t * Hn + head] = r + offsets[head];
+            const int hd = (m - 2) * hpn + g;
+            if (head >= 0 && hd != head) continue;
+            i64 r = (i64)mixed % sizes[hd];  // C truncates; numpy's remainder floors
+            if (r < 0) r += sizes[hd];
+            row = r + offsets[hd];
+            if (head < 0) rows[hd] = row;
         }
     }
+    return row;
+}
+
+// rows [T, Hn] of the window (ngram_row). Thread per window row.
+extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
+    ple_ngram_rows(const i64* __restrict__ tokens, const i64* __restrict__ prev, const i64* __restrict__ mult,
+                   const i64* __restrict__ sizes, const i64* __restrict__ offsets, i64* __restrict__ rows, int T, int n,
+                   int hpn, i64 eos) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    ngram_row(tokens, prev, mult, sizes, offsets, t, n, hpn, eos, -1, rows + (i64)t * (n - 1) * hpn);
+}
+
+// The window's gathered PLE rows in one launch (ple_ngram_rows + embed.cu gather_rows): emb[t, head*hd + i] =
+// table row ngram_row(t, head), element i, for table types F32, F16, BF16, Q8_0 (table_at; the block types gather
+// in gemv_quant.cu after ple_ngram_rows). grid T*Hn (block t*Hn + head; every thread hashes the row, a few
+// multiplies), block PLE_BLOCK.
+extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
+    ple_gather(const i64* __restrict__ tokens, const i64* __restrict__ prev, const i64* __restrict__ mult,
+               const i64* __restrict__ sizes, const i64* __restrict__ offsets, int n, int hpn, i64 eos,
+               const u8* __restrict__ table, i64 row_bytes, int type, float* __restrict__ emb, int hd) {
+    const int Hn = (n - 1) * hpn;
+    const int t = blockIdx.x / Hn, head = blockIdx.x % Hn;
+    const u8* src = table + ngram_row(tokens, prev, mult, sizes, offsets, t, n, hpn, eos, head, nullptr) * row_bytes;
+    float* dst = emb + (i64)blockIdx.x * hd;
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = table_at(src, type, i);
 }
 
 // Per (row t, stream c): first the layer's pending hyper-connection write, if any (bo or parts non-null: R[t, c, :]

@@ -60,6 +60,45 @@ def test_ngram_rows_windows_with_commits(L, n, hpn):
         G.exact(d_prev, prev, f"predecessors after commit({n_keep})")
 
 
+@pytest.mark.parametrize("table_type", [quants.F32, quants.F16, quants.BF16, quants.Q8_0, quants.Q4_0])
+@pytest.mark.parametrize("n,hpn,T", [(3, 4, 1), (4, 3, 7), (2, 1, 16)])
+def test_ngram_gather_is_the_rows_then_their_gather(L, table_type, n, hpn, T):
+    """ngram_gather: the hashed rows' table rows (ple_gather: hash and gather in one launch for the element-wise
+    types; a block type (Q4_0) through ngram_rows + its gather) against the numpy reference (the per-token hash of
+    engine/reference.py, then the dequantized table rows), EOS cuts, NaN-poisoned output, eager against graph
+    replay."""
+    from kernel_helpers import assert_replay_equals_eager
+
+    cp = G.cupy()
+    rng = np.random.default_rng(n * 100 + hpn * 10 + T + table_type)
+    mult, sizes, offsets = hash_tables(n, hpn)
+    hd = 64
+    sizes = (sizes % 13 + 5).astype(np.int64)  # a small table: rows = hash mod size + offset
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    n_rows = int(offsets[-1] + sizes[-1])
+    if table_type in L.GATHER_TYPES:
+        table_raw = quants.quantize(G.f32(rng, n_rows, hd), table_type)
+    else:  # random valid blocks of the block type (its gather is gemv_quant.cu's)
+        from strata_cli.synth.blocks import random_tensor
+
+        table_raw = random_tensor(rng, table_type, (n_rows, hd), 1.0)
+    table = quants.dequantize(table_raw, table_type).reshape(n_rows, hd)
+    prev = rng.integers(0, 1 << 20, n - 1).astype(np.int64)
+    tokens = rng.integers(0, 1 << 20, T).astype(np.int64)
+    tokens[rng.random(T) < 0.25] = EOS
+    rows = ref_rows(tokens, prev, mult, hpn, sizes, offsets)
+    want = table[rows].reshape(T, -1)
+    dev = [cp.asarray(a) for a in (tokens, prev, mult, sizes, offsets, table_raw)]
+    out, rows_buf = G.nan_out((T, rows.shape[1] * hd)), G.nan_out((T, rows.shape[1]), np.int64)
+
+    def record(stream):
+        L.ngram_gather(*dev[:2], EOS, dev[2], hpn, dev[3], dev[4], dev[5], table_type, hd, out=out, rows=rows_buf,
+                       stream=stream)
+
+    got = assert_replay_equals_eager(record, [out])[0]
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("key_type", [quants.F32, quants.BF16])
 @pytest.mark.parametrize("Kc,dilation", [(4, 3), (3, 1), (2, 2)])
 def test_ple_mix_windows_with_commits(L, Kc, dilation, key_type):

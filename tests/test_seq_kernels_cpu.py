@@ -115,6 +115,8 @@ def gdn_mix(nk=1, nv=2, dk=2, dv=2, **given):
                                        f32(40), 1e-6, f32(9, 8), f32(9, 8)), "snapshot"),
     (lambda: launch_ple.ngram_rows(np.zeros(3, np.int64), np.zeros(8, np.int64), 0, np.zeros(9, np.int64), 1,
                                    np.zeros(8, np.int64), np.zeros(8, np.int64)), "prev"),
+    (lambda: launch_ple.ngram_gather(np.zeros(3, np.int64), np.zeros(2, np.int64), 0, np.zeros(3, np.int64), 2,
+                                     np.zeros(3, np.int64), np.zeros(4, np.int64), f32(5, 24), 0, 24), "vocab_sizes"),
     (lambda: launch_embed.gather_rows(np.zeros((2, 3), np.int32), f32(5, 24), 0, 24), "rows"),
     (lambda: launch_hyper.hc_write(f32(2, 3, 8), launch_hyper.PleWrite(f32(2, 24), f32(4, 24), f32(2, 24),
                                                                        f32(24, 3), 2)), "pending"),

@@ -109,8 +109,8 @@ QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
 # the router's GEMV in its top-k launch (an F32 router), the shared expert one more entry of the routed launches;
 # the experts' combine is the next read's
 MOE = ["moe.router_gemv_topk", "moe.routed_parts"]
-PLE = ["ple.ngram_rows", "embed.gather_rows", "ple.ple_mix_write"]  # its conv step: the layer's first read
-PLE_GROUP_A = ["ple.ngram_rows", "embed.gather_rows", "memcpy", "ple.ple_mix", "memcpy"]
+PLE = ["ple.ngram_gather", "ple.ple_mix_write"]  # its conv step: the layer's first read
+PLE_GROUP_A = ["ple.ngram_gather", "memcpy", "ple.ple_mix", "memcpy"]
 PLE_GROUP_B = ["memcpy", "ple.ple_mix", "memcpy"]
 INPUTS = ["memcpy", "memcpy", "embed.gather_rows", "hyper.broadcast_streams"]
 HEAD = ["launch_gemv.gemv", "sampling.argmax_rows", "memcpy"]

@@ -4,7 +4,8 @@ Arrays are CuPy, C-contiguous: float32 activations, int64 tokens / table rows / 
 buffers are checked, never reallocated (graph capture); `stream=None` is the current stream. A window never
 writes the conv history or the n-gram predecessors; ple_history_commit / ple_prev_commit advance them in place.
 The key and value projections are launch_gemv.gemv launches over raw GGUF rows (one where the engine stacks
-them); the table rows are gathered by launch_embed.gather_rows. ple_mix applies the layer's pending hyper-connection
+them); ngram_gather hashes and gathers the table rows in one launch (tables of the element-wise types; else
+ngram_rows, then launch_embed.gather_rows). ple_mix applies the layer's pending hyper-connection
 write in its gate kernel (no write launch before it).
 
 Legend: T window rows, n n-gram size, Hn = (n-1)*heads_per_ngram table rows per token, hd table row length,
@@ -21,6 +22,7 @@ from ..model import quants
 from . import compile as nvrtc
 from . import launch_util as U
 from . import seq_util as S
+from .launch_embed import gather_rows
 from .launch_gemv import SplitK, gemv
 from .launch_hyper import PleWrite, pending_args
 from .runtime import empty
@@ -49,6 +51,38 @@ def ngram_rows(tokens, prev, eos: int, multipliers, heads_per_ngram: int, vocab_
         nvrtc.kernel("ple", "ple_ngram_rows")(grid, block, (
             tokens, prev, multipliers, vocab_sizes, offsets, out, np.int32(T), np.int32(n), np.int32(heads_per_ngram),
             np.int64(eos)))
+    return out
+
+
+GATHER_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q8_0)  # tables ple_gather decodes (table_at)
+
+
+def ngram_gather(tokens, prev, eos: int, multipliers, heads_per_ngram: int, vocab_sizes, offsets, table,
+                 table_type: int, row_len: int, out=None, rows=None, stream=None):
+    """emb [T, Hn*row_len]: the table rows ngram_rows gives (rows [T, Hn]) gathered as launch_embed.gather_rows
+    does, in one launch (ple_gather) for tables of GATHER_TYPES; other types (the block types' gathers are
+    gemv_quant.cu's) write rows (a [T, Hn] int64 buffer, allocated if None) and gather from them."""
+    with U.on_stream(stream):
+        if table_type not in GATHER_TYPES:
+            rows = ngram_rows(tokens, prev, eos, multipliers, heads_per_ngram, vocab_sizes, offsets, out=rows)
+            return gather_rows(rows, table, table_type, row_len, out=out)
+        U.check_array("tokens", tokens, np.int64, (None,))
+        T = tokens.shape[0]
+        U.check_array("prev", prev, np.int64, (None,))
+        n = prev.shape[0] + 1
+        if n > PLE_MAXN:
+            raise ValueError(f"prev: {n}-grams exceed the kernel's {PLE_MAXN}")
+        if n < 2:
+            raise ValueError("prev: no predecessor slot (n-grams of at least 2 tokens)")
+        U.check_array("multipliers", multipliers, np.int64, (n,))
+        Hn = (n - 1) * heads_per_ngram
+        U.check_array("vocab_sizes", vocab_sizes, np.int64, (Hn,))
+        U.check_array("offsets", offsets, np.int64, (Hn,))
+        U.weight_rows("table", table, table_type, row_len)
+        out = U.out_array("out", out, (T, Hn * row_len), np.float32, empty)
+        nvrtc.kernel("ple", "ple_gather")((T * Hn, 1, 1), (PLE_BLOCK, 1, 1), (
+            tokens, prev, multipliers, vocab_sizes, offsets, np.int32(n), np.int32(heads_per_ngram), np.int64(eos),
+            table, np.int64(U.row_stride(table_type, row_len)), np.int32(table_type), out, np.int32(row_len)))
     return out
 
 

@@ -275,15 +275,21 @@ def _ple_weights(e, layer: int) -> dict:
     return dict(w_key=wk, w_value=wv, key_type=kt, value_type=vt)
 
 
+def _ple_rows(e, T: int, stream):
+    """The window's hashed n-gram table rows, gathered (one launch for tables of the element-wise types)."""
+    b, p = e.buf, e.g.ple
+    table, table_type = e.w.raw(PLE_TABLE)
+    return ple.ngram_gather(b["tokens"][:T], b["ple_prev"], p.eos_token_id, b["ple_mult"], p.heads_per_ngram,
+                            b["ple_sizes"], b["ple_offsets"], table, table_type, p.head_dim, out=b["ple_emb"][:T],
+                            rows=b["ple_rows"][:T], stream=stream)
+
+
 def _ple(e, T: int, stream, pending=NO_WRITE):
     """The PLE of the window's rows up to its conv step, whose PleWrite (returned) the layer's read applies;
     pending: the previous layer's write, applied to R by the mix's gate kernel before it reads R."""
     b, w, g = e.buf, e.w, e.g
     p, layer = g.ple, g.ple.layer
-    rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, b["ple_mult"], p.heads_per_ngram,
-                          b["ple_sizes"], b["ple_offsets"], out=b["ple_rows"][:T], stream=stream)
-    table, table_type = w.raw(PLE_TABLE)
-    emb = embed.gather_rows(rows, table, table_type, p.head_dim, out=b["ple_emb"][:T], stream=stream)
+    emb = _ple_rows(e, T, stream)
     write, _ = ple.ple_mix_write(b["R"][:T], emb, b["ple_history"], norm_key=w.blk_f32(layer, "ple_norm_key"),
                                  norm_query=w.blk_f32(layer, "ple_norm_query"),
                                  norm_conv=w.blk_f32(layer, "ple_norm_conv"), conv_w=w.blk_f32(layer, "ple_conv1d"),
@@ -301,10 +307,7 @@ def _ple_group(e, T: int, r0: int, r1: int, stream) -> None:
     b, w, g = e.buf, e.w, e.g
     p, layer = g.ple, g.ple.layer
     if r0 == 0:  # the gathered PLE rows of the whole window (they depend on tokens only)
-        rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, b["ple_mult"], p.heads_per_ngram,
-                              b["ple_sizes"], b["ple_offsets"], out=b["ple_rows"][:T], stream=stream)
-        table, table_type = w.raw(PLE_TABLE)
-        embed.gather_rows(rows, table, table_type, p.head_dim, out=b["ple_emb"][:T], stream=stream)
+        _ple_rows(e, T, stream)
     saved, mixed_out = b["split_ple_in"], b["split_ple_out"]
     row_bytes = saved[0].nbytes
     copy_async(saved[r0:r1], b["R"][r0:r1], (r1 - r0) * row_bytes, stream)
