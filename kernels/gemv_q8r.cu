@@ -144,25 +144,31 @@ __device__ __forceinline__ void q8r_slice(const u8* __restrict__ grp0, const u8*
 }
 
 // Sum the ksplit warps of each warp set; the set's first warp writes rows 32 (g0 + r) + lane, r < live, of every
-// window row. Every warp of the block must call it (it holds a barrier when ksplit > 1).
-template <int NT, int R>
+// window row. Every warp of the block must call it (it holds a barrier when ksplit > 1). RH0 > 0 (the gate/up
+// kernel): acc rows 0..RH0-1 gate, RH0.. the same up rows, and y = silu(gate) * up for r < RH0 (act, div, mul
+// unused).
+template <int RH0 = 0, int NT, int R>
 __device__ __forceinline__ void q8r_store(float (&acc)[R][NT], int g0, int live, int n_out, int nt, int ksplit,
                                           int kslice, int set, float* y, const int (&y_rows)[NT], int act,
                                           float div, const float* mul, int mul_st, int mul_so) {
+    constexpr int RO = RH0 ? RH0 : R;  // output row groups
     __shared__ float part[GEMV_WARPS][R][NT][WARP];
     const int lane = threadIdx.x & (WARP - 1), warp = threadIdx.x / WARP;
     if (!ksplit_reduce(acc, ksplit, kslice, true, [&](int r, int t) -> float& { return part[warp][r][t][lane]; },
                        [&](int s, int r, int t) { return part[set * ksplit + s][r][t][lane]; }))
         return;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < RO; ++r) {
         const int o = (g0 + r) * Q8R_GROUP + lane;
         if (r >= live || o >= n_out) continue;
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             if (t < nt) {
                 const i64 row = y_rows[t];
-                y[row * n_out + o] = gemv_epilogue(acc[r][t], act, div, mul, row * mul_st + (i64)o * mul_so);
+                if constexpr (RH0 > 0)
+                    y[row * n_out + o] = apply_act(acc[r][t], ACT_SILU) * acc[RH0 + r][t];
+                else
+                    y[row * n_out + o] = gemv_epilogue(acc[r][t], act, div, mul, row * mul_st + (i64)o * mul_so);
             }
         }
     }
@@ -192,60 +198,25 @@ __device__ __forceinline__ void q8r_dense(const u8* W, int nb, const float* x, i
         });
 }
 
-// Grouped experts, as gemv.cu's gemv_grouped: group u = blockIdx.y holds up to GEMV_MAXT (row, slot) entries
-// routed to expert g_expert[u]; entry j reads x row j / x_div and writes y row j. Empty groups leave at once; an
-// expert id outside 0..E-1 writes NaN to its entries' rows.
-template <int NT>
-__device__ __forceinline__ void q8r_grouped(const u8* W, i64 expert_stride, int n_expert, const int* g_expert,
-                                            const int* g_count, const int* g_entries, const float* x, int x_div,
-                                            int n_in, float* y, int n_out, int ksplit, int act, float div,
-                                            const float* mul, int mul_st, int mul_so) {
-    constexpr int R = q8r_rows(NT);
-    const int u = blockIdx.y;
-    const int nt = min(g_count[u], NT);
-    if (nt == 0) return;  // uniform per block: no barrier is left waiting
-    const int e = g_expert[u];
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
-    const int set = warp / ksplit, kslice = warp % ksplit;
-    const int g0 = (blockIdx.x * (GEMV_WARPS / ksplit) + set) * R;
-    const int live = min(R, n_out / Q8R_GROUP - g0);
-    const int nb = n_in / QK8_0;
-    int rows[NT], xr[NT];
-    expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
-    if (e < 0 || e >= n_expert) {
-        if (kslice == 0)
-            for (int r = 0; r < live; ++r)
-                for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + (g0 + r) * Q8R_GROUP + lane] = QNAN;
-        return;
-    }
-    const u8* grp0 = W + (i64)e * expert_stride + (i64)g0 * nb * Q8R_BLOCK_BYTES;
-    grouped_dot_store<NT, R>(
-        nt, xr, rows,
-        [&](auto& acc, const auto& xs, int n) {
-            if (live > 0) q8r_slice(grp0, grp0, live, nb, x, xs, n, n_in, kslice, ksplit, acc);
-        },
-        [&](auto& acc, const auto& ys, int n) {
-            q8r_store(acc, g0, live, n_out, n, ksplit, kslice, set, y, ys, act, div, mul, mul_st, mul_so);
-        });
-}
-
 // Row groups per warp and matrix of the gate/up kernel (launch_util.Q8R_GATEUP_ROWS mirrors it): half the plain
 // kernel's, so a warp holds as many accumulators and loads in flight as a plain launch's warp.
 constexpr int q8r_gateup_rows(int nt) { return q8r_rows(nt) > 1 ? q8r_rows(nt) / 2 : 1; }
 
-// The grouped experts' gate and up projections in one pass (gemv_q8r_gateup_t<NT>; gemv_quant.cu qgemv_gateup_*'s
-// arithmetic): acc rows 0..RH-1 are gate row groups g0.., rows RH..2RH-1 the same up row groups, loaded together
-// (an expert's gate and up bytes in flight at once, read once for all its entries), then
+// Grouped experts, as gemv.cu's gemv_grouped: group u = blockIdx.y holds up to GEMV_MAXT (row, slot) entries
+// routed to expert g_expert[u]; entry j reads x row j / x_div and writes y row j. Empty groups leave at once; an
+// expert id outside 0..E-1 writes NaN to its entries' rows.
+// GATEUP (gemv_q8r_gateup_t<NT>; gemv_quant.cu qgemv_gateup_*'s arithmetic): the gate (W) and up (Wu) projections
+// in one pass, RH = q8r_gateup_rows(NT) row groups of each per warp: acc rows 0..RH-1 gate, RH..2RH-1 the same up
+// rows, loaded together (an expert's gate and up bytes in flight at once, read once for all its entries), then
 //   y[j, o] = silu(gate_e[o] . x[j / x_div]) * (up_e[o] . x[j / x_div])
-// (the two-launch path's values: up's epilogue is the plain sum, gate's silu(sum) * up). Wg, Wu [E, n_out, n_in]
-// Q8_0_R32, expert_stride bytes apart; groups as q8r_grouped; an expert id outside 0..E-1 writes NaN rows.
-// grid (ceil(n_out / 32 / (RH * GEMV_WARPS / ksplit)), J groups), block GEMV_WARPS * 32.
-template <int NT>
-__device__ __forceinline__ void q8r_gateup(const u8* Wg, const u8* Wu, i64 expert_stride, int n_expert,
-                                           const int* g_expert, const int* g_count, const int* g_entries,
-                                           const float* x, int x_div, int n_in, float* y, int n_out, int ksplit) {
-    constexpr int RH = q8r_gateup_rows(NT), R = 2 * RH;
-    __shared__ float part[GEMV_WARPS][R][NT][WARP];
+// (the two-launch path's values: up's epilogue is the plain sum, gate's silu(sum) * up; act, div and mul unused).
+template <int NT, bool GATEUP = false>
+__device__ __forceinline__ void q8r_grouped(const u8* W, const u8* Wu, i64 expert_stride, int n_expert,
+                                            const int* g_expert, const int* g_count, const int* g_entries,
+                                            const float* x, int x_div, int n_in, float* y, int n_out, int ksplit,
+                                            int act, float div, const float* mul, int mul_st, int mul_so) {
+    constexpr int RH = GATEUP ? q8r_gateup_rows(NT) : q8r_rows(NT);  // row groups per warp and matrix
+    constexpr int R = GATEUP ? 2 * RH : RH;
     const int u = blockIdx.y;
     const int nt = min(g_count[u], NT);
     if (nt == 0) return;  // uniform per block: no barrier is left waiting
@@ -264,25 +235,16 @@ __device__ __forceinline__ void q8r_gateup(const u8* Wg, const u8* Wu, i64 exper
         return;
     }
     const i64 off = (i64)e * expert_stride + (i64)g0 * nb * Q8R_BLOCK_BYTES;
+    const u8* grp0 = W + off;
+    const u8* grp1 = GATEUP ? Wu + off : grp0;
     grouped_dot_store<NT, R>(
         nt, xr, rows,
         [&](auto& acc, const auto& xs, int n) {
-            if (live > 0) q8r_slice<RH>(Wg + off, Wu + off, live, nb, x, xs, n, n_in, kslice, ksplit, acc);
+            if (live > 0) q8r_slice<GATEUP ? RH : 0>(grp0, grp1, live, nb, x, xs, n, n_in, kslice, ksplit, acc);
         },
         [&](auto& acc, const auto& ys, int n) {
-            constexpr int N = sizeof(ys) / sizeof(ys[0]);  // NT, or 1 for a one-entry group
-            if (!ksplit_reduce(acc, ksplit, kslice, true,
-                               [&](int r, int t) -> float& { return part[warp][r][t][lane]; },
-                               [&](int s, int r, int t) { return part[set * ksplit + s][r][t][lane]; }))
-                return;
-#pragma unroll
-            for (int r = 0; r < RH; ++r) {
-                const int o = (g0 + r) * Q8R_GROUP + lane;
-                if (r >= live || o >= n_out) continue;
-#pragma unroll
-                for (int t = 0; t < N; ++t)
-                    if (t < n) y[(i64)ys[t] * n_out + o] = apply_act(acc[r][t], ACT_SILU) * acc[RH + r][t];
-            }
+            q8r_store<GATEUP ? RH : 0>(acc, g0, live, n_out, n, ksplit, kslice, set, y, ys, act, div, mul, mul_st,
+                                       mul_so);
         });
 }
 
@@ -320,7 +282,7 @@ extern "C" __global__ void __launch_bounds__(256) q8r_pack(const u8* __restrict_
                               const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,    \
                               float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st, \
                               int mul_so) {                                                                      \
-        q8r_grouped<NT>(W, expert_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, n_out,     \
+        q8r_grouped<NT>(W, W, expert_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, n_out,  \
                         ksplit, act, div, mul, mul_st, mul_so);                                                  \
     }
 
@@ -329,8 +291,8 @@ extern "C" __global__ void __launch_bounds__(256) q8r_pack(const u8* __restrict_
         gemv_q8r_gateup_t##NT(const u8* Wg, const u8* Wu, i64 expert_stride, int n_expert, const int* g_expert,  \
                               const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,    \
                               float* y, int n_out, int ksplit) {                                                 \
-        q8r_gateup<NT>(Wg, Wu, expert_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, n_out, \
-                       ksplit);                                                                                  \
+        q8r_grouped<NT, true>(Wg, Wu, expert_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, \
+                              n_out, ksplit, ACT_NONE, 1.0f, nullptr, 0, 0);                                     \
     }
 
 // grid (ceil(n_groups / (R * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit)

@@ -31,21 +31,26 @@ PLE_BLOCK = 256  # kernels/ple.cu
 PLE_MAXN = 8
 
 
+def _hash_args(tokens, prev, multipliers, heads_per_ngram: int, vocab_sizes, offsets):
+    """(T, n, Hn) of the n-gram hash's arguments, checked (ngram_rows, ngram_gather)."""
+    U.check_array("tokens", tokens, np.int64, (None,))
+    U.check_array("prev", prev, np.int64, (None,))
+    n = prev.shape[0] + 1
+    if not 2 <= n <= PLE_MAXN:
+        raise ValueError(f"prev: {n}-grams, the kernels take 2..{PLE_MAXN}")
+    U.check_array("multipliers", multipliers, np.int64, (n,))
+    Hn = (n - 1) * heads_per_ngram
+    U.check_array("vocab_sizes", vocab_sizes, np.int64, (Hn,))
+    U.check_array("offsets", offsets, np.int64, (Hn,))
+    return tokens.shape[0], n, Hn
+
+
 def ngram_rows(tokens, prev, eos: int, multipliers, heads_per_ngram: int, vocab_sizes, offsets, out=None,
                stream=None):
     """rows [T, Hn] int64: for each window token, ops.ple.ngram_rows(ops.ple.ngram_context(token, predecessors
     newest first, eos), ...), the predecessors being the window's earlier tokens, then prev [n-1] (oldest first)."""
     with U.on_stream(stream):
-        U.check_array("tokens", tokens, np.int64, (None,))
-        T = tokens.shape[0]
-        U.check_array("prev", prev, np.int64, (None,))
-        n = prev.shape[0] + 1
-        if n > PLE_MAXN:
-            raise ValueError(f"prev: {n}-grams exceed the kernel's {PLE_MAXN}")
-        U.check_array("multipliers", multipliers, np.int64, (n,))
-        Hn = (n - 1) * heads_per_ngram
-        U.check_array("vocab_sizes", vocab_sizes, np.int64, (Hn,))
-        U.check_array("offsets", offsets, np.int64, (Hn,))
+        T, n, Hn = _hash_args(tokens, prev, multipliers, heads_per_ngram, vocab_sizes, offsets)
         out = U.out_array("out", out, (T, Hn), np.int64, empty)
         grid, block = U.elementwise_grid(T, PLE_BLOCK)
         nvrtc.kernel("ple", "ple_ngram_rows")(grid, block, (
@@ -66,18 +71,7 @@ def ngram_gather(tokens, prev, eos: int, multipliers, heads_per_ngram: int, voca
         if table_type not in GATHER_TYPES:
             rows = ngram_rows(tokens, prev, eos, multipliers, heads_per_ngram, vocab_sizes, offsets, out=rows)
             return gather_rows(rows, table, table_type, row_len, out=out)
-        U.check_array("tokens", tokens, np.int64, (None,))
-        T = tokens.shape[0]
-        U.check_array("prev", prev, np.int64, (None,))
-        n = prev.shape[0] + 1
-        if n > PLE_MAXN:
-            raise ValueError(f"prev: {n}-grams exceed the kernel's {PLE_MAXN}")
-        if n < 2:
-            raise ValueError("prev: no predecessor slot (n-grams of at least 2 tokens)")
-        U.check_array("multipliers", multipliers, np.int64, (n,))
-        Hn = (n - 1) * heads_per_ngram
-        U.check_array("vocab_sizes", vocab_sizes, np.int64, (Hn,))
-        U.check_array("offsets", offsets, np.int64, (Hn,))
+        T, n, Hn = _hash_args(tokens, prev, multipliers, heads_per_ngram, vocab_sizes, offsets)
         U.weight_rows("table", table, table_type, row_len)
         out = U.out_array("out", out, (T, Hn * row_len), np.float32, empty)
         nvrtc.kernel("ple", "ple_gather")((T * Hn, 1, 1), (PLE_BLOCK, 1, 1), (
