@@ -58,6 +58,16 @@ __device__ __forceinline__ float raw_at(const u8* __restrict__ row, int type, i6
     return q8_0_scale(blk) * (float)(signed char)__ldg(blk + 2 + i % QK8_0);
 }
 
+// Element i of a gathered table row of type F32, F16, BF16 or Q8_0 (embed.cu gather_rows, ple.cu ple_gather):
+// plain loads, since the table may be mapped host memory.
+__device__ __forceinline__ float table_at(const u8* src, int type, int i) {
+    if (type == GGML_F32) return reinterpret_cast<const float*>(src)[i];
+    if (type == GGML_F16) return f16_bits_to_float(reinterpret_cast<const u16*>(src)[i]);
+    if (type == GGML_BF16) return bf16_bits_to_float(reinterpret_cast<const u16*>(src)[i]);
+    const u8* blk = src + (i64)(i / QK8_0) * Q8_0_BYTES;  // GGML_Q8_0
+    return q8_0_scale(blk) * (float)(signed char)blk[2 + i % QK8_0];
+}
+
 // Same formulas as strata_cli/ops/basic.py (1 / (1 + exp(-x)), x * sigmoid(x)).
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float silu_f(float x) { return x * sigmoid_f(x); }
@@ -496,3 +506,49 @@ __device__ __forceinline__ void group_by_key(const int* sid, int* is_leader, int
         g_count[j] = 0;
     }
 }
+
+// The block output a pending write of the hyper-connections adds (hyper.cu hc_write / hc_write_norm, ple.cu
+// ple_gate), bo[t, d]: given (bo != null), or parts != null: the MoE's combine,
+// sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null), moe.cu moe_combine's arithmetic
+// (slot order), so the window has no combine node after its routed experts.
+struct Pending {
+    const float* bo;
+    const float* parts;
+    const float* w;
+    const float* shared;
+    int K;
+
+    __device__ __forceinline__ float at(int t, int d, int D) const {
+        if (parts == nullptr) return bo[(i64)t * D + d];
+        const float* wt = w + (i64)t * K;
+        const float* column = parts + (i64)t * K * D + d;
+        float acc = 0.0f;
+        for (int k = 0; k < K; ++k) acc += wt[k] * column[(i64)k * D];
+        return shared ? acc + shared[(i64)t * D + d] : acc;
+    }
+};
+
+// The PLE's last step (ple.cu ple_conv_out, and hyper.cu hc_write_norm as the PLE layer's pending write): the
+// element (t, ch) it adds to R is gated[t, ch] + silu(sum_k seq[Hh - (Kc-1-k)*dil + t, ch] * conv_w[ch, k]) over
+// seq = [history [Hh, CD] | normed [T, CD]], Hh = (Kc-1)*dil; R + gated is added first, then the silu (numpy's order).
+struct PleConv {
+    const float* gated;
+    const float* history;
+    const float* normed;
+    const float* conv_w;
+    int CD, Kc, dil;
+
+    __device__ __forceinline__ float silu_conv(i64 t, i64 ch) const {
+        const int Hh = (Kc - 1) * dil;
+        float acc = 0.0f;
+        for (int k = 0; k < Kc; ++k) {
+            const i64 r = Hh - (i64)(Kc - 1 - k) * dil + t;  // row of seq
+            const float x = r < Hh ? history[r * CD + ch] : normed[(r - Hh) * CD + ch];
+            acc += x * conv_w[ch * Kc + k];
+        }
+        return silu_f(acc);
+    }
+    __device__ __forceinline__ float add_to(float r, i64 t, i64 ch) const {
+        return r + gated[t * CD + ch] + silu_conv(t, ch);
+    }
+};

@@ -7,21 +7,11 @@
 #define EMBED_BLOCK 256
 
 // emb[e, :] = dequantized table row rows[e]; table rows are of GGML type F32, F16, BF16 or Q8_0, decoded exactly
-// as strata_cli/model/quants.py. The table may be mapped host memory. grid N, block EMBED_BLOCK.
+// as strata_cli/model/quants.py (table_at, common.cuh). The table may be mapped host memory. grid N, block EMBED_BLOCK.
 extern "C" __global__ void __launch_bounds__(EMBED_BLOCK)
     gather_rows(const i64* __restrict__ rows, const u8* __restrict__ table, i64 row_bytes, int type,
                 float* __restrict__ emb, int hd) {
     const u8* src = table + rows[blockIdx.x] * row_bytes;
     float* dst = emb + (i64)blockIdx.x * hd;
-    for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-        float val;
-        if (type == GGML_F32) val = reinterpret_cast<const float*>(src)[i];
-        else if (type == GGML_F16) val = f16_bits_to_float(reinterpret_cast<const u16*>(src)[i]);
-        else if (type == GGML_BF16) val = bf16_bits_to_float(reinterpret_cast<const u16*>(src)[i]);
-        else {  // GGML_Q8_0
-            const u8* blk = src + (i64)(i / QK8_0) * Q8_0_BYTES;
-            val = q8_0_scale(blk) * (float)(signed char)blk[2 + i % QK8_0];
-        }
-        dst[i] = val;
-    }
+    for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = table_at(src, type, i);
 }

@@ -53,16 +53,20 @@ __device__ __forceinline__ int word_of(const int4& qa, const int4& qb, int j) {
 }
 
 // Block b of the warp's first `live` row groups (q, d point at group g0's quants / scales for this lane;
-// gq, gd = one group's stride in int4 / u16 units).
-template <int R>
-__device__ __forceinline__ void q8r_load(const int4* q, const u16* d, i64 gq, i64 gd, int b, int live,
-                                         int4 (&qa)[R], int4 (&qb)[R], u16 (&dd)[R]) {
+// gq, gd = one group's stride in int4 / u16 units). RH < R (the gate/up kernel): rows RH.. are the same row groups
+// of a second matrix (q1, d1), both loaded while their row group is live.
+template <int R, int RH = R>
+__device__ __forceinline__ void q8r_load(const int4* q, const u16* d, const int4* q1, const u16* d1, i64 gq, i64 gd,
+                                         int b, int live, int4 (&qa)[R], int4 (&qb)[R], u16 (&dd)[R]) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        if (r < live) {
-            qa[r] = __ldg(q + r * gq + b * 64);
-            qb[r] = __ldg(q + r * gq + b * 64 + 32);
-            dd[r] = __ldg(d + r * gd + b * 32);
+        const int rr = r < RH ? r : r - RH;  // compile-time: r is unrolled
+        const int4* qr = r < RH ? q : q1;
+        const u16* dr = r < RH ? d : d1;
+        if (rr < live) {
+            qa[r] = __ldg(qr + rr * gq + b * 64);
+            qb[r] = __ldg(qr + rr * gq + b * 64 + 32);
+            dd[r] = __ldg(dr + rr * gd + b * 32);
         }
     }
 }
@@ -98,24 +102,29 @@ __device__ __forceinline__ void q8r_block(const int4 (&qa)[R], const int4 (&qb)[
     }
 }
 
-// acc[r][t] += (this warp's K slice of) row 32 (g0 + r) + lane . x[xr[t]]; grp0 = group g0's first byte.
+// acc[r][t] += (this warp's K slice of) row 32 (g0 + r) + lane . x[xr[t]]; grp0 = group g0's first byte (RH0 > 0,
+// the gate/up kernel: rows RH0.. from grp1, the same row groups of a second matrix).
 // The warp takes blocks b = kslice, kslice + kstride, ...; each ring slot is refilled with the block DEPTH steps
 // ahead as soon as it is consumed, so the next blocks' loads overlap this block's arithmetic.
-template <int NT, int R>
-__device__ __forceinline__ void q8r_slice(const u8* __restrict__ grp0, int live, int nb,
+template <int RH0 = 0, int NT, int R>
+__device__ __forceinline__ void q8r_slice(const u8* __restrict__ grp0, const u8* __restrict__ grp1, int live, int nb,
                                           const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in,
                                           int kslice, int kstride, float (&acc)[R][NT]) {
+    constexpr int RH = RH0 ? RH0 : R;  // RH0 0: every row from grp0
     constexpr int DEPTH = Q8R_INFLIGHT / R > 1 ? Q8R_INFLIGHT / R : 2;
     const int lane = threadIdx.x & (WARP - 1);
     const i64 group_bytes = (i64)nb * Q8R_BLOCK_BYTES;
     const int4* q = reinterpret_cast<const int4*>(grp0) + lane;
     const u16* d = reinterpret_cast<const u16*>(grp0 + (i64)nb * 1024) + lane;
+    const int4* q1 = reinterpret_cast<const int4*>(grp1) + lane;
+    const u16* d1 = reinterpret_cast<const u16*>(grp1 + (i64)nb * 1024) + lane;
+    const i64 gq = group_bytes / 16, gd = group_bytes / 2;
     int4 qa[DEPTH][R], qb[DEPTH][R];
     u16 dd[DEPTH][R];
 #pragma unroll
     for (int i = 0; i < DEPTH; ++i) {
         const int b = kslice + i * kstride;
-        if (b < nb) q8r_load<R>(q, d, group_bytes / 16, group_bytes / 2, b, live, qa[i], qb[i], dd[i]);
+        if (b < nb) q8r_load<R, RH>(q, d, q1, d1, gq, gd, b, live, qa[i], qb[i], dd[i]);
     }
     for (int base = kslice; base < nb; base += DEPTH * kstride) {
 #pragma unroll
@@ -127,8 +136,7 @@ __device__ __forceinline__ void q8r_slice(const u8* __restrict__ grp0, int live,
 #pragma unroll
                 for (int r = 0; r < R; ++r) { ca[r] = qa[i][r]; cb[r] = qb[i][r]; cd[r] = dd[i][r]; }
                 const int ahead = b + DEPTH * kstride;
-                if (ahead < nb)
-                    q8r_load<R>(q, d, group_bytes / 16, group_bytes / 2, ahead, live, qa[i], qb[i], dd[i]);
+                if (ahead < nb) q8r_load<R, RH>(q, d, q1, d1, gq, gd, ahead, live, qa[i], qb[i], dd[i]);
                 q8r_block<NT, R>(ca, cb, cd, b, x, xr, nt, n_in, acc);
             }
         }
@@ -136,25 +144,31 @@ __device__ __forceinline__ void q8r_slice(const u8* __restrict__ grp0, int live,
 }
 
 // Sum the ksplit warps of each warp set; the set's first warp writes rows 32 (g0 + r) + lane, r < live, of every
-// window row. Every warp of the block must call it (it holds a barrier when ksplit > 1).
-template <int NT, int R>
+// window row. Every warp of the block must call it (it holds a barrier when ksplit > 1). RH0 > 0 (the gate/up
+// kernel): acc rows 0..RH0-1 gate, RH0.. the same up rows, and y = silu(gate) * up for r < RH0 (act, div, mul
+// unused).
+template <int RH0 = 0, int NT, int R>
 __device__ __forceinline__ void q8r_store(float (&acc)[R][NT], int g0, int live, int n_out, int nt, int ksplit,
                                           int kslice, int set, float* y, const int (&y_rows)[NT], int act,
                                           float div, const float* mul, int mul_st, int mul_so) {
+    constexpr int RO = RH0 ? RH0 : R;  // output row groups
     __shared__ float part[GEMV_WARPS][R][NT][WARP];
     const int lane = threadIdx.x & (WARP - 1), warp = threadIdx.x / WARP;
     if (!ksplit_reduce(acc, ksplit, kslice, true, [&](int r, int t) -> float& { return part[warp][r][t][lane]; },
                        [&](int s, int r, int t) { return part[set * ksplit + s][r][t][lane]; }))
         return;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
+    for (int r = 0; r < RO; ++r) {
         const int o = (g0 + r) * Q8R_GROUP + lane;
         if (r >= live || o >= n_out) continue;
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
             if (t < nt) {
                 const i64 row = y_rows[t];
-                y[row * n_out + o] = gemv_epilogue(acc[r][t], act, div, mul, row * mul_st + (i64)o * mul_so);
+                if constexpr (RH0 > 0)
+                    y[row * n_out + o] = apply_act(acc[r][t], ACT_SILU) * acc[RH0 + r][t];
+                else
+                    y[row * n_out + o] = gemv_epilogue(acc[r][t], act, div, mul, row * mul_st + (i64)o * mul_so);
             }
         }
     }
@@ -176,31 +190,41 @@ __device__ __forceinline__ void q8r_dense(const u8* W, int nb, const float* x, i
         T, y, n_out, blockIdx.x * rows_per_block, rows_per_block, act, div, mul, mul_st, mul_so, partial, tile_done,
         [&](auto& acc, const auto& xs, int n, int t0) {
             if (live > 0)
-                q8r_slice(W + (i64)g0 * nb * Q8R_BLOCK_BYTES, live, nb, x + (i64)t0 * n_in, xs, n, n_in, kslice,
-                          kstride, acc);
+                q8r_slice(W + (i64)g0 * nb * Q8R_BLOCK_BYTES, W + (i64)g0 * nb * Q8R_BLOCK_BYTES, live, nb,
+                          x + (i64)t0 * n_in, xs, n, n_in, kslice, kstride, acc);
         },
         [&](auto& acc, const auto& ys, int n, float* dst, int a, float d, const float* m, int mst, int mso) {
             q8r_store(acc, g0, live, n_out, n, ksplit, warp % ksplit, set, dst, ys, a, d, m, mst, mso);
         });
 }
 
+// Row groups per warp and matrix of the gate/up kernel (launch_util.Q8R_GATEUP_ROWS mirrors it): half the plain
+// kernel's, so a warp holds as many accumulators and loads in flight as a plain launch's warp.
+constexpr int q8r_gateup_rows(int nt) { return q8r_rows(nt) > 1 ? q8r_rows(nt) / 2 : 1; }
+
 // Grouped experts, as gemv.cu's gemv_grouped: group u = blockIdx.y holds up to GEMV_MAXT (row, slot) entries
 // routed to expert g_expert[u]; entry j reads x row j / x_div and writes y row j. Empty groups leave at once; an
 // expert id outside 0..E-1 writes NaN to its entries' rows.
-template <int NT>
-__device__ __forceinline__ void q8r_grouped(const u8* W, i64 expert_stride, int n_expert, const int* g_expert,
-                                            const int* g_count, const int* g_entries, const float* x, int x_div,
-                                            int n_in, float* y, int n_out, int ksplit, int act, float div,
-                                            const float* mul, int mul_st, int mul_so) {
-    constexpr int R = q8r_rows(NT);
+// GATEUP (gemv_q8r_gateup_t<NT>; gemv_quant.cu qgemv_gateup_*'s arithmetic): the gate (W) and up (Wu) projections
+// in one pass, RH = q8r_gateup_rows(NT) row groups of each per warp: acc rows 0..RH-1 gate, RH..2RH-1 the same up
+// rows, loaded together (an expert's gate and up bytes in flight at once, read once for all its entries), then
+//   y[j, o] = silu(gate_e[o] . x[j / x_div]) * (up_e[o] . x[j / x_div])
+// (the two-launch path's values: up's epilogue is the plain sum, gate's silu(sum) * up; act, div and mul unused).
+template <int NT, bool GATEUP = false>
+__device__ __forceinline__ void q8r_grouped(const u8* W, const u8* Wu, i64 expert_stride, int n_expert,
+                                            const int* g_expert, const int* g_count, const int* g_entries,
+                                            const float* x, int x_div, int n_in, float* y, int n_out, int ksplit,
+                                            int act, float div, const float* mul, int mul_st, int mul_so) {
+    constexpr int RH = GATEUP ? q8r_gateup_rows(NT) : q8r_rows(NT);  // row groups per warp and matrix
+    constexpr int R = GATEUP ? 2 * RH : RH;
     const int u = blockIdx.y;
     const int nt = min(g_count[u], NT);
     if (nt == 0) return;  // uniform per block: no barrier is left waiting
     const int e = g_expert[u];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
     const int set = warp / ksplit, kslice = warp % ksplit;
-    const int g0 = (blockIdx.x * (GEMV_WARPS / ksplit) + set) * R;
-    const int live = min(R, n_out / Q8R_GROUP - g0);
+    const int g0 = (blockIdx.x * (GEMV_WARPS / ksplit) + set) * RH;
+    const int live = min(RH, n_out / Q8R_GROUP - g0);
     const int nb = n_in / QK8_0;
     int rows[NT], xr[NT];
     expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
@@ -210,14 +234,17 @@ __device__ __forceinline__ void q8r_grouped(const u8* W, i64 expert_stride, int 
                 for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + (g0 + r) * Q8R_GROUP + lane] = QNAN;
         return;
     }
-    const u8* grp0 = W + (i64)e * expert_stride + (i64)g0 * nb * Q8R_BLOCK_BYTES;
+    const i64 off = (i64)e * expert_stride + (i64)g0 * nb * Q8R_BLOCK_BYTES;
+    const u8* grp0 = W + off;
+    const u8* grp1 = GATEUP ? Wu + off : grp0;
     grouped_dot_store<NT, R>(
         nt, xr, rows,
         [&](auto& acc, const auto& xs, int n) {
-            if (live > 0) q8r_slice(grp0, live, nb, x, xs, n, n_in, kslice, ksplit, acc);
+            if (live > 0) q8r_slice<GATEUP ? RH : 0>(grp0, grp1, live, nb, x, xs, n, n_in, kslice, ksplit, acc);
         },
         [&](auto& acc, const auto& ys, int n) {
-            q8r_store(acc, g0, live, n_out, n, ksplit, kslice, set, y, ys, act, div, mul, mul_st, mul_so);
+            q8r_store<GATEUP ? RH : 0>(acc, g0, live, n_out, n, ksplit, kslice, set, y, ys, act, div, mul, mul_st,
+                                       mul_so);
         });
 }
 
@@ -255,8 +282,17 @@ extern "C" __global__ void __launch_bounds__(256) q8r_pack(const u8* __restrict_
                               const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,    \
                               float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st, \
                               int mul_so) {                                                                      \
-        q8r_grouped<NT>(W, expert_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, n_out,     \
+        q8r_grouped<NT>(W, W, expert_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, n_out,  \
                         ksplit, act, div, mul, mul_st, mul_so);                                                  \
+    }
+
+#define Q8R_GATEUP_KERNEL(NT)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                              \
+        gemv_q8r_gateup_t##NT(const u8* Wg, const u8* Wu, i64 expert_stride, int n_expert, const int* g_expert,  \
+                              const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,    \
+                              float* y, int n_out, int ksplit) {                                                 \
+        q8r_grouped<NT, true>(Wg, Wu, expert_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, \
+                              n_out, ksplit, ACT_NONE, 1.0f, nullptr, 0, 0);                                     \
     }
 
 // grid (ceil(n_groups / (R * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit)
@@ -272,6 +308,13 @@ Q8R_GROUPED_KERNEL(2)
 Q8R_GROUPED_KERNEL(4)
 Q8R_GROUPED_KERNEL(8)
 Q8R_GROUPED_KERNEL(16)
+
+// grid (ceil(groups per expert / (RH * GEMV_WARPS / ksplit)), J groups)
+Q8R_GATEUP_KERNEL(1)
+Q8R_GATEUP_KERNEL(2)
+Q8R_GATEUP_KERNEL(4)
+Q8R_GATEUP_KERNEL(8)
+Q8R_GATEUP_KERNEL(16)
 
 // ---------------------------------------------------------------------------------------------------------------
 // Tensor-core path for windows of T >= 2 (gemv_q8r_tc_t<NT>; launch_util.WINDOW_PATHS selects it from T = 4).

@@ -2,7 +2,8 @@
 // (launch_hyper.hc_read; reference ops/hyper.hc_write_read_raw):
 //   R, xn   = hc_write_norm(R, bo, inj_prev)            [T, C, D], [T, C*D]   the previous block's pending write
 //                                                       R += bo * inj_prev (if any) in place, then the norm; after
-//                                                       the routed experts bo is their combine, computed here
+//                                                       the routed experts bo is their combine, computed here; at
+//                                                       the PLE layer the PLE's conv step (PleConv) instead
 //   dn      = (W_dn . xn) / C                           [T, n_dn]   one gemv.cu / gemv_q8r.cu launch (ACT_NONE,
 //                                                       div C) over W_dn = [W_down; W_inject; zero rows]: the down
 //                                                       and inject projections read the same xn
@@ -14,25 +15,7 @@
 // Legend: T window rows, C streams, D hidden, L low rank, n_dn the rows of W_dn (>= L + C). All f32, C-contiguous.
 #include "common.cuh"
 
-// The block output a pending write adds, bo[t, d]: given (bo != null), or parts != null: the MoE's combine,
-// sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null), moe.cu moe_combine's arithmetic
-// (slot order), so the window has no combine node after its routed experts.
-struct Pending {
-    const float* bo;
-    const float* parts;
-    const float* w;
-    const float* shared;
-    int K;
-
-    __device__ __forceinline__ float at(int t, int d, int D) const {
-        if (parts == nullptr) return bo[(i64)t * D + d];
-        const float* wt = w + (i64)t * K;
-        const float* column = parts + (i64)t * K * D + d;
-        float acc = 0.0f;
-        for (int k = 0; k < K; ++k) acc += wt[k] * column[(i64)k * D];
-        return shared ? acc + shared[(i64)t * D + d] : acc;
-    }
-};
+// Pending (common.cuh): the block output a pending write adds (bo, or the MoE combine of parts).
 
 // out[t, c, d] = R[t, c, d] + pending(t, d) * inj[t, c] (bo, or the MoE's combine of parts: Pending::at). out may
 // be R (in place: each element read then written once). The product is rounded before the add (no FMA
@@ -52,20 +35,30 @@ extern "C" __global__ void __launch_bounds__(256)
 
 // The first kernel of the read. grid T*C (block b = t*C + c: stream c of row t), block 256.
 //   bo or parts != null: R[t, c, :] += pending(t, :) * inj_prev[t, c] in place first (hc_write's rounding:
-//   product, then add; pending as Pending::at);
+//   product, then add; pending as Pending::at); ple_gated != null instead: the PLE's last step (ple_conv_out's
+//   arithmetic, PleConv) in place first, the PLE layer's read;
 //   xn[t, c*D + d] = R[t, c, d] / sqrt(mean_d R[t, c, :]^2 + eps) * norm_w[c*D + d] (ops/basic.grouped_rms_norm).
 // Each block owns its stream's elements, so the in-place update races with nothing.
 extern "C" __global__ void __launch_bounds__(256)
     hc_write_norm(float* R, const float* __restrict__ bo, const float* __restrict__ parts,
                   const float* __restrict__ route_w, const float* __restrict__ shared, int K,
                   const float* __restrict__ inj_prev, const float* __restrict__ norm_w, float* __restrict__ xn,
-                  int C, int D, float eps) {
+                  int C, int D, float eps, const float* __restrict__ ple_gated, const float* __restrict__ ple_history,
+                  const float* __restrict__ ple_normed, const float* __restrict__ ple_conv_w, int ple_kc,
+                  int ple_dil) {
     __shared__ float sh[WARP];
     const int b = blockIdx.x, c = b % C, t = b / C;
     const i64 base = (i64)b * D;
     float* r = R + base;
     float ss = 0.0f;
-    if (bo != nullptr || parts != nullptr) {
+    if (ple_gated != nullptr) {  // the PLE layer's last step (PleConv): R += gated + silu(conv) in place
+        const PleConv ple{ple_gated, ple_history, ple_normed, ple_conv_w, C * D, ple_kc, ple_dil};
+        for (int d = threadIdx.x; d < D; d += blockDim.x) {
+            const float v = ple.add_to(r[d], t, (i64)c * D + d);
+            r[d] = v;
+            ss += v * v;
+        }
+    } else if (bo != nullptr || parts != nullptr) {
         const Pending pend{bo, parts, route_w, shared, K};
         const float g = inj_prev[b];
         for (int d = threadIdx.x; d < D; d += blockDim.x) {

@@ -12,6 +12,26 @@
 #define ATT_WARPS 16  // warps per (row, head): a head's cells are spread over them (latency, not bandwidth)
 #define ATT_MAXR 8  // attention: d <= 32 * ATT_MAXR values per lane
 
+// dst[0..d) = rope_row(rms_norm(src[0..d)) * w) with cs, sn = row's cos/sin [n_rot]; one block, y dynamic shared
+// d floats (qsa_norm_rope and qsa_prep).
+__device__ __forceinline__ void norm_rope_head(const float* __restrict__ src, const float* __restrict__ w,
+                                               const float* __restrict__ cs, const float* __restrict__ sn,
+                                               float* __restrict__ dst, int d, int n_rot, float eps, float* sh,
+                                               float* y) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += src[i] * src[i];
+    ss = block_sum(ss, sh);
+    const float rms = sqrtf(ss / (float)d + eps);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) y[i] = src[i] / rms * w[i];
+    __syncthreads();  // rotation reads the partner element of another thread
+    const int half = n_rot / 2;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+        float val = y[i];
+        if (i < n_rot) val = y[i] * cs[i] + (i < half ? -y[i + half] : y[i - half]) * sn[i];
+        dst[i] = val;
+    }
+}
+
 // out[t, h] = rope_{row}(rms_norm(x[t, h]) * w), row = rows ? rows[t] : t (rows = positions with full tables).
 // x row (t, h) starts at x + t*xs_t + h*xs_h with d contiguous values (q is the first half of attn_q's heads).
 // grid T*H, block QSA_BLOCK, dynamic shared d floats.
@@ -22,37 +42,9 @@ extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
     __shared__ float sh[WARP];
     extern __shared__ float y[];
     const i64 t = blockIdx.x / H, h = blockIdx.x % H;
-    const float* src = x + t * xs_t + h * xs_h;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) ss += src[i] * src[i];
-    ss = block_sum(ss, sh);
-    const float rms = sqrtf(ss / (float)d + eps);
-    for (int i = threadIdx.x; i < d; i += blockDim.x) y[i] = src[i] / rms * w[i];
-    __syncthreads();  // rotation reads the partner element of another thread
     const i64 row = rows ? rows[t] : t;
-    const float* cs = cos_tab + row * n_rot;
-    const float* sn = sin_tab + row * n_rot;
-    const int half = n_rot / 2;
-    float* dst = out + (t * H + h) * d;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float val = y[i];
-        if (i < n_rot) val = y[i] * cs[i] + (i < half ? -y[i + half] : y[i - half]) * sn[i];
-        dst[i] = val;
-    }
-}
-
-// k_cache[positions[t]] = k[t], v_cache[positions[t]] = v[t]; k [T, Hk*d] contiguous, v rows v_ld apart (a view of
-// the window's one GEMV of k, v and q). Grid-stride over T*Hk*d.
-extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
-    qsa_kv_append(float* __restrict__ k_cache, float* __restrict__ v_cache, const float* __restrict__ k,
-                  const float* __restrict__ v, i64 v_ld, const int* __restrict__ positions, int T, int row) {
-    const i64 n = (i64)T * row;
-    for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
-        const i64 t = idx / row, e = idx % row;
-        const i64 dst = (i64)positions[t] * row + e;
-        k_cache[dst] = k[idx];
-        v_cache[dst] = v[t * v_ld + e];
-    }
+    norm_rope_head(x + t * xs_t + h * xs_h, w, cos_tab + row * n_rot, sin_tab + row * n_rot, out + (t * H + h) * d,
+                   d, n_rot, eps, sh, y);
 }
 
 // Append the first n = count_from(n_rows, n_dev, T) raw indexer keys raw [T, d] at positions[t], in order:
@@ -61,22 +53,22 @@ extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
 // anything is appended (the run's snapshot) and the tail goes back to it at the end (a run writes no committed
 // state: the window's rows may wrap over slots of committed positions; no copy node after it); restore (nullable)
 // replaces the tail first (the commit).
-// One block of QSA_BLOCK threads: rows are sequential, a completion reads the slots earlier rows wrote.
-// Column i of tail is always touched by thread i % blockDim.x. Dynamic shared d floats.
-extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
-    qsa_indexer_append(float* tail, float* __restrict__ pooled, const float* __restrict__ raw,
-                       const int* __restrict__ positions, int T, int n_rows, const int* n_dev, float* save,
-                       const float* restore, const float* __restrict__ k_norm_w, const float* __restrict__ cos_tab,
-                       const float* __restrict__ sin_tab, int ratio, int d, int n_rot, float eps) {
-    __shared__ float sh[WARP];
-    extern __shared__ float y[];
+// One block of blockDim threads (qsa_indexer_append, and qsa_prep's last block): rows are sequential, a completion
+// reads the slots earlier rows wrote. Column i of tail is always touched by thread i % blockDim.x. y: shared d
+// floats.
+__device__ __forceinline__ void indexer_append_block(float* tail, float* __restrict__ pooled,
+                                                     const float* __restrict__ raw, const int* __restrict__ positions,
+                                                     int n, float* save, const float* restore,
+                                                     const float* __restrict__ k_norm_w,
+                                                     const float* __restrict__ cos_tab,
+                                                     const float* __restrict__ sin_tab, int ratio, int d, int n_rot,
+                                                     float eps, float* sh, float* y) {
     const int tid = threadIdx.x, nth = blockDim.x;
     for (int e = tid; e < ratio * d; e += nth) {
         if (save) save[e] = tail[e];
         if (restore) tail[e] = restore[e];
     }
     __syncthreads();  // the copies above stride over ratio*d, not by column
-    const int n = count_from(n_rows, n_dev, T);
     const int half = n_rot / 2;
     for (int r = 0; r < n; ++r) {
         const int pos = positions[r];
@@ -107,6 +99,81 @@ extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
     if (save == nullptr) return;
     __syncthreads();  // the tail's columns were written by their own threads; the copy strides over ratio*d
     for (int e = tid; e < ratio * d; e += nth) tail[e] = save[e];
+}
+
+// indexer_append_block in a launch of its own (the commit; a window whose indexer key is not in its stacked GEMV).
+// One block of QSA_BLOCK threads, dynamic shared d floats.
+extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
+    qsa_indexer_append(float* tail, float* __restrict__ pooled, const float* __restrict__ raw,
+                       const int* __restrict__ positions, int T, int n_rows, const int* n_dev, float* save,
+                       const float* restore, const float* __restrict__ k_norm_w, const float* __restrict__ cos_tab,
+                       const float* __restrict__ sin_tab, int ratio, int d, int n_rot, float eps) {
+    __shared__ float sh[WARP];
+    extern __shared__ float y[];
+    indexer_append_block(tail, pooled, raw, positions, count_from(n_rows, n_dev, T), save, restore, k_norm_w,
+                         cos_tab, sin_tab, ratio, d, n_rot, eps, sh, y);
+}
+
+// A QSA layer's window rows after its one projection GEMV, in one launch (the seed's norm-rope k, kv append,
+// norm-rope q, norm-rope of the indexer query and the indexer's key append; ops/qsa.prep_window):
+//   k_cache[pos[t], h] = rope_pos(rms_norm(k[t, h]) * k_w)     h < Hk   (d values)
+//   v_cache[pos[t], h] = v[t, h]                               h < Hk
+//   qn[t, h]           = rope_pos(rms_norm(q[t, h]) * q_w)     h < H
+//   qi[t, h]           = rope_pos(rms_norm(qr[t, h]) * qi_w)   h < Hi   (di values; Hi = 0 without an indexer)
+//   with the indexer's keys (ik non-null): the last block copies the window's raw keys ik rows t into
+//   idx_raw[r0 + t] (the commit re-appends them), then appends idx_raw rows [0, r0 + T) at idx_pos (the whole
+//   window: group B of a split window re-appends A's rows from the restored tail) as qsa_indexer_append does,
+//   with the tail saved to snap first and restored at the end.
+// Inputs are views of the GEMV's rows: head h of row t of k starts at k + t*ks + h*d (v: vs, d; q: qs, qh; qr:
+// is, di; ik: iks); k_cache, v_cache [N, Hk, d]; qn [T, H, d]; qi [T, Hi, di]; tail, snap [ratio, di]; pooled
+// [NB, di]; idx_raw [>= r0 + T, di]; cos/sin [P, n_rot] by absolute position; pos = positions[t] (this group's rows).
+// grid T * (2 Hk + H + Hi) (+ 1 with ik: block 0 the indexer's keys, the others shifted by one): block
+// t * per_row + j takes k head j (j < Hk), v head j - Hk, q head j - 2 Hk, then indexer head; block QSA_BLOCK,
+// dynamic shared max(d, di) floats. Each block writes only its own head; the indexer block alone writes idx_raw, tail, snap and pooled (block_scores reads pooled next launch).
+extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
+    qsa_prep(const float* __restrict__ k, i64 ks, const float* __restrict__ v, i64 vs, const float* __restrict__ q,
+             i64 qs, i64 qh, const float* __restrict__ qr, i64 is, const float* __restrict__ k_w,
+             const float* __restrict__ q_w, const float* __restrict__ qi_w, float* __restrict__ k_cache,
+             float* __restrict__ v_cache, float* __restrict__ qn, float* __restrict__ qi,
+             const float* __restrict__ cos_tab, const float* __restrict__ sin_tab, const int* __restrict__ positions,
+             int T, int Hk, int H, int Hi, int d, int di, int n_rot, float eps, const float* __restrict__ ik, i64 iks,
+             float* idx_raw, int r0, const int* __restrict__ idx_pos, float* tail, float* snap,
+             float* __restrict__ pooled, const float* __restrict__ ik_w, int ratio) {
+    __shared__ float sh[WARP];
+    extern __shared__ float y[];
+    const int per_row = 2 * Hk + H + Hi;
+    if (ik != nullptr && blockIdx.x == 0) {  // the indexer's keys: the longest block (sequential rows) starts first
+        for (int t = 0; t < T; ++t)
+            for (int i = threadIdx.x; i < di; i += blockDim.x) idx_raw[(i64)(r0 + t) * di + i] = ik[t * iks + i];
+        __syncthreads();
+        indexer_append_block(tail, pooled, idx_raw, idx_pos, r0 + T, snap, nullptr, ik_w, cos_tab, sin_tab, ratio,
+                             di, n_rot, eps, sh, y);
+        return;
+    }
+    const int b = blockIdx.x - (ik != nullptr);
+    const i64 t = b / per_row;
+    int j = b % per_row;
+    const i64 pos = positions[t];
+    const float* cs = cos_tab + pos * n_rot;
+    const float* sn = sin_tab + pos * n_rot;
+    if (j < Hk) {
+        norm_rope_head(k + t * ks + (i64)j * d, k_w, cs, sn, k_cache + (pos * Hk + j) * d, d, n_rot, eps, sh, y);
+        return;
+    }
+    j -= Hk;
+    if (j < Hk) {
+        const float* src = v + t * vs + (i64)j * d;
+        float* dst = v_cache + (pos * Hk + j) * d;
+        for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = src[i];
+        return;
+    }
+    j -= Hk;
+    if (j < H) {
+        norm_rope_head(q + t * qs + (i64)j * qh, q_w, cs, sn, qn + (t * H + j) * d, d, n_rot, eps, sh, y);
+        return;
+    }
+    j -= H;
+    norm_rope_head(qr + t * is + (i64)j * di, qi_w, cs, sn, qi + (t * Hi + j) * di, di, n_rot, eps, sh, y);
 }
 
 // out[t, h*d:(h+1)*d] = sigmoid(gate[t, h]) * softmax_s(q[t, h] . k_s / sqrt_d) v_s over the row's cells s:

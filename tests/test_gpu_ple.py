@@ -60,6 +60,45 @@ def test_ngram_rows_windows_with_commits(L, n, hpn):
         G.exact(d_prev, prev, f"predecessors after commit({n_keep})")
 
 
+@pytest.mark.parametrize("table_type", [quants.F32, quants.F16, quants.BF16, quants.Q8_0, quants.Q4_0])
+@pytest.mark.parametrize("n,hpn,T", [(3, 4, 1), (4, 3, 7), (2, 1, 16)])
+def test_ngram_gather_is_the_rows_then_their_gather(L, table_type, n, hpn, T):
+    """ngram_gather: the hashed rows' table rows (ple_gather: hash and gather in one launch for the element-wise
+    types; a block type (Q4_0) through ngram_rows + its gather) against the numpy reference (the per-token hash of
+    engine/reference.py, then the dequantized table rows), EOS cuts, NaN-poisoned output, eager against graph
+    replay."""
+    from kernel_helpers import assert_replay_equals_eager
+
+    cp = G.cupy()
+    rng = np.random.default_rng(n * 100 + hpn * 10 + T + table_type)
+    mult, sizes, offsets = hash_tables(n, hpn)
+    hd = 64
+    sizes = (sizes % 13 + 5).astype(np.int64)  # a small table: rows = hash mod size + offset
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    n_rows = int(offsets[-1] + sizes[-1])
+    if table_type in L.GATHER_TYPES:
+        table_raw = quants.quantize(G.f32(rng, n_rows, hd), table_type)
+    else:  # random valid blocks of the block type (its gather is gemv_quant.cu's)
+        from strata_cli.synth.blocks import random_tensor
+
+        table_raw = random_tensor(rng, table_type, (n_rows, hd), 1.0)
+    table = quants.dequantize(table_raw, table_type).reshape(n_rows, hd)
+    prev = rng.integers(0, 1 << 20, n - 1).astype(np.int64)
+    tokens = rng.integers(0, 1 << 20, T).astype(np.int64)
+    tokens[rng.random(T) < 0.25] = EOS
+    rows = ref_rows(tokens, prev, mult, hpn, sizes, offsets)
+    want = table[rows].reshape(T, -1)
+    dev = [cp.asarray(a) for a in (tokens, prev, mult, sizes, offsets, table_raw)]
+    out, rows_buf = G.nan_out((T, rows.shape[1] * hd)), G.nan_out((T, rows.shape[1]), np.int64)
+
+    def record(stream):
+        L.ngram_gather(*dev[:2], EOS, dev[2], hpn, dev[3], dev[4], dev[5], table_type, hd, out=out, rows=rows_buf,
+                       stream=stream)
+
+    got = assert_replay_equals_eager(record, [out])[0]
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("key_type", [quants.F32, quants.BF16])
 @pytest.mark.parametrize("Kc,dilation", [(4, 3), (3, 1), (2, 2)])
 def test_ple_mix_windows_with_commits(L, Kc, dilation, key_type):
@@ -90,3 +129,114 @@ def test_ple_mix_windows_with_commits(L, Kc, dilation, key_type):
         history = seq[n_keep:n_keep + Hh]
         L.ple_history_commit(d_hist, normed, None, n_keep_dev=cp.asarray([n_keep], dtype=np.int32))
         G.check(d_hist, history, what=f"history after commit({n_keep})")
+
+
+@pytest.mark.parametrize("T,C,D,P", [(1, 4, 64, 96), (5, 3, 40, 64), (16, 2, 48, 160)])
+@pytest.mark.parametrize("kv_type", [quants.F32, quants.Q8_0])
+@pytest.mark.parametrize("pending", ["block_out", "combine", None])
+def test_ple_mix_stacked_after_the_pending_write(L, T, C, D, P, kv_type, pending):
+    """ple_mix as the window launches it: key and value one GEMV over the stacked [w_key; w_value] (raw rows of
+    one type), the previous block's write (block_out, or the experts' combine) applied to R by the gate kernel;
+    against ops.ple.ple_mix_after_write (the write, then ple_mix), NaN-poisoned outputs and scratch, eager
+    against graph replay."""
+    from kernel_helpers import assert_replay_equals_eager, raw_weight
+
+    from strata_cli.gpu import launch_gemv, launch_hyper
+    from strata_cli.ops import moe as ref_moe
+    from strata_cli.ops.gemv import dequant_rows
+
+    cp = G.cupy()
+    Kc, dilation = 3, 2
+    CD, Hh = C * D, (Kc - 1) * dilation
+    rng = np.random.default_rng(T * 31 + C + D + kv_type + len(pending or ""))
+    kv_raw = raw_weight(rng, (CD + D, P), kv_type, P ** -0.5)
+    w_kv = dequant_rows(kv_raw, kv_type, P)
+    norms = [1 + G.f32(rng, CD, scale=0.1) for _ in range(3)]
+    conv_w, history = G.f32(rng, CD, Kc, scale=0.3), G.f32(rng, Hh, CD)
+    R, emb = G.f32(rng, T, C, D), G.f32(rng, T, P)
+    inj = (2.0 * rng.random((T, C))).astype(np.float32)
+    K = 3
+    parts, route_w = G.f32(rng, T * K + 2, D), rng.random((T, K)).astype(np.float32)
+    bo = G.f32(rng, T, D) if pending == "block_out" else ref_moe.combine(parts, route_w)
+    want_R, want, seq = ref.ple_mix_after_write(R, None if pending is None else (bo, inj), emb, history, w_kv,
+                                                *norms, conv_w, dilation, EPS)
+
+    dev = {name: cp.asarray(a) for name, a in dict(R=R, emb=emb, hist=history, kv=kv_raw, conv_w=conv_w, bo=bo,
+                                                      inj=inj, parts=parts, route_w=route_w).items()}
+    d_norms = [cp.asarray(a) for a in norms]
+    write = {None: None, "block_out": (dev["bo"], dev["inj"]),
+             "combine": launch_hyper.CombineWrite(dev["parts"], dev["route_w"], None, dev["inj"])}[pending]
+    R_work, out, normed = cp.empty_like(dev["R"]), G.nan_out((T, C, D)), G.nan_out((T, CD))
+    work = L.PLEWork(G.nan_out((T + 3, CD + D)), None, G.nan_out((T + 3, CD)))  # more rows than the window
+    split = launch_gemv.SplitK.empty()
+
+    def record(stream):
+        with stream:
+            cp.copyto(R_work, dev["R"])
+        L.ple_mix(R_work, dev["emb"], dev["hist"], None, None, *d_norms, dev["conv_w"], dilation, EPS,
+                  kv=(dev["kv"], kv_type), pending=write, out=out, normed=normed, work=work, split=split,
+                  stream=stream)
+
+    got_R, got, got_normed = assert_replay_equals_eager(record, [R_work, out, normed])
+    np.testing.assert_allclose(got_R, want_R, rtol=1e-6, atol=1e-6)  # the combine's products may be FMAs
+    G.check(got, want, rtol=2e-4, what="R after PLE")
+    G.check(got_normed, seq[Hh:], rtol=2e-4, what="normed rows")
+
+
+@pytest.mark.parametrize("T,C,D", [(1, 4, 64), (5, 3, 40), (16, 2, 96)])
+def test_read_applies_the_ple_conv_step(L, T, C, D):
+    """ple_mix_write, then the layer's hyper-connection read with its PleWrite pending (hc_write_norm adds the
+    PLE's conv step: no ple_conv_out launch): R, mixed and inj those of ple_mix (ple_conv_out) and a plain read,
+    both against the numpy reference (ops.ple.ple_mix, then ops.hyper.hc_write_read_raw);
+    NaN-poisoned outputs, eager against graph replay."""
+    from kernel_helpers import assert_close, assert_replay_equals_eager, hc_weights, raw_weight
+
+    from strata_cli.gpu import launch_gemv, launch_hyper
+    from strata_cli.ops import hyper
+
+    cp = G.cupy()
+    P, Kc, dilation, Lr = 64, 3, 2, 32
+    CD, Hh = C * D, (Kc - 1) * dilation
+    rng = np.random.default_rng(T * 17 + C + D)
+    w_key, w_value = G.f32(rng, CD, P, scale=P ** -0.5), G.f32(rng, D, P, scale=P ** -0.5)
+    norms = [1 + G.f32(rng, CD, scale=0.1) for _ in range(3)]
+    conv_w, history = G.f32(rng, CD, Kc, scale=0.3), G.f32(rng, Hh, CD)
+    R, emb = G.f32(rng, T, C, D), G.f32(rng, T, P)
+    norm_w = (1.0 + 0.1 * rng.standard_normal(CD)).astype(np.float32)
+    down, up = raw_weight(rng, (Lr, CD), quants.Q8_0, 0.2), raw_weight(rng, (CD, Lr), quants.Q8_0, 0.3)
+    inj_w = raw_weight(rng, (C, CD), quants.Q8_0, 0.2)
+    want_ple, _ = ref.ple_mix(R, emb, history, w_key, w_value, *norms, conv_w, dilation, EPS)
+    want_R, want_mixed, want_inj = hyper.hc_write_read_raw(want_ple, None, norm_w, down, quants.Q8_0, up,
+                                                           quants.Q8_0, inj_w, quants.Q8_0, EPS)
+    hc = hc_weights(norm_w, down, quants.Q8_0, up, quants.Q8_0, inj_w, quants.Q8_0, pack=True)
+    d = {name: cp.asarray(a) for name, a in dict(R=R, emb=emb, hist=history, wk=w_key, wv=w_value,
+                                                    conv_w=conv_w).items()}
+    d_norms = [cp.asarray(a) for a in norms]
+    split = launch_gemv.SplitK.empty()
+    runs = {}
+    for fused in (True, False):
+        R_work, normed = cp.empty_like(d["R"]), G.nan_out((T, CD))
+        mixed, inj = G.nan_out((T, D)), G.nan_out((T, C))
+        work = L.PLEWork.empty(T, C, D)
+        scratch = launch_hyper.HcScratch.empty(T, C, D, hc.dn_raw.shape[0])
+
+        def record(stream, fused=fused, R_work=R_work, normed=normed, mixed=mixed, inj=inj, work=work,
+                   scratch=scratch):
+            with stream:
+                cp.copyto(R_work, d["R"])
+            args = (R_work, d["emb"], d["hist"], d["wk"], d["wv"], *d_norms, d["conv_w"], dilation, EPS)
+            if fused:
+                write, _ = L.ple_mix_write(*args, normed=normed, work=work, split=split, stream=stream)
+            else:
+                L.ple_mix(*args, out=R_work, normed=normed, work=work, split=split, stream=stream)
+                write = None
+            launch_hyper.hc_read(R_work, hc, EPS, pending=write, out_mixed=mixed, out_inj=inj, scratch=scratch,
+                                 split=split, stream=stream)
+
+        runs[fused] = assert_replay_equals_eager(record, [R_work, mixed, inj, normed])
+    for got_fused, got_plain in zip(runs[True], runs[False]):  # one arithmetic (PleConv); contractions may differ
+        np.testing.assert_allclose(got_fused, got_plain, rtol=1e-6, atol=1e-6 * float(np.abs(got_plain).max()))
+    got_R, got_mixed, got_inj, _ = runs[True]
+    assert_close("R", want_R, got_R)
+    assert_close("mixed", want_mixed, got_mixed)
+    assert_close("inj", want_inj, got_inj)

@@ -106,6 +106,66 @@ def test_routed_experts_match_reference(T, K):
         assert_close("good rows", want[[0, 2]], got[[0, 2]])
 
 
+@pytest.mark.parametrize("T,K", [(1, 5), (2, 3), (4, 2), (7, 3), (8, 4), (16, 1)])
+@pytest.mark.parametrize("F", (96, 224))
+def test_gate_up_is_one_launch_matching_reference(T, K, F):
+    """gemv_q8r_gateup_t<NT> (gate and up of the grouped experts in one pass, launch_moe.launch_gateup_experts):
+    h = silu(gate_e . x) * (up_e . x) per entry against the numpy reference (ops/moe.swiglu's h over the dequantized
+    weights) on widths of odd row groups (3 and 7 groups of 32: a warp's last groups not live at T >= 4), groups of
+    several entries, one launch, an expert id outside 0..E-1 leaving only its entries NaN; NaN-poisoned h, eager
+    against graph replay."""
+    from strata_cli.gpu import launch_moe
+    from strata_cli.ops.basic import silu
+
+    rng = np.random.default_rng(T * 13 + K + F)
+    E, D = 5, 160
+    gate, gate_p = _packed(rng, (E, F, D), 0.3)
+    up, up_p = _packed(rng, (E, F, D), 0.3)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    ids = rng.integers(0, E, (T, K)).astype(np.int32)
+    ids[:, 0] = 1  # every row on expert 1: a group of T entries
+    J = T * K
+    G, U_ = (ref.dequant_rows(w.reshape(E * F, -1), Q8_0, D).reshape(E, F, D) for w in (gate, up))
+    want = np.stack([silu(G[e] @ x[j // K]) * (U_[e] @ x[j // K]) for j, e in enumerate(ids.reshape(-1))])
+    scratch = launch_moe.MoeScratch.empty(J, F, D)
+    groups = launch_moe._group_buffers(scratch, J)
+    dx, dg, du = to_dev(x), to_dev(gate_p), to_dev(up_p)
+    stride = gate_p.nbytes // E
+    h = poisoned((J, F))
+
+    def launch(dids, stream=None):
+        launch_moe.group_entries(dids, J, groups)
+        launch_moe.launch_gateup_experts((dg, R32, stride), (du, R32, stride), E, groups, J, T, dx, K, h)
+
+    def record(stream):
+        with stream:
+            launch(dids, stream)
+
+    calls, real = [], launch_moe.nvrtc.kernel
+
+    def counted(module, name):
+        calls.append(name)
+        return real(module, name)
+
+    dids = to_dev(ids)
+    launch_moe.nvrtc.kernel = counted
+    try:
+        launch(dids)
+    finally:
+        launch_moe.nvrtc.kernel = real
+    assert calls == ["moe_group", f"gemv_q8r_gateup_t{launch_moe.U.nt_bucket(T)}"], calls
+    got = assert_replay_equals_eager(record, [h])[0]
+    assert_close("gate/up h", want, got)
+    if T >= 2:  # an id out of range: its entry's row NaN only
+        bad = ids.copy()
+        bad[T - 1, K - 1] = E
+        h.fill(np.nan)
+        launch(to_dev(bad))
+        got = h.get()
+        assert np.isnan(got[J - 1]).all()
+        assert_close("gate/up h, good entries", want[:J - 1], got[:J - 1])
+
+
 @pytest.mark.parametrize("T", (1, 5, 16))
 def test_shared_expert_matches_reference(T):
     from strata_cli.gpu import launch_moe

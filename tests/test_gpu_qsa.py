@@ -50,25 +50,119 @@ def test_norm_rope_on_views(L, tables, T, pos0):
     G.check(got, want, what="q with per-row tables")
 
 
-def test_kv_append(L):
+@pytest.mark.parametrize("T,pos0,Hk,Hi,DI", [(1, 0, 1, 2, 24), (3, 5, 3, 0, 0), (7, 30, 1, 3, 40), (16, 50, 3, 1, 16)])
+def test_prep_window(L, tables, T, pos0, Hk, Hi, DI):
+    """qsa_prep (k, v into the caches, q and the indexer query normed and roped, one launch) against
+    ops.qsa.prep_window, its inputs views of one GEMV's rows [k | v | q, gate | indexer q | NaN pad] as the window
+    passes them; odd head counts, an indexer head dim unlike d (or no indexer), NaN-poisoned outputs, the caches'
+    other cells untouched, eager against graph replay."""
+    from kernel_helpers import assert_replay_equals_eager
+
     cp = G.cupy()
-    rng = np.random.default_rng(0)
-    k_cache, v_cache = G.f32(rng, N_CTX, HK, D), G.f32(rng, N_CTX, HK, D)
-    k, v = G.f32(rng, 7, HK, D), G.f32(rng, 7, HK, D)
-    pos, d_pos = positions_of(20, 7)
-    kc, vc = cp.asarray(k_cache), cp.asarray(v_cache)
-    L.kv_append(kc, vc, cp.asarray(k), cp.asarray(v), d_pos)
+    cos, sin, d_cos, d_sin = tables
+    rng = np.random.default_rng(T * 11 + Hk + Hi)
+    pos, d_pos = positions_of(pos0, T)
+    kv, qw, iw = Hk * D, H * 2 * D, Hi * DI
+    rows = np.full((T, 2 * kv + qw + iw + 5), np.nan, np.float32)
+    rows[:, :2 * kv + qw + iw] = G.f32(rng, T, 2 * kv + qw + iw)
+    k, v = rows[:, :kv].reshape(T, Hk, D), rows[:, kv:2 * kv].reshape(T, Hk, D)
+    qg = rows[:, 2 * kv:2 * kv + qw].reshape(T, H, 2 * D)
+    qr = rows[:, 2 * kv + qw:2 * kv + qw + iw].reshape(T, Hi, DI) if Hi else None
+    k_w, q_w = 1 + G.f32(rng, D, scale=0.1), 1 + G.f32(rng, D, scale=0.1)
+    qi_w = 1 + G.f32(rng, DI, scale=0.1) if Hi else None
+    k_cache, v_cache = G.f32(rng, N_CTX, Hk, D), G.f32(rng, N_CTX, Hk, D)
     want_k, want_v = k_cache.copy(), v_cache.copy()
-    want_k[pos], want_v[pos] = k, v
-    G.exact(kc, want_k, "k_cache")
-    G.exact(vc, want_v, "v_cache")
-    # v as a view of the window's one GEMV of k, v and q: rows [k | v | q] (a NaN pad that must not be read)
-    rows = cp.full((7, 3 * HK * D + 5), np.nan, dtype=cp.float32)
-    rows[:, HK * D:2 * HK * D] = cp.asarray(v).reshape(7, HK * D)
-    kc, vc = cp.asarray(k_cache), cp.asarray(v_cache)
-    L.kv_append(kc, vc, cp.asarray(k), rows[:, HK * D:2 * HK * D].reshape(7, HK, D), d_pos)
-    G.exact(kc, want_k, "k_cache (v a view)")
-    G.exact(vc, want_v, "v_cache from a view of wider rows")
+    want_qn, want_qi = ref.prep_window(k, v, qg[..., :D], k_w, q_w, cos[pos], sin[pos], want_k, want_v, pos, EPS,
+                                       qr=qr, qi_w=qi_w)
+
+    d_rows = cp.asarray(rows)
+    dk, dv = d_rows[:, :kv].reshape(T, Hk, D), d_rows[:, kv:2 * kv].reshape(T, Hk, D)
+    dq = d_rows[:, 2 * kv:2 * kv + qw].reshape(T, H, 2 * D)[..., :D]
+    dqr = d_rows[:, 2 * kv + qw:2 * kv + qw + iw].reshape(T, Hi, DI) if Hi else None
+    kc0, vc0 = cp.asarray(k_cache), cp.asarray(v_cache)
+    kc, vc, qn = cp.empty_like(kc0), cp.empty_like(vc0), G.nan_out((T, H, D))
+    qi = G.nan_out((T, Hi, DI)) if Hi else None
+    weights = [cp.asarray(a) for a in (k_w, q_w)] + [cp.asarray(qi_w) if Hi else None]
+
+    def record(stream):
+        with stream:
+            cp.copyto(kc, kc0)
+            cp.copyto(vc, vc0)
+        L.prep(dk, dv, dq, weights[0], weights[1], kc, vc, d_cos, d_sin, d_pos, EPS, out_qn=qn, qr=dqr,
+               qi_w=weights[2], out_qi=qi, stream=stream)
+
+    got = assert_replay_equals_eager(record, [kc, vc, qn] + ([qi] if Hi else []))
+    G.check(got[0], want_k, what="k_cache")
+    G.exact(got[1], want_v, "v_cache")
+    G.check(got[2], want_qn, what="qn")
+    if Hi:
+        G.check(got[3], want_qi, what="qi")
+    else:
+        assert want_qi is None
+
+
+@pytest.mark.parametrize("T,pos0,r0", [(1, 0, 0), (4, 5, 0), (7, 29, 2), (2, 40, 5)])
+def test_prep_appends_the_indexer_keys(L, tables, T, pos0, r0):
+    """qsa_prep with the indexer's keys in the stacked GEMV's rows (IndexerKeys): its extra block copies them into
+    the layer's raw-key rows [r0, r0 + T) (r0 > 0: group B of a split window, rows [0, r0) group A's) and appends
+    rows [0, r0 + T) from the snapshot it takes, leaving the tail at it; against ops.qsa.prep_window(indexer=),
+    NaN-poisoned outputs, eager against graph replay."""
+    from kernel_helpers import assert_replay_equals_eager
+
+    cp = G.cupy()
+    cos, sin, d_cos, d_sin = tables
+    rng = np.random.default_rng(T * 7 + pos0 + r0)
+    Hk, Hi, DI = 1, 2, 24
+    kv, qw, iw = Hk * D, H * 2 * D, Hi * DI
+    width = 2 * kv + qw + iw + DI
+    rows = np.full((T, width + 3), np.nan, np.float32)
+    rows[:, :width] = G.f32(rng, T, width)
+    k, v = rows[:, :kv].reshape(T, Hk, D), rows[:, kv:2 * kv].reshape(T, Hk, D)
+    q = rows[:, 2 * kv:2 * kv + qw].reshape(T, H, 2 * D)[..., :D]
+    qr = rows[:, 2 * kv + qw:width - DI].reshape(T, Hi, DI)
+    keys = rows[:, width - DI:width]
+    k_w, q_w, qi_w, ik_w = (1 + G.f32(rng, n, scale=0.1) for n in (D, D, DI, DI))
+    pos, d_pos = positions_of(pos0 + r0, T)
+    key_pos, d_key_pos = positions_of(pos0, r0 + T)
+    raw0 = G.f32(rng, r0 + T, DI)  # rows [0, r0): group A's keys; the rest stale, overwritten
+    tail0, pooled0 = G.f32(rng, RATIO, DI), G.f32(rng, NB, DI)
+    k_cache0, v_cache0 = G.f32(rng, N_CTX, Hk, D), G.f32(rng, N_CTX, Hk, D)
+    want_raw = np.concatenate([raw0[:r0], keys])
+    want_k, want_v, want_tail, want_pooled = k_cache0.copy(), v_cache0.copy(), tail0.copy(), pooled0.copy()
+    want_qn, want_qi = ref.prep_window(k, v, q, k_w, q_w, cos[pos], sin[pos], want_k, want_v, pos, EPS, qr=qr,
+                                       qi_w=qi_w, indexer=(want_tail, want_pooled, want_raw, key_pos, ik_w, N_ROT,
+                                                           BASE))
+
+    d_rows = cp.asarray(rows)
+    dk, dv = d_rows[:, :kv].reshape(T, Hk, D), d_rows[:, kv:2 * kv].reshape(T, Hk, D)
+    dq = d_rows[:, 2 * kv:2 * kv + qw].reshape(T, H, 2 * D)[..., :D]
+    dqr, dkeys = d_rows[:, 2 * kv + qw:width - DI].reshape(T, Hi, DI), d_rows[:, width - DI:width]
+    init = {name: cp.asarray(a) for name, a in dict(kc=k_cache0, vc=v_cache0, raw=raw0, tail=tail0,
+                                                     pooled=pooled0).items()}
+    work = {name: cp.empty_like(a) for name, a in init.items()}
+    qn, qi, snap = G.nan_out((T, H, D)), G.nan_out((T, Hi, DI)), G.nan_out((RATIO, DI))
+    dw = [cp.asarray(a) for a in (k_w, q_w, qi_w, ik_w)]
+    keys_arg = L.IndexerKeys(dkeys, work["raw"], r0, d_key_pos, work["tail"], snap, work["pooled"], dw[3])
+
+    def record(stream):
+        with stream:
+            for name, a in init.items():
+                cp.copyto(work[name], a)
+        L.prep(dk, dv, dq, dw[0], dw[1], work["kc"], work["vc"], d_cos, d_sin, d_pos, EPS, out_qn=qn, qr=dqr,
+               qi_w=dw[2], out_qi=qi, indexer=keys_arg, stream=stream)
+
+    names = ["kc", "vc", "raw", "tail", "pooled"]
+    got = dict(zip(names + ["qn", "qi", "snap"],
+                   assert_replay_equals_eager(record, [work[n] for n in names] + [qn, qi, snap])))
+    G.check(got["kc"], want_k, what="k_cache")
+    G.exact(got["vc"], want_v, "v_cache")
+    G.check(got["qn"], want_qn, what="qn")
+    G.check(got["qi"], want_qi, what="qi")
+    G.exact(got["raw"], want_raw, "raw keys (group A's kept, this group's copied)")
+    G.exact(got["snap"], tail0, "snapshot")
+    G.exact(got["tail"], tail0, "tail back at its snapshot")
+    G.check(got["pooled"], want_pooled, what="pooled after the window")
+    assert not np.array_equal(want_pooled, pooled0) or T + r0 < RATIO  # a block completes in most cases
 
 
 def test_indexer_windows_with_commits(L, tables):

@@ -260,8 +260,15 @@ def test_kernel_names_and_constants_match_the_sources():
             assert re.search(rf"\b{k}\s*\(|\({k},", text) or in_family, f"{file} defines no kernel {k}"
     q8r = _source("gemv_q8r.cu")
     assert re.search(r"\bq8r_pack\s*\(", q8r)
-    for nt in (1, 2, 4, 8, 16):  # gemv_q8r_t<NT> and gemv_expert_q8r_t<NT> come from one macro each
+    for nt in (1, 2, 4, 8, 16):  # gemv_q8r_t<NT>, gemv_expert_q8r_t<NT>, gemv_q8r_gateup_t<NT>: one macro each
         assert f"Q8R_DENSE_KERNEL({nt})" in q8r and f"Q8R_GROUPED_KERNEL({nt})" in q8r
+        assert f"Q8R_GATEUP_KERNEL({nt})" in q8r
+    # the launchers' row groups per warp are the kernels' (q8r_rows, and half of it for the gate/up kernel)
+    rows = re.search(r"constexpr int q8r_rows\(int nt\) \{ return (.*?); \}", q8r).group(1)
+    assert rows == "nt == 1 ? 1 : (nt == 2 || nt == 16) ? 2 : 4"
+    assert U.Q8R_LANE_ROWS == {1: 1, 2: 2, 4: 4, 8: 4, 16: 2}
+    assert "constexpr int q8r_gateup_rows(int nt) { return q8r_rows(nt) > 1 ? q8r_rows(nt) / 2 : 1; }" in q8r
+    assert U.Q8R_GATEUP_ROWS == {1: 1, 2: 1, 4: 2, 8: 2, 16: 1}
     for nt in (2, 4, 8, 16):  # the tensor-core kernels gemv_q8r_tc_t<NT> (T >= 2 only)
         assert f"Q8T_DENSE_KERNEL({nt})" in q8r
     q8r_defines = dict(re.findall(r"#define (\w+) (\d+)", q8r))

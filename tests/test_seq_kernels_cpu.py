@@ -9,7 +9,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from strata_cli.gpu import launch_embed, launch_gdn, launch_ple, launch_qsa
+from strata_cli.gpu import launch_embed, launch_gdn, launch_hyper, launch_ple, launch_qsa
 from strata_cli.gpu.compile import kernels_dir
 from strata_cli.ops import topk_ties
 
@@ -100,6 +100,13 @@ def gdn_mix(nk=1, nv=2, dk=2, dv=2, **given):
     (lambda: launch_gdn.gdn_conv_commit(f32(2, 9), f32(3, 9), 0, n_keep_dev=np.zeros(1, np.int64)), "n_keep_dev"),
     (lambda: launch_qsa.norm_rope(f32(2, 3, 80)[..., ::2], f32(40), 1e-6, f32(9, 8), f32(9, 8)), "x"),
     (lambda: launch_qsa.norm_rope(f32(2, 3, 40), f32(40), 1e-6, f32(9, 7), f32(9, 7)), "cos"),
+    (lambda: launch_qsa.prep(f32(2, 1, 40), f32(2, 1, 40), f32(2, 3, 40), f32(40), f32(40), f32(9, 2, 40),
+                             f32(9, 2, 40), f32(9, 8), f32(9, 8), np.zeros(2, np.int32), 1e-6), "k"),
+    (lambda: launch_qsa.prep(f32(2, 1, 40), f32(2, 1, 40), f32(2, 3, 40), f32(40), f32(40), f32(9, 1, 40),
+                             f32(9, 1, 40), f32(9, 8), f32(9, 8), np.zeros(2, np.int32), 1e-6, qr=f32(2, 2, 6),
+                             qi_w=f32(6)), "cos"),
+    (lambda: launch_qsa.prep(f32(2, 1, 40), f32(2, 1, 40), f32(2, 3, 40), f32(40), f32(40), f32(9, 1, 40),
+                             f32(9, 1, 40), f32(9, 8), f32(9, 8), np.zeros(2, np.int32), 1e-6, qi_w=f32(6)), "qi_w"),
     (lambda: launch_qsa.attend_selected(f32(2, 4, 40), f32(2, 4, 40), f32(9, 3, 40), f32(9, 3, 40),
                                         np.zeros(2, np.int32)), "q"),
     (lambda: launch_qsa.select_cells(f32(2, 5), np.zeros(2, np.int64), 3, 9), "positions"),
@@ -108,7 +115,11 @@ def gdn_mix(nk=1, nv=2, dk=2, dv=2, **given):
                                        f32(40), 1e-6, f32(9, 8), f32(9, 8)), "snapshot"),
     (lambda: launch_ple.ngram_rows(np.zeros(3, np.int64), np.zeros(8, np.int64), 0, np.zeros(9, np.int64), 1,
                                    np.zeros(8, np.int64), np.zeros(8, np.int64)), "prev"),
+    (lambda: launch_ple.ngram_gather(np.zeros(3, np.int64), np.zeros(2, np.int64), 0, np.zeros(3, np.int64), 2,
+                                     np.zeros(3, np.int64), np.zeros(4, np.int64), f32(5, 24), 0, 24), "vocab_sizes"),
     (lambda: launch_embed.gather_rows(np.zeros((2, 3), np.int32), f32(5, 24), 0, 24), "rows"),
+    (lambda: launch_hyper.hc_write(f32(2, 3, 8), launch_hyper.PleWrite(f32(2, 24), f32(4, 24), f32(2, 24),
+                                                                       f32(24, 3), 2)), "pending"),
     (lambda: launch_ple.ple_mix(f32(2, 3, 8), f32(2, 16), f32(3, 24), f32(24, 16), f32(8, 16), f32(24), f32(24),
                                 f32(24), f32(24, 4), 3, 1e-6), "history"),
 ])

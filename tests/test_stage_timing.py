@@ -12,8 +12,7 @@ from strata_cli.engine import stage_timing as sp
 from test_window_steps import _Buffers, _Rows
 
 GDN_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "qkv", "gdn-mix", "out-proj"]  # qkv + z: one GEMV
-QSA_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "k/v+norm-rope", "kv append", "q+norm-rope",
-              "attention", "out-proj"]
+QSA_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "kvq+norm-rope", "attention", "out-proj"]
 MOE_STAGES = ["hc1-write+norm", "hc1-down", "hc-read1", "router", "experts"]  # the shared expert: an entry of them
 
 
@@ -253,7 +252,11 @@ class _Launches:
         def launch(*args, mark=None, **kwargs):
             for part in self.PARTS.get(name, ()) if mark is not None else ():
                 mark("write+norm" if part == "norm" and kwargs.get("pending") is not None else part)
-            pair = name in ("hc_read", "select_cells", "router_topk", "router_gemv_topk")
+            if name == "ple_mix_write":  # the PLE's conv step, the pending write of the layer's read
+                from strata_cli.gpu.launch_hyper import PleWrite
+
+                return PleWrite(*(_Rows(),) * 4, 1), _Rows()
+            pair = name in ("hc_read", "select_cells", "router_topk", "router_gemv_topk", "prep")
             return (_Rows(), _Rows()) if pair else _Rows()
 
         return launch
@@ -295,11 +298,11 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
     for layer in range(g.n_layers):
         stages = [s for s, lay in zip(plan.stages, plan.layers) if lay == layer]
         ple = g.ple is not None and g.ple.layer == layer
-        # the previous layer's MoE write goes into this layer's first read (before the PLE: a node of its own)
-        read0 = ["hc0-norm" if layer == 0 or ple else "hc0-write+norm"] + GDN_STAGES[1:3]
+        # the previous layer's MoE write goes into this layer's first read (at the PLE layer into the PLE's gate
+        # kernel, and the PLE's conv step into the read)
+        read0 = ["hc0-norm" if layer == 0 else "hc0-write+norm"] + GDN_STAGES[1:3]
         want = (["ple"] if ple else []) + read0
-        want += (["k/v+norm-rope", "kv append", "q+norm-rope"]
-                 + (["idx append", "idx-q", "scores+topk"] if g.compress_ratios[layer] else []) + ["attention",
-                                                                                                  "out-proj"]
-                 if g.layer_is_attn[layer] else GDN_STAGES[3:])
+        # the indexer's key in the stack: its append is prep's (no "idx append" stage)
+        want += (["kvq+norm-rope"] + (["scores+topk"] if g.compress_ratios[layer] else [])
+                 + ["attention", "out-proj"] if g.layer_is_attn[layer] else GDN_STAGES[3:])
         assert stages == want + MOE_STAGES + ["gap"], layer

@@ -22,9 +22,15 @@ from strata_cli.model.gguf_file import open_model
 # one GEMV (their weights stacked, gdn_mix reading the rows [qkv | z]; 97b3d32: 16, 28); a QSA layer's k, v, q and
 # indexer q one GEMV (the consumers reading views of its rows; 2d90738: 25); the indexer's tail back at its
 # snapshot in its append kernel (no copy node; b91d893: 16, 24); the shared expert one more entry of the routed
-# experts' launches (its weights appended to theirs, its gate its weight in the combine):
-NODES_PER_LAYER = {1: [13, 20, 13, 21, 13, 13, 13, 21], 8: [13, 20, 13, 21, 13, 13, 13, 21]}
-WINDOW_NODES = {1: 138, 8: 138}
+# experts' launches (its weights appended to theirs, its gate its weight in the combine; 35b700f: 13, 20, 21);
+# a QSA layer's k/v into the cache and its q and indexer-q norm-ropes one launch (qsa.cu qsa_prep: 18); the PLE's
+# key and value one GEMV (their weights stacked) and the previous layer's write in its gate kernel (ple.cu
+# ple_gate; no hc_write node: 18); the routed experts' gate and up one launch (gemv_q8r.cu gemv_q8r_gateup_t<NT>:
+# 12, 17, 17); the indexer's key in the QSA stack, its append a block of qsa_prep's launch (15); the PLE's conv
+# step the pending write of the layer's first read (hyper.cu hc_write_norm, no ple_conv_out node: 16); the n-gram
+# rows hashed and gathered in one launch (ple.cu ple_gather, a Q8_0 table: 15):
+NODES_PER_LAYER = {1: [12, 15, 12, 15, 12, 12, 12, 15], 8: [12, 15, 12, 15, 12, 12, 12, 15]}
+WINDOW_NODES = {1: 116, 8: 116}
 
 
 @pytest.fixture
@@ -59,10 +65,10 @@ def test_listing_sees_the_window_size(monkeypatch, engine):
 
 
 def test_stacked_weights_are_their_matrices_row_for_row(engine):
-    """DeviceWeights' stacks (a GDN layer's qkv + z, a QSA layer's k, v, q + indexer q, each HC read's down +
-    inject, the routed experts + the shared expert) hold the file's matrices in order, value for value, after the
-    Q8_0 repack."""
-    from strata_cli.engine.gpu.weights import KVQ, QKVZ, STACKS
+    """DeviceWeights' stacks (a GDN layer's qkv + z, a QSA layer's k, v, q + indexer q and k, the PLE's key +
+    value, each HC read's down + inject, the routed experts + the shared expert) hold the file's matrices in order,
+    value for value, after the Q8_0 repack."""
+    from strata_cli.engine.gpu.weights import KVQ, PLE_KV, QKVZ, STACKS
     from strata_cli.model import packed
     from strata_cli.ops.gemv import dequant_rows
 
@@ -73,13 +79,17 @@ def test_stacked_weights_are_their_matrices_row_for_row(engine):
         return dequant_rows(info.raw, info.ggml_type, info.shape[0])
 
     for layer in range(g.n_layers):
-        stack = QKVZ if layer in g.gdn_layers else KVQ
-        raw, ggml_type, rows = w.stack(layer, stack)
-        assert ggml_type == packed.Q8_0_R32
-        roles = [r for r in STACKS[stack] if f"blk.{layer}.{r}" in model.specs]
-        want = np.concatenate([matrix(f"blk.{layer}.{r}") for r in roles])
-        np.testing.assert_array_equal(dequant_rows(raw, ggml_type, g.n_embd), want)
-        assert rows == want.shape[0]
+        stacks = [QKVZ if layer in g.gdn_layers else KVQ] + ([PLE_KV] if layer == g.ple.layer else [])
+        for stack in stacks:
+            raw, ggml_type, rows = w.stack(layer, stack)
+            assert ggml_type == packed.Q8_0_R32
+            roles = [r for r in STACKS[stack] if f"blk.{layer}.{r}" in model.specs]
+            assert len(roles) == len(STACKS[stack]) - 2 * (stack == KVQ and not g.compress_ratios[layer])
+            want = np.concatenate([matrix(f"blk.{layer}.{r}") for r in roles])
+            n_in = model.info(f"blk.{layer}.{roles[0]}").shape[0]
+            np.testing.assert_array_equal(dequant_rows(raw, ggml_type, n_in), want)
+            assert rows == want.shape[0]
+        assert layer == g.ple.layer or w.stack(layer, PLE_KV) is None
         for read in ("hc_attn", "hc_ffn"):
             hc = w.hc(f"blk.{layer}.{read}")
             prefix = f"blk.{layer}.{read}"

@@ -45,7 +45,8 @@ class _Recorded:
 
         def launch(*args, **kwargs):
             self.steps.append(f"{self.label}.{name}")
-            return (_Rows(), _Rows()) if name.startswith(("hc_read", "select_cells", "router_")) else _Rows()
+            pair = name.startswith(("hc_read", "select_cells", "router_")) or name in ("prep", "ple_mix_write")
+            return (_Rows(), _Rows()) if pair else _Rows()
 
         return launch
 
@@ -100,14 +101,16 @@ TC = WindowPath(gemv_tc=True)
 HC_READ = ["hyper.hc_read"]
 HC_WRITE = ["hyper.hc_write"]
 GDN = ["launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv + z (one GEMV), gdn_mix, out
-QSA_HEAD = ["launch_gemv.gemv", "qsa.norm_rope", "qsa.kv_append", "qsa.norm_rope"]  # k, v, q, indexer q: one GEMV
-QSA_INDEXER = ["launch_gemv.gemv", "qsa.indexer_append", "qsa.norm_rope", "qsa.block_scores", "qsa.select_cells"]
+# k, v, q, indexer q and k: one GEMV; k/v into the cache, the norm-ropes of q and the indexer query and the
+# indexer's key append one launch
+QSA_HEAD = ["launch_gemv.gemv", "qsa.prep"]
+QSA_INDEXER = ["qsa.block_scores", "qsa.select_cells"]
 QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
 # the router's GEMV in its top-k launch (an F32 router), the shared expert one more entry of the routed launches;
 # the experts' combine is the next read's
 MOE = ["moe.router_gemv_topk", "moe.routed_parts"]
-PLE = ["ple.ngram_rows", "embed.gather_rows", "ple.ple_mix"]
-PLE_GROUP_A = ["ple.ngram_rows", "embed.gather_rows", "memcpy", "ple.ple_mix", "memcpy"]
+PLE = ["ple.ngram_gather", "ple.ple_mix_write"]  # its conv step: the layer's first read
+PLE_GROUP_A = ["ple.ngram_gather", "memcpy", "ple.ple_mix", "memcpy"]
 PLE_GROUP_B = ["memcpy", "ple.ple_mix", "memcpy"]
 INPUTS = ["memcpy", "memcpy", "embed.gather_rows", "hyper.broadcast_streams"]
 HEAD = ["launch_gemv.gemv", "sampling.argmax_rows", "memcpy"]
@@ -129,12 +132,12 @@ def mixer(g, layer: int) -> list[str]:
 
 
 def unsplit(g, moe) -> list[str]:
-    """The steps of a one-group window: moe(layer) = its MoE steps. Every block's write goes into the next read, so
-    there is no write node except before the PLE layer (the mix reads R)."""
+    """The steps of a one-group window: moe(layer) = its MoE steps. Every block's write goes into the next read (the
+    PLE layer's into its mix, which reads R first), so there is no write node."""
     want = list(INPUTS)
     for layer in range(g.n_layers):
         if g.ple.layer == layer:
-            want += (HC_WRITE if layer > 0 else []) + PLE
+            want += PLE
         want += HC_READ + mixer(g, layer) + HC_READ + moe(layer)
     return want + HC_READ + HEAD
 
@@ -147,7 +150,7 @@ def stage_steps(g, lo: int, hi: int) -> list[str]:
     want = list(INPUTS) if lo == 0 else INPUTS[:2]
     for layer in range(lo, hi):
         if g.ple.layer == layer:
-            want += (HC_WRITE if layer > lo else []) + PLE
+            want += PLE
         want += HC_READ + mixer(g, layer) + HC_READ + MOE
     if hi < g.n_layers:
         return want + HC_WRITE
@@ -171,16 +174,18 @@ def test_window_applies_each_write_in_the_next_read(monkeypatch, geometry, T, pa
 
 
 def test_projections_of_two_types_are_a_gemv_each(monkeypatch, geometry):
-    """No stack: a GDN layer's qkv and z are two GEMVs, a QSA layer's k, v, q three and its indexer q one more."""
+    """No stack: a GDN layer's qkv and z are two GEMVs, a QSA layer's k, v, q three, its indexer q one more before
+    prep and its indexer k one more after it, with the key append of its own."""
     g = geometry
     got = recorded_steps(monkeypatch, g, 3, PLAIN, stacked=False)
     want = unsplit(g, lambda layer: MOE)
-    extra = len(g.gdn_layers) + sum(2 + (1 if g.compress_ratios[layer] else 0) for layer in g.attn_layers)
+    extra = len(g.gdn_layers) + sum(2 + (3 if g.compress_ratios[layer] else 0) for layer in g.attn_layers)
     assert len(got) == len(want) + extra and got.count("gdn.gdn_mix") == len(g.gdn_layers)
     first = got.index("gdn.gdn_mix")
     assert got[first - 2:first] == ["launch_gemv.gemv", "launch_gemv.gemv"]
-    qsa = got.index("qsa.kv_append")
-    assert got[qsa - 4:qsa] == ["launch_gemv.gemv"] * 3 + ["qsa.norm_rope"]
+    assert g.compress_ratios[g.attn_layers[0]]
+    qsa = got.index("qsa.prep")  # k, v, q, the indexer q, prep, the indexer k and its append
+    assert got[qsa - 4:qsa + 3] == ["launch_gemv.gemv"] * 4 + ["qsa.prep", "launch_gemv.gemv", "qsa.indexer_append"]
 
 
 def test_a_router_of_another_type_is_a_gemv_then_router_topk(monkeypatch, geometry):

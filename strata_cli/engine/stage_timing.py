@@ -22,22 +22,23 @@ import numpy as np
 # Stages of a layer, in the order the window records them; a GDN layer uses the GDN ones, a QSA layer the QSA
 # ones. (seed n) names the seed's stamp whose work the stage holds; stages without one are strata's own.
 LAYER_STAGES = (
-    "ple",            # per-layer embedding mix (the PLE layer only)
+    "ple",            # per-layer embedding mix up to its conv step (the PLE layer only; the previous layer's write
+                      # in its gate kernel)
     "hc0-norm",       # (seed 27) hyper-connection read before the block: RMS norm of the C streams (the first layer of
-                      # the window or stage, and the PLE layer, whose write has a node of its own)
+                      # the window or stage; a split window's PLE layer)
     "hc0-write+norm",  # the same after the previous layer's pending MoE write, in one kernel (with every expert in
-                       # VRAM also the experts' weighted sum + shared expert, seed 24's combine)
+                       # VRAM also the experts' weighted sum + shared expert, seed 24's combine); at the PLE layer
+                       # the PLE's conv step (its residual add) instead
     "hc0-down",       # (seed 28) its down + inject GEMV (one matrix)
     "hc-read0",       # (seeds 29, 1) up GEMV, gates, mix and inject gates (hyper.cu hc_up_mix)
     "qkv",            # (seeds 2, 5) GDN: qkv projection (and the z (output gate) projection where they stack)
     "z",              # (seed 5) GDN: z projection, when its type is not qkv's
     "ab",             # (seed 4) GDN: alpha and beta projections, only for types gdn_mix does not decode
     "gdn-mix",        # (seeds 3, 4, 6, 14) GDN: conv + q/k/v split, gates, delta-rule recurrence, gated RMS norm
-    "k/v+norm-rope",  # (seeds 7, 8) QSA: k projection + norm + rope, v projection
-    "kv append",      # (seed 9) QSA: K/V cache append
-    "q+norm-rope",    # (seed 10) QSA: q(+gate) projection + norm + rope
-    "idx append",     # (seed 9) QSA: indexer key projection + pooled-key append
-    "idx-q",          # (seed 10) QSA: indexer query projection + norm + rope
+    "kvq+norm-rope",  # (seeds 7-10) QSA: the k, v, q(+gate) and indexer q / k projections (one GEMV where they
+                      # stack), their norms and ropes, the K/V cache append and, with the indexer's key in the stack,
+                      # its pooled-key append (qsa.cu qsa_prep: one launch)
+    "idx append",     # (seed 9) QSA: indexer key projection + pooled-key append, where the key is not in the stack
     "scores+topk",    # (seed 11) QSA: block scores + cell selection
     "attention",      # (seed 13) QSA: attention over the selected cells
     "out-proj",       # (seed 16) output projection of the block

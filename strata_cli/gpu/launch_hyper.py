@@ -53,6 +53,19 @@ class CombineWrite:
 
 
 @dataclass
+class PleWrite:
+    """The PLE layer's last step as the pending write of its read (launch_ple.ple_mix_write): R += gated +
+    silu(conv over [history | normed]) (ple.cu ple_conv_out's arithmetic), computed by the read's first kernel.
+    gated, normed [T, CD]; history [Hh, CD]; conv_w [CD, Kc]; Hh = (Kc - 1) * dilation."""
+
+    gated: object
+    history: object
+    normed: object
+    conv_w: object
+    dilation: int
+
+
+@dataclass
 class HcScratch:
     """Intermediates of hc_read: xn [>= T, C*D] and dn, a float32 buffer of at least T * n_dn values (its leading
     [T, n_dn] view is used)."""
@@ -82,9 +95,9 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
 
     pending = (block_out [T, D], inj_prev [T, C]): the previous block's write R += block_out * inj_prev is applied
     to R in place first (hc_write's arithmetic), in the norm's kernel; a CombineWrite: block_out is the MoE's
-    combine, computed there (no combine launch). out_inj may be inj_prev's buffer (the norm's
-    kernel has read it before hc_up_mix writes). mark(part) is called after the "norm" ("write+norm") and "down"
-    launches (the profiling graph's stamps)."""
+    combine, computed there (no combine launch); a PleWrite: the PLE's conv step (no ple_conv_out launch).
+    out_inj may be inj_prev's buffer (the norm's kernel has read it before hc_up_mix writes). mark(part) is called
+    after the "norm" ("write+norm") and "down" launches (the profiling graph's stamps)."""
     with U.on_stream(stream):
         U.check_array("R", R, np.float32, (None, None, None))
         T, C, D = R.shape
@@ -106,7 +119,8 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
                              f"({UP_SMEM_FLOATS} floats)")
         if not w.n_inj and out_inj is not None:
             raise ValueError("out_inj: given, but the read has no inject rows (n_inj 0)")
-        bo, combine, inj_prev = _pending(pending, T, C, D)
+        ple = _ple_args(pending, T, CD)
+        bo, combine, inj_prev = pending_args(None if isinstance(pending, PleWrite) else pending, T, C, D)
         s = scratch if scratch is not None else HcScratch(None, None)
         xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), empty)
         dn = _leading_rows("scratch.dn", s.dn, T, n_dn, empty)
@@ -116,7 +130,7 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
 
         nvrtc.kernel("hyper", "hc_write_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
             R, U.null_or(bo), *combine, U.null_or(inj_prev), w.norm_w, xn, np.int32(C), np.int32(D),
-            np.float32(eps)))
+            np.float32(eps), *ple))
         _mark(mark, "norm" if pending is None else "write+norm")
         launch_gemv(w.dn_raw, w.dn_type, CD, xn, dn, split, div=float(C))
         _mark(mark, "down")
@@ -127,11 +141,30 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
     return out_mixed, (out_inj if w.n_inj else None)
 
 
-def _pending(pending, T: int, C: int, D: int):
-    """(block_out or None, the combine's (parts, weights, shared, K) kernel arguments, inj_prev or None), checked."""
+def _ple_args(pending, T: int, CD: int):
+    """hc_write_norm's PLE arguments (gated, history, normed, conv_w, Kc, dilation): a PleWrite's, checked, else
+    nulls."""
+    if not isinstance(pending, PleWrite):
+        return (U.null_or(None),) * 4 + (np.int32(0), np.int32(1))
+    U.check_array("pending.gated", pending.gated, np.float32, (T, CD))
+    U.check_array("pending.normed", pending.normed, np.float32, (T, CD))
+    U.check_array("pending.conv_w", pending.conv_w, np.float32, (CD, None))
+    Kc = pending.conv_w.shape[1]
+    if Kc < 2 or pending.dilation < 1:
+        raise ValueError(f"pending.conv_w: {Kc} taps at dilation {pending.dilation}, expected >= 2 and >= 1")
+    U.check_array("pending.history", pending.history, np.float32, ((Kc - 1) * pending.dilation, CD))
+    return (pending.gated, pending.history, pending.normed, pending.conv_w, np.int32(Kc), np.int32(pending.dilation))
+
+
+def pending_args(pending, T: int, C: int, D: int):
+    """(block_out or None, the combine's (parts, weights, shared, K) kernel arguments, inj_prev or None), checked:
+    the kernel arguments of a pending write (None, (block_out [T, D], inj_prev [T, C]) or a CombineWrite) for the
+    kernels that apply it (hyper.cu, ple.cu ple_gate)."""
     none = (U.null_or(None),) * 3 + (np.int32(0),)
     if pending is None:
         return None, none, None
+    if isinstance(pending, PleWrite):
+        raise ValueError("pending: a PleWrite goes into the PLE layer's read (hc_read) only")
     if isinstance(pending, CombineWrite):
         U.check_array("pending.weights", pending.weights, np.float32, (T, None))
         K = pending.weights.shape[1]
@@ -161,7 +194,7 @@ def hc_write(R, pending, out=None, stream=None):
         T, C, D = R.shape
         if pending is None:
             raise ValueError("pending: None, expected (block_out, inj) or a CombineWrite")
-        bo, combine, inj = _pending(pending, T, C, D)
+        bo, combine, inj = pending_args(pending, T, C, D)
         out = U.out_array("out", out, (T, C, D), np.float32, empty)
         grid, block = U.elementwise_grid(T * C * D)
         nvrtc.kernel("hyper", "hc_write")(grid, block, (

@@ -151,12 +151,21 @@ def launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, n_groups, 
 
 def launch_gateup_experts(gate, up, n_expert, groups, n_groups, T, x, K, h) -> None:
     """h[j] = silu(gate_e . x[j // K]) * (up_e . x[j // K]) for the groups' entries; gate / up = (raw [E, F, D],
-    type, expert stride); arguments already checked. Gate and up of one block type and stride are one launch that
-    reads both (launch_quant.launch_gateup_quant), else two."""
+    type, expert stride); arguments already checked. Gate and up of one type and stride are one launch that reads
+    both (block types: launch_quant.launch_gateup_quant; Q8_0_R32: gemv_q8r_gateup_t<NT>), else two."""
     (gw, gt, gs), (uw, ut, us) = gate, up
     D, F = x.shape[1], h.shape[1]
     if gt == ut and gs == us and launch_quant.handles(gt):
         launch_quant.launch_gateup_quant(gw, uw, gt, gs, n_expert, groups, n_groups, T, x, K, D, h)
+        return
+    if gt == ut == U.Q8_0_R32 and gs == us:  # kernels/gemv_q8r.cu gemv_q8r_gateup_t<NT>
+        U.check_vector_rows("x", x)
+        rpw = U.Q8R_GROUP * U.Q8R_GATEUP_ROWS[U.nt_bucket(T)]
+        ksplit, _ = U.q8r_split(F, D, T, n_matrices=n_groups, rpw=rpw)
+        grid, block = U.expert_grid(F, n_groups, ksplit, rpw=rpw)
+        nvrtc.kernel("gemv_q8r", f"gemv_q8r_gateup_t{U.nt_bucket(T)}")(grid, block, (
+            gw, uw, np.int64(gs), np.int32(n_expert), *groups, x, np.int32(K), np.int32(D), h, np.int32(F),
+            np.int32(ksplit)))
         return
     launch_expert_gemv(uw, ut, us, n_expert, groups, n_groups, T, x, K, D, h)
     launch_expert_gemv(gw, gt, gs, n_expert, groups, n_groups, T, x, K, D, h, act=U.ACT_SILU, mul=h,

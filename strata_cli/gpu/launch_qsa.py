@@ -63,22 +63,86 @@ def norm_rope(x, w, eps: float, cos, sin, positions=None, out=None, stream=None)
     return out
 
 
-def kv_append(k_cache, v_cache, k, v, positions, stream=None):
-    """k_cache[positions] = k, v_cache[positions] = v; caches [N, Hk, d], k [T, Hk, d], v [T, Hk, d] rows (each
-    row's Hk*d values contiguous: a view of rows of a wider buffer is taken)."""
+@dataclass
+class IndexerKeys:
+    """The indexer's key append inside prep: keys [T, di] the window's raw keys (a view of its GEMV's rows), raw
+    [>= r0 + T, di] the layer's raw-key buffer (rows r0.. receive keys; the commit re-appends them), r0 the group's
+    first row (rows [0, r0) are an earlier group's, already in raw), positions [r0 + T] of rows [0, r0 + T), tail
+    and snapshot [ratio, di], pooled [NB, di], k_norm_w [di]."""
+
+    keys: object
+    raw: object
+    r0: int
+    positions: object
+    tail: object
+    snapshot: object
+    pooled: object
+    k_norm_w: object
+
+
+def prep(k, v, q, k_w, q_w, k_cache, v_cache, cos, sin, positions, eps: float, out_qn=None, qr=None, qi_w=None,
+         out_qi=None, indexer: IndexerKeys | None = None, stream=None):
+    """A QSA layer's window rows after its projection GEMV in one launch (kernels/qsa.cu qsa_prep; reference
+    ops.qsa.prep_window with whole rope tables): k_cache[positions] = rope(rms_norm(k) * k_w), v_cache[positions] =
+    v (in place), returns qn = rope(rms_norm(q) * q_w) [T, H, d] and, with the indexer query qr, qi =
+    rope(rms_norm(qr) * qi_w) [T, Hi, di] (else None). indexer (with qr): the window's indexer keys appended too, as
+    indexer_append(raw[:r0 + T], snapshot=) after raw[r0:r0 + T] = keys, by one more block of the launch.
+
+    k, v [T, Hk, d], q [T, H, d], qr [T, Hi, di]: views whose last axis is contiguous (rows of the layer's one
+    GEMV); k and v heads d values apart, qr's di apart; caches [N, Hk, d]; cos, sin [P, n_rot] by position."""
     with U.on_stream(stream):
         U.check_array("k_cache", k_cache, np.float32, (None, None, None))
         N, Hk, d = k_cache.shape
         U.check_array("v_cache", v_cache, np.float32, (N, Hk, d))
-        U.check_array("k", k, np.float32, (None, Hk, d))
+        ks, kh = S.check_rows_view("k", k, 3, (None, Hk, d))
         T = k.shape[0]
-        v_ld, v_h = S.check_rows_view("v", v, 3, (T, Hk, d))
-        if Hk > 1 and v_h != d:  # a head axis of one element may carry any stride (CuPy gives it the row's)
-            raise ValueError(f"v: its heads are {v_h} values apart, expected {d} (each row's Hk*d values contiguous)")
+        vs, vh = S.check_rows_view("v", v, 3, (T, Hk, d))
+        qs, qh = S.check_rows_view("q", q, 3, (T, None, d))
+        H = q.shape[1]
+        for name, h_stride in (("k", kh), ("v", vh)):  # a head axis of one element may carry any stride
+            if Hk > 1 and h_stride != d:
+                raise ValueError(f"{name}: its heads are {h_stride} values apart, expected {d}")
+        U.check_array("k_w", k_w, np.float32, (d,))
+        U.check_array("q_w", q_w, np.float32, (d,))
+        n_rot = _check_tables(cos, sin, d)
         S.check_positions("positions", positions, T)
-        grid, block = U.elementwise_grid(T * Hk * d, QSA_BLOCK)
-        nvrtc.kernel("qsa", "qsa_kv_append")(grid, block, (
-            k_cache, v_cache, k, v, np.int64(v_ld), positions, np.int32(T), np.int32(Hk * d)))
+        Hi, di, is_ = 0, 1, np.int64(0)
+        if qr is not None:
+            is_, ih = S.check_rows_view("qr", qr, 3, (T, None, None))
+            Hi, di = qr.shape[1:]
+            if Hi > 1 and ih != di:
+                raise ValueError(f"qr: its heads are {ih} values apart, expected {di}")
+            if n_rot > di:
+                raise ValueError(f"cos: {n_rot} rotated dims exceed the indexer head dim {di}")
+            U.check_array("qi_w", qi_w, np.float32, (di,))
+        elif qi_w is not None or out_qi is not None or indexer is not None:
+            raise ValueError("qi_w / out_qi / indexer: given without the indexer query qr")
+        idx_args = (U.null_or(None), np.int64(0), U.null_or(None), np.int32(0), U.null_or(None), U.null_or(None),
+                    U.null_or(None), U.null_or(None), U.null_or(None), np.int32(1))
+        if indexer is not None:
+            ix = indexer
+            (iks,) = S.check_rows_view("indexer.keys", ix.keys, 2, (T, di))
+            U.check_array("indexer.tail", ix.tail, np.float32, (None, di))
+            ratio = ix.tail.shape[0]
+            U.check_array("indexer.snapshot", ix.snapshot, np.float32, (ratio, di))
+            U.check_array("indexer.pooled", ix.pooled, np.float32, (None, di))
+            U.check_array("indexer.raw", ix.raw, np.float32, (None, di))
+            if not 0 <= ix.r0 or ix.raw.shape[0] < ix.r0 + T:
+                raise ValueError(f"indexer.raw: {ix.raw.shape[0]} rows, the window's group needs rows up to "
+                                 f"{ix.r0} + {T}")
+            S.check_positions("indexer.positions", ix.positions, ix.r0 + T)
+            U.check_array("indexer.k_norm_w", ix.k_norm_w, np.float32, (di,))
+            idx_args = (ix.keys, iks, ix.raw, np.int32(ix.r0), ix.positions, ix.tail, ix.snapshot, ix.pooled,
+                        ix.k_norm_w, np.int32(ratio))
+        out_qn = U.out_array("out_qn", out_qn, (T, H, d), np.float32, empty)
+        if qr is not None:
+            out_qi = U.out_array("out_qi", out_qi, (T, Hi, di), np.float32, empty)
+        blocks = T * (2 * Hk + H + Hi) + (indexer is not None)
+        nvrtc.kernel("qsa", "qsa_prep")((blocks, 1, 1), (QSA_BLOCK, 1, 1), (
+            k, ks, v, vs, q, qs, qh, U.null_or(qr), is_, k_w, q_w, U.null_or(qi_w), k_cache, v_cache, out_qn,
+            U.null_or(out_qi), cos, sin, positions, np.int32(T), np.int32(Hk), np.int32(H), np.int32(Hi),
+            np.int32(d), np.int32(di), np.int32(n_rot), np.float32(eps), *idx_args), shared_mem=max(d, di) * 4)
+    return out_qn, (out_qi if qr is not None else None)
 
 
 def _indexer(tail, pooled, raw_keys, positions, k_norm_w, eps, cos, sin, n_keep, n_keep_dev, save, restore):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .basic import grouped_rms_norm, sigmoid, silu
+from .hyper import hc_write
 
 
 def ngram_context(token: int, prev_newest_first: np.ndarray, eos: int) -> np.ndarray:
@@ -59,3 +60,17 @@ def ple_mix(R: np.ndarray, emb: np.ndarray, history: np.ndarray, w_key: np.ndarr
         conv += seq[Hh - back:Hh - back + T] * conv_w[:, k]
     R_new = R + gated + silu(conv).reshape(T, C, D)
     return R_new.astype(np.float32), seq
+
+
+def ple_mix_after_write(R: np.ndarray, pending, emb: np.ndarray, history: np.ndarray, w_kv: np.ndarray,
+                        norm_key: np.ndarray, norm_query: np.ndarray, norm_conv: np.ndarray, conv_w: np.ndarray,
+                        dilation: int, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The reference of gpu/launch_ple.ple_mix with the stacked projection and a pending write: R += block_out *
+    inj per stream (pending = (block_out [T, D], inj [T, C]) or None; ops/hyper.hc_write), then ple_mix with
+    w_kv [C*D + D, P] = [w_key; w_value]. Returns (R after the write, R_new, seq)."""
+    T, C, D = R.shape
+    if pending is not None:
+        R = hc_write(R, *pending)
+    R_new, seq = ple_mix(R, emb, history, w_kv[:C * D], w_kv[C * D:], norm_key, norm_query, norm_conv, conv_w,
+                         dilation, eps)
+    return R, R_new, seq

@@ -33,6 +33,27 @@ def rope_neox(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return out.astype(np.float32)
 
 
+def prep_window(k: np.ndarray, v: np.ndarray, q: np.ndarray, k_w: np.ndarray, q_w: np.ndarray, cos: np.ndarray,
+                sin: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray, eps: float,
+                qr: np.ndarray | None = None, qi_w: np.ndarray | None = None, indexer=None):
+    """A QSA layer's rows after its projections (kernels/qsa.cu qsa_prep): k [T, Hk, d] normed and roped and v
+    [T, Hk, d] written into k_cache / v_cache [N, Hk, d] at positions (in place); returns qn [T, H, d] (q [T, H, d]
+    normed and roped) and, with the indexer query qr [T, Hi, di], its normed and roped rows (else None). cos, sin
+    [T, n_rot] per row. indexer = (tail, pooled, raw_keys [n, di], key_positions [n], k_norm_w, n_rot, base): the
+    window's raw keys appended as a run appends them (indexer_append, then the tail back to what it held: only
+    pooled keeps the blocks they complete), in place."""
+    k_cache[positions] = rope_neox(rms_norm(k, k_w, eps), cos, sin)
+    v_cache[positions] = v
+    qn = rope_neox(rms_norm(q, q_w, eps), cos, sin)
+    qi = None if qr is None else rope_neox(rms_norm(qr, qi_w, eps), cos, sin)
+    if indexer is not None:
+        tail, pooled, raw_keys, key_positions, k_norm_w, n_rot, base = indexer
+        snapshot = tail.copy()
+        indexer_append(tail, pooled, raw_keys, key_positions, k_norm_w, eps, n_rot, base)
+        tail[...] = snapshot
+    return qn, qi
+
+
 def indexer_append(tail: np.ndarray, pooled: np.ndarray, raw_keys: np.ndarray, positions: np.ndarray,
                    k_norm_w: np.ndarray, eps: float, n_rot: int, base: float) -> None:
     """Append raw indexer keys [T, d] at consecutive positions, in place.

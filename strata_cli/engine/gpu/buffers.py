@@ -118,12 +118,12 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
                 a.add(f"{name}.{layer}", shape)
     if g.attn_layers:
         H, Hk, d = g.n_head, g.n_head_kv, g.head_dim
-        for name, shape in [("qa_k", (M, Hk * d)), ("qa_kn", (M, Hk, d)), ("qa_v", (M, Hk * d)),
+        for name, shape in [("qa_k", (M, Hk * d)), ("qa_v", (M, Hk * d)),
                             ("qa_qg", (M, H * 2 * d)), ("qa_qn", (M, H, d)), ("qa_att", (M, H * d)),
                             ("qi_raw", (M, max(g.idx_heads, 1) * max(g.idx_dim, 1))),
                             ("qi", (M, max(g.idx_heads, 1), max(g.idx_dim, 1))),
-                            # [k | v | q | indexer q]: one GEMV's rows (window._qsa_projections)
-                            ("qa_kvq", (M, 2 * Hk * d + H * 2 * d + max(g.idx_heads, 1) * max(g.idx_dim, 1))),
+                            # [k | v | q | indexer q | indexer k]: one GEMV's rows (window._qsa_projections)
+                            ("qa_kvq", (M, 2 * Hk * d + H * 2 * d + (max(g.idx_heads, 1) + 1) * max(g.idx_dim, 1))),
                             ("cos", (n_ctx, g.n_rot)), ("sin", (n_ctx, g.n_rot))]:
             a.add(name, shape)
         ratios = [g.compress_ratios[layer] for layer in g.attn_layers if g.compress_ratios[layer]]
@@ -150,7 +150,7 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
         a.add("ple_prev", (p.ngram_size - 1,), np.int64)
         for name, n in [("ple_mult", p.ngram_size), ("ple_sizes", p.n_heads), ("ple_offsets", p.n_heads)]:
             a.add(name, (n,), np.int64)  # the n-gram hash constants (PLEGeometry.hash_arrays)
-        for name, shape in [("ple_emb", (M, p.embed_dim)), ("ple_key", (M, C * D)), ("ple_value", (M, D)),
+        for name, shape in [("ple_emb", (M, p.embed_dim)), ("ple_key", (M, C * D + D)), ("ple_value", (M, D)),
                             ("ple_gated", (M, C * D)), ("ple_normed", (M, C * D)),
                             ("ple_history", (p.history, C * D))]:
             a.add(name, shape)

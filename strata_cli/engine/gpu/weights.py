@@ -5,7 +5,8 @@ layout (strata_cli/model/packed.py): same bytes, read with 16-byte loads. Gather
 embeddings) stay raw: their kernels read single rows. So do the hyper-connection up matrices (kernels/hyper.cu
 hc_up_mix reads them element-wise); each read's down and inject matrices are stacked into one (hc(prefix)), and
 the projections of a layer's mixed rows (the same input) into one GEMV where their types agree (STACKS: a GDN
-layer's qkv and z; a QSA layer's k, v, q and indexer q; stack(layer, name)). A shared expert of the routed
+layer's qkv and z; a QSA layer's k, v, q and indexer q and k; the PLE's key and value of its gathered rows;
+stack(layer, name)). A shared expert of the routed
 experts' types and width is appended to their tensors as one more expert (shared_expert_id).
 """
 
@@ -26,13 +27,14 @@ F32_MATRICES = ("ssm_conv1d.weight", "ple_conv1d.weight")
 HC_READS = ("hc_attn", "hc_ffn")  # blk.N.<read>_*: the two reads of a layer; output_hc: the head's
 # a layer's projections of its mixed rows stacked into one matrix, rows in this order (the roles a layer has: the
 # indexer's q only with the indexer); window.py reads the GEMV's output rows at these offsets
-QKVZ, KVQ = "attn_qkvz.weight", "attn_kvq.weight"
+QKVZ, KVQ, PLE_KV = "attn_qkvz.weight", "attn_kvq.weight", "ple_kv.weight"
 # routed expert tensor -> its shared expert's: the shared expert joins the routed launches as one more expert where
 # each pair agrees in type and shape (shared_expert_id)
 SHARED_AS_EXPERT = {"ffn_gate_exps.weight": "ffn_gate_shexp.weight", "ffn_up_exps.weight": "ffn_up_shexp.weight",
                     "ffn_down_exps.weight": "ffn_down_shexp.weight"}
 STACKS = {QKVZ: ("attn_qkv.weight", "attn_gate.weight"),
-          KVQ: ("attn_k.weight", "attn_v.weight", "attn_q.weight", "indexer.q_proj.weight")}
+          KVQ: ("attn_k.weight", "attn_v.weight", "attn_q.weight", "indexer.q_proj.weight", "indexer.k_proj.weight"),
+          PLE_KV: ("ple_key.weight", "ple_value.weight")}
 
 
 def hc_prefix(name: str) -> str | None:
@@ -163,8 +165,8 @@ class DeviceWeights:
         return self._shared_id.get(f"blk.{layer}.")
 
     def stack(self, layer: int, name: str):
-        """(raw, type, rows) of layer's stacked projection `name` (QKVZ, KVQ), or None (their types differ, or the
-        layer has no such projections: a GEMV each)."""
+        """(raw, type, rows) of layer's stacked projection `name` (QKVZ, KVQ, PLE_KV), or None (their types
+        differ, or the layer has no such projections: a GEMV each)."""
         key = f"blk.{layer}.{name}"
         return (*self._raw[key], self._stack_rows[key]) if key in self._raw else None
 

@@ -25,7 +25,7 @@ from ...gpu.launch_util import recording_path
 from ...gpu.runtime import check, cudart
 from ...model.names import PLE_TABLE
 from .buffers import argmax_scratch, split_k
-from .weights import KVQ, QKVZ
+from .weights import KVQ, PLE_KV, QKVZ
 
 
 def copy_async(dst, src, nbytes: int, stream) -> None:
@@ -49,13 +49,16 @@ def _marks(e, layer: int, prefix: str, stream):
 
 
 # What a read's pending write adds to R (the previous block's output): nothing, block_out (a mixer's out-projection,
-# the tiers' combine), or a CombineWrite: the routed experts' combine, which the read's first kernel computes (_moe
-# returns it)
+# the tiers' combine), a CombineWrite: the routed experts' combine, which the read's first kernel computes (_moe
+# returns it), or a PleWrite: the PLE's conv step, which the PLE layer's read computes (_ple returns it)
 NO_WRITE, BLOCK_OUT = None, "block_out"
 
 
 def _pending(e, pending, r0: int, r1: int):
     b = e.buf
+    if isinstance(pending, hyper.PleWrite):  # the PLE layer's conv step (_ple), whole window only
+        assert r0 == 0, "split windows mix the PLE into R on their own"
+        return pending
     if isinstance(pending, hyper.CombineWrite):
         assert r0 == 0, "split windows run the tiers' MoE, which combines into block_out"
         return pending
@@ -76,7 +79,8 @@ def _hc(e, prefix: str, T: int, stream, r0: int = 0, mark=None, pending=NO_WRITE
 
 def _write(e, r0: int, r1: int, stream, pending) -> None:
     """The pending write of rows [r0, r1) on its own (hc_write, computing the experts' combine when it is theirs):
-    before the PLE mix, which reads R, and at the end of a stage of the layer split, which hands R on whole."""
+    before a split window's PLE mix (which reads a copy of R), and at the end of a stage of the layer split, which
+    hands R on whole."""
     R = e.buf["R"][r0:r1]
     hyper.hc_write(R, _pending(e, pending, r0, r1), out=R, stream=stream)
 
@@ -142,32 +146,35 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
     b, w, g = e.buf, e.w, e.g
     blk, d, pos, n = f"blk.{layer}.", g.head_dim, b["positions"][r0:T], T - r0
     cos, sin = b["cos"], b["sin"]
-    k_raw, v, qg, qi_raw = _qsa_projections(e, layer, x, T, stream, r0)
-    kn = qsa.norm_rope(k_raw, w.blk_f32(layer, "attn_k_norm"), g.eps, cos, sin, positions=pos,
-                       out=b["qa_kn"][r0:T], stream=stream)
-    stamp(e, layer, "k/v+norm-rope", stream)
-    qsa.kv_append(b[f"kc.{layer}"], b[f"vc.{layer}"], kn, v, pos, stream=stream)
-    stamp(e, layer, "kv append", stream)
-    qn = qsa.norm_rope(qg[:, :, :d], w.blk_f32(layer, "attn_q_norm"), g.eps, cos, sin, positions=pos,
-                       out=b["qa_qn"][r0:T], stream=stream)
-    stamp(e, layer, "q+norm-rope", stream)
-    cells = counts = None
+    k_raw, v, qg, qi_raw, ik = _qsa_projections(e, layer, x, T, stream, r0)
     ratio = g.compress_ratios[layer]
+    keys = None
     if ratio:
-        raw = b[f"idx_raw.{layer}"][:T]
-        gemv_weight(e, blk + "indexer.k_proj.weight", x, raw[r0:], stream)
-        tail, snap = b[f"tail.{layer}"], b[f"snap.{layer}"]
-        # a run writes no committed state (engine/state.py): the tail goes back to its snapshot in the same launch,
-        # since a window longer than ratio - n_past % ratio rows wraps over slots of committed positions
-        qsa.indexer_append(tail, b[f"pooled.{layer}"], raw, b["positions"][:T], w.blk_f32(layer, "indexer.k_norm"),
-                           g.eps, cos, sin, snapshot=snap, stream=stream)
-        stamp(e, layer, "idx append", stream)
         if qi_raw is None:  # not in the stack
             qi_raw = b["qi_raw"][r0:T]
             gemv_weight(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
-        qi = qsa.norm_rope(qi_raw.reshape(n, g.idx_heads, g.idx_dim), w.blk_f32(layer, "indexer.q_norm"), g.eps,
-                           cos, sin, positions=pos, out=b["qi"][r0:T], stream=stream)
-        stamp(e, layer, "idx-q", stream)
+        # a run writes no committed state (engine/state.py): the tail goes back to its snapshot in the same launch,
+        # since a window longer than ratio - n_past % ratio rows wraps over slots of committed positions
+        if ik is not None:  # the stack's keys: appended by prep's launch (rows [0, r0) are group A's, in idx_raw)
+            keys = qsa.IndexerKeys(ik, b[f"idx_raw.{layer}"], r0, b["positions"][:T], b[f"tail.{layer}"],
+                                   b[f"snap.{layer}"], b[f"pooled.{layer}"], w.blk_f32(layer, "indexer.k_norm"))
+    idx = ratio != 0
+    # k and v into the cache, q and the indexer query normed and roped (and the indexer's keys appended): one launch
+    qn, qi = qsa.prep(k_raw, v, qg[:, :, :d], w.blk_f32(layer, "attn_k_norm"), w.blk_f32(layer, "attn_q_norm"),
+                      b[f"kc.{layer}"], b[f"vc.{layer}"], cos, sin, pos, g.eps, out_qn=b["qa_qn"][r0:T],
+                      qr=qi_raw.reshape(n, g.idx_heads, g.idx_dim) if idx else None,
+                      qi_w=w.blk_f32(layer, "indexer.q_norm") if idx else None, out_qi=b["qi"][r0:T] if idx else None,
+                      indexer=keys, stream=stream)
+    stamp(e, layer, "kvq+norm-rope", stream)
+    if ratio and keys is None:  # the indexer's key projection and append on their own
+        raw = b[f"idx_raw.{layer}"][:T]
+        gemv_weight(e, blk + "indexer.k_proj.weight", x, raw[r0:], stream)
+        qsa.indexer_append(b[f"tail.{layer}"], b[f"pooled.{layer}"], raw, b["positions"][:T],
+                           w.blk_f32(layer, "indexer.k_norm"), g.eps, cos, sin, snapshot=b[f"snap.{layer}"],
+                           stream=stream)
+        stamp(e, layer, "idx append", stream)
+    cells = counts = None
+    if ratio:
         nb = b[f"pooled.{layer}"].shape[0]
         scores = qsa.block_scores(qi, b[f"pooled.{layer}"], pos, ratio, out=_rows(b["scores"], n, nb),
                                   stream=stream)
@@ -185,9 +192,10 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
 
 
 def _qsa_projections(e, layer: int, x, T: int, stream, r0: int):
-    """The k, v, q (+ gate) and, with the indexer, indexer-q projections of rows [r0, T): one GEMV where their weights
-    stack (views of its [k | v | q | indexer q] rows), else a GEMV each (no indexer q: None, projected later).
-    Returns k [n, Hk, d], v [n, Hk, d], qg [n, H, 2d], qi_raw [n, idx_dim * heads] or None."""
+    """The k, v, q (+ gate) and, with the indexer, indexer-q and indexer-k projections of rows [r0, T): one GEMV
+    where their weights stack (views of its [k | v | q | indexer q | indexer k] rows), else a GEMV each (no indexer
+    q / k: None, projected later). Returns k [n, Hk, d], v [n, Hk, d], qg [n, H, 2d], qi_raw [n, idx_dim * heads]
+    or None, ik [n, idx_dim] or None."""
     b, w, g = e.buf, e.w, e.g
     blk, d, n = f"blk.{layer}.", g.head_dim, T - r0
     kv, qw = g.n_head_kv * d, g.n_head * 2 * d
@@ -196,13 +204,16 @@ def _qsa_projections(e, layer: int, x, T: int, stream, r0: int):
         for name, buf in (("attn_k", "qa_k"), ("attn_v", "qa_v"), ("attn_q", "qa_qg")):
             gemv_weight(e, blk + name + ".weight", x, b[buf][r0:T], stream)
         return (b["qa_k"][r0:T].reshape(n, g.n_head_kv, d), b["qa_v"][r0:T].reshape(n, g.n_head_kv, d),
-                b["qa_qg"][r0:T].reshape(n, g.n_head, 2 * d), None)
+                b["qa_qg"][r0:T].reshape(n, g.n_head, 2 * d), None, None)
     raw, ggml_type, width = stacked
     rows = _rows(b["qa_kvq"], T, width)[r0:]
     launch_gemv.gemv(raw, ggml_type, x.shape[1], x, out=rows, split=split_k(b), stream=stream)
-    qi_raw = rows[:, 2 * kv + qw:] if width > 2 * kv + qw else None
+    qi_raw = ik = None
+    if width > 2 * kv + qw:  # the indexer's q and k rows follow
+        qi_end = 2 * kv + qw + g.idx_heads * g.idx_dim
+        qi_raw, ik = rows[:, 2 * kv + qw:qi_end], rows[:, qi_end:qi_end + g.idx_dim]
     return (rows[:, :kv].reshape(n, g.n_head_kv, d), rows[:, kv:2 * kv].reshape(n, g.n_head_kv, d),
-            rows[:, 2 * kv:2 * kv + qw].reshape(n, g.n_head, 2 * d), qi_raw)
+            rows[:, 2 * kv:2 * kv + qw].reshape(n, g.n_head, 2 * d), qi_raw, ik)
 
 
 def _rows(buf, T: int, width: int):
@@ -254,20 +265,40 @@ def _moe(e, layer: int, x, T: int, stream):
                               b["inj"][:T])
 
 
-def _ple(e, T: int, stream):
+def _ple_weights(e, layer: int) -> dict:
+    """ple_mix's projection arguments: the stacked [key; value] matrix (one GEMV) where DeviceWeights stacks them,
+    else the two matrices and their types."""
+    kv = e.w.stack(layer, PLE_KV)
+    if kv is not None:
+        return dict(w_key=None, w_value=None, kv=kv[:2])
+    (wk, kt), (wv, vt) = e.w.blk_raw(layer, "ple_key"), e.w.blk_raw(layer, "ple_value")
+    return dict(w_key=wk, w_value=wv, key_type=kt, value_type=vt)
+
+
+def _ple_rows(e, T: int, stream):
+    """The window's hashed n-gram table rows, gathered (one launch for tables of the element-wise types)."""
+    b, p = e.buf, e.g.ple
+    table, table_type = e.w.raw(PLE_TABLE)
+    return ple.ngram_gather(b["tokens"][:T], b["ple_prev"], p.eos_token_id, b["ple_mult"], p.heads_per_ngram,
+                            b["ple_sizes"], b["ple_offsets"], table, table_type, p.head_dim, out=b["ple_emb"][:T],
+                            rows=b["ple_rows"][:T], stream=stream)
+
+
+def _ple(e, T: int, stream, pending=NO_WRITE):
+    """The PLE of the window's rows up to its conv step, whose PleWrite (returned) the layer's read applies;
+    pending: the previous layer's write, applied to R by the mix's gate kernel before it reads R."""
     b, w, g = e.buf, e.w, e.g
     p, layer = g.ple, g.ple.layer
-    rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, b["ple_mult"], p.heads_per_ngram,
-                          b["ple_sizes"], b["ple_offsets"], out=b["ple_rows"][:T], stream=stream)
-    table, table_type = w.raw(PLE_TABLE)
-    emb = embed.gather_rows(rows, table, table_type, p.head_dim, out=b["ple_emb"][:T], stream=stream)
-    wk, kt = w.blk_raw(layer, "ple_key")
-    wv, vt = w.blk_raw(layer, "ple_value")
-    ple.ple_mix(b["R"][:T], emb, b["ple_history"], wk, wv, w.blk_f32(layer, "ple_norm_key"),
-                w.blk_f32(layer, "ple_norm_query"), w.blk_f32(layer, "ple_norm_conv"), w.blk_f32(layer, "ple_conv1d"),
-                p.dilation, g.eps, key_type=kt, value_type=vt, out=b["R"][:T], normed=b["ple_normed"][:T],
-                work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), split=split_k(b), stream=stream)
+    emb = _ple_rows(e, T, stream)
+    write, _ = ple.ple_mix_write(b["R"][:T], emb, b["ple_history"], norm_key=w.blk_f32(layer, "ple_norm_key"),
+                                 norm_query=w.blk_f32(layer, "ple_norm_query"),
+                                 norm_conv=w.blk_f32(layer, "ple_norm_conv"), conv_w=w.blk_f32(layer, "ple_conv1d"),
+                                 dilation=p.dilation, eps=g.eps, pending=_pending(e, pending, 0, T),
+                                 normed=b["ple_normed"][:T],
+                                 work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), split=split_k(b),
+                                 stream=stream, **_ple_weights(e, layer))
     stamp(e, layer, "ple", stream)
+    return write
 
 
 def _ple_group(e, T: int, r0: int, r1: int, stream) -> None:
@@ -276,20 +307,15 @@ def _ple_group(e, T: int, r0: int, r1: int, stream) -> None:
     b, w, g = e.buf, e.w, e.g
     p, layer = g.ple, g.ple.layer
     if r0 == 0:  # the gathered PLE rows of the whole window (they depend on tokens only)
-        rows = ple.ngram_rows(b["tokens"][:T], b["ple_prev"], p.eos_token_id, b["ple_mult"], p.heads_per_ngram,
-                              b["ple_sizes"], b["ple_offsets"], out=b["ple_rows"][:T], stream=stream)
-        table, table_type = w.raw(PLE_TABLE)
-        embed.gather_rows(rows, table, table_type, p.head_dim, out=b["ple_emb"][:T], stream=stream)
+        _ple_rows(e, T, stream)
     saved, mixed_out = b["split_ple_in"], b["split_ple_out"]
     row_bytes = saved[0].nbytes
     copy_async(saved[r0:r1], b["R"][r0:r1], (r1 - r0) * row_bytes, stream)
-    wk, kt = w.blk_raw(layer, "ple_key")
-    wv, vt = w.blk_raw(layer, "ple_value")
-    ple.ple_mix(saved[:r1], b["ple_emb"][:r1], b["ple_history"], wk, wv, w.blk_f32(layer, "ple_norm_key"),
-                w.blk_f32(layer, "ple_norm_query"), w.blk_f32(layer, "ple_norm_conv"),
-                w.blk_f32(layer, "ple_conv1d"),
-                p.dilation, g.eps, key_type=kt, value_type=vt, out=mixed_out[:r1], normed=b["ple_normed"][:r1],
-                work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), split=split_k(b), stream=stream)
+    ple.ple_mix(saved[:r1], b["ple_emb"][:r1], b["ple_history"], norm_key=w.blk_f32(layer, "ple_norm_key"),
+                norm_query=w.blk_f32(layer, "ple_norm_query"), norm_conv=w.blk_f32(layer, "ple_norm_conv"),
+                conv_w=w.blk_f32(layer, "ple_conv1d"), dilation=p.dilation, eps=g.eps, out=mixed_out[:r1],
+                normed=b["ple_normed"][:r1], work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]),
+                split=split_k(b), stream=stream, **_ple_weights(e, layer))
     copy_async(b["R"][r0:r1], mixed_out[r0:r1], (r1 - r0) * row_bytes, stream)
 
 
@@ -303,7 +329,9 @@ class _LayerRecorder:
                      expert, routed experts) or the tiers' front: router, doorbell, shared expert, VRAM experts
         post(l, g) = the tiers' back: waits, PCIe experts, combine
 
-    The write before a PLE layer that is not the first is launched on its own (the mix reads R)."""
+    Before a PLE layer that is not the first the pending write goes into the PLE mix's gate kernel (the mix reads R
+    first), or, in a split window, is launched on its own before the group's copy of R; the PLE's last step (its
+    conv) goes into the layer's first read (a split window's PLE finishes in its own launches)."""
 
     def __init__(self, e, T: int, stream, groups):
         self.e, self.T, self.stream, self.groups = e, T, stream, groups
@@ -318,13 +346,13 @@ class _LayerRecorder:
             stamp(e, layer - 1, "gap", stream)
         pending = self.moe_write if layer > self.e.layers[0] else NO_WRITE  # the previous layer's MoE write
         if g.ple is not None and g.ple.layer == layer:
-            if pending:
-                _write(e, r0, r1, stream, pending)
-                pending = NO_WRITE
-            if self.split:
+            if self.split:  # the group's rows are mixed from a saved copy of R: the write goes in first
+                if pending:
+                    _write(e, r0, r1, stream, pending)
                 _ple_group(e, T, r0, r1, stream)
-            else:
-                _ple(e, T, stream)
+                pending = NO_WRITE
+            else:  # the mix's gate kernel applies the write; the PLE's conv step is the read's pending write
+                pending = _ple(e, T, stream, pending)
         mixed, _ = _hc(e, f"blk.{layer}.hc_attn", r1, stream, r0, mark=_marks(e, layer, "hc0-", stream),
                        pending=pending)
         stamp(e, layer, "hc-read0", stream)
