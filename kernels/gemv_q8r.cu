@@ -25,6 +25,15 @@
 #ifndef Q8R_INFLIGHT  // group-blocks of loads in flight per warp (a ring in registers); bench/gemv_bench.py
 #define Q8R_INFLIGHT 2
 #endif
+// The grouped expert GEMVs keep more in flight: at T = 1 (one row group a warp) a routed launch is 1600-3200 warps
+// of 5-10 blocks each (gate / up [640 x 2560]: 10 experts x 20 groups x ksplit 8), so with 2 blocks (2.2 KB) a warp
+// an SM holds ~26 KB of reads in flight, about half of what 4.26 TB/s x ~1.5 us of loaded latency / 132 SMs asks
+// (~48 KB); at T = 2 (2 row groups, the same 2 blocks: twice the bytes a warp) they measured 46 % of the copy rate
+// against 25 % at T = 1 (H200, 35b700f). 4 at T = 1 is ~52 KB an SM (R >= 2 keep 2 blocks of R groups); the bench
+// (bench/quant_gemv_bench.py --q8r-ab) times 2 against it.
+#ifndef Q8R_EXPERT_INFLIGHT
+#define Q8R_EXPERT_INFLIGHT 4
+#endif
 
 // Row groups per warp for the window bucket NT (strata_cli/gpu/launch_util.py Q8R_LANE_ROWS mirrors it).
 constexpr int q8r_rows(int nt) { return nt == 1 ? 1 : (nt == 2 || nt == 16) ? 2 : 4; }
@@ -101,11 +110,11 @@ __device__ __forceinline__ void q8r_block(const int4 (&qa)[R], const int4 (&qb)[
 // acc[r][t] += (this warp's K slice of) row 32 (g0 + r) + lane . x[xr[t]]; grp0 = group g0's first byte.
 // The warp takes blocks b = kslice, kslice + kstride, ...; each ring slot is refilled with the block DEPTH steps
 // ahead as soon as it is consumed, so the next blocks' loads overlap this block's arithmetic.
-template <int NT, int R>
+template <int INFLIGHT = Q8R_INFLIGHT, int NT, int R>
 __device__ __forceinline__ void q8r_slice(const u8* __restrict__ grp0, int live, int nb,
                                           const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in,
                                           int kslice, int kstride, float (&acc)[R][NT]) {
-    constexpr int DEPTH = Q8R_INFLIGHT / R > 1 ? Q8R_INFLIGHT / R : 2;
+    constexpr int DEPTH = INFLIGHT / R > 1 ? INFLIGHT / R : 2;
     const int lane = threadIdx.x & (WARP - 1);
     const i64 group_bytes = (i64)nb * Q8R_BLOCK_BYTES;
     const int4* q = reinterpret_cast<const int4*>(grp0) + lane;
@@ -214,7 +223,7 @@ __device__ __forceinline__ void q8r_grouped(const u8* W, i64 expert_stride, int 
     grouped_dot_store<NT, R>(
         nt, xr, rows,
         [&](auto& acc, const auto& xs, int n) {
-            if (live > 0) q8r_slice(grp0, live, nb, x, xs, n, n_in, kslice, ksplit, acc);
+            if (live > 0) q8r_slice<Q8R_EXPERT_INFLIGHT>(grp0, live, nb, x, xs, n, n_in, kslice, ksplit, acc);
         },
         [&](auto& acc, const auto& ys, int n) {
             q8r_store(acc, g0, live, n_out, n, ksplit, kslice, set, y, ys, act, div, mul, mul_st, mul_so);
