@@ -23,8 +23,10 @@ copy of 2 GB reaches counting the bytes read and written (the bandwidth a stream
 The grouped expert GEMVs of the block types have one path, the tensor-core qtc_* kernels (the row's "path": tc).
 --probe adds, per block type, the same rows under launch_quant.PROBE_DEFINES (variant "probe": the qtc_* grids and
 stage rings streaming the weights and decoding nothing; rel_err ~1 by design): probe / full time is the share of a
-launch the decode takes. --q8r-ab adds the Q8_0 rows under gemv_q8r.cu's Q8R_EXPERT_INFLIGHT=2 (variant
-"inflight2": the grouped GEMVs' ring before it took 4 blocks at T = 1), the A/B that decides whether 4 stays.
+launch the decode takes. --q8r-ab adds the Q8_0 rows of the grouped Q8_0_R32 kernels before this version (variant
+"old": gemv_q8r.cu's Q8R_EXPERT_INFLIGHT=2 and the CUDA-core gemv_expert_q8r_t* at every T), the A/B that decides
+whether the 4-block ring at T = 1 and the tensor-core gemv_expert_q8r_tc_t* from T = 4 (launch_util.WINDOW_PATHS)
+stay.
 Default types then Q2_K,Q4_0,Q8_0 with --probe or --q8r-ab.
 
 Dense rows (with Q8_0 in the types): the window's dense Q8_0 GEMVs as the engine holds them (Q8_0_R32, the path
@@ -308,6 +310,7 @@ class Variant:
     label: str
     qtc: tuple = ()
     q8r: tuple = ()
+    cuda_cores: bool = False  # the grouped Q8_0_R32 GEMVs on CUDA cores at every T (the window path's gemv_tc off)
 
     def applies(self, ggml_type: int) -> bool:
         return self.label == "default" or bool(self.qtc if uses_quant_kernels(ggml_type) else self.q8r)
@@ -318,8 +321,9 @@ DEFAULT = Variant("default")
 
 @contextlib.contextmanager
 def variant_kernels(v: Variant):
-    """The launches inside take v's modules: launch_quant.qtc_defines for the qtc_* kernels, and for gemv_q8r's
-    kernels compile.kernel asked with v.q8r added (the launchers look kernels up through compile.kernel)."""
+    """The launches inside take v's kernels: launch_quant.qtc_defines for the qtc_* kernels; for gemv_q8r's kernels
+    compile.kernel asked with v.q8r added (the launchers look kernels up through compile.kernel) and, with
+    cuda_cores, a window path without tensor cores (the routed launches time no dense GEMV)."""
     kernel, qtc = nvrtc.kernel, launch_quant.qtc_defines
 
     def q8r_kernel(module, function, defines=()):
@@ -329,7 +333,8 @@ def variant_kernels(v: Variant):
     if v.q8r:
         nvrtc.kernel = q8r_kernel
     try:
-        yield
+        with U.recording_path(U.WindowPath(gemv_tc=False)) if v.cuda_cores else contextlib.nullcontext():
+            yield
     finally:
         nvrtc.kernel, launch_quant.qtc_defines = kernel, qtc
 
@@ -355,7 +360,8 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--probe", action="store_true", help="block types: also the decode-free probe's rows")
-    ap.add_argument("--q8r-ab", action="store_true", help="Q8_0: also the rows of Q8R_EXPERT_INFLIGHT=2")
+    ap.add_argument("--q8r-ab", action="store_true", help="Q8_0: also the rows of the grouped kernels before this "
+                                                          "version (ring of 2, CUDA cores at every T)")
     args = ap.parse_args()
     names = {Q.TYPE_NAMES[t]: t for t in Q.BLOCK_TYPES}
     type_arg = args.types or (AB_TYPES if args.probe or args.q8r_ab else DEFAULT_TYPES)
@@ -366,7 +372,7 @@ def main() -> None:
         ap.error(f"--window: every T must be 1..{U.GEMV_MAXT}, got {args.window}")
     types = [names[n.strip().upper()] for n in type_arg.split(",") if n.strip()]
     variants = [DEFAULT] + ([Variant("probe", qtc=launch_quant.PROBE_DEFINES)] if args.probe else []) + \
-        ([Variant("inflight2", q8r=Q8R_OLD)] if args.q8r_ab else [])
+        ([Variant("old", q8r=Q8R_OLD, cuda_cores=True)] if args.q8r_ab else [])
     t0 = time.perf_counter()
     warm(types, variants, args.jobs)
     print(f"# compiled in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -514,6 +514,61 @@ __device__ __forceinline__ void q8t_dense(const u8* W, int nb, const float* x, i
     }
 }
 
+// Grouped experts on tensor cores (gemv_expert_q8r_tc_t<NT>, the windows whose launch_util.WindowPath has gemv_tc):
+// q8r_grouped's groups (group u = blockIdx.y: up to NT entries of expert g_expert[u], entry j reads x row j / x_div and
+// writes y row j; an id outside 0..E-1 writes NaN to its entries' rows) over q8t_slice / q8t_store: the window's
+// entries are the MMA's B columns, so a warp's 64 rows cost the same lane-instructions at any group size, where
+// q8r_grouped's CUDA-core warp at T = 4 / 8 holds acc[4][8] plus a ring of 4 row groups (255 registers, one block of
+// 8 warps an SM: 37-41 % of the copy rate on Flash-Next's experts at 35b700f).
+// grid (ceil(groups per expert / (Q8T_ROWS * GEMV_WARPS / ksplit)), J groups), block GEMV_WARPS * 32.
+template <int NT>
+__device__ __forceinline__ void q8t_grouped(const u8* W, i64 expert_stride, int n_expert, const int* g_expert,
+                                            const int* g_count, const int* g_entries, const float* x, int x_div,
+                                            int n_in, float* y, int n_out, int ksplit, int act, float div,
+                                            const float* mul, int mul_st, int mul_so) {
+    constexpr int R = Q8T_ROWS, F = R * 2 * q8t_ntiles(NT);
+    const int u = blockIdx.y;
+    const int nt = min(g_count[u], NT);
+    if (nt == 0) return;  // uniform per block: no barrier is left waiting
+    const int e = g_expert[u];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
+    const int set = warp / ksplit, kslice = warp % ksplit;
+    const int g0 = (blockIdx.x * (GEMV_WARPS / ksplit) + set) * R;
+    const int live = min(R, n_out / Q8R_GROUP - g0);
+    const int nb = n_in / QK8_0;
+    int rows[NT], xr[NT];
+    expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
+    if (e < 0 || e >= n_expert) {  // uniform per block
+        if (kslice == 0)
+            for (int r = 0; r < live; ++r)
+                for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + (g0 + r) * Q8R_GROUP + lane] = QNAN;
+        return;
+    }
+    float acc[F][4];
+#pragma unroll
+    for (int f = 0; f < F; ++f) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
+    if (live > 0)
+        q8t_slice<NT, R>(W + (i64)e * expert_stride + (i64)g0 * nb * Q8R_BLOCK_BYTES, live, nb, x, xr, nt, n_in,
+                         kslice, ksplit, acc);
+    q8t_store<NT, R>(acc, g0, live, n_out, nt, ksplit, kslice, set, y, rows, act, div, mul, mul_st, mul_so);
+}
+
+#define Q8T_GROUPED_KERNEL(NT)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, Q8T_MIN_BLOCKS)                              \
+        gemv_expert_q8r_tc_t##NT(const u8* W, i64 expert_stride, int n_expert, const int* g_expert,             \
+                                 const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, \
+                                 float* y, int n_out, int ksplit, int act, float div, const float* mul,         \
+                                 int mul_st, int mul_so) {                                                       \
+        q8t_grouped<NT>(W, expert_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, n_out,     \
+                        ksplit, act, div, mul, mul_st, mul_so);                                                  \
+    }
+
+// grid (ceil(groups per expert / (Q8T_ROWS * GEMV_WARPS / ksplit)), J groups)
+Q8T_GROUPED_KERNEL(2)
+Q8T_GROUPED_KERNEL(4)
+Q8T_GROUPED_KERNEL(8)
+Q8T_GROUPED_KERNEL(16)
+
 #define Q8T_DENSE_KERNEL(NT)                                                                                      \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, Q8T_MIN_BLOCKS)                              \
         gemv_q8r_tc_t##NT(const u8* W, int nb, const float* x, int n_in, float* y, int n_out, int T, int ksplit, \

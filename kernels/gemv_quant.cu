@@ -260,9 +260,11 @@ QGEMV_KERNELS(16)
 // Tensor-core grouped expert GEMVs: qtc_expert_t<NT> (one matrix, the dense epilogue) and qtc_gateup_t<NT> (silu(gate)
 // * up), the routed experts' only path at every T (launch_quant.launch_expert_gemv_quant / launch_gateup_quant).
 //
-// Why: the CUDA-core kernels above spend per weight a q-form decode (~3 lane-instructions) plus T FMAs, and a warp
-// fetches one stage into registers, then decodes it with nothing in flight: a routed-expert launch (10 experts at
-// T = 1, ~75 at T = 8, 0.5-1 MB each) ran at 6-7 % of the H200's HBM rate at every T (issue 18). Here:
+// Why: a CUDA-core grouped kernel (as qgemv_* above) spends per weight a q-form decode (~3 lane-instructions) plus T
+// FMAs, and a warp fetches one stage into registers, then decodes it with nothing in flight: a routed-expert launch
+// (10 experts at T = 1, ~75 at T = 8, 0.5-1 MB each) ran at 6-7 % of the H200's HBM rate at every T (issue 18); the
+// CUDA-core qgemv_expert_* / qgemv_gateup_* went at 35b700f (they tied these at T = 1 and lost at every other T).
+// Here:
 //   * the window is the N side of mma.sync m16n8k16 (f16 in, f32 accumulate): the T products per weight cost no
 //     instruction, so the lane-instructions per weight are the decode's, whatever T <= 8 is (T <= 16: two
 //     column tiles);
@@ -273,8 +275,8 @@ QGEMV_KERNELS(16)
 //     accumulator, so a span's sum is sum a (hi + lo) with |x - hi - lo| <= 2^-22 |x| + 2^-25; a span whose |x|
 //     reaches 2^15 (f16 would overflow) is split from x 2^-16 and its sum scaled back by 2^16 (as gemv_q8r.cu's
 //     tensor-core kernel);
-//   * the weights stream through a ring of QTC_NSTAGE shared-memory stages per warp filled by cp.async (16-byte
-//     copies, no registers held while in flight), QTC_NSTAGE - 1 stages of every warp in flight while it decodes
+//   * the weights stream through a ring of qtc_nstage shared-memory stages per warp filled by cp.async (16-byte
+//     copies, no registers held while in flight), qtc_nstage - 1 stages of every warp in flight while it decodes
 //     one: 2-4 stages of 5-15 KB, so the 12-16 warps an SM holds keep ~60-120 KB of HBM reads in flight (about
 //     4.4 TB/s x 1-2 us of latency / 132 SMs = 33-66 KB is what the copy rate needs).
 // T = 1 is short work, so the grid decides as much as the loop: gate/up of Flash-Next's 10 experts is 10.75 MB
@@ -282,7 +284,7 @@ QGEMV_KERNELS(16)
 // covers every (expert, row set) of the layer. Measured at f2de868 (bench/quant_gemv_bench.py, the real shapes):
 // T = 1 gate/up 377 GB/s (28.5 us, 8.9 % of the copy rate), Q4_0 down 644 GB/s (14.3 us); T = 8 689 / 998 GB/s.
 // Issue 18 asks >= 60 %: ~4.2 us for T = 1 gate/up.
-//   Occupancy at T = 1 (the defaults: QTC_WARPS 4, Q2_K QTC_MT 4, a ring of 2 stages of 7 KB): 10 x 20 row sets
+//   Occupancy at T = 1 (then: QTC_WARPS 4, Q2_K 4 m tiles, a ring of 2 stages of 7 KB): 10 x 20 row sets
 //   of 32 rows of each matrix, split over ksplit = 4 warps (10 steps: 3, 3, 2, 2) = 800 warps in 200 blocks on 132
 //   SMs: 68 SMs hold 2 blocks, 64 hold 1 (1.5 warps a scheduler on average; the 2-block SMs set the time). Down
 //   (Q4_0, 2.5 steps): 10 x 80 row sets of 32 rows x ksplit 2 = 1600 warps in 400 blocks.
@@ -305,22 +307,33 @@ QGEMV_KERNELS(16)
 //       masks and S, B);
 //     * a lane's units as one base register per matrix (even block sizes: every unit of a lane has the same
 //       address mod 16), so a span's loads take immediates, not a 3-input add each;
-//     * spans with no scaled column (warp-uniform) skip the x and C rescaling (8 + 4 QTC_MT FMUL).
-// So (a) more warps (row sets of 16 rows, QTC_MT 2; 8 warps a block split 8 ways: 1600-3200 warps at T = 1, 1-2
-// steps each; a deeper ring) can at best bring T = 1 to its issue bound; (b) 60 % needs <= ~0.13 instructions a
-// weight at every T, which the decode is now near; what is left a span is the 4 field LOP3 + 4 HFMA2 + 2 shifts a
-// group (~0.08 a weight), the scale and D loads (4 LDS + 5 a group), the x split (~35) and the 16 MMAs.
-// bench/quant_gemv_bench.py --tune (launch_quant.TUNE_GRID) times (a) and QTC_PROBE, the same grids and rings
-// decoding nothing: the probe's GB/s is what the streaming alone reaches, and full / probe is the share of the
-// time the decode takes.
+//     * spans with no scaled column (warp-uniform) skip the x and C rescaling (8 + 4 MT FMUL).
+// Measured at 35b700f (bench/quant_gemv_bench.py, gemv-tune of the 2026-12-02 call): T = 1 Q2_K gate/up 436 GB/s
+// (24.6 us), its decode-free probe 1216; Q4_0 down 593, probe 1261; T = 8 822 / 1010 (probes 2382 / 2364): the
+// streaming alone reaches 28-56 % and the decode costs 1.6-2.8x on top. The sweep's one winner became code (2 m tiles
+// a warp at T <= 2: +9 % at T = 1). Then, counted in SASS (NVRTC sm_90 cubin, nvdisasm) for Q2_K qtc_gateup_t1:
+//   * the issue of a step's copies was ~37 instructions a chunk (the unit's division by QCHUNKS, 64-bit row
+//     products, a shared-window conversion and two branches, per step and chunk): the lane's chunk geometry is now
+//     computed once before the loop (roff / kq), the ring's shared address once, and a chunk outside its unit is a
+//     zero-fill cp.async (no branch): 125 instructions a step for the lane's 7 chunks (was ~290 at 2 m tiles);
+//   * Q2_K's span scale D (the block's, QTcStepD) once a step a unit, not a load and conversion each span;
+//   * the column scales' 4 shuffles only in the scaled branch (the usual span has no scaled column);
+//   * at 2 m tiles (T <= 2, and the 4-bit types' warps) the span loop unrolled by 4: compile-time span constants and
+//     four independent decode + MMA chains to interleave (no spills: 118-123 registers of 128).
+// A T = 1 step (32 rows x 256) is now ~1900 instructions (0.23 a weight, ~0.27 before at 2 m tiles). The T = 1 bound
+// left is issue: 8192 weights a step at 0.23 is ~1.9 K warp-instructions, 12-16 warps an SM at ~2 a clock, so gate/up
+// of 10.75 MB (Q2_K) needs ~8 us where 60 % of the copy rate is 4.2 us: >= 60 % at T = 1 needs <= ~0.12 instructions
+// a weight, about half of what the exact f16 split of x (~70 a span) and the per-unit decode (~36 a 16-row unit and
+// span) cost today. --probe (QTC_PROBE: the same grids and rings decoding nothing) keeps showing the streaming's
+// share of each launch.
 // Shape legend (NT window bucket, NN = 1 column tile of 8 entries, 2 for NT = 16; lane = 4 g + t):
 //   grid (ceil(n_out / (ROWS * QTC_WARPS / ksplit)), J groups), block QTC_WARPS * 32; group u = blockIdx.y holds
 //   up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and writes y row
-//   rows[n] (as grouped_entries). The QTC_WARPS / ksplit row sets of a block take ROWS rows each (expert: 16 QTC_MT
-//   = QTC_MT m tiles of 16; gate/up: 8 QTC_MT rows of each matrix, m tiles 0 .. QTC_MT/2 - 1 gate, the rest the
-//   same rows of up); the ksplit warps of a set take
+//   rows[n] (as grouped_entries). The QTC_WARPS / ksplit row sets of a block take ROWS rows each (expert: 16 MT
+//   = MT m tiles of 16, MT = qtc_mt(NT); gate/up: 8 MT rows of each matrix, m tiles 0 .. MT/2 - 1 gate, the rest
+//   the same rows of up); the ksplit warps of a set take
 //   interleaved 256-element steps s = kslice, kslice + ksplit, ... and add up in shared memory (ksplit_reduce).
-//   unit       one row's range of a step: QTC_UNITS = 16 QTC_MT per stage (row mt * 16 + r of the warp), as in
+//   unit       one row's range of a step: 16 MT units per stage (row mt * 16 + r of the warp), as in
 //              qslice_rows (QCHUNKS aligned 16-byte chunks, each byte at its address mod 16)
 //   span sp    32 elements 32 sp .. 32 sp + 31 of a step; lane (g, t) decodes group t (elements 8t .. 8t+7;
 //              split16 types 4t .. 4t+3, 16+4t .. 16+4t+3) of rows g and g + 8 of each m tile (quant_decode.cuh
@@ -528,8 +541,13 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         float xsb[NN][4];
 #pragma unroll
         for (int nn = 0; nn < NN; ++nn) xsb[nn][0] = xsb[nn][1] = xsb[nn][2] = xsb[nn][3] = 0.0f;
-#pragma unroll 1
-        for (int sp = 0; sp < n_sp; ++sp) {
+        // The spans unrolled where a warp holds 2 m tiles (at 4, the unrolled spans spill): a span's block, group,
+        // crumb plane and scale constants are then compile-time (no address arithmetic a span) and the spans'
+        // independent decode + MMA chains interleave (the T <= 2 launches are latency-bound: 12-16 warps an SM)
+        constexpr int SPAN_UNROLL = MT == 2 && NN == 1 ? 4 : 1;
+#pragma unroll SPAN_UNROLL
+        for (int sp = 0; sp < QSTEP / 32; ++sp) {
+            if (sp >= n_sp) break;  // warp-uniform: the partial last step
             const int el = sp * 32 + 8 * t;  // this lane's group in the step
             const int blk = el / QB::qk, gi = el % QB::qk / 8;
             float xv[NN][8];

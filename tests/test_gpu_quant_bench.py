@@ -54,9 +54,9 @@ def test_bench_times_real_shapes_in_reused_memory(qbench, type_name):
     stream = new_stream()
     rng = np.random.default_rng(3)
     # the default kernels and the type's A/B variant (Q2_K: the decode-free probe, whose sums are wrong by design;
-    # Q8_0: the grouped GEMVs' old ring)
+    # Q8_0: the grouped GEMVs before this version, ring of 2 and CUDA cores at every T)
     variants = [qbench.DEFAULT, qbench.Variant("probe", qtc=("QTC_PROBE=1",)),
-                qbench.Variant("inflight2", q8r=qbench.Q8R_OLD)]
+                qbench.Variant("old", q8r=qbench.Q8R_OLD, cuda_cores=True)]
     variants = [v for v in variants if v.applies(t)]
     assert len(variants) == 2
     check = qbench.make_check(t, (1, 8), rng, stream)
