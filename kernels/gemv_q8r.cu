@@ -193,24 +193,24 @@ __device__ __forceinline__ void q8r_dense(const u8* W, int nb, const float* x, i
         });
 }
 
-// Grouped experts, as gemv.cu's gemv_grouped: group u = blockIdx.y holds up to GEMV_MAXT (row, slot) entries
-// routed to expert g_expert[u]; entry j reads x row j / x_div and writes y row j. Empty groups leave at once; an
-// expert id outside 0..E-1 writes NaN to its entries' rows.
-template <int NT>
-__device__ __forceinline__ void q8r_grouped(const u8* W, i64 expert_stride, int n_expert, const int* g_expert,
-                                            const int* g_count, const int* g_entries, const float* x, int x_div,
-                                            int n_in, float* y, int n_out, int ksplit, int act, float div,
-                                            const float* mul, int mul_st, int mul_so) {
-    constexpr int R = q8r_rows(NT);
+// The grouped experts' driver (q8r_grouped, q8t_grouped), as gemv.cu's gemv_grouped: group u = blockIdx.y holds up
+// to NT (row, slot) entries routed to expert g_expert[u]; entry j reads x row j / x_div and writes y row j. Empty
+// groups leave at once (uniform per block: no barrier is left waiting); an expert id outside 0..E-1 writes NaN to
+// its entries' rows. body(grp0, g0, live, set, kslice, nt, rows, xr) computes and stores this warp's R row groups
+// g0 .. g0 + live - 1 (grp0: their first byte in the group's expert) for entries rows (x rows xr). Every warp of
+// the block calls it.
+template <int NT, int R, typename Body>
+__device__ __forceinline__ void q8r_groups(const u8* W, i64 expert_stride, int n_expert, const int* g_expert,
+                                           const int* g_count, const int* g_entries, int x_div, int n_in, float* y,
+                                           int n_out, int ksplit, Body body) {
     const int u = blockIdx.y;
     const int nt = min(g_count[u], NT);
-    if (nt == 0) return;  // uniform per block: no barrier is left waiting
+    if (nt == 0) return;
     const int e = g_expert[u];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
     const int set = warp / ksplit, kslice = warp % ksplit;
     const int g0 = (blockIdx.x * (GEMV_WARPS / ksplit) + set) * R;
     const int live = min(R, n_out / Q8R_GROUP - g0);
-    const int nb = n_in / QK8_0;
     int rows[NT], xr[NT];
     expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
     if (e < 0 || e >= n_expert) {
@@ -219,15 +219,33 @@ __device__ __forceinline__ void q8r_grouped(const u8* W, i64 expert_stride, int 
                 for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + (g0 + r) * Q8R_GROUP + lane] = QNAN;
         return;
     }
-    const u8* grp0 = W + (i64)e * expert_stride + (i64)g0 * nb * Q8R_BLOCK_BYTES;
-    grouped_dot_store<NT, R>(
-        nt, xr, rows,
-        [&](auto& acc, const auto& xs, int n) {
-            if (live > 0) q8r_slice<Q8R_EXPERT_INFLIGHT>(grp0, live, nb, x, xs, n, n_in, kslice, ksplit, acc);
-        },
-        [&](auto& acc, const auto& ys, int n) {
-            q8r_store(acc, g0, live, n_out, n, ksplit, kslice, set, y, ys, act, div, mul, mul_st, mul_so);
-        });
+    body(W + (i64)e * expert_stride + (i64)g0 * (n_in / QK8_0) * Q8R_BLOCK_BYTES, g0, live, set, kslice, nt, rows,
+         xr);
+}
+
+// Grouped experts on CUDA cores (q8r_groups' groups; single-entry groups run one accumulator column).
+template <int NT>
+__device__ __forceinline__ void q8r_grouped(const u8* W, i64 expert_stride, int n_expert, const int* g_expert,
+                                            const int* g_count, const int* g_entries, const float* x, int x_div,
+                                            int n_in, float* y, int n_out, int ksplit, int act, float div,
+                                            const float* mul, int mul_st, int mul_so) {
+    constexpr int R = q8r_rows(NT);
+    const int nb = n_in / QK8_0;
+    q8r_groups<NT, R>(W, expert_stride, n_expert, g_expert, g_count, g_entries, x_div, n_in, y, n_out, ksplit,
+                      [&](const u8* grp0, int g0, int live, int set, int kslice, int nt, const int (&rows)[NT],
+                          const int (&xr)[NT]) {
+                          grouped_dot_store<NT, R>(
+                              nt, xr, rows,
+                              [&](auto& acc, const auto& xs, int n) {
+                                  if (live > 0)
+                                      q8r_slice<Q8R_EXPERT_INFLIGHT>(grp0, live, nb, x, xs, n, n_in, kslice, ksplit,
+                                                                     acc);
+                              },
+                              [&](auto& acc, const auto& ys, int n) {
+                                  q8r_store(acc, g0, live, n_out, n, ksplit, kslice, set, y, ys, act, div, mul,
+                                            mul_st, mul_so);
+                              });
+                      });
 }
 
 // Raw GGUF Q8_0 rows -> the layout above; one thread per (group, block, lane). n_rows % 32 == 0.
@@ -515,7 +533,7 @@ __device__ __forceinline__ void q8t_dense(const u8* W, int nb, const float* x, i
 }
 
 // Grouped experts on tensor cores (gemv_expert_q8r_tc_t<NT>, the windows whose launch_util.WindowPath has gemv_tc):
-// q8r_grouped's groups (group u = blockIdx.y: up to NT entries of expert g_expert[u], entry j reads x row j / x_div and
+// q8r_groups' groups (group u = blockIdx.y: up to NT entries of expert g_expert[u], entry j reads x row j / x_div and
 // writes y row j; an id outside 0..E-1 writes NaN to its entries' rows) over q8t_slice / q8t_store: the window's
 // entries are the MMA's B columns, so a warp's 64 rows cost the same lane-instructions at any group size, where
 // q8r_grouped's CUDA-core warp at T = 4 / 8 holds acc[4][8] plus a ring of 4 row groups (255 registers, one block of
@@ -527,30 +545,17 @@ __device__ __forceinline__ void q8t_grouped(const u8* W, i64 expert_stride, int 
                                             int n_in, float* y, int n_out, int ksplit, int act, float div,
                                             const float* mul, int mul_st, int mul_so) {
     constexpr int R = Q8T_ROWS, F = R * 2 * q8t_ntiles(NT);
-    const int u = blockIdx.y;
-    const int nt = min(g_count[u], NT);
-    if (nt == 0) return;  // uniform per block: no barrier is left waiting
-    const int e = g_expert[u];
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
-    const int set = warp / ksplit, kslice = warp % ksplit;
-    const int g0 = (blockIdx.x * (GEMV_WARPS / ksplit) + set) * R;
-    const int live = min(R, n_out / Q8R_GROUP - g0);
-    const int nb = n_in / QK8_0;
-    int rows[NT], xr[NT];
-    expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
-    if (e < 0 || e >= n_expert) {  // uniform per block
-        if (kslice == 0)
-            for (int r = 0; r < live; ++r)
-                for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + (g0 + r) * Q8R_GROUP + lane] = QNAN;
-        return;
-    }
-    float acc[F][4];
+    q8r_groups<NT, R>(W, expert_stride, n_expert, g_expert, g_count, g_entries, x_div, n_in, y, n_out, ksplit,
+                      [&](const u8* grp0, int g0, int live, int set, int kslice, int nt, const int (&rows)[NT],
+                          const int (&xr)[NT]) {
+                          float acc[F][4];
 #pragma unroll
-    for (int f = 0; f < F; ++f) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
-    if (live > 0)
-        q8t_slice<NT, R>(W + (i64)e * expert_stride + (i64)g0 * nb * Q8R_BLOCK_BYTES, live, nb, x, xr, nt, n_in,
-                         kslice, ksplit, acc);
-    q8t_store<NT, R>(acc, g0, live, n_out, nt, ksplit, kslice, set, y, rows, act, div, mul, mul_st, mul_so);
+                          for (int f = 0; f < F; ++f) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
+                          if (live > 0)
+                              q8t_slice<NT, R>(grp0, live, n_in / QK8_0, x, xr, nt, n_in, kslice, ksplit, acc);
+                          q8t_store<NT, R>(acc, g0, live, n_out, nt, ksplit, kslice, set, y, rows, act, div, mul,
+                                           mul_st, mul_so);
+                      });
 }
 
 #define Q8T_GROUPED_KERNEL(NT)                                                                                    \
