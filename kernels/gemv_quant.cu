@@ -318,9 +318,10 @@ QGEMV_KERNELS(16)
 //     zero-fill cp.async (no branch): 125 instructions a step for the lane's 7 chunks (was ~290 at 2 m tiles);
 //   * Q2_K's span scale D (the block's, QTcStepD) once a step a unit, not a load and conversion each span;
 //   * the column scales' 4 shuffles only in the scaled branch (the usual span has no scaled column);
-//   * at 2 m tiles (T <= 2, and the 4-bit types' warps) the span loop unrolled by 4: compile-time span constants and
-//     four independent decode + MMA chains to interleave (no spills: 118-123 registers of 128).
-// A T = 1 step (32 rows x 256) is now ~1900 instructions (0.23 a weight, ~0.27 before at 2 m tiles). The T = 1 bound
+//   * at 2 m tiles and one column tile (T <= 2, and the 4-bit types' warps to T = 8) the spans 4 at a time:
+//     compile-time span constants and four independent decode + MMA chains to interleave (no spills: 115-121
+//     registers of 128 for Q2_K at T = 1, 2).
+// A T = 1 step (32 rows x 256) is now ~1840 instructions (0.22 a weight, ~0.27 before at 2 m tiles). The T = 1 bound
 // left is issue: 8192 weights a step at 0.23 is ~1.9 K warp-instructions, 12-16 warps an SM at ~2 a clock, so gate/up
 // of 10.75 MB (Q2_K) needs ~8 us where 60 % of the copy rate is 4.2 us: >= 60 % at T = 1 needs <= ~0.12 instructions
 // a weight, about half of what the exact f16 split of x (~70 a span) and the per-unit decode (~36 a 16-row unit and
@@ -541,12 +542,16 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         float xsb[NN][4];
 #pragma unroll
         for (int nn = 0; nn < NN; ++nn) xsb[nn][0] = xsb[nn][1] = xsb[nn][2] = xsb[nn][3] = 0.0f;
-        // The spans unrolled where a warp holds 2 m tiles (at 4, the unrolled spans spill): a span's block, group,
-        // crumb plane and scale constants are then compile-time (no address arithmetic a span) and the spans'
-        // independent decode + MMA chains interleave (the T <= 2 launches are latency-bound: 12-16 warps an SM)
+        // The spans 4 at a time where a warp holds 2 m tiles and one column tile (with 4 m tiles the unrolled spans
+        // spill): sp = sp0 + i with sp0 a multiple of 4 and i compile-time, so a span's crumb plane (sp % 4), its
+        // scale constants and offsets fold into immediates, and the four spans' independent decode + MMA chains
+        // interleave (the T <= 2 launches are latency-bound: 12-16 warps an SM)
         constexpr int SPAN_UNROLL = MT == 2 && NN == 1 ? 4 : 1;
-#pragma unroll SPAN_UNROLL
-        for (int sp = 0; sp < QSTEP / 32; ++sp) {
+#pragma unroll 1
+        for (int sp0 = 0; sp0 < n_sp; sp0 += SPAN_UNROLL)
+#pragma unroll
+        for (int i = 0; i < SPAN_UNROLL; ++i) {
+            const int sp = sp0 + i;
             if (sp >= n_sp) break;  // warp-uniform: the partial last step
             const int el = sp * 32 + 8 * t;  // this lane's group in the step
             const int blk = el / QB::qk, gi = el % QB::qk / 8;

@@ -196,7 +196,9 @@ def q8r_rows_per_warp(T: int) -> int:
 class WindowPath:
     """The launch variants a T-row window records (engine/gpu/window.py, launch_gemv)."""
 
-    gemv_tc: bool  # dense Q8_0_R32 GEMVs on tensor cores (kernels/gemv_q8r.cu gemv_q8r_tc_t*)
+    # Q8_0_R32 GEMVs on tensor cores (kernels/gemv_q8r.cu): the dense gemv_q8r_tc_t* and the grouped experts'
+    # gemv_expert_q8r_tc_t* (both measured as CUDA-core kernels against them by bench/quant_gemv_bench.py --q8r-ab)
+    gemv_tc: bool
     # (the routed-expert GEMVs of the block types have one path, the tensor-core qtc_* kernels of gemv_quant.cu: on
     # the H200 at 35b700f they tied the CUDA-core qgemv_expert_* / qgemv_gateup_* at T = 1 (Q2_K + Q4_0 down: 432
     # against 437 GB/s) and won at every other T and type (T = 8: 834 against 426), so the CUDA-core ones went)
@@ -231,8 +233,8 @@ def recording_path(path: WindowPath):
 
 
 def q8r_tensor_cores(T: int) -> bool:
-    """Whether a dense Q8_0_R32 GEMV of T rows takes the tensor-core kernel (T >= 2): the recording window's
-    path, else window_path(T)."""
+    """Whether a Q8_0_R32 GEMV (dense or grouped experts) of T rows takes the tensor-core kernel (T >= 2): the
+    recording window's path, else window_path(T)."""
     path = _RECORDING_PATH.get() or window_path(T)
     return T >= 2 and path.gemv_tc
 
