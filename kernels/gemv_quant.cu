@@ -316,6 +316,9 @@ QGEMV_KERNELS(16)
 //     products, a shared-window conversion and two branches, per step and chunk): the lane's chunk geometry is now
 //     computed once before the loop (roff / kq), the ring's shared address once, and a chunk outside its unit is a
 //     zero-fill cp.async (no branch): 125 instructions a step for the lane's 7 chunks (was ~290 at 2 m tiles);
+//   * the ring filled all NS slots deep before the first wait (it was NS - 1): at T = 1 every warp's whole slice is
+//     in flight at once (gate/up: 10.75 MB in 1600 warps of 2-3 steps, 3 slots; down: 1-2 steps, 2 slots), one
+//     round trip instead of two for the warps with the most steps; the steady state keeps NS - 1 in flight;
 //   * Q2_K's span scale D (the block's, QTcStepD) once a step a unit, not a load and conversion each span;
 //   * the column scales' 4 shuffles only in the scaled branch (the usual span has no scaled column);
 //   * at 2 m tiles and one column tile (T <= 2, and the 4-bit types' warps to T = 8) the spans 4 at a time:
@@ -498,13 +501,21 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         xrow[nn] = n < nt ? x + (i64)pick(xr, n) * n_in + (SPLIT16 ? 4 : 8) * t : nullptr;
     }
 
+    // All NS slots are filled before the first wait, so a warp's whole slice is in flight at once where it has at
+    // most NS steps (T = 1: Q2_K gate/up 2-3 steps a warp in 3 slots, Q4_0 down 1-2 in 2; a ring filled NS - 1 deep
+    // left the last of them a second round trip behind); from step 1 on each step refills the slot step j - 1 used,
+    // so NS - 1 steps stay in flight while one is decoded. Groups: NS committed first, then one a step from j = 1:
+    // step j's is done when at most NS - 1 (j = 0) or NS - 2 (j >= 1) later ones are pending.
 #pragma unroll
-    for (int j = 0; j < NS - 1; ++j) issue(j);
+    for (int j = 0; j < NS; ++j) issue(j);
 #pragma unroll 1
     for (int j = 0; j < my_steps; ++j) {
-        cp_async_wait<NS - 2>();  // step j's group landed (this lane's copies) ...
-        __syncwarp();             // ... and every lane's; every lane is also done reading step j - 1's slot
-        issue(j + NS - 1);        // into the slot step j - 1 used
+        if (j == 0)  // step j's group landed (this lane's copies) ...
+            cp_async_wait<NS - 1>();
+        else
+            cp_async_wait<NS - 2>();
+        __syncwarp();                  // ... and every lane's; every lane is also done reading step j - 1's slot
+        if (j > 0) issue(j - 1 + NS);  // into the slot step j - 1 used
         const int s = kslice + j * ksplit;
         const int4* slot = ring + (j % NS) * STAGE;
         const u8* ub[MT][2];  // this lane's units (rows g, g + 8 of each m tile) in the slot
