@@ -26,9 +26,9 @@
 #   gemv         bench/quant_gemv_bench.py (routed-expert GEMVs per type and T), each type in its own process (a
 #                kernel fault of one type then leaves the others' rows); each type's whole output (tracebacks) in
 #                gemv-TYPE.txt
-#   gemv-tune    bench/quant_gemv_bench.py --tune: the tensor-core expert GEMVs under each launch_quant.TUNE_GRID
-#                variant (Q2_K, Q4_0, Q8_0 as the engine holds them), every variant's modules compiled in parallel
-#                first (~60 s), each checked against numpy before it is timed; whole output in gemv-tune.txt
+#   gemv-ab      bench/quant_gemv_bench.py --probe --q8r-ab: Q2_K, Q4_0, Q8_0 as the engine holds them, each with its
+#                A/B rows (the block types' decode-free probe, Q8_0's old grouped-GEMV ring), every variant checked
+#                against numpy before it is timed, and the dense Q8_0 rows; whole output in gemv-ab.txt
 #   tiers        bench/tiers_device.sh on the full-size file (PCIe shares 0 / 0.5 / 1 / auto, --split, at cache 0)
 #   window       bench/window_device.sh on the full-size file (window paths by T, nodes per layer, T = 1..16)
 #   cache        bench/cache_policy.sh on the full-size file (issue 20: profile, held-out trace, cache-sim, policies)
@@ -145,8 +145,8 @@ for arg in "$@"; do
         gemv) run_step gemv "$limit" bash -c 'for t in ${GEMV_TYPES:-Q8_0 Q4_0 Q2_K Q4_K Q6_K IQ2_XS IQ4_XS MXFP4}; do
             python3 bench/quant_gemv_bench.py --jobs "$(nproc)" --types $t '"${GEMV_ARGS:-}"' > "'"$OUT"'/gemv-$t.txt" 2>&1
             grep -vE "^#|^type" "'"$OUT"'/gemv-$t.txt" | grep -E "^[A-Z0-9_]+ |Error" | head -12; done';;
-        gemv-tune) run_step gemv-tune "$limit" bash -c 'python3 bench/quant_gemv_bench.py --tune --jobs "$(nproc)" '"${GEMV_ARGS:-}"' \
-            > "'"$OUT"'/gemv-tune.txt" 2>&1; rc=$?; grep -vE "^\{" "'"$OUT"'/gemv-tune.txt" | tail -80; exit $rc';;
+        gemv-ab) run_step gemv-ab "$limit" bash -c 'python3 bench/quant_gemv_bench.py --probe --q8r-ab --jobs "$(nproc)" '"${GEMV_ARGS:-}"' \
+            > "'"$OUT"'/gemv-ab.txt" 2>&1; rc=$?; grep -vE "^\{" "'"$OUT"'/gemv-ab.txt" | tail -80; exit $rc';;
         ids=*) f=${name#ids=}; run_step "ids-$(basename "$f" .txt)" "$limit" bash -c "STRATA_REQUIRE_GPU=1 python3 -m pytest \
             -v -n 12 -m gpu -p no:cacheprovider --tb=short -rfE --timeout \${TEST_TIMEOUT:-150} \$(cat $f) 2>&1 \
             | grep -vE ' PASSED|^\[gw|^$|Benchmark|warner'";;

@@ -2,7 +2,7 @@
 [640 x 2560] and down [2560 x 640], top-10), T = 1, 2, 4, 8 window rows, against a measured device-to-device copy.
 
     python3 bench/quant_gemv_bench.py [--types Q4_K,IQ2_XS,...] [--window T ...] [--launches N] [--jobs J]
-                                      [--paths tc,cuda] [--dense-windows T ...] [--tune]
+                                      [--probe] [--q8r-ab]
 
 Each type's experts are what the GPU engine runs: Q8_0 experts are repacked to Q8_0_R32 at load time
 (engine/gpu/weights.py), so the Q8_0 rows time kernels/gemv_q8r.cu's grouped GEMVs (path "q8r"); every other
@@ -20,13 +20,19 @@ launch reads are rarely still in the 50 MB L2:
   moe      launch_moe.routed_experts whole (group, gateup, down, combine); bytes = both
 GB/s = bytes / time per launch; %copy = GB/s / the copy rate, where the copy rate is what cupy's device-to-device
 copy of 2 GB reaches counting the bytes read and written (the bandwidth a streaming read can get).
---paths: the grouped expert kernel families timed (and checked) one after the other, each for every T whatever
-launch_util.WINDOW_PATHS picks: tc = the tensor-core qtc_* kernels, cuda = qgemv_expert_* / qgemv_gateup_* (the
-row's "path"); the pair per type and T is what WINDOW_PATHS' expert_tc is set from.
---tune: the tc path under each of launch_quant.TUNE_GRID's variants (the row's "variant": the QtcTune fields that
-differ from the default); every variant's modules are compiled in parallel first, each variant is checked before
-it is timed (its rel_err in its rows). Default types then Q2_K,Q4_0,Q8_0 (Q8_0 once: no variant touches q8r).
---dense-windows adds the dense GEMV (one ~512 MB matrix, 5120-wide rows) at those T.
+The grouped expert GEMVs of the block types have one path, the tensor-core qtc_* kernels (the row's "path": tc).
+--probe adds, per block type, the same rows under launch_quant.PROBE_DEFINES (variant "probe": the qtc_* grids and
+stage rings streaming the weights and decoding nothing; rel_err ~1 by design): probe / full time is the share of a
+launch the decode takes. --q8r-ab adds the Q8_0 rows of the grouped Q8_0_R32 kernels before this version (variant
+"old": gemv_q8r.cu's Q8R_EXPERT_INFLIGHT=2 and the CUDA-core gemv_expert_q8r_t* at every T), the A/B that decides
+whether the 4-block ring at T = 1 and the tensor-core gemv_expert_q8r_tc_t* from T = 4 (launch_util.WINDOW_PATHS)
+stay.
+Default types then Q2_K,Q4_0,Q8_0 with --probe or --q8r-ab.
+
+Dense rows (with Q8_0 in the types): the window's dense Q8_0 GEMVs as the engine holds them (Q8_0_R32, the path
+launch_util.window_path(T) picks: "q8r" or "q8r_tc") on Flash-Next's shapes (DENSE_SHAPES), each first checked on
+valid random blocks of its first 64 rows against ops/gemv.gemv (rel_err), then timed on random bytes of the whole
+matrix: GB/s = its bytes / time per launch.
 
 All device work runs on the timing stream (a non-blocking stream does not wait for the legacy default stream: a
 graph's eager warm-up once read moe_group's outputs before they were written, and garbage entry rows faulted).
@@ -34,13 +40,14 @@ graph's eager warm-up once read moe_group's outputs before they were written, an
 "# graph node floor": the time a graph node of an empty kernel takes, which every timed launch pays too.
 
 Last line: one JSON document {"copy_gbs": ..., "node_us": ..., "rows": [{"type", "down_type", "T", "rel_err", "gateup_gbs",
-"gateup_pct", "down_gbs", "down_pct", "moe_gbs", "moe_pct", "moe_us", "path", "variant"}, ...], "dense": [...],
-"seconds": ...}.
+"gateup_pct", "down_gbs", "down_pct", "moe_gbs", "moe_pct", "moe_us", "path", "variant"}, ...], "dense": [{"type",
+"matrix", "n_out", "n_in", "T", "path", "rel_err", "gbs", "pct", "us"}, ...], "seconds": ...}.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -58,15 +65,22 @@ from strata_cli.model import packed
 from strata_cli.model import quants as Q
 from strata_cli.ops import moe as ref_moe
 from strata_cli.ops.gemv import dequant_rows
+from strata_cli.ops.gemv import gemv as ref_gemv
 from strata_cli.synth.blocks import random_tensor
 
 E, F, D, K = 512, 640, 2560, 10
 CHECK_E = 12  # the reference check: a few experts of the real shapes
 DEFAULT_TYPES = "Q8_0,Q4_0,Q4_K,Q5_K,Q6_K,Q2_K,Q3_K,IQ2_XS,IQ3_XXS,IQ4_XS,MXFP4"
-TUNE_TYPES = "Q2_K,Q4_0,Q8_0"
-DENSE_N_IN, DENSE_MB = 5120, 512
-PATHS = {"tc": U.WindowPath(gemv_tc=False, expert_tc=True),
-         "cuda": U.WindowPath(gemv_tc=False, expert_tc=False)}
+AB_TYPES = "Q2_K,Q4_0,Q8_0"
+# The window's dense GEMVs on Flash-Next (profiles/presets/flash-next.yaml), [n_out, n_in]: the GDN layer's one
+# [qkv | z] projection (q, k 16 x 128 each, v 48 x 128; z 48 x 128) and its out-projection; the shared expert's up and
+# gate (two launches of this shape) and down; the hyper-connection read's stacked down + inject matrix (320 + 4 rows,
+# padded to whole 32-row groups: ops/hyper.down_inject_rows); the head. (The router is F32, fused into
+# router_gemv_topk; the hc up matrix is read raw inside hc_up_mix: neither is a Q8_0 GEMV launch.)
+DENSE_SHAPES = {"gdn_qkvz": (16384, 2560), "gdn_out": (2560, 6144), "shexp_up": (640, 2560), "shexp_down": (2560, 640),
+                "hc_down": (352, 10240), "head": (248320, 2560)}
+DENSE_CHECK_ROWS = 64
+Q8R_OLD = ("Q8R_EXPERT_INFLIGHT=2",)  # --q8r-ab: the grouped Q8_0_R32 GEMVs' ring before 4 blocks at T = 1
 
 
 def copy_gbs() -> float:
@@ -99,7 +113,7 @@ def device_types(ggml_type: int) -> tuple[int, int, int]:
 
 
 def uses_quant_kernels(ggml_type: int) -> bool:
-    """Whether the type's expert GEMVs run kernels/gemv_quant.cu (the paths and tunes apply), not gemv_q8r.cu."""
+    """Whether the type's expert GEMVs run kernels/gemv_quant.cu (the probe applies), not gemv_q8r.cu."""
     return any(launch_quant.handles(t) for t in device_types(ggml_type))
 
 
@@ -134,7 +148,7 @@ def make_check(ggml_type: int, windows, rng, stream) -> Check:
 
 
 def check_rel_err(check: Check, stream) -> float:
-    """max over the cases of max |gpu - numpy| / max |numpy| of routed_experts under the current path and tune
+    """max over the cases of max |gpu - numpy| / max |numpy| of routed_experts under the current variant
     (NaN-poisoned output: an unwritten row is NaN)."""
     err = 0.0
     for args, want in check.cases:
@@ -229,20 +243,41 @@ class Experts:
         cupy().get_default_memory_pool().free_all_blocks()
 
 
-def dense_gbs(ggml_type: int, T: int, launches: int, stream) -> float:
-    """GB/s of one ~DENSE_MB matrix of the type as the engine holds it (Q8_0 repacked)."""
+def dense_rows(T_list, launches: int, stream, rng, copy: float) -> list[dict]:
+    """The dense Q8_0 rows: per DENSE_SHAPES matrix and T, rel_err of its first DENSE_CHECK_ROWS rows (valid random
+    blocks, repacked) against ops/gemv.gemv, then GB/s of the whole matrix of random bytes."""
     cp = cupy()
-    ggml_type = device_types(ggml_type)[0]
-    row_bytes = U.row_stride(ggml_type, DENSE_N_IN)
-    n_out = max(32, (DENSE_MB * 10**6 // row_bytes) // 32 * 32)
-    with stream:
-        w = _random_bytes(n_out * row_bytes).reshape(n_out, row_bytes)
-        x, y = cp.ones((T, DENSE_N_IN), cp.float32), cp.empty((T, n_out), cp.float32)
-        split = launch_gemv.SplitK.empty()
-    stream.synchronize()
-    ms = graph_ms(lambda s: launch_gemv.gemv(w, ggml_type, DENSE_N_IN, x, out=y, split=split, stream=s), launches,
-                  stream)
-    return n_out * row_bytes / ms / 1e6
+    rows = []
+    split = launch_gemv.SplitK.empty()  # the z-split workspace, allocated before any capture
+    for name, (n_out, n_in) in DENSE_SHAPES.items():
+        row_bytes = U.row_stride(Q.Q8_0, n_in)
+        raw = random_tensor(rng, Q.Q8_0, (DENSE_CHECK_ROWS, n_in), 0.05)
+        with stream:
+            small = cp.asarray(packed.pack_q8_0(raw, n_in))
+            w = _random_bytes(n_out * row_bytes).reshape(n_out, row_bytes)
+        stream.synchronize()
+        for T in T_list:
+            x = rng.standard_normal((T, n_in)).astype(np.float32)
+            want = ref_gemv(raw, Q.Q8_0, n_in, x)
+            with stream:
+                got = launch_gemv.gemv(small, packed.Q8_0_R32, n_in, cp.asarray(x),
+                                       out=cp.full((T, DENSE_CHECK_ROWS), np.nan, np.float32), split=split,
+                                       stream=stream).get(stream=stream)
+                xd, y = cp.asarray(x), cp.empty((T, n_out), cp.float32)
+            stream.synchronize()
+            err = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+            ms = graph_ms(lambda s: launch_gemv.gemv(w, packed.Q8_0_R32, n_in, xd, out=y, split=split, stream=s),
+                          launches, stream)
+            gbs = n_out * row_bytes / ms / 1e6
+            row = {"type": "Q8_0", "matrix": name, "n_out": n_out, "n_in": n_in, "T": T,
+                   "path": "q8r_tc" if U.q8r_tensor_cores(T) else "q8r", "rel_err": err, "gbs": round(gbs, 1),
+                   "pct": round(100 * gbs / copy, 1), "us": round(1000 * ms, 2)}
+            rows.append(row)
+            print(f"# dense Q8_0 {name:10} [{n_out} x {n_in}] T={T:2} {row['path']:6} rel_err {err:.1e} "
+                  f"{gbs:6.0f} GB/s {row['pct']:5.1f} % {row['us']:8.1f} us", flush=True)
+        w = small = None  # (freed before the next matrix)
+        cp.get_default_memory_pool().free_all_blocks()
+    return rows
 
 
 def _compile(job: tuple[str, tuple[str, ...]]) -> float:
@@ -251,18 +286,57 @@ def _compile(job: tuple[str, tuple[str, ...]]) -> float:
     return time.perf_counter() - t0
 
 
-def warm(types, tunes, jobs: int) -> None:
-    """Compile the modules the bench launches (each tune's gemv_quant modules) in parallel processes (CuPy's disk
-    cache), before any timing."""
+def warm(types, variants, jobs: int) -> None:
+    """Compile the modules the bench launches (each variant's gemv_quant / gemv_q8r modules) in parallel processes
+    (CuPy's disk cache), before any timing."""
     mods = {("moe", ()), ("gemv_q8r", ())}
     for t in types:
         for dt in set(device_types(t)):
             if launch_quant.handles(dt):
-                mods |= {(launch_quant.module_name(dt), tune.defines(dt)) for tune in tunes}
-            elif dt != packed.Q8_0_R32:
+                mods |= {(launch_quant.module_name(dt), v.qtc) for v in variants if v.applies(t)}
+            elif dt == packed.Q8_0_R32:
+                mods |= {("gemv_q8r", v.q8r) for v in variants if v.applies(t)}
+            else:
                 mods.add((f"gemv.{U.TYPE_SUFFIX[dt]}", ()))
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(_compile, sorted(mods)))
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A row set's kernels: the defines its qtc_* modules (block types) or gemv_q8r module (Q8_0) are compiled with;
+    "default" is what the engine runs."""
+
+    label: str
+    qtc: tuple = ()
+    q8r: tuple = ()
+    cuda_cores: bool = False  # the grouped Q8_0_R32 GEMVs on CUDA cores at every T (the window path's gemv_tc off)
+
+    def applies(self, ggml_type: int) -> bool:
+        return self.label == "default" or bool(self.qtc if uses_quant_kernels(ggml_type) else self.q8r)
+
+
+DEFAULT = Variant("default")
+
+
+@contextlib.contextmanager
+def variant_kernels(v: Variant):
+    """The launches inside take v's kernels: launch_quant.qtc_defines for the qtc_* kernels; for gemv_q8r's kernels
+    compile.kernel asked with v.q8r added (the launchers look kernels up through compile.kernel) and, with
+    cuda_cores, a window path without tensor cores (the routed launches time no dense GEMV)."""
+    kernel, qtc = nvrtc.kernel, launch_quant.qtc_defines
+
+    def q8r_kernel(module, function, defines=()):
+        return kernel(module, function, tuple(defines) + (v.q8r if module == "gemv_q8r" else ()))
+
+    launch_quant.qtc_defines = v.qtc
+    if v.q8r:
+        nvrtc.kernel = q8r_kernel
+    try:
+        with U.recording_path(U.WindowPath(gemv_tc=False)) if v.cuda_cores else contextlib.nullcontext():
+            yield
+    finally:
+        nvrtc.kernel, launch_quant.qtc_defines = kernel, qtc
 
 
 def _row(t: int, path: str, variant: str, err: float, r: dict, copy: float) -> dict:
@@ -281,27 +355,26 @@ def _row(t: int, path: str, variant: str, err: float, r: dict, copy: float) -> d
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--types", default=None, help=f"default {DEFAULT_TYPES} ({TUNE_TYPES} with --tune)")
+    ap.add_argument("--types", default=None, help=f"default {DEFAULT_TYPES} ({AB_TYPES} with --probe / --q8r-ab)")
     ap.add_argument("--window", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=16)
-    ap.add_argument("--dense-windows", type=int, nargs="*", default=[])
-    ap.add_argument("--paths", default=None, help="expert kernel families: tc (qtc_*), cuda (qgemv_*); "
-                                                  "default tc,cuda (tc with --tune)")
-    ap.add_argument("--tune", action="store_true", help="the tc path under each of launch_quant.TUNE_GRID")
+    ap.add_argument("--probe", action="store_true", help="block types: also the decode-free probe's rows")
+    ap.add_argument("--q8r-ab", action="store_true", help="Q8_0: also the rows of the grouped kernels before this "
+                                                          "version (ring of 2, CUDA cores at every T)")
     args = ap.parse_args()
-    paths = [p.strip() for p in (args.paths or ("tc" if args.tune else "tc,cuda")).split(",") if p.strip()]
-    if not paths or any(p not in PATHS for p in paths):
-        raise SystemExit(f"quant_gemv_bench: --paths: expected a list of {', '.join(PATHS)}, got '{args.paths}'")
     names = {Q.TYPE_NAMES[t]: t for t in Q.BLOCK_TYPES}
-    type_arg = args.types or (TUNE_TYPES if args.tune else DEFAULT_TYPES)
+    type_arg = args.types or (AB_TYPES if args.probe or args.q8r_ab else DEFAULT_TYPES)
     unknown = [n for n in type_arg.split(",") if n.strip() and n.strip().upper() not in names]
     if unknown:
-        raise SystemExit(f"quant_gemv_bench: --types: unknown {', '.join(unknown)}")
+        ap.error(f"--types: unknown {', '.join(unknown)}")
+    if any(T < 1 or T > U.GEMV_MAXT for T in args.window):
+        ap.error(f"--window: every T must be 1..{U.GEMV_MAXT}, got {args.window}")
     types = [names[n.strip().upper()] for n in type_arg.split(",") if n.strip()]
-    tunes = launch_quant.TUNE_GRID if args.tune else (launch_quant.TUNE,)
+    variants = [DEFAULT] + ([Variant("probe", qtc=launch_quant.PROBE_DEFINES)] if args.probe else []) + \
+        ([Variant("old", q8r=Q8R_OLD, cuda_cores=True)] if args.q8r_ab else [])
     t0 = time.perf_counter()
-    warm(types, tunes, args.jobs)
+    warm(types, variants, args.jobs)
     print(f"# compiled in {time.perf_counter() - t0:.1f} s", flush=True)
     stream = new_stream()
     rng = np.random.default_rng(0)
@@ -315,21 +388,14 @@ def main() -> None:
     for t in types:
         check = make_check(t, args.window, rng, stream)
         experts = Experts(t, args.window, args.launches, stream, rng)
-        # a type on gemv_q8r.cu alone runs the same kernels on every path and tune: timed once
-        runs = [(p, tune) for p in paths for tune in tunes] if uses_quant_kernels(t) else [("q8r", tunes[0])]
-        for path, tune in runs:
-            default, launch_quant.TUNE = launch_quant.TUNE, tune
-            try:
-                with U.recording_path(PATHS.get(path, PATHS["tc"])):
-                    err = check_rel_err(check, stream)
-                    rows += [_row(t, path, tune.label(), err, experts.times(T, stream), copy) for T in args.window]
-            finally:
-                launch_quant.TUNE = default
+        path = "tc" if uses_quant_kernels(t) else "q8r"
+        for v in (v for v in variants if v.applies(t)):
+            with variant_kernels(v):
+                err = check_rel_err(check, stream)
+                rows += [_row(t, path, v.label, err, experts.times(T, stream), copy) for T in args.window]
         experts.free()
-        for T in args.dense_windows:
-            g = dense_gbs(t, T, args.launches, stream)
-            dense.append({"type": Q.TYPE_NAMES[t], "T": T, "gbs": round(g, 1), "pct": round(100 * g / copy, 1)})
-            print(f"# dense {Q.TYPE_NAMES[t]} T={T}: {g:.0f} GB/s ({100 * g / copy:.1f} %)", flush=True)
+        if t == Q.Q8_0:
+            dense = dense_rows(args.window, args.launches, stream, rng, copy)
     print(json.dumps({"copy_gbs": round(copy, 1), "node_us": round(node_us, 2), "rows": rows, "dense": dense,
                       "shape": {"E": E, "F": F, "D": D, "K": K, "launches": args.launches},
                       "seconds": round(time.perf_counter() - t0, 1)}))

@@ -25,6 +25,15 @@
 #ifndef Q8R_INFLIGHT  // group-blocks of loads in flight per warp (a ring in registers); bench/gemv_bench.py
 #define Q8R_INFLIGHT 2
 #endif
+// The grouped expert GEMVs keep more in flight: at T = 1 (one row group a warp) a routed launch is 1600-3200 warps
+// of 5-10 blocks each (gate / up [640 x 2560]: 10 experts x 20 groups x ksplit 8), so with 2 blocks (2.2 KB) a warp
+// an SM holds ~26 KB of reads in flight, about half of what 4.26 TB/s x ~1.5 us of loaded latency / 132 SMs asks
+// (~48 KB); at T = 2 (2 row groups, the same 2 blocks: twice the bytes a warp) they measured 46 % of the copy rate
+// against 25 % at T = 1 (H200, 35b700f). 4 at T = 1 is ~52 KB an SM (R >= 2 keep 2 blocks of R groups); the bench
+// (bench/quant_gemv_bench.py --q8r-ab) times 2 against it.
+#ifndef Q8R_EXPERT_INFLIGHT
+#define Q8R_EXPERT_INFLIGHT 4
+#endif
 
 // Row groups per warp for the window bucket NT (strata_cli/gpu/launch_util.py Q8R_LANE_ROWS mirrors it).
 constexpr int q8r_rows(int nt) { return nt == 1 ? 1 : (nt == 2 || nt == 16) ? 2 : 4; }
@@ -106,12 +115,12 @@ __device__ __forceinline__ void q8r_block(const int4 (&qa)[R], const int4 (&qb)[
 // the gate/up kernel: rows RH0.. from grp1, the same row groups of a second matrix).
 // The warp takes blocks b = kslice, kslice + kstride, ...; each ring slot is refilled with the block DEPTH steps
 // ahead as soon as it is consumed, so the next blocks' loads overlap this block's arithmetic.
-template <int RH0 = 0, int NT, int R>
+template <int RH0 = 0, int INFLIGHT = Q8R_INFLIGHT, int NT, int R>
 __device__ __forceinline__ void q8r_slice(const u8* __restrict__ grp0, const u8* __restrict__ grp1, int live, int nb,
                                           const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in,
                                           int kslice, int kstride, float (&acc)[R][NT]) {
     constexpr int RH = RH0 ? RH0 : R;  // RH0 0: every row from grp0
-    constexpr int DEPTH = Q8R_INFLIGHT / R > 1 ? Q8R_INFLIGHT / R : 2;
+    constexpr int DEPTH = INFLIGHT / R > 1 ? INFLIGHT / R : 2;
     const int lane = threadIdx.x & (WARP - 1);
     const i64 group_bytes = (i64)nb * Q8R_BLOCK_BYTES;
     const int4* q = reinterpret_cast<const int4*>(grp0) + lane;
@@ -202,10 +211,39 @@ __device__ __forceinline__ void q8r_dense(const u8* W, int nb, const float* x, i
 // kernel's, so a warp holds as many accumulators and loads in flight as a plain launch's warp.
 constexpr int q8r_gateup_rows(int nt) { return q8r_rows(nt) > 1 ? q8r_rows(nt) / 2 : 1; }
 
-// Grouped experts, as gemv.cu's gemv_grouped: group u = blockIdx.y holds up to GEMV_MAXT (row, slot) entries
-// routed to expert g_expert[u]; entry j reads x row j / x_div and writes y row j. Empty groups leave at once; an
-// expert id outside 0..E-1 writes NaN to its entries' rows.
-// GATEUP (gemv_q8r_gateup_t<NT>; gemv_quant.cu qgemv_gateup_*'s arithmetic): the gate (W) and up (Wu) projections
+// The grouped experts' driver (q8r_grouped, q8t_grouped), as gemv.cu's gemv_grouped: group u = blockIdx.y holds up
+// to NT (row, slot) entries routed to expert g_expert[u]; entry j reads x row j / x_div and writes y row j. Empty
+// groups leave at once (uniform per block: no barrier is left waiting); an expert id outside 0..E-1 writes NaN to
+// its entries' rows. body(grp0, grp1, g0, live, set, kslice, nt, rows, xr) computes and stores this warp's RG row
+// groups g0 .. g0 + live - 1 (grp0: their first byte in the group's expert of W, grp1 the same of Wu, a second
+// matrix read beside it: the gate/up kernel's up; Wu = W where there is none) for entries rows (x rows xr). Every
+// warp of the block calls it.
+template <int NT, int RG, typename Body>
+__device__ __forceinline__ void q8r_groups(const u8* W, const u8* Wu, i64 expert_stride, int n_expert,
+                                           const int* g_expert, const int* g_count, const int* g_entries, int x_div,
+                                           int n_in, float* y, int n_out, int ksplit, Body body) {
+    const int u = blockIdx.y;
+    const int nt = min(g_count[u], NT);
+    if (nt == 0) return;
+    const int e = g_expert[u];
+    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
+    const int set = warp / ksplit, kslice = warp % ksplit;
+    const int g0 = (blockIdx.x * (GEMV_WARPS / ksplit) + set) * RG;
+    const int live = min(RG, n_out / Q8R_GROUP - g0);
+    int rows[NT], xr[NT];
+    expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
+    if (e < 0 || e >= n_expert) {
+        if (kslice == 0)
+            for (int r = 0; r < live; ++r)
+                for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + (g0 + r) * Q8R_GROUP + lane] = QNAN;
+        return;
+    }
+    const i64 off = (i64)e * expert_stride + (i64)g0 * (n_in / QK8_0) * Q8R_BLOCK_BYTES;
+    body(W + off, Wu + off, g0, live, set, kslice, nt, rows, xr);
+}
+
+// Grouped experts on CUDA cores (q8r_groups' groups; single-entry groups run one accumulator column).
+// GATEUP (gemv_q8r_gateup_t<NT>; gemv_quant.cu qtc_gateup_*'s arithmetic): the gate (W) and up (Wu) projections
 // in one pass, RH = q8r_gateup_rows(NT) row groups of each per warp: acc rows 0..RH-1 gate, RH..2RH-1 the same up
 // rows, loaded together (an expert's gate and up bytes in flight at once, read once for all its entries), then
 //   y[j, o] = silu(gate_e[o] . x[j / x_div]) * (up_e[o] . x[j / x_div])
@@ -217,35 +255,23 @@ __device__ __forceinline__ void q8r_grouped(const u8* W, const u8* Wu, i64 exper
                                             int act, float div, const float* mul, int mul_st, int mul_so) {
     constexpr int RH = GATEUP ? q8r_gateup_rows(NT) : q8r_rows(NT);  // row groups per warp and matrix
     constexpr int R = GATEUP ? 2 * RH : RH;
-    const int u = blockIdx.y;
-    const int nt = min(g_count[u], NT);
-    if (nt == 0) return;  // uniform per block: no barrier is left waiting
-    const int e = g_expert[u];
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
-    const int set = warp / ksplit, kslice = warp % ksplit;
-    const int g0 = (blockIdx.x * (GEMV_WARPS / ksplit) + set) * RH;
-    const int live = min(RH, n_out / Q8R_GROUP - g0);
     const int nb = n_in / QK8_0;
-    int rows[NT], xr[NT];
-    expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
-    if (e < 0 || e >= n_expert) {
-        if (kslice == 0)
-            for (int r = 0; r < live; ++r)
-                for (int t = 0; t < nt; ++t) y[(i64)rows[t] * n_out + (g0 + r) * Q8R_GROUP + lane] = QNAN;
-        return;
-    }
-    const i64 off = (i64)e * expert_stride + (i64)g0 * nb * Q8R_BLOCK_BYTES;
-    const u8* grp0 = W + off;
-    const u8* grp1 = GATEUP ? Wu + off : grp0;
-    grouped_dot_store<NT, R>(
-        nt, xr, rows,
-        [&](auto& acc, const auto& xs, int n) {
-            if (live > 0) q8r_slice<GATEUP ? RH : 0>(grp0, grp1, live, nb, x, xs, n, n_in, kslice, ksplit, acc);
-        },
-        [&](auto& acc, const auto& ys, int n) {
-            q8r_store<GATEUP ? RH : 0>(acc, g0, live, n_out, n, ksplit, kslice, set, y, ys, act, div, mul, mul_st,
-                                       mul_so);
-        });
+    q8r_groups<NT, RH>(W, GATEUP ? Wu : W, expert_stride, n_expert, g_expert, g_count, g_entries, x_div, n_in, y,
+                       n_out, ksplit,
+                       [&](const u8* grp0, const u8* grp1, int g0, int live, int set, int kslice, int nt,
+                           const int (&rows)[NT], const int (&xr)[NT]) {
+                           grouped_dot_store<NT, R>(
+                               nt, xr, rows,
+                               [&](auto& acc, const auto& xs, int n) {
+                                   if (live > 0)
+                                       q8r_slice<GATEUP ? RH : 0, Q8R_EXPERT_INFLIGHT>(grp0, grp1, live, nb, x, xs,
+                                                                                       n, n_in, kslice, ksplit, acc);
+                               },
+                               [&](auto& acc, const auto& ys, int n) {
+                                   q8r_store<GATEUP ? RH : 0>(acc, g0, live, n_out, n, ksplit, kslice, set, y, ys,
+                                                              act, div, mul, mul_st, mul_so);
+                               });
+                       });
 }
 
 // Raw GGUF Q8_0 rows -> the layout above; one thread per (group, block, lane). n_rows % 32 == 0.
@@ -547,6 +573,48 @@ __device__ __forceinline__ void q8t_dense(const u8* W, int nb, const float* x, i
                          mul_so);
     }
 }
+
+// Grouped experts on tensor cores (gemv_expert_q8r_tc_t<NT>, the windows whose launch_util.WindowPath has gemv_tc):
+// q8r_groups' groups (group u = blockIdx.y: up to NT entries of expert g_expert[u], entry j reads x row j / x_div and
+// writes y row j; an id outside 0..E-1 writes NaN to its entries' rows) over q8t_slice / q8t_store: the window's
+// entries are the MMA's B columns, so a warp's 64 rows cost the same lane-instructions at any group size, where
+// q8r_grouped's CUDA-core warp at T = 4 / 8 holds acc[4][8] plus a ring of 4 row groups (255 registers, one block of
+// 8 warps an SM: 37-41 % of the copy rate on Flash-Next's experts at 35b700f).
+// grid (ceil(groups per expert / (Q8T_ROWS * GEMV_WARPS / ksplit)), J groups), block GEMV_WARPS * 32.
+template <int NT>
+__device__ __forceinline__ void q8t_grouped(const u8* W, i64 expert_stride, int n_expert, const int* g_expert,
+                                            const int* g_count, const int* g_entries, const float* x, int x_div,
+                                            int n_in, float* y, int n_out, int ksplit, int act, float div,
+                                            const float* mul, int mul_st, int mul_so) {
+    constexpr int R = Q8T_ROWS, F = R * 2 * q8t_ntiles(NT);
+    q8r_groups<NT, R>(W, W, expert_stride, n_expert, g_expert, g_count, g_entries, x_div, n_in, y, n_out, ksplit,
+                      [&](const u8* grp0, const u8*, int g0, int live, int set, int kslice, int nt,
+                          const int (&rows)[NT], const int (&xr)[NT]) {
+                          float acc[F][4];
+#pragma unroll
+                          for (int f = 0; f < F; ++f) acc[f][0] = acc[f][1] = acc[f][2] = acc[f][3] = 0.0f;
+                          if (live > 0)
+                              q8t_slice<NT, R>(grp0, live, n_in / QK8_0, x, xr, nt, n_in, kslice, ksplit, acc);
+                          q8t_store<NT, R>(acc, g0, live, n_out, nt, ksplit, kslice, set, y, rows, act, div, mul,
+                                           mul_st, mul_so);
+                      });
+}
+
+#define Q8T_GROUPED_KERNEL(NT)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, Q8T_MIN_BLOCKS)                              \
+        gemv_expert_q8r_tc_t##NT(const u8* W, i64 expert_stride, int n_expert, const int* g_expert,             \
+                                 const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, \
+                                 float* y, int n_out, int ksplit, int act, float div, const float* mul,         \
+                                 int mul_st, int mul_so) {                                                       \
+        q8t_grouped<NT>(W, expert_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, n_out,     \
+                        ksplit, act, div, mul, mul_st, mul_so);                                                  \
+    }
+
+// grid (ceil(groups per expert / (Q8T_ROWS * GEMV_WARPS / ksplit)), J groups)
+Q8T_GROUPED_KERNEL(2)
+Q8T_GROUPED_KERNEL(4)
+Q8T_GROUPED_KERNEL(8)
+Q8T_GROUPED_KERNEL(16)
 
 #define Q8T_DENSE_KERNEL(NT)                                                                                      \
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, Q8T_MIN_BLOCKS)                              \

@@ -2,8 +2,8 @@
 // dequantized copy of a weight on the device). Compiled once per block type: strata_cli/gpu/quant_source.py puts
 // `#define QTYPE <id>` and the type's tables before this file (launch_quant.py launches it).
 //
-//   y[t, o] = act(sum_i W[o, i] * x[t, i] / div) * (mul ? mul[t * mul_st + o * mul_so] : 1)     qgemv_*, qgemv_expert_*
-//   y[j, o] = silu(W_gate[e] . x[j / x_div])[o] * (W_up[e] . x[j / x_div])[o]                   qgemv_gateup_*
+//   y[t, o] = act(sum_i W[o, i] * x[t, i] / div) * (mul ? mul[t * mul_st + o * mul_so] : 1)     qgemv_*, qtc_expert_*
+//   y[j, o] = silu(W_gate[e] . x[j / x_div])[o] * (W_up[e] . x[j / x_div])[o]                   qtc_gateup_*
 //
 // Legend: T window rows, n_in input width (a multiple of the type's block), n_out output rows, J = T*K (row, slot)
 // entries of the MoE, E experts, QK elements per block.
@@ -14,11 +14,11 @@
 //   y      [T, n_out] or [J, n_out] f32; mul may alias y (as in gemv.cu)
 //
 // Every weight is decoded exactly (quant_decode.cuh: the float gguf.quants gives) and multiplied by the float32
-// activation; sums are float32. The activations are never quantized. Work split as in gemv.cu: the input axis is cut
-// in steps of 256 elements, lane l decoding elements 8l .. 8l+7 of a step (a 256-block, or 256/QK smaller blocks);
-// a warp owns QROWS(NT) output rows (the gate/up kernel QROWS(NT)/2 rows of each matrix) and reuses each x load for
-// all of them; the warps of a row group (ksplit) and the blocks along grid z (zsplit, dense only) take interleaved
-// steps and add up in shared memory / zsplit_finish.
+// activation; sums are float32. The activations are never quantized. Dense work split as in gemv.cu: the input axis
+// is cut in steps of 256 elements, lane l decoding elements 8l .. 8l+7 of a step (a 256-block, or 256/QK smaller
+// blocks); a warp owns QROWS(NT) output rows and reuses each x load for all of them; the warps of a row group
+// (ksplit) and the blocks along grid z (zsplit) take interleaved steps and add up in shared memory / zsplit_finish.
+// The grouped expert GEMVs (qtc_*, below) run on tensor cores.
 #include "quant_decode.cuh"
 
 #ifndef QTYPE
@@ -224,9 +224,8 @@ __device__ __forceinline__ void qslice_rows(Row row, Live live, const float* __r
     }
 }
 
-// This warp's K slice of rows o0 .. o0+R-1 of one matrix as a value for common.cuh's slice_dense / slice_grouped.
-// Grids: QROWS(NT) rows per warp, as gemv.cu's; grouped experts as gemv.cu's (an id outside 0..E-1 writes NaN to
-// its entries' rows).
+// This warp's K slice of rows o0 .. o0+R-1 of one matrix as a value for common.cuh's slice_dense. Grid: QROWS(NT)
+// rows per warp, as gemv.cu's.
 struct QSlice {
     template <int R, int NT>
     __device__ __forceinline__ void operator()(const u8* __restrict__ W, i64 row_stride, int o0, int n_out,
@@ -236,43 +235,6 @@ struct QSlice {
                     xr, nt, n_in, kslice, kstride, acc);
     }
 };
-
-// Sum the ksplit warps (as reduce_store), then y[y_rows[t], o0 + r] = silu(gate row r) * (up row r) for r < ROWS / 2
-// (acc rows 0..ROWS/2-1 gate, the rest up; N accumulator columns: NT, or 1 for a one-entry group).
-template <int ROWS, int N>
-__device__ __forceinline__ void gateup_store(float (&acc)[ROWS][N], int o0, int n_out, int nt, int ksplit,
-                                             int kslice, int group, float* y, const int* y_rows) {
-    constexpr int R = ROWS / 2;
-    if (!ksplit_sums(acc, ksplit, kslice, group)) return;
-    const int lane = threadIdx.x & (WARP - 1);
-#pragma unroll
-    for (int r = 0; r < R; ++r)
-#pragma unroll
-        for (int t = 0; t < N; ++t)
-            if (lane == (r * N + t) % WARP && o0 + r < n_out && t < nt)
-                y[(i64)y_rows[t] * n_out + o0 + r] = apply_act(acc[r][t], ACT_SILU) * acc[R + r][t];
-}
-
-// The gate and up projections of the grouped experts in one pass (grid as qgemv_expert_*'s with R rows per warp
-// of each matrix): acc rows 0..R-1 are gate rows o0.., rows R..2R-1 the same up rows, all staged together, so an
-// expert's gate and up bytes are in flight at once and read once for all its entries; y[j, o] = silu(gate) * up.
-template <int NT, int R>
-__device__ __forceinline__ void gateup_grouped(const u8* Wg, const u8* Wu, i64 expert_stride, i64 row_stride,
-                                               int n_expert, const int* g_expert, const int* g_count,
-                                               const int* g_entries, const float* x, int x_div, int n_in, float* y,
-                                               int n_out, int ksplit) {
-    grouped_entries<NT, R, 2 * R>(
-        n_expert, g_expert, g_count, g_entries, x_div, y, n_out, ksplit,
-        [&](int e, int o0, int kslice, auto& acc, const auto& xs, int n) {
-            const u8* G = Wg + (i64)e * expert_stride;
-            const u8* U = Wu + (i64)e * expert_stride;
-            qslice_rows([&](int r) { return (r < R ? G : U) + (i64)(o0 + (r < R ? r : r - R)) * row_stride; },
-                        [&](int r) { return o0 + (r < R ? r : r - R) < n_out; }, x, xs, n, n_in, kslice, ksplit, acc);
-        },
-        [&](auto& acc, int o0, int kslice, int group, const auto& ys, int n) {
-            gateup_store(acc, o0, n_out, n, ksplit, kslice, group, y, ys);
-        });
-}
 
 // blocks per SM the register allocation must allow, by window bucket (3 at 256 threads: <= 85 registers; 2:
 // <= 128): resident warps are what keeps enough stages in flight (ptxas -v, sm_90, q2_k: T = 1 at 80 registers
@@ -286,21 +248,6 @@ __device__ __forceinline__ void gateup_grouped(const u8* Wg, const u8* Wu, i64 e
                     unsigned* tile_done) {                                                                             \
         slice_dense<NT, QROWS(NT)>(QSlice{}, W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st,       \
                                    mul_so, partial, tile_done);                                                        \
-    }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QMIN_BLOCKS(NT))                                   \
-        qgemv_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,          \
-                           const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,              \
-                           float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st,          \
-                           int mul_so) {                                                                               \
-        slice_grouped<NT, QROWS(NT)>(QSlice{}, W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries,   \
-                                     x, x_div, n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);                 \
-    }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP, QMIN_BLOCKS(NT))                                   \
-        qgemv_gateup_t##NT(const u8* Wg, const u8* Wu, i64 expert_stride, i64 row_stride, int n_expert,                \
-                           const int* g_expert, const int* g_count, const int* g_entries, const float* x, int x_div,   \
-                           int n_in, float* y, int n_out, int ksplit) {                                                \
-        gateup_grouped<NT, QROWS(NT) / 2>(Wg, Wu, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries,  \
-                                          x, x_div, n_in, y, n_out, ksplit);                                           \
     }
 
 QGEMV_KERNELS(1)
@@ -310,13 +257,14 @@ QGEMV_KERNELS(8)
 QGEMV_KERNELS(16)
 
 // =====================================================================================================================
-// Tensor-core grouped expert GEMVs: qtc_expert_t<NT> (one matrix, epilogue as qgemv_expert_*) and qtc_gateup_t<NT>
-// (silu(gate) * up, as qgemv_gateup_*), the routed experts' path of the windows whose launch_util.WindowPath has
-// expert_tc (launch_quant.launch_expert_gemv_quant / launch_gateup_quant pick the kernel).
+// Tensor-core grouped expert GEMVs: qtc_expert_t<NT> (one matrix, the dense epilogue) and qtc_gateup_t<NT> (silu(gate)
+// * up), the routed experts' only path at every T (launch_quant.launch_expert_gemv_quant / launch_gateup_quant).
 //
-// Why: the CUDA-core kernels above spend per weight a q-form decode (~3 lane-instructions) plus T FMAs, and a warp
-// fetches one stage into registers, then decodes it with nothing in flight: a routed-expert launch (10 experts at
-// T = 1, ~75 at T = 8, 0.5-1 MB each) ran at 6-7 % of the H200's HBM rate at every T (issue 18). Here:
+// Why: a CUDA-core grouped kernel (as qgemv_* above) spends per weight a q-form decode (~3 lane-instructions) plus T
+// FMAs, and a warp fetches one stage into registers, then decodes it with nothing in flight: a routed-expert launch
+// (10 experts at T = 1, ~75 at T = 8, 0.5-1 MB each) ran at 6-7 % of the H200's HBM rate at every T (issue 18); the
+// CUDA-core qgemv_expert_* / qgemv_gateup_* went at 35b700f (they tied these at T = 1 and lost at every other T).
+// Here:
 //   * the window is the N side of mma.sync m16n8k16 (f16 in, f32 accumulate): the T products per weight cost no
 //     instruction, so the lane-instructions per weight are the decode's, whatever T <= 8 is (T <= 16: two
 //     column tiles);
@@ -327,8 +275,8 @@ QGEMV_KERNELS(16)
 //     accumulator, so a span's sum is sum a (hi + lo) with |x - hi - lo| <= 2^-22 |x| + 2^-25; a span whose |x|
 //     reaches 2^15 (f16 would overflow) is split from x 2^-16 and its sum scaled back by 2^16 (as gemv_q8r.cu's
 //     tensor-core kernel);
-//   * the weights stream through a ring of QTC_NSTAGE shared-memory stages per warp filled by cp.async (16-byte
-//     copies, no registers held while in flight), QTC_NSTAGE - 1 stages of every warp in flight while it decodes
+//   * the weights stream through a ring of qtc_nstage shared-memory stages per warp filled by cp.async (16-byte
+//     copies, no registers held while in flight), qtc_nstage - 1 stages of every warp in flight while it decodes
 //     one: 2-4 stages of 5-15 KB, so the 12-16 warps an SM holds keep ~60-120 KB of HBM reads in flight (about
 //     4.4 TB/s x 1-2 us of latency / 132 SMs = 33-66 KB is what the copy rate needs).
 // T = 1 is short work, so the grid decides as much as the loop: gate/up of Flash-Next's 10 experts is 10.75 MB
@@ -336,7 +284,7 @@ QGEMV_KERNELS(16)
 // covers every (expert, row set) of the layer. Measured at f2de868 (bench/quant_gemv_bench.py, the real shapes):
 // T = 1 gate/up 377 GB/s (28.5 us, 8.9 % of the copy rate), Q4_0 down 644 GB/s (14.3 us); T = 8 689 / 998 GB/s.
 // Issue 18 asks >= 60 %: ~4.2 us for T = 1 gate/up.
-//   Occupancy at T = 1 (the defaults: QTC_WARPS 4, Q2_K QTC_MT 4, a ring of 2 stages of 7 KB): 10 x 20 row sets
+//   Occupancy at T = 1 (then: QTC_WARPS 4, Q2_K 4 m tiles, a ring of 2 stages of 7 KB): 10 x 20 row sets
 //   of 32 rows of each matrix, split over ksplit = 4 warps (10 steps: 3, 3, 2, 2) = 800 warps in 200 blocks on 132
 //   SMs: 68 SMs hold 2 blocks, 64 hold 1 (1.5 warps a scheduler on average; the 2-block SMs set the time). Down
 //   (Q4_0, 2.5 steps): 10 x 80 row sets of 32 rows x ksplit 2 = 1600 warps in 400 blocks.
@@ -359,22 +307,37 @@ QGEMV_KERNELS(16)
 //       masks and S, B);
 //     * a lane's units as one base register per matrix (even block sizes: every unit of a lane has the same
 //       address mod 16), so a span's loads take immediates, not a 3-input add each;
-//     * spans with no scaled column (warp-uniform) skip the x and C rescaling (8 + 4 QTC_MT FMUL).
-// So (a) more warps (row sets of 16 rows, QTC_MT 2; 8 warps a block split 8 ways: 1600-3200 warps at T = 1, 1-2
-// steps each; a deeper ring) can at best bring T = 1 to its issue bound; (b) 60 % needs <= ~0.13 instructions a
-// weight at every T, which the decode is now near; what is left a span is the 4 field LOP3 + 4 HFMA2 + 2 shifts a
-// group (~0.08 a weight), the scale and D loads (4 LDS + 5 a group), the x split (~35) and the 16 MMAs.
-// bench/quant_gemv_bench.py --tune (launch_quant.TUNE_GRID) times (a) and QTC_PROBE, the same grids and rings
-// decoding nothing: the probe's GB/s is what the streaming alone reaches, and full / probe is the share of the
-// time the decode takes.
+//     * spans with no scaled column (warp-uniform) skip the x and C rescaling (8 + 4 MT FMUL).
+// Measured at 35b700f (bench/quant_gemv_bench.py, gemv-tune of the 2026-12-02 call): T = 1 Q2_K gate/up 436 GB/s
+// (24.6 us), its decode-free probe 1216; Q4_0 down 593, probe 1261; T = 8 822 / 1010 (probes 2382 / 2364): the
+// streaming alone reaches 28-56 % and the decode costs 1.6-2.8x on top. The sweep's one winner became code (2 m tiles
+// a warp at T <= 2: +9 % at T = 1). Then, counted in SASS (NVRTC sm_90 cubin, nvdisasm) for Q2_K qtc_gateup_t1:
+//   * the issue of a step's copies was ~37 instructions a chunk (the unit's division by QCHUNKS, 64-bit row
+//     products, a shared-window conversion and two branches, per step and chunk): the lane's chunk geometry is now
+//     computed once before the loop (roff / kq), the ring's shared address once, and a chunk outside its unit is a
+//     zero-fill cp.async (no branch): 125 instructions a step for the lane's 7 chunks (was ~290 at 2 m tiles);
+//   * the ring filled all NS slots deep before the first wait (it was NS - 1): at T = 1 every warp's whole slice is
+//     in flight at once (gate/up: 10.75 MB in 1600 warps of 2-3 steps, 3 slots; down: 1-2 steps, 2 slots), one
+//     round trip instead of two for the warps with the most steps; the steady state keeps NS - 1 in flight;
+//   * Q2_K's span scale D (the block's, QTcStepD) once a step a unit, not a load and conversion each span;
+//   * the column scales' 4 shuffles only in the scaled branch (the usual span has no scaled column);
+//   * at 2 m tiles and one column tile (T <= 2, and the 4-bit types' warps to T = 8) the spans 4 at a time:
+//     compile-time span constants and four independent decode + MMA chains to interleave (no spills: 115-121
+//     registers of 128 for Q2_K at T = 1, 2).
+// A T = 1 step (32 rows x 256) is now ~1840 instructions (0.22 a weight, ~0.27 before at 2 m tiles). The T = 1 bound
+// left is issue: 8192 weights a step at 0.23 is ~1.9 K warp-instructions, 12-16 warps an SM at ~2 a clock, so gate/up
+// of 10.75 MB (Q2_K) needs ~8 us where 60 % of the copy rate is 4.2 us: >= 60 % at T = 1 needs <= ~0.12 instructions
+// a weight, about half of what the exact f16 split of x (~70 a span) and the per-unit decode (~36 a 16-row unit and
+// span) cost today. --probe (QTC_PROBE: the same grids and rings decoding nothing) keeps showing the streaming's
+// share of each launch.
 // Shape legend (NT window bucket, NN = 1 column tile of 8 entries, 2 for NT = 16; lane = 4 g + t):
 //   grid (ceil(n_out / (ROWS * QTC_WARPS / ksplit)), J groups), block QTC_WARPS * 32; group u = blockIdx.y holds
 //   up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and writes y row
-//   rows[n] (as grouped_entries). The QTC_WARPS / ksplit row sets of a block take ROWS rows each (expert: 16 QTC_MT
-//   = QTC_MT m tiles of 16; gate/up: 8 QTC_MT rows of each matrix, m tiles 0 .. QTC_MT/2 - 1 gate, the rest the
-//   same rows of up); the ksplit warps of a set take
+//   rows[n] (as grouped_entries). The QTC_WARPS / ksplit row sets of a block take ROWS rows each (expert: 16 MT
+//   = MT m tiles of 16, MT = qtc_mt(NT); gate/up: 8 MT rows of each matrix, m tiles 0 .. MT/2 - 1 gate, the rest
+//   the same rows of up); the ksplit warps of a set take
 //   interleaved 256-element steps s = kslice, kslice + ksplit, ... and add up in shared memory (ksplit_reduce).
-//   unit       one row's range of a step: QTC_UNITS = 16 QTC_MT per stage (row mt * 16 + r of the warp), as in
+//   unit       one row's range of a step: 16 MT units per stage (row mt * 16 + r of the warp), as in
 //              qslice_rows (QCHUNKS aligned 16-byte chunks, each byte at its address mod 16)
 //   span sp    32 elements 32 sp .. 32 sp + 31 of a step; lane (g, t) decodes group t (elements 8t .. 8t+7;
 //              split16 types 4t .. 4t+3, 16+4t .. 16+4t+3) of rows g and g + 8 of each m tile (quant_decode.cuh
@@ -386,31 +349,24 @@ QGEMV_KERNELS(16)
 //   C          c0, c1 = (row g, entries 2t, 2t+1), c2, c3 = (row g + 8, same entries); acc[mt * NN + nn][e]
 // Reductions are fixed-order (MMA, span FMAs, the ksplit sum): graph replays are bit-identical to eager.
 //
-// The tunables below (#ifndef: launch_quant.QtcTune puts a non-default value before this file, its defines(); the
-// launcher's mirrors follow the same QtcTune) are swept by bench/quant_gemv_bench.py --tune; the winner becomes the
-// one default and the sweep's variants go.
-#ifndef QTC_WARPS
-#define QTC_WARPS 4  // warps per block, a power of two 2 .. 8 (ksplit divides it)
-#endif
-// m tiles of 16 rows per warp and stage: 4 where a 64-row stage is at most QTC_MT4_BYTES (the types of <= 3.5
-// bits per weight), else 2 (QTC_MT 2 or 4 forces it). More rows per warp share each span's x split (~35
-// instructions per span); fewer make more row sets (warps) of the same bytes.
+// The geometry below (launch_quant.py mirrors it and says what the H200 measured for each choice at 35b700f):
+#define QTC_WARPS 4  // warps per block (ksplit divides it)
+// m tiles of 16 rows per warp and stage: 2 at T <= 2 (twice the warps of the short launches), else 4 where a 64-row
+// stage is at most QTC_MT4_BYTES (the types of <= 3.5 bits per weight), else 2. More rows per warp share each
+// span's x split (~35 instructions per span); fewer make more row sets (warps) of the same bytes.
 #define QTC_MT4_BYTES 8192
-#ifndef QTC_MT
-#define QTC_MT (64 * QCHUNKS * 16 <= QTC_MT4_BYTES ? 4 : 2)
-#endif
-#define QTC_UNITS (QTC_MT * 16)
-#define QTC_STAGE_INT4 (QTC_UNITS * QCHUNKS)  // one stage of a warp, in 16-byte chunks
-#ifndef QTC_RING_BYTES
+constexpr int qtc_mt(int nt) { return nt <= 2 ? 2 : 64 * QCHUNKS * 16 <= QTC_MT4_BYTES ? 4 : 2; }
+constexpr int qtc_stage_int4(int nt) { return qtc_mt(nt) * 16 * QCHUNKS; }  // one stage of a warp, 16-byte chunks
 #define QTC_RING_BYTES 12288  // about this much shared memory per warp: 2 .. 4 stages
-#endif
-#define QTC_NSTAGE (QTC_RING_BYTES / (QTC_STAGE_INT4 * 16) < 2   ? 2 \
-                    : QTC_RING_BYTES / (QTC_STAGE_INT4 * 16) > 4 ? 4 \
-                                                                 : QTC_RING_BYTES / (QTC_STAGE_INT4 * 16))
-#ifndef QTC_PROBE
+constexpr int qtc_nstage(int nt) {
+    return QTC_RING_BYTES / (qtc_stage_int4(nt) * 16) < 2   ? 2
+           : QTC_RING_BYTES / (qtc_stage_int4(nt) * 16) > 4 ? 4
+                                                            : QTC_RING_BYTES / (qtc_stage_int4(nt) * 16);
+}
+constexpr int qtc_smem_bytes(int nt) { return QTC_WARPS * qtc_nstage(nt) * qtc_stage_int4(nt) * 16; }
+#ifndef QTC_PROBE  // bench/quant_gemv_bench.py --probe: stream the weights, decode nothing (launch_quant.PROBE_DEFINES)
 #define QTC_PROBE 0
 #endif
-#define QTC_SMEM_BYTES (QTC_WARPS * QTC_NSTAGE * QTC_STAGE_INT4 * 16)  // dynamic shared memory of a block
 #define QTC_BIG 32768.0f  // |x| from which a span is split from x * 2^-16
 
 constexpr int qtc_nn(int nt) { return nt > 8 ? 2 : 1; }
@@ -422,8 +378,10 @@ __device__ __forceinline__ u32 smem_u32(const void* p) {
     asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
     return r;
 }
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+// 16 bytes global -> shared (dst a shared-window address, smem_u32), of which the first n (16 or 0) are read and
+// the rest zero-filled: a chunk outside its unit costs no branch and reads nothing
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, u32 n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
@@ -451,11 +409,13 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                                             const int* g_entries, const float* x, int x_div, int n_in, float* y,
                                             int n_out, int ksplit, int act, float div, const float* mul, int mul_st,
                                             int mul_so) {
-    constexpr int NN = qtc_nn(NT), F = QTC_MT * NN, HALF = QTC_MT / 2, NS = QTC_NSTAGE;
-    constexpr int ROWS = GATEUP ? 16 * HALF : 16 * QTC_MT;
-    constexpr int NCH = (QTC_STAGE_INT4 + WARP - 1) / WARP;
+    constexpr int MT = qtc_mt(NT), NN = qtc_nn(NT), F = MT * NN, HALF = MT / 2, NS = qtc_nstage(NT);
+    constexpr int STAGE = qtc_stage_int4(NT), ROWS = GATEUP ? 16 * HALF : 16 * MT;
+    constexpr int NCH = STAGE / WARP;
+    static_assert(STAGE % WARP == 0, "16 MT units a stage (MT even): every lane has NCH chunks of it");
+    static_assert(QCHUNKS <= 16, "a chunk's k fits 4 bits");
     extern __shared__ int4 qtc_ring[];
-    static_assert(F * 4 * WARP * 4 <= NS * QTC_STAGE_INT4 * 16, "the ksplit sums live in the warp's ring");
+    static_assert(F * 4 * WARP * 4 <= NS * STAGE * 16, "the ksplit sums live in the warp's ring");
     const int u = blockIdx.y;
     const int nt = min(g_count[u], NT);
     if (nt == 0) return;  // the whole block leaves: no barrier is left waiting
@@ -467,7 +427,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
     expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
     u32 dyn_smem;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
-    if (e < 0 || e >= n_expert || dyn_smem < QTC_SMEM_BYTES) {  // block-uniform
+    if (e < 0 || e >= n_expert || dyn_smem < qtc_smem_bytes(NT)) {  // block-uniform
         qtc_nan_rows(y, n_out, o0, ROWS, nt, rows, kslice);
         return;
     }
@@ -483,22 +443,42 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
     const int n_steps = (n_in + QSTEP - 1) / QSTEP;
     const i64 row_bytes = (i64)(n_in / QB::qk) * QB::bytes;
     const int my_steps = kslice < n_steps ? (n_steps - kslice + ksplit - 1) / ksplit : 0;
-    int4* ring = qtc_ring + warp * NS * QTC_STAGE_INT4;
+    int4* ring = qtc_ring + warp * NS * STAGE;
+
+    // This lane's chunks of a stage are the same units at every step, so their geometry is computed once here, not
+    // per step and chunk (it was ~37 instructions a chunk: the unit's division, 64-bit row products, a shared-window
+    // conversion and two branches; ~12 now, no branch): chunk c = lane + 32 i of a stage is chunk k of unit
+    // uu = c / QCHUNKS; roff[i] = the unit row's byte offset in its matrix (bit 31: the up matrix of gate/up;
+    // QTC_DEAD: a row past n_out), kq the chunks' k, 4 bits each. (launch_quant keeps an expert matrix < 2^31 bytes.)
+    constexpr u32 QTC_DEAD = 0xffffffffu;
+    u32 roff[NCH], kq[(NCH + 7) / 8];
+#pragma unroll
+    for (int i = 0; i < (NCH + 7) / 8; ++i) kq[i] = 0u;
+#pragma unroll
+    for (int i = 0; i < NCH; ++i) {
+        const int c = lane + i * WARP, uu = c / QCHUNKS, k = c - uu * QCHUNKS;
+        const u32 up = GATEUP && uu >= 16 * HALF ? 0x80000000u : 0u;
+        roff[i] = unit_live(uu) ? (u32)((i64)unit_o(uu) * row_stride) | up : QTC_DEAD;
+        kq[i / 8] |= (u32)k << (4 * (i % 8));
+    }
+    const u32 lane_smem = smem_u32(ring) + 16 * lane;
 
     auto issue = [&](int j) {  // this warp's j-th step into slot j % NS; one commit group per call, even if empty
         if (j < my_steps) {
             const int s = kslice + j * ksplit;
-            int4* slot = ring + (j % NS) * QTC_STAGE_INT4;
-            const int len = (int)min((i64)QSTEP_BYTES, row_bytes - (i64)s * QSTEP_BYTES);
+            const u8* m0 = W0e + (i64)s * QSTEP_BYTES;
+            const u8* m1 = W1e + (i64)s * QSTEP_BYTES;
+            const u32 dst = lane_smem + (u32)((j % NS) * STAGE * 16);
+            const u32 len = (u32)min((i64)QSTEP_BYTES, row_bytes - (i64)s * QSTEP_BYTES);
 #pragma unroll
             for (int i = 0; i < NCH; ++i) {
-                const int c = lane + i * WARP;
-                const int uu = c / QCHUNKS, k = c - uu * QCHUNKS;
-                if (c < QTC_STAGE_INT4 && unit_live(uu)) {
-                    const u8* start = unit_row(uu) + (i64)s * QSTEP_BYTES;
-                    const int head = (int)((size_t)start & 15);
-                    if (16 * k < head + len) cp_async16(slot + c, reinterpret_cast<const int4*>(start - head) + k);
-                }
+                const u32 r = roff[i], k = (kq[i / 8] >> (4 * (i % 8))) & 15u;
+                const u8* start = (r & 0x80000000u ? m1 : m0) + (r & 0x7fffffffu);
+                const u32 head = (u32)(size_t)start & 15u;
+                // every loaded chunk holds a byte of its unit (no load leaves the weight's pages); a chunk past the
+                // unit, or of a dead unit, reads nothing from the step's first byte and is zero-filled
+                const bool ok = r != QTC_DEAD && 16 * k < head + len;
+                cp_async16(dst + 16 * WARP * i, ok ? start - head + 16 * k : m0, ok ? 16u : 0u);
             }
         }
         cp_async_commit();
@@ -513,6 +493,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
     // the mins' term: once a step by an MMA (QTcStepMins: Q2_K, a block per step), else per span and half
     constexpr bool STEP_MINS = QTcStepMins<QTYPE>::v && QB::qk == QSTEP, SPAN_MINS = QHasMin<QTYPE>::v && !STEP_MINS;
     static_assert(!(SPLIT16 && QHasMin<QTYPE>::v), "the mins' x sums assume a lane's 8 elements in one half");
+    constexpr bool STEP_D = QTcStepD<QTYPE>::v && QB::qk == QSTEP;
     const float* xrow[NN];
 #pragma unroll
     for (int nn = 0; nn < NN; ++nn) {
@@ -520,16 +501,24 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         xrow[nn] = n < nt ? x + (i64)pick(xr, n) * n_in + (SPLIT16 ? 4 : 8) * t : nullptr;
     }
 
+    // All NS slots are filled before the first wait, so a warp's whole slice is in flight at once where it has at
+    // most NS steps (T = 1: Q2_K gate/up 2-3 steps a warp in 3 slots, Q4_0 down 1-2 in 2; a ring filled NS - 1 deep
+    // left the last of them a second round trip behind); from step 1 on each step refills the slot step j - 1 used,
+    // so NS - 1 steps stay in flight while one is decoded. Groups: NS committed first, then one a step from j = 1:
+    // step j's is done when at most NS - 1 (j = 0) or NS - 2 (j >= 1) later ones are pending.
 #pragma unroll
-    for (int j = 0; j < NS - 1; ++j) issue(j);
+    for (int j = 0; j < NS; ++j) issue(j);
 #pragma unroll 1
     for (int j = 0; j < my_steps; ++j) {
-        cp_async_wait<NS - 2>();  // step j's group landed (this lane's copies) ...
-        __syncwarp();             // ... and every lane's; every lane is also done reading step j - 1's slot
-        issue(j + NS - 1);        // into the slot step j - 1 used
+        if (j == 0)  // step j's group landed (this lane's copies) ...
+            cp_async_wait<NS - 1>();
+        else
+            cp_async_wait<NS - 2>();
+        __syncwarp();                  // ... and every lane's; every lane is also done reading step j - 1's slot
+        if (j > 0) issue(j - 1 + NS);  // into the slot step j - 1 used
         const int s = kslice + j * ksplit;
-        const int4* slot = ring + (j % NS) * QTC_STAGE_INT4;
-        const u8* ub[QTC_MT][2];  // this lane's units (rows g, g + 8 of each m tile) in the slot
+        const int4* slot = ring + (j % NS) * STAGE;
+        const u8* ub[MT][2];  // this lane's units (rows g, g + 8 of each m tile) in the slot
         // An even block size makes the row stride even, so a lane's units (rows g + 8 j of one matrix) all have
         // the address mod 16 of row g: each unit is one base register per matrix plus a constant, and every load
         // of a span is [base + span offset + immediate] (no per-unit address add: ~3 instructions a qtc_frag)
@@ -541,7 +530,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                        ((size_t)(unit_row(uu) + (i64)s * QSTEP_BYTES) & 15);
         }
 #pragma unroll
-        for (int mt = 0; mt < QTC_MT; ++mt)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int uu = mt * 16 + g + 8 * h;
@@ -551,14 +540,30 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                     ub[mt][h] = reinterpret_cast<const u8*>(slot + uu * QCHUNKS) +
                                 ((size_t)(unit_row(uu) + (i64)s * QSTEP_BYTES) & 15);
             }
-        // (n_in is a multiple of 32, the block's; QTC_PROBE decodes nothing: launch_quant.QtcTune.probe)
+        // STEP_D: the span scale D is the block's (QTcStepD: one 256-element block a step), loaded and converted once
+        // a step for each of this lane's units instead of once a span (qtc_frag's own D is then dead code)
+        float Ds[MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) Ds[mt][h] = STEP_D ? qtc_step_d<QTYPE>(ub[mt][h]) : 0.0f;
+        // (n_in is a multiple of 32, the block's; QTC_PROBE decodes nothing: launch_quant.PROBE_DEFINES)
         const int n_sp = QTC_PROBE ? 0 : min(QSTEP, n_in - s * QSTEP) / 32;
         // STEP_MINS: the sub-block sums X_{2t}, X_{2t+1}, X_{2t+8}, X_{2t+9} of column g (B of the step's mins MMA)
         float xsb[NN][4];
 #pragma unroll
         for (int nn = 0; nn < NN; ++nn) xsb[nn][0] = xsb[nn][1] = xsb[nn][2] = xsb[nn][3] = 0.0f;
+        // The spans 4 at a time where a warp holds 2 m tiles and one column tile (with 4 m tiles the unrolled spans
+        // spill): sp = sp0 + i with sp0 a multiple of 4 and i compile-time, so a span's crumb plane (sp % 4), its
+        // scale constants and offsets fold into immediates, and the four spans' independent decode + MMA chains
+        // interleave (the T <= 2 launches are latency-bound: 12-16 warps an SM)
+        constexpr int SPAN_UNROLL = MT == 2 && NN == 1 ? 4 : 1;
 #pragma unroll 1
-        for (int sp = 0; sp < n_sp; ++sp) {
+        for (int sp0 = 0; sp0 < n_sp; sp0 += SPAN_UNROLL)
+#pragma unroll
+        for (int i = 0; i < SPAN_UNROLL; ++i) {
+            const int sp = sp0 + i;
+            if (sp >= n_sp) break;  // warp-uniform: the partial last step
             const int el = sp * 32 + 8 * t;  // this lane's group in the step
             const int blk = el / QB::qk, gi = el % QB::qk / 8;
             float xv[NN][8];
@@ -612,20 +617,20 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                     xsb[nn][3] = mine && !first ? v1 : xsb[nn][3];
                 }
             }
-            bool scaled[NN];
-            float unscale[NN][2];  // per B column, so one entry's size costs the others no precision
-            column_scales<NN>(big, scaled, unscale);
             // the B split and the m tiles, compiled twice: SC says some column of the warp is scaled (x times 2^-16,
-            // C times D unscale: 8 + 4 QTC_MT FMUL); the usual span has none (a warp-uniform branch)
+            // C times D unscale: 8 + 4 MT FMUL); the usual span has none (a warp-uniform branch), and needs no
+            // column scales either (their 4 shuffles a span are in the scaled branch only)
             auto mtiles = [&](auto sc_tag) {
                 constexpr bool SC = decltype(sc_tag)::v;
                 bool sc_cols[NN];
+                float unscale[NN][2];  // per B column, so one entry's size costs the others no precision
 #pragma unroll
-                for (int nn = 0; nn < NN; ++nn) sc_cols[nn] = SC && scaled[nn];
+                for (int nn = 0; nn < NN; ++nn) sc_cols[nn] = false, unscale[nn][0] = unscale[nn][1] = 1.0f;
+                if constexpr (SC) column_scales<NN>(big, sc_cols, unscale);
                 u32 bh[NN][2][2], bl[NN][2][2];  // [column tile][k tile][b0 / b1]
                 split_b_frags<NN, QTcFrag<QTYPE>::interleaved>(xv, sc_cols, bh, bl);
 #pragma unroll
-            for (int mt = 0; mt < QTC_MT; ++mt) {
+            for (int mt = 0; mt < MT; ++mt) {
                 u32 A[2][4], L[2][4];
                 float D[2], m[2];
 #pragma unroll
@@ -658,7 +663,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                     float* a = acc[mt * NN + nn];
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
-                        const float Dk = k < 2 ? D[0] : D[1];
+                        const float Dk = STEP_D ? Ds[mt][k >> 1] : D[k >> 1];
                         a[k] = fmaf(SC ? Dk * unscale[nn][k & 1] : Dk, c[nn][k], a[k]);
                         if (SPAN_MINS) {
                             const int h = k >> 1, col = k & 1;
@@ -700,7 +705,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                     split_f16x2(a, c, xh[nn][p], xl[nn][p]);
                 }
 #pragma unroll
-            for (int mt = 0; mt < QTC_MT; ++mt) {
+            for (int mt = 0; mt < MT; ++mt) {
                 u32 M[2][2];
                 float nd[2];
 #pragma unroll
@@ -723,7 +728,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
     cp_async_wait<0>();  // (only empty groups are left: every step's copies landed before it was decoded)
     __syncwarp();        // every lane is done with the ring: the ksplit sums [F][4][32] of warp w reuse w's ring
     auto part = [&](int w, int f, int k) -> float& {
-        return reinterpret_cast<float*>(qtc_ring + w * NS * QTC_STAGE_INT4)[(f * 4 + k) * WARP + lane];
+        return reinterpret_cast<float*>(qtc_ring + w * NS * STAGE)[(f * 4 + k) * WARP + lane];
     };
     if (!ksplit_reduce(acc, ksplit, kslice, true, [&](int f, int k) -> float& { return part(warp, f, k); },
                        [&](int sl, int f, int k) { return part(set * ksplit + sl, f, k); }))
@@ -749,23 +754,18 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 
 // blocks per SM the registers must allow: at 4 warps a block, 4 (<= 128 registers, 16 warps) for 2 m tiles per warp;
 // 3 (<= 168) for 4, whose ~57-64 KB rings fit only 3 blocks per SM anyway (128 registers would spill 30-220 bytes
-// a thread). Other QTC_WARPS keep those registers per thread (the same 16 or 12 warps an SM). ptxas -v (NVRTC,
-// sm_90, Q2_K, no spills in any of launch_quant.TUNE_GRID): qtc_gateup_t1 / qtc_expert_t1 132 / 167 registers by
-// default, 96 / 114 with QTC_MT 2 (also with 8 warps), 132 / 165 with the 24 KB ring; Q4_0 104 / 116 by default.
-#ifndef QTC_MIN_BLOCKS
-#define QTC_MIN_BLOCKS ((QTC_MT == 4 ? 12 : 16) / QTC_WARPS)
-#endif
-static_assert(QTC_WARPS == 2 || QTC_WARPS == 4 || QTC_WARPS == 8, "QTC_WARPS: 2, 4 or 8");
-static_assert(QTC_MT == 2 || QTC_MT == 4, "QTC_MT: 2 or 4 (the gate/up kernel takes half its m tiles of each)");
+// a thread). ptxas -v (NVRTC, sm_90, no spills): see launch_quant.py's notes at the commit that measured them.
+#define QTC_MIN_BLOCKS(NT) ((qtc_mt(NT) == 4 ? 12 : 16) / QTC_WARPS)
+static_assert(qtc_mt(1) == 2 && (qtc_mt(4) == 2 || qtc_mt(4) == 4), "the gate/up kernel takes half its m tiles of each");
 #define QTC_KERNELS(NT)                                                                                                \
-    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_MIN_BLOCKS)                                     \
+    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_MIN_BLOCKS(NT))                                 \
         qtc_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,            \
                          const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, float* y,      \
                          int n_out, int ksplit, int act, float div, const float* mul, int mul_st, int mul_so) {        \
         qtc_grouped<NT, false>(W, W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div,     \
                                n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);                                 \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_MIN_BLOCKS)                                     \
+    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_MIN_BLOCKS(NT))                                 \
         qtc_gateup_t##NT(const u8* Wg, const u8* Wu, i64 expert_stride, i64 row_stride, int n_expert,                  \
                          const int* g_expert, const int* g_count, const int* g_entries, const float* x, int x_div,     \
                          int n_in, float* y, int n_out, int ksplit) {                                                  \

@@ -1,6 +1,7 @@
 // moe.cu: softmax top-k router and the weighted combine of routed expert outputs (strata_cli/ops/moe.py).
 // The expert projections are gemv.cu / gemv_quant.cu launches over moe_group's groups of the J = T*K entries
-// (gemv_expert_*, qgemv_expert_*; for block types h is one qgemv_gateup_* launch reading gate and up together):
+// (gemv_expert_*, gemv_expert_q8r_*, qtc_expert_*; for block types h is one qtc_gateup_* launch reading gate and up
+// together):
 //   h     = silu(W_gate[e] . x[t]) * (W_up[e] . x[t])    [J, F]
 //   parts = W_down[e] . h[j]                             [J, D]
 //   out   = moe_combine(parts, w, shared)                [T, D]

@@ -834,6 +834,13 @@ template <> __device__ __forceinline__ void qtc_min_frag<T_Q2_K>(const u8* b, in
     nd = -f16_bits_to_float((u16)pl16<QAL(T_Q2_K, 2)>(b + 82));
 }
 
+// ---- The span scale D of the types whose D is one per 256-element block (QTcStepD): the GEMV loads it once a step
+// (qtc_step_d(blk)) instead of taking qtc_frag's D every span; the same value qtc_frag gives.
+template <int TYPE> struct QTcStepD { static constexpr bool v = false; };
+template <> struct QTcStepD<T_Q2_K> { static constexpr bool v = true; };
+template <int TYPE> __device__ __forceinline__ float qtc_step_d(const u8* __restrict__ b) { return 0.0f; }
+template <> __device__ __forceinline__ float qtc_step_d<T_Q2_K>(const u8* b) { return pf16<QAL(T_Q2_K, 16)>(b + 80); }
+
 // Q2_K: crumb q at bit 2k of its byte, times the 4-bit sub-block scale sc (qtc8's a = sc q); D = d, m = -dmin mn
 template <> __device__ __forceinline__ void qtc_frag<T_Q2_K>(const u8* b, int g, u32 (&A)[4], u32 (&L)[4], float& D,
                                                             float& m) {

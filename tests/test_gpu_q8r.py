@@ -81,29 +81,36 @@ def test_hc_read_with_packed_down_inject(T, inject):
 
 @pytest.mark.parametrize("T", (1, 2, 3, 7, 16))
 @pytest.mark.parametrize("K", (1, 4))
-def test_routed_experts_match_reference(T, K):
+@pytest.mark.parametrize("tc", (False, True), ids=("cuda", "tc"))
+def test_routed_experts_match_reference(T, K, tc):
+    """Both grouped expert kernels (gemv_expert_q8r_t* and, for a window whose path has gemv_tc, T >= 2,
+    gemv_expert_q8r_tc_t*): 96-row experts (a tensor-core warp's 64 rows then half empty in its second warp), 5-block
+    rows, groups of 1 .. 16 entries (16: two MMA column tiles), a bad id."""
     from strata_cli.gpu import launch_moe
+    from strata_cli.gpu import launch_util as U
 
     rng = np.random.default_rng(T * 10 + K)
-    E, F, D = 7, 64, 96
+    E, F, D = 7, 96, 160
     gate, gate_p = _packed(rng, (E, F, D), 0.3)
     up, up_p = _packed(rng, (E, F, D), 0.3)
     down, down_p = _packed(rng, (E, D, F), 0.3)
     x = rng.standard_normal((T, D)).astype(np.float32)
     ids, w = moe.router_topk(rng.standard_normal((T, E)).astype(np.float32), K)
-    if T == 7:  # several rows on one expert: groups with several entries
+    if T >= 7:  # several rows on one expert: groups with several entries
         ids[:, 0] = 2
     want = moe.routed_experts_raw(x, ids, w, gate, up, down, (Q8_0,) * 3)
-    got = launch_moe.routed_experts(to_dev(x), to_dev(ids), to_dev(w), to_dev(gate_p), to_dev(up_p),
-                                    to_dev(down_p), (R32,) * 3, out=poisoned((T, D)))
-    assert_close("routed_experts q8r", want, got)
-    if T == 3:  # an expert id out of range turns only its row NaN
-        bad = ids.copy()
-        bad[1, 0] = E
-        got = launch_moe.routed_experts(to_dev(x), to_dev(bad), to_dev(w), to_dev(gate_p), to_dev(up_p),
-                                        to_dev(down_p), (R32,) * 3).get()
-        assert np.isnan(got[1]).all()
-        assert_close("good rows", want[[0, 2]], got[[0, 2]])
+    with U.recording_path(U.WindowPath(gemv_tc=tc)):
+        assert U.q8r_tensor_cores(T) == (tc and T >= 2)
+        got = launch_moe.routed_experts(to_dev(x), to_dev(ids), to_dev(w), to_dev(gate_p), to_dev(up_p),
+                                        to_dev(down_p), (R32,) * 3, out=poisoned((T, D)))
+        assert_close(f"routed_experts q8r {'tc' if tc else 'cuda'}", want, got)
+        if T == 3:  # an expert id out of range turns only its row NaN
+            bad = ids.copy()
+            bad[1, 0] = E
+            got = launch_moe.routed_experts(to_dev(x), to_dev(bad), to_dev(w), to_dev(gate_p), to_dev(up_p),
+                                            to_dev(down_p), (R32,) * 3, out=poisoned((T, D))).get()
+            assert np.isnan(got[1]).all()
+            assert_close("good rows", want[[0, 2]], got[[0, 2]])
 
 
 @pytest.mark.parametrize("T,K", [(1, 5), (2, 3), (4, 2), (7, 3), (8, 4), (16, 1)])
@@ -183,8 +190,10 @@ def test_shared_expert_matches_reference(T):
     assert_close("shared_expert q8r", want, got)
 
 
-def test_graph_replay_is_bit_identical_to_eager():
-    """Dense (with the z-split reduce) and grouped packed GEMVs captured in one graph replay to the same bits."""
+@pytest.mark.parametrize("tc", (False, True), ids=("cuda", "tc"))
+def test_graph_replay_is_bit_identical_to_eager(tc):
+    """Dense (with the z-split reduce) and grouped packed GEMVs captured in one graph replay to the same bits, on
+    either window path (the grouped experts' CUDA-core or tensor-core kernels)."""
     import cupy as cp
 
     from strata_cli.gpu import launch_gemv, launch_moe
@@ -207,7 +216,8 @@ def test_graph_replay_is_bit_identical_to_eager():
                                   stream=stream)
 
     assert U.q8r_split(32, D, T, max_z=U.GEMV_MAX_ZSPLIT)[1] > 1  # the dense GEMV splits across blocks
-    assert_replay_equals_eager(record, (y, out))
+    with U.recording_path(U.WindowPath(gemv_tc=tc)):
+        assert_replay_equals_eager(record, (y, out))
 
 
 # The tensor-core kernels (gemv_q8r_tc_t<NT>, tensor_cores=True; windows of T >= 4 by default) for T >= 2. Their error against the exact

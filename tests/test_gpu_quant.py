@@ -22,18 +22,6 @@ from strata_cli.synth.blocks import random_tensor
 pytestmark = pytest.mark.gpu
 
 IDS = [Q.TYPE_NAMES[t] for t in TYPES]
-# the grouped expert GEMVs' two kernel families (launch_util.WindowPath.expert_tc picks one per T)
-EXPERT_PATHS = {"tc": U.WindowPath(gemv_tc=False, expert_tc=True),
-                "cuda": U.WindowPath(gemv_tc=False, expert_tc=False)}
-
-
-@pytest.fixture(params=sorted(EXPERT_PATHS))
-def expert_path(request):
-    """Every launch of the test takes one expert-GEMV family: qtc_* (tensor cores) or qgemv_expert_* / gateup."""
-    with U.recording_path(EXPERT_PATHS[request.param]):
-        yield request.param
-
-
 def _widths(ggml_type):
     """Odd input widths: one block, a step and a half, several steps (QK 32, 64 or 256)."""
     qk = Q.BLOCK[ggml_type][0]
@@ -78,7 +66,7 @@ def test_gemv_epilogue_and_zsplit(ggml_type):
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
 @pytest.mark.parametrize("K", (1, 4))
-def test_routed_experts_every_type(ggml_type, K, expert_path):
+def test_routed_experts_every_type(ggml_type, K):
     from strata_cli.gpu import launch_moe
 
     rng = np.random.default_rng(10 * ggml_type + K)
@@ -97,7 +85,7 @@ def test_routed_experts_every_type(ggml_type, K, expert_path):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
-def test_gateup_one_launch_odd_rows_and_bad_id(ggml_type, expert_path):
+def test_gateup_one_launch_odd_rows_and_bad_id(ggml_type):
     """launch_gateup_quant alone: silu(gate . x) * (up . x) per entry on an odd expert width (rows past the last
     warp's), odd windows and groups of 1 .. 16 entries; an expert id out of range writes NaN to its entry only."""
     import cupy as cp
@@ -132,7 +120,7 @@ def test_gateup_one_launch_odd_rows_and_bad_id(ggml_type, expert_path):
         assert_close(f"gateup {Q.TYPE_NAMES[ggml_type]} T={T}", g / (1.0 + np.exp(-g)) * u, got[ok], floor=0.05)
 
 
-def test_routed_experts_gate_up_of_two_types_run_apart(expert_path):
+def test_routed_experts_gate_up_of_two_types_run_apart():
     """Gate and up of different block types take two launches (the fused one needs one type); same result."""
     from strata_cli.gpu import launch_moe
 
@@ -173,13 +161,13 @@ def test_gemv_long_rows_and_row_views(ggml_type, monkeypatch):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=IDS)
-def test_routed_experts_long_rows(ggml_type, monkeypatch, expert_path):
+def test_routed_experts_long_rows(ggml_type, monkeypatch):
     """Grouped expert GEMVs with split-K off over a long input axis (19 steps of 256 per warp for gate / up: the
     tensor-core kernels' stage ring wraps several times)."""
     from strata_cli.gpu import launch_moe, launch_quant
 
     monkeypatch.setattr(launch_quant, "QUANT_TARGET_WARPS", 1)
-    monkeypatch.setattr(launch_quant, "TUNE", launch_quant.QtcTune(target_warps=1))
+    monkeypatch.setattr(launch_quant, "QTC_TARGET_WARPS", 1)
     assert launch_quant.qtc_split(1, 19 * 256) == 1
     rng = np.random.default_rng(11 * ggml_type + 3)
     E, F, D, K = 5, 256, 19 * 256, 2
@@ -231,12 +219,11 @@ def test_tensor_core_experts_odd_shapes(ggml_type):
             g[ok] = np.stack([ref.gemv(gate[i], ggml_type, D, x[t:t + 1])[0] for t, i in zip(rows[ok], e[ok])])
             u[ok] = np.stack([ref.gemv(up[i], ggml_type, D, x[t:t + 1])[0] for t, i in zip(rows[ok], e[ok])])
             mul = rng.standard_normal((J, F)).astype(np.float32)
-            with U.recording_path(EXPERT_PATHS["tc"]):
-                h = poisoned((J, F))
-                launch_quant.launch_gateup_quant(gd, ud, ggml_type, stride, E, groups, J, T, to_dev(x), K, D, h)
-                y = poisoned((J, F))
-                launch_quant.launch_expert_gemv_quant(gd, ggml_type, stride, E, groups, J, T, to_dev(x), K, D, y,
-                                                      act=U.ACT_SILU, mul=to_dev(mul), mul_strides=(F, 1))
+            h = poisoned((J, F))
+            launch_quant.launch_gateup_quant(gd, ud, ggml_type, stride, E, groups, J, T, to_dev(x), K, D, h)
+            y = poisoned((J, F))
+            launch_quant.launch_expert_gemv_quant(gd, ggml_type, stride, E, groups, J, T, to_dev(x), K, D, y,
+                                                  act=U.ACT_SILU, mul=to_dev(mul), mul_strides=(F, 1))
             name = f"{Q.TYPE_NAMES[ggml_type]} D={D} T={T}"
             with np.errstate(over="ignore"):
                 silu = g / (1.0 + np.exp(-g))
@@ -254,7 +241,7 @@ REAL_TYPES = {"q2_k-q4_0": (Q.Q2_K, Q.Q2_K, Q.Q4_0), "q4_0": (Q.Q4_0,) * 3}
 
 
 @pytest.mark.parametrize("types", list(REAL_TYPES.values()), ids=list(REAL_TYPES))
-def test_routed_experts_real_shapes(types, expert_path):
+def test_routed_experts_real_shapes(types):
     """Flash-Next's expert shapes as bench/quant_gemv_bench.py times them (E = 512 experts of gate / up [640 x 2560]
     and down [2560 x 640], top-10, T = 1, 2, 8: J = 80 entries, groups of up to 8, the down launch over J rows of h):
     12 experts spread over 0 .. 511 hold valid random blocks, the rest random bytes that are never read; against
@@ -298,9 +285,8 @@ def test_gather_rows_bit_exact(ggml_type):
 
 
 @pytest.mark.parametrize("ggml_type", (Q.Q4_K, Q.IQ2_XS, Q.Q5_0, Q.IQ1_M, Q.NVFP4), ids=lambda t: Q.TYPE_NAMES[t])
-def test_graph_replay_is_bit_identical_to_eager(ggml_type, expert_path):
-    """A z-split dense GEMV and the grouped expert GEMVs (each family) captured in one graph replay to the eager
-    bits."""
+def test_graph_replay_is_bit_identical_to_eager(ggml_type):
+    """A z-split dense GEMV and the grouped expert GEMVs captured in one graph replay to the eager bits."""
     import cupy as cp
 
     from strata_cli.gpu import launch_gemv, launch_moe

@@ -1,6 +1,7 @@
 """bench/quant_gemv_bench.py's own device work on the real shapes (skipped without a GPU): its timing launches run in
-memory that held garbage (reused pool blocks, as after an earlier type or path in the same process), for both
-expert paths and a tune variant, without a fault, and its reference check passes for each.
+memory that held garbage (reused pool blocks, as after an earlier type or variant in the same process), for the
+default kernels and each type's A/B variant, without a fault, and its reference check passes for each (but the
+probe's, wrong by design); its dense Q8_0 rows' checks pass.
 
 Why: the bench made its routings on the legacy default stream and timed on a non-blocking stream, which does not
 wait for the default stream: the eager warm-up read moe_group's outputs before they were written. Fresh device
@@ -46,32 +47,41 @@ def _garbage(stream, nbytes):
 def test_bench_times_real_shapes_in_reused_memory(qbench, type_name):
     import cupy as cp
 
-    from strata_cli.gpu import launch_quant
-    from strata_cli.gpu import launch_util as U
     from strata_cli.gpu.graphs import new_stream
     from strata_cli.model import quants as Q
 
     t = Q.TYPE_IDS[type_name]
     stream = new_stream()
     rng = np.random.default_rng(3)
-    variant = launch_quant.QtcTune(warps=8, mt=2, target_warps=8192)
-    assert variant in launch_quant.TUNE_GRID
-    runs = [("tc", launch_quant.TUNE), ("cuda", launch_quant.TUNE), ("tc", variant)]
-    if not qbench.uses_quant_kernels(t):
-        runs = runs[:1]  # (Q8_0: gemv_q8r.cu, the same kernels on every path)
+    # the default kernels and the type's A/B variant (Q2_K: the decode-free probe, whose sums are wrong by design;
+    # Q8_0: the grouped GEMVs before this version, ring of 2 and CUDA cores at every T)
+    variants = [qbench.DEFAULT, qbench.Variant("probe", qtc=("QTC_PROBE=1",)),
+                qbench.Variant("old", q8r=qbench.Q8R_OLD, cuda_cores=True)]
+    variants = [v for v in variants if v.applies(t)]
+    assert len(variants) == 2
     check = qbench.make_check(t, (1, 8), rng, stream)
-    for path, tune in runs:
+    for v in variants:
         _garbage(stream, 3 * 10**9)
         experts = qbench.Experts(t, (1, 8), 2, stream, rng)
-        default, launch_quant.TUNE = launch_quant.TUNE, tune
-        try:
-            with U.recording_path(qbench.PATHS[path]):
-                err = qbench.check_rel_err(check, stream)
-                assert err < 2e-3, f"{type_name} {path} {tune.label()}: rel_err {err:.1e}"
-                for T in (1, 8):
-                    r = experts.times(T, stream)
-                    assert all(ms > 0 for ms in r["ms"].values()) and r["bytes"]["moe"] > 0
-        finally:
-            launch_quant.TUNE = default
+        with qbench.variant_kernels(v):
+            err = qbench.check_rel_err(check, stream)
+            if v.label != "probe":
+                assert err < 2e-3, f"{type_name} {v.label}: rel_err {err:.1e}"
+            for T in (1, 8):
+                r = experts.times(T, stream)
+                assert all(ms > 0 for ms in r["ms"].values()) and r["bytes"]["moe"] > 0
         cp.cuda.Device().synchronize()  # a fault of the timed launches is raised here at the latest
         experts.free()
+
+
+def test_bench_dense_q8_0_rows_check_the_real_shapes(qbench, monkeypatch):
+    """The dense Q8_0 rows: each shape's check against numpy passes (both window paths: T = 1 CUDA cores, T = 4
+    tensor cores) and its timing runs; the head left out (675 MB) to keep the test short."""
+    from strata_cli.gpu.graphs import new_stream
+
+    monkeypatch.setattr(qbench, "DENSE_SHAPES", {k: v for k, v in qbench.DENSE_SHAPES.items() if k != "head"})
+    rows = qbench.dense_rows((1, 4), 2, new_stream(), np.random.default_rng(5), 4000.0)
+    assert len(rows) == 2 * len(qbench.DENSE_SHAPES)
+    assert [r["path"] for r in rows[:2]] == ["q8r", "q8r_tc"]
+    for r in rows:
+        assert r["rel_err"] < 2e-3 and r["gbs"] > 0, r

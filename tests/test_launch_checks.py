@@ -123,57 +123,34 @@ def test_window_paths_are_chosen_by_window_size():
     assert not U.q8r_tensor_cores(2)
     assert U.q8r_split(248320, 2560, 8, rpw=64) == (2, 1)  # the head: 3880 warps of 64 rows, 40 blocks each
     assert U.q8r_split(320, 10240, 8, max_z=8, rpw=64) == (8, 8)
-    assert [U.expert_tensor_cores(t) for t in (1, 2, 4, 8, 16)] == [p.expert_tc for p in
-                                                                    map(U.window_path, (1, 2, 4, 8, 16))]
-    with U.recording_path(U.WindowPath(gemv_tc=False, expert_tc=False)):
-        assert not U.expert_tensor_cores(8)
 
 
 def test_tensor_core_expert_launch_geometry():
-    """launch_quant's mirrors of kernels/gemv_quant.cu's QTC_* constants: the shared memory of a block (4 warps x
-    2-4 stages of 32 staged row units) stays within an H200 SM's 227 KB and fits 3+ blocks; ksplit fills ~2048 warps
-    on Flash-Next's expert shapes without leaving a warp without a step."""
+    """launch_quant's mirrors of kernels/gemv_quant.cu's QTC_* geometry (qtc_mt, qtc_nstage, qtc_smem_bytes by window
+    bucket): the shared memory of a block (4 warps x 2-4 stages of 16 qtc_mt staged row units) stays within an H200
+    SM's 227 KB and fits 3+ blocks; 2 m tiles a warp at T <= 2, 4 from T = 4 for the <= 3.5-bit types; ksplit fills
+    ~2048 warps on Flash-Next's expert shapes without leaving a warp without a step."""
     from strata_cli.gpu import launch_quant as L
 
     for t in L.TYPES:
-        stage = 16 * 16 * L.qtc_mt(t) * ((U.row_stride(t, 256) + 30) // 16)
-        assert L.qtc_smem_bytes(t) % stage == 0 and 2 <= L.qtc_smem_bytes(t) // (L.TUNE.warps * stage) <= 4
-        assert 3 * L.qtc_smem_bytes(t) <= 227 * 1024
-    assert [L.qtc_mt(t) for t in (quants.Q2_K, quants.IQ2_XS, quants.Q4_0, quants.Q6_K)] == [4, 4, 2, 2]
-    assert L.qtc_smem_bytes(quants.Q2_K) == 4 * 2 * 64 * 7 * 16  # 84-byte steps: 7 chunks, 64 rows, 2 stages
-    assert L.qtc_smem_bytes(quants.Q4_0) == 4 * 2 * 32 * 10 * 16  # 144-byte steps: 10 chunks, 32 rows
-    assert L.qtc_split(20 * 10, 2560) == 4  # T = 1 gate/up Q2_K: 10 experts x 20 sets of 32 rows, 10 steps
+        for T in (1, 2, 4, 8, 16):
+            stage = 16 * 16 * L.qtc_mt(t, T) * ((U.row_stride(t, 256) + 30) // 16)
+            assert L.qtc_smem_bytes(t, T) % stage == 0 and 2 <= L.qtc_smem_bytes(t, T) // (L.QTC_WARPS * stage) <= 4
+            assert 3 * L.qtc_smem_bytes(t, T) <= 227 * 1024
+            assert (16 * L.qtc_mt(t, T) * ((U.row_stride(t, 256) + 30) // 16)) % 32 == 0  # NCH chunks every lane
+    assert [L.qtc_mt(t, 8) for t in (quants.Q2_K, quants.IQ2_XS, quants.Q4_0, quants.Q6_K)] == [4, 4, 2, 2]
+    assert [L.qtc_mt(quants.Q2_K, T) for T in (1, 2, 3, 4, 16)] == [2, 2, 4, 4, 4]
+    assert L.qtc_smem_bytes(quants.Q2_K, 8) == 4 * 2 * 64 * 7 * 16  # 84-byte steps: 7 chunks, 64 rows, 2 stages
+    assert L.qtc_smem_bytes(quants.Q2_K, 1) == 4 * 3 * 32 * 7 * 16  # 32 rows: 3 stages of 3.5 KB in 12 KB
+    assert L.qtc_smem_bytes(quants.Q4_0, 1) == 4 * 2 * 32 * 10 * 16  # 144-byte steps: 10 chunks, 32 rows
+    assert L.qtc_split(40 * 10, 2560) == 4  # T = 1 gate/up Q2_K: 10 experts x 40 sets of 16 rows each, 10 steps
     assert L.qtc_split(80 * 10, 640) == 2  # T = 1 down Q4_0: 80 sets of 32 rows, 2.5 steps
     assert L.qtc_split(20 * 80, 2560) == 2  # T = 8 gate/up: 80 groups (1600 sets)
     assert L.qtc_split(80 * 80, 640) == 1  # T = 8 down
     assert L.qtc_split(1, 256) == 1
-    assert L.qtc_grid(quants.Q2_K, True, 640, 10, 2560) == ((20, 10, 1), 4, 4 * 2 * 64 * 7 * 16)
-
-
-def test_tensor_core_tune_grid():
-    """bench/quant_gemv_bench.py --tune's variants (launch_quant.TUNE_GRID): the default compiles to today's source
-    (no defines), a variant's defines name only what differs for the type, each variant is distinct, within the
-    kernel's static_asserts, and every block of it fits an SM's 227 KB; launch_quant follows TUNE (the grid of the
-    T = 1 Q2_K gate/up launch under each)."""
-    from strata_cli.gpu import launch_quant as L
-
-    assert L.TUNE == L.TUNE_GRID[0] == L.QtcTune() and L.QtcTune().label() == "default"
-    assert all(L.QtcTune().defines(t) == () for t in L.TYPES)
-    assert len(set(L.TUNE_GRID)) == len(L.TUNE_GRID)
-    assert L.QtcTune(warps=8, mt=2).defines(quants.Q2_K) == ("QTC_WARPS=8", "QTC_MT=2")
-    assert L.QtcTune(warps=8, mt=2).defines(quants.Q4_0) == ("QTC_WARPS=8",)  # Q4_0 takes 2 m tiles anyway
-    assert L.QtcTune(target_warps=1).defines(quants.Q2_K) == ()  # launcher only: the default module
-    assert L.QtcTune(probe=True).defines(quants.Q2_K) == ("QTC_PROBE=1",)
-    assert L.QtcTune(warps=8, mt=2, target_warps=8192).label() == "warps=8,mt=2,target_warps=8192"
-    for tune in L.TUNE_GRID:
-        assert tune.warps in (2, 4, 8) and tune.mt in (0, 2, 4)
-        for t in L.TYPES:
-            assert L.qtc_smem_bytes(t, tune) <= 227 * 1024
-        grid, ksplit, _ = L.qtc_grid(quants.Q2_K, True, 640, 10, 2560, tune)
-        assert tune.warps % ksplit == 0
-        assert grid[0] * (tune.warps // ksplit) * 8 * L.qtc_mt(quants.Q2_K, tune) >= 640  # every row has a warp
-    assert L.qtc_grid(quants.Q2_K, True, 640, 10, 2560, L.QtcTune(warps=8, mt=2, target_warps=8192))[:2] == \
-        ((40, 10, 1), 8)  # 10 x 40 row sets of 16 rows, split 8 ways: 3200 warps
+    assert L.qtc_grid(quants.Q2_K, True, 640, 10, 2560, 1) == ((40, 10, 1), 4, 4 * 3 * 32 * 7 * 16)
+    assert L.qtc_grid(quants.Q2_K, True, 640, 80, 2560, 8) == ((10, 80, 1), 2, 4 * 2 * 64 * 7 * 16)
+    assert L.qtc_defines == () and L.PROBE_DEFINES == ("QTC_PROBE=1",)
 
 
 def test_launchers_reject_bad_arguments_before_touching_the_device():

@@ -137,6 +137,11 @@ extern "C" void min_frag_words(const u8* blk, int t, u32* w, float* nd) {
     if constexpr (QTcStepMins<QTYPE>::v) qtc_min_frag<QTYPE>(blk, t, w[0], w[1], *nd);
 }
 extern "C" int tc_has_min(void) { return QHasMin<QTYPE>::v; }
+extern "C" int tc_step_d(void) { return QTcStepD<QTYPE>::v; }
+// qtc_step_d (the GEMV's span scale, loaded once a 256-element step) of each of n contiguous blocks
+extern "C" void step_d_blocks(const u8* blocks, long n_blocks, float* d_out) {
+    for (long b = 0; b < n_blocks; ++b) d_out[b] = qtc_step_d<QTYPE>(blocks + b * QBlock<QTYPE>::bytes);
+}
 // one lane's A words of group g of the block at blk (the tensor-core GEMV's qtc_frag)
 extern "C" void frag_words(const u8* blk, int g, u32* A, u32* L, float* D, float* m) {
     u32 a[4], l[4] = {0, 0, 0, 0};
@@ -194,7 +199,8 @@ def _decoder(cxx, tmp_path, ggml_type):
     lib.decode_blocks_frag.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 3
     lib.frag_words.argtypes = [ctypes.c_void_p, ctypes.c_int] + [ctypes.c_void_p] * 4
     lib.tc_interleaved.restype = lib.tc_has_min.restype = lib.tc_split16.restype = ctypes.c_int
-    lib.tc_step_mins.restype = ctypes.c_int
+    lib.tc_step_mins.restype = lib.tc_step_d.restype = ctypes.c_int
+    lib.step_d_blocks.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
     lib.ggml_type = ggml_type
     lib.min_frag_words.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     return fn, fn_q, lib
@@ -236,7 +242,8 @@ def test_device_decoder_is_bit_identical_to_gguf(cxx, tmp_path, ggml_type):
 def test_tensor_core_folded_form_is_exact(cxx, tmp_path, ggml_type):
     """qtc8 (the tensor-core expert GEMVs' A operand): fl(fl(D a) + m) is gguf's float bit for bit; every a is exact
     in f16 (QTcLo types: an integer of at most 4096, split into two exact f16 by the GEMV); D is one value per
-    32-element span and m one per 16 elements, as the MMA's per-span scaling assumes."""
+    32-element span and m one per 16 elements, as the MMA's per-span scaling assumes; for the QTcStepD types (Q2_K)
+    qtc_step_d, which the GEMV loads once a step, is that D for the whole block."""
     _, _, lib = _decoder(cxx, tmp_path, ggml_type)
     elems, size = Q.BLOCK[ggml_type]
     rng = np.random.default_rng(50 + ggml_type)
@@ -271,6 +278,13 @@ def test_tensor_core_folded_form_is_exact(cxx, tmp_path, ggml_type):
         for what, x, y in (("a", fa, a), ("D", fd, d), ("m", fm, m)):
             same = (x == y) | (np.isnan(x) & np.isnan(y))
             assert same.all(), f"{name}: qtc_frag's {what} differs from qtc8's at {np.flatnonzero(~same)[:5]}"
+        if lib.tc_step_d():  # the GEMV's once-a-step D (QTcStepD) is qtc_frag's D of every group of the block
+            assert elems == 256
+            sd = np.empty(n_blocks, np.float32)
+            lib.step_d_blocks(blocks.ctypes.data, n_blocks, sd.ctypes.data)
+            per = np.repeat(sd, elems)
+            same = (per == fd) | (np.isnan(per) & np.isnan(fd))
+            assert same.all(), f"{name}: qtc_step_d differs from qtc_frag's D at {np.flatnonzero(~same)[:5]}"
 
 
 def _folded(lib, blocks: np.ndarray, n_elems: int):

@@ -44,7 +44,8 @@ def source(name: str, defines: tuple[str, ...] = ()) -> str:
     """The C source of module `name`: kernels/<name>.cu, or for '<file>.<variant>' a generated head (gemv: the
     type's define; gemv_quant: the block type's defines and tables, gpu/quant_source.py) followed by
     kernels/<file>.cu. defines: 'NAME=VALUE' lines put first (a launcher's compile-time tunables, e.g.
-    launch_quant.QtcTune's; none: the source as it has always been, so the kernel cache keeps its entries)."""
+    the bench's launch_quant.PROBE_DEFINES; none: the source as it has always been, so the kernel cache keeps its
+    entries)."""
     base, _, variant = name.partition(".")
     code = (kernels_dir() / f"{base}.cu").read_text()
     from . import quant_source

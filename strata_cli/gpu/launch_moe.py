@@ -135,9 +135,12 @@ def launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, n_groups, 
     epilogue = (np.int32(act), np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1]))
     if ggml_type == U.Q8_0_R32:
         U.check_vector_rows("x", x)
-        ksplit, _ = U.q8r_split(n_out, n_in, T, n_matrices=J)
-        grid, block = U.expert_grid(n_out, J, ksplit, rpw=U.q8r_rows_per_warp(T))
-        nvrtc.kernel("gemv_q8r", f"gemv_expert_q8r_t{U.nt_bucket(T)}")(grid, block, (
+        # mma.sync where the window's dense GEMVs take it (launch_util.WINDOW_PATHS), else CUDA cores
+        tc = U.q8r_tensor_cores(T)
+        rpw = U.Q8R_GROUP * U.Q8T_LANE_ROWS if tc else U.q8r_rows_per_warp(T)
+        ksplit, _ = U.q8r_split(n_out, n_in, T, n_matrices=J, rpw=rpw)
+        grid, block = U.expert_grid(n_out, J, ksplit, rpw=rpw)
+        nvrtc.kernel("gemv_q8r", f"gemv_expert_q8r_{'tc_' if tc else ''}t{U.nt_bucket(T)}")(grid, block, (
             w, np.int64(expert_stride), np.int32(n_expert), g_expert, g_count, g_entries, x, np.int32(x_div),
             np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), *epilogue))
         return

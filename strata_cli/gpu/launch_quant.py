@@ -8,16 +8,14 @@ The GEMVs stage whole blocks of a warp's rows in shared memory with 16-byte load
 (kernels/gemv_quant.cu); they need the weight's base address at the block's natural alignment (quant_decode.cuh
 QAl), which every GGUF tensor and every row or expert view of one has (check_block_align says so otherwise).
 The routed experts' gate and up projections of one type run as one launch (launch_gateup_quant). The grouped expert
-GEMVs have two kernel families: the CUDA-core qgemv_expert_* / qgemv_gateup_* and the tensor-core qtc_expert_* /
-qtc_gateup_* (mma.sync over the exact folded q-form, cp.async stage rings); launch_util.expert_tensor_cores(T), the
-window's WindowPath, picks one per T.
+GEMVs run on tensor cores (qtc_expert_* / qtc_gateup_*: mma.sync over the exact folded q-form, cp.async stage rings)
+at every T: on the H200 at 35b700f they tied the CUDA-core qgemv_expert_* / qgemv_gateup_* at T = 1 and won at every
+other T and type, so those went.
 
 Legend: T window rows, n_in / n_out GEMV widths, J (row, slot) entries of the MoE, N gathered rows.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -32,61 +30,26 @@ QROWS = {1: 4, 2: 4, 4: 4, 8: 2, 16: 2}  # output rows per warp by window bucket
 QUANT_TARGET_WARPS = 4096  # split K until a launch has about this many warps ...
 QUANT_MIN_STEPS = 1  # ... but leave every warp at least this many 256-element steps
 GATHER_BLOCK = 256
-QTC_MT4_BYTES = 8192  # a warp takes 4 m tiles of 16 rows where a 64-row stage fits this, else 2 (QTC_MT)
 SMEM_DEFAULT = 48 * 1024  # dynamic shared memory a launch gets without raising the kernel's limit
 _raised_smem: set = set()
-
-
-@dataclass(frozen=True)
-class QtcTune:
-    """The tensor-core grouped expert GEMVs' tunables (kernels/gemv_quant.cu QTC_*: what a block holds and how many
-    bytes each warp keeps in flight) and the launcher's split-K target. The defaults are the kernels'; another value
-    of a compiled one goes into the type's module as a define (defines(type)), so each variant is its own module.
-    bench/quant_gemv_bench.py --tune times TUNE_GRID; the winner becomes the one default and the rest goes."""
-
-    warps: int = 4  # QTC_WARPS: warps per block (2, 4, 8)
-    mt: int = 0  # QTC_MT: m tiles of 16 rows per warp (2, 4); 0: 4 where a 64-row stage fits QTC_MT4_BYTES
-    ring_bytes: int = 12288  # QTC_RING_BYTES: shared memory per warp the stage ring aims at (2 .. 4 stages)
-    target_warps: int = 2048  # split K until a launch has about this many warps, one step each at least
-    probe: bool = False  # QTC_PROBE: stream the weights through the rings but decode nothing (wrong sums: a probe
-    # of what the grid and the rings alone reach, so the bench shows how much of the time the decode takes)
-
-    def defines(self, ggml_type: int) -> tuple[str, ...]:
-        """The defines of the type's module: the compiled tunables whose value for the type differs from the
-        kernel's default (none for the default tune: the module it has always been)."""
-        out = []
-        if self.warps != 4:
-            out.append(f"QTC_WARPS={self.warps}")
-        if qtc_mt(ggml_type, self) != qtc_mt(ggml_type, QtcTune()):
-            out.append(f"QTC_MT={self.mt}")
-        if self.ring_bytes != 12288:
-            out.append(f"QTC_RING_BYTES={self.ring_bytes}")
-        if self.probe:
-            out.append("QTC_PROBE=1")
-        return tuple(out)
-
-    def label(self) -> str:
-        base = QtcTune()
-        diff = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
-                if getattr(self, f.name) != getattr(base, f.name)]
-        return ",".join(diff) or "default"
-
-
-TUNE = QtcTune()  # what every launch uses (the bench's sweep replaces it while it times a variant)
-# The sweep of bench/quant_gemv_bench.py --tune (kernels/gemv_quant.cu: the T = 1 occupancy math it spans). 8 warps
-# a block go with 2 m tiles: 16 warps an SM at <= 128 registers (4 m tiles need ~168: 1 block of 8 warps an SM).
-# Shared memory a block (stages), Q2_K / Q4_0, of an SM's 228 KiB: default 56 (2) / 40 KiB (2); mt=2 42 (3) / as
-# default; warps=8 with mt=2 84 (3) / 80 (2); ring_bytes=24576 84 (3) / 80 (4); mt=2 with it 56 (4) / 80 (4).
-TUNE_GRID = (
-    QtcTune(),
-    QtcTune(target_warps=8192),  # launcher only: more split-K at T >= 2 (T = 1 is at ksplit = QTC_WARPS already)
-    QtcTune(mt=2),  # 2-bit types: twice the row sets of half the rows (T = 1 Q2_K gate/up: 1600 warps, 400 blocks)
-    QtcTune(warps=8, mt=2, target_warps=8192),  # and split K 8 ways (T = 1: 3200 warps, 1-2 steps each)
-    QtcTune(ring_bytes=24576),  # one or two more stages in flight per warp
-    QtcTune(mt=2, ring_bytes=24576),  # T = 1: a warp's whole slice (2-3 steps) in flight at once
-    QtcTune(probe=True),  # the probes: the same grids and rings decoding nothing (rel_err ~1 by design)
-    QtcTune(warps=8, mt=2, target_warps=8192, probe=True),
-)
+# Mirrors of kernels/gemv_quant.cu's QTC_* geometry, settled on the H200 at 35b700f (bench/quant_gemv_bench.py's
+# sweep of then, Q2_K gate/up + Q4_0 down and Q4_0 experts, GB/s of the whole routed_experts at T = 1/2/4/8):
+#   * 2 m tiles (16 rows) a warp at T <= 2 whatever the type (Q2_K gate/up +9 % at T = 1, +6 % at T = 2: twice the
+#     warps), 4 from T = 4 where a 64-row stage fits QTC_MT4_BYTES (4 m tiles: -6 % and -27 % with 2 at T = 4, 8);
+#   * 4 warps a block (8: -8..-25 % at every T and type: two waves of 86 KB blocks at T = 1);
+#   * a ring of about 12 KB a warp (24 KB: -6..-30 %: fewer blocks an SM, and 400 blocks of the down launch in two
+#     waves);
+#   * split K until ~2048 warps (8192: Q4_0 gate/up +6 / +13 % at T = 4 / 8, but its down -6 / -15 % and Q2_K at
+#     T = 8 -12 %: the whole MoE within 1 %).
+QTC_WARPS = 4
+QTC_MT4_BYTES = 8192
+QTC_RING_BYTES = 12288
+QTC_TARGET_WARPS = 2048
+# The decode-free probe (kernels/gemv_quant.cu QTC_PROBE: the same grids and rings decoding nothing, wrong sums): the
+# defines bench/quant_gemv_bench.py --probe puts into every qtc_* module while it times its probe rows, to show how
+# much of a launch's time the streaming alone takes. () in every other launch.
+PROBE_DEFINES = ("QTC_PROBE=1",)
+qtc_defines: tuple[str, ...] = ()
 
 
 def handles(ggml_type: int) -> bool:
@@ -155,55 +118,55 @@ def _qtc_chunks(ggml_type: int) -> int:
     return (U.row_stride(ggml_type, QSTEP) + 30) // 16
 
 
-def qtc_mt(ggml_type: int, tune: QtcTune | None = None) -> int:
-    """m tiles of 16 rows per warp (QTC_MT): the expert kernel's warp takes 16 qtc_mt rows, the gate/up kernel's
-    8 qtc_mt rows of each matrix."""
-    tune = tune or TUNE
-    return tune.mt or (4 if 64 * _qtc_chunks(ggml_type) * 16 <= QTC_MT4_BYTES else 2)
+def qtc_mt(ggml_type: int, T: int) -> int:
+    """m tiles of 16 rows per warp (qtc_mt(NT) in the kernel): the expert kernel's warp takes 16 qtc_mt rows, the
+    gate/up kernel's 8 qtc_mt rows of each matrix."""
+    if U.nt_bucket(T) <= 2:
+        return 2
+    return 4 if 64 * _qtc_chunks(ggml_type) * 16 <= QTC_MT4_BYTES else 2
 
 
-def qtc_smem_bytes(ggml_type: int, tune: QtcTune | None = None) -> int:
-    """Dynamic shared memory of a qtc_* block: QTC_WARPS rings of QTC_NSTAGE stages of 16 qtc_mt row units, each
-    unit QCHUNKS 16-byte chunks (QTC_SMEM_BYTES)."""
-    tune = tune or TUNE
-    stage = 16 * qtc_mt(ggml_type, tune) * 16 * _qtc_chunks(ggml_type)
-    return tune.warps * min(4, max(2, tune.ring_bytes // stage)) * stage
+def qtc_smem_bytes(ggml_type: int, T: int) -> int:
+    """Dynamic shared memory of a qtc_* block: QTC_WARPS rings of qtc_nstage stages of 16 qtc_mt row units, each unit
+    QCHUNKS 16-byte chunks (qtc_smem_bytes(NT) in the kernel)."""
+    stage = 16 * qtc_mt(ggml_type, T) * 16 * _qtc_chunks(ggml_type)
+    return QTC_WARPS * min(4, max(2, QTC_RING_BYTES // stage)) * stage
 
 
-def qtc_split(n_sets: int, n_in: int, tune: QtcTune | None = None) -> int:
+def qtc_split(n_sets: int, n_in: int) -> int:
     """ksplit of the qtc_* kernels: warps of a block sharing one row set's input axis (interleaved steps), for
     n_sets row sets (rows per warp x groups) in the launch."""
-    tune = tune or TUNE
     steps = -(-n_in // QSTEP)
     ksplit = 1
-    while ksplit < tune.warps and n_sets * ksplit < tune.target_warps and steps >= 2 * ksplit:
+    while ksplit < QTC_WARPS and n_sets * ksplit < QTC_TARGET_WARPS and steps >= 2 * ksplit:
         ksplit *= 2
     return ksplit
 
 
 def qtc_grid(ggml_type: int, gateup: bool, n_out: int, n_groups: int, n_in: int,
-             tune: QtcTune | None = None) -> tuple[tuple[int, int, int], int, int]:
-    """(grid, ksplit, dynamic shared bytes) of a qtc_* launch over n_groups expert groups: a warp takes 16 qtc_mt
-    rows (gate/up: 8 qtc_mt of each matrix), QTC_WARPS / ksplit row sets a block, grid (row blocks, groups)."""
-    tune = tune or TUNE
-    rows = (8 if gateup else 16) * qtc_mt(ggml_type, tune)
-    ksplit = qtc_split(-(-n_out // rows) * n_groups, n_in, tune)
+             T: int) -> tuple[tuple[int, int, int], int, int]:
+    """(grid, ksplit, dynamic shared bytes) of a qtc_* launch over n_groups expert groups of up to T entries: a warp
+    takes 16 qtc_mt rows (gate/up: 8 qtc_mt of each matrix), QTC_WARPS / ksplit row sets a block, grid (row blocks,
+    groups)."""
+    rows = (8 if gateup else 16) * qtc_mt(ggml_type, T)
+    ksplit = qtc_split(-(-n_out // rows) * n_groups, n_in)
     if n_groups > U.MAX_GRID_Y:
         raise ValueError(f"ids: {n_groups} (row, slot) entries exceed {U.MAX_GRID_Y}")
-    return (-(-n_out // (rows * (tune.warps // ksplit))), n_groups, 1), ksplit, qtc_smem_bytes(ggml_type, tune)
+    return (-(-n_out // (rows * (QTC_WARPS // ksplit))), n_groups, 1), ksplit, qtc_smem_bytes(ggml_type, T)
 
 
-def _launch_qtc(ggml_type: int, function: str, n_out: int, n_groups: int, n_in: int, args) -> None:
+def _launch_qtc(ggml_type: int, function: str, n_out: int, n_groups: int, n_in: int, T: int, args) -> None:
     """A qtc_* kernel over n_groups expert groups (qtc_grid); args(ksplit) gives its arguments for the ksplit
     qtc_split chose."""
-    tune = TUNE
-    grid, ksplit, smem = qtc_grid(ggml_type, function.startswith("qtc_gateup"), n_out, n_groups, n_in, tune)
-    defines = tune.defines(ggml_type)
+    if n_out * U.row_stride(ggml_type, n_in) >= 2**31:  # (the kernel keeps a unit row's offset in 31 bits)
+        raise ValueError(f"w: an expert matrix of {n_out} rows of {n_in} {Q.TYPE_NAMES[ggml_type]} exceeds 2 GiB")
+    grid, ksplit, smem = qtc_grid(ggml_type, function.startswith("qtc_gateup"), n_out, n_groups, n_in, T)
+    defines = qtc_defines
     kernel = _kernel(ggml_type, function, defines)
     if smem > SMEM_DEFAULT and (ggml_type, function, defines) not in _raised_smem:
         kernel.max_dynamic_shared_size_bytes = smem  # (the kernel writes NaN rows if it gets less)
         _raised_smem.add((ggml_type, function, defines))
-    kernel(grid, (tune.warps * 32, 1, 1), args(np.int32(ksplit)), shared_mem=smem)
+    kernel(grid, (QTC_WARPS * 32, 1, 1), args(np.int32(ksplit)), shared_mem=smem)
 
 
 def launch_expert_gemv_quant(w, ggml_type: int, expert_stride: int, n_expert: int, groups, n_groups: int, T: int, x,
@@ -215,18 +178,10 @@ def launch_expert_gemv_quant(w, ggml_type: int, expert_stride: int, n_expert: in
     U.check_vector_rows("x", x)
     check_block_align("w", ggml_type, w, expert_stride)
     g_expert, g_count, g_entries = groups
-    if U.expert_tensor_cores(T):
-        _launch_qtc(ggml_type, f"qtc_expert_t{U.nt_bucket(T)}", n_out, J, n_in, lambda ksplit: (
-            w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert,
-            g_count, g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit, np.int32(act),
-            np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
-        return
-    ksplit, _ = quant_split(n_out, n_in, T, n_matrices=J)
-    grid, block = U.expert_grid(n_out, J, ksplit, rpw=QROWS[U.nt_bucket(T)])
-    _kernel(ggml_type, f"qgemv_expert_t{U.nt_bucket(T)}")(grid, block, (
+    _launch_qtc(ggml_type, f"qtc_expert_t{U.nt_bucket(T)}", n_out, J, n_in, T, lambda ksplit: (
         w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert, g_count,
-        g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit), np.int32(act),
-        np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
+        g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit, np.int32(act), np.float32(1.0),
+        U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
 
 
 def launch_gateup_quant(gate, up, ggml_type: int, expert_stride: int, n_expert: int, groups, n_groups: int, T: int,
@@ -239,16 +194,9 @@ def launch_gateup_quant(gate, up, ggml_type: int, expert_stride: int, n_expert: 
     check_block_align("gate_raw", ggml_type, gate, expert_stride)
     check_block_align("up_raw", ggml_type, up, expert_stride)
     g_expert, g_count, g_entries = groups
-    if U.expert_tensor_cores(T):
-        _launch_qtc(ggml_type, f"qtc_gateup_t{U.nt_bucket(T)}", n_out, J, n_in, lambda ksplit: (
-            gate, up, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert,
-            g_count, g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit))
-        return
-    ksplit, _ = quant_split(n_out, n_in, T, n_matrices=2 * J)  # a warp holds half its rows of each matrix
-    grid, block = U.expert_grid(n_out, J, ksplit, rpw=QROWS[U.nt_bucket(T)] // 2)
-    _kernel(ggml_type, f"qgemv_gateup_t{U.nt_bucket(T)}")(grid, block, (
+    _launch_qtc(ggml_type, f"qtc_gateup_t{U.nt_bucket(T)}", n_out, J, n_in, T, lambda ksplit: (
         gate, up, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert,
-        g_count, g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), np.int32(ksplit)))
+        g_count, g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit))
 
 
 def launch_gather_quant(rows, table, ggml_type: int, row_len: int, out) -> None:

@@ -198,12 +198,12 @@ def q8r_rows_per_warp(T: int) -> int:
 class WindowPath:
     """The launch variants a T-row window records (engine/gpu/window.py, launch_gemv)."""
 
-    gemv_tc: bool  # dense Q8_0_R32 GEMVs on tensor cores (kernels/gemv_q8r.cu gemv_q8r_tc_t*)
-    # routed-expert GEMVs of the block types on tensor cores (kernels/gemv_quant.cu qtc_*): on the H200 at f2de868
-    # Q2_K gate/up 377-689 GB/s and Q4_0 down 644-998 GB/s at T = 1..8 (docs/BENCHMARKS.md), against 6-11 % of the
-    # copy rate for the CUDA-core kernels (qgemv_expert_* / qgemv_gateup_*) at 947c884; the bench's same-call pair
-    # (quant_gemv_bench.py --paths tc,cuda) decides whether the CUDA-core kernels are deleted or keep some T
-    expert_tc: bool = True
+    # Q8_0_R32 GEMVs on tensor cores (kernels/gemv_q8r.cu): the dense gemv_q8r_tc_t* and the grouped experts'
+    # gemv_expert_q8r_tc_t* (both measured as CUDA-core kernels against them by bench/quant_gemv_bench.py --q8r-ab)
+    gemv_tc: bool
+    # (the routed-expert GEMVs of the block types have one path, the tensor-core qtc_* kernels of gemv_quant.cu: on
+    # the H200 at 35b700f they tied the CUDA-core qgemv_expert_* / qgemv_gateup_* at T = 1 (Q2_K + Q4_0 down: 432
+    # against 437 GB/s) and won at every other T and type (T = 8: 834 against 426), so the CUDA-core ones went)
 
 
 # (first T, path) in ascending T: a window takes the path of the last row whose first T <= T. Measured on the H200
@@ -235,17 +235,10 @@ def recording_path(path: WindowPath):
 
 
 def q8r_tensor_cores(T: int) -> bool:
-    """Whether a dense Q8_0_R32 GEMV of T rows takes the tensor-core kernel (T >= 2): the recording window's
-    path, else window_path(T)."""
+    """Whether a Q8_0_R32 GEMV (dense or grouped experts) of T rows takes the tensor-core kernel (T >= 2): the
+    recording window's path, else window_path(T)."""
     path = _RECORDING_PATH.get() or window_path(T)
     return T >= 2 and path.gemv_tc
-
-
-def expert_tensor_cores(T: int) -> bool:
-    """Whether the grouped expert GEMVs of the block types for T window rows take the tensor-core kernels
-    (launch_quant): the recording window's path, else window_path(T)."""
-    path = _RECORDING_PATH.get() or window_path(T)
-    return path.expert_tc
 
 
 def q8r_split(n_out: int, n_in: int, T: int = 1, n_matrices: int = 1, max_z: int = 1,
