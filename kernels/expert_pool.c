@@ -73,9 +73,9 @@ static void dot_f32_rows(const float *w, int n, const float *const *xs, int m, f
  * sums of x row r where the type's kernel needs them (fused_needs_sums), else NULL. Without a fused kernel: each
  * row dequantized into buf (n floats), then the scalar dot products. */
 static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, int n, const float *const *xs,
-                      const float *const *xsum, int m, float *out, float *buf) {
+                      const float *const *xsum, int m, float *out, float *buf, int xp) {
 #ifdef STRATA_AVX2
-    const dots_fn fused = fused_dots(type, n);
+    const dots_fn fused = xp ? fused_dots_xperm(type, n) : fused_dots(type, n);
     if (fused) {
         int elems, bytes;
         block_of(type, &elems, &bytes);
@@ -101,6 +101,7 @@ static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, in
         return;
     }
 #endif
+    (void)xp; /* never set without a lane-order kernel (needs_xperm) */
     for (int i = 0; i < nrows; i++) {
         dequant_row(type, w0 + i * stride, n, buf);
         dot_f32_rows(buf, n, xs, m, out + i * MAX_M);
@@ -150,6 +151,24 @@ static int needs_sums(int type) {
 #else
     (void)type;
     return 0;
+#endif
+}
+
+/* whether gate/up rows of the type read x in the type's lane order (expert_pool_groups.h: Q2_K, AVX-512) */
+static int needs_xperm(int type) {
+#ifdef STRATA_AVX2
+    return fused_xperm(type);
+#else
+    (void)type;
+    return 0;
+#endif
+}
+
+static void perm_of(int type, const float *x, int n, float *xp) {
+#ifdef STRATA_AVX2
+    xperm_of(type, x, n, xp);
+#else
+    (void)type, (void)x, (void)n, (void)xp;
 #endif
 }
 
@@ -209,10 +228,16 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
     const int chunk_dn = POOL_CHUNK > 0 ? POOL_CHUNK : (G * items_dn + n_threads - 1) / n_threads;
     int n_x = 0; /* x rows: 1 + the largest token row an entry reads */
     for (int i = 0; i < N; i++) n_x = tok[i] + 1 > n_x ? tok[i] + 1 : n_x;
-    float *sums = (float *)malloc(sizeof(float) * ((size_t)(x_sums ? n_x : 0) * (H / 16) +
-                                                   (size_t)(h_sums ? N : 0) * (F / 16) + 1));
+    /* x in the lane order of the gate's / up's kernel where it has one (needs_xperm; the same order for both when
+     * they are of one type) */
+    const int xp_gate = needs_xperm(gate_type), xp_up = needs_xperm(up_type) && !(xp_gate && up_type == gate_type);
+    const size_t n_xs = (size_t)(x_sums ? n_x : 0) * (H / 16), n_hs = (size_t)(h_sums ? N : 0) * (F / 16);
+    const size_t n_xp = (size_t)n_x * H * (size_t)(xp_gate + xp_up);
+    float *sums = (float *)malloc(sizeof(float) * (n_xs + n_hs + n_xp + 1));
     if (!sums) return -2;
-    float *const xs_all = sums, *const hs_all = sums + (size_t)(x_sums ? n_x : 0) * (H / 16);
+    float *const xs_all = sums, *const hs_all = sums + n_xs;
+    float *const xg_all = xp_gate ? sums + n_xs + n_hs : NULL;
+    float *const xu_all = xp_up ? sums + n_xs + n_hs + (size_t)n_x * H * xp_gate : xp_gate && needs_xperm(up_type) ? xg_all : NULL;
     int failed = 0;
     if (prof) {
         memset(prof, 0, sizeof(int64_t) * (PROF_HEAD + (size_t)PROF_PER * n_threads));
@@ -228,12 +253,16 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
 #pragma omp atomic write
             failed = 1;
         }
-        const float *xs[MAX_M], *xsum[MAX_M];
+        const float *xs[MAX_M], *xsum[MAX_M], *xg[MAX_M], *xu[MAX_M];
         float gv[ROWS_GATE_UP * MAX_M], uv[ROWS_GATE_UP * MAX_M];
-        if (x_sums) {
+        if (x_sums || xg_all || xu_all) {
 #pragma omp for schedule(static)
-            for (int t = 0; t < n_x; t++) sums_of(x + (int64_t)t * H, H, xs_all + (int64_t)t * (H / 16));
-        } /* implicit barrier: every x sum is there */
+            for (int t = 0; t < n_x; t++) {
+                if (x_sums) sums_of(x + (int64_t)t * H, H, xs_all + (int64_t)t * (H / 16));
+                if (xg_all) perm_of(gate_type, x + (int64_t)t * H, H, xg_all + (int64_t)t * H);
+                if (xu_all && xu_all != xg_all) perm_of(up_type, x + (int64_t)t * H, H, xu_all + (int64_t)t * H);
+            }
+        } /* implicit barrier: every x sum and lane-order copy is there */
         if (prof) t_gu0 = t_gu1 = now_ns();
         OMP_FOR_ITEMS(chunk_gu)
         for (int item = 0; item < G * items_gu; item++) {
@@ -248,14 +277,16 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) {
                     xs[r] = x + (int64_t)tok[e0 + r] * H;
+                    xg[r] = xg_all ? xg_all + (int64_t)tok[e0 + r] * H : xs[r];
+                    xu[r] = xu_all ? xu_all + (int64_t)tok[e0 + r] * H : xs[r];
                     xsum[r] = x_sums ? xs_all + (int64_t)tok[e0 + r] * (H / 16) : NULL;
                 }
                 if (touch) {
                     rows_touch(wg, gate_row, f1 - f0, gate_bytes, m, gv);
                     rows_touch(wu, up_row, f1 - f0, up_bytes, m, uv);
                 } else {
-                    rows_dots(gate_type, wg, gate_row, f1 - f0, H, xs, xsum, m, gv, buf);
-                    rows_dots(up_type, wu, up_row, f1 - f0, H, xs, xsum, m, uv, buf);
+                    rows_dots(gate_type, wg, gate_row, f1 - f0, H, xg, xsum, m, gv, buf, xg_all != NULL);
+                    rows_dots(up_type, wu, up_row, f1 - f0, H, xu, xsum, m, uv, buf, xu_all != NULL);
                 }
                 for (int r = 0; r < m; r++) {
                     float *hr = h + (int64_t)(e0 + r) * F;
@@ -286,7 +317,7 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
                     xsum[r] = h_sums ? hs_all + (int64_t)(e0 + r) * (F / 16) : NULL;
                 }
                 if (touch) rows_touch(wd, down_row, d1 - d0, down_bytes, m, out);
-                else rows_dots(down_type, wd, down_row, d1 - d0, F, xs, xsum, m, out, buf);
+                else rows_dots(down_type, wd, down_row, d1 - d0, F, xs, xsum, m, out, buf, 0);
                 for (int d = d0; d < d1; d++)
                     for (int r = 0; r < m; r++) y[(int64_t)dst[e0 + r] * H + d] = out[(d - d0) * MAX_M + r];
             }

@@ -547,6 +547,70 @@ AI void prefetch_lines(const uint8_t *from, int64_t n, const uint8_t *end) {
     }
 FUSED_TYPES(FUSED_PASS)
 
+#ifdef STRATA_PERM
+/* Q2_K in lane order (the AVX-512 build's gate/up rows): x permuted once per call (xperm_q2_k) so that the 64
+ * code bytes of a block, read as 16 dwords in one zmm, decode with one shift and one permute per 16 weights, and
+ * the sub-block scales are applied once per 4 groups: group (s, k) (s the 2-bit plane, k the byte in the dword)
+ * holds in lane i the weight of byte 4 i + k, plane s:
+ *   e(s, k, i) = 128 (i / 8) + 32 s + (4 i + k) % 32,  sub-block 8 (i / 8) + 2 s + (i / 4) % 2 (the same for all k)
+ * so per plane s: a = sum_k q(s, k) * xp(s, k) (q the codes 0..3 as floats: exact), then acc += S_s * a, S_s the
+ * 16 lanes' sub-block scales d * sc (one permute of the block's 16 scales); the min term as in FUSED_PASS.
+ * Why: the weight-table decoder (g_q2_k) pays per 16 weights a scale x table multiply, a byte widen and a permute
+ * beside the FMA; here a shift, a permute (of a constant table) and 1.25 FMAs. Float32 math on the exact codes and
+ * scales, summed in another order than the weight-table kernel (within the tests' 1e-4 of float64, not its bits). */
+AI int q2x_src(int g, int i) { /* the in-block element that lane i of lane-order group g = 4 s + k holds */
+    const int s = g / 4, k = g % 4;
+    return 128 * (i / 8) + 32 * s + (4 * i + k) % 32;
+}
+static void xperm_q2_k(const float *x, int n, float *xp) {
+    for (int b = 0; b < n / 256; b++)
+        for (int g = 0; g < 16; g++)
+            for (int i = 0; i < 16; i++) xp[256 * b + 16 * g + i] = x[256 * b + q2x_src(g, i)];
+}
+AI void pass_q2_kx(const uint8_t *row, int nb, const float *const *xs, const float *const *xsum, float *out,
+                   const int M) {
+    v16 acc[PASS_M][2];
+    const v16 table = v16_cyc4(0);
+    const int NA = M <= 2 ? 2 : 1; /* independent sums per row where few rows give few chains */
+    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + 84 * (int64_t)b;
+        PF_BLOCK(blk, 84);
+        const __m128i sb = ld16b(blk);
+        const v16 sc = v16_mul(v16_set1(rdh(blk + 80)), v16_i8(nib(sb, 0)));
+        const v16 mn = v16_mul(v16_set1(rdh(blk + 82)), v16_i8(nib(sb, 1)));
+        for (int r = 0; r < M; r++) acc[r][0] = _mm512_fnmadd_ps(mn, v16_ld(xsum[r] + 16 * b), acc[r][0]);
+        const __m512i q = _mm512_loadu_si512(blk + 16);
+        _Pragma("GCC unroll 4") for (int s = 0; s < 4; s++) {
+            const v16 S = _mm512_permutexvar_ps(
+                _mm512_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1, 2 * s + 1, 2 * s + 1, 8 + 2 * s,
+                                  8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s), sc);
+            v16 a[PASS_M];
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const v16 w = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 8 * k + 2 * s), table);
+                const int64_t off = 256 * (int64_t)b + 16 * (4 * s + k);
+                for (int r = 0; r < M; r++) a[r] = k ? v16_fma(w, v16_ld(xs[r] + off), a[r]) : v16_mul(w, v16_ld(xs[r] + off));
+            }
+            for (int r = 0; r < M; r++) acc[r][(s + 1) % NA] = v16_fma(S, a[r], acc[r][(s + 1) % NA]);
+        }
+    }
+    for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
+}
+static void dots_q2_kx(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,
+                       float *out, const uint8_t *pf_end) {
+    (void)pf_end;
+    const int nb = n / 256; /* the passes of dots_##DEC */
+    for (int r0 = 0; r0 < m;) {
+        const int left = m - r0, M = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+        if (M == 8) pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 8);
+        else if (M == 4) pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 4);
+        else if (M == 2) pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 2);
+        else pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 1);
+        r0 += M;
+    }
+}
+#endif
+
 /* the table's group counts and block bytes restate the generated type table (model/quant_tables.py): hold them to
  * it, so a changed type cannot silently decode with the wrong stride (F32/F16/BF16 "blocks" are 16 elements here) */
 #define FUSED_CHECK(ID, DEC, GPB, BPB, PREP, MINS)                                                                   \
@@ -572,6 +636,29 @@ static dots_fn fused_dots(int type, int n) {
 #define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) case ID: return n % (16 * GPB) == 0 ? dots_##DEC : NULL;
     switch (type) { FUSED_TYPES(FUSED_CASE) default: return NULL; }
 #undef FUSED_CASE
+}
+/* whether the type's kernel for x rows (gate/up) reads x in its lane order (xperm_of), and that kernel */
+static int fused_xperm(int type) {
+#ifdef STRATA_PERM
+    return type == T_Q2_K;
+#else
+    (void)type;
+    return 0;
+#endif
+}
+static dots_fn fused_dots_xperm(int type, int n) {
+#ifdef STRATA_PERM
+    if (type == T_Q2_K && n % 256 == 0) return dots_q2_kx;
+#endif
+    (void)type, (void)n;
+    return NULL;
+}
+static void xperm_of(int type, const float *x, int n, float *xp) {
+#ifdef STRATA_PERM
+    if (type == T_Q2_K) xperm_q2_k(x, n, xp);
+#else
+    (void)type, (void)x, (void)n, (void)xp;
+#endif
 }
 /* whether the type's fused kernel reads the x group sums */
 static int fused_needs_sums(int type) {
