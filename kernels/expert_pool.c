@@ -154,13 +154,23 @@ static int needs_sums(int type) {
 #endif
 }
 
-/* whether gate/up rows of the type read x in the type's lane order (expert_pool_groups.h: Q2_K, AVX-512) */
-static int needs_xperm(int type) {
+/* whether rows of n of the type read x in the type's lane order (expert_pool_groups.h, AVX-512: Q2_K, Q4_0,
+ * IQ4_NL, MXFP4), and where element f of such an x row sits */
+static int needs_xperm(int type, int n) {
 #ifdef STRATA_AVX2
-    return fused_xperm(type);
+    return fused_xperm(type, n) != 0;
 #else
-    (void)type;
+    (void)type, (void)n;
     return 0;
+#endif
+}
+
+static int perm_pos(int type, int n, int f) {
+#ifdef STRATA_AVX2
+    return xperm_pos(type, n, f);
+#else
+    (void)type, (void)n;
+    return f;
 #endif
 }
 
@@ -230,14 +240,15 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
     for (int i = 0; i < N; i++) n_x = tok[i] + 1 > n_x ? tok[i] + 1 : n_x;
     /* x in the lane order of the gate's / up's kernel where it has one (needs_xperm; the same order for both when
      * they are of one type) */
-    const int xp_gate = needs_xperm(gate_type), xp_up = needs_xperm(up_type) && !(xp_gate && up_type == gate_type);
+    const int xp_gate = needs_xperm(gate_type, H), xp_up = needs_xperm(up_type, H) && !(xp_gate && up_type == gate_type);
+    const int hp = needs_xperm(down_type, F); /* h written in the down kernel's lane order */
     const size_t n_xs = (size_t)(x_sums ? n_x : 0) * (H / 16), n_hs = (size_t)(h_sums ? N : 0) * (F / 16);
     const size_t n_xp = (size_t)n_x * H * (size_t)(xp_gate + xp_up);
     float *sums = (float *)malloc(sizeof(float) * (n_xs + n_hs + n_xp + 1));
     if (!sums) return -2;
     float *const xs_all = sums, *const hs_all = sums + n_xs;
     float *const xg_all = xp_gate ? sums + n_xs + n_hs : NULL;
-    float *const xu_all = xp_up ? sums + n_xs + n_hs + (size_t)n_x * H * xp_gate : xp_gate && needs_xperm(up_type) ? xg_all : NULL;
+    float *const xu_all = xp_up ? sums + n_xs + n_hs + (size_t)n_x * H * xp_gate : xp_gate && needs_xperm(up_type, H) ? xg_all : NULL;
     int failed = 0;
     if (prof) {
         memset(prof, 0, sizeof(int64_t) * (PROF_HEAD + (size_t)PROF_PER * n_threads));
@@ -289,13 +300,14 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
                     rows_dots(up_type, wu, up_row, f1 - f0, H, xu, xsum, m, uv, buf, xu_all != NULL);
                 }
                 for (int r = 0; r < m; r++) {
-                    float *hr = h + (int64_t)(e0 + r) * F;
+                    float *hr = h + (int64_t)(e0 + r) * F, hv[ROWS_GATE_UP];
                     for (int f = f0; f < f1; f++) {
                         const float gr = gv[(f - f0) * MAX_M + r];
-                        hr[f] = gr * (1.0f / (1.0f + expf(-gr))) * uv[(f - f0) * MAX_M + r];
+                        hv[f - f0] = gr * (1.0f / (1.0f + expf(-gr))) * uv[(f - f0) * MAX_M + r];
                     }
+                    for (int f = f0; f < f1; f++) hr[hp ? perm_pos(down_type, F, f) : f] = hv[f - f0];
                     /* h_sums: F % 256 == 0 (a K-quant down row), so f0 .. f1 is the whole group f0 / 16 */
-                    if (h_sums) sums_of(hr + f0, 16, hs_all + (int64_t)(e0 + r) * (F / 16) + f0 / 16);
+                    if (h_sums) sums_of(hv, 16, hs_all + (int64_t)(e0 + r) * (F / 16) + f0 / 16);
                 }
             }
             if (prof) t_gu1 = now_ns(), n_gu++;
@@ -317,7 +329,7 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
                     xsum[r] = h_sums ? hs_all + (int64_t)(e0 + r) * (F / 16) : NULL;
                 }
                 if (touch) rows_touch(wd, down_row, d1 - d0, down_bytes, m, out);
-                else rows_dots(down_type, wd, down_row, d1 - d0, F, xs, xsum, m, out, buf, 0);
+                else rows_dots(down_type, wd, down_row, d1 - d0, F, xs, xsum, m, out, buf, hp);
                 for (int d = d0; d < d1; d++)
                     for (int r = 0; r < m; r++) y[(int64_t)dst[e0 + r] * H + d] = out[(d - d0) * MAX_M + r];
             }

@@ -611,6 +611,72 @@ static void dots_q2_kx(const uint8_t *row, int n, const float *const *xs, const 
 }
 #endif
 
+#ifdef STRATA_PERM
+/* The 32-weight 4-bit types (Q4_0, IQ4_NL, MXFP4) in lane order: 4 blocks' 16 code bytes in one zmm (lane i: dword
+ * i % 4 of block i / 4), group g (0..7) = the nibble at bit 4 g of each dword, one shift and one permute of the
+ * type's 16 values (k - 8, kvalues_iq4nl, kvalues_fp4) per 16 weights; a = sum_g value * xp, then acc += D * a with
+ * D the lanes' block scales (one multiply per 128 weights and row instead of a scale x table multiply per block).
+ * Element of the 128 (4 blocks) that lane i of group g holds: 32 (i / 4) + 16 (g % 2) + 4 (i % 4) + g / 2. */
+AI int q4x_src(int g, int i) { return 32 * (i / 4) + 16 * (g % 2) + 4 * (i % 4) + g / 2; }
+AI int q4x_pos(int e) { /* the inverse: where element e of 128 sits in lane order */
+    const int q = e % 16;
+    return 16 * (2 * (q % 4) + (e % 32) / 16) + 4 * (e / 32) + q / 4;
+}
+static void xperm_q4x(const float *x, int n, float *xp) {
+    for (int b = 0; b < n / 128; b++)
+        for (int e = 0; e < 128; e++) xp[128 * b + q4x_pos(e)] = x[128 * b + e];
+}
+AI float q4x_scale(int type, const uint8_t *b) { return type == T_MXFP4 ? e8m0_half(b[0]) : rdh(b); }
+AI void pass_q4x(const int type, const uint8_t *row, int nsb, const float *const *xs, float *out, const int M) {
+    const int BPB = type == T_MXFP4 ? 17 : 18, QS = type == T_MXFP4 ? 1 : 2;
+    v16 acc[PASS_M][2];
+    const v16 table = type == T_Q4_0 ? v16_iota(-8) : v16_i8(ld16b((const uint8_t *)(type == T_IQ4_NL ? kvalues_iq4nl
+                                                                                                  : kvalues_fp4)));
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const int NA = M <= 2 ? 2 : 1;
+    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *b0 = row + 4 * BPB * (int64_t)sb;
+        PF_BLOCK(b0, 4 * BPB);
+        __m512i q = _mm512_castsi128_si512(ld16b(b0 + QS));
+        q = _mm512_inserti32x4(q, ld16b(b0 + BPB + QS), 1);
+        q = _mm512_inserti32x4(q, ld16b(b0 + 2 * BPB + QS), 2);
+        q = _mm512_inserti32x4(q, ld16b(b0 + 3 * BPB + QS), 3);
+        const __m128 d4 = type == T_MXFP4 ? _mm_setr_ps(e8m0_half(b0[0]), e8m0_half(b0[BPB]), e8m0_half(b0[2 * BPB]),
+                                                        e8m0_half(b0[3 * BPB]))
+                                          : _mm_cvtph_ps(_mm_setr_epi16((short)rd16(b0), (short)rd16(b0 + BPB),
+                                                                        (short)rd16(b0 + 2 * BPB),
+                                                                        (short)rd16(b0 + 3 * BPB), 0, 0, 0, 0));
+        const v16 D = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        v16 a[PASS_M][2]; /* at few rows two chains of 4 FMAs, not one of 8 (short down rows: 5 of these per row) */
+        _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
+            const v16 w = _mm512_permutexvar_ps(g ? _mm512_srli_epi32(q, 4 * g) : q, table);
+            const int64_t off = 128 * (int64_t)sb + 16 * g, c = g % NA;
+            for (int r = 0; r < M; r++)
+                a[r][c] = g >= NA ? v16_fma(w, v16_ld(xs[r] + off), a[r][c]) : v16_mul(w, v16_ld(xs[r] + off));
+        }
+        for (int r = 0; r < M; r++) acc[r][0] = v16_fma(D, NA == 2 ? v16_add(a[r][0], a[r][1]) : a[r][0], acc[r][0]);
+    }
+    for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
+}
+#define Q4X_DOTS(NAME, TYPE)                                                                                        \
+    static void dots_##NAME(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,   \
+                            float *out, const uint8_t *pf_end) {                                                    \
+        (void)pf_end, (void)xsum;                                                                                   \
+        for (int r0 = 0; r0 < m;) {                                                                                 \
+            const int left = m - r0, M = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;                        \
+            if (M == 8) pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 8);                                         \
+            else if (M == 4) pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 4);                                    \
+            else if (M == 2) pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 2);                                    \
+            else pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 1);                                                \
+            r0 += M;                                                                                                \
+        }                                                                                                           \
+    }
+Q4X_DOTS(q4_0x, T_Q4_0)
+Q4X_DOTS(iq4_nlx, T_IQ4_NL)
+Q4X_DOTS(mxfp4x, T_MXFP4)
+#endif
+
 /* the table's group counts and block bytes restate the generated type table (model/quant_tables.py): hold them to
  * it, so a changed type cannot silently decode with the wrong stride (F32/F16/BF16 "blocks" are 16 elements here) */
 #define FUSED_CHECK(ID, DEC, GPB, BPB, PREP, MINS)                                                                   \
@@ -638,27 +704,43 @@ static dots_fn fused_dots(int type, int n) {
 #undef FUSED_CASE
 }
 /* whether the type's kernel for x rows (gate/up) reads x in its lane order (xperm_of), and that kernel */
-static int fused_xperm(int type) {
-#ifdef STRATA_PERM
-    return type == T_Q2_K;
-#else
-    (void)type;
-    return 0;
-#endif
-}
 static dots_fn fused_dots_xperm(int type, int n) {
 #ifdef STRATA_PERM
     if (type == T_Q2_K && n % 256 == 0) return dots_q2_kx;
+    if (n % 128 == 0) {
+        if (type == T_Q4_0) return dots_q4_0x;
+        if (type == T_IQ4_NL) return dots_iq4_nlx;
+        if (type == T_MXFP4) return dots_mxfp4x;
+    }
 #endif
     (void)type, (void)n;
     return NULL;
 }
+/* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1 and 2 name the orders */
+static int fused_xperm(int type, int n) {
+    if (!fused_dots_xperm(type, n)) return 0;
+    return type == T_Q2_K ? 1 : 2;
+}
+/* x (n floats) in the lane order of fused_xperm(type, n) */
 static void xperm_of(int type, const float *x, int n, float *xp) {
 #ifdef STRATA_PERM
-    if (type == T_Q2_K) xperm_q2_k(x, n, xp);
+    if (fused_xperm(type, n) == 1) xperm_q2_k(x, n, xp);
+    else if (fused_xperm(type, n) == 2) xperm_q4x(x, n, xp);
 #else
     (void)type, (void)x, (void)n, (void)xp;
 #endif
+}
+/* where element f of a row of n sits in that order */
+static int xperm_pos(int type, int n, int f) {
+#ifdef STRATA_PERM
+    if (fused_xperm(type, n) == 2) return 128 * (f / 128) + q4x_pos(f % 128);
+    if (fused_xperm(type, n) == 1) {
+        const int e = f % 256, s = (e % 128) / 32, l = e % 32, j = 32 * (e / 128) + l; /* byte j = 4 i + k */
+        return 256 * (f / 256) + 16 * (4 * s + j % 4) + j / 4;
+    }
+#endif
+    (void)type, (void)n;
+    return f;
 }
 /* whether the type's fused kernel reads the x group sums */
 static int fused_needs_sums(int type) {
