@@ -677,6 +677,121 @@ Q4X_DOTS(iq4_nlx, T_IQ4_NL)
 Q4X_DOTS(mxfp4x, T_MXFP4)
 #endif
 
+#ifdef STRATA_PERM
+/* Q4_K and IQ4_XS in lane order: the 128 code bytes as two zmm (z = 0, 1) of 16 dwords, group (z, n, k) the nibble
+ * n of byte k of each dword (bit 4 (2 k + n)); one shift and one permute (of 0..15 / kvalues_iq4nl) per 16 weights,
+ * the lanes' sub-block scales applied once per 4 (Q4_K) or 8 (IQ4_XS) groups, Q4_K's min term as FUSED_PASS's.
+ *   Q4_K (pairs of sub-blocks share 32 bytes): group 4 (2 z + n) + k, lane i: element
+ *     32 (2 (2 z + i / 8) + n) + (4 i + k) % 32, 16-group 4 (2 z + i / 8) + 2 n + (i / 4) % 2
+ *   IQ4_XS (16 bytes per sub-block): group 8 z + 2 k + n, lane i: element 128 z + q4x_src(2 k + n, i), sub-block
+ *     4 z + i / 4: x in Q4_0's lane order */
+AI int q4kx_src(int g, int i) {
+    const int z = g / 8, n = (g / 4) % 2, k = g % 4;
+    return 32 * (2 * (2 * z + i / 8) + n) + (4 * i + k) % 32;
+}
+static void xperm_q4kx(const float *x, int n, float *xp) {
+    for (int b = 0; b < n / 256; b++)
+        for (int g = 0; g < 16; g++)
+            for (int i = 0; i < 16; i++) xp[256 * b + 16 * g + i] = x[256 * b + q4kx_src(g, i)];
+}
+/* the block's scales in registers, vector ops only (a scalar prep stored and read back as a vector would stall on
+ * store forwarding): Q4_K: sc[j16], mn[j16] = d * scale, dmin * min of the 32-weight sub-block j16 / 2 (gguf's
+ * get_scale_min_k4 in byte shuffles); IQ4_XS: sc[s] = d * (6-bit scale s - 32), s < 8 */
+AI void q4k_scales(const uint8_t *b, v16 *sc, v16 *mn) {
+    const __m128i s = ld16b(b + 4);
+    const __m128i top = _mm_set1_epi8((char)0xC0);
+    /* sub-blocks j < 4: s[j] & 63, s[j + 4] & 63; j >= 4: (s[j + 4] & 15) | (s[j - 4] >> 6) << 4,
+     * (s[j + 4] >> 4) | (s[j] >> 6) << 4 */
+    const __m128i P = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -128, -128, -128, -128, -128, -128, -128, -128));
+    const __m128i Q = _mm_shuffle_epi8(s, _mm_setr_epi8(-128, -128, -128, -128, 0, 1, 2, 3, -128, -128, -128, -128, -128, -128, -128, -128));
+    const __m128i P2 = _mm_shuffle_epi8(s, _mm_setr_epi8(4, 5, 6, 7, 8, 9, 10, 11, -128, -128, -128, -128, -128, -128, -128, -128));
+    const __m128i lo4 = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m128i hi6 = _mm_and_si128(_mm_srli_epi16(_mm_and_si128(Q, top), 2), _mm_set1_epi8(0x30));
+    const __m128i Q2 = _mm_shuffle_epi8(s, _mm_setr_epi8(-128, -128, -128, -128, 4, 5, 6, 7, -128, -128, -128, -128, -128, -128, -128, -128));
+    const __m128i hi6m = _mm_and_si128(_mm_srli_epi16(_mm_and_si128(Q2, top), 2), _mm_set1_epi8(0x30));
+    const __m128i sc8 = _mm_or_si128(_mm_and_si128(P, lo4), hi6);
+    const __m128i mlo = _mm_and_si128(P2, _mm_setr_epi8(63, 63, 63, 63, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+    const __m128i mhi = _mm_and_si128(_mm_and_si128(_mm_srli_epi16(P2, 4), _mm_set1_epi8(15)),
+                                      _mm_setr_epi8(0, 0, 0, 0, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0));
+    const __m128i m8 = _mm_or_si128(_mm_or_si128(mlo, mhi), hi6m);
+    const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    *sc = v16_mul(v16_set1(rdh(b)), v16_i8(_mm_shuffle_epi8(sc8, dup)));
+    *mn = v16_mul(v16_set1(rdh(b + 2)), v16_i8(_mm_shuffle_epi8(m8, dup)));
+}
+AI v16 iq4xs_scales(const uint8_t *b) {
+    const __m128i x = _mm_cvtsi32_si128((int)rd32(b + 4));
+    const __m128i lo = _mm_unpacklo_epi8(_mm_and_si128(x, _mm_set1_epi8(15)),
+                                         _mm_and_si128(_mm_srli_epi16(x, 4), _mm_set1_epi8(15)));
+    const __m128i hi16 = _mm_and_si128(_mm_srlv_epi16(_mm_set1_epi16((short)rd16(b + 2)),
+                                                      _mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14)), _mm_set1_epi16(3));
+    const __m128i hi = _mm_packus_epi16(hi16, _mm_setzero_si128());
+    const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    return v16_mul(v16_set1(rdh(b)), v16_i8(q));
+}
+AI void pass_k4x(const int type, const uint8_t *row, int nb, const float *const *xs, const float *const *xsum,
+                 float *out, const int M) {
+    const int BPB = type == T_Q4_K ? 144 : 136, QS = type == T_Q4_K ? 16 : 8;
+    v16 acc[PASS_M][2];
+    const v16 table = type == T_Q4_K ? v16_iota(0) : v16_i8(ld16b((const uint8_t *)kvalues_iq4nl));
+    const int NA = M <= 2 ? 2 : 1;
+    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + BPB * (int64_t)b;
+        PF_BLOCK(blk, BPB);
+        v16 sc, mn;
+        if (type == T_Q4_K) q4k_scales(blk, &sc, &mn);
+        else sc = mn = iq4xs_scales(blk);
+        if (type == T_Q4_K) {
+            for (int r = 0; r < M; r++) acc[r][0] = _mm512_fnmadd_ps(mn, v16_ld(xsum[r] + 16 * b), acc[r][0]);
+        }
+        _Pragma("GCC unroll 2") for (int z = 0; z < 2; z++) {
+            const __m512i q = _mm512_loadu_si512(blk + QS + 64 * z);
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) { /* Q4_K: n = h; IQ4_XS: k in 2 h, 2 h + 1 */
+                const __m512i idx = type == T_Q4_K
+                    ? _mm512_setr_epi32(8 * z + h * 2, 8 * z + h * 2, 8 * z + h * 2, 8 * z + h * 2, 8 * z + h * 2 + 1,
+                                        8 * z + h * 2 + 1, 8 * z + h * 2 + 1, 8 * z + h * 2 + 1, 8 * z + 4 + h * 2,
+                                        8 * z + 4 + h * 2, 8 * z + 4 + h * 2, 8 * z + 4 + h * 2, 8 * z + 5 + h * 2,
+                                        8 * z + 5 + h * 2, 8 * z + 5 + h * 2, 8 * z + 5 + h * 2)
+                    : _mm512_setr_epi32(4 * z, 4 * z, 4 * z, 4 * z, 4 * z + 1, 4 * z + 1, 4 * z + 1, 4 * z + 1,
+                                        4 * z + 2, 4 * z + 2, 4 * z + 2, 4 * z + 2, 4 * z + 3, 4 * z + 3, 4 * z + 3,
+                                        4 * z + 3);
+                /* Q4_K's ps holds 16 entries (one per 16-group), IQ4_XS's the 8 sub-blocks' */
+                const v16 S = _mm512_permutexvar_ps(idx, sc);
+                v16 a[PASS_M][2];
+                _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
+                    /* Q4_K: group (z, n = h, k = t) at bit 8 t + 4 h; IQ4_XS: group 8 z + 4 h + t (k = 2 h + t / 2,
+                     * n = t % 2) at bit 4 (4 h + t) */
+                    const int bit = type == T_Q4_K ? 8 * t + 4 * h : 4 * (4 * h + t);
+                    const v16 w = _mm512_permutexvar_ps(bit ? _mm512_srli_epi32(q, bit) : q, table);
+                    const int64_t off = 256 * (int64_t)b + 16 * (8 * z + 4 * h + t), c = t % NA;
+                    for (int r = 0; r < M; r++)
+                        a[r][c] = t >= NA ? v16_fma(w, v16_ld(xs[r] + off), a[r][c]) : v16_mul(w, v16_ld(xs[r] + off));
+                }
+                for (int r = 0; r < M; r++)
+                    acc[r][(2 * z + h + 1) % NA] = v16_fma(S, NA == 2 ? v16_add(a[r][0], a[r][1]) : a[r][0],
+                                                             acc[r][(2 * z + h + 1) % NA]);
+            }
+        }
+    }
+    for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
+}
+#define K4X_DOTS(NAME, TYPE)                                                                                        \
+    static void dots_##NAME(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,   \
+                            float *out, const uint8_t *pf_end) {                                                    \
+        (void)pf_end;                                                                                               \
+        for (int r0 = 0; r0 < m;) {                                                                                 \
+            const int left = m - r0, M = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;                        \
+            if (M == 8) pass_k4x(TYPE, row, n / 256, xs + r0, xsum + r0, out + r0, 8);                              \
+            else if (M == 4) pass_k4x(TYPE, row, n / 256, xs + r0, xsum + r0, out + r0, 4);                         \
+            else if (M == 2) pass_k4x(TYPE, row, n / 256, xs + r0, xsum + r0, out + r0, 2);                         \
+            else pass_k4x(TYPE, row, n / 256, xs + r0, xsum + r0, out + r0, 1);                                     \
+            r0 += M;                                                                                                \
+        }                                                                                                           \
+    }
+K4X_DOTS(q4_kx, T_Q4_K)
+K4X_DOTS(iq4_xsx, T_IQ4_XS)
+#endif
+
 /* the table's group counts and block bytes restate the generated type table (model/quant_tables.py): hold them to
  * it, so a changed type cannot silently decode with the wrong stride (F32/F16/BF16 "blocks" are 16 elements here) */
 #define FUSED_CHECK(ID, DEC, GPB, BPB, PREP, MINS)                                                                   \
@@ -707,6 +822,8 @@ static dots_fn fused_dots(int type, int n) {
 static dots_fn fused_dots_xperm(int type, int n) {
 #ifdef STRATA_PERM
     if (type == T_Q2_K && n % 256 == 0) return dots_q2_kx;
+    if (type == T_Q4_K && n % 256 == 0) return dots_q4_kx;
+    if (type == T_IQ4_XS && n % 256 == 0) return dots_iq4_xsx;
     if (n % 128 == 0) {
         if (type == T_Q4_0) return dots_q4_0x;
         if (type == T_IQ4_NL) return dots_iq4_nlx;
@@ -719,13 +836,14 @@ static dots_fn fused_dots_xperm(int type, int n) {
 /* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1 and 2 name the orders */
 static int fused_xperm(int type, int n) {
     if (!fused_dots_xperm(type, n)) return 0;
-    return type == T_Q2_K ? 1 : 2;
+    return type == T_Q2_K ? 1 : type == T_Q4_K ? 3 : 2;
 }
 /* x (n floats) in the lane order of fused_xperm(type, n) */
 static void xperm_of(int type, const float *x, int n, float *xp) {
 #ifdef STRATA_PERM
     if (fused_xperm(type, n) == 1) xperm_q2_k(x, n, xp);
     else if (fused_xperm(type, n) == 2) xperm_q4x(x, n, xp);
+    else if (fused_xperm(type, n) == 3) xperm_q4kx(x, n, xp);
 #else
     (void)type, (void)x, (void)n, (void)xp;
 #endif
@@ -734,6 +852,11 @@ static void xperm_of(int type, const float *x, int n, float *xp) {
 static int xperm_pos(int type, int n, int f) {
 #ifdef STRATA_PERM
     if (fused_xperm(type, n) == 2) return 128 * (f / 128) + q4x_pos(f % 128);
+    if (fused_xperm(type, n) == 3) { /* Q4_K: element e = 32 (2 P + n) + l, P = 2 z + i / 8, l = (4 i + k) % 32 */
+        const int e = f % 256, j32 = e / 32, l = e % 32, nn = j32 % 2, P = j32 / 2, z = P / 2;
+        const int i = 8 * (P % 2) + l / 4, k = l % 4;
+        return 256 * (f / 256) + 16 * (4 * (2 * z + nn) + k) + i;
+    }
     if (fused_xperm(type, n) == 1) {
         const int e = f % 256, s = (e % 128) / 32, l = e % 32, j = 32 * (e / 128) + l; /* byte j = 4 i + k */
         return 256 * (f / 256) + 16 * (4 * s + j % 4) + j / 4;
