@@ -264,3 +264,28 @@ def test_a_build_the_compiler_refuses_falls_back_to_the_next_isa(monkeypatch, ca
     lib = native.load.__wrapped__()
     assert lib is not None and lib.isa == native.host_isas()[1]
     assert "cannot build expert_pool.c for bogus" in capsys.readouterr().err
+
+
+# the AVX-512 lane-order kernels (expert_pool_groups.h: x or h permuted once per call, codes as 16 dwords) serve rows
+# of n % 256 == 0 (Q2_K, Q4_K, IQ4_XS) or n % 128 == 0 (Q4_0, IQ4_NL, MXFP4); the shapes above are mostly not such
+LANE_ORDER = ("Q2_K", "Q4_K", "IQ4_XS", "Q4_0", "IQ4_NL", "MXFP4")
+
+
+@needs_native
+@BUILDS
+@pytest.mark.parametrize("type_name", LANE_ORDER)
+@pytest.mark.parametrize("H,F", [(768, 384), (512, 512)], ids=["down-128", "down-256"])
+def test_lane_order_kernels_match_numpy(type_name, H, F, build):
+    """gate/up rows of 768 / 512 (lane order), down rows of 384 (lane order for the 128-weight types; the K types'
+    down rows take the weight-table kernel, fed a plain h) and 512 (lane order for all): 1, 4 and 19 rows on an
+    expert (a pass of 8 rows, of 4, 2 and 1) and odd routings; mixed with another type beside it"""
+    down = type_name if int(F) % native_block(type_name) == 0 else "Q4_0"
+    for types in ((type_name, type_name, down), (type_name, "Q8_0", down), ("Q6_K", type_name, "Q8_0")):
+        if any(F % native_block(t) or H % native_block(t) for t in types):
+            continue
+        model = FakeModel(types, E=4, k=2, H=H, F=F)
+        pool = ExpertPool(model, n_threads=3, lib=library(build))
+        rng = np.random.default_rng(native.NATIVE_TYPES[type_name])
+        for n_rows in (1, 4, 19):
+            check_pool(model, pool, types, np.stack([[0, 1 + i % 3] for i in range(n_rows)]), layer=0)
+        check_pool(model, pool, types, routed(5, 4, 2, rng), layer=1)
