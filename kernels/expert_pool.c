@@ -34,25 +34,17 @@
 #define X_CHUNK_FLOATS 4096 /* floats of x (all rows of a pass together) one column chunk keeps in L1 */
 #endif
 
-/* How the team shares the work items (A/B variants, -D through bench/pool_bench.py --variant / --ab):
- *   POOL_SCHED_KIND  dynamic | guided | static: the OpenMP schedule of both item loops
- *   POOL_CHUNK       items a thread takes at once; 0: one contiguous share per thread (items / threads, rounded up)
- * Items are numbered expert by expert, rows in order, so a chunk of c items is one contiguous run of c x 16 gate
- * rows and c x 16 up rows (c x 23 KB each in Q4_0 at H = 2560), or c x 64 down rows. At one item (the default) a
- * thread starts a new 23 KB run every few microseconds: the hardware prefetcher ramps up again, the first
- * PREFETCH_AHEAD bytes are demand misses, and a down item first fetches its expert's h row from the cores that
- * wrote it. Bigger chunks pay that less often and balance worse at the barriers (the profile shows both). */
-#ifndef POOL_SCHED_KIND
-#define POOL_SCHED_KIND dynamic
-#endif
-#ifndef POOL_CHUNK
-#define POOL_CHUNK 1
-#endif
+/* How the team shares the work items: both item loops schedule(dynamic, POOL_CHUNK). Items are numbered expert by
+ * expert, rows in order, so a take of 4 items is one contiguous run of 64 gate rows and 64 up rows (4 x 23 KB each
+ * in Q4_0 at H = 2560), or 256 down rows: a thread starts a new run (the hardware prefetcher ramps up again, a down
+ * item first fetches its expert's h row from the cores that wrote it) a quarter as often as at 1 item. Measured on
+ * the device (16 cores, pool_bench --sweep --ab, 2026-12-02): 4 items beat 1 for every type and page kind (Q2_K+Q4_0
+ * 47.1 / 46.7 / 43.4 GB/s against 42.9 / 44.0 / 41.3), one static share per thread and guided lost (balance at the
+ * barrier), so neither stays a build switch. */
+#define POOL_CHUNK 4
 #define PRAGMA_(x) _Pragma(#x)
 #define PRAGMA(x) PRAGMA_(x)
-#define PRAGMA_STR_(x) #x
-#define PRAGMA_STR(x) PRAGMA_STR_(x)
-#define OMP_FOR_ITEMS(chunk) PRAGMA(omp for schedule(POOL_SCHED_KIND, chunk))
+#define OMP_FOR_ITEMS(chunk) PRAGMA(omp for schedule(dynamic, chunk))
 
 /* type ids, value tables, row decoders, the fused kernels */
 #include "expert_pool_decode.h"
@@ -108,14 +100,16 @@ static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, in
     }
 }
 
-/* the first PREFETCH_AHEAD bytes of a work item's rows, when it starts (PREFETCH_LINES 1; else nothing) */
-static void prefetch_span(const uint8_t *p, int64_t n) {
-#if defined(STRATA_AVX2) && PREFETCH_LINES
-    if (n > PREFETCH_AHEAD) n = PREFETCH_AHEAD;
-    for (const uint8_t *q = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)63); q < p + n; q += 64)
-        __builtin_prefetch(q, 0, PREFETCH_HINT);
+/* the first PREFETCH_AHEAD bytes of a work item's rows, when it starts, for the types whose passes prefetch by lines
+ * (pf_lines_of: those passes prefetch PREFETCH_AHEAD ahead of each row's start, never its first bytes) */
+static void prefetch_span(int type, int n, const uint8_t *p, int64_t bytes) {
+#ifdef STRATA_AVX2
+    if (!pf_lines_of(type, n)) return;
+    if (bytes > PREFETCH_AHEAD) bytes = PREFETCH_AHEAD;
+    for (const uint8_t *q = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)63); q < p + bytes; q += 64)
+        __builtin_prefetch(q, 0, 3);
 #else
-    (void)p, (void)n;
+    (void)type, (void)n, (void)p, (void)bytes;
 #endif
 }
 
@@ -221,8 +215,7 @@ static int64_t row_bytes_of(int type, int n) {
  * those of the x rows before the gate/up items, those of each h row by the gate/up items that write it (an item's
  * 16 rows are one 16-element group of h). Per work item they cost 10-40 % of a Q2_K item at one row per expert.
  * Work items: gate/up items of ROWS_GATE_UP rows of one expert's gate and up (F / 16 per expert), then, after a
- * barrier (every h row complete), down items of ROWS_DOWN rows (H / 64 per expert), shared as POOL_SCHED_KIND /
- * POOL_CHUNK say. touch: the same items, schedule and barriers with the weights' bytes only read, not decoded (what
+ * barrier (every h row complete), down items of ROWS_DOWN rows (H / 64 per expert), POOL_CHUNK at a time. touch: the same items, schedule and barriers with the weights' bytes only read, not decoded (what
  * the access pattern alone costs). */
 static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, const uint64_t *up,
                     const uint64_t *down, int64_t gate_row, int64_t up_row, int64_t down_row, int gate_type,
@@ -233,9 +226,7 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
     const int N = start[G], x_sums = needs_sums(gate_type) || needs_sums(up_type), h_sums = needs_sums(down_type);
     const int64_t gate_bytes = row_bytes_of(gate_type, H), up_bytes = row_bytes_of(up_type, H);
     const int64_t down_bytes = row_bytes_of(down_type, F);
-    /* POOL_CHUNK 0: one contiguous share of each loop per thread */
-    const int chunk_gu = POOL_CHUNK > 0 ? POOL_CHUNK : (G * items_gu + n_threads - 1) / n_threads;
-    const int chunk_dn = POOL_CHUNK > 0 ? POOL_CHUNK : (G * items_dn + n_threads - 1) / n_threads;
+    const int chunk_gu = POOL_CHUNK, chunk_dn = POOL_CHUNK;
     int n_x = 0; /* x rows: 1 + the largest token row an entry reads */
     for (int i = 0; i < N; i++) n_x = tok[i] + 1 > n_x ? tok[i] + 1 : n_x;
     /* x in the lane order of the gate's / up's kernel where it has one (needs_xperm; the same order for both when
@@ -282,8 +273,8 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
             const int f1 = f0 + ROWS_GATE_UP < F ? f0 + ROWS_GATE_UP : F;
             const uint8_t *wg = (const uint8_t *)(uintptr_t)gate[g] + f0 * gate_row;
             const uint8_t *wu = (const uint8_t *)(uintptr_t)up[g] + f0 * up_row;
-            prefetch_span(wg, (int64_t)(f1 - f0) * gate_row);
-            prefetch_span(wu, (int64_t)(f1 - f0) * up_row);
+            prefetch_span(gate_type, H, wg, (int64_t)(f1 - f0) * gate_row);
+            prefetch_span(up_type, H, wu, (int64_t)(f1 - f0) * up_row);
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) {
@@ -321,7 +312,7 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
             const int g = item / items_dn, d0 = (item % items_dn) * ROWS_DOWN;
             const int d1 = d0 + ROWS_DOWN < H ? d0 + ROWS_DOWN : H;
             const uint8_t *wd = (const uint8_t *)(uintptr_t)down[g] + d0 * down_row;
-            prefetch_span(wd, (int64_t)(d1 - d0) * down_row);
+            prefetch_span(down_type, F, wd, (int64_t)(d1 - d0) * down_row);
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) {
@@ -365,22 +356,22 @@ int strata_pool_diag(int n_threads, int H, int F, int G, const uint64_t *gate, c
                     start, tok, dst, x, y, h, touch, prof);
 }
 
-/* the build's tuning (what a bench variant changed): out[0..6] = POOL_CHUNK, PREFETCH_AHEAD, PREFETCH_LINES,
- * PREFETCH_HINT, ROWS_GATE_UP, ROWS_DOWN, 1 for the AVX-512 permute decoders; returns the schedule kind's name */
+/* the build's tuning: out[0..4] = POOL_CHUNK, PREFETCH_AHEAD, ROWS_GATE_UP, ROWS_DOWN, 1 for the AVX-512 permute and
+ * lane-order kernels; returns the item loops' schedule */
 const char *strata_pool_config(int64_t *out) {
 #ifdef STRATA_AVX2
-    const int64_t ahead = PREFETCH_AHEAD, lines = PREFETCH_LINES, hint = PREFETCH_HINT;
+    const int64_t ahead = PREFETCH_AHEAD;
 #else
-    const int64_t ahead = 0, lines = 0, hint = 0;
+    const int64_t ahead = 0;
 #endif
 #ifdef STRATA_PERM
     const int64_t perm = 1;
 #else
     const int64_t perm = 0;
 #endif
-    const int64_t v[7] = {POOL_CHUNK, ahead, lines, hint, ROWS_GATE_UP, ROWS_DOWN, perm};
+    const int64_t v[5] = {POOL_CHUNK, ahead, ROWS_GATE_UP, ROWS_DOWN, perm};
     memcpy(out, v, sizeof v);
-    return PRAGMA_STR(POOL_SCHED_KIND);
+    return "dynamic";
 }
 
 /* exported for the tests: one row, exactly as the kernels see it */

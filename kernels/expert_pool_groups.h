@@ -20,10 +20,9 @@
 #define AI static inline __attribute__((always_inline))
 
 /* STRATA_PERM: the AVX-512 build's register-permute decoders (vpermps / vpermt2ps tables, the grid i-quants of
- * expert_pool_grids.h, unmasked nibble and crumb indexes). -DSTRATA_NO_PERM=1 (bench/pool_bench.py --variant
- * STRATA_NO_PERM=1) keeps the AVX-512 lanes and passes but decodes as the AVX2 build does (widen, convert, multiply):
- * the A/B for hosts where the permutes are slow (the tests run it too) */
-#if defined(STRATA_AVX512) && !defined(STRATA_NO_PERM)
+ * expert_pool_grids.h, unmasked nibble and crumb indexes) and lane-order kernels. (The AVX-512 lanes with the AVX2
+ * decoders lost on the device for every type, 2026-12-02: 10-20 %, so that is no build variant any more.) */
+#ifdef STRATA_AVX512
 #define STRATA_PERM 1
 #endif
 
@@ -449,41 +448,30 @@ enum {
     PIPE_prep_iq1_s = 1, PIPE_prep_iq1_m = 1, PIPE_prep_nvfp4 = 0
 };
 
-#ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048 /* bytes ahead of the block being read */
-#endif
-/* The software prefetch of the passes (A/B variants, -D through bench/pool_bench.py --variant / --ab):
- * PREFETCH_LINES 0 (the default): per block, one prefetch per 64 bytes of the block, PREFETCH_AHEAD bytes ahead:
- *   3.6 prefetches per cache line for Q4_0's and MXFP4's 17-18-byte blocks, 1.9 for Q8_0's 34, all but one to a
- *   line already on its way; a work item's first PREFETCH_AHEAD bytes are not prefetched (demand misses until the
- *   hardware prefetcher catches on) and its last ones prefetch the next item's rows, which another thread reads.
- * PREFETCH_LINES 1: each 64-byte line once, when the pass over a row starts: the row's bytes PREFETCH_AHEAD ahead
- *   (rows are contiguous, so consecutive rows prefetch consecutive spans), never past the work item's end (pf_end),
- *   and the item's first PREFETCH_AHEAD bytes prefetched when it starts (prefetch_span in expert_pool.c). One tight
- *   loop per row, not a line check per block (that one measured 6-11 % slower on one core of the dev box; this one
- *   4 % on Q4_0 and Q2_K+Q4_0, 14 % on Q8_0, whose 42-line bursts per row fill the miss buffers at once).
- * PREFETCH_HINT: __builtin_prefetch's locality (3: prefetcht0, into L1; 2: t1, L2; 1: t2; 0: nta). */
-#ifndef PREFETCH_LINES
-#define PREFETCH_LINES 0
-#endif
-#ifndef PREFETCH_HINT
-#define PREFETCH_HINT 3
-#endif
-#if PREFETCH_LINES
+/* The software prefetch of the passes (prefetcht0, PREFETCH_AHEAD ahead; the device's sweep of 2026-12-02 measured
+ * 4096 ahead and prefetcht1 no better):
+ *   by blocks (PF_BLOCK, most types): per block, one prefetch per 64 bytes of the block: 3.6 prefetches per cache
+ *     line for the 17-18-byte blocks, all but one to a line already on its way; a work item's first PREFETCH_AHEAD
+ *     bytes are demand misses until the hardware prefetcher catches on.
+ *   by lines (PF_LINES, pf_lines_of: Q4_0 in lane order): each 64-byte line once, when the pass over a
+ *     row starts: the row's bytes PREFETCH_AHEAD ahead (rows are contiguous, so consecutive rows prefetch
+ *     consecutive spans), never past the work item's end, and the item's first PREFETCH_AHEAD bytes prefetched when
+ *     it starts (prefetch_span in expert_pool.c). Measured on the device at 16 threads: Q2_K+Q4_0 +12 / +9 / 0 % (4 KB
+ *     / 2 MB / file pages), Q4_0 +1 / 0 / +9 %, MXFP4 0 / +1 / -1 %, Q8_0 -1 / -8 / -3 % (its 42-line bursts per row
+ *     fill the miss buffers at once), with the weight-table kernels. With the lane-order kernels on the dev box
+ *     (1 thread, L3-hot): Q4_0 by lines as fast as by blocks, Q2_K by lines 30 % slower (4.8 against 6.8 GB/s of
+ *     gate/up), so Q4_0 only; whether Q2_K gains by lines from DRAM is the device's to measure. */
 AI void prefetch_lines(const uint8_t *from, int64_t n, const uint8_t *end) {
     const uint8_t *to = from + n < end ? from + n : end;
     for (const uint8_t *p = (const uint8_t *)((uintptr_t)from & ~(uintptr_t)63); p < to; p += 64)
-        __builtin_prefetch(p, 0, PREFETCH_HINT);
+        __builtin_prefetch(p, 0, 3);
 }
-#define PF_START(row, bytes, end) prefetch_lines((row) + PREFETCH_AHEAD, (bytes), (end))
-#define PF_BLOCK(blk, bpb) (void)0
-#else
-#define PF_START(row, bytes, end) (void)(end)
+#define PF_LINES(row, bytes, end) prefetch_lines((row) + PREFETCH_AHEAD, (bytes), (end))
 #define PF_BLOCK(blk, bpb)                                                                                          \
     do {                                                                                                            \
-        for (int p_ = 0; p_ < (bpb); p_ += 64) __builtin_prefetch((blk) + PREFETCH_AHEAD + p_, 0, PREFETCH_HINT);   \
+        for (int p_ = 0; p_ < (bpb); p_ += 64) __builtin_prefetch((blk) + PREFETCH_AHEAD + p_, 0, 3);               \
     } while (0)
-#endif
 
 /* The min term: in the AVX-512 build the MINS types FMA scale * code with x and subtract sum_g min_g * xsum_g once
  * per block (xsum: the sums of x over its 16-element groups, computed once per token row and work item), one float
@@ -501,7 +489,7 @@ AI void prefetch_lines(const uint8_t *from, int64_t n, const uint8_t *end) {
                        const int M, const uint8_t *pf_end) {                                                       \
         v16 acc[PASS_M][2], macc[PASS_M];                                                                           \
         PS_SCRATCH2;                                                                                                \
-        PF_START(row, (int64_t)BPB * nb, pf_end);                                                                   \
+        (void)pf_end;                                                                                               \
         for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = macc[r] = v16_zero();                                   \
         if (PIPE_##PREP && nb > 0) PREP(row, PS_OF(0));                                                             \
         for (int b = 0; b < nb; b++) {                                                                              \
@@ -568,11 +556,12 @@ static void xperm_q2_k(const float *x, int n, float *xp) {
             for (int i = 0; i < 16; i++) xp[256 * b + 16 * g + i] = x[256 * b + q2x_src(g, i)];
 }
 AI void pass_q2_kx(const uint8_t *row, int nb, const float *const *xs, const float *const *xsum, float *out,
-                   const int M) {
+                   const int M, const uint8_t *pf_end) {
     v16 acc[PASS_M][2];
     const v16 table = v16_cyc4(0);
     const int NA = M <= 2 ? 2 : 1; /* independent sums per row where few rows give few chains */
     for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
+    (void)pf_end;
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = row + 84 * (int64_t)b;
         PF_BLOCK(blk, 84);
@@ -598,14 +587,13 @@ AI void pass_q2_kx(const uint8_t *row, int nb, const float *const *xs, const flo
 }
 static void dots_q2_kx(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,
                        float *out, const uint8_t *pf_end) {
-    (void)pf_end;
     const int nb = n / 256; /* the passes of dots_##DEC */
     for (int r0 = 0; r0 < m;) {
         const int left = m - r0, M = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-        if (M == 8) pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 8);
-        else if (M == 4) pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 4);
-        else if (M == 2) pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 2);
-        else pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 1);
+        if (M == 8) pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 8, pf_end);
+        else if (M == 4) pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 4, pf_end);
+        else if (M == 2) pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 2, pf_end);
+        else pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 1, pf_end);
         r0 += M;
     }
 }
@@ -627,7 +615,8 @@ static void xperm_q4x(const float *x, int n, float *xp) {
         for (int e = 0; e < 128; e++) xp[128 * b + q4x_pos(e)] = x[128 * b + e];
 }
 AI float q4x_scale(int type, const uint8_t *b) { return type == T_MXFP4 ? e8m0_half(b[0]) : rdh(b); }
-AI void pass_q4x(const int type, const uint8_t *row, int nsb, const float *const *xs, float *out, const int M) {
+AI void pass_q4x(const int type, const uint8_t *row, int nsb, const float *const *xs, float *out, const int M,
+                 const uint8_t *pf_end) {
     const int BPB = type == T_MXFP4 ? 17 : 18, QS = type == T_MXFP4 ? 1 : 2;
     v16 acc[PASS_M][2];
     const v16 table = type == T_Q4_0 ? v16_iota(-8) : v16_i8(ld16b((const uint8_t *)(type == T_IQ4_NL ? kvalues_iq4nl
@@ -635,9 +624,10 @@ AI void pass_q4x(const int type, const uint8_t *row, int nsb, const float *const
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const int NA = M <= 2 ? 2 : 1;
     for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
+    if (type == T_Q4_0) PF_LINES(row, 4 * BPB * (int64_t)nsb, pf_end); /* pf_lines_of */
     for (int sb = 0; sb < nsb; sb++) {
         const uint8_t *b0 = row + 4 * BPB * (int64_t)sb;
-        PF_BLOCK(b0, 4 * BPB);
+        if (type != T_Q4_0) PF_BLOCK(b0, 4 * BPB);
         __m512i q = _mm512_castsi128_si512(ld16b(b0 + QS));
         q = _mm512_inserti32x4(q, ld16b(b0 + BPB + QS), 1);
         q = _mm512_inserti32x4(q, ld16b(b0 + 2 * BPB + QS), 2);
@@ -662,13 +652,13 @@ AI void pass_q4x(const int type, const uint8_t *row, int nsb, const float *const
 #define Q4X_DOTS(NAME, TYPE)                                                                                        \
     static void dots_##NAME(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,   \
                             float *out, const uint8_t *pf_end) {                                                    \
-        (void)pf_end, (void)xsum;                                                                                   \
+        (void)xsum;                                                                                                 \
         for (int r0 = 0; r0 < m;) {                                                                                 \
             const int left = m - r0, M = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;                        \
-            if (M == 8) pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 8);                                         \
-            else if (M == 4) pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 4);                                    \
-            else if (M == 2) pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 2);                                    \
-            else pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 1);                                                \
+            if (M == 8) pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 8, pf_end);                                 \
+            else if (M == 4) pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 4, pf_end);                            \
+            else if (M == 2) pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 2, pf_end);                            \
+            else pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 1, pf_end);                                        \
             r0 += M;                                                                                                \
         }                                                                                                           \
     }
@@ -848,6 +838,8 @@ static void xperm_of(int type, const float *x, int n, float *xp) {
     (void)type, (void)x, (void)n, (void)xp;
 #endif
 }
+/* whether the type's kernel over rows of n prefetches by lines (PF_LINES: Q4_0 in lane order) */
+static int pf_lines_of(int type, int n) { return type == T_Q4_0 && fused_dots_xperm(type, n); }
 /* where element f of a row of n sits in that order */
 static int xperm_pos(int type, int n, int f) {
 #ifdef STRATA_PERM

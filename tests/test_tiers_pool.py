@@ -68,16 +68,12 @@ ALL_TYPES = sorted(native.NATIVE_TYPES, key=native.NATIVE_TYPES.get)
 needs_native = pytest.mark.skipif(native.load() is None, reason="no C compiler: the pool runs on numpy here")
 # every ISA build this CPU runs (AVX-512, AVX2) and the scalar twin (-DSTRATA_NO_SIMD): all must decode bit for bit
 # and agree with numpy
-# and the AVX-512 lanes with the AVX2 decoders (-DSTRATA_NO_PERM, the variant without register permutes)
-BUILDS = pytest.mark.parametrize("build", [isa for isa in native.host_isas() if isa != "scalar"] + ["no-simd"] +
-                                 (["avx512-noperm"] if "avx512" in native.host_isas() else []))
+BUILDS = pytest.mark.parametrize("build", [isa for isa in native.host_isas() if isa != "scalar"] + ["no-simd"])
 
 
 def library(build):
     if build == "no-simd":
         return native.load_variant(("STRATA_NO_SIMD=1",))
-    if build == "avx512-noperm":
-        return native.load_variant(("STRATA_NO_PERM=1",), isa="avx512")
     return native.load_variant((), isa=build)
 
 
