@@ -285,3 +285,22 @@ def test_lane_order_kernels_match_numpy(type_name, H, F, build):
         for n_rows in (1, 4, 19):
             check_pool(model, pool, types, np.stack([[0, 1 + i % 3] for i in range(n_rows)]), layer=0)
         check_pool(model, pool, types, routed(5, 4, 2, rng), layer=1)
+
+
+@needs_native
+def test_native_calls_count_their_kernel_and_wake_time():
+    """verify-bench's pool C ms / pool wake ms: each native call adds the kernel's wall time and, of it, the team's
+    wake-up; the numpy path adds nothing"""
+    model = FakeModel(("Q4_0",) * 3)
+    pool = ExpertPool(model, n_threads=2)
+    rng = np.random.default_rng(8)
+    plan = build_plan(1, routed(3, 6, 3, rng), np.full(6, -1, np.int32))
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    pool.compute(1, x, plan.cpu)
+    first = pool.kernel_ns
+    assert 0 < pool.wake_ns <= first
+    pool.compute(1, x, plan.cpu)
+    assert pool.kernel_ns > first
+    numpy_pool = ExpertPool(model, use_native=False)
+    numpy_pool.compute(1, x, plan.cpu)
+    assert numpy_pool.kernel_ns == 0 and numpy_pool.wake_ns == 0
