@@ -30,6 +30,13 @@
 #define MAX_M 16         /* entries (token rows) one work item serves per pass over its weight rows */
 #define ROWS_GATE_UP 16  /* gate/up rows per work item (one 16-element group of h: the h sums rely on it) */
 #define ROWS_DOWN 64     /* down rows per work item */
+/* Gate/up rows of an expert take the lane-order kernels (expert_pool_groups.h) when it has at most this many rows:
+ * at 1 and 2 rows they read the weights at least as fast as the weight-table kernels (dev box, 1 thread, L3-hot:
+ * Q2_K 5.4 -> 6.8 GB/s at 1 row, 3.9 -> 4.0 at 2), at 4 slower (Q2_K 2.5 -> 2.1, Q4_0 4.2 -> 3.6: they pay a scale
+ * FMA per row every 4-8 groups where a table multiply is shared by the rows). Down rows (640 at the released
+ * geometry, 5 lane-order steps) measured faster in lane order at 1, 2 and 4 rows (Q4_0 3.5 -> 4.8 at 4) and always
+ * take it. */
+#define LANE_MAX_ROWS 2
 #ifndef X_CHUNK_FLOATS
 #define X_CHUNK_FLOATS 4096 /* floats of x (all rows of a pass together) one column chunk keeps in L1 */
 #endif
@@ -275,20 +282,23 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
             const uint8_t *wu = (const uint8_t *)(uintptr_t)up[g] + f0 * up_row;
             prefetch_span(gate_type, H, wg, (int64_t)(f1 - f0) * gate_row);
             prefetch_span(up_type, H, wu, (int64_t)(f1 - f0) * up_row);
+            /* lane order for the gate/up rows of an expert with few rows (LANE_MAX_ROWS) */
+            const int lane = start[g + 1] - start[g] <= LANE_MAX_ROWS;
+            const float *const xg_lane = lane ? xg_all : NULL, *const xu_lane = lane ? xu_all : NULL;
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) {
                     xs[r] = x + (int64_t)tok[e0 + r] * H;
-                    xg[r] = xg_all ? xg_all + (int64_t)tok[e0 + r] * H : xs[r];
-                    xu[r] = xu_all ? xu_all + (int64_t)tok[e0 + r] * H : xs[r];
+                    xg[r] = xg_lane ? xg_lane + (int64_t)tok[e0 + r] * H : xs[r];
+                    xu[r] = xu_lane ? xu_lane + (int64_t)tok[e0 + r] * H : xs[r];
                     xsum[r] = x_sums ? xs_all + (int64_t)tok[e0 + r] * (H / 16) : NULL;
                 }
                 if (touch) {
                     rows_touch(wg, gate_row, f1 - f0, gate_bytes, m, gv);
                     rows_touch(wu, up_row, f1 - f0, up_bytes, m, uv);
                 } else {
-                    rows_dots(gate_type, wg, gate_row, f1 - f0, H, xg, xsum, m, gv, buf, xg_all != NULL);
-                    rows_dots(up_type, wu, up_row, f1 - f0, H, xu, xsum, m, uv, buf, xu_all != NULL);
+                    rows_dots(gate_type, wg, gate_row, f1 - f0, H, xg, xsum, m, gv, buf, xg_lane != NULL);
+                    rows_dots(up_type, wu, up_row, f1 - f0, H, xu, xsum, m, uv, buf, xu_lane != NULL);
                 }
                 for (int r = 0; r < m; r++) {
                     float *hr = h + (int64_t)(e0 + r) * F, hv[ROWS_GATE_UP];
