@@ -555,8 +555,10 @@ static void xperm_q2_k(const float *x, int n, float *xp) {
         for (int g = 0; g < 16; g++)
             for (int i = 0; i < 16; i++) xp[256 * b + 16 * g + i] = x[256 * b + q2x_src(g, i)];
 }
-AI void pass_q2_kx(const uint8_t *row, int nb, const float *const *xs, const float *const *xsum, float *out,
-                   const int M, const uint8_t *pf_end) {
+AI void pass_q2_kx(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
+                   float *out, const int M, const uint8_t *pf_end) {
+    const int nb = n / 256;
+    (void)type;
     v16 acc[PASS_M][2];
     const v16 table = v16_cyc4(0);
     const int NA = M <= 2 ? 2 : 1; /* independent sums per row where few rows give few chains */
@@ -585,18 +587,20 @@ AI void pass_q2_kx(const uint8_t *row, int nb, const float *const *xs, const flo
     }
     for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
 }
-static void dots_q2_kx(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,
-                       float *out, const uint8_t *pf_end) {
-    const int nb = n / 256; /* the passes of dots_##DEC */
-    for (int r0 = 0; r0 < m;) {
-        const int left = m - r0, M = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-        if (M == 8) pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 8, pf_end);
-        else if (M == 4) pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 4, pf_end);
-        else if (M == 2) pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 2, pf_end);
-        else pass_q2_kx(row, nb, xs + r0, xsum + r0, out + r0, 1, pf_end);
-        r0 += M;
+/* the passes of one lane-order kernel over m token rows: 8, 4, 2, 1 at a time (M a constant in each pass) */
+#define LANE_DOTS(NAME, PASS, TYPE)                                                                                 \
+    static void dots_##NAME(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,   \
+                            float *out, const uint8_t *pf_end) {                                                    \
+        for (int r0 = 0; r0 < m;) {                                                                                 \
+            const int left = m - r0, M = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;                        \
+            if (M == 8) PASS(TYPE, row, n, xs + r0, xsum + r0, out + r0, 8, pf_end);                                \
+            else if (M == 4) PASS(TYPE, row, n, xs + r0, xsum + r0, out + r0, 4, pf_end);                           \
+            else if (M == 2) PASS(TYPE, row, n, xs + r0, xsum + r0, out + r0, 2, pf_end);                           \
+            else PASS(TYPE, row, n, xs + r0, xsum + r0, out + r0, 1, pf_end);                                       \
+            r0 += M;                                                                                                \
+        }                                                                                                           \
     }
-}
+LANE_DOTS(q2_kx, pass_q2_kx, T_Q2_K)
 #endif
 
 #ifdef STRATA_PERM
@@ -615,8 +619,10 @@ static void xperm_q4x(const float *x, int n, float *xp) {
         for (int e = 0; e < 128; e++) xp[128 * b + q4x_pos(e)] = x[128 * b + e];
 }
 AI float q4x_scale(int type, const uint8_t *b) { return type == T_MXFP4 ? e8m0_half(b[0]) : rdh(b); }
-AI void pass_q4x(const int type, const uint8_t *row, int nsb, const float *const *xs, float *out, const int M,
-                 const uint8_t *pf_end) {
+AI void pass_q4x(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
+                 float *out, const int M, const uint8_t *pf_end) {
+    const int nsb = n / 128;
+    (void)xsum;
     const int BPB = type == T_MXFP4 ? 17 : 18, QS = type == T_MXFP4 ? 1 : 2;
     v16 acc[PASS_M][2];
     const v16 table = type == T_Q4_0 ? v16_iota(-8) : v16_i8(ld16b((const uint8_t *)(type == T_IQ4_NL ? kvalues_iq4nl
@@ -649,22 +655,9 @@ AI void pass_q4x(const int type, const uint8_t *row, int nsb, const float *const
     }
     for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
 }
-#define Q4X_DOTS(NAME, TYPE)                                                                                        \
-    static void dots_##NAME(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,   \
-                            float *out, const uint8_t *pf_end) {                                                    \
-        (void)xsum;                                                                                                 \
-        for (int r0 = 0; r0 < m;) {                                                                                 \
-            const int left = m - r0, M = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;                        \
-            if (M == 8) pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 8, pf_end);                                 \
-            else if (M == 4) pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 4, pf_end);                            \
-            else if (M == 2) pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 2, pf_end);                            \
-            else pass_q4x(TYPE, row, n / 128, xs + r0, out + r0, 1, pf_end);                                        \
-            r0 += M;                                                                                                \
-        }                                                                                                           \
-    }
-Q4X_DOTS(q4_0x, T_Q4_0)
-Q4X_DOTS(iq4_nlx, T_IQ4_NL)
-Q4X_DOTS(mxfp4x, T_MXFP4)
+LANE_DOTS(q4_0x, pass_q4x, T_Q4_0)
+LANE_DOTS(iq4_nlx, pass_q4x, T_IQ4_NL)
+LANE_DOTS(mxfp4x, pass_q4x, T_MXFP4)
 #endif
 
 #ifdef STRATA_PERM
@@ -718,8 +711,10 @@ AI v16 iq4xs_scales(const uint8_t *b) {
     const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
     return v16_mul(v16_set1(rdh(b)), v16_i8(q));
 }
-AI void pass_k4x(const int type, const uint8_t *row, int nb, const float *const *xs, const float *const *xsum,
-                 float *out, const int M) {
+AI void pass_k4x(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
+                 float *out, const int M, const uint8_t *pf_end) {
+    const int nb = n / 256;
+    (void)pf_end;
     const int BPB = type == T_Q4_K ? 144 : 136, QS = type == T_Q4_K ? 16 : 8;
     v16 acc[PASS_M][2];
     const v16 table = type == T_Q4_K ? v16_iota(0) : v16_i8(ld16b((const uint8_t *)kvalues_iq4nl));
@@ -765,21 +760,8 @@ AI void pass_k4x(const int type, const uint8_t *row, int nb, const float *const 
     }
     for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
 }
-#define K4X_DOTS(NAME, TYPE)                                                                                        \
-    static void dots_##NAME(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,   \
-                            float *out, const uint8_t *pf_end) {                                                    \
-        (void)pf_end;                                                                                               \
-        for (int r0 = 0; r0 < m;) {                                                                                 \
-            const int left = m - r0, M = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;                        \
-            if (M == 8) pass_k4x(TYPE, row, n / 256, xs + r0, xsum + r0, out + r0, 8);                              \
-            else if (M == 4) pass_k4x(TYPE, row, n / 256, xs + r0, xsum + r0, out + r0, 4);                         \
-            else if (M == 2) pass_k4x(TYPE, row, n / 256, xs + r0, xsum + r0, out + r0, 2);                         \
-            else pass_k4x(TYPE, row, n / 256, xs + r0, xsum + r0, out + r0, 1);                                     \
-            r0 += M;                                                                                                \
-        }                                                                                                           \
-    }
-K4X_DOTS(q4_kx, T_Q4_K)
-K4X_DOTS(iq4_xsx, T_IQ4_XS)
+LANE_DOTS(q4_kx, pass_k4x, T_Q4_K)
+LANE_DOTS(iq4_xsx, pass_k4x, T_IQ4_XS)
 #endif
 
 /* the table's group counts and block bytes restate the generated type table (model/quant_tables.py): hold them to
