@@ -222,8 +222,10 @@ static int64_t row_bytes_of(int type, int n) {
  * those of the x rows before the gate/up items, those of each h row by the gate/up items that write it (an item's
  * 16 rows are one 16-element group of h). Per work item they cost 10-40 % of a Q2_K item at one row per expert.
  * Work items: gate/up items of ROWS_GATE_UP rows of one expert's gate and up (F / 16 per expert), then, after a
- * barrier (every h row complete), down items of ROWS_DOWN rows (H / 64 per expert), POOL_CHUNK at a time. touch: the same items, schedule and barriers with the weights' bytes only read, not decoded (what
- * the access pattern alone costs). */
+ * barrier (every h row complete), down items of ROWS_DOWN rows (H / 64 per expert), POOL_CHUNK at a time. Where a
+ * type has a lane-order kernel (needs_xperm), x is copied in its order with the sums, and h written in the down
+ * kernel's. touch: the same items, schedule and barriers with the weights' bytes only read, not decoded (what the
+ * access pattern alone costs). */
 static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, const uint64_t *up,
                     const uint64_t *down, int64_t gate_row, int64_t up_row, int64_t down_row, int gate_type,
                     int up_type, int down_type, const int32_t *start, const int32_t *tok, const int32_t *dst,
@@ -238,7 +240,8 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
     for (int i = 0; i < N; i++) n_x = tok[i] + 1 > n_x ? tok[i] + 1 : n_x;
     /* x in the lane order of the gate's / up's kernel where it has one (needs_xperm; the same order for both when
      * they are of one type) */
-    const int xp_gate = needs_xperm(gate_type, H), xp_up = needs_xperm(up_type, H) && !(xp_gate && up_type == gate_type);
+    const int xp_gate = needs_xperm(gate_type, H);
+    const int xp_up = needs_xperm(up_type, H) && !(xp_gate && up_type == gate_type);
     const int hp = needs_xperm(down_type, F); /* h written in the down kernel's lane order */
     const size_t n_xs = (size_t)(x_sums ? n_x : 0) * (H / 16), n_hs = (size_t)(h_sums ? N : 0) * (F / 16);
     const size_t n_xp = (size_t)n_x * H * (size_t)(xp_gate + xp_up);
@@ -246,7 +249,8 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
     if (!sums) return -2;
     float *const xs_all = sums, *const hs_all = sums + n_xs;
     float *const xg_all = xp_gate ? sums + n_xs + n_hs : NULL;
-    float *const xu_all = xp_up ? sums + n_xs + n_hs + (size_t)n_x * H * xp_gate : xp_gate && needs_xperm(up_type, H) ? xg_all : NULL;
+    float *const xu_all = xp_up ? sums + n_xs + n_hs + (size_t)n_x * H * xp_gate
+                          : xp_gate && needs_xperm(up_type, H) ? xg_all : NULL;
     int failed = 0;
     if (prof) {
         memset(prof, 0, sizeof(int64_t) * (PROF_HEAD + (size_t)PROF_PER * n_threads));

@@ -580,7 +580,8 @@ AI void pass_q2_kx(const int type, const uint8_t *row, int n, const float *const
             _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
                 const v16 w = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 8 * k + 2 * s), table);
                 const int64_t off = 256 * (int64_t)b + 16 * (4 * s + k);
-                for (int r = 0; r < M; r++) a[r] = k ? v16_fma(w, v16_ld(xs[r] + off), a[r]) : v16_mul(w, v16_ld(xs[r] + off));
+                for (int r = 0; r < M; r++)
+                    a[r] = k ? v16_fma(w, v16_ld(xs[r] + off), a[r]) : v16_mul(w, v16_ld(xs[r] + off));
             }
             for (int r = 0; r < M; r++) acc[r][(s + 1) % NA] = v16_fma(S, a[r], acc[r][(s + 1) % NA]);
         }
@@ -604,9 +605,10 @@ LANE_DOTS(q2_kx, pass_q2_kx, T_Q2_K)
 #endif
 
 #ifdef STRATA_PERM
-/* The 32-weight 4-bit types (Q4_0, IQ4_NL, MXFP4) in lane order: 4 blocks' 16 code bytes in one zmm (lane i: dword
- * i % 4 of block i / 4), group g (0..7) = the nibble at bit 4 g of each dword, one shift and one permute of the
- * type's 16 values (k - 8, kvalues_iq4nl, kvalues_fp4) per 16 weights; a = sum_g value * xp, then acc += D * a with
+/* The 32-weight 4-bit types (Q4_0, IQ4_NL, MXFP4; Q5_0 with its fifth bit) in lane order: 4 blocks' 16 code bytes
+ * in one zmm (lane i: dword i % 4 of block i / 4), group g (0..7) = the nibble at bit 4 g of each dword, one shift
+ * and one permute of the type's 16 values (k - 8, kvalues_iq4nl, kvalues_fp4, k - 16) per 16 weights (Q5_0: one
+ * more test and masked permute for the codes 16..31); a = sum_g value * xp, then acc += D * a with
  * D the lanes' block scales (one multiply per 128 weights and row instead of a scale x table multiply per block).
  * Element of the 128 (4 blocks) that lane i of group g holds: 32 (i / 4) + 16 (g % 2) + 4 (i % 4) + g / 2. */
 AI int q4x_src(int g, int i) { return 32 * (i / 4) + 16 * (g % 2) + 4 * (i % 4) + g / 2; }
@@ -623,10 +625,12 @@ AI void pass_q4x(const int type, const uint8_t *row, int n, const float *const *
                  float *out, const int M, const uint8_t *pf_end) {
     const int nsb = n / 128;
     (void)xsum;
-    const int BPB = type == T_MXFP4 ? 17 : 18, QS = type == T_MXFP4 ? 1 : 2;
+    const int BPB = type == T_MXFP4 ? 17 : type == T_Q5_0 ? 22 : 18, QS = type == T_MXFP4 ? 1 : type == T_Q5_0 ? 6 : 2;
     v16 acc[PASS_M][2];
-    const v16 table = type == T_Q4_0 ? v16_iota(-8) : v16_i8(ld16b((const uint8_t *)(type == T_IQ4_NL ? kvalues_iq4nl
-                                                                                                  : kvalues_fp4)));
+    /* Q5_0: codes 0..15 -> k - 16 (table), 16..31 -> k - 16 (hi) where the lane's qh bit is set */
+    const v16 table = type == T_Q4_0 ? v16_iota(-8) : type == T_Q5_0 ? v16_iota(-16)
+                    : v16_i8(ld16b((const uint8_t *)(type == T_IQ4_NL ? kvalues_iq4nl : kvalues_fp4)));
+    const v16 hi = v16_iota(0);
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const int NA = M <= 2 ? 2 : 1;
     for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
@@ -644,9 +648,21 @@ AI void pass_q4x(const int type, const uint8_t *row, int n, const float *const *
                                                                         (short)rd16(b0 + 2 * BPB),
                                                                         (short)rd16(b0 + 3 * BPB), 0, 0, 0, 0));
         const v16 D = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        /* Q5_0: lanes 4 t .. 4 t + 3 hold block t's qh; lane i of group g needs its bit 16 (g % 2) + 4 (i % 4) + g / 2
+         * (the element that lane holds), tested into a mask that picks the high table */
+        const __m512i qh = type == T_Q5_0 ? _mm512_permutexvar_epi32(spread, _mm512_castsi128_si512(_mm_setr_epi32(
+                               (int)rd32(b0 + 2), (int)rd32(b0 + BPB + 2), (int)rd32(b0 + 2 * BPB + 2),
+                               (int)rd32(b0 + 3 * BPB + 2)))) : _mm512_setzero_si512();
         v16 a[PASS_M][2]; /* at few rows two chains of 4 FMAs, not one of 8 (short down rows: 5 of these per row) */
         _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
-            const v16 w = _mm512_permutexvar_ps(g ? _mm512_srli_epi32(q, 4 * g) : q, table);
+            const __m512i idx = g ? _mm512_srli_epi32(q, 4 * g) : q;
+            v16 w = _mm512_permutexvar_ps(idx, table);
+            if (type == T_Q5_0) {
+                const int e0 = 16 * (g % 2) + g / 2;
+                const __m512i at = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+                const __mmask16 h = _mm512_test_epi32_mask(qh, _mm512_sllv_epi32(_mm512_set1_epi32(1 << e0), at));
+                w = _mm512_mask_permutexvar_ps(w, h, idx, hi);
+            }
             const int64_t off = 128 * (int64_t)sb + 16 * g, c = g % NA;
             for (int r = 0; r < M; r++)
                 a[r][c] = g >= NA ? v16_fma(w, v16_ld(xs[r] + off), a[r][c]) : v16_mul(w, v16_ld(xs[r] + off));
@@ -658,6 +674,7 @@ AI void pass_q4x(const int type, const uint8_t *row, int n, const float *const *
 LANE_DOTS(q4_0x, pass_q4x, T_Q4_0)
 LANE_DOTS(iq4_nlx, pass_q4x, T_IQ4_NL)
 LANE_DOTS(mxfp4x, pass_q4x, T_MXFP4)
+LANE_DOTS(q5_0x, pass_q4x, T_Q5_0)
 #endif
 
 #ifdef STRATA_PERM
@@ -682,15 +699,17 @@ static void xperm_q4kx(const float *x, int n, float *xp) {
  * get_scale_min_k4 in byte shuffles); IQ4_XS: sc[s] = d * (6-bit scale s - 32), s < 8 */
 AI void q4k_scales(const uint8_t *b, v16 *sc, v16 *mn) {
     const __m128i s = ld16b(b + 4);
+#define Z_ -128 /* a pshufb index that writes 0 */
     const __m128i top = _mm_set1_epi8((char)0xC0);
     /* sub-blocks j < 4: s[j] & 63, s[j + 4] & 63; j >= 4: (s[j + 4] & 15) | (s[j - 4] >> 6) << 4,
      * (s[j + 4] >> 4) | (s[j] >> 6) << 4 */
-    const __m128i P = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, -128, -128, -128, -128, -128, -128, -128, -128));
-    const __m128i Q = _mm_shuffle_epi8(s, _mm_setr_epi8(-128, -128, -128, -128, 0, 1, 2, 3, -128, -128, -128, -128, -128, -128, -128, -128));
-    const __m128i P2 = _mm_shuffle_epi8(s, _mm_setr_epi8(4, 5, 6, 7, 8, 9, 10, 11, -128, -128, -128, -128, -128, -128, -128, -128));
+    const __m128i P = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, Z_, Z_, Z_, Z_, Z_, Z_, Z_, Z_));
+    const __m128i Q = _mm_shuffle_epi8(s, _mm_setr_epi8(Z_, Z_, Z_, Z_, 0, 1, 2, 3, Z_, Z_, Z_, Z_, Z_, Z_, Z_, Z_));
+    const __m128i P2 = _mm_shuffle_epi8(s, _mm_setr_epi8(4, 5, 6, 7, 8, 9, 10, 11, Z_, Z_, Z_, Z_, Z_, Z_, Z_, Z_));
     const __m128i lo4 = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0);
     const __m128i hi6 = _mm_and_si128(_mm_srli_epi16(_mm_and_si128(Q, top), 2), _mm_set1_epi8(0x30));
-    const __m128i Q2 = _mm_shuffle_epi8(s, _mm_setr_epi8(-128, -128, -128, -128, 4, 5, 6, 7, -128, -128, -128, -128, -128, -128, -128, -128));
+    const __m128i Q2 = _mm_shuffle_epi8(s, _mm_setr_epi8(Z_, Z_, Z_, Z_, 4, 5, 6, 7, Z_, Z_, Z_, Z_, Z_, Z_, Z_, Z_));
+#undef Z_
     const __m128i hi6m = _mm_and_si128(_mm_srli_epi16(_mm_and_si128(Q2, top), 2), _mm_set1_epi8(0x30));
     const __m128i sc8 = _mm_or_si128(_mm_and_si128(P, lo4), hi6);
     const __m128i mlo = _mm_and_si128(P2, _mm_setr_epi8(63, 63, 63, 63, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
@@ -800,6 +819,7 @@ static dots_fn fused_dots_xperm(int type, int n) {
         if (type == T_Q4_0) return dots_q4_0x;
         if (type == T_IQ4_NL) return dots_iq4_nlx;
         if (type == T_MXFP4) return dots_mxfp4x;
+        if (type == T_Q5_0) return dots_q5_0x;
     }
 #endif
     (void)type, (void)n;
