@@ -15,8 +15,6 @@
 #   ids=FILE     the GPU tests whose node ids FILE lists (one a line), short tracebacks kept in ids-FILE.log
 #   pool         bench/pool_bench.py on the host's cores, every type the engine reads
 #   pool1        the same on one thread (per-core rates: a type slow on 16 threads but not on one scales badly)
-#   pool-noperm  the same with the AVX-512 build's AVX2 decoders (-DSTRATA_NO_PERM=1: no register permutes), the A/B
-#                for a host where the permute decoders run slow
 #   pool-sweep   issue 17's diagnosis of the pool from DRAM (~150 s): bench/pool_bench.py --sweep over Q8_0, Q4_0,
 #                Q2_K+Q4_0, MXFP4 ($POOL_SWEEP_TYPES), 1..16 threads, 4 KB / 2 MB / file pages, the pool with its
 #                per-thread profile, the same items only read (touch), a plain read of the same bytes, the L3-hot pool,
@@ -77,11 +75,9 @@ run_step() {  # run_step NAME SECONDS CMD...: output to $OUT/NAME.log and to std
     return $rc
 }
 
-# the A/B builds of pool-sweep (kernels/expert_pool.c's tuning macros; tests/test_pool_variants.py holds each to
-# the default build bit for bit, test_tiers_pool.py the last two)
-POOL_AB="--ab POOL_CHUNK=4 --ab POOL_CHUNK=0,POOL_SCHED_KIND=static --ab POOL_SCHED_KIND=guided --ab PREFETCH_LINES=1
- --ab PREFETCH_AHEAD=4096 --ab POOL_SCHED_KIND=guided,PREFETCH_AHEAD=4096 --ab PREFETCH_HINT=2 --ab STRATA_NO_PERM=1
- --ab avx2"
+# the A/B builds of pool-sweep: the AVX2 build beside the AVX-512 one (what a host without AVX-512 gets;
+# tests/test_tiers_pool.py holds both to numpy). The tuning macros of the 2026-12-02 sweep are settled in the code.
+POOL_AB="--ab avx2"
 
 pool_sweep() {  # pool_sweep NAME ARGS...: bench/pool_bench.py ARGS, its output in $OUT/NAME.out and .json, the summary
     local name=$1 rc; shift
@@ -135,8 +131,6 @@ for arg in "$@"; do
         gpu=*) run_step gpu-k "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests '${name#gpu=}'";;
         pool) run_step pool "$limit" python3 bench/pool_bench.py --threads "$(nproc)" ${POOL_ARGS:-};;
         pool1) run_step pool1 "$limit" python3 bench/pool_bench.py --threads 1 ${POOL_ARGS:-};;
-        pool-noperm) run_step pool-noperm "$limit" python3 bench/pool_bench.py --threads "$(nproc)" ${POOL_ARGS:-} \
-            --variant STRATA_NO_PERM=1;;
         pool-sweep) run_step pool-sweep "$limit" bash -c "$(declare -f pool_sweep); OUT=$OUT pool_sweep pool-sweep \
             --sweep --types ${POOL_SWEEP_TYPES:-Q8_0,Q4_0,Q2_K,MXFP4} --gb 1.5 $(echo $POOL_AB) ${POOL_ARGS:-}";;
         pool-bind) run_step pool-bind "$limit" env OMP_PROC_BIND=close OMP_PLACES=cores bash -c "$(declare -f pool_sweep)

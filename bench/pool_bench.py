@@ -26,10 +26,9 @@ Modes (each a configuration per thread count and build):
   hot    the pool on one fixed set of as many layers as fit half the L3 (the compute rate without DRAM)
 
 Builds: the base (--isa and --variant NAME=VALUE defines, as the pool builds itself when both are absent) and one
-per --ab (comma-separated NAME=VALUE defines and/or an ISA name, on top of the base's), each compiled in parallel;
-kernels/expert_pool.c names the tuning macros (POOL_SCHED_KIND, POOL_CHUNK, PREFETCH_LINES, PREFETCH_AHEAD,
-PREFETCH_HINT). Before timing, every build is checked on layer 0 at every T and at the largest and smallest thread
-count against the numpy reference (float64 SwiGLU on strata_cli/model/quants.dequantize): rel err = max |pool -
+per --ab (comma-separated NAME=VALUE defines and/or an ISA name, on top of the base's: `--ab avx2` is the AVX2
+build on an AVX-512 host), each compiled in parallel. Before timing, every build is checked on layer 0 at every T
+and at the largest and smallest thread count against the numpy reference (float64 SwiGLU on strata_cli/model/quants.dequantize): rel err = max |pool -
 numpy| / max |numpy|, <= 1e-4 or no timing. Configurations run in --rounds interleaved rounds (drift on a shared
 host hits every configuration alike); GB/s = the median over every timed iteration of the distinct experts' bytes /
 wall time. "foreign" is the CPU the rest of the host used meanwhile, in cores ("steal": of it, what the hypervisor
@@ -422,14 +421,8 @@ def format_row(label: str, r: dict) -> str:
     return text
 
 
-SHORT = (("POOL_SCHED_KIND=", "sched="), ("POOL_CHUNK=", "chunk="), ("PREFETCH_LINES=", "pf_lines="),
-         ("PREFETCH_HINT=", "pf_hint="), ("PREFETCH_AHEAD=", "pf_ahead="), ("STRATA_NO_PERM=1", "noperm"))
-
-
 def short(build: str) -> str:
-    """A build's name as the summary prints it (the JSON keeps the defines)."""
-    for long, abbr in SHORT:
-        build = build.replace(long, abbr)
+    """A build's name as the summary prints it."""
     return build
 
 
@@ -520,9 +513,9 @@ def main() -> None:
                                                             "(default 10; --sweep: 3)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 1; --sweep: 2)")
     ap.add_argument("--variant", action="append", default=[],
-                    help="build every kernel with -DNAME=VALUE (e.g. PREFETCH_AHEAD=4096)")
+                    help="build every kernel with -DNAME=VALUE")
     ap.add_argument("--ab", action="append", default=[],
-                    help="one more build: comma-separated NAME=VALUE defines and/or an ISA (e.g. POOL_CHUNK=4)")
+                    help="one more build: comma-separated NAME=VALUE defines and/or an ISA (e.g. avx2)")
     ap.add_argument("--pages", default=None, help=f"page kinds, comma-separated, of {','.join(pool_memory.PAGES)} "
                                                   "(default anon; --sweep: 4k,huge,file)")
     ap.add_argument("--modes", default=None, help=f"comma-separated, of {','.join(MODES)} "

@@ -30,29 +30,28 @@
 #define MAX_M 16         /* entries (token rows) one work item serves per pass over its weight rows */
 #define ROWS_GATE_UP 16  /* gate/up rows per work item (one 16-element group of h: the h sums rely on it) */
 #define ROWS_DOWN 64     /* down rows per work item */
+/* Gate/up rows of an expert take the lane-order kernels (expert_pool_groups.h) when it has at most this many rows:
+ * at 1 and 2 rows they read the weights at least as fast as the weight-table kernels (dev box, 1 thread, L3-hot:
+ * Q2_K 5.4 -> 6.8 GB/s at 1 row, 3.9 -> 4.0 at 2), at 4 slower (Q2_K 2.5 -> 2.1, Q4_0 4.2 -> 3.6: they pay a scale
+ * FMA per row every 4-8 groups where a table multiply is shared by the rows). Down rows (640 at the released
+ * geometry, 5 lane-order steps) measured faster in lane order at 1, 2 and 4 rows (Q4_0 3.5 -> 4.8 at 4) and always
+ * take it. */
+#define LANE_MAX_ROWS 2
 #ifndef X_CHUNK_FLOATS
 #define X_CHUNK_FLOATS 4096 /* floats of x (all rows of a pass together) one column chunk keeps in L1 */
 #endif
 
-/* How the team shares the work items (A/B variants, -D through bench/pool_bench.py --variant / --ab):
- *   POOL_SCHED_KIND  dynamic | guided | static: the OpenMP schedule of both item loops
- *   POOL_CHUNK       items a thread takes at once; 0: one contiguous share per thread (items / threads, rounded up)
- * Items are numbered expert by expert, rows in order, so a chunk of c items is one contiguous run of c x 16 gate
- * rows and c x 16 up rows (c x 23 KB each in Q4_0 at H = 2560), or c x 64 down rows. At one item (the default) a
- * thread starts a new 23 KB run every few microseconds: the hardware prefetcher ramps up again, the first
- * PREFETCH_AHEAD bytes are demand misses, and a down item first fetches its expert's h row from the cores that
- * wrote it. Bigger chunks pay that less often and balance worse at the barriers (the profile shows both). */
-#ifndef POOL_SCHED_KIND
-#define POOL_SCHED_KIND dynamic
-#endif
-#ifndef POOL_CHUNK
-#define POOL_CHUNK 1
-#endif
+/* How the team shares the work items: both item loops schedule(dynamic, POOL_CHUNK). Items are numbered expert by
+ * expert, rows in order, so a take of 4 items is one contiguous run of 64 gate rows and 64 up rows (4 x 23 KB each
+ * in Q4_0 at H = 2560), or 256 down rows: a thread starts a new run (the hardware prefetcher ramps up again, a down
+ * item first fetches its expert's h row from the cores that wrote it) a quarter as often as at 1 item. Measured on
+ * the device (16 cores, pool_bench --sweep --ab, 2026-12-02): 4 items beat 1 for every type and page kind (Q2_K+Q4_0
+ * 47.1 / 46.7 / 43.4 GB/s against 42.9 / 44.0 / 41.3), one static share per thread and guided lost (balance at the
+ * barrier), so neither stays a build switch. */
+#define POOL_CHUNK 4
 #define PRAGMA_(x) _Pragma(#x)
 #define PRAGMA(x) PRAGMA_(x)
-#define PRAGMA_STR_(x) #x
-#define PRAGMA_STR(x) PRAGMA_STR_(x)
-#define OMP_FOR_ITEMS(chunk) PRAGMA(omp for schedule(POOL_SCHED_KIND, chunk))
+#define OMP_FOR_ITEMS(chunk) PRAGMA(omp for schedule(dynamic, chunk))
 
 /* type ids, value tables, row decoders, the fused kernels */
 #include "expert_pool_decode.h"
@@ -73,9 +72,9 @@ static void dot_f32_rows(const float *w, int n, const float *const *xs, int m, f
  * sums of x row r where the type's kernel needs them (fused_needs_sums), else NULL. Without a fused kernel: each
  * row dequantized into buf (n floats), then the scalar dot products. */
 static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, int n, const float *const *xs,
-                      const float *const *xsum, int m, float *out, float *buf) {
+                      const float *const *xsum, int m, float *out, float *buf, int xp) {
 #ifdef STRATA_AVX2
-    const dots_fn fused = fused_dots(type, n);
+    const dots_fn fused = xp ? fused_dots_xperm(type, n) : fused_dots(type, n);
     if (fused) {
         int elems, bytes;
         block_of(type, &elems, &bytes);
@@ -101,20 +100,23 @@ static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, in
         return;
     }
 #endif
+    (void)xp; /* never set without a lane-order kernel (needs_xperm) */
     for (int i = 0; i < nrows; i++) {
         dequant_row(type, w0 + i * stride, n, buf);
         dot_f32_rows(buf, n, xs, m, out + i * MAX_M);
     }
 }
 
-/* the first PREFETCH_AHEAD bytes of a work item's rows, when it starts (PREFETCH_LINES 1; else nothing) */
-static void prefetch_span(const uint8_t *p, int64_t n) {
-#if defined(STRATA_AVX2) && PREFETCH_LINES
-    if (n > PREFETCH_AHEAD) n = PREFETCH_AHEAD;
-    for (const uint8_t *q = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)63); q < p + n; q += 64)
-        __builtin_prefetch(q, 0, PREFETCH_HINT);
+/* the first PREFETCH_AHEAD bytes of a work item's rows, when it starts, for the types whose passes prefetch by lines
+ * (pf_lines_of: those passes prefetch PREFETCH_AHEAD ahead of each row's start, never its first bytes) */
+static void prefetch_span(int type, int n, const uint8_t *p, int64_t bytes) {
+#ifdef STRATA_AVX2
+    if (!pf_lines_of(type, n)) return;
+    if (bytes > PREFETCH_AHEAD) bytes = PREFETCH_AHEAD;
+    for (const uint8_t *q = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)63); q < p + bytes; q += 64)
+        __builtin_prefetch(q, 0, 3);
 #else
-    (void)p, (void)n;
+    (void)type, (void)n, (void)p, (void)bytes;
 #endif
 }
 
@@ -150,6 +152,34 @@ static int needs_sums(int type) {
 #else
     (void)type;
     return 0;
+#endif
+}
+
+/* whether rows of n of the type read x in the type's lane order (expert_pool_groups.h, AVX-512: Q2_K, Q4_0,
+ * IQ4_NL, MXFP4), and where element f of such an x row sits */
+static int needs_xperm(int type, int n) {
+#ifdef STRATA_AVX2
+    return fused_xperm(type, n) != 0;
+#else
+    (void)type, (void)n;
+    return 0;
+#endif
+}
+
+static int perm_pos(int type, int n, int f) {
+#ifdef STRATA_AVX2
+    return xperm_pos(type, n, f);
+#else
+    (void)type, (void)n;
+    return f;
+#endif
+}
+
+static void perm_of(int type, const float *x, int n, float *xp) {
+#ifdef STRATA_AVX2
+    xperm_of(type, x, n, xp);
+#else
+    (void)type, (void)x, (void)n, (void)xp;
 #endif
 }
 
@@ -192,9 +222,10 @@ static int64_t row_bytes_of(int type, int n) {
  * those of the x rows before the gate/up items, those of each h row by the gate/up items that write it (an item's
  * 16 rows are one 16-element group of h). Per work item they cost 10-40 % of a Q2_K item at one row per expert.
  * Work items: gate/up items of ROWS_GATE_UP rows of one expert's gate and up (F / 16 per expert), then, after a
- * barrier (every h row complete), down items of ROWS_DOWN rows (H / 64 per expert), shared as POOL_SCHED_KIND /
- * POOL_CHUNK say. touch: the same items, schedule and barriers with the weights' bytes only read, not decoded (what
- * the access pattern alone costs). */
+ * barrier (every h row complete), down items of ROWS_DOWN rows (H / 64 per expert), POOL_CHUNK at a time. Where a
+ * type has a lane-order kernel (needs_xperm), x is copied in its order with the sums, and h written in the down
+ * kernel's. touch: the same items, schedule and barriers with the weights' bytes only read, not decoded (what the
+ * access pattern alone costs). */
 static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, const uint64_t *up,
                     const uint64_t *down, int64_t gate_row, int64_t up_row, int64_t down_row, int gate_type,
                     int up_type, int down_type, const int32_t *start, const int32_t *tok, const int32_t *dst,
@@ -204,15 +235,22 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
     const int N = start[G], x_sums = needs_sums(gate_type) || needs_sums(up_type), h_sums = needs_sums(down_type);
     const int64_t gate_bytes = row_bytes_of(gate_type, H), up_bytes = row_bytes_of(up_type, H);
     const int64_t down_bytes = row_bytes_of(down_type, F);
-    /* POOL_CHUNK 0: one contiguous share of each loop per thread */
-    const int chunk_gu = POOL_CHUNK > 0 ? POOL_CHUNK : (G * items_gu + n_threads - 1) / n_threads;
-    const int chunk_dn = POOL_CHUNK > 0 ? POOL_CHUNK : (G * items_dn + n_threads - 1) / n_threads;
+    const int chunk_gu = POOL_CHUNK, chunk_dn = POOL_CHUNK;
     int n_x = 0; /* x rows: 1 + the largest token row an entry reads */
     for (int i = 0; i < N; i++) n_x = tok[i] + 1 > n_x ? tok[i] + 1 : n_x;
-    float *sums = (float *)malloc(sizeof(float) * ((size_t)(x_sums ? n_x : 0) * (H / 16) +
-                                                   (size_t)(h_sums ? N : 0) * (F / 16) + 1));
+    /* x in the lane order of the gate's / up's kernel where it has one (needs_xperm; the same order for both when
+     * they are of one type) */
+    const int xp_gate = needs_xperm(gate_type, H);
+    const int xp_up = needs_xperm(up_type, H) && !(xp_gate && up_type == gate_type);
+    const int hp = needs_xperm(down_type, F); /* h written in the down kernel's lane order */
+    const size_t n_xs = (size_t)(x_sums ? n_x : 0) * (H / 16), n_hs = (size_t)(h_sums ? N : 0) * (F / 16);
+    const size_t n_xp = (size_t)n_x * H * (size_t)(xp_gate + xp_up);
+    float *sums = (float *)malloc(sizeof(float) * (n_xs + n_hs + n_xp + 1));
     if (!sums) return -2;
-    float *const xs_all = sums, *const hs_all = sums + (size_t)(x_sums ? n_x : 0) * (H / 16);
+    float *const xs_all = sums, *const hs_all = sums + n_xs;
+    float *const xg_all = xp_gate ? sums + n_xs + n_hs : NULL;
+    float *const xu_all = xp_up ? sums + n_xs + n_hs + (size_t)n_x * H * xp_gate
+                          : xp_gate && needs_xperm(up_type, H) ? xg_all : NULL;
     int failed = 0;
     if (prof) {
         memset(prof, 0, sizeof(int64_t) * (PROF_HEAD + (size_t)PROF_PER * n_threads));
@@ -228,12 +266,16 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
 #pragma omp atomic write
             failed = 1;
         }
-        const float *xs[MAX_M], *xsum[MAX_M];
+        const float *xs[MAX_M], *xsum[MAX_M], *xg[MAX_M], *xu[MAX_M];
         float gv[ROWS_GATE_UP * MAX_M], uv[ROWS_GATE_UP * MAX_M];
-        if (x_sums) {
+        if (x_sums || xg_all || xu_all) {
 #pragma omp for schedule(static)
-            for (int t = 0; t < n_x; t++) sums_of(x + (int64_t)t * H, H, xs_all + (int64_t)t * (H / 16));
-        } /* implicit barrier: every x sum is there */
+            for (int t = 0; t < n_x; t++) {
+                if (x_sums) sums_of(x + (int64_t)t * H, H, xs_all + (int64_t)t * (H / 16));
+                if (xg_all) perm_of(gate_type, x + (int64_t)t * H, H, xg_all + (int64_t)t * H);
+                if (xu_all && xu_all != xg_all) perm_of(up_type, x + (int64_t)t * H, H, xu_all + (int64_t)t * H);
+            }
+        } /* implicit barrier: every x sum and lane-order copy is there */
         if (prof) t_gu0 = t_gu1 = now_ns();
         OMP_FOR_ITEMS(chunk_gu)
         for (int item = 0; item < G * items_gu; item++) {
@@ -242,29 +284,35 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
             const int f1 = f0 + ROWS_GATE_UP < F ? f0 + ROWS_GATE_UP : F;
             const uint8_t *wg = (const uint8_t *)(uintptr_t)gate[g] + f0 * gate_row;
             const uint8_t *wu = (const uint8_t *)(uintptr_t)up[g] + f0 * up_row;
-            prefetch_span(wg, (int64_t)(f1 - f0) * gate_row);
-            prefetch_span(wu, (int64_t)(f1 - f0) * up_row);
+            prefetch_span(gate_type, H, wg, (int64_t)(f1 - f0) * gate_row);
+            prefetch_span(up_type, H, wu, (int64_t)(f1 - f0) * up_row);
+            /* lane order for the gate/up rows of an expert with few rows (LANE_MAX_ROWS) */
+            const int lane = start[g + 1] - start[g] <= LANE_MAX_ROWS;
+            const float *const xg_lane = lane ? xg_all : NULL, *const xu_lane = lane ? xu_all : NULL;
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) {
                     xs[r] = x + (int64_t)tok[e0 + r] * H;
+                    xg[r] = xg_lane ? xg_lane + (int64_t)tok[e0 + r] * H : xs[r];
+                    xu[r] = xu_lane ? xu_lane + (int64_t)tok[e0 + r] * H : xs[r];
                     xsum[r] = x_sums ? xs_all + (int64_t)tok[e0 + r] * (H / 16) : NULL;
                 }
                 if (touch) {
                     rows_touch(wg, gate_row, f1 - f0, gate_bytes, m, gv);
                     rows_touch(wu, up_row, f1 - f0, up_bytes, m, uv);
                 } else {
-                    rows_dots(gate_type, wg, gate_row, f1 - f0, H, xs, xsum, m, gv, buf);
-                    rows_dots(up_type, wu, up_row, f1 - f0, H, xs, xsum, m, uv, buf);
+                    rows_dots(gate_type, wg, gate_row, f1 - f0, H, xg, xsum, m, gv, buf, xg_lane != NULL);
+                    rows_dots(up_type, wu, up_row, f1 - f0, H, xu, xsum, m, uv, buf, xu_lane != NULL);
                 }
                 for (int r = 0; r < m; r++) {
-                    float *hr = h + (int64_t)(e0 + r) * F;
+                    float *hr = h + (int64_t)(e0 + r) * F, hv[ROWS_GATE_UP];
                     for (int f = f0; f < f1; f++) {
                         const float gr = gv[(f - f0) * MAX_M + r];
-                        hr[f] = gr * (1.0f / (1.0f + expf(-gr))) * uv[(f - f0) * MAX_M + r];
+                        hv[f - f0] = gr * (1.0f / (1.0f + expf(-gr))) * uv[(f - f0) * MAX_M + r];
                     }
+                    for (int f = f0; f < f1; f++) hr[hp ? perm_pos(down_type, F, f) : f] = hv[f - f0];
                     /* h_sums: F % 256 == 0 (a K-quant down row), so f0 .. f1 is the whole group f0 / 16 */
-                    if (h_sums) sums_of(hr + f0, 16, hs_all + (int64_t)(e0 + r) * (F / 16) + f0 / 16);
+                    if (h_sums) sums_of(hv, 16, hs_all + (int64_t)(e0 + r) * (F / 16) + f0 / 16);
                 }
             }
             if (prof) t_gu1 = now_ns(), n_gu++;
@@ -278,7 +326,7 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
             const int g = item / items_dn, d0 = (item % items_dn) * ROWS_DOWN;
             const int d1 = d0 + ROWS_DOWN < H ? d0 + ROWS_DOWN : H;
             const uint8_t *wd = (const uint8_t *)(uintptr_t)down[g] + d0 * down_row;
-            prefetch_span(wd, (int64_t)(d1 - d0) * down_row);
+            prefetch_span(down_type, F, wd, (int64_t)(d1 - d0) * down_row);
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) {
@@ -286,7 +334,7 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
                     xsum[r] = h_sums ? hs_all + (int64_t)(e0 + r) * (F / 16) : NULL;
                 }
                 if (touch) rows_touch(wd, down_row, d1 - d0, down_bytes, m, out);
-                else rows_dots(down_type, wd, down_row, d1 - d0, F, xs, xsum, m, out, buf);
+                else rows_dots(down_type, wd, down_row, d1 - d0, F, xs, xsum, m, out, buf, hp);
                 for (int d = d0; d < d1; d++)
                     for (int r = 0; r < m; r++) y[(int64_t)dst[e0 + r] * H + d] = out[(d - d0) * MAX_M + r];
             }
@@ -322,22 +370,22 @@ int strata_pool_diag(int n_threads, int H, int F, int G, const uint64_t *gate, c
                     start, tok, dst, x, y, h, touch, prof);
 }
 
-/* the build's tuning (what a bench variant changed): out[0..6] = POOL_CHUNK, PREFETCH_AHEAD, PREFETCH_LINES,
- * PREFETCH_HINT, ROWS_GATE_UP, ROWS_DOWN, 1 for the AVX-512 permute decoders; returns the schedule kind's name */
+/* the build's tuning: out[0..4] = POOL_CHUNK, PREFETCH_AHEAD, ROWS_GATE_UP, ROWS_DOWN, 1 for the AVX-512 permute and
+ * lane-order kernels; returns the item loops' schedule */
 const char *strata_pool_config(int64_t *out) {
 #ifdef STRATA_AVX2
-    const int64_t ahead = PREFETCH_AHEAD, lines = PREFETCH_LINES, hint = PREFETCH_HINT;
+    const int64_t ahead = PREFETCH_AHEAD;
 #else
-    const int64_t ahead = 0, lines = 0, hint = 0;
+    const int64_t ahead = 0;
 #endif
 #ifdef STRATA_PERM
     const int64_t perm = 1;
 #else
     const int64_t perm = 0;
 #endif
-    const int64_t v[7] = {POOL_CHUNK, ahead, lines, hint, ROWS_GATE_UP, ROWS_DOWN, perm};
+    const int64_t v[5] = {POOL_CHUNK, ahead, ROWS_GATE_UP, ROWS_DOWN, perm};
     memcpy(out, v, sizeof v);
-    return PRAGMA_STR(POOL_SCHED_KIND);
+    return "dynamic";
 }
 
 /* exported for the tests: one row, exactly as the kernels see it */

@@ -20,10 +20,9 @@
 #define AI static inline __attribute__((always_inline))
 
 /* STRATA_PERM: the AVX-512 build's register-permute decoders (vpermps / vpermt2ps tables, the grid i-quants of
- * expert_pool_grids.h, unmasked nibble and crumb indexes). -DSTRATA_NO_PERM=1 (bench/pool_bench.py --variant
- * STRATA_NO_PERM=1) keeps the AVX-512 lanes and passes but decodes as the AVX2 build does (widen, convert, multiply):
- * the A/B for hosts where the permutes are slow (the tests run it too) */
-#if defined(STRATA_AVX512) && !defined(STRATA_NO_PERM)
+ * expert_pool_grids.h, unmasked nibble and crumb indexes) and lane-order kernels. (The AVX-512 lanes with the AVX2
+ * decoders lost on the device for every type, 2026-12-02: 10-20 %, so that is no build variant any more.) */
+#ifdef STRATA_AVX512
 #define STRATA_PERM 1
 #endif
 
@@ -449,41 +448,30 @@ enum {
     PIPE_prep_iq1_s = 1, PIPE_prep_iq1_m = 1, PIPE_prep_nvfp4 = 0
 };
 
-#ifndef PREFETCH_AHEAD
 #define PREFETCH_AHEAD 2048 /* bytes ahead of the block being read */
-#endif
-/* The software prefetch of the passes (A/B variants, -D through bench/pool_bench.py --variant / --ab):
- * PREFETCH_LINES 0 (the default): per block, one prefetch per 64 bytes of the block, PREFETCH_AHEAD bytes ahead:
- *   3.6 prefetches per cache line for Q4_0's and MXFP4's 17-18-byte blocks, 1.9 for Q8_0's 34, all but one to a
- *   line already on its way; a work item's first PREFETCH_AHEAD bytes are not prefetched (demand misses until the
- *   hardware prefetcher catches on) and its last ones prefetch the next item's rows, which another thread reads.
- * PREFETCH_LINES 1: each 64-byte line once, when the pass over a row starts: the row's bytes PREFETCH_AHEAD ahead
- *   (rows are contiguous, so consecutive rows prefetch consecutive spans), never past the work item's end (pf_end),
- *   and the item's first PREFETCH_AHEAD bytes prefetched when it starts (prefetch_span in expert_pool.c). One tight
- *   loop per row, not a line check per block (that one measured 6-11 % slower on one core of the dev box; this one
- *   4 % on Q4_0 and Q2_K+Q4_0, 14 % on Q8_0, whose 42-line bursts per row fill the miss buffers at once).
- * PREFETCH_HINT: __builtin_prefetch's locality (3: prefetcht0, into L1; 2: t1, L2; 1: t2; 0: nta). */
-#ifndef PREFETCH_LINES
-#define PREFETCH_LINES 0
-#endif
-#ifndef PREFETCH_HINT
-#define PREFETCH_HINT 3
-#endif
-#if PREFETCH_LINES
+/* The software prefetch of the passes (prefetcht0, PREFETCH_AHEAD ahead; the device's sweep of 2026-12-02 measured
+ * 4096 ahead and prefetcht1 no better):
+ *   by blocks (PF_BLOCK, most types): per block, one prefetch per 64 bytes of the block: 3.6 prefetches per cache
+ *     line for the 17-18-byte blocks, all but one to a line already on its way; a work item's first PREFETCH_AHEAD
+ *     bytes are demand misses until the hardware prefetcher catches on.
+ *   by lines (PF_LINES, pf_lines_of: Q4_0 in lane order): each 64-byte line once, when the pass over a
+ *     row starts: the row's bytes PREFETCH_AHEAD ahead (rows are contiguous, so consecutive rows prefetch
+ *     consecutive spans), never past the work item's end, and the item's first PREFETCH_AHEAD bytes prefetched when
+ *     it starts (prefetch_span in expert_pool.c). Measured on the device at 16 threads: Q2_K+Q4_0 +12 / +9 / 0 % (4 KB
+ *     / 2 MB / file pages), Q4_0 +1 / 0 / +9 %, MXFP4 0 / +1 / -1 %, Q8_0 -1 / -8 / -3 % (its 42-line bursts per row
+ *     fill the miss buffers at once), with the weight-table kernels. With the lane-order kernels on the dev box
+ *     (1 thread, L3-hot): Q4_0 by lines as fast as by blocks, Q2_K by lines 30 % slower (4.8 against 6.8 GB/s of
+ *     gate/up), so Q4_0 only; whether Q2_K gains by lines from DRAM is the device's to measure. */
 AI void prefetch_lines(const uint8_t *from, int64_t n, const uint8_t *end) {
     const uint8_t *to = from + n < end ? from + n : end;
     for (const uint8_t *p = (const uint8_t *)((uintptr_t)from & ~(uintptr_t)63); p < to; p += 64)
-        __builtin_prefetch(p, 0, PREFETCH_HINT);
+        __builtin_prefetch(p, 0, 3);
 }
-#define PF_START(row, bytes, end) prefetch_lines((row) + PREFETCH_AHEAD, (bytes), (end))
-#define PF_BLOCK(blk, bpb) (void)0
-#else
-#define PF_START(row, bytes, end) (void)(end)
+#define PF_LINES(row, bytes, end) prefetch_lines((row) + PREFETCH_AHEAD, (bytes), (end))
 #define PF_BLOCK(blk, bpb)                                                                                          \
     do {                                                                                                            \
-        for (int p_ = 0; p_ < (bpb); p_ += 64) __builtin_prefetch((blk) + PREFETCH_AHEAD + p_, 0, PREFETCH_HINT);   \
+        for (int p_ = 0; p_ < (bpb); p_ += 64) __builtin_prefetch((blk) + PREFETCH_AHEAD + p_, 0, 3);               \
     } while (0)
-#endif
 
 /* The min term: in the AVX-512 build the MINS types FMA scale * code with x and subtract sum_g min_g * xsum_g once
  * per block (xsum: the sums of x over its 16-element groups, computed once per token row and work item), one float
@@ -501,7 +489,7 @@ AI void prefetch_lines(const uint8_t *from, int64_t n, const uint8_t *end) {
                        const int M, const uint8_t *pf_end) {                                                       \
         v16 acc[PASS_M][2], macc[PASS_M];                                                                           \
         PS_SCRATCH2;                                                                                                \
-        PF_START(row, (int64_t)BPB * nb, pf_end);                                                                   \
+        (void)pf_end;                                                                                               \
         for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = macc[r] = v16_zero();                                   \
         if (PIPE_##PREP && nb > 0) PREP(row, PS_OF(0));                                                             \
         for (int b = 0; b < nb; b++) {                                                                              \
@@ -547,6 +535,254 @@ AI void prefetch_lines(const uint8_t *from, int64_t n, const uint8_t *end) {
     }
 FUSED_TYPES(FUSED_PASS)
 
+#ifdef STRATA_PERM
+/* Q2_K in lane order (the AVX-512 build's gate/up rows): x permuted once per call (xperm_q2_k) so that the 64
+ * code bytes of a block, read as 16 dwords in one zmm, decode with one shift and one permute per 16 weights, and
+ * the sub-block scales are applied once per 4 groups: group (s, k) (s the 2-bit plane, k the byte in the dword)
+ * holds in lane i the weight of byte 4 i + k, plane s:
+ *   e(s, k, i) = 128 (i / 8) + 32 s + (4 i + k) % 32,  sub-block 8 (i / 8) + 2 s + (i / 4) % 2 (the same for all k)
+ * so per plane s: a = sum_k q(s, k) * xp(s, k) (q the codes 0..3 as floats: exact), then acc += S_s * a, S_s the
+ * 16 lanes' sub-block scales d * sc (one permute of the block's 16 scales); the min term as in FUSED_PASS.
+ * Why: the weight-table decoder (g_q2_k) pays per 16 weights a scale x table multiply, a byte widen and a permute
+ * beside the FMA; here a shift, a permute (of a constant table) and 1.25 FMAs. Float32 math on the exact codes and
+ * scales, summed in another order than the weight-table kernel (within the tests' 1e-4 of float64, not its bits). */
+AI int q2x_src(int g, int i) { /* the in-block element that lane i of lane-order group g = 4 s + k holds */
+    const int s = g / 4, k = g % 4;
+    return 128 * (i / 8) + 32 * s + (4 * i + k) % 32;
+}
+static void xperm_q2_k(const float *x, int n, float *xp) {
+    for (int b = 0; b < n / 256; b++)
+        for (int g = 0; g < 16; g++)
+            for (int i = 0; i < 16; i++) xp[256 * b + 16 * g + i] = x[256 * b + q2x_src(g, i)];
+}
+AI void pass_q2_kx(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
+                   float *out, const int M, const uint8_t *pf_end) {
+    const int nb = n / 256;
+    (void)type;
+    v16 acc[PASS_M][2];
+    const v16 table = v16_cyc4(0);
+    const int NA = M <= 2 ? 2 : 1; /* independent sums per row where few rows give few chains */
+    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
+    (void)pf_end;
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + 84 * (int64_t)b;
+        PF_BLOCK(blk, 84);
+        const __m128i sb = ld16b(blk);
+        const v16 sc = v16_mul(v16_set1(rdh(blk + 80)), v16_i8(nib(sb, 0)));
+        const v16 mn = v16_mul(v16_set1(rdh(blk + 82)), v16_i8(nib(sb, 1)));
+        for (int r = 0; r < M; r++) acc[r][0] = _mm512_fnmadd_ps(mn, v16_ld(xsum[r] + 16 * b), acc[r][0]);
+        const __m512i q = _mm512_loadu_si512(blk + 16);
+        _Pragma("GCC unroll 4") for (int s = 0; s < 4; s++) {
+            const v16 S = _mm512_permutexvar_ps(
+                _mm512_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1, 2 * s + 1, 2 * s + 1, 8 + 2 * s,
+                                  8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s), sc);
+            v16 a[PASS_M];
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const v16 w = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 8 * k + 2 * s), table);
+                const int64_t off = 256 * (int64_t)b + 16 * (4 * s + k);
+                for (int r = 0; r < M; r++)
+                    a[r] = k ? v16_fma(w, v16_ld(xs[r] + off), a[r]) : v16_mul(w, v16_ld(xs[r] + off));
+            }
+            for (int r = 0; r < M; r++) acc[r][(s + 1) % NA] = v16_fma(S, a[r], acc[r][(s + 1) % NA]);
+        }
+    }
+    for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
+}
+/* the passes of one lane-order kernel over m token rows: 8, 4, 2, 1 at a time (M a constant in each pass) */
+#define LANE_DOTS(NAME, PASS, TYPE)                                                                                 \
+    static void dots_##NAME(const uint8_t *row, int n, const float *const *xs, const float *const *xsum, int m,   \
+                            float *out, const uint8_t *pf_end) {                                                    \
+        for (int r0 = 0; r0 < m;) {                                                                                 \
+            const int left = m - r0, M = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;                        \
+            if (M == 8) PASS(TYPE, row, n, xs + r0, xsum + r0, out + r0, 8, pf_end);                                \
+            else if (M == 4) PASS(TYPE, row, n, xs + r0, xsum + r0, out + r0, 4, pf_end);                           \
+            else if (M == 2) PASS(TYPE, row, n, xs + r0, xsum + r0, out + r0, 2, pf_end);                           \
+            else PASS(TYPE, row, n, xs + r0, xsum + r0, out + r0, 1, pf_end);                                       \
+            r0 += M;                                                                                                \
+        }                                                                                                           \
+    }
+LANE_DOTS(q2_kx, pass_q2_kx, T_Q2_K)
+#endif
+
+#ifdef STRATA_PERM
+/* The 32-weight 4-bit types (Q4_0, IQ4_NL, MXFP4; Q5_0 with its fifth bit) in lane order: 4 blocks' 16 code bytes
+ * in one zmm (lane i: dword i % 4 of block i / 4), group g (0..7) = the nibble at bit 4 g of each dword, one shift
+ * and one permute of the type's 16 values (k - 8, kvalues_iq4nl, kvalues_fp4, k - 16) per 16 weights (Q5_0: one
+ * more test and masked permute for the codes 16..31); a = sum_g value * xp, then acc += D * a with
+ * D the lanes' block scales (one multiply per 128 weights and row instead of a scale x table multiply per block).
+ * Element of the 128 (4 blocks) that lane i of group g holds: 32 (i / 4) + 16 (g % 2) + 4 (i % 4) + g / 2. */
+AI int q4x_src(int g, int i) { return 32 * (i / 4) + 16 * (g % 2) + 4 * (i % 4) + g / 2; }
+AI int q4x_pos(int e) { /* the inverse: where element e of 128 sits in lane order */
+    const int q = e % 16;
+    return 16 * (2 * (q % 4) + (e % 32) / 16) + 4 * (e / 32) + q / 4;
+}
+static void xperm_q4x(const float *x, int n, float *xp) {
+    for (int b = 0; b < n / 128; b++)
+        for (int e = 0; e < 128; e++) xp[128 * b + q4x_pos(e)] = x[128 * b + e];
+}
+AI float q4x_scale(int type, const uint8_t *b) { return type == T_MXFP4 ? e8m0_half(b[0]) : rdh(b); }
+AI void pass_q4x(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
+                 float *out, const int M, const uint8_t *pf_end) {
+    const int nsb = n / 128;
+    (void)xsum;
+    const int BPB = type == T_MXFP4 ? 17 : type == T_Q5_0 ? 22 : 18, QS = type == T_MXFP4 ? 1 : type == T_Q5_0 ? 6 : 2;
+    v16 acc[PASS_M][2];
+    /* Q5_0: codes 0..15 -> k - 16 (table), 16..31 -> k - 16 (hi) where the lane's qh bit is set */
+    const v16 table = type == T_Q4_0 ? v16_iota(-8) : type == T_Q5_0 ? v16_iota(-16)
+                    : v16_i8(ld16b((const uint8_t *)(type == T_IQ4_NL ? kvalues_iq4nl : kvalues_fp4)));
+    const v16 hi = v16_iota(0);
+    const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const int NA = M <= 2 ? 2 : 1;
+    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
+    if (type == T_Q4_0) PF_LINES(row, 4 * BPB * (int64_t)nsb, pf_end); /* pf_lines_of */
+    for (int sb = 0; sb < nsb; sb++) {
+        const uint8_t *b0 = row + 4 * BPB * (int64_t)sb;
+        if (type != T_Q4_0) PF_BLOCK(b0, 4 * BPB);
+        __m512i q = _mm512_castsi128_si512(ld16b(b0 + QS));
+        q = _mm512_inserti32x4(q, ld16b(b0 + BPB + QS), 1);
+        q = _mm512_inserti32x4(q, ld16b(b0 + 2 * BPB + QS), 2);
+        q = _mm512_inserti32x4(q, ld16b(b0 + 3 * BPB + QS), 3);
+        const __m128 d4 = type == T_MXFP4 ? _mm_setr_ps(e8m0_half(b0[0]), e8m0_half(b0[BPB]), e8m0_half(b0[2 * BPB]),
+                                                        e8m0_half(b0[3 * BPB]))
+                                          : _mm_cvtph_ps(_mm_setr_epi16((short)rd16(b0), (short)rd16(b0 + BPB),
+                                                                        (short)rd16(b0 + 2 * BPB),
+                                                                        (short)rd16(b0 + 3 * BPB), 0, 0, 0, 0));
+        const v16 D = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        /* Q5_0: lanes 4 t .. 4 t + 3 hold block t's qh; lane i of group g needs its bit 16 (g % 2) + 4 (i % 4) + g / 2
+         * (the element that lane holds), tested into a mask that picks the high table */
+        const __m512i qh = type == T_Q5_0 ? _mm512_permutexvar_epi32(spread, _mm512_castsi128_si512(_mm_setr_epi32(
+                               (int)rd32(b0 + 2), (int)rd32(b0 + BPB + 2), (int)rd32(b0 + 2 * BPB + 2),
+                               (int)rd32(b0 + 3 * BPB + 2)))) : _mm512_setzero_si512();
+        v16 a[PASS_M][2]; /* at few rows two chains of 4 FMAs, not one of 8 (short down rows: 5 of these per row) */
+        _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
+            const __m512i idx = g ? _mm512_srli_epi32(q, 4 * g) : q;
+            v16 w = _mm512_permutexvar_ps(idx, table);
+            if (type == T_Q5_0) {
+                const int e0 = 16 * (g % 2) + g / 2;
+                const __m512i at = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+                const __mmask16 h = _mm512_test_epi32_mask(qh, _mm512_sllv_epi32(_mm512_set1_epi32(1 << e0), at));
+                w = _mm512_mask_permutexvar_ps(w, h, idx, hi);
+            }
+            const int64_t off = 128 * (int64_t)sb + 16 * g, c = g % NA;
+            for (int r = 0; r < M; r++)
+                a[r][c] = g >= NA ? v16_fma(w, v16_ld(xs[r] + off), a[r][c]) : v16_mul(w, v16_ld(xs[r] + off));
+        }
+        for (int r = 0; r < M; r++) acc[r][0] = v16_fma(D, NA == 2 ? v16_add(a[r][0], a[r][1]) : a[r][0], acc[r][0]);
+    }
+    for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
+}
+LANE_DOTS(q4_0x, pass_q4x, T_Q4_0)
+LANE_DOTS(iq4_nlx, pass_q4x, T_IQ4_NL)
+LANE_DOTS(mxfp4x, pass_q4x, T_MXFP4)
+LANE_DOTS(q5_0x, pass_q4x, T_Q5_0)
+#endif
+
+#ifdef STRATA_PERM
+/* Q4_K and IQ4_XS in lane order: the 128 code bytes as two zmm (z = 0, 1) of 16 dwords, group (z, n, k) the nibble
+ * n of byte k of each dword (bit 4 (2 k + n)); one shift and one permute (of 0..15 / kvalues_iq4nl) per 16 weights,
+ * the lanes' sub-block scales applied once per 4 (Q4_K) or 8 (IQ4_XS) groups, Q4_K's min term as FUSED_PASS's.
+ *   Q4_K (pairs of sub-blocks share 32 bytes): group 4 (2 z + n) + k, lane i: element
+ *     32 (2 (2 z + i / 8) + n) + (4 i + k) % 32, 16-group 4 (2 z + i / 8) + 2 n + (i / 4) % 2
+ *   IQ4_XS (16 bytes per sub-block): group 8 z + 2 k + n, lane i: element 128 z + q4x_src(2 k + n, i), sub-block
+ *     4 z + i / 4: x in Q4_0's lane order */
+AI int q4kx_src(int g, int i) {
+    const int z = g / 8, n = (g / 4) % 2, k = g % 4;
+    return 32 * (2 * (2 * z + i / 8) + n) + (4 * i + k) % 32;
+}
+static void xperm_q4kx(const float *x, int n, float *xp) {
+    for (int b = 0; b < n / 256; b++)
+        for (int g = 0; g < 16; g++)
+            for (int i = 0; i < 16; i++) xp[256 * b + 16 * g + i] = x[256 * b + q4kx_src(g, i)];
+}
+/* the block's scales in registers, vector ops only (a scalar prep stored and read back as a vector would stall on
+ * store forwarding): Q4_K: sc[j16], mn[j16] = d * scale, dmin * min of the 32-weight sub-block j16 / 2 (gguf's
+ * get_scale_min_k4 in byte shuffles); IQ4_XS: sc[s] = d * (6-bit scale s - 32), s < 8 */
+AI void q4k_scales(const uint8_t *b, v16 *sc, v16 *mn) {
+    const __m128i s = ld16b(b + 4);
+#define Z_ -128 /* a pshufb index that writes 0 */
+    const __m128i top = _mm_set1_epi8((char)0xC0);
+    /* sub-blocks j < 4: s[j] & 63, s[j + 4] & 63; j >= 4: (s[j + 4] & 15) | (s[j - 4] >> 6) << 4,
+     * (s[j + 4] >> 4) | (s[j] >> 6) << 4 */
+    const __m128i P = _mm_shuffle_epi8(s, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, Z_, Z_, Z_, Z_, Z_, Z_, Z_, Z_));
+    const __m128i Q = _mm_shuffle_epi8(s, _mm_setr_epi8(Z_, Z_, Z_, Z_, 0, 1, 2, 3, Z_, Z_, Z_, Z_, Z_, Z_, Z_, Z_));
+    const __m128i P2 = _mm_shuffle_epi8(s, _mm_setr_epi8(4, 5, 6, 7, 8, 9, 10, 11, Z_, Z_, Z_, Z_, Z_, Z_, Z_, Z_));
+    const __m128i lo4 = _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m128i hi6 = _mm_and_si128(_mm_srli_epi16(_mm_and_si128(Q, top), 2), _mm_set1_epi8(0x30));
+    const __m128i Q2 = _mm_shuffle_epi8(s, _mm_setr_epi8(Z_, Z_, Z_, Z_, 4, 5, 6, 7, Z_, Z_, Z_, Z_, Z_, Z_, Z_, Z_));
+#undef Z_
+    const __m128i hi6m = _mm_and_si128(_mm_srli_epi16(_mm_and_si128(Q2, top), 2), _mm_set1_epi8(0x30));
+    const __m128i sc8 = _mm_or_si128(_mm_and_si128(P, lo4), hi6);
+    const __m128i mlo = _mm_and_si128(P2, _mm_setr_epi8(63, 63, 63, 63, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0));
+    const __m128i mhi = _mm_and_si128(_mm_and_si128(_mm_srli_epi16(P2, 4), _mm_set1_epi8(15)),
+                                      _mm_setr_epi8(0, 0, 0, 0, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0));
+    const __m128i m8 = _mm_or_si128(_mm_or_si128(mlo, mhi), hi6m);
+    const __m128i dup = _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    *sc = v16_mul(v16_set1(rdh(b)), v16_i8(_mm_shuffle_epi8(sc8, dup)));
+    *mn = v16_mul(v16_set1(rdh(b + 2)), v16_i8(_mm_shuffle_epi8(m8, dup)));
+}
+AI v16 iq4xs_scales(const uint8_t *b) {
+    const __m128i x = _mm_cvtsi32_si128((int)rd32(b + 4));
+    const __m128i lo = _mm_unpacklo_epi8(_mm_and_si128(x, _mm_set1_epi8(15)),
+                                         _mm_and_si128(_mm_srli_epi16(x, 4), _mm_set1_epi8(15)));
+    const __m128i hi16 = _mm_and_si128(_mm_srlv_epi16(_mm_set1_epi16((short)rd16(b + 2)),
+                                                      _mm_setr_epi16(0, 2, 4, 6, 8, 10, 12, 14)), _mm_set1_epi16(3));
+    const __m128i hi = _mm_packus_epi16(hi16, _mm_setzero_si128());
+    const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    return v16_mul(v16_set1(rdh(b)), v16_i8(q));
+}
+AI void pass_k4x(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
+                 float *out, const int M, const uint8_t *pf_end) {
+    const int nb = n / 256;
+    (void)pf_end;
+    const int BPB = type == T_Q4_K ? 144 : 136, QS = type == T_Q4_K ? 16 : 8;
+    v16 acc[PASS_M][2];
+    const v16 table = type == T_Q4_K ? v16_iota(0) : v16_i8(ld16b((const uint8_t *)kvalues_iq4nl));
+    const int NA = M <= 2 ? 2 : 1;
+    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + BPB * (int64_t)b;
+        PF_BLOCK(blk, BPB);
+        v16 sc, mn;
+        if (type == T_Q4_K) q4k_scales(blk, &sc, &mn);
+        else sc = mn = iq4xs_scales(blk);
+        if (type == T_Q4_K) {
+            for (int r = 0; r < M; r++) acc[r][0] = _mm512_fnmadd_ps(mn, v16_ld(xsum[r] + 16 * b), acc[r][0]);
+        }
+        _Pragma("GCC unroll 2") for (int z = 0; z < 2; z++) {
+            const __m512i q = _mm512_loadu_si512(blk + QS + 64 * z);
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) { /* Q4_K: n = h; IQ4_XS: k in 2 h, 2 h + 1 */
+                const __m512i idx = type == T_Q4_K
+                    ? _mm512_setr_epi32(8 * z + h * 2, 8 * z + h * 2, 8 * z + h * 2, 8 * z + h * 2, 8 * z + h * 2 + 1,
+                                        8 * z + h * 2 + 1, 8 * z + h * 2 + 1, 8 * z + h * 2 + 1, 8 * z + 4 + h * 2,
+                                        8 * z + 4 + h * 2, 8 * z + 4 + h * 2, 8 * z + 4 + h * 2, 8 * z + 5 + h * 2,
+                                        8 * z + 5 + h * 2, 8 * z + 5 + h * 2, 8 * z + 5 + h * 2)
+                    : _mm512_setr_epi32(4 * z, 4 * z, 4 * z, 4 * z, 4 * z + 1, 4 * z + 1, 4 * z + 1, 4 * z + 1,
+                                        4 * z + 2, 4 * z + 2, 4 * z + 2, 4 * z + 2, 4 * z + 3, 4 * z + 3, 4 * z + 3,
+                                        4 * z + 3);
+                /* Q4_K's ps holds 16 entries (one per 16-group), IQ4_XS's the 8 sub-blocks' */
+                const v16 S = _mm512_permutexvar_ps(idx, sc);
+                v16 a[PASS_M][2];
+                _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
+                    /* Q4_K: group (z, n = h, k = t) at bit 8 t + 4 h; IQ4_XS: group 8 z + 4 h + t (k = 2 h + t / 2,
+                     * n = t % 2) at bit 4 (4 h + t) */
+                    const int bit = type == T_Q4_K ? 8 * t + 4 * h : 4 * (4 * h + t);
+                    const v16 w = _mm512_permutexvar_ps(bit ? _mm512_srli_epi32(q, bit) : q, table);
+                    const int64_t off = 256 * (int64_t)b + 16 * (8 * z + 4 * h + t), c = t % NA;
+                    for (int r = 0; r < M; r++)
+                        a[r][c] = t >= NA ? v16_fma(w, v16_ld(xs[r] + off), a[r][c]) : v16_mul(w, v16_ld(xs[r] + off));
+                }
+                for (int r = 0; r < M; r++)
+                    acc[r][(2 * z + h + 1) % NA] = v16_fma(S, NA == 2 ? v16_add(a[r][0], a[r][1]) : a[r][0],
+                                                             acc[r][(2 * z + h + 1) % NA]);
+            }
+        }
+    }
+    for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
+}
+LANE_DOTS(q4_kx, pass_k4x, T_Q4_K)
+LANE_DOTS(iq4_xsx, pass_k4x, T_IQ4_XS)
+#endif
+
 /* the table's group counts and block bytes restate the generated type table (model/quant_tables.py): hold them to
  * it, so a changed type cannot silently decode with the wrong stride (F32/F16/BF16 "blocks" are 16 elements here) */
 #define FUSED_CHECK(ID, DEC, GPB, BPB, PREP, MINS)                                                                   \
@@ -572,6 +808,56 @@ static dots_fn fused_dots(int type, int n) {
 #define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) case ID: return n % (16 * GPB) == 0 ? dots_##DEC : NULL;
     switch (type) { FUSED_TYPES(FUSED_CASE) default: return NULL; }
 #undef FUSED_CASE
+}
+/* whether the type's kernel for x rows (gate/up) reads x in its lane order (xperm_of), and that kernel */
+static dots_fn fused_dots_xperm(int type, int n) {
+#ifdef STRATA_PERM
+    if (type == T_Q2_K && n % 256 == 0) return dots_q2_kx;
+    if (type == T_Q4_K && n % 256 == 0) return dots_q4_kx;
+    if (type == T_IQ4_XS && n % 256 == 0) return dots_iq4_xsx;
+    if (n % 128 == 0) {
+        if (type == T_Q4_0) return dots_q4_0x;
+        if (type == T_IQ4_NL) return dots_iq4_nlx;
+        if (type == T_MXFP4) return dots_mxfp4x;
+        if (type == T_Q5_0) return dots_q5_0x;
+    }
+#endif
+    (void)type, (void)n;
+    return NULL;
+}
+/* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1 and 2 name the orders */
+static int fused_xperm(int type, int n) {
+    if (!fused_dots_xperm(type, n)) return 0;
+    return type == T_Q2_K ? 1 : type == T_Q4_K ? 3 : 2;
+}
+/* x (n floats) in the lane order of fused_xperm(type, n) */
+static void xperm_of(int type, const float *x, int n, float *xp) {
+#ifdef STRATA_PERM
+    if (fused_xperm(type, n) == 1) xperm_q2_k(x, n, xp);
+    else if (fused_xperm(type, n) == 2) xperm_q4x(x, n, xp);
+    else if (fused_xperm(type, n) == 3) xperm_q4kx(x, n, xp);
+#else
+    (void)type, (void)x, (void)n, (void)xp;
+#endif
+}
+/* whether the type's kernel over rows of n prefetches by lines (PF_LINES: Q4_0 in lane order) */
+static int pf_lines_of(int type, int n) { return type == T_Q4_0 && fused_dots_xperm(type, n); }
+/* where element f of a row of n sits in that order */
+static int xperm_pos(int type, int n, int f) {
+#ifdef STRATA_PERM
+    if (fused_xperm(type, n) == 2) return 128 * (f / 128) + q4x_pos(f % 128);
+    if (fused_xperm(type, n) == 3) { /* Q4_K: element e = 32 (2 P + n) + l, P = 2 z + i / 8, l = (4 i + k) % 32 */
+        const int e = f % 256, j32 = e / 32, l = e % 32, nn = j32 % 2, P = j32 / 2, z = P / 2;
+        const int i = 8 * (P % 2) + l / 4, k = l % 4;
+        return 256 * (f / 256) + 16 * (4 * (2 * z + nn) + k) + i;
+    }
+    if (fused_xperm(type, n) == 1) {
+        const int e = f % 256, s = (e % 128) / 32, l = e % 32, j = 32 * (e / 128) + l; /* byte j = 4 i + k */
+        return 256 * (f / 256) + 16 * (4 * s + j % 4) + j / 4;
+    }
+#endif
+    (void)type, (void)n;
+    return f;
 }
 /* whether the type's fused kernel reads the x group sums */
 static int fused_needs_sums(int type) {

@@ -9,6 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from strata_cli.tiers import native
 from test_tiers_pool import needs_native
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,18 +24,19 @@ def bench(*args: str) -> subprocess.CompletedProcess:
 
 
 @needs_native
+@pytest.mark.skipif("avx2" not in native.host_isas(), reason="the --ab build is the AVX2 one")
 def test_sweep_writes_every_configuration(tmp_path):
     doc_path = tmp_path / "sweep.json"
     r = bench("--sweep", "--types", "Q4_0,Q2_K", "--gb", "0.002", "--layers", "2", "--hidden", "256", "--ff", "64",
-              "--k", "2", "--ab", "POOL_CHUNK=4", "--pages", "4k,file", "--iters", "1", "--rounds", "1",
+              "--k", "2", "--ab", "avx2", "--pages", "4k,file", "--iters", "1", "--rounds", "1",
               "--file-dir", str(tmp_path), "--json", str(doc_path))
     assert r.returncode == 0, r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     doc = json.loads(lines[-1])
     assert json.loads(doc_path.read_text()) == doc
     assert "=== summary" in r.stdout and "a set comes back after" in r.stdout
-    assert doc["threads"] == [1, 2] and set(doc["builds"]) == {"base", "POOL_CHUNK=4"}
-    assert doc["builds"]["POOL_CHUNK=4"]["POOL_CHUNK"] == 4
+    assert doc["threads"] == [1, 2] and set(doc["builds"]) == {"base", "avx2"}
+    assert doc["builds"]["avx2"]["isa"] == "avx2" and doc["builds"]["avx2"]["perm"] == 0
     rows = doc["rows"]
     # per type and page kind: 2 thread counts x 4 modes of the base build and the --ab build's pool at 2 threads;
     # the --ab build at 1 thread on the first page kind only

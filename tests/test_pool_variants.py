@@ -1,16 +1,15 @@
-"""The CPU pool's A/B builds (kernels/expert_pool.c: POOL_SCHED_KIND, POOL_CHUNK, PREFETCH_LINES, PREFETCH_AHEAD,
-PREFETCH_HINT; bench/pool_bench.py --ab and device.sh pool-sweep run them) and its diagnostic entry point.
+"""The CPU pool's diagnostic entry point (strata_pool_diag: bench/pool_bench.py's profile and touch mode), the
+build's reported tuning, and device.sh's A/B builds.
 
-A variant only changes which thread computes which work item and what is prefetched, never the arithmetic of an
-item: each must give the default build's output bit for bit (and so the numpy reference's) on odd shapes, partial
-items, several rows per expert and any team size, so that the device's winner can become the default without
-another check. strata_pool_diag: its profile is consistent and, without touch, its output is strata_pool_swiglu's.
+strata_pool_diag: its profile is consistent and, without touch, its output is strata_pool_swiglu's bit for bit. The
+tuning macros of the 2026-12-02 device sweep (POOL_SCHED_KIND, POOL_CHUNK, PREFETCH_LINES / AHEAD / HINT,
+STRATA_NO_PERM) are settled in kernels/expert_pool.c (4 items per take, dynamic; prefetch by lines for Q4_0 only):
+no build switches are left to hold to a default.
 """
 
 from __future__ import annotations
 
 import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -19,27 +18,15 @@ import pytest
 from strata_cli.tiers import native
 from strata_cli.tiers.plan import build_plan
 from strata_cli.tiers.pool import ExpertPool
-from test_tiers_pool import FakeModel, check_pool, needs_native, routed
+from test_tiers_pool import FakeModel, needs_native, routed
 
-# the define-only builds of device.sh pool-sweep's POOL_AB (its other two, STRATA_NO_PERM=1 and the AVX2 ISA, are
-# test_tiers_pool.py's BUILDS), and a prefetch distance under one row (the item-end bound and the prologue)
-VARIANTS = [("POOL_CHUNK=4",), ("POOL_CHUNK=0", "POOL_SCHED_KIND=static"), ("POOL_SCHED_KIND=guided",),
-            ("PREFETCH_LINES=1",), ("PREFETCH_AHEAD=4096",), ("POOL_SCHED_KIND=guided", "PREFETCH_AHEAD=4096"),
-            ("PREFETCH_HINT=2",), ("PREFETCH_LINES=1", "PREFETCH_AHEAD=64")]
-# (gate, up, down), H, F: rows that are no multiple of a down item (544 = 8 x 64 + 32), gate/up items of 16 rows
-# and a partial one (F = 40, float down rows), the K-quant min term with its group sums, a 17-byte block type
-SHAPES = [(("Q4_0",) * 3, 544, 96), (("Q2_K", "Q2_K", "Q4_0"), 768, 96), (("Q8_0", "BF16", "F16"), 544, 40),
-          (("MXFP4",) * 3, 544, 64)]
 PROF_HEAD, PROF_PER = 4, 8
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def builds():
-    """The default build and every variant, compiled in parallel (each its own .so in the cache)."""
-    with ThreadPoolExecutor(max_workers=4) as ex:
-        list(ex.map(lambda d: native.build(defines=d), [()] + VARIANTS))
-    return {d: native.load_variant(d) for d in [()] + VARIANTS}
+    return {(): native.load_variant(())}
 
 
 def run(pool, layer, x, plan):
@@ -48,26 +35,11 @@ def run(pool, layer, x, plan):
 
 
 @needs_native
-@pytest.mark.parametrize("defines", VARIANTS, ids=",".join)
-def test_variant_equals_the_default_build_bit_for_bit(builds, defines):
-    lib, base = builds[defines], builds[()]
-    config = native.build_config(lib)
-    for d in defines:  # the build is the variant it claims to be
-        name, value = d.split("=")
-        assert str(config[name]) == value
-    rng = np.random.default_rng(11)
-    for types, H, F in SHAPES:
-        model = FakeModel(types, E=5, k=2, H=H, F=F)
-        # 19 rows on expert 0 (more than one work item's pass), then a few rows spread over the experts
-        for ids in (np.stack([[0, 1 + i % 4] for i in range(19)]), routed(5, 5, 2, rng)):
-            x = rng.standard_normal((ids.shape[0], H)).astype(np.float32)
-            plan = build_plan(1, ids, np.full(5, -1, np.int32))
-            want = run(ExpertPool(model, n_threads=3, lib=base), 1, x, plan)
-            for n_threads in (1, 3, 7):
-                got = run(ExpertPool(model, n_threads=n_threads, lib=lib), 1, x, plan)
-                np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32),
-                                              err_msg=f"{'+'.join(types)} H={H} F={F} {n_threads} threads")
-        check_pool(model, ExpertPool(model, n_threads=4, lib=lib), types, routed(6, 5, 2, rng))
+def test_build_config_names_the_settled_tuning(builds):
+    config = native.build_config(builds[()])
+    assert config["POOL_CHUNK"] == 4 and config["schedule"] == "dynamic" and config["PREFETCH_AHEAD"] == 2048
+    assert config["ROWS_GATE_UP"] == 16 and config["ROWS_DOWN"] == 64
+    assert config["perm"] == (1 if native.host_isas()[0] == "avx512" else 0)
 
 
 def diag(lib, pool, layer, x, plan, touch):
@@ -128,9 +100,8 @@ def test_diag_without_profile_and_bad_rows(builds):
     del keep
 
 
-def test_every_device_build_is_held_to_the_default():
-    """device.sh's POOL_AB lists only builds that this file (or test_tiers_pool.py's BUILDS) tests."""
+def test_every_device_build_is_tested():
+    """device.sh's POOL_AB lists only builds that test_tiers_pool.py's BUILDS hold to numpy (the ISA builds)."""
     text = (ROOT / "bench" / "device.sh").read_text()
     specs = [s.strip() for s in re.search(r'POOL_AB="([^"]*)"', text).group(1).split("--ab") if s.strip()]
-    tested = {frozenset(v) for v in VARIANTS} | {frozenset({"STRATA_NO_PERM=1"}), frozenset({"avx2"})}
-    assert specs and all(frozenset(spec.split(",")) in tested for spec in specs), specs
+    assert specs and all(spec in ("avx512", "avx2") for spec in specs), specs

@@ -68,16 +68,12 @@ ALL_TYPES = sorted(native.NATIVE_TYPES, key=native.NATIVE_TYPES.get)
 needs_native = pytest.mark.skipif(native.load() is None, reason="no C compiler: the pool runs on numpy here")
 # every ISA build this CPU runs (AVX-512, AVX2) and the scalar twin (-DSTRATA_NO_SIMD): all must decode bit for bit
 # and agree with numpy
-# and the AVX-512 lanes with the AVX2 decoders (-DSTRATA_NO_PERM, the variant without register permutes)
-BUILDS = pytest.mark.parametrize("build", [isa for isa in native.host_isas() if isa != "scalar"] + ["no-simd"] +
-                                 (["avx512-noperm"] if "avx512" in native.host_isas() else []))
+BUILDS = pytest.mark.parametrize("build", [isa for isa in native.host_isas() if isa != "scalar"] + ["no-simd"])
 
 
 def library(build):
     if build == "no-simd":
         return native.load_variant(("STRATA_NO_SIMD=1",))
-    if build == "avx512-noperm":
-        return native.load_variant(("STRATA_NO_PERM=1",), isa="avx512")
     return native.load_variant((), isa=build)
 
 
@@ -264,3 +260,47 @@ def test_a_build_the_compiler_refuses_falls_back_to_the_next_isa(monkeypatch, ca
     lib = native.load.__wrapped__()
     assert lib is not None and lib.isa == native.host_isas()[1]
     assert "cannot build expert_pool.c for bogus" in capsys.readouterr().err
+
+
+# the AVX-512 lane-order kernels (expert_pool_groups.h: x or h permuted once per call, codes as 16 dwords) serve rows
+# of n % 256 == 0 (Q2_K, Q4_K, IQ4_XS) or n % 128 == 0 (Q4_0, IQ4_NL, MXFP4, Q5_0); the shapes above are mostly not such
+LANE_ORDER = ("Q2_K", "Q4_K", "IQ4_XS", "Q4_0", "IQ4_NL", "MXFP4", "Q5_0")
+
+
+@needs_native
+@BUILDS
+@pytest.mark.parametrize("type_name", LANE_ORDER)
+@pytest.mark.parametrize("H,F", [(768, 384), (512, 512)], ids=["down-128", "down-256"])
+def test_lane_order_kernels_match_numpy(type_name, H, F, build):
+    """gate/up rows of 768 / 512 (lane order), down rows of 384 (lane order for the 128-weight types; the K types'
+    down rows take the weight-table kernel, fed a plain h) and 512 (lane order for all): 1, 4 and 19 rows on an
+    expert (a pass of 8 rows, of 4, 2 and 1) and odd routings; mixed with another type beside it"""
+    down = type_name if int(F) % native_block(type_name) == 0 else "Q4_0"
+    for types in ((type_name, type_name, down), (type_name, "Q8_0", down), ("Q6_K", type_name, "Q8_0")):
+        if any(F % native_block(t) or H % native_block(t) for t in types):
+            continue
+        model = FakeModel(types, E=4, k=2, H=H, F=F)
+        pool = ExpertPool(model, n_threads=3, lib=library(build))
+        rng = np.random.default_rng(native.NATIVE_TYPES[type_name])
+        for n_rows in (1, 4, 19):
+            check_pool(model, pool, types, np.stack([[0, 1 + i % 3] for i in range(n_rows)]), layer=0)
+        check_pool(model, pool, types, routed(5, 4, 2, rng), layer=1)
+
+
+@needs_native
+def test_native_calls_count_their_kernel_and_wake_time():
+    """verify-bench's pool C ms / pool wake ms: each native call adds the kernel's wall time and, of it, the team's
+    wake-up; the numpy path adds nothing"""
+    model = FakeModel(("Q4_0",) * 3)
+    pool = ExpertPool(model, n_threads=2)
+    rng = np.random.default_rng(8)
+    plan = build_plan(1, routed(3, 6, 3, rng), np.full(6, -1, np.int32))
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    pool.compute(1, x, plan.cpu)
+    first = pool.kernel_ns
+    assert 0 < pool.wake_ns <= first
+    pool.compute(1, x, plan.cpu)
+    assert pool.kernel_ns > first
+    numpy_pool = ExpertPool(model, use_native=False)
+    numpy_pool.compute(1, x, plan.cpu)
+    assert numpy_pool.kernel_ns == 0 and numpy_pool.wake_ns == 0

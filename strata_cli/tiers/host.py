@@ -193,8 +193,9 @@ class TierHost:
         self.step_layer = -1  # the stall line names this window's layer, not the last one served
         self.active = True
         self.progress = time.monotonic()
-        self.stats = {"T": T, "vram": 0, "pcie": 0, "cpu": 0, "pool_ms": 0.0, "host_wait_ms": 0.0, "pcie_bytes": 0,
-                      "cpu_bytes": 0, "gather_ms": 0.0, "copy_ms": 0.0, **filled}
+        self.stats = {"T": T, "vram": 0, "pcie": 0, "cpu": 0, "plan_ms": 0.0, "pool_ms": 0.0, "pool_kernel_ms": 0.0,
+                      "pool_wake_ms": 0.0, "host_wait_ms": 0.0, "pcie_bytes": 0, "cpu_bytes": 0, "gather_ms": 0.0,
+                      "copy_ms": 0.0, **filled}
         self._timed_copies.clear()
         with self._issued_cv:
             self._issued, self._failing = 0, False
@@ -259,6 +260,9 @@ class TierHost:
             copying = self._copier.submit(self._issue_copies, layer, grp, plan, want)
         else:
             self._raise_flag(FLAG_B, want)
+        t_plan = time.perf_counter()
+        pool = self.src.pool
+        kernel0, wake0 = pool.kernel_ns, pool.wake_ns
         if plan.cpu.n_groups:
             self.src.compute_into(layer, t.pub_x.host[r0:r0 + n], plan, t.ymiss.host[r0 * K:(r0 + n) * K])
         t2 = time.perf_counter()
@@ -271,7 +275,10 @@ class TierHost:
         s["vram"] += int((plan.src == SRC_VRAM).sum())
         s["pcie"] += int((plan.src == SRC_PCIE).sum())
         s["cpu"] += int((plan.src == SRC_CPU).sum())
-        s["pool_ms"] += (t2 - t1) * 1e3
+        s["plan_ms"] += (t_plan - t1) * 1e3  # routing ids to the plan, its words, flagA, the PCIe copies' issue
+        s["pool_ms"] += (t2 - t_plan) * 1e3  # the CPU pool's call, Python and kernel
+        s["pool_kernel_ms"] += (pool.kernel_ns - kernel0) / 1e6
+        s["pool_wake_ms"] += (pool.wake_ns - wake0) / 1e6
         s["host_wait_ms"] += (t1 - t0) * 1e3
         eb = sum(t.expert_bytes[layer])
         s["pcie_bytes"] += eb * plan.pcie.n_groups

@@ -30,8 +30,8 @@ NATIVE_TYPES = dict(TYPE_IDS)
 _VP, _I32, _I64, _U32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
 # strata_pool_swiglu(threads, H, F, G, gate, up, down, 3 row strides, 3 types, start, tok, dst, x, y, h)
 SWIGLU_ARGS = [_I32, _I32, _I32, _I32, _VP, _VP, _VP, _I64, _I64, _I64, _I32, _I32, _I32, _VP, _VP, _VP, _VP, _VP, _VP]
-# strata_pool_config's out[]: the build's tuning macros, in this order (kernels/expert_pool.c)
-CONFIG_FIELDS = ("POOL_CHUNK", "PREFETCH_AHEAD", "PREFETCH_LINES", "PREFETCH_HINT", "ROWS_GATE_UP", "ROWS_DOWN", "perm")
+# strata_pool_config's out[]: the build's tuning constants, in this order (kernels/expert_pool.c)
+CONFIG_FIELDS = ("POOL_CHUNK", "PREFETCH_AHEAD", "ROWS_GATE_UP", "ROWS_DOWN", "perm")
 
 
 def native_types() -> frozenset[int]:
@@ -92,7 +92,7 @@ def _warn(message: str) -> None:
 
 def build(out_dir: Path | None = None, defines: tuple[str, ...] = (), isa: str | None = None) -> Path | None:
     """The shared library for this source + ISA + flags + compiler, compiled once (atomically) into the cache.
-    `defines` ("NAME=VALUE") override the kernel's tuning macros (bench/pool_bench.py --variant); `isa` one of
+    `defines` ("NAME=VALUE") are passed as -D (bench/pool_bench.py --variant, the tests' STRATA_NO_SIMD); `isa` one of
     ISAS (default: the best this CPU runs)."""
     from ..sysio.cache import cache_dir
 
@@ -126,10 +126,10 @@ def build(out_dir: Path | None = None, defines: tuple[str, ...] = (), isa: str |
 
 
 def build_config(lib) -> dict:
-    """The tuning a loaded build was compiled with (strata_pool_config): CONFIG_FIELDS and the schedule kind."""
+    """The tuning a loaded build was compiled with (strata_pool_config): CONFIG_FIELDS and the item schedule."""
     out = (ctypes.c_int64 * len(CONFIG_FIELDS))()
     kind = lib.strata_pool_config(out).decode()
-    return dict(zip(CONFIG_FIELDS, (int(v) for v in out)), POOL_SCHED_KIND=kind)
+    return dict(zip(CONFIG_FIELDS, (int(v) for v in out)), schedule=kind)
 
 
 @lru_cache(maxsize=1)
@@ -150,7 +150,7 @@ def load():
 
 
 def load_variant(defines: tuple[str, ...], isa: str | None = None):
-    """The library built with the given tuning macros for `isa` (default: the best this CPU runs); not cached:
+    """The library built with the given -D defines for `isa` (default: the best this CPU runs); not cached:
     the benchmark and the tests compare variants. lib.isa names the build."""
     isa = isa or host_isas()[0]
     path = build(defines=defines, isa=isa)

@@ -25,6 +25,7 @@ from .plan import ExpertEntries
 from .residency import EXPERT_ROLES
 
 _ptr = ctypes.c_void_p
+PROF_HEAD, PROF_PER = 4, 8  # strata_pool_diag's profile layout (kernels/expert_pool.c)
 
 
 def default_threads() -> int:
@@ -68,6 +69,12 @@ class ExpertPool:
         self.native_layers = [all(t in supported for t in lt.types) for lt in self.layers]
         self._h = np.zeros(0, dtype=np.float32)  # gate/up products [entries, F], reused; guarded by _lock
         self._lock = threading.Lock()  # one layer at a time: a second caller would only oversubscribe the cores
+        # the native calls' own time (strata_pool_diag's profile, CLOCK_MONOTONIC ns, summed over calls): the
+        # kernel's wall time and, of it, the team's wake-up (the call to the last thread entering its region);
+        # tiers/host.py reports them beside the step's pool time, whose rest is Python (verify-bench)
+        self.kernel_ns = 0
+        self.wake_ns = 0
+        self._prof = np.zeros(PROF_HEAD + PROF_PER * self.n_threads, dtype=np.int64)
         self._f64: dict[tuple[int, int], tuple] = {}
 
     @property
@@ -114,10 +121,15 @@ class ExpertPool:
 
     def _native(self, layer: int, x: np.ndarray, cpu: ExpertEntries, out: np.ndarray) -> None:
         args, keep = self.native_args(layer, x, cpu, out)
-        rc = self.lib.strata_pool_swiglu(*args)
+        prof = self._prof
+        rc = self.lib.strata_pool_diag(*args, 0, _ptr(prof.ctypes.data))
         del keep
         if rc != 0:
             raise RuntimeError(f"expert pool kernel failed on layer {layer} (code {rc})")
+        entered = prof[PROF_HEAD:PROF_HEAD + PROF_PER * int(prof[2]):PROF_PER]
+        entered = entered[entered > 0]  # the threads the team had (OpenMP may give fewer than asked)
+        self.kernel_ns += int(prof[1] - prof[0])
+        self.wake_ns += int(entered.max() - prof[0]) if entered.size else 0
 
     def native_args(self, layer: int, x: np.ndarray, cpu: ExpertEntries, out: np.ndarray) -> tuple[tuple, list]:
         """strata_pool_swiglu's arguments for one layer (x f32 contiguous, out as compute() checks it), and the

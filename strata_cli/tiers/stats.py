@@ -4,8 +4,10 @@ is the cache's hit rate), the MB a window's PCIe share copies and its CPU share 
 the tier floor, and an adaptive --expert-policy's swaps and MB copied into VRAM per window.
 
 Where the time goes: the GPU's time in the flagB and flag waits (spin waits), the GPU computing (the window less
-those waits), the host waiting for rings and in the CPU pool, and the PCIe share's host gather and DMAs (copy GB/s:
-its bytes over the DMA time between the copy events). The tier floor: the all-resident window's floor (every byte it
+those waits), the host waiting for rings, planning each step (plan ms: the routed ids to the plan and its words,
+flagA, the PCIe copies' issue) and in the CPU pool (pool ms: the call with its Python; pool C ms: the kernel's own
+wall time, pool wake ms: of it, until the OpenMP team's last thread started), and the PCIe share's host gather and
+DMAs (copy GB/s: its bytes over the DMA time between the copy events). The tier floor: the all-resident window's floor (every byte it
 reads at the device copy rate, verify-bench's floor ms) plus the longer of the two host shares, which overlap: the
 CPU-share bytes at the pool's rate and the PCIe bytes at the copy path's (measured while the engine was built with
 --pcie-frac auto, else tiers/share.py's constants)."""
@@ -20,7 +22,8 @@ TIER_COLUMNS = [("vram_pairs", "VRAM pairs", ".1%"), ("vram_share", "VRAM", ".1%
                 ("cpu_share", "CPU", ".1%"), ("pcie_mb", "PCIe MB", ".2f"), ("cpu_mb", "CPU MB", ".2f"),
                 ("gpu_ms", "GPU ms", ".3f"), ("wait_b_ms", "wait B ms", ".3f"),
                 ("wait_flag_ms", "wait flag ms", ".3f"), ("host_ring_ms", "host ring ms", ".3f"),
-                ("pool_ms", "pool ms", ".3f"), ("pool_gb_s", "pool GB/s", ".1f"), ("gather_ms", "gather ms", ".3f"),
+                ("plan_ms", "plan ms", ".3f"), ("pool_ms", "pool ms", ".3f"), ("pool_kernel_ms", "pool C ms", ".3f"),
+                ("pool_wake_ms", "pool wake ms", ".3f"), ("pool_gb_s", "pool GB/s", ".1f"), ("gather_ms", "gather ms", ".3f"),
                 ("copy_ms", "copy ms", ".3f"), ("copy_gb_s", "copy GB/s", ".1f"),
                 ("tier_floor_ms", "tier floor ms", ".3f"), ("swaps", "swaps", ".1f"), ("fill_mb", "fill MB", ".1f")]
 
@@ -63,7 +66,8 @@ def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: fl
                 vram_pairs=float((t.stage_table() >= 0).mean()), vram_share=mean("vram_share"),
                 pcie_share=mean("pcie_share"), cpu_share=mean("cpu_share"), gpu_ms=max(ms_mean - waits, 0.0),
                 wait_b_ms=mean("wait_b_ms"), wait_flag_ms=mean("wait_flag_ms"), host_ring_ms=mean("host_wait_ms"),
-                pool_ms=pool_ms, pool_gb_s=_rate(cpu_bytes, pool_ms), gather_ms=mean("gather_ms"), copy_ms=copy_ms,
+                plan_ms=mean("plan_ms"), pool_ms=pool_ms, pool_kernel_ms=mean("pool_kernel_ms"),
+                pool_wake_ms=mean("pool_wake_ms"), pool_gb_s=_rate(cpu_bytes, pool_ms), gather_ms=mean("gather_ms"), copy_ms=copy_ms,
                 copy_gb_s=_rate(pcie_bytes, copy_ms), pcie_mb=pcie_bytes / 1e6, cpu_mb=cpu_bytes / 1e6,
                 tier_floor_ms=tier_floor_ms(floor_ms, cpu_bytes, pcie_bytes, _measured(t.cfg, "pool_gbs", POOL_GBS),
                                             _measured(t.cfg, "copy_gbs", PCIE_GBS)), expert_policy=t.cfg.policy,
