@@ -4,6 +4,10 @@ Every dense weight is read once per window; the head's full matrix too; of the r
 ones the window's T rows pick. With uniform routing of k of E experts per row, a layer touches
 E * (1 - (1 - k/E)^T) distinct experts on average. Embedding and n-gram rows are gathered (T rows each), and the
 KV cache reads are small next to the weights at the contexts benchmarked, so both are left out.
+
+stage_bytes splits a window's reads over the stages of `strata profile` from what the profiling graph's launches
+received (engine/stage_bytes.py's ledger), the experts priced the same way, the state (GDN state, K/V cells, pooled
+keys) at the profiled depth counted apart.
 """
 
 from __future__ import annotations
@@ -68,7 +72,7 @@ def stage_bytes(reads, g, rows: int, depth: int) -> list[dict]:
     rows (expected_distinct_experts, as window_bytes prices them) plus the shared expert where it is one more expert
     of the tensor; 'state': state_read of each state buffer. Summed over the stages, weights + experts is
     window_bytes' total plus what the device's copies of the dense tensors hold beyond the file's bytes
-    (upload_growth)."""
+    (floor_summary's upload_growth_bytes; tests/test_stage_bytes.py holds the two equal)."""
     distinct = expected_distinct_experts(g.n_expert, g.n_expert_used, rows)
     out = []
     for r in reads:
