@@ -72,6 +72,32 @@ def test_weight_kinds_and_state_names():
         [True, True, True, True, False, False]
 
 
+def test_observing_shows_this_threads_launches_and_leaves_them_as_they_were(monkeypatch):
+    import threading
+
+    from strata_cli.gpu import compile as nvrtc
+
+    class Kernel:
+        def __call__(self, grid, block, args, shared_mem=0):
+            launched.append((args, shared_mem))
+
+    fn, launched, seen = Kernel(), [], []
+    monkeypatch.setattr(nvrtc, "_function", lambda module, function, defines=(): fn)
+    assert nvrtc.kernel("m", "f") is fn  # nothing observing: the kernel itself
+    with nvrtc.observing(lambda name, args: seen.append((name, args))):
+        k = nvrtc.kernel("m", "f")
+        k.max_dynamic_shared_size_bytes = 4096  # launch_quant raises a kernel's shared memory so
+        assert fn.max_dynamic_shared_size_bytes == k.max_dynamic_shared_size_bytes == 4096
+        k((1, 1, 1), (32, 1, 1), (1, 2), shared_mem=64)
+        other = []
+        thread = threading.Thread(target=lambda: other.append(nvrtc.kernel("m", "g")))
+        thread.start()
+        thread.join()
+        assert other == [fn]  # another thread's launches are not this recording's
+    assert seen == [("f", (1, 2))] and launched == [((1, 2), 64)]
+    assert nvrtc.kernel("m", "f") is fn
+
+
 # ---- the arithmetic
 
 def test_cells_read_is_the_selections_count():
