@@ -5,7 +5,8 @@
 1. `strata profile` (JSON) on the fixture q8_0 for T = 1 and 8; 2. node counts of the normal and profiling window
 graphs, and of the normal graph built from MAIN_ROOT's code (unchanged?); 3. the gpu tests of the profile;
 4. `strata profile --per-layer` on a Flash-Next-width 2-layer Q8_0 model made in /tmp (64 experts); then a short
-table: stamps against the event-timed windows, and what the stamps cost.
+table: stamps against the event-timed windows, what the stamps cost, the window's bandwidth floor and x floor, and
+the least and most x floor of the stages reading over 1 MB.
 Env: STRATA_FIXTURES (the qwen4exp-tiny fixture), FN2 (where to write the 2-layer model, default /tmp/fn2.gguf).
 On a bare machine the first `strata profile` also compiles every kernel (over 100 s on the H200, once: CuPy
 caches the cubins); allow ~4 minutes for the whole script there, ~1.5 once the cache is warm.
@@ -59,7 +60,14 @@ def profile(name: str, model: Path, T: int, per_layer: bool) -> None:
     args = ["profile", model, "--window", T, "--windows", 100, "--context", 64, "--format", "json"]
     text = strata(*args, *(["--per-layer"] if per_layer else []))
     (OUT / f"profile-{name}-t{T}.json").write_text(text)
-    results.append((name, T, json.loads(text)["meta"]))
+    doc = json.loads(text)
+    meta = doc["meta"]
+    # the stage farthest below its floor among those reading > 1 MB (under 0.9x: bytes overcounted, or the copy
+    # rate is off) and the one farthest above it (where the window wastes the most time per byte)
+    big = [r for r in doc["rows"] if r["layer"] == "all" and r["bytes"] and r["bytes"] > 1e6]
+    meta["min_x_floor"] = min((r["x_floor"], r["stage"]) for r in big) if big else None
+    meta["max_x_floor"] = max((r["x_floor"], r["stage"]) for r in big) if big else None
+    results.append((name, T, meta))
     log(f"profile {name} T={T} done")
 
 
@@ -92,6 +100,7 @@ step(count_nodes)
 import pytest  # noqa: E402
 
 rc = pytest.main(["-q", "-p", "no:cacheprovider", "tests/test_gpu_profile.py", "tests/test_stage_timing.py",
+                  "tests/test_stage_bytes.py",
                   "tests/test_gpu_engine.py::test_graph_replay_equals_eager",
                   "tests/test_gpu_engine.py::test_graph_summaries"])
 log(f"pytest exit {rc}")
@@ -103,8 +112,10 @@ if not FN2.exists():
 for T in (1, 8):
     step(profile, "fn2", FN2, T, per_layer=True)
 
-print("model   T  event ms  stamped ms  unaccounted  normal ms  stamps  stamp cost")
+print("model   T  event ms  stamped ms  unaccounted  normal ms  stamps  stamp cost  floor ms  x floor  "
+      "min / max x floor of the stages > 1 MB")
 for name, T, m in results:
     print(f"{name:7s} {T:2d} {m['event_ms']:9.4f} {m['stamped_ms']:11.4f} {m['unaccounted_share'] * 100:10.2f} % "
-          f"{m['normal_ms_median']:9.4f} {m['stamps']:7d} {m['profile_ms_median'] / m['normal_ms_median'] - 1:+9.1%}")
+          f"{m['normal_ms_median']:9.4f} {m['stamps']:7d} {m['profile_ms_median'] / m['normal_ms_median'] - 1:+9.1%}  "
+          f"{m['floor_ms']:8.4f} {m['x_floor']:8.1f}  {m['min_x_floor']} / {m['max_x_floor']}")
 print("nodes", nodes, "pytest", rc)

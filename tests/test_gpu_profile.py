@@ -139,3 +139,42 @@ def test_verify_profile_env_prints_the_summary(fixture_dir, monkeypatch):
                                     "--format", "tsv"])
     assert res.exit_code == 0, res.output
     assert "strata verify profile T=4:" in res.stderr
+
+
+@pytest.mark.parametrize("T", [1, 8])
+def test_profile_stage_floors(fixture_dir, T):
+    """Each stage's bytes, floor and x floor: the stages' bytes sum to meta.read_bytes; their weights + experts are
+    verify-bench's read_bytes of the same window plus what the device's copies add (tests/test_stage_bytes.py holds
+    that growth to the uploads on the CPU); no stage of more than 1 MB beats its floor (a stage under 0.9x would read
+    fewer bytes than the ledger counts, or the copy rate is off)."""
+    model = str(fixture_dir / "model-q8_0.gguf")
+    runner = CliRunner()
+    res = runner.invoke(main, ["profile", model, "--window", str(T), "-r", "20", "-d", "32", "--per-layer",
+                               "--format", "json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    meta, rows = doc["meta"], doc["rows"]
+    assert meta["copy_bytes_per_s"] > 1e11 and meta["floor_ms"] == pytest.approx(
+        meta["read_bytes"] / meta["copy_bytes_per_s"] * 1e3)
+    stages = [r for r in rows if r["layer"] == "all" and r["stage"] != "(all stages)"]
+    per_layer = [r for r in rows if r["layer"] not in ("all", "")]
+    for group in (stages, per_layer):
+        assert sum(r["bytes"] for r in group) == pytest.approx(meta["read_bytes"])
+    assert meta["read_bytes"] == pytest.approx(meta["weight_bytes"] + meta["expert_bytes"] + meta["state_bytes"])
+    bench = runner.invoke(main, ["verify-bench", model, "--device", "gpu", "--window", str(T), "-r", "3", "-d", "32",
+                                 "--format", "json"])
+    assert bench.exit_code == 0, bench.output
+    record = next(r for r in json.loads(bench.stdout)["rows"] if r["window"] == T)
+    assert record["read_bytes"] == pytest.approx(meta["window_read_bytes"], abs=1)
+    growth = meta["weight_bytes"] + meta["expert_bytes"] - record["read_bytes"]
+    assert growth == pytest.approx(meta["upload_growth_bytes"], abs=1) and 0 <= growth < 0.1 * record["read_bytes"]
+    # stages, layers, the groups' sums and the window's: the fixture's window reads 2.9 MB at T = 1 (5 at T = 8)
+    big = [r for r in rows if r["bytes"] and r["bytes"] > 1e6]
+    assert any(r["stage"] == "event-timed window" for r in big)
+    for r in rows:
+        if r["bytes"]:
+            assert r["floor_us"] == pytest.approx(r["bytes"] / meta["copy_bytes_per_s"] * 1e6)
+            assert r["x_floor"] == pytest.approx(r["ms"] * 1e3 / r["floor_us"])
+    assert all(r["x_floor"] >= 0.9 for r in big), [(r["layer"], r["stage"], r["x_floor"]) for r in big]
+    table = runner.invoke(main, ["profile", model, "--window", str(T), "-r", "3", "-d", "8"])
+    assert table.exit_code == 0 and "x floor" in table.stdout and "floor:" in table.stdout

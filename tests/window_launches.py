@@ -1,6 +1,7 @@
 """The graph nodes of a window without a GPU: the real window recorder (engine/gpu/window.py) and the real launchers
-(strata_cli/gpu/launch_*.py) run over host arrays, and every kernel launch (compile.kernel(module, name)(...)) and
-device copy (window.copy_async) is listed instead of issued. Each is one node of the captured graph, so the listing
+(strata_cli/gpu/launch_*.py) run over host arrays, and every kernel launch (compile.kernel(module, name)(...): the
+lookup behind it replaced, so compile.observing's observers see the launches as on the device) and device copy
+(window.copy_async) is listed instead of issued. Each is one node of the captured graph, so the listing
 is what `strata graph-nodes` counts: per layer (GPUEngine.layer_nodes' "embed" / "gap" boundaries) and per kernel
 function name (graph-nodes' kinds). The launchers' argument checks run as on the device (host arrays pass them),
 so a window that would be refused there is refused here too.
@@ -83,7 +84,6 @@ def host_engine(monkeypatch, model, max_t: int = 16, n_ctx: int = 256, window_pa
 def window_launches(monkeypatch, engine, T: int) -> WindowLaunches:
     """The nodes record_window(engine, T) launches, split at the layer boundaries GPUEngine.layer_nodes uses."""
     from strata_cli.engine.gpu import window
-    from strata_cli.gpu import compile as nvrtc
 
     nodes: list[str] = []
     ends: list[int] = []
@@ -99,8 +99,7 @@ def window_launches(monkeypatch, engine, T: int) -> WindowLaunches:
         if stage in ("embed", "gap"):
             ends.append(len(nodes))
 
-    monkeypatch.setattr(nvrtc, "kernel", kernel)
-    monkeypatch.setattr(window, "copy_async", lambda dst, src, nbytes, stream: nodes.append("memcpy"))
+    _list_launches(monkeypatch, kernel, lambda dst, src, nbytes, stream: nodes.append("memcpy"))
     engine.stamper = count
     try:
         window.record_window(engine, T, None)
@@ -109,3 +108,25 @@ def window_launches(monkeypatch, engine, T: int) -> WindowLaunches:
     assert len(ends) == engine.g.n_layers + 1, ends
     layers = [nodes[a:b] for a, b in zip(ends, ends[1:])]
     return WindowLaunches(nodes[:ends[0]], layers, nodes[ends[-1]:])
+
+
+def _list_launches(monkeypatch, kernel, copy) -> None:
+    """Launches go to kernel(module, function)(grid, block, args, ...) and device copies to copy: compile.kernel's
+    lookup is replaced, not compile.kernel itself, so its observers (compile.observing) see every launch."""
+    from strata_cli.engine.gpu import window
+    from strata_cli.gpu import compile as nvrtc
+
+    monkeypatch.setattr(nvrtc, "_function", lambda module, function, defines=(): kernel(module, function))
+    monkeypatch.setattr(window, "copy_async", copy)
+
+
+def window_reads(monkeypatch, engine, T: int):
+    """The profiling window of T rows recorded as the engine records it (engine/gpu/stamps.record_profiled: the real
+    Stamper, the byte ledger told of every launch): (its stage_timing.Plan, the ledger's StageReads per stamp)."""
+    from strata_cli.engine.gpu import stamps, window
+
+    def kernel(module: str, function: str):
+        return lambda grid, block, args, **kwargs: None
+
+    _list_launches(monkeypatch, kernel, lambda dst, src, nbytes, stream: None)
+    return stamps.record_profiled(engine, T, None, window.record_window)

@@ -109,7 +109,8 @@ def run_bench(engine, windows: list[int], repetitions: int, acceptance: Acceptan
 def profile_windows(engine, window: int, repetitions: int, depth: int, seed: int, acceptance: Acceptance,
                     warmup: int = 2) -> dict:
     """GPU: `repetitions` windows of the profiling graph after `depth` tokens (stamps [N, slots] uint64 and the
-    CUDA-event ms of each window alone), their stage_timing.Plan, and the median event ms of as many normal
+    CUDA-event ms of each window alone), their stage_timing.Plan and what each stamped stage reads (reads:
+    engine/stage_bytes.StageReads per stamp), and the median event ms of as many normal
     windows (what the stamps cost). Windows commit the rows `acceptance` draws, as in time_window."""
     sink: list = []
     stamped = time_window(engine, window, repetitions, acceptance, depth, seed, engine.window_only_timer(True, sink),
@@ -118,5 +119,6 @@ def profile_windows(engine, window: int, repetitions: int, depth: int, seed: int
                          warmup=warmup)
     kept = [(s, ms) for T, s, ms in sink if T == window][-repetitions:]
     return {"stamps": np.stack([s for s, _ in kept]), "event_ms": np.array([ms for _, ms in kept]),
-            "plan": engine.profile_plans[window], "profile_ms_median": stamped.ms_median,
+            "plan": engine.profile_plans[window], "reads": engine.profile_reads[window],
+            "profile_ms_median": stamped.ms_median,
             "normal_ms_median": normal.ms_median}

@@ -146,10 +146,11 @@ class StageReport:
 
     windows: int
     window_size: int
-    groups: list[dict]            # {"group", "stage", "ms", "layers"} in first-seen graph order
-    layers: list[dict]            # {"layer", "group", "stage", "ms"} in graph order
+    groups: list[dict]            # {"group", "stage", "ms", "layers", "bytes"} in first-seen graph order
+    layers: list[dict]            # {"layer", "group", "stage", "ms", "bytes"} in graph order
     stamped_ms: float             # mean per window of all stage times
     event_ms: float | None        # mean CUDA-event time of the same windows
+    read_bytes: float | None = None  # what the stamped stages read per window (None: not tallied)
 
     @property
     def unaccounted_ms(self) -> float | None:
@@ -162,9 +163,13 @@ class StageReport:
         return self.unaccounted_ms / self.event_ms
 
 
-def aggregate(stamps, plan: Plan, event_ms=None, window_size: int = 0) -> StageReport:
-    """StageReport of W windows: stamps [W, n_slots] uint64, event_ms [W] (or None) from CUDA events."""
+def aggregate(stamps, plan: Plan, event_ms=None, window_size: int = 0, stage_bytes=None) -> StageReport:
+    """StageReport of W windows: stamps [W, n_slots] uint64, event_ms [W] (or None) from CUDA events; stage_bytes
+    (or None): the bytes each stamp's stage reads per window, in plan order (analysis/traffic.stage_bytes)."""
     stamps = np.atleast_2d(np.asarray(stamps, dtype=np.uint64))
+    if stage_bytes is not None and len(stage_bytes) != len(plan.slots):
+        raise ValueError(f"stage_bytes: {len(stage_bytes)} stages for {len(plan.slots)} stamps")
+    nbytes = [None] * len(plan.slots) if stage_bytes is None else [float(b) for b in stage_bytes]
     W = stamps.shape[0]
     limit = None if event_ms is None else np.asarray(event_ms, dtype=np.float64) * 1e6
     ns = stage_durations(stamps, plan.slots, limit)
@@ -177,13 +182,18 @@ def aggregate(stamps, plan: Plan, event_ms=None, window_size: int = 0) -> StageR
         group = plan.group(i)
         key = (group, stage)
         if key not in groups:
-            groups[key] = {"group": group, "stage": stage, "ms": 0.0, "layers": 0}
+            groups[key] = {"group": group, "stage": stage, "ms": 0.0, "layers": 0,
+                           "bytes": None if stage_bytes is None else 0.0}
         groups[key]["ms"] += float(mean_ms[i])
         groups[key]["layers"] += 1
-        layers.append({"layer": plan.layers[i], "group": group, "stage": stage, "ms": float(mean_ms[i])})
+        if stage_bytes is not None:
+            groups[key]["bytes"] += nbytes[i]
+        layers.append({"layer": plan.layers[i], "group": group, "stage": stage, "ms": float(mean_ms[i]),
+                       "bytes": nbytes[i]})
     return StageReport(windows=W, window_size=window_size, groups=list(groups.values()), layers=layers,
                        stamped_ms=float(ns.sum() / max(W, 1) / 1e6),
-                       event_ms=None if event_ms is None else float(np.mean(event_ms)))
+                       event_ms=None if event_ms is None else float(np.mean(event_ms)),
+                       read_bytes=None if stage_bytes is None else float(sum(nbytes)))
 
 
 def summary_line(report: StageReport) -> str:
@@ -252,31 +262,53 @@ def bar(share: float, width: int = BAR_WIDTH) -> str:
     return "█" * (eighths // 8) + (_EIGHTHS[eighths % 8] if eighths % 8 else "")
 
 
-def table_rows(report: StageReport, per_layer: bool = False) -> list[dict]:
+def floor_us(nbytes: float | None, bytes_per_s: float | None) -> float | None:
+    """µs reading nbytes takes at the measured copy rate (None: either unknown)."""
+    if nbytes is None or not bytes_per_s:
+        return None
+    return nbytes / bytes_per_s * 1e6
+
+
+def x_floor(ms: float | None, floor: float | None) -> float | None:
+    """How many times its bandwidth floor (µs) a stage's time (ms) is; None without a floor (a stage reading
+    nothing counted: the embedding's gather, the argmax)."""
+    if ms is None or not floor:
+        return None
+    return ms * 1e3 / floor
+
+
+def table_rows(report: StageReport, per_layer: bool = False, bytes_per_s: float | None = None) -> list[dict]:
     """Rows of `strata profile`: one per (group, stage) in graph order (GDN, QSA, head), per-layer rows when
-    asked, then the totals: stamped time, the event-timed window and what the stamps leave unaccounted."""
+    asked, then the totals: stamped time, the event-timed window and what the stamps leave unaccounted. Each row's
+    bytes (what its stages read per window, None when the report has none), floor_us (those bytes at bytes_per_s,
+    the measured copy rate) and x_floor (ms / floor)."""
     base = report.event_ms if report.event_ms and report.event_ms > 0 else report.stamped_ms
     order = {"head": 0, "GDN": 1, "QSA": 2}
     rows = []
 
-    def row(layer, group, stage, ms, layers=None):
+    def row(layer, group, stage, ms, layers=None, nbytes=None):
         share = ms / base if base > 0 else float("nan")
+        floor = floor_us(nbytes, bytes_per_s)
         return {"layer": layer, "group": group, "stage": stage, "layers": layers, "ms": ms, "share": share,
-                "bar": bar(share)}
+                "bytes": nbytes, "floor_us": floor, "x_floor": x_floor(ms, floor), "bar": bar(share)}
+
+    def total(rows_of):
+        return None if report.read_bytes is None else sum(r["bytes"] for r in rows_of)
 
     groups = sorted(report.groups, key=lambda r: order[r["group"]])  # stable: graph order within a group
     for r in groups:
-        rows.append(row("all", r["group"], r["stage"], r["ms"], r["layers"]))
+        rows.append(row("all", r["group"], r["stage"], r["ms"], r["layers"], r["bytes"]))
     if per_layer:
         for r in report.layers:
-            rows.append(row("head" if r["group"] == "head" else str(r["layer"]), r["group"], r["stage"], r["ms"]))
+            rows.append(row("head" if r["group"] == "head" else str(r["layer"]), r["group"], r["stage"], r["ms"],
+                            nbytes=r["bytes"]))
     for g in ("GDN", "QSA", "head"):
-        ms = sum(r["ms"] for r in report.groups if r["group"] == g)
-        if any(r["group"] == g for r in report.groups):
-            rows.append(row("all", g, "(all stages)", ms))
-    rows.append(row("", "total", "stamped", report.stamped_ms))
+        mine = [r for r in report.groups if r["group"] == g]
+        if mine:
+            rows.append(row("all", g, "(all stages)", sum(r["ms"] for r in mine), nbytes=total(mine)))
+    rows.append(row("", "total", "stamped", report.stamped_ms, nbytes=report.read_bytes))
     if report.event_ms is not None:
-        rows.append(row("", "total", "event-timed window", report.event_ms))
+        rows.append(row("", "total", "event-timed window", report.event_ms, nbytes=report.read_bytes))
         rows.append(row("", "total", "unaccounted", report.unaccounted_ms))
     return rows
 

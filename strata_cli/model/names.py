@@ -113,6 +113,7 @@ def expected_tensors(g: Geometry) -> dict[str, TensorSpec]:
 
 PLE_TABLE = "per_layer_token_embd.weight"
 GATHERED = ("token_embd.weight", PLE_TABLE)  # tables read a row at a time by id, never streamed whole
+EXPERT_TENSORS = ("ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight")  # routed: [E, ...] each
 UNSUFFIXED_ROLES = ("ssm_a", "ssm_dt.bias")  # layer tensors whose names carry no ".weight"
 
 

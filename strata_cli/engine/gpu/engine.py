@@ -38,7 +38,7 @@ from ..contract import Capabilities, WindowResult, WindowTimer
 from ..stage_timing import Accumulator, register
 from ..state import check_n_keep, check_window, resolve_ctx
 from .buffers import Staging, plan_buffers
-from .stamps import Stamper
+from .stamps import Stamper, record_profiled
 from .weights import DeviceWeights
 from .window import record_commit, record_window
 
@@ -169,6 +169,7 @@ class GPUEngine:
         self.stamper: Stamper | None = None      # set only while a profiling window is recorded
         self.profile_graphs: dict[int, CapturedGraph] = {}
         self.profile_plans: dict = {}            # T -> stage_timing.Plan of its profiling window
+        self.profile_reads: dict = {}            # T -> what each of its stamped stages reads (stage_bytes.StageReads)
         self.verify_profile: Accumulator | None = None
         if settings.VERIFY_PROFILE.value():
             self.verify_profile = register(Accumulator())
@@ -266,12 +267,7 @@ class GPUEngine:
         if not profile:
             record_window(self, T, stream)
             return
-        self.stamper = Stamper(self.buf["stamps"], self.g)
-        try:
-            record_window(self, T, stream)
-            self.profile_plans[T] = self.stamper.plan
-        finally:
-            self.stamper = None
+        self.profile_plans[T], self.profile_reads[T] = record_profiled(self, T, stream, record_window)
 
     def layer_nodes(self, T: int) -> list[int]:
         """The nodes each layer adds to the T-row window graph: a capture whose stage hook (in place of the

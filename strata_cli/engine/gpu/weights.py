@@ -181,6 +181,16 @@ class DeviceWeights:
     def f32(self, name: str):
         return self._f32[name]
 
+    def arrays(self):
+        """(name, device array) of every upload: matrices and stacks under their names (a stack as blk.N.<stack>),
+        f32 tensors, each HC read's "<prefix>_norm.weight", "<prefix>_down_inject" and "<prefix>_up.weight"
+        (the profiling graph's byte ledger, engine/stage_bytes.py, knows the weights a launch reads by them)."""
+        yield from ((name, arr) for name, (arr, _) in self._raw.items())
+        yield from self._f32.items()
+        for prefix, hc in self._hc.items():
+            yield from ((f"{prefix}_norm.weight", hc.norm_w), (f"{prefix}_down_inject", hc.dn_raw),
+                        (f"{prefix}_up.weight", hc.up_raw))
+
     def blk_raw(self, layer: int, role: str):
         return self._raw[blk_tensor(layer, role)]
 

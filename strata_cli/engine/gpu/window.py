@@ -8,7 +8,8 @@ graph fills from mapped staging first; nothing window-specific is baked into a g
 
 Profiling: `stamp(e, layer, stage, stream)` marks the end of each stage (names in strata_cli/engine/stage_timing.py).
 It launches a stamp only while the engine records its profiling variant (e.stamper set); the normal graph has
-no stamp node.
+no stamp node. What each stage reads is tallied meanwhile from the launches' arguments (stamps.record_profiled,
+engine/stage_bytes.py): nothing here names a weight's bytes.
 """
 
 from __future__ import annotations
