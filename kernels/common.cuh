@@ -511,6 +511,8 @@ __device__ __forceinline__ void group_by_key(const int* sid, int* is_leader, int
 // ple_gate), bo[t, d]: given (bo != null), or parts != null: the MoE's combine,
 // sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null), moe.cu moe_combine's arithmetic
 // (slot order), so the window has no combine node after its routed experts.
+#define PENDING_UNROLL 17  // the routed experts' top-k (<= 16) plus the shared expert's slot
+
 struct Pending {
     const float* bo;
     const float* parts;
@@ -518,12 +520,17 @@ struct Pending {
     const float* shared;
     int K;
 
+    // The first PENDING_UNROLL slots are unrolled (their loads issued together, not one round trip a slot), the
+    // rest loop; the sum goes in slot order either way.
     __device__ __forceinline__ float at(int t, int d, int D) const {
         if (parts == nullptr) return bo[(i64)t * D + d];
         const float* wt = w + (i64)t * K;
         const float* column = parts + (i64)t * K * D + d;
         float acc = 0.0f;
-        for (int k = 0; k < K; ++k) acc += wt[k] * column[(i64)k * D];
+#pragma unroll
+        for (int k = 0; k < PENDING_UNROLL; ++k)
+            if (k < K) acc += wt[k] * column[(i64)k * D];
+        for (int k = PENDING_UNROLL; k < K; ++k) acc += wt[k] * column[(i64)k * D];
         return shared ? acc + shared[(i64)t * D + d] : acc;
     }
 };
