@@ -154,7 +154,7 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
 // dependent trips), then the state's trip; now the state, conv and gate loads in one or two trips, 2 barriers
 // for the gates (their warp sums) and the norms, then the recurrence's 3 barriers a row and the gated norm. The
 // gates' sum order over n_in changed (float32 rounding only; the tests' tolerances against numpy hold).
-#define GDN_GATE_ROWS 4  // rows whose alpha/beta dots one pass holds (2 accumulators a row a thread; launch_gdn mirrors it)
+#define GDN_GATE_ROWS 4  // rows a pass of the alpha/beta dots holds (2 accumulators a row; launch_gdn mirrors it)
 #define GDN_GATE_J 6     // x elements a thread holds per pass: n_in <= GDN_GATE_J * blockDim.x in one trip
 extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
     gdn_mix(const float* __restrict__ qkv, const float* __restrict__ conv_state, const float* __restrict__ conv_w,
