@@ -117,6 +117,10 @@ extern "C" __global__ void __launch_bounds__(HC_NORM_THREADS)
 // per stream a W_up trip and an xn trip: ~9 dependent trips), 1 barrier, C warp_sums, the store.
 #define UP_MAXC 4
 #define UP_MAXJ 12
+template <int TYPE>
+struct TypeTag {
+    static constexpr int value = TYPE;
+};
 extern "C" __global__ void __launch_bounds__(256)
     hc_up_mix(const float* __restrict__ xn, const float* __restrict__ dn, int n_dn, int L,
               const u8* __restrict__ up_w, i64 up_stride, int up_type, float* __restrict__ mixed,
@@ -125,16 +129,24 @@ extern "C" __global__ void __launch_bounds__(256)
     const int lane = threadIdx.x & (WARP - 1), d = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
     const bool col = d < D;  // a whole warp
     float wr[UP_MAXC][UP_MAXJ], x0[UP_MAXC];
+    // the type dispatched once (uniform), so each body is one straight-line block of predicated loads
+    auto preload = [&](auto type) {
+        constexpr int TYPE = decltype(type)::value;
 #pragma unroll
-    for (int c = 0; c < UP_MAXC; ++c) {
-        const u8* row = up_w + (i64)(c * D + d) * up_stride;
-        x0[c] = col && c < C ? xn[(i64)c * D + d] : 0.0f;
+        for (int c = 0; c < UP_MAXC; ++c) {
+            const u8* row = up_w + (i64)(c * D + d) * up_stride;
+            x0[c] = col && c < C ? xn[(i64)c * D + d] : 0.0f;
 #pragma unroll
-        for (int j = 0; j < UP_MAXJ; ++j) {
-            const int l = lane + WARP * j;
-            wr[c][j] = col && c < C && l < L ? raw_at(row, up_type, l) : 0.0f;
+            for (int j = 0; j < UP_MAXJ; ++j) {
+                const int l = lane + WARP * j;
+                wr[c][j] = col && c < C && l < L ? raw_at_t<TYPE>(row, l) : 0.0f;
+            }
         }
-    }
+    };
+    if (up_type == GGML_F32) preload(TypeTag<GGML_F32>());
+    else if (up_type == GGML_F16) preload(TypeTag<GGML_F16>());
+    else if (up_type == GGML_BF16) preload(TypeTag<GGML_BF16>());
+    else preload(TypeTag<GGML_Q8_0>());
     for (int i = threadIdx.x; i < T * L; i += blockDim.x) low[i] = silu_f(dn[(i64)(i / L) * n_dn + i % L]);
     if (blockIdx.x == 0 && inj != nullptr) {
         for (int i = threadIdx.x; i < T * n_inj; i += blockDim.x)
