@@ -50,12 +50,22 @@ __device__ __forceinline__ float q8_0_scale(const u8* blk) {
 
 // Element i of a raw weight row of type F32, F16, BF16 or Q8_0, read element-wise: for the small matrices that
 // hyper.cu (inject) and gdn.cu (alpha/beta) fuse into other kernels (the GEMV files stream the big ones).
-__device__ __forceinline__ float raw_at(const u8* __restrict__ row, int type, i64 i) {
-    if (type == GGML_F32) return __ldg(reinterpret_cast<const float*>(row) + i);
-    if (type == GGML_F16) return f16_bits_to_float(__ldg(reinterpret_cast<const u16*>(row) + i));
-    if (type == GGML_BF16) return bf16_bits_to_float(__ldg(reinterpret_cast<const u16*>(row) + i));
+// raw_at_t: the same with the type fixed at compile time (a caller that unrolls many reads dispatches on the type
+// once, so each unrolled body is one straight-line block whose loads the scheduler can issue together).
+template <int TYPE>
+__device__ __forceinline__ float raw_at_t(const u8* __restrict__ row, i64 i) {
+    if (TYPE == GGML_F32) return __ldg(reinterpret_cast<const float*>(row) + i);
+    if (TYPE == GGML_F16) return f16_bits_to_float(__ldg(reinterpret_cast<const u16*>(row) + i));
+    if (TYPE == GGML_BF16) return bf16_bits_to_float(__ldg(reinterpret_cast<const u16*>(row) + i));
     const u8* blk = row + (i / QK8_0) * Q8_0_BYTES;
     return q8_0_scale(blk) * (float)(signed char)__ldg(blk + 2 + i % QK8_0);
+}
+
+__device__ __forceinline__ float raw_at(const u8* __restrict__ row, int type, i64 i) {
+    if (type == GGML_F32) return raw_at_t<GGML_F32>(row, i);
+    if (type == GGML_F16) return raw_at_t<GGML_F16>(row, i);
+    if (type == GGML_BF16) return raw_at_t<GGML_BF16>(row, i);
+    return raw_at_t<GGML_Q8_0>(row, i);
 }
 
 // Element i of a gathered table row of type F32, F16, BF16 or Q8_0 (embed.cu gather_rows, ple.cu ple_gather):
@@ -511,6 +521,8 @@ __device__ __forceinline__ void group_by_key(const int* sid, int* is_leader, int
 // ple_gate), bo[t, d]: given (bo != null), or parts != null: the MoE's combine,
 // sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null), moe.cu moe_combine's arithmetic
 // (slot order), so the window has no combine node after its routed experts.
+#define PENDING_UNROLL 17  // the routed experts' top-k (<= 16) plus the shared expert's slot
+
 struct Pending {
     const float* bo;
     const float* parts;
@@ -518,12 +530,23 @@ struct Pending {
     const float* shared;
     int K;
 
+    // The first PENDING_UNROLL slots' loads are issued together into registers (not one round trip a slot), then
+    // added; the rest loop; the sum goes in slot order either way (moe_combine's: the same bits).
     __device__ __forceinline__ float at(int t, int d, int D) const {
         if (parts == nullptr) return bo[(i64)t * D + d];
         const float* wt = w + (i64)t * K;
         const float* column = parts + (i64)t * K * D + d;
+        float wk[PENDING_UNROLL], pk[PENDING_UNROLL];  // every slot's loads before the first product
+#pragma unroll
+        for (int k = 0; k < PENDING_UNROLL; ++k) {
+            wk[k] = k < K ? wt[k] : 0.0f;
+            pk[k] = k < K ? column[(i64)k * D] : 0.0f;
+        }
         float acc = 0.0f;
-        for (int k = 0; k < K; ++k) acc += wt[k] * column[(i64)k * D];
+#pragma unroll
+        for (int k = 0; k < PENDING_UNROLL; ++k)
+            if (k < K) acc += wk[k] * pk[k];
+        for (int k = PENDING_UNROLL; k < K; ++k) acc += wt[k] * column[(i64)k * D];
         return shared ? acc + shared[(i64)t * D + d] : acc;
     }
 };

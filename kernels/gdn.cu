@@ -29,7 +29,8 @@ extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
 __device__ __forceinline__ float conv_at(const float* __restrict__ qkv, const float* __restrict__ conv_state,
                                          const float* __restrict__ conv_w, i64 t, i64 c, int Ch, int ld, int K) {
     float acc = 0.0f;
-    for (int i = 0; i < K; ++i) {
+#pragma unroll 4
+    for (int i = 0; i < K; ++i) {  // unrolled: the taps' loads go out together
         const i64 r = t + i;  // row of seq = [conv_state | qkv]; qkv rows ld apart
         const float x = r < K - 1 ? conv_state[r * Ch + c] : qkv[(r - (K - 1)) * ld + c];
         acc += x * conv_w[c * K + i];
@@ -143,7 +144,18 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
 // grid Hv, block dv * P threads rounded up to a multiple of 32 (1-D; P = ceil(dk / GDN_RPT); thread (j, p) =
 // (tid % dv, tid / dv) with p < P holds S[i, j] for i = p*GDN_RPT + r, the rounding's threads only share the warp
 // items and the barriers). Dynamic shared memory T*(2*dk + 2*dv) + 2*T + P*dv floats: the head's
-// q, k, v and o rows, the gates, and the recurrence's partial sums across p.
+// q, k, v and o rows, the gates, and the recurrence's partial sums across p; static: the gate dots' warp sums.
+//
+// The alpha/beta dots of GDN_GATE_ROWS rows at a time are spread over the whole block (thread i takes x elements
+// i + blockDim.x * j, up to GDN_GATE_J of them loaded at once), added lanes then warps in warp order; the saved
+// state's registers are loaded first (GDN_GATE_ROWS 4 and GDN_GATE_J 6: 128 registers, no spill; the old kernel
+// spilled 84 bytes). Latency at T = 1 (Hv 48, dk = dv = 128, n_in 2560, Q8_0 alpha/beta): 48
+// blocks of 512 threads; was the conv's trip, then one warp per gate looping 80 raw_at loads a lane (several
+// dependent trips), then the state's trip; now the state, conv and gate loads in one or two trips, 2 barriers
+// for the gates (their warp sums) and the norms, then the recurrence's 3 barriers a row and the gated norm. The
+// gates' sum order over n_in changed (float32 rounding only; the tests' tolerances against numpy hold).
+#define GDN_GATE_ROWS 4  // rows a pass of the alpha/beta dots holds (2 accumulators a row; launch_gdn mirrors it)
+#define GDN_GATE_J 6     // x elements a thread holds per pass: n_in <= GDN_GATE_J * blockDim.x in one trip
 extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
     gdn_mix(const float* __restrict__ qkv, const float* __restrict__ conv_state, const float* __restrict__ conv_w,
             int Ch, int qkv_ld, int K, const float* __restrict__ state, const float* __restrict__ x, int n_in,
@@ -154,6 +166,7 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
             float* __restrict__ v, float* g, float* beta, float* __restrict__ y, int T, int r0, int nk, int nv,
             int dk, int dv, float q_scale, float l2_eps) {
     extern __shared__ float smem[];
+    __shared__ float gred[GDN_REC_THREADS / WARP][2 * GDN_GATE_ROWS];  // [warp][alpha, beta of each row]
     float* sq = smem;             // [T, dk]
     float* sk = sq + T * dk;      // [T, dk]
     float* sv = sk + T * dk;      // [T, dv]
@@ -166,6 +179,15 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
     const int j = tid % dv, p = tid / dv, P = (dk + GDN_RPT - 1) / GDN_RPT;
     const bool holds = p < P;  // a thread of the recurrence
     const int lane = tid & (WARP - 1), warp = tid / WARP, n_warps = nthreads / WARP;
+
+    // the saved state of the delta rule first: its loads overlap everything before the recurrence
+    const i64 head = (i64)hv * dk * dv;
+    float S[GDN_RPT];
+#pragma unroll
+    for (int r = 0; r < GDN_RPT; ++r) {
+        const int i = p * GDN_RPT + r;
+        S[r] = holds && i < dk ? state[head + (i64)i * dv + j] : 0.0f;
+    }
 
     // conv + silu of the head's channels, every row
     const int width = 2 * dk + dv;
@@ -189,37 +211,52 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
         sdec[t] = g[(i64)t * nv + hv];
         sbeta[t] = beta[(i64)t * nv + hv];
     }
-    __syncthreads();
-    // one warp per item: the 2*T L2 norms (q then k of row t), then the 2*(T - r0) gates (alpha then beta)
-    const int n_gates = 2 * (T - r0);
-    for (int item = warp; item < 2 * T + n_gates; item += n_warps) {
-        if (item < 2 * T) {
-            const int t = item / 2;
-            const bool is_q = item % 2 == 0;
-            float* row = (is_q ? sq : sk) + t * dk;
-            float ss = 0.0f;
-            for (int i = lane; i < dk; i += WARP) ss += row[i] * row[i];
-            const float norm = sqrtf(warp_sum(ss) + l2_eps);  // eps floors the SUM (ops/basic.l2_norm)
-            for (int i = lane; i < dk; i += WARP) {
-                const float xi = row[i] / norm;
-                row[i] = is_q ? xi * q_scale : xi;
+    // the gates of rows [r0, T), GDN_GATE_ROWS a pass; the first pass's barrier also completes the conv
+    const u8* wa = w_alpha + (i64)hv * alpha_stride;
+    const u8* wb = w_beta + (i64)hv * beta_stride;
+    for (int tb = r0; tb < T; tb += GDN_GATE_ROWS) {
+        const int nr = min(GDN_GATE_ROWS, T - tb);
+        if (w_alpha != nullptr) {  // uniform: every thread meets the shuffles
+            float pa[GDN_GATE_ROWS], pb[GDN_GATE_ROWS];
+#pragma unroll
+            for (int t = 0; t < GDN_GATE_ROWS; ++t) pa[t] = pb[t] = 0.0f;
+            const float* xr = x + (i64)(tb - r0) * n_in;
+            auto add = [&](int i) {
+                const float a = raw_at(wa, alpha_type, i), bb = raw_at(wb, beta_type, i);
+#pragma unroll
+                for (int t = 0; t < GDN_GATE_ROWS; ++t) {
+                    if (t < nr) {
+                        const float xv = xr[(i64)t * n_in + i];
+                        pa[t] += a * xv;
+                        pb[t] += bb * xv;
+                    }
+                }
+            };
+#pragma unroll
+            for (int jj = 0; jj < GDN_GATE_J; ++jj)
+                if (tid + jj * nthreads < n_in) add(tid + jj * nthreads);
+            for (int i = tid + GDN_GATE_J * nthreads; i < n_in; i += nthreads) add(i);  // wider x rows
+#pragma unroll
+            for (int t = 0; t < GDN_GATE_ROWS; ++t) {
+                if (t < nr) {
+                    const float sa = warp_sum(pa[t]), sb = warp_sum(pb[t]);
+                    if (lane == 0) {
+                        gred[warp][2 * t] = sa;
+                        gred[warp][2 * t + 1] = sb;
+                    }
+                }
             }
-            continue;
         }
-        const int gi = item - 2 * T, t = r0 + gi / 2;
-        const bool is_alpha = gi % 2 == 0;
-        float proj;
-        if (w_alpha != nullptr) {
-            const u8* wrow = is_alpha ? w_alpha + (i64)hv * alpha_stride : w_beta + (i64)hv * beta_stride;
-            const int type = is_alpha ? alpha_type : beta_type;
-            const float* xr = x + (i64)(t - r0) * n_in;
-            float acc = 0.0f;
-            for (int i = lane; i < n_in; i += WARP) acc += raw_at(wrow, type, i) * xr[i];
-            proj = warp_sum(acc);
-        } else {
-            proj = (is_alpha ? alpha_in : beta_in)[(i64)(t - r0) * nv + hv];
-        }
-        if (lane == 0) {
+        __syncthreads();
+        if (tid < 2 * nr) {  // item tid: alpha (even) or beta (odd) of row tb + tid / 2
+            const int t = tb + tid / 2;
+            const bool is_alpha = tid % 2 == 0;
+            float proj = 0.0f;
+            if (w_alpha != nullptr) {
+                for (int w = 0; w < n_warps; ++w) proj += gred[w][tid];  // warp order
+            } else {
+                proj = (is_alpha ? alpha_in : beta_in)[(i64)(t - r0) * nv + hv];
+            }
             if (is_alpha) {
                 const float gv = ssm_a[hv] * softplus_f(proj + dt_bias[hv]);
                 sdec[t] = gv;
@@ -229,6 +266,20 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
                 sbeta[t] = bv;
                 beta[(i64)t * nv + hv] = bv;
             }
+        }
+        if (tb + GDN_GATE_ROWS < T) __syncthreads();  // gred is rewritten by the next pass
+    }
+    // one warp per item: the 2*T L2 norms (q then k of row t)
+    for (int item = warp; item < 2 * T; item += n_warps) {
+        const int t = item / 2;
+        const bool is_q = item % 2 == 0;
+        float* row = (is_q ? sq : sk) + t * dk;
+        float ss = 0.0f;
+        for (int i = lane; i < dk; i += WARP) ss += row[i] * row[i];
+        const float norm = sqrtf(warp_sum(ss) + l2_eps);  // eps floors the SUM (ops/basic.l2_norm)
+        for (int i = lane; i < dk; i += WARP) {
+            const float xi = row[i] / norm;
+            row[i] = is_q ? xi * q_scale : xi;
         }
     }
     __syncthreads();
@@ -243,13 +294,6 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
     }
 
     // the delta rule over the T rows (gdn_recurrence's loop, q/k/v/gates from shared memory)
-    const i64 head = (i64)hv * dk * dv;
-    float S[GDN_RPT];
-#pragma unroll
-    for (int r = 0; r < GDN_RPT; ++r) {
-        const int i = p * GDN_RPT + r;
-        S[r] = holds && i < dk ? state[head + (i64)i * dv + j] : 0.0f;
-    }
     for (int t = 0; t < T; ++t) {
         const float out = delta_rule_row(S, sk + t * dk, sq + t * dk, sv[t * dv + j], expf(sdec[t]), sbeta[t], part,
                                          j, p, P, dk, dv, holds);

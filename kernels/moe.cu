@@ -91,15 +91,29 @@ extern "C" __global__ void __launch_bounds__(1024)
 
 // The router's GEMV, its top-k and the shared expert's gate in one launch (the window's: no logits node before
 // router_topk). W [E, n_in] f32 rows, x [T, n_in] (T <= GEMV_MAXT), logits [T, E] written (and read back by the
-// last block). grid ceil(E / 8), block 256, dynamic shared memory max(8 * E, T*K + 256) floats.
-//   sg_w != null: block b writes sg[t] = sigmoid(sg_w . x[t]) for t = b, b + gridDim.x, ... (router_topk's gate);
-//   warp w of block b: logits[t, e] = W[e] . x[t] for e = 8b + w and every row t (lanes over n_in, warp_sum);
-//   the block counted last in done[0] (a zeroed counter it resets): warp w takes rows t = w, w + 8, ...: p = exp(z -
-//   max) / sum, K rounds of warp argmax on p (ties -> lower id), w = top p / their sum (router_topk's selection;
-//   its sums go in warp order), then groups the J = T*K entries by expert as router_topk does (J <= 256).
+// last block). grid ceil(E / ROUTER_EPB), block 256, dynamic shared memory T*K + 256 ints (the grouping's).
+//   warps 4r .. 4r+3 of block b: logits[t, e] = W[e] . x[t] for e = ROUTER_EPB*b + r and every row t; warp s of
+//   the four takes the elements i = lane + 32 (s + 4 j) (lane holds up to ROUTER_J of them in registers, loaded
+//   together; longer rows loop on), lanes then warps added in order (warp_sum, then s ascending);
+//   sg_w != null: block b then writes sg[t] = sigmoid(sg_w . x[t]) for t = b, b + gridDim.x, ... (router_topk's
+//   gate; its loads go out after the router's);
+//   the block counted last in done[0] (a zeroed counter it resets): warp w takes rows t = w, w + 8, ...: its lanes
+//   load the row's E logits into registers at once (lane l: e = l + 32 j), p = exp(z - max) / sum, K rounds of warp
+//   argmax on p (ties -> lower id), w = top p / their sum (router_topk's selection; its sums go in warp order),
+//   then groups the J = T*K entries by expert as router_topk does (J <= 256).
 // shared_id >= 0: the shared expert runs as one more expert of the routed launches (its weights appended as expert
 // shared_id): ids and w have rows of K + 1, slot K = (shared_id, sg[t]), grouped with the rest (J = T*(K+1)); the
 // combine then adds sg * shared(x) last, as it adds the shared expert's output otherwise (sg_w must be given).
+// Latency at T = 1 (E = 512, n_in = 2560, K = 10): was 64 blocks, a warp per expert looping 80 loads a lane
+// (several dependent trips, ~5 MB read by 16K threads), the last block reading the logits twice from L2 (max,
+// then exp); now 256 blocks, 20 loads a lane in one trip, 1 barrier to add the 4 warps, the arrival (fence +
+// atomic), 1 L2 trip for the logits into registers, K warp-argmax rounds on registers, the grouping. The logits'
+// sum order over n_in changed (float32 rounding only: the tests' 1e-5 against numpy holds); the selection's
+// arithmetic on them is the old one.
+#define ROUTER_KS 4                             // warps per expert row
+#define ROUTER_EPB (GEMV_WARPS / ROUTER_KS)     // expert rows per block
+#define ROUTER_J 24                             // elements per lane in registers: n_in <= 32 * 4 * 24 in one trip
+#define ROUTER_EJ 32                            // logits per lane in the top-k: E <= 1024 (launch_moe)
 extern "C" __global__ void __launch_bounds__(256)
     router_gemv_topk(const float* __restrict__ W, const float* __restrict__ x, int n_in, int T, float* logits,
                      int E, int K, int shared_id, int* ids, float* __restrict__ w, int* __restrict__ g_expert,
@@ -107,22 +121,32 @@ extern "C" __global__ void __launch_bounds__(256)
                      const u8* __restrict__ sg_w, int sg_type, float* __restrict__ sg) {
     extern __shared__ float p[];
     __shared__ float shv[WARP];
+    __shared__ float part[ROUTER_EPB][ROUTER_KS][GEMV_MAXT];
     __shared__ float top_p[GEMV_WARPS][ROUTER_MAXK];
-    for (int t = blockIdx.x; sg_w != nullptr && t < T; t += gridDim.x) {  // uniform per block (block_sum's barriers)
-        const float* xt = x + (i64)t * n_in;
-        float acc = 0.0f;
-        for (int i = threadIdx.x; i < n_in; i += blockDim.x) acc += raw_at(sg_w, sg_type, i) * xt[i];
-        acc = block_sum(acc, shv);
-        if (threadIdx.x == 0) sg[t] = sigmoid_f(acc);
-    }
     const int lane = threadIdx.x & (WARP - 1), warp = threadIdx.x / WARP;
-    const int e = blockIdx.x * GEMV_WARPS + warp;
-    if (e < E) {
+    const int r = warp / ROUTER_KS, ks = warp % ROUTER_KS;
+    const int e = blockIdx.x * ROUTER_EPB + r;
+    if (e < E) {  // uniform per warp
         const float* row = W + (i64)e * n_in;
+        float wv[ROUTER_J];
+#pragma unroll
+        for (int j = 0; j < ROUTER_J; ++j) {
+            const int i = lane + WARP * (ks + ROUTER_KS * j);
+            wv[j] = i < n_in ? __ldg(row + i) : 0.0f;
+        }
         float acc[GEMV_MAXT];
 #pragma unroll
         for (int t = 0; t < GEMV_MAXT; ++t) acc[t] = 0.0f;
-        for (int i = lane; i < n_in; i += WARP) {
+#pragma unroll
+        for (int j = 0; j < ROUTER_J; ++j) {
+            const int i = lane + WARP * (ks + ROUTER_KS * j);
+            if (i < n_in) {
+#pragma unroll
+                for (int t = 0; t < GEMV_MAXT; ++t)
+                    if (t < T) acc[t] += wv[j] * x[(i64)t * n_in + i];
+            }
+        }
+        for (int i = lane + WARP * (ks + ROUTER_KS * ROUTER_J); i < n_in; i += WARP * ROUTER_KS) {  // longer rows
             const float wi = __ldg(row + i);
 #pragma unroll
             for (int t = 0; t < GEMV_MAXT; ++t)
@@ -132,40 +156,73 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int t = 0; t < GEMV_MAXT; ++t) {
             if (t < T) {  // T is uniform: every lane meets the shuffles
                 const float v = warp_sum(acc[t]);
-                if (lane == 0) logits[(i64)t * E + e] = v;
+                if (lane == 0) part[r][ks][t] = v;
             }
         }
     }
+    __syncthreads();
+    if (threadIdx.x < ROUTER_EPB * T) {  // the ROUTER_KS warps' sums of one (expert, row), in warp order
+        const int rr = threadIdx.x / T, t = threadIdx.x % T, er = blockIdx.x * ROUTER_EPB + rr;
+        if (er < E) {
+            float v = 0.0f;
+#pragma unroll
+            for (int s = 0; s < ROUTER_KS; ++s) v += part[rr][s][t];
+            logits[(i64)t * E + er] = v;
+        }
+    }
+    for (int t = blockIdx.x; sg_w != nullptr && t < T; t += gridDim.x) {  // uniform per block (block_sum's barriers)
+        const float* xt = x + (i64)t * n_in;
+        float acc = 0.0f;
+#pragma unroll 8
+        for (int i = threadIdx.x; i < n_in; i += blockDim.x) acc += raw_at(sg_w, sg_type, i) * xt[i];
+        acc = block_sum(acc, shv);
+        if (threadIdx.x == 0) sg[t] = sigmoid_f(acc);
+    }
     if (!arrived_last(done, gridDim.x)) return;  // the last block has every block's logits (and gates)
     const int Ks = shared_id >= 0 ? K + 1 : K;  // slots of a row
-    float* pw = p + (i64)warp * E;
     for (int t = warp; t < T; t += GEMV_WARPS) {
         const float* z = logits + (i64)t * E;
+        float pv[ROUTER_EJ];
         float m = NEG_INF;
-        for (int j = lane; j < E; j += WARP) m = fmaxf(m, __ldcg(z + j));  // L2: other blocks wrote them
+#pragma unroll
+        for (int j = 0; j < ROUTER_EJ; ++j) {
+            const int ej = lane + WARP * j;
+            pv[j] = ej < E ? __ldcg(z + ej) : NEG_INF;  // L2: other blocks wrote them
+        }
+#pragma unroll
+        for (int j = 0; j < ROUTER_EJ; ++j) m = fmaxf(m, pv[j]);
         m = warp_max(m);
         float s = 0.0f;
-        for (int j = lane; j < E; j += WARP) {
-            pw[j] = expf(__ldcg(z + j) - m);
-            s += pw[j];
+#pragma unroll
+        for (int j = 0; j < ROUTER_EJ; ++j) {
+            if (lane + WARP * j < E) {
+                pv[j] = expf(pv[j] - m);
+                s += pv[j];
+            }
         }
         s = warp_sum(s);
-        for (int j = lane; j < E; j += WARP) pw[j] = pw[j] / s;  // each lane touches only its own j
-        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < ROUTER_EJ; ++j) pv[j] = lane + WARP * j < E ? pv[j] / s : NEG_INF;
         // K rounds of warp argmax; a taken expert is set to -1 (probabilities are >= 0, so it never wins again)
         for (int k = 0; k < K; ++k) {
             float bv = NEG_INF;
             int bi = BIG_ID;
-            for (int j = lane; j < E; j += WARP)
-                if (arg_better(pw[j], j, bv, bi)) { bv = pw[j]; bi = j; }
+#pragma unroll
+            for (int j = 0; j < ROUTER_EJ; ++j)
+                if (lane + WARP * j < E && arg_better(pv[j], lane + WARP * j, bv, bi)) {
+                    bv = pv[j];
+                    bi = lane + WARP * j;
+                }
             warp_argmax(bv, bi);  // every lane holds the winner
+#pragma unroll
+            for (int j = 0; j < ROUTER_EJ; ++j)
+                if (lane + WARP * j == bi) pv[j] = -1.0f;
             if (lane == 0) {
                 ids[(i64)t * Ks + k] = bi;
                 top_p[warp][k] = bv;
-                pw[bi] = -1.0f;
             }
-            __syncwarp();
         }
+        __syncwarp();
         if (lane == 0) {
             float sum = 0.0f;
             for (int k = 0; k < K; ++k) sum += top_p[warp][k];
@@ -180,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(256)
     if (g_expert == nullptr) return;
     __syncthreads();  // every row's ids are written (this block wrote them all)
     const int J = T * Ks;
-    int* sid = reinterpret_cast<int*>(p);  // p is no longer read: the ids, then group_by_key's leader flags
+    int* sid = reinterpret_cast<int*>(p);  // the ids, then group_by_key's leader flags
     for (int j = threadIdx.x; j < J; j += blockDim.x) sid[j] = ids[j];
     __syncthreads();
     group_by_key(sid, sid + J, 0, J, max_rows, false, g_expert, g_count, g_entries);

@@ -22,27 +22,38 @@ __device__ __forceinline__ u32 order_key(float x) {
 // scores[t, b] = sum_h relu(q_idx[t, h] . pooled[b]) / sqrt_d for b < n_blocks(t), -inf for the rest.
 // q_idx [T, Hi, d] (normed, rotated); pooled [NB, d]. grid (T, ceil(NB / (SEL_BLOCK / 32))), block SEL_BLOCK:
 // one warp per pooled block, lanes over d (coalesced reads of the block's key), dynamic shared Hi*d floats.
+// The row's position and the block's key (up to SCORE_MAXR values a lane, in registers) are loaded before the
+// query's barrier, so their trips overlap the query's. Latency at T = 1: 1 round trip (was 3: the query, then the
+// position, then the key), 1 barrier, Hi warp_sums; the same sums in the same order.
+#define SCORE_MAXR 8  // d <= 32 * SCORE_MAXR key values a lane in registers (longer keys read on)
 extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
     qsa_block_scores(const float* __restrict__ q_idx, const float* __restrict__ pooled,
                      const int* __restrict__ positions, float* __restrict__ scores, int Hi, int d, int NB, int ratio,
                      float sqrt_d) {
     extern __shared__ float sq[];
     const i64 t = blockIdx.x;
-    for (int i = threadIdx.x; i < Hi * d; i += blockDim.x) sq[i] = q_idx[t * Hi * d + i];
-    __syncthreads();
     const int lane = threadIdx.x & (WARP - 1);
     const int b = blockIdx.y * (blockDim.x / WARP) + threadIdx.x / WARP;
-    if (b >= NB) return;  // whole warps leave; no barrier follows
     const int n_blocks = (positions[t] + 1) / ratio;
-    if (b >= n_blocks) {
+    const bool scored = b < NB && b < n_blocks;  // uniform per warp
+    const float* kb = pooled + (i64)b * d;
+    float kv[SCORE_MAXR];
+#pragma unroll
+    for (int r = 0; r < SCORE_MAXR; ++r) kv[r] = scored && lane + WARP * r < d ? kb[lane + WARP * r] : 0.0f;
+    for (int i = threadIdx.x; i < Hi * d; i += blockDim.x) sq[i] = q_idx[t * Hi * d + i];
+    __syncthreads();
+    if (b >= NB) return;  // whole warps leave; no barrier follows
+    if (!scored) {
         if (lane == 0) scores[t * NB + b] = NEG_INF;
         return;
     }
-    const float* kb = pooled + (i64)b * d;
     float acc = 0.0f;
     for (int h = 0; h < Hi; ++h) {
         float dot = 0.0f;
-        for (int i = lane; i < d; i += WARP) dot += sq[h * d + i] * kb[i];
+#pragma unroll
+        for (int r = 0; r < SCORE_MAXR; ++r)
+            if (lane + WARP * r < d) dot += sq[h * d + lane + WARP * r] * kv[r];
+        for (int i = lane + WARP * SCORE_MAXR; i < d; i += WARP) dot += sq[h * d + i] * kb[i];
         acc += fmaxf(warp_sum(dot), 0.0f);  // every lane holds the head's dot
     }
     if (lane == 0) scores[t * NB + b] = acc / sqrt_d;

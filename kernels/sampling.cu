@@ -10,6 +10,10 @@
 // The same pass flags non-finite rows (ops/sampling.py nonfinite_rows): nonfinite[t] = 1 when row t holds a NaN
 // or +-Inf anywhere, else 0. The engine points nonfinite at mapped host memory, so the host reads it after the
 // window without a copy: the device-side "did this window go NaN" check costs no extra launch or read of V.
+// Latency at T = 1 (V ~ 248k: ~61 blocks of 256 threads, chunk 4096): a thread's 16 logits are loaded in one trip
+// (was a loop: several dependent trips), then the block argmax; the winner does not depend on the scan order
+// (arg_better is a total order on (value, id)), so the ids are the same.
+#define ARGMAX_EPT 16  // logits a thread holds: the launcher's chunk 4096 / 256 threads
 extern "C" __global__ void __launch_bounds__(1024)
     argmax_partial(const float* __restrict__ logits, int V, int chunk, float* __restrict__ part_v,
                    int* __restrict__ part_i, int* __restrict__ part_bad) {
@@ -20,7 +24,19 @@ extern "C" __global__ void __launch_bounds__(1024)
     float bv = NEG_INF;
     int bi = BIG_ID;
     int bad = 0;
-    for (int v = blockIdx.x * chunk + threadIdx.x; v < end; v += blockDim.x) {
+    const int v0 = blockIdx.x * chunk + threadIdx.x;
+    float xs[ARGMAX_EPT];  // the thread's first ARGMAX_EPT logits loaded together (one trip, not one a logit)
+#pragma unroll
+    for (int e = 0; e < ARGMAX_EPT; ++e) xs[e] = v0 + e * (int)blockDim.x < end ? z[v0 + e * blockDim.x] : NEG_INF;
+#pragma unroll
+    for (int e = 0; e < ARGMAX_EPT; ++e) {
+        const int v = v0 + e * blockDim.x;
+        if (v < end) {
+            bad |= !isfinite(xs[e]);
+            if (arg_better(xs[e], v, bv, bi)) { bv = xs[e]; bi = v; }
+        }
+    }
+    for (int v = v0 + ARGMAX_EPT * blockDim.x; v < end; v += blockDim.x) {  // chunks past the registers
         const float x = z[v];
         bad |= !isfinite(x);
         if (arg_better(x, v, bv, bi)) { bv = x; bi = v; }

@@ -112,8 +112,8 @@ def test_hc_write_matches_reference_and_runs_in_place(T, C, D):
     assert_close("hc_write in place", want, R_dev, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("T", (1, 3, 7, 16))
-@pytest.mark.parametrize("V", (1, 257, 5000, 300001))
+@pytest.mark.parametrize("T,V", [(T, V) for T in (1, 3, 7, 16) for V in (1, 257, 5000, 300001)]
+                         + [(2, 4096 * 1024 + 77)])  # past 1024 chunks: chunks wider than a thread's 16 registers
 def test_argmax_rows_matches_reference_with_ties(T, V):
     from strata_cli.gpu import launch_sampling
 

@@ -123,13 +123,14 @@ AB_IDS = ["proj", *TYPE_IDS]
 @pytest.mark.parametrize("ab_type", AB_TYPES, ids=AB_IDS)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("T,r0", [(1, 0), (3, 0), (16, 0), (5, 2), (16, 9)])
-def test_gdn_mix_matches_reference(L, shape, T, r0, ab_type):
+@pytest.mark.parametrize("n_in", [96, 2560])  # 2560: past 6 x elements a thread of 64 threads (the gates' tail)
+def test_gdn_mix_matches_reference(L, shape, T, r0, ab_type, n_in):
     """conv + split, gates, recurrence and gated norm in one launch against the composition of the references;
     r0 > 0: the second token group of a split window (rows [0, r0) of g and beta come from the first)."""
     cp = G.cupy()
     nk, nv, dk, dv = shape
     rng = np.random.default_rng(T * 7 + r0 + dk + (ab_type or 0))
-    K, n_in = 4, 96
+    K = 4
     p = layer_params(rng, nk, nv, dk, dv, K)
     args, args_d, ab, ab_d = mix_operands(rng, T, nk, nv, dk, dv, K, n_in, p, ab_type, r0)
     before = (G.f32(rng, r0, nv, scale=0.1) - 0.5, 1 / (1 + np.exp(-G.f32(rng, r0, nv)))) if r0 else None

@@ -62,7 +62,9 @@ def _check(T, C, D, L, types, inject, pending, pack, seed):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=TYPE_IDS)
-@pytest.mark.parametrize("C,D,L", [(4, 40, 32), (3, 33, 64), (5, 96, 96)])
+# the released width (hc_write_norm: 5 elements a thread in registers) and wider than hc_write_norm's registers
+# (8 x 512) and hc_up_mix's (L > 32 x 12: both kernels' tails)
+@pytest.mark.parametrize("C,D,L", [(4, 40, 32), (3, 33, 64), (5, 96, 96), (4, 2560, 320), (2, 4133, 400)])
 @pytest.mark.parametrize("T", (1, 3, 16))
 @pytest.mark.parametrize("inject", (True, False), ids=("inject", "head"))
 @pytest.mark.parametrize("pending", (True, False), ids=("write", "nowrite"))
@@ -151,7 +153,9 @@ def test_window_matches_numpy_and_replays_eager(fixture_dir, name, gemv_tc):
     np.testing.assert_array_equal(runs[False][1], ref.ids)
 
 
-@pytest.mark.parametrize("T,C,D,K", [(1, 4, 64, 4), (3, 4, 40, 10), (16, 5, 96, 1)])
+# K = 11: the window's 10 routed slots + the shared expert's; K = 20 past Pending's 17 unrolled slots
+@pytest.mark.parametrize("T,C,D,K", [(1, 4, 64, 4), (3, 4, 40, 10), (16, 5, 96, 1), (1, 4, 2560, 11),
+                                     (2, 4, 4136, 20)])
 @pytest.mark.parametrize("shared", (True, False), ids=("shared", "noshared"))
 def test_read_and_write_compute_the_experts_combine(T, C, D, K, shared):
     """A CombineWrite (the window after its routed experts): the block output is the experts' combine, computed in

@@ -295,3 +295,24 @@ def test_attention_windows_with_commits(L, tables, ratio):
             G.exact(d["tail"], tail, "tail after commit")
             G.check(d["pooled"], pooled, what="pooled after commit")
         n_past += n_keep
+
+
+@pytest.mark.parametrize("T,Hi,d", [(1, 4, 128), (3, 2, 40), (5, 3, 300)])
+def test_block_scores_match_reference(L, T, Hi, d):
+    """qsa_block_scores on its own: odd head counts and dims (d 300: past the 8 key values a lane holds in
+    registers), rows whose completed blocks end at different places, the capacity past them -inf; NaN-poisoned
+    output."""
+    cp = G.cupy()
+    rng = np.random.default_rng(T * 13 + Hi + d)
+    nb, ratio = 37, 3
+    qi, pooled = G.f32(rng, T, Hi, d), G.f32(rng, nb, d)
+    pos = 40 + 7 * np.arange(T)  # (pos + 1) // ratio completed blocks, at most 37
+    got = L.block_scores(cp.asarray(qi), cp.asarray(pooled), cp.asarray(pos, dtype=np.int32), ratio,
+                         out=G.nan_out((T, nb)))
+    want = np.full((T, nb), -np.inf, np.float32)
+    for t in range(T):
+        n = (pos[t] + 1) // ratio
+        want[t, :n] = ref.block_scores(qi[t], pooled[:n])
+    got = G.host(got)
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+    G.check(np.where(np.isneginf(want), 0, got), np.where(np.isneginf(want), 0, want), what="scores")

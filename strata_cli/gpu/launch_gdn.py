@@ -44,7 +44,8 @@ def gdn_conv_commit(conv_state, qkv, n_keep, n_keep_dev=None, stream=None):
 
 
 AB_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q8_0)  # alpha/beta types gdn_mix decodes (raw_at)
-GDN_MIX_SMEM = 48 * 1024  # gdn_mix's dynamic shared memory stays in the default limit
+GDN_GATE_ROWS = 4  # kernels/gdn.cu: gdn_mix's static shared memory holds [16 warps][2 * GDN_GATE_ROWS] gate sums
+GDN_MIX_SMEM = 48 * 1024 - 4 * (GDN_REC_THREADS // 32) * 2 * GDN_GATE_ROWS  # dynamic + static in the default 48 KiB
 
 
 def gdn_mix(qkv, conv_state, conv_w, state, x, dt_bias, ssm_a, z, norm_w, eps: float, nk: int, dk: int, nv: int,

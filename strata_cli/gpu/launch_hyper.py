@@ -128,7 +128,7 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
         if w.n_inj:
             out_inj = U.out_array("out_inj", out_inj, (T, C), np.float32, empty)
 
-        nvrtc.kernel("hyper", "hc_write_norm")((T * C, 1, 1), (U.BLOCK, 1, 1), (
+        nvrtc.kernel("hyper", "hc_write_norm")((T * C, 1, 1), (norm_threads(D), 1, 1), (
             R, U.null_or(bo), *combine, U.null_or(inj_prev), w.norm_w, xn, np.int32(C), np.int32(D),
             np.float32(eps), *ple))
         _mark(mark, "norm" if pending is None else "write+norm")
@@ -139,6 +139,15 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
             np.int32(w.up_type), out_mixed, U.null_or(out_inj if w.n_inj else None), np.int32(w.n_inj),
             np.int32(T), np.int32(C), np.int32(D)), shared_mem=4 * T * w.L)
     return out_mixed, (out_inj if w.n_inj else None)
+
+
+HC_NORM_THREADS = 512  # kernels/hyper.cu
+
+
+def norm_threads(D: int) -> int:
+    """hc_write_norm's block: about 4 of a stream's D elements a thread (held in registers, loaded together),
+    whole warps, at most HC_NORM_THREADS."""
+    return min(HC_NORM_THREADS, -(-D // 128) * 32)
 
 
 def _ple_args(pending, T: int, CD: int):

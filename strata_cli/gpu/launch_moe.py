@@ -64,7 +64,8 @@ def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None, groups=No
     return out_ids, out_w
 
 
-ROUTER_FUSED_MAX_E = 1024  # router_gemv_topk's last block holds p [8 warps, E] in 32 KiB of shared memory
+ROUTER_FUSED_MAX_E = 1024  # router_gemv_topk's last block holds a row's E logits in registers, 32 a lane
+ROUTER_EPB = 2  # kernels/moe.cu: expert rows per router_gemv_topk block (4 warps each)
 ROUTER_FUSED_TYPES = (quants.F32,)  # the routers of the converter's files (kept F32 at every --outtype)
 
 
@@ -113,11 +114,10 @@ def router_gemv_topk(x, router_raw, router_type: int, k: int, groups, done, out_
         out_logits = U.out_array("out_logits", out_logits, (T, E), np.float32, empty)
         out_ids = U.out_array("out_ids", out_ids, (T, slots), np.int32, empty)
         out_w = U.out_array("out_w", out_w, (T, slots), np.float32, empty)
-        smem = 4 * max(U.GEMV_WARPS * E, J + U.BLOCK)
-        nvrtc.kernel("moe", "router_gemv_topk")((-(-E // U.GEMV_WARPS), 1, 1), (U.BLOCK, 1, 1), (
+        nvrtc.kernel("moe", "router_gemv_topk")((-(-E // ROUTER_EPB), 1, 1), (U.BLOCK, 1, 1), (
             router_raw, x, np.int32(n_in), np.int32(T), out_logits, np.int32(E), np.int32(k),
             np.int32(-1 if shared_id is None else shared_id), out_ids, out_w,
-            *g_args, np.int32(U.GEMV_MAXT), done, *sg_args), shared_mem=smem)
+            *g_args, np.int32(U.GEMV_MAXT), done, *sg_args), shared_mem=4 * (J + U.BLOCK))
     return out_ids, out_w
 
 
