@@ -678,9 +678,11 @@ LANE_DOTS(q5_0x, pass_q4x, T_Q5_0)
 #endif
 
 #ifdef STRATA_PERM
-/* Q4_K and IQ4_XS in lane order: the 128 code bytes as two zmm (z = 0, 1) of 16 dwords, group (z, n, k) the nibble
+/* Q4_K, Q5_K and IQ4_XS in lane order: the 128 code bytes as two zmm (z = 0, 1) of 16 dwords, group (z, n, k) the nibble
  * n of byte k of each dword (bit 4 (2 k + n)); one shift and one permute (of 0..15 / kvalues_iq4nl) per 16 weights,
  * the lanes' sub-block scales applied once per 4 (Q4_K) or 8 (IQ4_XS) groups, Q4_K's min term as FUSED_PASS's.
+ * Q5_K: Q4_K's order and scales, its fifth bit merged into bit 4 of each code byte (one bit select per 4 groups),
+ * the 32 values 0..31 permuted from two registers (vpermt2ps) instead of one.
  *   Q4_K (pairs of sub-blocks share 32 bytes): group 4 (2 z + n) + k, lane i: element
  *     32 (2 (2 z + i / 8) + n) + (4 i + k) % 32, 16-group 4 (2 z + i / 8) + 2 n + (i / 4) % 2
  *   IQ4_XS (16 bytes per sub-block): group 8 z + 2 k + n, lane i: element 128 z + q4x_src(2 k + n, i), sub-block
@@ -734,24 +736,38 @@ AI void pass_k4x(const int type, const uint8_t *row, int n, const float *const *
                  float *out, const int M, const uint8_t *pf_end) {
     const int nb = n / 256;
     (void)pf_end;
-    const int BPB = type == T_Q4_K ? 144 : 136, QS = type == T_Q4_K ? 16 : 8;
+    const int KQ = type != T_IQ4_XS; /* Q4_K, Q5_K: the K-quant scales and mins */
+    const int BPB = type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 136;
+    const int QS = type == T_Q4_K ? 16 : type == T_Q5_K ? 48 : 8;
     v16 acc[PASS_M][2];
-    const v16 table = type == T_Q4_K ? v16_iota(0) : v16_i8(ld16b((const uint8_t *)kvalues_iq4nl));
+    const v16 table = KQ ? v16_iota(0) : v16_i8(ld16b((const uint8_t *)kvalues_iq4nl)), table_hi = v16_iota(16);
     const int NA = M <= 2 ? 2 : 1;
     for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = row + BPB * (int64_t)b;
         PF_BLOCK(blk, BPB);
         v16 sc, mn;
-        if (type == T_Q4_K) q4k_scales(blk, &sc, &mn);
+        if (KQ) q4k_scales(blk, &sc, &mn);
         else sc = mn = iq4xs_scales(blk);
-        if (type == T_Q4_K) {
+        if (KQ) {
             for (int r = 0; r < M; r++) acc[r][0] = _mm512_fnmadd_ps(mn, v16_ld(xsum[r] + 16 * b), acc[r][0]);
         }
+        /* Q5_K's fifth bits: qh[l] bit 2 P + n for the element of pair P = 2 z + i / 8, nibble n, byte l = 4 (i % 8)
+         * + k: qh's 8 dwords in both halves, the upper lanes shifted by 2 (their P is odd): bit 4 z + n of byte k */
+        const __m512i qh = type != T_Q5_K ? _mm512_setzero_si512()
+            : _mm512_srlv_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16))),
+                                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2));
         _Pragma("GCC unroll 2") for (int z = 0; z < 2; z++) {
             const __m512i q = _mm512_loadu_si512(blk + QS + 64 * z);
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) { /* Q4_K: n = h; IQ4_XS: k in 2 h, 2 h + 1 */
-                const __m512i idx = type == T_Q4_K
+                /* Q5_K: each byte's 5-bit index, nibble h in bits 0..3 and its fifth bit (4 z + h of qhv) in bit 4
+                 * (one bit select; bits 5..7 are the next nibble's, which vpermt2ps ignores) */
+                const int up = 4 - (4 * z + h);
+                const __m512i hb = up > 0 ? _mm512_slli_epi32(qh, up) : up < 0 ? _mm512_srli_epi32(qh, -up) : qh;
+                const __m512i q5 = type == T_Q5_K ? _mm512_ternarylogic_epi32(h ? _mm512_srli_epi32(q, 4) : q, hb,
+                                                                             _mm512_set1_epi8(0x10), 0xD8) /* c ? b : a */
+                                                  : q;
+                const __m512i idx = KQ
                     ? _mm512_setr_epi32(8 * z + h * 2, 8 * z + h * 2, 8 * z + h * 2, 8 * z + h * 2, 8 * z + h * 2 + 1,
                                         8 * z + h * 2 + 1, 8 * z + h * 2 + 1, 8 * z + h * 2 + 1, 8 * z + 4 + h * 2,
                                         8 * z + 4 + h * 2, 8 * z + 4 + h * 2, 8 * z + 4 + h * 2, 8 * z + 5 + h * 2,
@@ -765,8 +781,11 @@ AI void pass_k4x(const int type, const uint8_t *row, int n, const float *const *
                 _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
                     /* Q4_K: group (z, n = h, k = t) at bit 8 t + 4 h; IQ4_XS: group 8 z + 4 h + t (k = 2 h + t / 2,
                      * n = t % 2) at bit 4 (4 h + t) */
-                    const int bit = type == T_Q4_K ? 8 * t + 4 * h : 4 * (4 * h + t);
-                    const v16 w = _mm512_permutexvar_ps(bit ? _mm512_srli_epi32(q, bit) : q, table);
+                    const int bit = type == T_Q5_K ? 8 * t : type == T_Q4_K ? 8 * t + 4 * h : 4 * (4 * h + t);
+                    const __m512i qq = type == T_Q5_K ? q5 : q;
+                    const __m512i ix = bit ? _mm512_srli_epi32(qq, bit) : qq;
+                    const v16 w = type == T_Q5_K ? _mm512_permutex2var_ps(table, ix, table_hi)
+                                                 : _mm512_permutexvar_ps(ix, table);
                     const int64_t off = 256 * (int64_t)b + 16 * (8 * z + 4 * h + t), c = t % NA;
                     for (int r = 0; r < M; r++)
                         a[r][c] = t >= NA ? v16_fma(w, v16_ld(xs[r] + off), a[r][c]) : v16_mul(w, v16_ld(xs[r] + off));
@@ -780,6 +799,7 @@ AI void pass_k4x(const int type, const uint8_t *row, int n, const float *const *
     for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
 }
 LANE_DOTS(q4_kx, pass_k4x, T_Q4_K)
+LANE_DOTS(q5_kx, pass_k4x, T_Q5_K)
 LANE_DOTS(iq4_xsx, pass_k4x, T_IQ4_XS)
 #endif
 
@@ -814,6 +834,7 @@ static dots_fn fused_dots_xperm(int type, int n) {
 #ifdef STRATA_PERM
     if (type == T_Q2_K && n % 256 == 0) return dots_q2_kx;
     if (type == T_Q4_K && n % 256 == 0) return dots_q4_kx;
+    if (type == T_Q5_K && n % 256 == 0) return dots_q5_kx;
     if (type == T_IQ4_XS && n % 256 == 0) return dots_iq4_xsx;
     if (n % 128 == 0) {
         if (type == T_Q4_0) return dots_q4_0x;
@@ -828,7 +849,7 @@ static dots_fn fused_dots_xperm(int type, int n) {
 /* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1 and 2 name the orders */
 static int fused_xperm(int type, int n) {
     if (!fused_dots_xperm(type, n)) return 0;
-    return type == T_Q2_K ? 1 : type == T_Q4_K ? 3 : 2;
+    return type == T_Q2_K ? 1 : type == T_Q4_K || type == T_Q5_K ? 3 : 2;
 }
 /* x (n floats) in the lane order of fused_xperm(type, n) */
 static void xperm_of(int type, const float *x, int n, float *xp) {
