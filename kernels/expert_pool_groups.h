@@ -803,6 +803,73 @@ LANE_DOTS(q5_kx, pass_k4x, T_Q5_K)
 LANE_DOTS(iq4_xsx, pass_k4x, T_IQ4_XS)
 #endif
 
+#ifdef STRATA_PERM
+/* Q6_K in lane order: ql (128 bytes) as two zmm (z = 0, 1) of 16 dwords, qh's 2-bit pairs moved beside them; group
+ * (z, n, k) = 8 z + 4 n + k holds in lane i the weight of nibble n of ql byte 64 z + 4 i + k:
+ *   element 128 z + 32 (i / 8 + 2 n) + 4 (i % 8) + k,  16-group 8 z + 2 (i / 8) + 4 n + (i % 8) / 4 (the same for all k)
+ * Per (z, n) one bit select builds in each byte the 6-bit code in bits 2..7 (nibble in 2..5, qh's pair in 6..7, its
+ * top bit flipped once per block: code ^ 32, so that an arithmetic shift yields code - 32); per group k one or two
+ * shifts (byte k's field to the dword's top, then >> 26 signed: the exact int code - 32), a convert and the FMA;
+ * the lanes' scales d * sc applied once per 4 groups. (A 64-entry table would take two vpermt2ps and a blend.) */
+AI int q6kx_src(int g, int i) {
+    const int z = g / 8, n = (g / 4) % 2, k = g % 4;
+    return 128 * z + 32 * (i / 8 + 2 * n) + 4 * (i % 8) + k;
+}
+static void xperm_q6kx(const float *x, int n, float *xp) {
+    for (int b = 0; b < n / 256; b++)
+        for (int g = 0; g < 16; g++)
+            for (int i = 0; i < 16; i++) xp[256 * b + 16 * g + i] = x[256 * b + q6kx_src(g, i)];
+}
+AI void pass_q6kx(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
+                  float *out, const int M, const uint8_t *pf_end) {
+    const int nb = n / 256;
+    (void)type, (void)xsum, (void)pf_end;
+    v16 acc[PASS_M][2];
+    const int NA = M <= 2 ? 2 : 1;
+    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + 210 * (int64_t)b;
+        PF_BLOCK(blk, 210);
+        const v16 sc = v16_mul(v16_set1(rdh(blk + 208)), v16_i8(ld16b(blk + 192))); /* gguf's d * sc */
+        /* qh: the top bit of each 2-bit pair flipped (code ^ 32) */
+        const __m512i qh = _mm512_xor_si512(_mm512_loadu_si512(blk + 128), _mm512_set1_epi8((char)0xAA));
+        _Pragma("GCC unroll 2") for (int z = 0; z < 2; z++) {
+            const __m512i q = _mm512_loadu_si512(blk + 64 * z);
+            /* lane i: qh dword 8 z + i % 8 (byte k = qh[32 z + 4 (i % 8) + k]), the upper lanes' pairs (i / 8 = 1:
+             * bits 2 + 4 n) shifted down by 2: pair n at bits 4 n, 4 n + 1 of each byte */
+            const __m512i hz = _mm512_srlv_epi32(
+                _mm512_permutexvar_epi32(_mm512_setr_epi32(8 * z, 8 * z + 1, 8 * z + 2, 8 * z + 3, 8 * z + 4, 8 * z + 5,
+                                                           8 * z + 6, 8 * z + 7, 8 * z, 8 * z + 1, 8 * z + 2, 8 * z + 3,
+                                                           8 * z + 4, 8 * z + 5, 8 * z + 6, 8 * z + 7), qh),
+                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2));
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) { /* h: the nibble n */
+                /* bits 2..5 the nibble, 6..7 the pair (bits 0..1: neighbours' bits, below every field) */
+                const __m512i c6 = _mm512_ternarylogic_epi32(_mm512_slli_epi32(hz, h ? 2 : 6),
+                                                             h ? _mm512_srli_epi32(q, 2) : _mm512_slli_epi32(q, 2),
+                                                             _mm512_set1_epi8(0x3C), 0xD8); /* c ? b : a */
+                const int s0 = 8 * z + 4 * h;
+                const v16 S = _mm512_permutexvar_ps(_mm512_setr_epi32(s0, s0, s0, s0, s0 + 1, s0 + 1, s0 + 1, s0 + 1,
+                                                                      s0 + 2, s0 + 2, s0 + 2, s0 + 2, s0 + 3, s0 + 3,
+                                                                      s0 + 3, s0 + 3), sc);
+                v16 a[PASS_M][2];
+                _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
+                    const __m512i top = t == 3 ? c6 : _mm512_slli_epi32(c6, 24 - 8 * t);
+                    const v16 w = _mm512_cvtepi32_ps(_mm512_srai_epi32(top, 26));
+                    const int64_t off = 256 * (int64_t)b + 16 * (s0 + t), c = t % NA;
+                    for (int r = 0; r < M; r++)
+                        a[r][c] = t >= NA ? v16_fma(w, v16_ld(xs[r] + off), a[r][c]) : v16_mul(w, v16_ld(xs[r] + off));
+                }
+                for (int r = 0; r < M; r++)
+                    acc[r][(2 * z + h + 1) % NA] = v16_fma(S, NA == 2 ? v16_add(a[r][0], a[r][1]) : a[r][0],
+                                                             acc[r][(2 * z + h + 1) % NA]);
+            }
+        }
+    }
+    for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
+}
+LANE_DOTS(q6_kx, pass_q6kx, T_Q6_K)
+#endif
+
 /* the table's group counts and block bytes restate the generated type table (model/quant_tables.py): hold them to
  * it, so a changed type cannot silently decode with the wrong stride (F32/F16/BF16 "blocks" are 16 elements here) */
 #define FUSED_CHECK(ID, DEC, GPB, BPB, PREP, MINS)                                                                   \
@@ -835,6 +902,7 @@ static dots_fn fused_dots_xperm(int type, int n) {
     if (type == T_Q2_K && n % 256 == 0) return dots_q2_kx;
     if (type == T_Q4_K && n % 256 == 0) return dots_q4_kx;
     if (type == T_Q5_K && n % 256 == 0) return dots_q5_kx;
+    if (type == T_Q6_K && n % 256 == 0) return dots_q6_kx;
     if (type == T_IQ4_XS && n % 256 == 0) return dots_iq4_xsx;
     if (n % 128 == 0) {
         if (type == T_Q4_0) return dots_q4_0x;
@@ -849,7 +917,7 @@ static dots_fn fused_dots_xperm(int type, int n) {
 /* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1 and 2 name the orders */
 static int fused_xperm(int type, int n) {
     if (!fused_dots_xperm(type, n)) return 0;
-    return type == T_Q2_K ? 1 : type == T_Q4_K || type == T_Q5_K ? 3 : 2;
+    return type == T_Q2_K ? 1 : type == T_Q4_K || type == T_Q5_K ? 3 : type == T_Q6_K ? 4 : 2;
 }
 /* x (n floats) in the lane order of fused_xperm(type, n) */
 static void xperm_of(int type, const float *x, int n, float *xp) {
@@ -857,6 +925,7 @@ static void xperm_of(int type, const float *x, int n, float *xp) {
     if (fused_xperm(type, n) == 1) xperm_q2_k(x, n, xp);
     else if (fused_xperm(type, n) == 2) xperm_q4x(x, n, xp);
     else if (fused_xperm(type, n) == 3) xperm_q4kx(x, n, xp);
+    else if (fused_xperm(type, n) == 4) xperm_q6kx(x, n, xp);
 #else
     (void)type, (void)x, (void)n, (void)xp;
 #endif
@@ -871,6 +940,10 @@ static int xperm_pos(int type, int n, int f) {
         const int e = f % 256, j32 = e / 32, l = e % 32, nn = j32 % 2, P = j32 / 2, z = P / 2;
         const int i = 8 * (P % 2) + l / 4, k = l % 4;
         return 256 * (f / 256) + 16 * (4 * (2 * z + nn) + k) + i;
+    }
+    if (fused_xperm(type, n) == 4) { /* Q6_K: element e = 128 z + 32 (c + 2 n) + 4 (i % 8) + k, c = i / 8 */
+        const int e = f % 256, z = e / 128, j32 = (e % 128) / 32, l = e % 32;
+        return 256 * (f / 256) + 16 * (8 * z + 4 * (j32 / 2) + l % 4) + 8 * (j32 % 2) + l / 4;
     }
     if (fused_xperm(type, n) == 1) {
         const int e = f % 256, s = (e % 128) / 32, l = e % 32, j = 32 * (e / 128) + l; /* byte j = 4 i + k */
