@@ -555,30 +555,56 @@ static void xperm_q2_k(const float *x, int n, float *xp) {
         for (int g = 0; g < 16; g++)
             for (int i = 0; i < 16; i++) xp[256 * b + 16 * g + i] = x[256 * b + q2x_src(g, i)];
 }
+/* Q3_K's 16 scales d * (6-bit scale - 32) (k_scale6) in vector ops: bytes j < 8 the low nibbles of sc[0..7], j >= 8
+ * their high nibbles; the top 2 bits of byte j = 4 q + m from sc[8 + m] >> 2 q */
+AI v16 q3k_scales(const uint8_t *b) {
+    const __m128i x = ld8(b + 96);
+    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(x, _mm_set1_epi8(15)),
+                                          _mm_and_si128(_mm_srli_epi16(x, 4), _mm_set1_epi8(15)));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)rd32(b + 104)), _mm_setr_epi32(0, 2, 4, 6)),
+                                     _mm_set1_epi8(3));
+    const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    return v16_mul(v16_set1(rdh(b + 108)), v16_i8(q));
+}
 AI void pass_q2_kx(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
                    float *out, const int M, const uint8_t *pf_end) {
-    const int nb = n / 256;
-    (void)type;
+    const int nb = n / 256, Q3 = type == T_Q3_K, BPB = Q3 ? 110 : 84;
     v16 acc[PASS_M][2];
-    const v16 table = v16_cyc4(0);
+    /* Q2_K: the codes 0..3 (bits 2, 3 of the index: the next plane's, ignored); Q3_K: index bit 2 its hmask bit,
+     * the value crumb - 4 + 4 hbit = index - 4 (bit 3 ignored) */
+    const v16 table = Q3 ? _mm512_setr_ps(-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3) : v16_cyc4(0);
     const int NA = M <= 2 ? 2 : 1; /* independent sums per row where few rows give few chains */
     for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
     (void)pf_end;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = row + 84 * (int64_t)b;
-        PF_BLOCK(blk, 84);
-        const __m128i sb = ld16b(blk);
-        const v16 sc = v16_mul(v16_set1(rdh(blk + 80)), v16_i8(nib(sb, 0)));
-        const v16 mn = v16_mul(v16_set1(rdh(blk + 82)), v16_i8(nib(sb, 1)));
-        for (int r = 0; r < M; r++) acc[r][0] = _mm512_fnmadd_ps(mn, v16_ld(xsum[r] + 16 * b), acc[r][0]);
-        const __m512i q = _mm512_loadu_si512(blk + 16);
+        const uint8_t *blk = row + BPB * (int64_t)b;
+        PF_BLOCK(blk, BPB);
+        v16 sc;
+        __m512i hm = _mm512_setzero_si512();
+        if (Q3) {
+            sc = q3k_scales(blk);
+            /* hmask[l] bit 4 h + s for the element of half h = i / 8, plane s, byte l = 4 (i % 8) + k: hmask's 8
+             * dwords in both halves, the upper lanes shifted by 4: bit s of byte k */
+            hm = _mm512_srlv_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk)),
+                                   _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4));
+        } else {
+            const __m128i sb = ld16b(blk);
+            sc = v16_mul(v16_set1(rdh(blk + 80)), v16_i8(nib(sb, 0)));
+            const v16 mn = v16_mul(v16_set1(rdh(blk + 82)), v16_i8(nib(sb, 1)));
+            for (int r = 0; r < M; r++) acc[r][0] = _mm512_fnmadd_ps(mn, v16_ld(xsum[r] + 16 * b), acc[r][0]);
+        }
+        const __m512i q = _mm512_loadu_si512(blk + (Q3 ? 32 : 16));
         _Pragma("GCC unroll 4") for (int s = 0; s < 4; s++) {
+            /* Q3_K: plane s in bits 0..1 of each byte, its hmask bit in bit 2 (one bit select per 4 groups) */
+            const __m512i qs = s ? _mm512_srli_epi32(q, 2 * s) : q;
+            const __m512i hb = s < 2 ? _mm512_slli_epi32(hm, 2 - s) : s == 3 ? _mm512_srli_epi32(hm, 1) : hm;
+            const __m512i q3 = Q3 ? _mm512_ternarylogic_epi32(qs, hb, _mm512_set1_epi8(4), 0xD8) : qs; /* c ? b : a */
             const v16 S = _mm512_permutexvar_ps(
                 _mm512_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1, 2 * s + 1, 2 * s + 1, 8 + 2 * s,
                                   8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s), sc);
             v16 a[PASS_M];
             _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-                const v16 w = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 8 * k + 2 * s), table);
+                const v16 w = _mm512_permutexvar_ps(k ? _mm512_srli_epi32(q3, 8 * k) : q3, table);
                 const int64_t off = 256 * (int64_t)b + 16 * (4 * s + k);
                 for (int r = 0; r < M; r++)
                     a[r] = k ? v16_fma(w, v16_ld(xs[r] + off), a[r]) : v16_mul(w, v16_ld(xs[r] + off));
@@ -602,6 +628,7 @@ AI void pass_q2_kx(const int type, const uint8_t *row, int n, const float *const
         }                                                                                                           \
     }
 LANE_DOTS(q2_kx, pass_q2_kx, T_Q2_K)
+LANE_DOTS(q3_kx, pass_q2_kx, T_Q3_K)
 #endif
 
 #ifdef STRATA_PERM
@@ -900,6 +927,7 @@ static dots_fn fused_dots(int type, int n) {
 static dots_fn fused_dots_xperm(int type, int n) {
 #ifdef STRATA_PERM
     if (type == T_Q2_K && n % 256 == 0) return dots_q2_kx;
+    if (type == T_Q3_K && n % 256 == 0) return dots_q3_kx;
     if (type == T_Q4_K && n % 256 == 0) return dots_q4_kx;
     if (type == T_Q5_K && n % 256 == 0) return dots_q5_kx;
     if (type == T_Q6_K && n % 256 == 0) return dots_q6_kx;
@@ -917,7 +945,7 @@ static dots_fn fused_dots_xperm(int type, int n) {
 /* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1 and 2 name the orders */
 static int fused_xperm(int type, int n) {
     if (!fused_dots_xperm(type, n)) return 0;
-    return type == T_Q2_K ? 1 : type == T_Q4_K || type == T_Q5_K ? 3 : type == T_Q6_K ? 4 : 2;
+    return type == T_Q2_K || type == T_Q3_K ? 1 : type == T_Q4_K || type == T_Q5_K ? 3 : type == T_Q6_K ? 4 : 2;
 }
 /* x (n floats) in the lane order of fused_xperm(type, n) */
 static void xperm_of(int type, const float *x, int n, float *xp) {
