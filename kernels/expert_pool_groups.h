@@ -632,11 +632,12 @@ LANE_DOTS(q3_kx, pass_q2_kx, T_Q3_K)
 #endif
 
 #ifdef STRATA_PERM
-/* The 32-weight 4-bit types (Q4_0, IQ4_NL, MXFP4; Q5_0 with its fifth bit) in lane order: 4 blocks' 16 code bytes
+/* The 32-weight 4-bit types (Q4_0, Q4_1, IQ4_NL, MXFP4; Q5_0, Q5_1 with their fifth bit) in lane order: 4 blocks' 16 code bytes
  * in one zmm (lane i: dword i % 4 of block i / 4), group g (0..7) = the nibble at bit 4 g of each dword, one shift
  * and one permute of the type's 16 values (k - 8, kvalues_iq4nl, kvalues_fp4, k - 16) per 16 weights (Q5_0: one
  * more test and masked permute for the codes 16..31); a = sum_g value * xp, then acc += D * a with
- * D the lanes' block scales (one multiply per 128 weights and row instead of a scale x table multiply per block).
+ * D the lanes' block scales (one multiply per 128 weights and row instead of a scale x table multiply per block);
+ * Q4_1 / Q5_1's + m: per 4 blocks and row one FMA of their 4 m with their x sums (pairs of the 16-group sums).
  * Element of the 128 (4 blocks) that lane i of group g holds: 32 (i / 4) + 16 (g % 2) + 4 (i % 4) + g / 2. */
 AI int q4x_src(int g, int i) { return 32 * (i / 4) + 16 * (g % 2) + 4 * (i % 4) + g / 2; }
 AI int q4x_pos(int e) { /* the inverse: where element e of 128 sits in lane order */
@@ -651,16 +652,20 @@ AI float q4x_scale(int type, const uint8_t *b) { return type == T_MXFP4 ? e8m0_h
 AI void pass_q4x(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
                  float *out, const int M, const uint8_t *pf_end) {
     const int nsb = n / 128;
-    (void)xsum;
-    const int BPB = type == T_MXFP4 ? 17 : type == T_Q5_0 ? 22 : 18, QS = type == T_MXFP4 ? 1 : type == T_Q5_0 ? 6 : 2;
+    /* Q4_1, Q5_1: d * code + m; the codes' sum as the others', the m term from the x group sums (MN) */
+    const int MN = type == T_Q4_1 || type == T_Q5_1, Q5 = type == T_Q5_0 || type == T_Q5_1;
+    const int BPB = type == T_MXFP4 ? 17 : type == T_Q5_0 ? 22 : type == T_Q4_1 ? 20 : type == T_Q5_1 ? 24 : 18;
+    const int QS = type == T_MXFP4 ? 1 : type == T_Q5_0 ? 6 : type == T_Q4_1 ? 4 : type == T_Q5_1 ? 8 : 2;
+    const int QH = type == T_Q5_1 ? 4 : 2; /* Q5_0, Q5_1: the qh word */
     v16 acc[PASS_M][2];
-    /* Q5_0: codes 0..15 -> k - 16 (table), 16..31 -> k - 16 (hi) where the lane's qh bit is set */
-    const v16 table = type == T_Q4_0 ? v16_iota(-8) : type == T_Q5_0 ? v16_iota(-16)
+    __m128 macc[PASS_M];
+    /* Q5_0: codes 0..15 -> k - 16 (table), 16..31 -> k - 16 (hi) where the lane's qh bit is set; Q5_1: k, 16 + k */
+    const v16 table = type == T_Q4_0 ? v16_iota(-8) : type == T_Q5_0 ? v16_iota(-16) : MN ? v16_iota(0)
                     : v16_i8(ld16b((const uint8_t *)(type == T_IQ4_NL ? kvalues_iq4nl : kvalues_fp4)));
-    const v16 hi = v16_iota(0);
+    const v16 hi = v16_iota(type == T_Q5_1 ? 16 : 0);
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const int NA = M <= 2 ? 2 : 1;
-    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
+    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero(), macc[r] = _mm_setzero_ps();
     if (type == T_Q4_0) PF_LINES(row, 4 * BPB * (int64_t)nsb, pf_end); /* pf_lines_of */
     for (int sb = 0; sb < nsb; sb++) {
         const uint8_t *b0 = row + 4 * BPB * (int64_t)sb;
@@ -675,16 +680,26 @@ AI void pass_q4x(const int type, const uint8_t *row, int n, const float *const *
                                                                         (short)rd16(b0 + 2 * BPB),
                                                                         (short)rd16(b0 + 3 * BPB), 0, 0, 0, 0));
         const v16 D = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        if (MN) { /* the 4 blocks' m times their x sums (pairs of the 8 natural 16-group sums of this 128) */
+            const __m128 m4 = _mm_cvtph_ps(_mm_setr_epi16((short)rd16(b0 + 2), (short)rd16(b0 + BPB + 2),
+                                                          (short)rd16(b0 + 2 * BPB + 2), (short)rd16(b0 + 3 * BPB + 2),
+                                                          0, 0, 0, 0));
+            for (int r = 0; r < M; r++) {
+                const __m256 s8 = _mm256_loadu_ps(xsum[r] + 8 * (int64_t)sb);
+                macc[r] = _mm_fmadd_ps(m4, _mm_hadd_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)),
+                                       macc[r]);
+            }
+        }
         /* Q5_0: lanes 4 t .. 4 t + 3 hold block t's qh; lane i of group g needs its bit 16 (g % 2) + 4 (i % 4) + g / 2
          * (the element that lane holds), tested into a mask that picks the high table */
-        const __m512i qh = type == T_Q5_0 ? _mm512_permutexvar_epi32(spread, _mm512_castsi128_si512(_mm_setr_epi32(
-                               (int)rd32(b0 + 2), (int)rd32(b0 + BPB + 2), (int)rd32(b0 + 2 * BPB + 2),
-                               (int)rd32(b0 + 3 * BPB + 2)))) : _mm512_setzero_si512();
+        const __m512i qh = Q5 ? _mm512_permutexvar_epi32(spread, _mm512_castsi128_si512(_mm_setr_epi32(
+                               (int)rd32(b0 + QH), (int)rd32(b0 + BPB + QH), (int)rd32(b0 + 2 * BPB + QH),
+                               (int)rd32(b0 + 3 * BPB + QH)))) : _mm512_setzero_si512();
         v16 a[PASS_M][2]; /* at few rows two chains of 4 FMAs, not one of 8 (short down rows: 5 of these per row) */
         _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
             const __m512i idx = g ? _mm512_srli_epi32(q, 4 * g) : q;
             v16 w = _mm512_permutexvar_ps(idx, table);
-            if (type == T_Q5_0) {
+            if (Q5) {
                 const int e0 = 16 * (g % 2) + g / 2;
                 const __m512i at = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
                 const __mmask16 h = _mm512_test_epi32_mask(qh, _mm512_sllv_epi32(_mm512_set1_epi32(1 << e0), at));
@@ -696,9 +711,15 @@ AI void pass_q4x(const int type, const uint8_t *row, int n, const float *const *
         }
         for (int r = 0; r < M; r++) acc[r][0] = v16_fma(D, NA == 2 ? v16_add(a[r][0], a[r][1]) : a[r][0], acc[r][0]);
     }
-    for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
+    for (int r = 0; r < M; r++) {
+        __m128 m = _mm_add_ps(macc[r], _mm_movehl_ps(macc[r], macc[r]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1])) + (MN ? _mm_cvtss_f32(m) : 0.0f);
+    }
 }
 LANE_DOTS(q4_0x, pass_q4x, T_Q4_0)
+LANE_DOTS(q4_1x, pass_q4x, T_Q4_1)
+LANE_DOTS(q5_1x, pass_q4x, T_Q5_1)
 LANE_DOTS(iq4_nlx, pass_q4x, T_IQ4_NL)
 LANE_DOTS(mxfp4x, pass_q4x, T_MXFP4)
 LANE_DOTS(q5_0x, pass_q4x, T_Q5_0)
@@ -937,6 +958,8 @@ static dots_fn fused_dots_xperm(int type, int n) {
         if (type == T_IQ4_NL) return dots_iq4_nlx;
         if (type == T_MXFP4) return dots_mxfp4x;
         if (type == T_Q5_0) return dots_q5_0x;
+        if (type == T_Q4_1) return dots_q4_1x;
+        if (type == T_Q5_1) return dots_q5_1x;
     }
 #endif
     (void)type, (void)n;
@@ -981,9 +1004,15 @@ static int xperm_pos(int type, int n, int f) {
     (void)type, (void)n;
     return f;
 }
-/* whether the type's fused kernel reads the x group sums */
+/* whether the type's fused kernel reads the x group sums (Q4_1 / Q5_1: their lane-order kernels' m term; the
+ * weight-table kernels that serve them elsewhere ignore the sums) */
+#ifdef STRATA_PERM
+#define LANE_MN 1
+#else
+#define LANE_MN 0
+#endif
 static int fused_needs_sums(int type) {
-#define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) case ID: return MINS && MIN_TERM;
+#define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) case ID: return (MINS && MIN_TERM) || (LANE_MN && (ID == T_Q4_1 || ID == T_Q5_1));
     switch (type) { FUSED_TYPES(FUSED_CASE) default: return 0; }
 #undef FUSED_CASE
 }
