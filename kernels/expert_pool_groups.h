@@ -780,6 +780,16 @@ AI v16 iq4xs_scales(const uint8_t *b) {
     const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
     return v16_mul(v16_set1(rdh(b)), v16_i8(q));
 }
+/* the K lane-order passes' steps: group t of a scale's 4 into the rows' sums a[r][c] (c = t % NA: the first NA
+ * groups start the chains), then acc[r][into] += S * the chains' sum */
+AI void lane_group(v16 a[][2], v16 w, const float *const *xs, int64_t off, const int M, int t, int c) {
+    const int NA = M <= 2 ? 2 : 1;
+    for (int r = 0; r < M; r++)
+        a[r][c] = t >= NA ? v16_fma(w, v16_ld(xs[r] + off), a[r][c]) : v16_mul(w, v16_ld(xs[r] + off));
+}
+AI void lane_scale(v16 acc[][2], v16 S, v16 a[][2], const int M, const int NA, int into) {
+    for (int r = 0; r < M; r++) acc[r][into] = v16_fma(S, NA == 2 ? v16_add(a[r][0], a[r][1]) : a[r][0], acc[r][into]);
+}
 AI void pass_k4x(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
                  float *out, const int M, const uint8_t *pf_end) {
     const int nb = n / 256;
@@ -834,13 +844,11 @@ AI void pass_k4x(const int type, const uint8_t *row, int n, const float *const *
                     const __m512i ix = bit ? _mm512_srli_epi32(qq, bit) : qq;
                     const v16 w = type == T_Q5_K ? _mm512_permutex2var_ps(table, ix, table_hi)
                                                  : _mm512_permutexvar_ps(ix, table);
-                    const int64_t off = 256 * (int64_t)b + 16 * (8 * z + 4 * h + t), c = t % NA;
-                    for (int r = 0; r < M; r++)
-                        a[r][c] = t >= NA ? v16_fma(w, v16_ld(xs[r] + off), a[r][c]) : v16_mul(w, v16_ld(xs[r] + off));
+                    const int64_t off = 256 * (int64_t)b + 16 * (8 * z + 4 * h + t);
+                    const int c = t % NA;
+                    lane_group(a, w, xs, off, M, t, c);
                 }
-                for (int r = 0; r < M; r++)
-                    acc[r][(2 * z + h + 1) % NA] = v16_fma(S, NA == 2 ? v16_add(a[r][0], a[r][1]) : a[r][0],
-                                                             acc[r][(2 * z + h + 1) % NA]);
+                lane_scale(acc, S, a, M, NA, (2 * z + h + 1) % NA);
             }
         }
     }
@@ -903,13 +911,11 @@ AI void pass_q6kx(const int type, const uint8_t *row, int n, const float *const 
                 _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
                     const __m512i top = t == 3 ? c6 : _mm512_slli_epi32(c6, 24 - 8 * t);
                     const v16 w = _mm512_cvtepi32_ps(_mm512_srai_epi32(top, 26));
-                    const int64_t off = 256 * (int64_t)b + 16 * (s0 + t), c = t % NA;
-                    for (int r = 0; r < M; r++)
-                        a[r][c] = t >= NA ? v16_fma(w, v16_ld(xs[r] + off), a[r][c]) : v16_mul(w, v16_ld(xs[r] + off));
+                    const int64_t off = 256 * (int64_t)b + 16 * (s0 + t);
+                    const int c = t % NA;
+                    lane_group(a, w, xs, off, M, t, c);
                 }
-                for (int r = 0; r < M; r++)
-                    acc[r][(2 * z + h + 1) % NA] = v16_fma(S, NA == 2 ? v16_add(a[r][0], a[r][1]) : a[r][0],
-                                                             acc[r][(2 * z + h + 1) % NA]);
+                lane_scale(acc, S, a, M, NA, (2 * z + h + 1) % NA);
             }
         }
     }

@@ -263,7 +263,8 @@ def test_a_build_the_compiler_refuses_falls_back_to_the_next_isa(monkeypatch, ca
 
 
 # the AVX-512 lane-order kernels (expert_pool_groups.h: x or h permuted once per call, codes as 16 dwords) serve rows
-# of n % 256 == 0 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) or n % 128 == 0 (Q4_0, Q4_1, IQ4_NL, MXFP4, Q5_0, Q5_1); the shapes above are mostly not such
+# of n % 256 == 0 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) or n % 128 == 0 (Q4_0, Q4_1, IQ4_NL, MXFP4, Q5_0,
+# Q5_1); the shapes above are mostly not such
 LANE_ORDER = ("Q2_K", "Q3_K", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "IQ4_NL", "MXFP4", "Q5_0")
 
 
