@@ -155,8 +155,8 @@ static int needs_sums(int type) {
 #endif
 }
 
-/* whether rows of n of the type read x in the type's lane order (expert_pool_groups.h, AVX-512: Q2_K, Q4_0,
- * IQ4_NL, MXFP4), and where element f of such an x row sits */
+/* whether rows of n of the type read x in the type's lane order (expert_pool_groups.h, AVX-512: Q2_K, Q3_K, Q4_K,
+ * Q5_K, Q6_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4), and where element f of such an x row sits */
 static int needs_xperm(int type, int n) {
 #ifdef STRATA_AVX2
     return fused_xperm(type, n) != 0;
@@ -218,7 +218,7 @@ static int64_t row_bytes_of(int type, int n) {
 
 /* y[dst[i]] = down_g · (silu(gate_g · x[tok[i]]) * (up_g · x[tok[i]])) for every entry i of every group g
  *
- * The min term's group sums (fused_needs_sums: Q2_K, Q4_K, Q5_K in the AVX-512 build) are computed once per call:
+ * The min term's group sums (fused_needs_sums: Q2_K, Q4_K, Q5_K, Q4_1, Q5_1 in the AVX-512 build) are computed once per call:
  * those of the x rows before the gate/up items, those of each h row by the gate/up items that write it (an item's
  * 16 rows are one 16-element group of h). Per work item they cost 10-40 % of a Q2_K item at one row per expert.
  * Work items: gate/up items of ROWS_GATE_UP rows of one expert's gate and up (F / 16 per expert), then, after a
@@ -311,7 +311,8 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
                         hv[f - f0] = gr * (1.0f / (1.0f + expf(-gr))) * uv[(f - f0) * MAX_M + r];
                     }
                     for (int f = f0; f < f1; f++) hr[hp ? perm_pos(down_type, F, f) : f] = hv[f - f0];
-                    /* h_sums: F % 256 == 0 (a K-quant down row), so f0 .. f1 is the whole group f0 / 16 */
+                    /* h_sums: F % 32 == 0 (a K-quant, Q4_1 or Q5_1 down row), so f0 .. f1 is the whole group
+                     * f0 / 16 */
                     if (h_sums) sums_of(hv, 16, hs_all + (int64_t)(e0 + r) * (F / 16) + f0 / 16);
                 }
             }

@@ -555,30 +555,56 @@ static void xperm_q2_k(const float *x, int n, float *xp) {
         for (int g = 0; g < 16; g++)
             for (int i = 0; i < 16; i++) xp[256 * b + 16 * g + i] = x[256 * b + q2x_src(g, i)];
 }
+/* Q3_K's 16 scales d * (6-bit scale - 32) (k_scale6) in vector ops: bytes j < 8 the low nibbles of sc[0..7], j >= 8
+ * their high nibbles; the top 2 bits of byte j = 4 q + m from sc[8 + m] >> 2 q */
+AI v16 q3k_scales(const uint8_t *b) {
+    const __m128i x = ld8(b + 96);
+    const __m128i lo = _mm_unpacklo_epi64(_mm_and_si128(x, _mm_set1_epi8(15)),
+                                          _mm_and_si128(_mm_srli_epi16(x, 4), _mm_set1_epi8(15)));
+    const __m128i hi = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32((int)rd32(b + 104)), _mm_setr_epi32(0, 2, 4, 6)),
+                                     _mm_set1_epi8(3));
+    const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
+    return v16_mul(v16_set1(rdh(b + 108)), v16_i8(q));
+}
 AI void pass_q2_kx(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
                    float *out, const int M, const uint8_t *pf_end) {
-    const int nb = n / 256;
-    (void)type;
+    const int nb = n / 256, Q3 = type == T_Q3_K, BPB = Q3 ? 110 : 84;
     v16 acc[PASS_M][2];
-    const v16 table = v16_cyc4(0);
+    /* Q2_K: the codes 0..3 (bits 2, 3 of the index: the next plane's, ignored); Q3_K: index bit 2 its hmask bit,
+     * the value crumb - 4 + 4 hbit = index - 4 (bit 3 ignored) */
+    const v16 table = Q3 ? _mm512_setr_ps(-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3) : v16_cyc4(0);
     const int NA = M <= 2 ? 2 : 1; /* independent sums per row where few rows give few chains */
     for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
     (void)pf_end;
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = row + 84 * (int64_t)b;
-        PF_BLOCK(blk, 84);
-        const __m128i sb = ld16b(blk);
-        const v16 sc = v16_mul(v16_set1(rdh(blk + 80)), v16_i8(nib(sb, 0)));
-        const v16 mn = v16_mul(v16_set1(rdh(blk + 82)), v16_i8(nib(sb, 1)));
-        for (int r = 0; r < M; r++) acc[r][0] = _mm512_fnmadd_ps(mn, v16_ld(xsum[r] + 16 * b), acc[r][0]);
-        const __m512i q = _mm512_loadu_si512(blk + 16);
+        const uint8_t *blk = row + BPB * (int64_t)b;
+        PF_BLOCK(blk, BPB);
+        v16 sc;
+        __m512i hm = _mm512_setzero_si512();
+        if (Q3) {
+            sc = q3k_scales(blk);
+            /* hmask[l] bit 4 h + s for the element of half h = i / 8, plane s, byte l = 4 (i % 8) + k: hmask's 8
+             * dwords in both halves, the upper lanes shifted by 4: bit s of byte k */
+            hm = _mm512_srlv_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk)),
+                                   _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4));
+        } else {
+            const __m128i sb = ld16b(blk);
+            sc = v16_mul(v16_set1(rdh(blk + 80)), v16_i8(nib(sb, 0)));
+            const v16 mn = v16_mul(v16_set1(rdh(blk + 82)), v16_i8(nib(sb, 1)));
+            for (int r = 0; r < M; r++) acc[r][0] = _mm512_fnmadd_ps(mn, v16_ld(xsum[r] + 16 * b), acc[r][0]);
+        }
+        const __m512i q = _mm512_loadu_si512(blk + (Q3 ? 32 : 16));
         _Pragma("GCC unroll 4") for (int s = 0; s < 4; s++) {
+            /* Q3_K: plane s in bits 0..1 of each byte, its hmask bit in bit 2 (one bit select per 4 groups) */
+            const __m512i qs = s ? _mm512_srli_epi32(q, 2 * s) : q;
+            const __m512i hb = s < 2 ? _mm512_slli_epi32(hm, 2 - s) : s == 3 ? _mm512_srli_epi32(hm, 1) : hm;
+            const __m512i q3 = Q3 ? _mm512_ternarylogic_epi32(qs, hb, _mm512_set1_epi8(4), 0xD8) : qs; /* c ? b : a */
             const v16 S = _mm512_permutexvar_ps(
                 _mm512_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1, 2 * s + 1, 2 * s + 1, 8 + 2 * s,
                                   8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s), sc);
             v16 a[PASS_M];
             _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-                const v16 w = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 8 * k + 2 * s), table);
+                const v16 w = _mm512_permutexvar_ps(k ? _mm512_srli_epi32(q3, 8 * k) : q3, table);
                 const int64_t off = 256 * (int64_t)b + 16 * (4 * s + k);
                 for (int r = 0; r < M; r++)
                     a[r] = k ? v16_fma(w, v16_ld(xs[r] + off), a[r]) : v16_mul(w, v16_ld(xs[r] + off));
@@ -602,14 +628,16 @@ AI void pass_q2_kx(const int type, const uint8_t *row, int n, const float *const
         }                                                                                                           \
     }
 LANE_DOTS(q2_kx, pass_q2_kx, T_Q2_K)
+LANE_DOTS(q3_kx, pass_q2_kx, T_Q3_K)
 #endif
 
 #ifdef STRATA_PERM
-/* The 32-weight 4-bit types (Q4_0, IQ4_NL, MXFP4; Q5_0 with its fifth bit) in lane order: 4 blocks' 16 code bytes
+/* The 32-weight 4-bit types (Q4_0, Q4_1, IQ4_NL, MXFP4; Q5_0, Q5_1 with their fifth bit) in lane order: 4 blocks' 16 code bytes
  * in one zmm (lane i: dword i % 4 of block i / 4), group g (0..7) = the nibble at bit 4 g of each dword, one shift
  * and one permute of the type's 16 values (k - 8, kvalues_iq4nl, kvalues_fp4, k - 16) per 16 weights (Q5_0: one
  * more test and masked permute for the codes 16..31); a = sum_g value * xp, then acc += D * a with
- * D the lanes' block scales (one multiply per 128 weights and row instead of a scale x table multiply per block).
+ * D the lanes' block scales (one multiply per 128 weights and row instead of a scale x table multiply per block);
+ * Q4_1 / Q5_1's + m: per 4 blocks and row one FMA of their 4 m with their x sums (pairs of the 16-group sums).
  * Element of the 128 (4 blocks) that lane i of group g holds: 32 (i / 4) + 16 (g % 2) + 4 (i % 4) + g / 2. */
 AI int q4x_src(int g, int i) { return 32 * (i / 4) + 16 * (g % 2) + 4 * (i % 4) + g / 2; }
 AI int q4x_pos(int e) { /* the inverse: where element e of 128 sits in lane order */
@@ -624,16 +652,20 @@ AI float q4x_scale(int type, const uint8_t *b) { return type == T_MXFP4 ? e8m0_h
 AI void pass_q4x(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
                  float *out, const int M, const uint8_t *pf_end) {
     const int nsb = n / 128;
-    (void)xsum;
-    const int BPB = type == T_MXFP4 ? 17 : type == T_Q5_0 ? 22 : 18, QS = type == T_MXFP4 ? 1 : type == T_Q5_0 ? 6 : 2;
+    /* Q4_1, Q5_1: d * code + m; the codes' sum as the others', the m term from the x group sums (MN) */
+    const int MN = type == T_Q4_1 || type == T_Q5_1, Q5 = type == T_Q5_0 || type == T_Q5_1;
+    const int BPB = type == T_MXFP4 ? 17 : type == T_Q5_0 ? 22 : type == T_Q4_1 ? 20 : type == T_Q5_1 ? 24 : 18;
+    const int QS = type == T_MXFP4 ? 1 : type == T_Q5_0 ? 6 : type == T_Q4_1 ? 4 : type == T_Q5_1 ? 8 : 2;
+    const int QH = type == T_Q5_1 ? 4 : 2; /* Q5_0, Q5_1: the qh word */
     v16 acc[PASS_M][2];
-    /* Q5_0: codes 0..15 -> k - 16 (table), 16..31 -> k - 16 (hi) where the lane's qh bit is set */
-    const v16 table = type == T_Q4_0 ? v16_iota(-8) : type == T_Q5_0 ? v16_iota(-16)
+    __m128 macc[PASS_M];
+    /* Q5_0: codes 0..15 -> k - 16 (table), 16..31 -> k - 16 (hi) where the lane's qh bit is set; Q5_1: k, 16 + k */
+    const v16 table = type == T_Q4_0 ? v16_iota(-8) : type == T_Q5_0 ? v16_iota(-16) : MN ? v16_iota(0)
                     : v16_i8(ld16b((const uint8_t *)(type == T_IQ4_NL ? kvalues_iq4nl : kvalues_fp4)));
-    const v16 hi = v16_iota(0);
+    const v16 hi = v16_iota(type == T_Q5_1 ? 16 : 0);
     const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const int NA = M <= 2 ? 2 : 1;
-    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
+    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero(), macc[r] = _mm_setzero_ps();
     if (type == T_Q4_0) PF_LINES(row, 4 * BPB * (int64_t)nsb, pf_end); /* pf_lines_of */
     for (int sb = 0; sb < nsb; sb++) {
         const uint8_t *b0 = row + 4 * BPB * (int64_t)sb;
@@ -648,16 +680,26 @@ AI void pass_q4x(const int type, const uint8_t *row, int n, const float *const *
                                                                         (short)rd16(b0 + 2 * BPB),
                                                                         (short)rd16(b0 + 3 * BPB), 0, 0, 0, 0));
         const v16 D = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        if (MN) { /* the 4 blocks' m times their x sums (pairs of the 8 natural 16-group sums of this 128) */
+            const __m128 m4 = _mm_cvtph_ps(_mm_setr_epi16((short)rd16(b0 + 2), (short)rd16(b0 + BPB + 2),
+                                                          (short)rd16(b0 + 2 * BPB + 2), (short)rd16(b0 + 3 * BPB + 2),
+                                                          0, 0, 0, 0));
+            for (int r = 0; r < M; r++) {
+                const __m256 s8 = _mm256_loadu_ps(xsum[r] + 8 * (int64_t)sb);
+                macc[r] = _mm_fmadd_ps(m4, _mm_hadd_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)),
+                                       macc[r]);
+            }
+        }
         /* Q5_0: lanes 4 t .. 4 t + 3 hold block t's qh; lane i of group g needs its bit 16 (g % 2) + 4 (i % 4) + g / 2
          * (the element that lane holds), tested into a mask that picks the high table */
-        const __m512i qh = type == T_Q5_0 ? _mm512_permutexvar_epi32(spread, _mm512_castsi128_si512(_mm_setr_epi32(
-                               (int)rd32(b0 + 2), (int)rd32(b0 + BPB + 2), (int)rd32(b0 + 2 * BPB + 2),
-                               (int)rd32(b0 + 3 * BPB + 2)))) : _mm512_setzero_si512();
+        const __m512i qh = Q5 ? _mm512_permutexvar_epi32(spread, _mm512_castsi128_si512(_mm_setr_epi32(
+                               (int)rd32(b0 + QH), (int)rd32(b0 + BPB + QH), (int)rd32(b0 + 2 * BPB + QH),
+                               (int)rd32(b0 + 3 * BPB + QH)))) : _mm512_setzero_si512();
         v16 a[PASS_M][2]; /* at few rows two chains of 4 FMAs, not one of 8 (short down rows: 5 of these per row) */
         _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
             const __m512i idx = g ? _mm512_srli_epi32(q, 4 * g) : q;
             v16 w = _mm512_permutexvar_ps(idx, table);
-            if (type == T_Q5_0) {
+            if (Q5) {
                 const int e0 = 16 * (g % 2) + g / 2;
                 const __m512i at = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
                 const __mmask16 h = _mm512_test_epi32_mask(qh, _mm512_sllv_epi32(_mm512_set1_epi32(1 << e0), at));
@@ -669,18 +711,26 @@ AI void pass_q4x(const int type, const uint8_t *row, int n, const float *const *
         }
         for (int r = 0; r < M; r++) acc[r][0] = v16_fma(D, NA == 2 ? v16_add(a[r][0], a[r][1]) : a[r][0], acc[r][0]);
     }
-    for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
+    for (int r = 0; r < M; r++) {
+        __m128 m = _mm_add_ps(macc[r], _mm_movehl_ps(macc[r], macc[r]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1])) + (MN ? _mm_cvtss_f32(m) : 0.0f);
+    }
 }
 LANE_DOTS(q4_0x, pass_q4x, T_Q4_0)
+LANE_DOTS(q4_1x, pass_q4x, T_Q4_1)
+LANE_DOTS(q5_1x, pass_q4x, T_Q5_1)
 LANE_DOTS(iq4_nlx, pass_q4x, T_IQ4_NL)
 LANE_DOTS(mxfp4x, pass_q4x, T_MXFP4)
 LANE_DOTS(q5_0x, pass_q4x, T_Q5_0)
 #endif
 
 #ifdef STRATA_PERM
-/* Q4_K and IQ4_XS in lane order: the 128 code bytes as two zmm (z = 0, 1) of 16 dwords, group (z, n, k) the nibble
+/* Q4_K, Q5_K and IQ4_XS in lane order: the 128 code bytes as two zmm (z = 0, 1) of 16 dwords, group (z, n, k) the nibble
  * n of byte k of each dword (bit 4 (2 k + n)); one shift and one permute (of 0..15 / kvalues_iq4nl) per 16 weights,
  * the lanes' sub-block scales applied once per 4 (Q4_K) or 8 (IQ4_XS) groups, Q4_K's min term as FUSED_PASS's.
+ * Q5_K: Q4_K's order and scales, its fifth bit merged into bit 4 of each code byte (one bit select per 4 groups),
+ * the 32 values 0..31 permuted from two registers (vpermt2ps) instead of one.
  *   Q4_K (pairs of sub-blocks share 32 bytes): group 4 (2 z + n) + k, lane i: element
  *     32 (2 (2 z + i / 8) + n) + (4 i + k) % 32, 16-group 4 (2 z + i / 8) + 2 n + (i / 4) % 2
  *   IQ4_XS (16 bytes per sub-block): group 8 z + 2 k + n, lane i: element 128 z + q4x_src(2 k + n, i), sub-block
@@ -730,28 +780,52 @@ AI v16 iq4xs_scales(const uint8_t *b) {
     const __m128i q = _mm_sub_epi8(_mm_or_si128(lo, _mm_slli_epi16(hi, 4)), _mm_set1_epi8(32));
     return v16_mul(v16_set1(rdh(b)), v16_i8(q));
 }
+/* the K lane-order passes' steps: group t of a scale's 4 into the rows' sums a[r][c] (c = t % NA: the first NA
+ * groups start the chains), then acc[r][into] += S * the chains' sum */
+AI void lane_group(v16 a[][2], v16 w, const float *const *xs, int64_t off, const int M, int t, int c) {
+    const int NA = M <= 2 ? 2 : 1;
+    for (int r = 0; r < M; r++)
+        a[r][c] = t >= NA ? v16_fma(w, v16_ld(xs[r] + off), a[r][c]) : v16_mul(w, v16_ld(xs[r] + off));
+}
+AI void lane_scale(v16 acc[][2], v16 S, v16 a[][2], const int M, const int NA, int into) {
+    for (int r = 0; r < M; r++) acc[r][into] = v16_fma(S, NA == 2 ? v16_add(a[r][0], a[r][1]) : a[r][0], acc[r][into]);
+}
 AI void pass_k4x(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
                  float *out, const int M, const uint8_t *pf_end) {
     const int nb = n / 256;
     (void)pf_end;
-    const int BPB = type == T_Q4_K ? 144 : 136, QS = type == T_Q4_K ? 16 : 8;
+    const int KQ = type != T_IQ4_XS; /* Q4_K, Q5_K: the K-quant scales and mins */
+    const int BPB = type == T_Q4_K ? 144 : type == T_Q5_K ? 176 : 136;
+    const int QS = type == T_Q4_K ? 16 : type == T_Q5_K ? 48 : 8;
     v16 acc[PASS_M][2];
-    const v16 table = type == T_Q4_K ? v16_iota(0) : v16_i8(ld16b((const uint8_t *)kvalues_iq4nl));
+    const v16 table = KQ ? v16_iota(0) : v16_i8(ld16b((const uint8_t *)kvalues_iq4nl)), table_hi = v16_iota(16);
     const int NA = M <= 2 ? 2 : 1;
     for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = row + BPB * (int64_t)b;
         PF_BLOCK(blk, BPB);
         v16 sc, mn;
-        if (type == T_Q4_K) q4k_scales(blk, &sc, &mn);
+        if (KQ) q4k_scales(blk, &sc, &mn);
         else sc = mn = iq4xs_scales(blk);
-        if (type == T_Q4_K) {
+        if (KQ) {
             for (int r = 0; r < M; r++) acc[r][0] = _mm512_fnmadd_ps(mn, v16_ld(xsum[r] + 16 * b), acc[r][0]);
         }
+        /* Q5_K's fifth bits: qh[l] bit 2 P + n for the element of pair P = 2 z + i / 8, nibble n, byte l = 4 (i % 8)
+         * + k: qh's 8 dwords in both halves, the upper lanes shifted by 2 (their P is odd): bit 4 z + n of byte k */
+        const __m512i qh = type != T_Q5_K ? _mm512_setzero_si512()
+            : _mm512_srlv_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16))),
+                                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2));
         _Pragma("GCC unroll 2") for (int z = 0; z < 2; z++) {
             const __m512i q = _mm512_loadu_si512(blk + QS + 64 * z);
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) { /* Q4_K: n = h; IQ4_XS: k in 2 h, 2 h + 1 */
-                const __m512i idx = type == T_Q4_K
+                /* Q5_K: each byte's 5-bit index, nibble h in bits 0..3 and its fifth bit (4 z + h of qhv) in bit 4
+                 * (one bit select; bits 5..7 are the next nibble's, which vpermt2ps ignores) */
+                const int up = 4 - (4 * z + h);
+                const __m512i hb = up > 0 ? _mm512_slli_epi32(qh, up) : up < 0 ? _mm512_srli_epi32(qh, -up) : qh;
+                const __m512i q5 = type == T_Q5_K ? _mm512_ternarylogic_epi32(h ? _mm512_srli_epi32(q, 4) : q, hb,
+                                                                             _mm512_set1_epi8(0x10), 0xD8) /* c ? b : a */
+                                                  : q;
+                const __m512i idx = KQ
                     ? _mm512_setr_epi32(8 * z + h * 2, 8 * z + h * 2, 8 * z + h * 2, 8 * z + h * 2, 8 * z + h * 2 + 1,
                                         8 * z + h * 2 + 1, 8 * z + h * 2 + 1, 8 * z + h * 2 + 1, 8 * z + 4 + h * 2,
                                         8 * z + 4 + h * 2, 8 * z + 4 + h * 2, 8 * z + 4 + h * 2, 8 * z + 5 + h * 2,
@@ -765,22 +839,89 @@ AI void pass_k4x(const int type, const uint8_t *row, int n, const float *const *
                 _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
                     /* Q4_K: group (z, n = h, k = t) at bit 8 t + 4 h; IQ4_XS: group 8 z + 4 h + t (k = 2 h + t / 2,
                      * n = t % 2) at bit 4 (4 h + t) */
-                    const int bit = type == T_Q4_K ? 8 * t + 4 * h : 4 * (4 * h + t);
-                    const v16 w = _mm512_permutexvar_ps(bit ? _mm512_srli_epi32(q, bit) : q, table);
-                    const int64_t off = 256 * (int64_t)b + 16 * (8 * z + 4 * h + t), c = t % NA;
-                    for (int r = 0; r < M; r++)
-                        a[r][c] = t >= NA ? v16_fma(w, v16_ld(xs[r] + off), a[r][c]) : v16_mul(w, v16_ld(xs[r] + off));
+                    const int bit = type == T_Q5_K ? 8 * t : type == T_Q4_K ? 8 * t + 4 * h : 4 * (4 * h + t);
+                    const __m512i qq = type == T_Q5_K ? q5 : q;
+                    const __m512i ix = bit ? _mm512_srli_epi32(qq, bit) : qq;
+                    const v16 w = type == T_Q5_K ? _mm512_permutex2var_ps(table, ix, table_hi)
+                                                 : _mm512_permutexvar_ps(ix, table);
+                    const int64_t off = 256 * (int64_t)b + 16 * (8 * z + 4 * h + t);
+                    const int c = t % NA;
+                    lane_group(a, w, xs, off, M, t, c);
                 }
-                for (int r = 0; r < M; r++)
-                    acc[r][(2 * z + h + 1) % NA] = v16_fma(S, NA == 2 ? v16_add(a[r][0], a[r][1]) : a[r][0],
-                                                             acc[r][(2 * z + h + 1) % NA]);
+                lane_scale(acc, S, a, M, NA, (2 * z + h + 1) % NA);
             }
         }
     }
     for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
 }
 LANE_DOTS(q4_kx, pass_k4x, T_Q4_K)
+LANE_DOTS(q5_kx, pass_k4x, T_Q5_K)
 LANE_DOTS(iq4_xsx, pass_k4x, T_IQ4_XS)
+#endif
+
+#ifdef STRATA_PERM
+/* Q6_K in lane order: ql (128 bytes) as two zmm (z = 0, 1) of 16 dwords, qh's 2-bit pairs moved beside them; group
+ * (z, n, k) = 8 z + 4 n + k holds in lane i the weight of nibble n of ql byte 64 z + 4 i + k:
+ *   element 128 z + 32 (i / 8 + 2 n) + 4 (i % 8) + k,  16-group 8 z + 2 (i / 8) + 4 n + (i % 8) / 4 (the same for all k)
+ * Per (z, n) one bit select builds in each byte the 6-bit code in bits 2..7 (nibble in 2..5, qh's pair in 6..7, its
+ * top bit flipped once per block: code ^ 32, so that an arithmetic shift yields code - 32); per group k one or two
+ * shifts (byte k's field to the dword's top, then >> 26 signed: the exact int code - 32), a convert and the FMA;
+ * the lanes' scales d * sc applied once per 4 groups. (A 64-entry table would take two vpermt2ps and a blend.) */
+AI int q6kx_src(int g, int i) {
+    const int z = g / 8, n = (g / 4) % 2, k = g % 4;
+    return 128 * z + 32 * (i / 8 + 2 * n) + 4 * (i % 8) + k;
+}
+static void xperm_q6kx(const float *x, int n, float *xp) {
+    for (int b = 0; b < n / 256; b++)
+        for (int g = 0; g < 16; g++)
+            for (int i = 0; i < 16; i++) xp[256 * b + 16 * g + i] = x[256 * b + q6kx_src(g, i)];
+}
+AI void pass_q6kx(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
+                  float *out, const int M, const uint8_t *pf_end) {
+    const int nb = n / 256;
+    (void)type, (void)xsum, (void)pf_end;
+    v16 acc[PASS_M][2];
+    const int NA = M <= 2 ? 2 : 1;
+    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + 210 * (int64_t)b;
+        PF_BLOCK(blk, 210);
+        const v16 sc = v16_mul(v16_set1(rdh(blk + 208)), v16_i8(ld16b(blk + 192))); /* gguf's d * sc */
+        /* qh: the top bit of each 2-bit pair flipped (code ^ 32) */
+        const __m512i qh = _mm512_xor_si512(_mm512_loadu_si512(blk + 128), _mm512_set1_epi8((char)0xAA));
+        _Pragma("GCC unroll 2") for (int z = 0; z < 2; z++) {
+            const __m512i q = _mm512_loadu_si512(blk + 64 * z);
+            /* lane i: qh dword 8 z + i % 8 (byte k = qh[32 z + 4 (i % 8) + k]), the upper lanes' pairs (i / 8 = 1:
+             * bits 2 + 4 n) shifted down by 2: pair n at bits 4 n, 4 n + 1 of each byte */
+            const __m512i hz = _mm512_srlv_epi32(
+                _mm512_permutexvar_epi32(_mm512_setr_epi32(8 * z, 8 * z + 1, 8 * z + 2, 8 * z + 3, 8 * z + 4, 8 * z + 5,
+                                                           8 * z + 6, 8 * z + 7, 8 * z, 8 * z + 1, 8 * z + 2, 8 * z + 3,
+                                                           8 * z + 4, 8 * z + 5, 8 * z + 6, 8 * z + 7), qh),
+                _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2));
+            _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) { /* h: the nibble n */
+                /* bits 2..5 the nibble, 6..7 the pair (bits 0..1: neighbours' bits, below every field) */
+                const __m512i c6 = _mm512_ternarylogic_epi32(_mm512_slli_epi32(hz, h ? 2 : 6),
+                                                             h ? _mm512_srli_epi32(q, 2) : _mm512_slli_epi32(q, 2),
+                                                             _mm512_set1_epi8(0x3C), 0xD8); /* c ? b : a */
+                const int s0 = 8 * z + 4 * h;
+                const v16 S = _mm512_permutexvar_ps(_mm512_setr_epi32(s0, s0, s0, s0, s0 + 1, s0 + 1, s0 + 1, s0 + 1,
+                                                                      s0 + 2, s0 + 2, s0 + 2, s0 + 2, s0 + 3, s0 + 3,
+                                                                      s0 + 3, s0 + 3), sc);
+                v16 a[PASS_M][2];
+                _Pragma("GCC unroll 4") for (int t = 0; t < 4; t++) {
+                    const __m512i top = t == 3 ? c6 : _mm512_slli_epi32(c6, 24 - 8 * t);
+                    const v16 w = _mm512_cvtepi32_ps(_mm512_srai_epi32(top, 26));
+                    const int64_t off = 256 * (int64_t)b + 16 * (s0 + t);
+                    const int c = t % NA;
+                    lane_group(a, w, xs, off, M, t, c);
+                }
+                lane_scale(acc, S, a, M, NA, (2 * z + h + 1) % NA);
+            }
+        }
+    }
+    for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
+}
+LANE_DOTS(q6_kx, pass_q6kx, T_Q6_K)
 #endif
 
 /* the table's group counts and block bytes restate the generated type table (model/quant_tables.py): hold them to
@@ -813,13 +954,18 @@ static dots_fn fused_dots(int type, int n) {
 static dots_fn fused_dots_xperm(int type, int n) {
 #ifdef STRATA_PERM
     if (type == T_Q2_K && n % 256 == 0) return dots_q2_kx;
+    if (type == T_Q3_K && n % 256 == 0) return dots_q3_kx;
     if (type == T_Q4_K && n % 256 == 0) return dots_q4_kx;
+    if (type == T_Q5_K && n % 256 == 0) return dots_q5_kx;
+    if (type == T_Q6_K && n % 256 == 0) return dots_q6_kx;
     if (type == T_IQ4_XS && n % 256 == 0) return dots_iq4_xsx;
     if (n % 128 == 0) {
         if (type == T_Q4_0) return dots_q4_0x;
         if (type == T_IQ4_NL) return dots_iq4_nlx;
         if (type == T_MXFP4) return dots_mxfp4x;
         if (type == T_Q5_0) return dots_q5_0x;
+        if (type == T_Q4_1) return dots_q4_1x;
+        if (type == T_Q5_1) return dots_q5_1x;
     }
 #endif
     (void)type, (void)n;
@@ -828,7 +974,7 @@ static dots_fn fused_dots_xperm(int type, int n) {
 /* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1 and 2 name the orders */
 static int fused_xperm(int type, int n) {
     if (!fused_dots_xperm(type, n)) return 0;
-    return type == T_Q2_K ? 1 : type == T_Q4_K ? 3 : 2;
+    return type == T_Q2_K || type == T_Q3_K ? 1 : type == T_Q4_K || type == T_Q5_K ? 3 : type == T_Q6_K ? 4 : 2;
 }
 /* x (n floats) in the lane order of fused_xperm(type, n) */
 static void xperm_of(int type, const float *x, int n, float *xp) {
@@ -836,6 +982,7 @@ static void xperm_of(int type, const float *x, int n, float *xp) {
     if (fused_xperm(type, n) == 1) xperm_q2_k(x, n, xp);
     else if (fused_xperm(type, n) == 2) xperm_q4x(x, n, xp);
     else if (fused_xperm(type, n) == 3) xperm_q4kx(x, n, xp);
+    else if (fused_xperm(type, n) == 4) xperm_q6kx(x, n, xp);
 #else
     (void)type, (void)x, (void)n, (void)xp;
 #endif
@@ -851,6 +998,10 @@ static int xperm_pos(int type, int n, int f) {
         const int i = 8 * (P % 2) + l / 4, k = l % 4;
         return 256 * (f / 256) + 16 * (4 * (2 * z + nn) + k) + i;
     }
+    if (fused_xperm(type, n) == 4) { /* Q6_K: element e = 128 z + 32 (c + 2 n) + 4 (i % 8) + k, c = i / 8 */
+        const int e = f % 256, z = e / 128, j32 = (e % 128) / 32, l = e % 32;
+        return 256 * (f / 256) + 16 * (8 * z + 4 * (j32 / 2) + l % 4) + 8 * (j32 % 2) + l / 4;
+    }
     if (fused_xperm(type, n) == 1) {
         const int e = f % 256, s = (e % 128) / 32, l = e % 32, j = 32 * (e / 128) + l; /* byte j = 4 i + k */
         return 256 * (f / 256) + 16 * (4 * s + j % 4) + j / 4;
@@ -859,9 +1010,15 @@ static int xperm_pos(int type, int n, int f) {
     (void)type, (void)n;
     return f;
 }
-/* whether the type's fused kernel reads the x group sums */
+/* whether the type's fused kernel reads the x group sums (Q4_1 / Q5_1: their lane-order kernels' m term; the
+ * weight-table kernels that serve them elsewhere ignore the sums) */
+#ifdef STRATA_PERM
+#define LANE_MN 1
+#else
+#define LANE_MN 0
+#endif
 static int fused_needs_sums(int type) {
-#define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) case ID: return MINS && MIN_TERM;
+#define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) case ID: return (MINS && MIN_TERM) || (LANE_MN && (ID == T_Q4_1 || ID == T_Q5_1));
     switch (type) { FUSED_TYPES(FUSED_CASE) default: return 0; }
 #undef FUSED_CASE
 }
