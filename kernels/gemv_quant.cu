@@ -363,7 +363,16 @@ constexpr int qtc_nstage(int nt) {
            : QTC_RING_BYTES / (qtc_stage_int4(nt) * 16) > 4 ? 4
                                                             : QTC_RING_BYTES / (qtc_stage_int4(nt) * 16);
 }
-constexpr int qtc_smem_bytes(int nt) { return QTC_WARPS * qtc_nstage(nt) * qtc_stage_int4(nt) * 16; }
+// A warp's x split of half a step (after the QTC_WARPS rings; half, so that T = 8 keeps 3 blocks an SM), for each
+// of the bucket's NT columns c (QTC_XCOL_BYTES each): hi [4 spans][4 groups] as uint4 (a lane's B words of k tiles
+// 0, 1), lo the same at +256, the step's 16-element sums X[16] at +512 (the mins' types); then one u32 a span of the
+// half: the bit set of its scaled columns. (576 = 4.5 x 128 bytes: columns g and g + 1 of one LDS.128 phase fall in
+// different banks.)
+#define QTC_XCOL_BYTES 576
+constexpr int qtc_xs_bytes(int nt) { return nt * QTC_XCOL_BYTES + 16; }
+constexpr int qtc_smem_bytes(int nt) {
+    return QTC_WARPS * (qtc_nstage(nt) * qtc_stage_int4(nt) * 16 + qtc_xs_bytes(nt));
+}
 #ifndef QTC_PROBE  // bench/quant_gemv_bench.py --probe: stream the weights, decode nothing (launch_quant.PROBE_DEFINES)
 #define QTC_PROBE 0
 #endif
@@ -494,12 +503,62 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
     constexpr bool STEP_MINS = QTcStepMins<QTYPE>::v && QB::qk == QSTEP, SPAN_MINS = QHasMin<QTYPE>::v && !STEP_MINS;
     static_assert(!(SPLIT16 && QHasMin<QTYPE>::v), "the mins' x sums assume a lane's 8 elements in one half");
     constexpr bool STEP_D = QTcStepD<QTYPE>::v && QB::qk == QSTEP;
-    const float* xrow[NN];
+    // This warp's x split (qtc_xs_bytes): column c's B words of span h0 + hs, group t at xs + c QTC_XCOL_BYTES +
+    // 64 hs + 16 t. A B column past nt reads column NT - 1's (or stale) words: the MMA keeps columns apart, and those C
+    // columns are never stored; the span masks hold live columns only.
+    u8* xs = reinterpret_cast<u8*>(qtc_ring + QTC_WARPS * NS * STAGE) + warp * qtc_xs_bytes(NT);
+    const u32* xs_mask = reinterpret_cast<const u32*>(xs + NT * QTC_XCOL_BYTES);
+    int xcol[NN];  // B column g of tile nn: its column's offset
 #pragma unroll
-    for (int nn = 0; nn < NN; ++nn) {
-        const int n = nn * 8 + g;
-        xrow[nn] = n < nt ? x + (i64)pick(xr, n) * n_in + (SPLIT16 ? 4 : 8) * t : nullptr;
-    }
+    for (int nn = 0; nn < NN; ++nn) xcol[nn] = min(8 * nn + g, NT - 1) * QTC_XCOL_BYTES;
+    // The x split of spans h0 .. h0 + 3 of step s, once per warp instead of once per span in every lane for all 8
+    // columns (~70 instructions a span, 7/8 of them for empty columns at T = 1): lane L splits group t of span
+    // h0 + (L / 4) % 4 of columns 2 cp + L / 16 (the group qtc_frag's lane t pairs with: SPLIT16's float4 at 4t and
+    // 16 + 4t), the column scale per (column, span) as column_scales had it (any of the span's 4 lanes reaches
+    // 2^15), and the mins' 16-sums.
+    auto split_x = [&](int s, int h0, int n_sp) {
+        const int hs = (lane >> 2) & 3, sp = h0 + hs;
+        u32 cm = 0u;
+#pragma unroll
+        for (int cp = 0; cp < (NT + 1) / 2; ++cp) {
+            if (2 * cp >= nt) break;  // block-uniform
+            const int c = 2 * cp + (lane >> 4);
+            const bool live = c < nt;
+            float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q = p;
+            if (live && sp < n_sp) {  // (n_in is a multiple of 32: a span is whole or past the row)
+                const int row = NT > 1 && (lane >> 4) ? xr[NT > 1 ? 2 * cp + 1 : 0] : xr[2 * cp];
+                const float4* xp = reinterpret_cast<const float4*>(x + (i64)row * n_in + s * QSTEP + sp * 32 +
+                                                                   (SPLIT16 ? 4 : 8) * t);
+                p = __ldg(xp);
+                q = __ldg(xp + (SPLIT16 ? 4 : 1));
+            }
+            float xv[1][8] = {{p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w}};
+            const float mx = fmaxf(fmaxf(fmaxf(fabsf(p.x), fabsf(p.y)), fmaxf(fabsf(p.z), fabsf(p.w))),
+                                   fmaxf(fmaxf(fabsf(q.x), fabsf(q.y)), fmaxf(fabsf(q.z), fabsf(q.w))));
+            int b = mx >= QTC_BIG ? 1 : 0;  // (fmaxf drops a NaN x: its products are NaN on either path)
+            b |= __shfl_xor_sync(FULL_MASK, b, 1);
+            b |= __shfl_xor_sync(FULL_MASK, b, 2);
+            const bool sc[1] = {b != 0};
+            u32 bh[1][2][2], bl[1][2][2];
+            split_b_frags<1, QTcFrag<QTYPE>::interleaved>(xv, sc, bh, bl);
+            float s8 = 0.0f;
+            if (QHasMin<QTYPE>::v) {  // X[2 sp + t / 2]: the sum of elements 16 (2 sp + t / 2) .. +15 of the step
+                s8 = ((p.x + p.y) + (p.z + p.w)) + ((q.x + q.y) + (q.z + q.w));
+                s8 += __shfl_xor_sync(FULL_MASK, s8, 1);
+            }
+            if (live) {
+                u8* col = xs + c * QTC_XCOL_BYTES;
+                *reinterpret_cast<uint4*>(col + 16 * (lane & 15)) =
+                    make_uint4(bh[0][0][0], bh[0][0][1], bh[0][1][0], bh[0][1][1]);
+                *reinterpret_cast<uint4*>(col + 256 + 16 * (lane & 15)) =
+                    make_uint4(bl[0][0][0], bl[0][0][1], bl[0][1][0], bl[0][1][1]);
+                if (QHasMin<QTYPE>::v && (t & 1) == 0) reinterpret_cast<float*>(col + 512)[2 * sp + (t >> 1)] = s8;
+                cm |= (u32)b << c;
+            }
+        }
+        cm |= __shfl_xor_sync(FULL_MASK, cm, 16);  // the odd columns' bits (lanes 16 .. 31)
+        if (lane < 16 && t == 0) reinterpret_cast<u32*>(xs + NT * QTC_XCOL_BYTES)[hs] = cm;
+    };
 
     // All NS slots are filled before the first wait, so a warp's whole slice is in flight at once where it has at
     // most NS steps (T = 1: Q2_K gate/up 2-3 steps a warp in 3 slots, Q4_0 down 1-2 in 2; a ring filled NS - 1 deep
@@ -517,6 +576,8 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         __syncwarp();                  // ... and every lane's; every lane is also done reading step j - 1's slot
         if (j > 0) issue(j - 1 + NS);  // into the slot step j - 1 used
         const int s = kslice + j * ksplit;
+        // (n_in is a multiple of 32, the block's; QTC_PROBE decodes nothing: launch_quant.PROBE_DEFINES)
+        const int n_sp = QTC_PROBE ? 0 : min(QSTEP, n_in - s * QSTEP) / 32;
         const int4* slot = ring + (j % NS) * STAGE;
         const u8* ub[MT][2];  // this lane's units (rows g, g + 8 of each m tile) in the slot
         // An even block size makes the row stride even, so a lane's units (rows g + 8 j of one matrix) all have
@@ -547,88 +608,57 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) Ds[mt][h] = STEP_D ? qtc_step_d<QTYPE>(ub[mt][h]) : 0.0f;
-        // (n_in is a multiple of 32, the block's; QTC_PROBE decodes nothing: launch_quant.PROBE_DEFINES)
-        const int n_sp = QTC_PROBE ? 0 : min(QSTEP, n_in - s * QSTEP) / 32;
-        // STEP_MINS: the sub-block sums X_{2t}, X_{2t+1}, X_{2t+8}, X_{2t+9} of column g (B of the step's mins MMA)
-        float xsb[NN][4];
-#pragma unroll
-        for (int nn = 0; nn < NN; ++nn) xsb[nn][0] = xsb[nn][1] = xsb[nn][2] = xsb[nn][3] = 0.0f;
         // The spans 4 at a time where a warp holds 2 m tiles and one column tile (with 4 m tiles the unrolled spans
         // spill): sp = sp0 + i with sp0 a multiple of 4 and i compile-time, so a span's crumb plane (sp % 4), its
         // scale constants and offsets fold into immediates, and the four spans' independent decode + MMA chains
         // interleave (the T <= 2 launches are latency-bound: 12-16 warps an SM)
         constexpr int SPAN_UNROLL = MT == 2 && NN == 1 ? 4 : 1;
 #pragma unroll 1
-        for (int sp0 = 0; sp0 < n_sp; sp0 += SPAN_UNROLL)
+        for (int h0 = 0; h0 < n_sp; h0 += 4) {  // half a step: split x, then its 4 spans
+            __syncwarp();  // every lane is done with the last half's split (and, at h0 = 0, step j - 1's)
+            split_x(s, h0, n_sp);
+            __syncwarp();
+#pragma unroll 1
+        for (int sp1 = 0; sp1 < 4; sp1 += SPAN_UNROLL)  // (one pass where SPAN_UNROLL = 4)
 #pragma unroll
         for (int i = 0; i < SPAN_UNROLL; ++i) {
-            const int sp = sp0 + i;
+            const int hs = sp1 + i, sp = h0 + hs;
             if (sp >= n_sp) break;  // warp-uniform: the partial last step
             const int el = sp * 32 + 8 * t;  // this lane's group in the step
             const int blk = el / QB::qk, gi = el % QB::qk / 8;
-            float xv[NN][8];
-            bool big[NN];
-#pragma unroll
-            for (int nn = 0; nn < NN; ++nn) {
-                float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q = p;
-                if (xrow[nn]) {
-                    const float4* xp = reinterpret_cast<const float4*>(xrow[nn] + s * QSTEP + sp * 32);
-                    p = __ldg(xp);
-                    q = __ldg(xp + (SPLIT16 ? 4 : 1));  // the lane's elements 4 .. 7 (split16: 16 + 4t ..)
-                }
-                xv[nn][0] = p.x; xv[nn][1] = p.y; xv[nn][2] = p.z; xv[nn][3] = p.w;
-                xv[nn][4] = q.x; xv[nn][5] = q.y; xv[nn][6] = q.z; xv[nn][7] = q.w;
-                const float mx = fmaxf(fmaxf(fmaxf(fabsf(xv[nn][0]), fabsf(xv[nn][1])),
-                                             fmaxf(fabsf(xv[nn][2]), fabsf(xv[nn][3]))),
-                                       fmaxf(fmaxf(fabsf(xv[nn][4]), fabsf(xv[nn][5])),
-                                             fmaxf(fabsf(xv[nn][6]), fabsf(xv[nn][7]))));
-                big[nn] = mx >= QTC_BIG;  // (fmaxf drops a NaN x: its products are NaN on either path)
-            }
+            const u8* xsp = xs + 64 * hs + 16 * t;  // this lane's B words of span sp in column 0
+            const u32 cmask = xs_mask[hs];          // the span's scaled columns (the same word in every lane)
             // the x sums of the span's halves (elements 0..15, 16..31) for C's entries 2t, 2t+1 (the mins' term):
-            // sx[nn][0] the half of this lane's own groups (t / 2), sx[nn][1] the other half (lane t ^ 2's), so
-            // that each row's own min and its partner's need no select (the source lane picks the half)
+            // sx[nn][0] the half of this lane's own groups (t / 2), sx[nn][1] the other half (lane t ^ 2's)
             float sx[NN][2][2];
             if (SPAN_MINS) {
 #pragma unroll
-                for (int nn = 0; nn < NN; ++nn) {
-                    float s8 = ((xv[nn][0] + xv[nn][1]) + (xv[nn][2] + xv[nn][3])) +
-                               ((xv[nn][4] + xv[nn][5]) + (xv[nn][6] + xv[nn][7]));
-                    s8 += __shfl_xor_sync(FULL_MASK, s8, 1);  // lanes t = 0, 1: half 0 of entry g; 2, 3: half 1
+                for (int nn = 0; nn < NN; ++nn)
 #pragma unroll
                     for (int c = 0; c < 2; ++c)
 #pragma unroll
                         for (int hf = 0; hf < 2; ++hf)
-                            sx[nn][hf][c] = __shfl_sync(FULL_MASK, s8, 4 * (2 * t + c) + 2 * ((t >> 1) ^ hf));
-                }
+                            sx[nn][hf][c] = reinterpret_cast<const float*>(
+                                xs + min(8 * nn + 2 * t + c, NT - 1) * QTC_XCOL_BYTES + 512)[2 * sp + ((t >> 1) ^ hf)];
             }
-            if (STEP_MINS) {  // lanes t = 0, 1 of column g sum sub-block 2 sp, lanes 2, 3 sub-block 2 sp + 1
-#pragma unroll
-                for (int nn = 0; nn < NN; ++nn) {
-                    float s8 = ((xv[nn][0] + xv[nn][1]) + (xv[nn][2] + xv[nn][3])) +
-                               ((xv[nn][4] + xv[nn][5]) + (xv[nn][6] + xv[nn][7]));
-                    s8 += __shfl_xor_sync(FULL_MASK, s8, 1);
-                    const float v0 = __shfl_sync(FULL_MASK, s8, lane & ~3);
-                    const float v1 = __shfl_sync(FULL_MASK, s8, (lane & ~3) + 2);
-                    // sub-blocks 2t, 2t+1 (span t) and 2t+8, 2t+9 (span t + 4) are this lane's (no run-time index)
-                    const bool mine = (sp & 3) == t, first = sp < 4;
-                    xsb[nn][0] = mine && first ? v0 : xsb[nn][0];
-                    xsb[nn][1] = mine && first ? v1 : xsb[nn][1];
-                    xsb[nn][2] = mine && !first ? v0 : xsb[nn][2];
-                    xsb[nn][3] = mine && !first ? v1 : xsb[nn][3];
-                }
-            }
-            // the B split and the m tiles, compiled twice: SC says some column of the warp is scaled (x times 2^-16,
-            // C times D unscale: 8 + 4 MT FMUL); the usual span has none (a warp-uniform branch), and needs no
-            // column scales either (their 4 shuffles a span are in the scaled branch only)
+            // the m tiles, compiled twice: SC says some column of the span is scaled (its x split from x 2^-16, C
+            // times D unscale: 4 MT FMUL); the usual span has none (a warp-uniform branch)
             auto mtiles = [&](auto sc_tag) {
                 constexpr bool SC = decltype(sc_tag)::v;
-                bool sc_cols[NN];
                 float unscale[NN][2];  // per B column, so one entry's size costs the others no precision
 #pragma unroll
-                for (int nn = 0; nn < NN; ++nn) sc_cols[nn] = false, unscale[nn][0] = unscale[nn][1] = 1.0f;
-                if constexpr (SC) column_scales<NN>(big, sc_cols, unscale);
+                for (int nn = 0; nn < NN; ++nn)
+#pragma unroll
+                    for (int c = 0; c < 2; ++c)
+                        unscale[nn][c] = SC && (cmask >> (8 * nn + 2 * t + c)) & 1u ? 65536.0f : 1.0f;
                 u32 bh[NN][2][2], bl[NN][2][2];  // [column tile][k tile][b0 / b1]
-                split_b_frags<NN, QTcFrag<QTYPE>::interleaved>(xv, sc_cols, bh, bl);
+#pragma unroll
+                for (int nn = 0; nn < NN; ++nn) {
+                    const uint4 h = *reinterpret_cast<const uint4*>(xsp + xcol[nn]);
+                    const uint4 l = *reinterpret_cast<const uint4*>(xsp + xcol[nn] + 256);
+                    bh[nn][0][0] = h.x, bh[nn][0][1] = h.y, bh[nn][1][0] = h.z, bh[nn][1][1] = h.w;
+                    bl[nn][0][0] = l.x, bl[nn][0][1] = l.y, bl[nn][1][0] = l.z, bl[nn][1][1] = l.w;
+                }
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 u32 A[2][4], L[2][4];
@@ -674,13 +704,11 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                 }
             }
             };
-            bool any_big = false;
-#pragma unroll
-            for (int nn = 0; nn < NN; ++nn) any_big |= big[nn];
-            if (__any_sync(FULL_MASK, any_big))
+            if (cmask != 0u)
                 mtiles(QBool<true>{});
             else
                 mtiles(QBool<false>{});
+        }
         }
         // (a generic lambda of the type: qtc_min_frag exists for the QTcStepMins types only)
         auto step_mins = [&](auto ty) {
@@ -690,6 +718,15 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
             // of 16 is up to 16 times x's range: 2^-20 keeps the f16 range of x's 2^-16 for every x below 2^32)
             bool bigx[NN], scx[NN];
             float unx[NN][2];
+            // the sub-block sums X_{2t}, X_{2t+1}, X_{2t+8}, X_{2t+9} of column g (B of the step's mins MMA)
+            float xsb[NN][4];
+#pragma unroll
+            for (int nn = 0; nn < NN; ++nn) {
+                const float* X = reinterpret_cast<const float*>(xs + xcol[nn] + 512);
+                const float2 lo = *reinterpret_cast<const float2*>(X + 2 * t);
+                const float2 hi = *reinterpret_cast<const float2*>(X + 2 * t + 8);
+                xsb[nn][0] = lo.x, xsb[nn][1] = lo.y, xsb[nn][2] = hi.x, xsb[nn][3] = hi.y;
+            }
 #pragma unroll
             for (int nn = 0; nn < NN; ++nn)
                 bigx[nn] = fmaxf(fmaxf(fabsf(xsb[nn][0]), fabsf(xsb[nn][1])),
