@@ -363,13 +363,15 @@ constexpr int qtc_nstage(int nt) {
            : QTC_RING_BYTES / (qtc_stage_int4(nt) * 16) > 4 ? 4
                                                             : QTC_RING_BYTES / (qtc_stage_int4(nt) * 16);
 }
-// A warp's x split of half a step (after the QTC_WARPS rings; half, so that T = 8 keeps 3 blocks an SM), for each
-// of the bucket's NT columns c (QTC_XCOL_BYTES each): hi [4 spans][4 groups] as uint4 (a lane's B words of k tiles
-// 0, 1), lo the same at +256, the step's 16-element sums X[16] at +512 (the mins' types); then one u32 a span of the
-// half: the bit set of its scaled columns. (576 = 4.5 x 128 bytes: columns g and g + 1 of one LDS.128 phase fall in
-// different banks.)
-#define QTC_XCOL_BYTES 576
-constexpr int qtc_xs_bytes(int nt) { return nt * QTC_XCOL_BYTES + 16; }
+// A warp's x split of SG = qtc_xspans(NT) spans (after the QTC_WARPS rings): a whole step where the window bucket
+// has <= 2 columns (one pass of all 32 lanes for one column), else half a step (two columns a pass, and T = 8 keeps
+// 3 blocks an SM). For each of the bucket's NT columns c (qtc_xcol_bytes each): hi [SG spans][4 groups] as uint4 (a
+// lane's B words of k tiles 0, 1), lo the same at +64 SG, the step's 16-element sums X[16] at +128 SG (the mins'
+// types); then one u32 a span: the bit set of its scaled columns. (64 + 128 SG bytes a column: columns g and g + 1
+// of one LDS.128 phase fall in different banks.)
+constexpr int qtc_xspans(int nt) { return nt <= 2 ? 8 : 4; }
+constexpr int qtc_xcol_bytes(int nt) { return qtc_xspans(nt) * 128 + 64; }
+constexpr int qtc_xs_bytes(int nt) { return nt * qtc_xcol_bytes(nt) + 32; }
 constexpr int qtc_smem_bytes(int nt) {
     return QTC_WARPS * (qtc_nstage(nt) * qtc_stage_int4(nt) * 16 + qtc_xs_bytes(nt));
 }
@@ -503,30 +505,30 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
     constexpr bool STEP_MINS = QTcStepMins<QTYPE>::v && QB::qk == QSTEP, SPAN_MINS = QHasMin<QTYPE>::v && !STEP_MINS;
     static_assert(!(SPLIT16 && QHasMin<QTYPE>::v), "the mins' x sums assume a lane's 8 elements in one half");
     constexpr bool STEP_D = QTcStepD<QTYPE>::v && QB::qk == QSTEP;
-    // This warp's x split (qtc_xs_bytes): column c's B words of span h0 + hs, group t at xs + c QTC_XCOL_BYTES +
-    // 64 hs + 16 t. A B column past nt reads column NT - 1's (or stale) words: the MMA keeps columns apart, and those C
+    // This warp's x split (qtc_xs_bytes): column c's B words of span h0 + hs, group t at xs + c XCOL + 64 hs + 16 t. A B column past nt reads column NT - 1's (or stale) words: the MMA keeps columns apart, and those C
     // columns are never stored; the span masks hold live columns only.
     u8* xs = reinterpret_cast<u8*>(qtc_ring + QTC_WARPS * NS * STAGE) + warp * qtc_xs_bytes(NT);
-    const u32* xs_mask = reinterpret_cast<const u32*>(xs + NT * QTC_XCOL_BYTES);
+    constexpr int SG = qtc_xspans(NT), XCOL = qtc_xcol_bytes(NT), CPP = 8 / SG;  // CPP: columns a split pass
+    const u32* xs_mask = reinterpret_cast<const u32*>(xs + NT * XCOL);
     int xcol[NN];  // B column g of tile nn: its column's offset
 #pragma unroll
-    for (int nn = 0; nn < NN; ++nn) xcol[nn] = min(8 * nn + g, NT - 1) * QTC_XCOL_BYTES;
-    // The x split of spans h0 .. h0 + 3 of step s, once per warp instead of once per span in every lane for all 8
-    // columns (~70 instructions a span, 7/8 of them for empty columns at T = 1): lane L splits group t of span
-    // h0 + (L / 4) % 4 of columns 2 cp + L / 16 (the group qtc_frag's lane t pairs with: SPLIT16's float4 at 4t and
-    // 16 + 4t), the column scale per (column, span) as column_scales had it (any of the span's 4 lanes reaches
-    // 2^15), and the mins' 16-sums.
+    for (int nn = 0; nn < NN; ++nn) xcol[nn] = min(8 * nn + g, NT - 1) * XCOL;
+    // The x split of spans h0 .. h0 + SG - 1 of step s, once per warp instead of once per span in every lane for all
+    // 8 columns (~36 instructions a span, 7/8 of them for empty columns at T = 1): lane L splits group t of span
+    // h0 + (L / 4) % SG of column CPP cp + L / (4 SG) for cp = 0, 1, .. while live (the group qtc_frag's lane t pairs
+    // with: SPLIT16's float4 at 4t and 16 + 4t), the column scale per (column, span) as column_scales had it (any of
+    // the span's 4 lanes reaches 2^15; the x 2^-16 only in a pass with a scaled column), and the mins' 16-sums.
     auto split_x = [&](int s, int h0, int n_sp) {
-        const int hs = (lane >> 2) & 3, sp = h0 + hs;
+        const int cl = lane / (4 * SG), hs = (lane >> 2) % SG, sp = h0 + hs;
         u32 cm = 0u;
 #pragma unroll
-        for (int cp = 0; cp < (NT + 1) / 2; ++cp) {
-            if (2 * cp >= nt) break;  // block-uniform
-            const int c = 2 * cp + (lane >> 4);
+        for (int cp = 0; cp < (NT + CPP - 1) / CPP; ++cp) {
+            if (CPP * cp >= nt) break;  // block-uniform
+            const int c = CPP * cp + cl;
             const bool live = c < nt;
             float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q = p;
             if (live && sp < n_sp) {  // (n_in is a multiple of 32: a span is whole or past the row)
-                const int row = NT > 1 && (lane >> 4) ? xr[NT > 1 ? 2 * cp + 1 : 0] : xr[2 * cp];
+                const int row = CPP == 1 || cl == 0 ? xr[CPP * cp] : xr[min(CPP * cp + 1, NT - 1)];
                 const float4* xp = reinterpret_cast<const float4*>(x + (i64)row * n_in + s * QSTEP + sp * 32 +
                                                                    (SPLIT16 ? 4 : 8) * t);
                 p = __ldg(xp);
@@ -538,26 +540,31 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
             int b = mx >= QTC_BIG ? 1 : 0;  // (fmaxf drops a NaN x: its products are NaN on either path)
             b |= __shfl_xor_sync(FULL_MASK, b, 1);
             b |= __shfl_xor_sync(FULL_MASK, b, 2);
-            const bool sc[1] = {b != 0};
             u32 bh[1][2][2], bl[1][2][2];
-            split_b_frags<1, QTcFrag<QTYPE>::interleaved>(xv, sc, bh, bl);
+            if (__any_sync(FULL_MASK, b)) {  // (warp-uniform: the usual pass has no scaled column)
+                const bool sc[1] = {b != 0};
+                split_b_frags<1, QTcFrag<QTYPE>::interleaved>(xv, sc, bh, bl);
+            } else {
+                const bool sc[1] = {false};
+                split_b_frags<1, QTcFrag<QTYPE>::interleaved>(xv, sc, bh, bl);
+            }
             float s8 = 0.0f;
             if (QHasMin<QTYPE>::v) {  // X[2 sp + t / 2]: the sum of elements 16 (2 sp + t / 2) .. +15 of the step
                 s8 = ((p.x + p.y) + (p.z + p.w)) + ((q.x + q.y) + (q.z + q.w));
                 s8 += __shfl_xor_sync(FULL_MASK, s8, 1);
             }
             if (live) {
-                u8* col = xs + c * QTC_XCOL_BYTES;
-                *reinterpret_cast<uint4*>(col + 16 * (lane & 15)) =
-                    make_uint4(bh[0][0][0], bh[0][0][1], bh[0][1][0], bh[0][1][1]);
-                *reinterpret_cast<uint4*>(col + 256 + 16 * (lane & 15)) =
+                u8* col = xs + c * XCOL;
+                const int at = 16 * (lane % (4 * SG));
+                *reinterpret_cast<uint4*>(col + at) = make_uint4(bh[0][0][0], bh[0][0][1], bh[0][1][0], bh[0][1][1]);
+                *reinterpret_cast<uint4*>(col + 64 * SG + at) =
                     make_uint4(bl[0][0][0], bl[0][0][1], bl[0][1][0], bl[0][1][1]);
-                if (QHasMin<QTYPE>::v && (t & 1) == 0) reinterpret_cast<float*>(col + 512)[2 * sp + (t >> 1)] = s8;
+                if (QHasMin<QTYPE>::v && (t & 1) == 0) reinterpret_cast<float*>(col + 128 * SG)[2 * sp + (t >> 1)] = s8;
                 cm |= (u32)b << c;
             }
         }
-        cm |= __shfl_xor_sync(FULL_MASK, cm, 16);  // the odd columns' bits (lanes 16 .. 31)
-        if (lane < 16 && t == 0) reinterpret_cast<u32*>(xs + NT * QTC_XCOL_BYTES)[hs] = cm;
+        if (CPP == 2) cm |= __shfl_xor_sync(FULL_MASK, cm, 16);  // the odd columns' bits (lanes 16 .. 31)
+        if (lane < 4 * SG && t == 0) reinterpret_cast<u32*>(xs + NT * XCOL)[hs] = cm;
     };
 
     // All NS slots are filled before the first wait, so a warp's whole slice is in flight at once where it has at
@@ -614,12 +621,12 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         // interleave (the T <= 2 launches are latency-bound: 12-16 warps an SM)
         constexpr int SPAN_UNROLL = MT == 2 && NN == 1 ? 4 : 1;
 #pragma unroll 1
-        for (int h0 = 0; h0 < n_sp; h0 += 4) {  // half a step: split x, then its 4 spans
+        for (int h0 = 0; h0 < n_sp; h0 += SG) {  // SG spans: split x, then the spans
             __syncwarp();  // every lane is done with the last half's split (and, at h0 = 0, step j - 1's)
             split_x(s, h0, n_sp);
             __syncwarp();
 #pragma unroll 1
-        for (int sp1 = 0; sp1 < 4; sp1 += SPAN_UNROLL)  // (one pass where SPAN_UNROLL = 4)
+        for (int sp1 = 0; sp1 < SG; sp1 += SPAN_UNROLL)
 #pragma unroll
         for (int i = 0; i < SPAN_UNROLL; ++i) {
             const int hs = sp1 + i, sp = h0 + hs;
@@ -639,7 +646,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 #pragma unroll
                         for (int hf = 0; hf < 2; ++hf)
                             sx[nn][hf][c] = reinterpret_cast<const float*>(
-                                xs + min(8 * nn + 2 * t + c, NT - 1) * QTC_XCOL_BYTES + 512)[2 * sp + ((t >> 1) ^ hf)];
+                                xs + min(8 * nn + 2 * t + c, NT - 1) * XCOL + 128 * SG)[2 * sp + ((t >> 1) ^ hf)];
             }
             // the m tiles, compiled twice: SC says some column of the span is scaled (its x split from x 2^-16, C
             // times D unscale: 4 MT FMUL); the usual span has none (a warp-uniform branch)
@@ -655,7 +662,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 #pragma unroll
                 for (int nn = 0; nn < NN; ++nn) {
                     const uint4 h = *reinterpret_cast<const uint4*>(xsp + xcol[nn]);
-                    const uint4 l = *reinterpret_cast<const uint4*>(xsp + xcol[nn] + 256);
+                    const uint4 l = *reinterpret_cast<const uint4*>(xsp + xcol[nn] + 64 * SG);
                     bh[nn][0][0] = h.x, bh[nn][0][1] = h.y, bh[nn][1][0] = h.z, bh[nn][1][1] = h.w;
                     bl[nn][0][0] = l.x, bl[nn][0][1] = l.y, bl[nn][1][0] = l.z, bl[nn][1][1] = l.w;
                 }
@@ -722,7 +729,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
             float xsb[NN][4];
 #pragma unroll
             for (int nn = 0; nn < NN; ++nn) {
-                const float* X = reinterpret_cast<const float*>(xs + xcol[nn] + 512);
+                const float* X = reinterpret_cast<const float*>(xs + xcol[nn] + 128 * SG);
                 const float2 lo = *reinterpret_cast<const float2*>(X + 2 * t);
                 const float2 hi = *reinterpret_cast<const float2*>(X + 2 * t + 8);
                 xsb[nn][0] = lo.x, xsb[nn][1] = lo.y, xsb[nn][2] = hi.x, xsb[nn][3] = hi.y;

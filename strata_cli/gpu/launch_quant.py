@@ -44,7 +44,6 @@ _raised_smem: set = set()
 QTC_WARPS = 4
 QTC_MT4_BYTES = 8192
 QTC_RING_BYTES = 12288
-QTC_XCOL_BYTES = 576  # a window column's x split of half a step (hi, lo, the 16-sums)
 QTC_TARGET_WARPS = 2048
 # The decode-free probe (kernels/gemv_quant.cu QTC_PROBE: the same grids and rings decoding nothing, wrong sums): the
 # defines bench/quant_gemv_bench.py --probe puts into every qtc_* module while it times its probe rows, to show how
@@ -129,10 +128,11 @@ def qtc_mt(ggml_type: int, T: int) -> int:
 
 def qtc_smem_bytes(ggml_type: int, T: int) -> int:
     """Dynamic shared memory of a qtc_* block: per warp, a ring of qtc_nstage stages of 16 qtc_mt row units, each unit
-    QCHUNKS 16-byte chunks, and the x split of half a step (QTC_XCOL_BYTES a column of the window bucket, 16 bytes of
-    span masks): qtc_smem_bytes(NT) in the kernel."""
+    QCHUNKS 16-byte chunks, and the x split of 8 spans (a step) at T <= 2, else 4 (64 + 128 bytes a span and column of
+    the window bucket, 32 bytes of span masks): qtc_smem_bytes(NT) in the kernel."""
     stage = 16 * qtc_mt(ggml_type, T) * 16 * _qtc_chunks(ggml_type)
-    xsplit = U.nt_bucket(T) * QTC_XCOL_BYTES + 16
+    nt = U.nt_bucket(T)
+    xsplit = nt * ((8 if nt <= 2 else 4) * 128 + 64) + 32
     return QTC_WARPS * (min(4, max(2, QTC_RING_BYTES // stage)) * stage + xsplit)
 
 
