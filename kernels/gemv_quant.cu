@@ -330,6 +330,16 @@ QGEMV_KERNELS(16)
 // a weight, about half of what the exact f16 split of x (~70 a span) and the per-unit decode (~36 a 16-row unit and
 // span) cost today. --probe (QTC_PROBE: the same grids and rings decoding nothing) keeps showing the streaming's
 // share of each launch.
+//   Then (same counting, per step of the unscaled path, the span's vote or mask load included; 2026-12-02 xsplit):
+//   at T <= 2 (qtc_xs) the x split is done once per warp and step into shared memory (lane 4 sp + t splits span sp,
+//   group t of each live column: one pass at T = 1 where every lane used to split all 8 columns, 7 of them empty,
+//   in every span) and the spans load ready B words; Q2_K's crumb masks come from constant memory (ptxas had
+//   rematerialized a mask register for every field). Q2_K gate/up T = 1 ~1875 -> ~1336 instructions a step (0.229
+//   -> 0.163 a weight, 118 -> 106 registers), Q4_0 down T = 1 ~1413 -> ~1138 (0.172 -> 0.139, 121 -> 114). T >= 4
+//   keeps the split in registers (a pass per live column there costs ~100 where a span splits all 8 at ~36, and a
+//   step's copy would cost T = 8 its third block an SM): Q2_K gate/up T = 8 ~2670 a step of 16 K weights (0.163),
+//   Q4_0 down ~1385 (0.169), as before. What is left at T = 1 is the per-unit decode (~33 a 16-row unit and span)
+//   and ~450 a step outside the spans (the copies' issue, the step's mins MMA, unit addresses, the split).
 // Shape legend (NT window bucket, NN = 1 column tile of 8 entries, 2 for NT = 16; lane = 4 g + t):
 //   grid (ceil(n_out / (ROWS * QTC_WARPS / ksplit)), J groups), block QTC_WARPS * 32; group u = blockIdx.y holds
 //   up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and writes y row
@@ -363,7 +373,20 @@ constexpr int qtc_nstage(int nt) {
            : QTC_RING_BYTES / (qtc_stage_int4(nt) * 16) > 4 ? 4
                                                             : QTC_RING_BYTES / (qtc_stage_int4(nt) * 16);
 }
-constexpr int qtc_smem_bytes(int nt) { return QTC_WARPS * qtc_nstage(nt) * qtc_stage_int4(nt) * 16; }
+// The x split of a step, once per warp (after the QTC_WARPS rings) where the window bucket has <= 2 columns (T <= 2:
+// one pass of all 32 lanes per live column). With more columns the spans split their x in registers as before: a
+// pass per column costs ~100 instructions where a span's split of all 8 columns at once costs ~36 (SASS), so the
+// split in shared memory wins only below ~3 live columns, and a step's copy (1 KB a column) would cost the T = 8
+// launches their third block an SM. For each of the bucket's NT columns c (QTC_XCOL_BYTES each): hi [8 spans][4
+// groups] as uint4 (a lane's B words of k tiles 0, 1), lo the same at +512, the step's 16-element sums X[16] at
+// +1024 (the mins' types); then one u32 a span: the bit set of its scaled columns. (1088 = 8.5 x 128 bytes: columns g
+// and g + 1 of one LDS.128 phase fall in different banks.)
+constexpr bool qtc_xs(int nt) { return nt <= 2; }
+#define QTC_XCOL_BYTES 1088
+constexpr int qtc_xs_bytes(int nt) { return qtc_xs(nt) ? nt * QTC_XCOL_BYTES + 32 : 0; }
+constexpr int qtc_smem_bytes(int nt) {
+    return QTC_WARPS * (qtc_nstage(nt) * qtc_stage_int4(nt) * 16 + qtc_xs_bytes(nt));
+}
 #ifndef QTC_PROBE  // bench/quant_gemv_bench.py --probe: stream the weights, decode nothing (launch_quant.PROBE_DEFINES)
 #define QTC_PROBE 0
 #endif
@@ -494,12 +517,67 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
     constexpr bool STEP_MINS = QTcStepMins<QTYPE>::v && QB::qk == QSTEP, SPAN_MINS = QHasMin<QTYPE>::v && !STEP_MINS;
     static_assert(!(SPLIT16 && QHasMin<QTYPE>::v), "the mins' x sums assume a lane's 8 elements in one half");
     constexpr bool STEP_D = QTcStepD<QTYPE>::v && QB::qk == QSTEP;
-    const float* xrow[NN];
+    // This warp's x split (XS; qtc_xs_bytes): column c's B words of span sp, group t at xs + c XCOL + 64 sp + 16 t. A B column past nt reads column NT - 1's (or stale) words: the MMA keeps columns apart, and those C
+    // columns are never stored; the span masks hold live columns only.
+    u8* xs = reinterpret_cast<u8*>(qtc_ring + QTC_WARPS * NS * STAGE) + warp * qtc_xs_bytes(NT);
+    constexpr bool XS = qtc_xs(NT);
+    constexpr int XCOL = QTC_XCOL_BYTES;
+    const float* xrow[NN];  // !XS: B column g of column tile nn: entry 8 nn + g's x row, from this lane's first element
 #pragma unroll
     for (int nn = 0; nn < NN; ++nn) {
         const int n = nn * 8 + g;
-        xrow[nn] = n < nt ? x + (i64)pick(xr, n) * n_in + (SPLIT16 ? 4 : 8) * t : nullptr;
+        xrow[nn] = !XS && n < nt ? x + (i64)pick(xr, n) * n_in + (SPLIT16 ? 4 : 8) * t : nullptr;
     }
+    const u32* xs_mask = reinterpret_cast<const u32*>(xs + NT * XCOL);
+    int xcol[NN];  // B column g of tile nn: its column's offset
+#pragma unroll
+    for (int nn = 0; nn < NN; ++nn) xcol[nn] = min(8 * nn + g, NT - 1) * XCOL;
+    // Step s's x split (XS), once per warp instead of once per span in every lane for all 8 columns (~36
+    // instructions a span, 7/8 of them for empty columns at T = 1): lane L = 4 sp + t splits group t of span sp of
+    // each live column (the group qtc_frag's lane t pairs with: SPLIT16's float4 at 4t and 16 + 4t), the column
+    // scale per (column, span) as column_scales had it (any of the span's 4 lanes reaches 2^15; the x 2^-16 only in
+    // a pass with a scaled column), and the mins' 16-sums.
+    auto split_x = [&](int s, int n_sp) {
+        const int sp = g;
+        u32 cm = 0u;
+#pragma unroll
+        for (int c = 0; c < NT; ++c) {
+            if (c >= nt) break;  // block-uniform
+            float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q = p;
+            if (sp < n_sp) {  // (n_in is a multiple of 32: a span is whole or past the row)
+                const float4* xp = reinterpret_cast<const float4*>(x + (i64)xr[c] * n_in + s * QSTEP + sp * 32 +
+                                                                   (SPLIT16 ? 4 : 8) * t);
+                p = __ldg(xp);
+                q = __ldg(xp + (SPLIT16 ? 4 : 1));
+            }
+            float xv[1][8] = {{p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w}};
+            const float mx = fmaxf(fmaxf(fmaxf(fabsf(p.x), fabsf(p.y)), fmaxf(fabsf(p.z), fabsf(p.w))),
+                                   fmaxf(fmaxf(fabsf(q.x), fabsf(q.y)), fmaxf(fabsf(q.z), fabsf(q.w))));
+            int b = mx >= QTC_BIG ? 1 : 0;  // (fmaxf drops a NaN x: its products are NaN on either path)
+            b |= __shfl_xor_sync(FULL_MASK, b, 1);
+            b |= __shfl_xor_sync(FULL_MASK, b, 2);
+            u32 bh[1][2][2], bl[1][2][2];
+            if (__any_sync(FULL_MASK, b)) {  // (warp-uniform: the usual pass has no scaled column)
+                const bool sc[1] = {b != 0};
+                split_b_frags<1, QTcFrag<QTYPE>::interleaved>(xv, sc, bh, bl);
+            } else {
+                const bool sc[1] = {false};
+                split_b_frags<1, QTcFrag<QTYPE>::interleaved>(xv, sc, bh, bl);
+            }
+            float s8 = 0.0f;
+            if (QHasMin<QTYPE>::v) {  // X[2 sp + t / 2]: the sum of elements 16 (2 sp + t / 2) .. +15 of the step
+                s8 = ((p.x + p.y) + (p.z + p.w)) + ((q.x + q.y) + (q.z + q.w));
+                s8 += __shfl_xor_sync(FULL_MASK, s8, 1);
+            }
+            u8* col = xs + c * XCOL;
+            *reinterpret_cast<uint4*>(col + 16 * lane) = make_uint4(bh[0][0][0], bh[0][0][1], bh[0][1][0], bh[0][1][1]);
+            *reinterpret_cast<uint4*>(col + 512 + 16 * lane) =
+                make_uint4(bl[0][0][0], bl[0][0][1], bl[0][1][0], bl[0][1][1]);
+            if (QHasMin<QTYPE>::v && (t & 1) == 0) reinterpret_cast<float*>(col + 1024)[2 * sp + (t >> 1)] = s8;
+            cm |= (u32)b << c;
+        }
+        if (t == 0) reinterpret_cast<u32*>(xs + NT * XCOL)[sp] = cm;
+    };
 
     // All NS slots are filled before the first wait, so a warp's whole slice is in flight at once where it has at
     // most NS steps (T = 1: Q2_K gate/up 2-3 steps a warp in 3 slots, Q4_0 down 1-2 in 2; a ring filled NS - 1 deep
@@ -517,6 +595,8 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         __syncwarp();                  // ... and every lane's; every lane is also done reading step j - 1's slot
         if (j > 0) issue(j - 1 + NS);  // into the slot step j - 1 used
         const int s = kslice + j * ksplit;
+        // (n_in is a multiple of 32, the block's; QTC_PROBE decodes nothing: launch_quant.PROBE_DEFINES)
+        const int n_sp = QTC_PROBE ? 0 : min(QSTEP, n_in - s * QSTEP) / 32;
         const int4* slot = ring + (j % NS) * STAGE;
         const u8* ub[MT][2];  // this lane's units (rows g, g + 8 of each m tile) in the slot
         // An even block size makes the row stride even, so a lane's units (rows g + 8 j of one matrix) all have
@@ -547,17 +627,21 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) Ds[mt][h] = STEP_D ? qtc_step_d<QTYPE>(ub[mt][h]) : 0.0f;
-        // (n_in is a multiple of 32, the block's; QTC_PROBE decodes nothing: launch_quant.PROBE_DEFINES)
-        const int n_sp = QTC_PROBE ? 0 : min(QSTEP, n_in - s * QSTEP) / 32;
-        // STEP_MINS: the sub-block sums X_{2t}, X_{2t+1}, X_{2t+8}, X_{2t+9} of column g (B of the step's mins MMA)
-        float xsb[NN][4];
-#pragma unroll
-        for (int nn = 0; nn < NN; ++nn) xsb[nn][0] = xsb[nn][1] = xsb[nn][2] = xsb[nn][3] = 0.0f;
         // The spans 4 at a time where a warp holds 2 m tiles and one column tile (with 4 m tiles the unrolled spans
         // spill): sp = sp0 + i with sp0 a multiple of 4 and i compile-time, so a span's crumb plane (sp % 4), its
         // scale constants and offsets fold into immediates, and the four spans' independent decode + MMA chains
         // interleave (the T <= 2 launches are latency-bound: 12-16 warps an SM)
         constexpr int SPAN_UNROLL = MT == 2 && NN == 1 ? 4 : 1;
+        if (XS && n_sp > 0) {
+            __syncwarp();  // (the one above: every lane is also done with step j - 1's split and mins)
+            split_x(s, n_sp);
+            __syncwarp();
+        }
+        // STEP_MINS without XS: the sub-block sums X_{2t}, X_{2t+1}, X_{2t+8}, X_{2t+9} of column g (B of the step's
+        // mins MMA), gathered over the spans
+        float xsb[NN][4];
+#pragma unroll
+        for (int nn = 0; nn < NN; ++nn) xsb[nn][0] = xsb[nn][1] = xsb[nn][2] = xsb[nn][3] = 0.0f;
 #pragma unroll 1
         for (int sp0 = 0; sp0 < n_sp; sp0 += SPAN_UNROLL)
 #pragma unroll
@@ -566,42 +650,52 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
             if (sp >= n_sp) break;  // warp-uniform: the partial last step
             const int el = sp * 32 + 8 * t;  // this lane's group in the step
             const int blk = el / QB::qk, gi = el % QB::qk / 8;
+            const u8* xsp = xs + 64 * sp + 16 * t;       // XS: this lane's B words of span sp in column 0
+            const u32 cmask = XS ? xs_mask[sp] : 0u;      // XS: the span's scaled columns (one word for all lanes)
+            // !XS: this lane's 8 x of column g of each column tile, and whether they reach 2^15
             float xv[NN][8];
             bool big[NN];
+            if constexpr (!XS) {
 #pragma unroll
-            for (int nn = 0; nn < NN; ++nn) {
-                float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q = p;
-                if (xrow[nn]) {
-                    const float4* xp = reinterpret_cast<const float4*>(xrow[nn] + s * QSTEP + sp * 32);
-                    p = __ldg(xp);
-                    q = __ldg(xp + (SPLIT16 ? 4 : 1));  // the lane's elements 4 .. 7 (split16: 16 + 4t ..)
+                for (int nn = 0; nn < NN; ++nn) {
+                    float4 p = make_float4(0.0f, 0.0f, 0.0f, 0.0f), q = p;
+                    if (xrow[nn]) {
+                        const float4* xp = reinterpret_cast<const float4*>(xrow[nn] + s * QSTEP + sp * 32);
+                        p = __ldg(xp);
+                        q = __ldg(xp + (SPLIT16 ? 4 : 1));  // the lane's elements 4 .. 7 (split16: 16 + 4t ..)
+                    }
+                    xv[nn][0] = p.x; xv[nn][1] = p.y; xv[nn][2] = p.z; xv[nn][3] = p.w;
+                    xv[nn][4] = q.x; xv[nn][5] = q.y; xv[nn][6] = q.z; xv[nn][7] = q.w;
+                    const float mx = fmaxf(fmaxf(fmaxf(fabsf(xv[nn][0]), fabsf(xv[nn][1])),
+                                                 fmaxf(fabsf(xv[nn][2]), fabsf(xv[nn][3]))),
+                                           fmaxf(fmaxf(fabsf(xv[nn][4]), fabsf(xv[nn][5])),
+                                                 fmaxf(fabsf(xv[nn][6]), fabsf(xv[nn][7]))));
+                    big[nn] = mx >= QTC_BIG;  // (fmaxf drops a NaN x: its products are NaN on either path)
                 }
-                xv[nn][0] = p.x; xv[nn][1] = p.y; xv[nn][2] = p.z; xv[nn][3] = p.w;
-                xv[nn][4] = q.x; xv[nn][5] = q.y; xv[nn][6] = q.z; xv[nn][7] = q.w;
-                const float mx = fmaxf(fmaxf(fmaxf(fabsf(xv[nn][0]), fabsf(xv[nn][1])),
-                                             fmaxf(fabsf(xv[nn][2]), fabsf(xv[nn][3]))),
-                                       fmaxf(fmaxf(fabsf(xv[nn][4]), fabsf(xv[nn][5])),
-                                             fmaxf(fabsf(xv[nn][6]), fabsf(xv[nn][7]))));
-                big[nn] = mx >= QTC_BIG;  // (fmaxf drops a NaN x: its products are NaN on either path)
             }
             // the x sums of the span's halves (elements 0..15, 16..31) for C's entries 2t, 2t+1 (the mins' term):
             // sx[nn][0] the half of this lane's own groups (t / 2), sx[nn][1] the other half (lane t ^ 2's), so
-            // that each row's own min and its partner's need no select (the source lane picks the half)
+            // that each row's own min and its partner's need no select
             float sx[NN][2][2];
             if (SPAN_MINS) {
 #pragma unroll
                 for (int nn = 0; nn < NN; ++nn) {
-                    float s8 = ((xv[nn][0] + xv[nn][1]) + (xv[nn][2] + xv[nn][3])) +
-                               ((xv[nn][4] + xv[nn][5]) + (xv[nn][6] + xv[nn][7]));
-                    s8 += __shfl_xor_sync(FULL_MASK, s8, 1);  // lanes t = 0, 1: half 0 of entry g; 2, 3: half 1
+                    float s8 = 0.0f;
+                    if constexpr (!XS) {
+                        s8 = ((xv[nn][0] + xv[nn][1]) + (xv[nn][2] + xv[nn][3])) +
+                             ((xv[nn][4] + xv[nn][5]) + (xv[nn][6] + xv[nn][7]));
+                        s8 += __shfl_xor_sync(FULL_MASK, s8, 1);  // lanes t = 0, 1: half 0 of entry g; 2, 3: half 1
+                    }
 #pragma unroll
                     for (int c = 0; c < 2; ++c)
 #pragma unroll
                         for (int hf = 0; hf < 2; ++hf)
-                            sx[nn][hf][c] = __shfl_sync(FULL_MASK, s8, 4 * (2 * t + c) + 2 * ((t >> 1) ^ hf));
+                            sx[nn][hf][c] = XS ? reinterpret_cast<const float*>(
+                                                     xs + min(8 * nn + 2 * t + c, NT - 1) * XCOL + 1024)[2 * sp + ((t >> 1) ^ hf)]
+                                               : __shfl_sync(FULL_MASK, s8, 4 * (2 * t + c) + 2 * ((t >> 1) ^ hf));
                 }
             }
-            if (STEP_MINS) {  // lanes t = 0, 1 of column g sum sub-block 2 sp, lanes 2, 3 sub-block 2 sp + 1
+            if (STEP_MINS && !XS) {  // lanes t = 0, 1 of column g sum sub-block 2 sp, lanes 2, 3 sub-block 2 sp + 1
 #pragma unroll
                 for (int nn = 0; nn < NN; ++nn) {
                     float s8 = ((xv[nn][0] + xv[nn][1]) + (xv[nn][2] + xv[nn][3])) +
@@ -617,18 +711,31 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                     xsb[nn][3] = mine && !first ? v1 : xsb[nn][3];
                 }
             }
-            // the B split and the m tiles, compiled twice: SC says some column of the warp is scaled (x times 2^-16,
-            // C times D unscale: 8 + 4 MT FMUL); the usual span has none (a warp-uniform branch), and needs no
-            // column scales either (their 4 shuffles a span are in the scaled branch only)
+            // the B words and the m tiles, compiled twice: SC says some column of the span is scaled (its x split
+            // from x 2^-16, C times D unscale: 4 MT FMUL); the usual span has none (a warp-uniform branch), and
+            // (!XS) needs no column scales either (their 4 shuffles a span are in the scaled branch only)
             auto mtiles = [&](auto sc_tag) {
                 constexpr bool SC = decltype(sc_tag)::v;
-                bool sc_cols[NN];
                 float unscale[NN][2];  // per B column, so one entry's size costs the others no precision
-#pragma unroll
-                for (int nn = 0; nn < NN; ++nn) sc_cols[nn] = false, unscale[nn][0] = unscale[nn][1] = 1.0f;
-                if constexpr (SC) column_scales<NN>(big, sc_cols, unscale);
                 u32 bh[NN][2][2], bl[NN][2][2];  // [column tile][k tile][b0 / b1]
-                split_b_frags<NN, QTcFrag<QTYPE>::interleaved>(xv, sc_cols, bh, bl);
+                if constexpr (XS) {
+#pragma unroll
+                    for (int nn = 0; nn < NN; ++nn) {
+#pragma unroll
+                        for (int c = 0; c < 2; ++c)
+                            unscale[nn][c] = SC && (cmask >> (8 * nn + 2 * t + c)) & 1u ? 65536.0f : 1.0f;
+                        const uint4 h = *reinterpret_cast<const uint4*>(xsp + xcol[nn]);
+                        const uint4 l = *reinterpret_cast<const uint4*>(xsp + xcol[nn] + 512);
+                        bh[nn][0][0] = h.x, bh[nn][0][1] = h.y, bh[nn][1][0] = h.z, bh[nn][1][1] = h.w;
+                        bl[nn][0][0] = l.x, bl[nn][0][1] = l.y, bl[nn][1][0] = l.z, bl[nn][1][1] = l.w;
+                    }
+                } else {
+                    bool sc_cols[NN];
+#pragma unroll
+                    for (int nn = 0; nn < NN; ++nn) sc_cols[nn] = false, unscale[nn][0] = unscale[nn][1] = 1.0f;
+                    if constexpr (SC) column_scales<NN>(big, sc_cols, unscale);
+                    split_b_frags<NN, QTcFrag<QTYPE>::interleaved>(xv, sc_cols, bh, bl);
+                }
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt) {
                 u32 A[2][4], L[2][4];
@@ -674,10 +781,13 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                 }
             }
             };
-            bool any_big = false;
+            bool any_big = cmask != 0u;
+            if constexpr (!XS) {
 #pragma unroll
-            for (int nn = 0; nn < NN; ++nn) any_big |= big[nn];
-            if (__any_sync(FULL_MASK, any_big))
+                for (int nn = 0; nn < NN; ++nn) any_big |= big[nn];
+                any_big = __any_sync(FULL_MASK, any_big);
+            }
+            if (any_big)
                 mtiles(QBool<true>{});
             else
                 mtiles(QBool<false>{});
@@ -690,6 +800,15 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
             // of 16 is up to 16 times x's range: 2^-20 keeps the f16 range of x's 2^-16 for every x below 2^32)
             bool bigx[NN], scx[NN];
             float unx[NN][2];
+            if constexpr (XS) {  // the sub-block sums X_{2t}, X_{2t+1}, X_{2t+8}, X_{2t+9} of column g from the split
+#pragma unroll
+                for (int nn = 0; nn < NN; ++nn) {
+                    const float* X = reinterpret_cast<const float*>(xs + xcol[nn] + 1024);
+                    const float2 lo = *reinterpret_cast<const float2*>(X + 2 * t);
+                    const float2 hi = *reinterpret_cast<const float2*>(X + 2 * t + 8);
+                    xsb[nn][0] = lo.x, xsb[nn][1] = lo.y, xsb[nn][2] = hi.x, xsb[nn][3] = hi.y;
+                }
+            }
 #pragma unroll
             for (int nn = 0; nn < NN; ++nn)
                 bigx[nn] = fmaxf(fmaxf(fabsf(xsb[nn][0]), fabsf(xsb[nn][1])),

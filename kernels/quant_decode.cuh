@@ -841,6 +841,15 @@ template <> struct QTcStepD<T_Q2_K> { static constexpr bool v = true; };
 template <int TYPE> __device__ __forceinline__ float qtc_step_d(const u8* __restrict__ b) { return 0.0f; }
 template <> __device__ __forceinline__ float qtc_step_d<T_Q2_K>(const u8* b) { return pf16<QAL(T_Q2_K, 16)>(b + 80); }
 
+// The crumb plane masks of Q2_K's qtc_frag in constant memory: LOP3 takes one of them as a constant-bank operand and
+// the 0x6400 exponent from a register, one instruction a field, where two immediates made ptxas rematerialize the
+// mask into a register for every field (one IMAD.MOV more each)
+#ifndef QUANT_DECODE_HOST
+__constant__ u32 qtc_crumb_masks[4] = {0x00030003u, 0x000c000cu, 0x00300030u, 0x00c000c0u};
+#else
+static const u32 qtc_crumb_masks[4] = {0x00030003u, 0x000c000cu, 0x00300030u, 0x00c000c0u};
+#endif
+
 // Q2_K: crumb q at bit 2k of its byte, times the 4-bit sub-block scale sc (qtc8's a = sc q); D = d, m = -dmin mn
 template <> __device__ __forceinline__ void qtc_frag<T_Q2_K>(const u8* b, int g, u32 (&A)[4], u32 (&L)[4], float& D,
                                                             float& m) {
@@ -852,7 +861,7 @@ template <> __device__ __forceinline__ void qtc_frag<T_Q2_K>(const u8* b, int g,
     // of a float scale rounded into two packed words (6 instructions); 4^-k and -1024 4^-k are per span (k = sp % 4)
     const u32 P = (u32)(15 - 2 * k) << 10, N = 0x8000u | ((u32)(25 - 2 * k) << 10);
     const u32 S = h2_fma((sc & 0xfu) * 0x00010001u + 0x64006400u, P * 0x00010001u, N * 0x00010001u);
-    qtc_fields(v.x, v.y, 0x00030003u << (2 * k), S, h2_fma(S, 0xe400e400u, 0x80008000u), A);
+    qtc_fields(v.x, v.y, qtc_crumb_masks[k], S, h2_fma(S, 0xe400e400u, 0x80008000u), A);
     const u32 dm = pl32<QAL(T_Q2_K, 16)>(b + 80);
     D = f16_bits_to_float((u16)(dm & 0xffffu));
     // m = -dmin mn with the sign in the exact (2^23 - (2^23 + mn)): a free operand negation, no FADD for -product

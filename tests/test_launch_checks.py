@@ -127,28 +127,31 @@ def test_window_paths_are_chosen_by_window_size():
 
 def test_tensor_core_expert_launch_geometry():
     """launch_quant's mirrors of kernels/gemv_quant.cu's QTC_* geometry (qtc_mt, qtc_nstage, qtc_smem_bytes by window
-    bucket): the shared memory of a block (4 warps x 2-4 stages of 16 qtc_mt staged row units) stays within an H200
-    SM's 227 KB and fits 3+ blocks; 2 m tiles a warp at T <= 2, 4 from T = 4 for the <= 3.5-bit types; ksplit fills
+    bucket): the shared memory of a block (4 warps x 2-4 stages of 16 qtc_mt staged row units, and at T <= 2 each
+    warp's x split of a step) stays within an H200 SM's 227 KB and fits 3+ blocks; 2 m tiles a warp at T <= 2, 4 from T = 4 for the <= 3.5-bit types; ksplit fills
     ~2048 warps on Flash-Next's expert shapes without leaving a warp without a step."""
     from strata_cli.gpu import launch_quant as L
 
     for t in L.TYPES:
         for T in (1, 2, 4, 8, 16):
             stage = 16 * 16 * L.qtc_mt(t, T) * ((U.row_stride(t, 256) + 30) // 16)
-            assert L.qtc_smem_bytes(t, T) % stage == 0 and 2 <= L.qtc_smem_bytes(t, T) // (L.QTC_WARPS * stage) <= 4
+            ring = L.qtc_smem_bytes(t, T) - L.QTC_WARPS * L.qtc_xsplit_bytes(T)
+            assert ring % stage == 0 and 2 <= ring // (L.QTC_WARPS * stage) <= 4
             assert 3 * L.qtc_smem_bytes(t, T) <= 227 * 1024
             assert (16 * L.qtc_mt(t, T) * ((U.row_stride(t, 256) + 30) // 16)) % 32 == 0  # NCH chunks every lane
     assert [L.qtc_mt(t, 8) for t in (quants.Q2_K, quants.IQ2_XS, quants.Q4_0, quants.Q6_K)] == [4, 4, 2, 2]
     assert [L.qtc_mt(quants.Q2_K, T) for T in (1, 2, 3, 4, 16)] == [2, 2, 4, 4, 4]
     assert L.qtc_smem_bytes(quants.Q2_K, 8) == 4 * 2 * 64 * 7 * 16  # 84-byte steps: 7 chunks, 64 rows, 2 stages
-    assert L.qtc_smem_bytes(quants.Q2_K, 1) == 4 * 3 * 32 * 7 * 16  # 32 rows: 3 stages of 3.5 KB in 12 KB
-    assert L.qtc_smem_bytes(quants.Q4_0, 1) == 4 * 2 * 32 * 10 * 16  # 144-byte steps: 10 chunks, 32 rows
+    xs1 = 4 * (1088 + 32)  # T = 1: each warp's x split of a step, one column
+    assert [L.qtc_xsplit_bytes(T) for T in (1, 2, 3, 8, 16)] == [1088 + 32, 2 * 1088 + 32, 0, 0, 0]
+    assert L.qtc_smem_bytes(quants.Q2_K, 1) == 4 * 3 * 32 * 7 * 16 + xs1  # 32 rows: 3 stages of 3.5 KB in 12 KB
+    assert L.qtc_smem_bytes(quants.Q4_0, 1) == 4 * 2 * 32 * 10 * 16 + xs1  # 144-byte steps: 10 chunks, 32 rows
     assert L.qtc_split(40 * 10, 2560) == 4  # T = 1 gate/up Q2_K: 10 experts x 40 sets of 16 rows each, 10 steps
     assert L.qtc_split(80 * 10, 640) == 2  # T = 1 down Q4_0: 80 sets of 32 rows, 2.5 steps
     assert L.qtc_split(20 * 80, 2560) == 2  # T = 8 gate/up: 80 groups (1600 sets)
     assert L.qtc_split(80 * 80, 640) == 1  # T = 8 down
     assert L.qtc_split(1, 256) == 1
-    assert L.qtc_grid(quants.Q2_K, True, 640, 10, 2560, 1) == ((40, 10, 1), 4, 4 * 3 * 32 * 7 * 16)
+    assert L.qtc_grid(quants.Q2_K, True, 640, 10, 2560, 1) == ((40, 10, 1), 4, 4 * 3 * 32 * 7 * 16 + xs1)
     assert L.qtc_grid(quants.Q2_K, True, 640, 80, 2560, 8) == ((10, 80, 1), 2, 4 * 2 * 64 * 7 * 16)
     assert L.qtc_defines == () and L.PROBE_DEFINES == ("QTC_PROBE=1",)
 

@@ -126,11 +126,19 @@ def qtc_mt(ggml_type: int, T: int) -> int:
     return 4 if 64 * _qtc_chunks(ggml_type) * 16 <= QTC_MT4_BYTES else 2
 
 
+def qtc_xsplit_bytes(T: int) -> int:
+    """Shared memory of one warp's x split of a step (qtc_xs_bytes(NT) in the kernel): at T <= 2 (window bucket NT)
+    NT columns of 1088 bytes (hi and lo B words of 8 spans, the 16-element sums) and 32 bytes of span masks; none
+    from T = 3 on (the spans split x in registers there)."""
+    nt = U.nt_bucket(T)
+    return nt * 1088 + 32 if nt <= 2 else 0
+
+
 def qtc_smem_bytes(ggml_type: int, T: int) -> int:
-    """Dynamic shared memory of a qtc_* block: QTC_WARPS rings of qtc_nstage stages of 16 qtc_mt row units, each unit
-    QCHUNKS 16-byte chunks (qtc_smem_bytes(NT) in the kernel)."""
+    """Dynamic shared memory of a qtc_* block: per warp, a ring of qtc_nstage stages of 16 qtc_mt row units, each unit
+    QCHUNKS 16-byte chunks, and its x split (qtc_xsplit_bytes): qtc_smem_bytes(NT) in the kernel."""
     stage = 16 * qtc_mt(ggml_type, T) * 16 * _qtc_chunks(ggml_type)
-    return QTC_WARPS * min(4, max(2, QTC_RING_BYTES // stage)) * stage
+    return QTC_WARPS * (min(4, max(2, QTC_RING_BYTES // stage)) * stage + qtc_xsplit_bytes(T))
 
 
 def qtc_split(n_sets: int, n_in: int) -> int:
