@@ -24,9 +24,9 @@
 #   gemv         bench/quant_gemv_bench.py (routed-expert GEMVs per type and T), each type in its own process (a
 #                kernel fault of one type then leaves the others' rows); each type's whole output (tracebacks) in
 #                gemv-TYPE.txt
-#   gemv-ab      bench/quant_gemv_bench.py --probe --q8r-ab: Q2_K, Q4_0, Q8_0 as the engine holds them, each with its
-#                A/B rows (the block types' decode-free probe, Q8_0's old grouped-GEMV ring), every variant checked
-#                against numpy before it is timed, and the dense Q8_0 rows; whole output in gemv-ab.txt
+#   gemv-ab      bench/quant_gemv_bench.py --probe: Q2_K, Q4_0, Q8_0 as the engine holds them, the block types with
+#                their decode-free probe rows, every variant checked against numpy before it is timed, and the dense
+#                Q8_0 rows; whole output in gemv-ab.txt
 #   tiers        bench/tiers_device.sh on the full-size file (PCIe shares 0 / 0.5 / 1 / auto, --split, at cache 0)
 #   window       bench/window_device.sh on the full-size file (window paths by T, nodes per layer, T = 1..16)
 #   cache        bench/cache_policy.sh on the full-size file (issue 20: profile, held-out trace, cache-sim, policies)
@@ -139,7 +139,7 @@ for arg in "$@"; do
         gemv) run_step gemv "$limit" bash -c 'for t in ${GEMV_TYPES:-Q8_0 Q4_0 Q2_K Q4_K Q6_K IQ2_XS IQ4_XS MXFP4}; do
             python3 bench/quant_gemv_bench.py --jobs "$(nproc)" --types $t '"${GEMV_ARGS:-}"' > "'"$OUT"'/gemv-$t.txt" 2>&1
             grep -vE "^#|^type" "'"$OUT"'/gemv-$t.txt" | grep -E "^[A-Z0-9_]+ |Error" | head -12; done';;
-        gemv-ab) run_step gemv-ab "$limit" bash -c 'python3 bench/quant_gemv_bench.py --probe --q8r-ab --jobs "$(nproc)" '"${GEMV_ARGS:-}"' \
+        gemv-ab) run_step gemv-ab "$limit" bash -c 'python3 bench/quant_gemv_bench.py --probe --jobs "$(nproc)" '"${GEMV_ARGS:-}"' \
             > "'"$OUT"'/gemv-ab.txt" 2>&1; rc=$?; grep -vE "^\{" "'"$OUT"'/gemv-ab.txt" | tail -80; exit $rc';;
         ids=*) f=${name#ids=}; run_step "ids-$(basename "$f" .txt)" "$limit" bash -c "STRATA_REQUIRE_GPU=1 python3 -m pytest \
             -v -n 12 -m gpu -p no:cacheprovider --tb=short -rfE --timeout \${TEST_TIMEOUT:-150} \$(cat $f) 2>&1 \

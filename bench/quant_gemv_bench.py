@@ -2,7 +2,7 @@
 [640 x 2560] and down [2560 x 640], top-10), T = 1, 2, 4, 8 window rows, against a measured device-to-device copy.
 
     python3 bench/quant_gemv_bench.py [--types Q4_K,IQ2_XS,...] [--window T ...] [--launches N] [--jobs J]
-                                      [--probe] [--q8r-ab]
+                                      [--probe]
 
 Each type's experts are what the GPU engine runs: Q8_0 experts are repacked to Q8_0_R32 at load time
 (engine/gpu/weights.py), so the Q8_0 rows time kernels/gemv_q8r.cu's grouped GEMVs (path "q8r"); every other
@@ -23,11 +23,8 @@ copy of 2 GB reaches counting the bytes read and written (the bandwidth a stream
 The grouped expert GEMVs of the block types have one path, the tensor-core qtc_* kernels (the row's "path": tc).
 --probe adds, per block type, the same rows under launch_quant.PROBE_DEFINES (variant "probe": the qtc_* grids and
 stage rings streaming the weights and decoding nothing; rel_err ~1 by design): probe / full time is the share of a
-launch the decode takes. --q8r-ab adds the Q8_0 rows of the grouped Q8_0_R32 kernels before this version (variant
-"old": gemv_q8r.cu's Q8R_EXPERT_INFLIGHT=2 and the CUDA-core gemv_expert_q8r_t* at every T), the A/B that decides
-whether the 4-block ring at T = 1 and the tensor-core gemv_expert_q8r_tc_t* from T = 4 (launch_util.WINDOW_PATHS)
-stay.
-Default types then Q2_K,Q4_0,Q8_0 with --probe or --q8r-ab.
+launch the decode takes.
+Default types then Q2_K,Q4_0,Q8_0 with --probe.
 
 Dense rows (with Q8_0 in the types): the window's dense Q8_0 GEMVs as the engine holds them (Q8_0_R32, the path
 launch_util.window_path(T) picks: "q8r" or "q8r_tc") on Flash-Next's shapes (DENSE_SHAPES), each first checked on
@@ -80,7 +77,6 @@ AB_TYPES = "Q2_K,Q4_0,Q8_0"
 DENSE_SHAPES = {"gdn_qkvz": (16384, 2560), "gdn_out": (2560, 6144), "shexp_up": (640, 2560), "shexp_down": (2560, 640),
                 "hc_down": (352, 10240), "head": (248320, 2560)}
 DENSE_CHECK_ROWS = 64
-Q8R_OLD = ("Q8R_EXPERT_INFLIGHT=2",)  # --q8r-ab: the grouped Q8_0_R32 GEMVs' ring before 4 blocks at T = 1
 
 
 def copy_gbs() -> float:
@@ -287,16 +283,14 @@ def _compile(job: tuple[str, tuple[str, ...]]) -> float:
 
 
 def warm(types, variants, jobs: int) -> None:
-    """Compile the modules the bench launches (each variant's gemv_quant / gemv_q8r modules) in parallel processes
+    """Compile the modules the bench launches (each variant's gemv_quant modules, gemv_q8r) in parallel processes
     (CuPy's disk cache), before any timing."""
     mods = {("moe", ()), ("gemv_q8r", ())}
     for t in types:
         for dt in set(device_types(t)):
             if launch_quant.handles(dt):
                 mods |= {(launch_quant.module_name(dt), v.qtc) for v in variants if v.applies(t)}
-            elif dt == packed.Q8_0_R32:
-                mods |= {("gemv_q8r", v.q8r) for v in variants if v.applies(t)}
-            else:
+            elif dt != packed.Q8_0_R32:
                 mods.add((f"gemv.{U.TYPE_SUFFIX[dt]}", ()))
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(_compile, sorted(mods)))
@@ -304,16 +298,14 @@ def warm(types, variants, jobs: int) -> None:
 
 @dataclass(frozen=True)
 class Variant:
-    """A row set's kernels: the defines its qtc_* modules (block types) or gemv_q8r module (Q8_0) are compiled with;
-    "default" is what the engine runs."""
+    """A row set's kernels: the defines its qtc_* modules (block types) are compiled with; "default" is what the
+    engine runs (the only variant of Q8_0)."""
 
     label: str
     qtc: tuple = ()
-    q8r: tuple = ()
-    cuda_cores: bool = False  # the grouped Q8_0_R32 GEMVs on CUDA cores at every T (the window path's gemv_tc off)
 
     def applies(self, ggml_type: int) -> bool:
-        return self.label == "default" or bool(self.qtc if uses_quant_kernels(ggml_type) else self.q8r)
+        return self.label == "default" or (bool(self.qtc) and uses_quant_kernels(ggml_type))
 
 
 DEFAULT = Variant("default")
@@ -321,22 +313,13 @@ DEFAULT = Variant("default")
 
 @contextlib.contextmanager
 def variant_kernels(v: Variant):
-    """The launches inside take v's kernels: launch_quant.qtc_defines for the qtc_* kernels; for gemv_q8r's kernels
-    compile.kernel asked with v.q8r added (the launchers look kernels up through compile.kernel) and, with
-    cuda_cores, a window path without tensor cores (the routed launches time no dense GEMV)."""
-    kernel, qtc = nvrtc.kernel, launch_quant.qtc_defines
-
-    def q8r_kernel(module, function, defines=()):
-        return kernel(module, function, tuple(defines) + (v.q8r if module == "gemv_q8r" else ()))
-
+    """The launches inside take v's kernels (launch_quant.qtc_defines for the qtc_* kernels)."""
+    qtc = launch_quant.qtc_defines
     launch_quant.qtc_defines = v.qtc
-    if v.q8r:
-        nvrtc.kernel = q8r_kernel
     try:
-        with U.recording_path(U.WindowPath(gemv_tc=False)) if v.cuda_cores else contextlib.nullcontext():
-            yield
+        yield
     finally:
-        nvrtc.kernel, launch_quant.qtc_defines = kernel, qtc
+        launch_quant.qtc_defines = qtc
 
 
 def _row(t: int, path: str, variant: str, err: float, r: dict, copy: float) -> dict:
@@ -355,24 +338,21 @@ def _row(t: int, path: str, variant: str, err: float, r: dict, copy: float) -> d
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--types", default=None, help=f"default {DEFAULT_TYPES} ({AB_TYPES} with --probe / --q8r-ab)")
+    ap.add_argument("--types", default=None, help=f"default {DEFAULT_TYPES} ({AB_TYPES} with --probe)")
     ap.add_argument("--window", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--probe", action="store_true", help="block types: also the decode-free probe's rows")
-    ap.add_argument("--q8r-ab", action="store_true", help="Q8_0: also the rows of the grouped kernels before this "
-                                                          "version (ring of 2, CUDA cores at every T)")
     args = ap.parse_args()
     names = {Q.TYPE_NAMES[t]: t for t in Q.BLOCK_TYPES}
-    type_arg = args.types or (AB_TYPES if args.probe or args.q8r_ab else DEFAULT_TYPES)
+    type_arg = args.types or (AB_TYPES if args.probe else DEFAULT_TYPES)
     unknown = [n for n in type_arg.split(",") if n.strip() and n.strip().upper() not in names]
     if unknown:
         ap.error(f"--types: unknown {', '.join(unknown)}")
     if any(T < 1 or T > U.GEMV_MAXT for T in args.window):
         ap.error(f"--window: every T must be 1..{U.GEMV_MAXT}, got {args.window}")
     types = [names[n.strip().upper()] for n in type_arg.split(",") if n.strip()]
-    variants = [DEFAULT] + ([Variant("probe", qtc=launch_quant.PROBE_DEFINES)] if args.probe else []) + \
-        ([Variant("old", q8r=Q8R_OLD, cuda_cores=True)] if args.q8r_ab else [])
+    variants = [DEFAULT] + ([Variant("probe", qtc=launch_quant.PROBE_DEFINES)] if args.probe else [])
     t0 = time.perf_counter()
     warm(types, variants, args.jobs)
     print(f"# compiled in {time.perf_counter() - t0:.1f} s", flush=True)

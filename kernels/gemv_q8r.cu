@@ -29,11 +29,10 @@
 // of 5-10 blocks each (gate / up [640 x 2560]: 10 experts x 20 groups x ksplit 8), so with 2 blocks (2.2 KB) a warp
 // an SM holds ~26 KB of reads in flight, about half of what 4.26 TB/s x ~1.5 us of loaded latency / 132 SMs asks
 // (~48 KB); at T = 2 (2 row groups, the same 2 blocks: twice the bytes a warp) they measured 46 % of the copy rate
-// against 25 % at T = 1 (H200, 35b700f). 4 at T = 1 is ~52 KB an SM (R >= 2 keep 2 blocks of R groups); the bench
-// (bench/quant_gemv_bench.py --q8r-ab) times 2 against it.
-#ifndef Q8R_EXPERT_INFLIGHT
-#define Q8R_EXPERT_INFLIGHT 4
-#endif
+// against 25 % at T = 1 (H200, 35b700f). 4 at T = 1 (~52 KB an SM) measured slower than 2 on the H200 at ed54e55
+// (bench/quant_gemv_bench.py, Q8_0 experts on the real shapes, moe GB/s: 1218 against 1376; T = 2..8 within 3 %),
+// so the ring stays at 2 blocks.
+#define Q8R_EXPERT_INFLIGHT 2
 
 // Row groups per warp for the window bucket NT (strata_cli/gpu/launch_util.py Q8R_LANE_ROWS mirrors it).
 constexpr int q8r_rows(int nt) { return nt == 1 ? 1 : (nt == 2 || nt == 16) ? 2 : 4; }

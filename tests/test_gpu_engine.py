@@ -102,8 +102,8 @@ def test_graph_summaries(fixture_dir):
     # to whole 32-row groups); the dense ones on the kernel the T = 4 window's path names (tensor cores from T = 4)
     assert not any(k.startswith("gemv_q8_0_") for k in kinds)
     from strata_cli.gpu.launch_util import window_path
-    dense_q8r = "gemv_q8r_tc_t4" if window_path(4).gemv_tc else "gemv_q8r_t4"
-    assert kinds.get(dense_q8r, 0) > 0 and kinds.get("gemv_expert_q8r_t4", 0) > 0
+    tc = "tc_" if window_path(4).gemv_tc else ""  # the grouped experts follow the dense GEMVs' path
+    assert kinds.get(f"gemv_q8r_{tc}t4", 0) > 0 and kinds.get(f"gemv_expert_q8r_{tc}t4", 0) > 0
     commit = dict(eng.commit_graph().summary().kinds)
     assert commit["gdn_recurrence"] == commit["gdn_conv_commit"] == len(eng.g.gdn_layers)
 

@@ -203,12 +203,14 @@ def test_read_applies_the_ple_conv_step(L, T, C, D):
     conv_w, history = G.f32(rng, CD, Kc, scale=0.3), G.f32(rng, Hh, CD)
     R, emb = G.f32(rng, T, C, D), G.f32(rng, T, P)
     norm_w = (1.0 + 0.1 * rng.standard_normal(CD)).astype(np.float32)
-    down, up = raw_weight(rng, (Lr, CD), quants.Q8_0, 0.2), raw_weight(rng, (CD, Lr), quants.Q8_0, 0.3)
-    inj_w = raw_weight(rng, (C, CD), quants.Q8_0, 0.2)
+    # Q8_0 rows hold whole 32-value blocks: a C*D that is not a multiple of 32 reads F16 weights instead
+    w_type = quants.Q8_0 if CD % 32 == 0 else quants.F16
+    down, up = raw_weight(rng, (Lr, CD), w_type, 0.2), raw_weight(rng, (CD, Lr), w_type, 0.3)
+    inj_w = raw_weight(rng, (C, CD), w_type, 0.2)
     want_ple, _ = ref.ple_mix(R, emb, history, w_key, w_value, *norms, conv_w, dilation, EPS)
-    want_R, want_mixed, want_inj = hyper.hc_write_read_raw(want_ple, None, norm_w, down, quants.Q8_0, up,
-                                                           quants.Q8_0, inj_w, quants.Q8_0, EPS)
-    hc = hc_weights(norm_w, down, quants.Q8_0, up, quants.Q8_0, inj_w, quants.Q8_0, pack=True)
+    want_R, want_mixed, want_inj = hyper.hc_write_read_raw(want_ple, None, norm_w, down, w_type, up,
+                                                           w_type, inj_w, w_type, EPS)
+    hc = hc_weights(norm_w, down, w_type, up, w_type, inj_w, w_type, pack=True)
     d = {name: cp.asarray(a) for name, a in dict(R=R, emb=emb, hist=history, wk=w_key, wv=w_value,
                                                     conv_w=conv_w).items()}
     d_norms = [cp.asarray(a) for a in norms]

@@ -96,8 +96,11 @@ def test_routed_experts_match_reference(T, K, tc):
     down, down_p = _packed(rng, (E, D, F), 0.3)
     x = rng.standard_normal((T, D)).astype(np.float32)
     ids, w = moe.router_topk(rng.standard_normal((T, E)).astype(np.float32), K)
-    if T >= 7:  # several rows on one expert: groups with several entries
+    if T >= 7:  # several rows on one expert: groups with several entries (a row's experts stay distinct, as the
+        # router's top-k are: a group never holds more entries than the window has rows)
+        ids[ids == 2] = np.repeat(ids[:, :1], K, axis=1)[ids == 2]
         ids[:, 0] = 2
+        assert all(len(set(row)) == K for row in ids.tolist())
     want = moe.routed_experts_raw(x, ids, w, gate, up, down, (Q8_0,) * 3)
     with U.recording_path(U.WindowPath(gemv_tc=tc)):
         assert U.q8r_tensor_cores(T) == (tc and T >= 2)
@@ -129,8 +132,8 @@ def test_gate_up_is_one_launch_matching_reference(T, K, F):
     gate, gate_p = _packed(rng, (E, F, D), 0.3)
     up, up_p = _packed(rng, (E, F, D), 0.3)
     x = rng.standard_normal((T, D)).astype(np.float32)
-    ids = rng.integers(0, E, (T, K)).astype(np.int32)
-    ids[:, 0] = 1  # every row on expert 1: a group of T entries
+    # every row on expert 1 (a group of T entries), its other experts distinct, as the router's top-k are
+    ids = np.array([[1, *rng.permutation([e for e in range(E) if e != 1])[:K - 1]] for _ in range(T)], np.int32)
     J = T * K
     G, U_ = (ref.dequant_rows(w.reshape(E * F, -1), Q8_0, D).reshape(E, F, D) for w in (gate, up))
     want = np.stack([silu(G[e] @ x[j // K]) * (U_[e] @ x[j // K]) for j, e in enumerate(ids.reshape(-1))])

@@ -244,7 +244,8 @@ def window_inputs(rng, T, zero_rows=(0,)):
 
 @pytest.mark.parametrize("ratio", [RATIO, 0])
 def test_attention_windows_with_commits(L, tables, ratio):
-    """Norm/rope, K/V append, indexer, scores, selection and attention over windows, as engine._qsa does."""
+    """Norm/rope and K/V append (qsa_prep), indexer, scores, selection and attention over windows, as the engine
+    does."""
     cp = G.cupy()
     cos, sin, d_cos, d_sin = tables
     rng = np.random.default_rng(3 + ratio)
@@ -271,9 +272,8 @@ def test_attention_windows_with_commits(L, tables, ratio):
             want[t] = ref.attend_selected(q[t], qg[t, :, D:], kc, vc, cells)
 
         d_qg = cp.asarray(qg)
-        k_d = L.norm_rope(cp.asarray(k_raw), d["k"], EPS, d_cos, d_sin, d_pos)
-        L.kv_append(d["kc"], d["vc"], k_d, cp.asarray(v), d_pos)
-        q_d = L.norm_rope(d_qg[..., :D], d["q"], EPS, d_cos, d_sin, d_pos)
+        q_d, _ = L.prep(cp.asarray(k_raw), cp.asarray(v), d_qg[..., :D], d["k"], d["q"], d["kc"], d["vc"], d_cos,
+                        d_sin, d_pos, EPS, out_qn=G.nan_out((T, H, D)))
         cells_d = counts_d = None
         if ratio:
             d_snap = G.nan_out((ratio, D))

@@ -199,7 +199,8 @@ class WindowPath:
     """The launch variants a T-row window records (engine/gpu/window.py, launch_gemv)."""
 
     # Q8_0_R32 GEMVs on tensor cores (kernels/gemv_q8r.cu): the dense gemv_q8r_tc_t* and the grouped experts'
-    # gemv_expert_q8r_tc_t* (both measured as CUDA-core kernels against them by bench/quant_gemv_bench.py --q8r-ab)
+    # gemv_expert_q8r_tc_t* (the grouped ones within 3 % of their CUDA-core kernels from T = 4 on the H200 at
+    # ed54e55, bench/quant_gemv_bench.py)
     gemv_tc: bool
     # (the routed-expert GEMVs of the block types have one path, the tensor-core qtc_* kernels of gemv_quant.cu: on
     # the H200 at 35b700f they tied the CUDA-core qgemv_expert_* / qgemv_gateup_* at T = 1 (Q2_K + Q4_0 down: 432
