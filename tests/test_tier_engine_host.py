@@ -430,6 +430,36 @@ def test_a_failed_launch_leaves_the_host_idle_and_unreleased(monkeypatch, fixtur
     assert gpu.done.wait(5) and not gpu.timed_out and host.history
 
 
+@pytest.mark.parametrize("where", ["launch", "before serve"])
+def test_a_signal_at_the_launch_releases_the_window(monkeypatch, fixture_dir, where):
+    """Python raises a signal's exception (Ctrl-C; SIGTERM as sysio/signals.Terminated) once the C call that was
+    running returns: right after the graph launch put the window on the GPU, or at serve()'s first instruction. The
+    window is released (every GPU wait passes at once), not left spinning to its bound for a host that has gone."""
+    import signal
+
+    from strata_cli.sysio.signals import Terminated
+
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
+    gpu.bound_s = 2.0
+
+    def launch_then_signal():
+        gpu.start()  # the window is on the GPU
+        raise Terminated(signal.SIGTERM)
+
+    def signal_at_serve(self, T):
+        raise Terminated(signal.SIGTERM)
+
+    if where == "before serve":
+        monkeypatch.setattr(TierHost, "serve", signal_at_serve)
+    with pytest.raises(Terminated):
+        host.launched(3, launch_then_signal if where == "launch" else gpu.start)
+    assert host.released is not None and "Terminated: SIGTERM" in host.released
+    assert gpu.done.wait(5) and not gpu.timed_out  # no wait ran to its bound
+    assert not host.busy
+    with pytest.raises(EngineReleased):
+        host.launched(3, gpu.start)
+
+
 def test_cuda_kernels_load_eagerly():
     """A lazily loaded kernel may wait for a running tier spin-wait (see gpu/runtime.eager_module_loading)."""
     import os

@@ -202,14 +202,23 @@ class TierHost:
 
     def launched(self, T: int, launch) -> None:
         """begin(T), launch() (the window's graph launch, or the start of the eager launcher), serve(T). A launch
-        that raises put no window on the GPU: the host is idle again (never busy for the watchdog) and not released."""
+        that raises an error put no window on the GPU: the host is idle again (never busy for the watchdog) and not
+        released. A signal's exception (Ctrl-C, and SIGTERM / SIGHUP as KeyboardInterrupt) is raised by Python after
+        the C call that was running returned: the graph launch may have put the window on the GPU, or it came
+        between the launch and serve()'s own handler, so it releases the window as serve() does (no spin kernel
+        waits for a host that has gone)."""
         self.begin(T)
         try:
             launch()
-        except BaseException:
+            self.serve(T)
+        except Exception:
+            self.active = False  # a failed launch; a failed serve() released what it served
+            raise
+        except BaseException as exc:
+            if self.released is None:
+                self._fail(exc)
             self.active = False
             raise
-        self.serve(T)
 
     def launch_done(self) -> None:
         """The eager launcher thread finished: the watchdog's clock restarts from now (busy again)."""
@@ -229,14 +238,18 @@ class TierHost:
             self.stats["copy_ms"] = self._copy_ms()
             self.history.append(self.window_stats())
         except BaseException as exc:
-            self._open_gate()     # an eager launcher at the gate finishes its launches (they pass on the release)
-            self._drain_copies()  # no copy job may write flagB after the release below
-            if self.released is None:
-                self.release(5000, reason=str(exc) if isinstance(exc, StrataError) else
-                             f"{type(exc).__name__}: {exc}".rstrip(": "))
+            self._fail(exc)
             raise
         finally:
             self.active = False
+
+    def _fail(self, exc: BaseException) -> None:
+        """A window that may be on the GPU fails (an error, or a signal's exception): every wait released."""
+        self._open_gate()     # an eager launcher at the gate finishes its launches (they pass on the release)
+        self._drain_copies()  # no copy job may write flagB after the release below
+        if self.released is None:
+            self.release(5000, reason=str(exc) if isinstance(exc, StrataError) else
+                         f"{type(exc).__name__}: {exc}".rstrip(": "))
 
     def _step(self, k: int, layer: int, grp: int, r0: int, n: int, G: int) -> None:
         t = self.t
