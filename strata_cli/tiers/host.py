@@ -39,6 +39,7 @@ from ..gpu.launch_util import GEMV_MAXT
 from ..gpu.runtime import check, cudart
 from .doorbell import ERR, FLAG, FLAG_A, FLAG_B, RELEASED, SEQ
 from .plan import ExpertEntries, build_plan
+from .stats import WindowHistory
 
 SRC_VRAM, SRC_PCIE, SRC_CPU = 0, 1, 2
 POLL_S = 0.002  # how often a waiting host asks the driver whether the stream failed or finished
@@ -116,7 +117,7 @@ class TierHost:
         self.stats: dict = {}
         self._lock = threading.Lock()
         self.launching = False
-        self.history: list[dict] = []  # window_stats() of every window served
+        self.history = WindowHistory()  # window_stats() of the windows served (the last few thousand of each T)
         self.route_hook = None  # (layer, ids [n, K]) of every step served (engine/routing.py counts them)
         # The PCIe share's gathers and copies run on one copy thread (in step order) while this thread runs the pool
         self._copier = None

@@ -14,6 +14,10 @@ CPU-share bytes at the pool's rate and the PCIe bytes at the copy path's (measur
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
+from operator import itemgetter
+
 import numpy as np
 
 from .share import PCIE_GBS, POOL_GBS
@@ -26,6 +30,44 @@ TIER_COLUMNS = [("vram_pairs", "VRAM pairs", ".1%"), ("vram_share", "VRAM", ".1%
                 ("pool_wake_ms", "pool wake ms", ".3f"), ("pool_gb_s", "pool GB/s", ".1f"), ("gather_ms", "gather ms", ".3f"),
                 ("copy_ms", "copy ms", ".3f"), ("copy_gb_s", "copy GB/s", ".1f"),
                 ("tier_floor_ms", "tier floor ms", ".3f"), ("swaps", "swaps", ".1f"), ("fill_mb", "fill MB", ".1f")]
+
+
+HISTORY_PER_T = 4096  # windows of one size T a tier host keeps (~1 KB each)
+
+
+class WindowHistory:
+    """The window_stats() of the windows a tier host served, in the order served: the last HISTORY_PER_T of each
+    window size T, so a long-running engine's host memory stays flat (bench/soak.py: a list of every window grew
+    ~1 KB a window) while verify-bench's means (the last -r windows of one T) see every timed window up to
+    HISTORY_PER_T of them. A sequence: len, iteration, [i], truthiness, clear."""
+
+    def __init__(self, per_t: int = HISTORY_PER_T):
+        self.per_t = per_t
+        self._by_t: dict[int, deque] = {}
+        self._served = 0
+
+    def append(self, row: dict) -> None:
+        self._by_t.setdefault(row["T"], deque(maxlen=self.per_t)).append((self._served, row))
+        self._served += 1
+
+    def of_window(self, T: int, n: int) -> list[dict]:
+        """The last n windows of T rows (fewer when fewer are kept)."""
+        kept = self._by_t.get(T, ())
+        return [row for _, row in list(kept)[-n:]] if n > 0 else []
+
+    def clear(self) -> None:
+        self._by_t.clear()
+
+    def __iter__(self):
+        return (row for _, row in heapq.merge(*self._by_t.values(), key=itemgetter(0)))
+
+    def __len__(self) -> int:
+        return sum(len(kept) for kept in self._by_t.values())
+
+    def __getitem__(self, i):
+        if i == -1 and self._by_t:
+            return max((kept[-1] for kept in self._by_t.values() if kept), key=itemgetter(0))[1]
+        return list(self)[i]
 
 
 def _rate(nbytes: float, ms: float) -> float:
@@ -50,8 +92,8 @@ def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: fl
     """The columns of one engine's tiers, or of one stage's of the layer split (its own layers' pairs, steps and
     waits): the means over the last n_windows windows of T rows that `host` served. ms_mean: the mean time of
     those windows (the stage's part of them), floor_ms: their all-resident floor (None: not known). None when no
-    window of T rows was served."""
-    rows = [h for h in host.history if h["T"] == T][-n_windows:]
+    window of T rows was served. The host keeps the last HISTORY_PER_T windows of each T (WindowHistory)."""
+    rows = host.history.of_window(T, n_windows)
     if not rows:
         return None
 
