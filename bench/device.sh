@@ -41,11 +41,23 @@
 #                0.5), the small preset (written to /tmp if missing) and the full-size file if there is one
 #   kcache       pack CuPy's kernel cache into $OUT/kcache.tar.gz (copied to .devcarry/kcache.tar.gz, setup restores
 #                it: a later fresh machine's warm-up then compiles only what changed)
+#   soak         issue 17 under load (bench/soak.py) on the full-size file: $SOAK_WINDOWS (10000) windows of $SOAK_T (4)
+#                tokens, -d $SOAK_DEPTH (64) in --ctx $SOAK_CTX (1024), --expert-cache $SOAK_CACHE (24GiB) by $SOAK_PROFILE
+#                (else sbs's profile.yaml, else one made here), --pcie-frac $SOAK_PCIE (0.25); memory and the watchdog
+#                every 100 windows, the last window against a fresh engine's (soak.json, soak.log)
+#   soak-bg      the same soak started in a session of its own (it runs on between calls while the machine stays
+#                warm: 10,000 windows take longer than one call); returns at once
+#   soak-wait    waits (up to the step's limit; cut, the soak runs on) for soak-bg's run: a progress line a minute,
+#                then its JSON and its exit status
+#   signals      SIGINT, then SIGTERM, $SOAK_AFTER s (10) into the windows of a tiered verify-bench of the same
+#                configuration (bench/soak.py --signal): exit status and seconds, what is left of its process group
+#                and on the GPU (signals-INT.json, signals-TERM.json). SOAK_DEVICE=cpu (FN=a small model) checks
+#                these steps' plumbing without a GPU
 #   sbs=CONFIGS  .peer/side_by_side.sh run CONFIGS (comma-separated: resident,c0,c12,c24): strata and llama.cpp on
 #                the full-size file in this call
 # Logs go to $LOGS (default /tmp/strata-device); where the device tool's $OUT is set they come back packed in
 # $OUT/logs.tgz (it returns at most 8 files).
-# Env: LOGS, DEADLINE_S (the whole call's seconds, default 560), POOL_ARGS / GEMV_ARGS (extra bench options), STRATA_GIT_COMMIT (the tree's commit: the device copy has no .git history).
+# Env: LOGS, DEADLINE_S (the whole call's seconds, default 560), POOL_ARGS / GEMV_ARGS (extra bench options), STRATA_GIT_COMMIT (the tree's commit: the device copy has no .git history), SOAK_* (soak, above).
 set -u
 BACK=${OUT:-}; OUT=${LOGS:-/tmp/strata-device}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -86,6 +98,51 @@ pool_sweep() {  # pool_sweep NAME ARGS...: bench/pool_bench.py ARGS, its output 
     [ "$rc" = 0 ] || tail -n 30 "$OUT/$name.out"
     return "$rc"
 }
+
+soak_profile() {  # the expert profile of the soak: $SOAK_PROFILE, else sbs's, else one made now (as side_by_side.sh)
+    local p=${SOAK_PROFILE:-$OUT/sbs/profile.yaml}
+    [ -f "$p" ] || { p=$OUT/soak-profile.yaml; [ -f "$p" ] || timeout 240 python3 -m strata_cli make-profile \
+        "$(full_size)" --device gpu --random 512 --window 16 --ctx 600 -o "$p" > /dev/null 2> "$OUT/soak-profile.err" \
+        || { tail -n 1 "$OUT/soak-profile.err" >&2; rm -f "$p"; }; }
+    echo "$p"
+}
+
+soak_args() {  # the engine options of the soak and of the signals check: one configuration
+    echo "$(full_size) --device ${SOAK_DEVICE:-gpu} --window ${SOAK_T:-4} --ctx ${SOAK_CTX:-1024} --expert-cache ${SOAK_CACHE:-24GiB}" \
+        "--expert-profile $(soak_profile) --pcie-frac ${SOAK_PCIE:-0.25}"
+}
+
+soak_run() {  # the soak: its last line (JSON) on stdout and with the samples in soak.json, its progress in soak.log
+    # shellcheck disable=SC2046
+    python3 bench/soak.py $(soak_args) --windows "${SOAK_WINDOWS:-10000}" --depth "${SOAK_DEPTH:-64}" \
+        --json "$OUT/soak.json" 2> >(tee "$OUT/soak.log" >&2)
+}
+
+soak_signals() {  # SIGINT, then SIGTERM into a tiered verify-bench's windows; 0 when both were clean
+    local rc=0 s
+    for s in INT TERM; do
+        # shellcheck disable=SC2046
+        python3 bench/soak.py $(soak_args) --signal $s --after "${SOAK_AFTER:-10}" --json "$OUT/signals-$s.json" || rc=1
+    done
+    return $rc
+}
+
+soak_bg() {  # soak_run in a session of its own (as peer: descriptors above 2 closed, so the call can return)
+    rm -f "$OUT/soak.rc" "$OUT/soak.json" "$OUT/soak.out"
+    for fd in $(ls /proc/$$/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done
+    setsid nohup bash -c "$(declare -f $SOAK_FNS); OUT=$OUT; soak_run > $OUT/soak.out 2>&1; echo \$? > $OUT/soak.rc" \
+        < /dev/null > /dev/null 2>&1 &
+    echo "soak started in the background (pid $!): progress in $OUT/soak.log, soak-wait collects it"
+}
+
+soak_wait() {  # soak-bg's run: a progress line a minute until it ends, then its last lines and its exit status
+    [ -f "$OUT/soak.out" ] || { echo "no soak was started (soak-bg)"; return 1; }
+    local n=0
+    until [ -f "$OUT/soak.rc" ]; do sleep 5; n=$((n + 1)); [ $((n % 12)) = 0 ] && tail -n 1 "$OUT/soak.log"; done
+    grep -v '^soak: window' "$OUT/soak.log" | tail -n 5; tail -n 1 "$OUT/soak.out"
+    return "$(cat "$OUT/soak.rc")"
+}
+SOAK_FNS="full_size soak_profile soak_args soak_run soak_signals"
 
 full_size() { echo "${FN:-$(ls -S /tmp/peer_work/synth_*q2_k*.gguf 2>/dev/null | head -1)}"; }
 
@@ -164,6 +221,10 @@ for arg in "$@"; do
             $B /tmp/small-q8_0.gguf --tokens 512 --reps 5; F="'"$(full_size)"'"; [ -n "$F" ] && $B "$F" --tokens 512 --reps 3';;
         kcache) run_step kcache "$limit" bash -c '[ -n "'"$BACK"'" ] && tar czf "'"$BACK"'/kcache.tar.gz" -C ~/.cupy kernel_cache \
             && ls -la "'"$BACK"'/kcache.tar.gz"';;
+        soak) run_step soak "$limit" bash -c "$(declare -f $SOAK_FNS); OUT=$OUT soak_run";;
+        soak-bg) run_step soak-bg "$limit" bash -c "$(declare -f $SOAK_FNS soak_bg); SOAK_FNS='$SOAK_FNS'; OUT=$OUT soak_bg";;
+        soak-wait) run_step soak-wait "$limit" bash -c "$(declare -f soak_wait); OUT=$OUT soak_wait";;
+        signals) run_step signals "$limit" bash -c "$(declare -f $SOAK_FNS); OUT=$OUT soak_signals";;
         sbs=*) cfg=${name#sbs=}; OUT=$OUT/sbs run_step sbs "$limit" bash .peer/side_by_side.sh run ${cfg//,/ };;
         *) echo "unknown step $name"; SUMMARY+=("$(printf '%-18s unknown' "$name")");;
     esac
