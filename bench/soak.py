@@ -21,7 +21,9 @@ Flat: after the warm-up (the first W windows: graphs captured, pools grown), the
 is at most max(64 MB, 1 % of the first), for host RSS, GPU used and CuPy's pool each. A release: the process's
 watchdog fired (tiers/watchdog.py, STRATA_WATCHDOG_S) or the tier host was released (TierHost.released: the
 watchdog, a signal, an error; a released engine refuses every later window). ok: all N windows ran, no release,
-memory flat, the last window equal. Last line: one JSON document (--json OUT also writes it, with the samples).
+memory flat, the last window equal (`failed` names the criteria not met). cudaMemGetInfo counts every process on
+the device: the soak of record runs alone on it. Last line: one JSON document (--json OUT also writes it, with the
+samples).
 Exit 0 when ok, 1 when not, 2 without a GPU for --device gpu (one line).
 
 The signals check: `strata verify-bench MODEL` with the same engine options and -r 1000000 as a child in a session
@@ -240,14 +242,12 @@ def soak(args) -> dict:
            "ms_median_last100": statistics.median(ms[-100:]) if ms else None,
            "flat_rule": f"max - first <= max({FLAT_MB:g} MB, {FLAT_FRAC:.0%} of first), after {warmup} windows"}
     host = [s for s in samples if s["window"] >= warmup] or samples
-    flat_ok = True
     for key in ("rss_mb", "rss_anon_mb", "rss_file_mb", "gpu_used_mb", "pool_used_mb", "pool_total_mb"):
         values = [s[key] for s in host if s.get(key) is not None]
         doc[key] = spread(values) if values else None
         if values and key in ("rss_mb", "gpu_used_mb", "pool_used_mb"):
             ok, tol = flat(values)
             doc[f"{key.removesuffix('_mb')}_flat"], doc[f"{key.removesuffix('_mb')}_tol_mb"] = ok, tol
-            flat_ok &= ok
     for key in ("pcie_share", "cpu_share", "vram_share"):
         values = [s[key] for s in samples if s.get(key) is not None]
         doc[f"{key}_mean"] = float(np.mean(values)) if values else None
@@ -266,9 +266,13 @@ def soak(args) -> dict:
             error = doc["error"] = f"the fresh engine: {type(exc).__name__}: {exc}"
         doc.update(replayed_windows=len(rec.segment), replayed_tokens=int(sum(k for _, k in rec.segment)),
                    fresh_s=time.perf_counter() - t1)
-    doc["ok"] = bool(error is None and doc["windows"] == N and not doc["released"] and not doc["watchdog_releases"]
-                     and flat_ok and doc["last_window_rel_err"] is not None
-                     and doc["last_window_rel_err"] <= REL_TOL and doc["same_ids"])
+    err = doc["last_window_rel_err"]
+    criteria = {"error": error is None, "windows": doc["windows"] == N, "released": not doc["released"],
+                "watchdog_releases": not doc["watchdog_releases"], "last_window_rel_err": err is not None and
+                err <= REL_TOL, "same_ids": bool(doc["same_ids"]),
+                **{f"{key}_flat": doc[f"{key}_flat"] for key in ("rss", "gpu_used", "pool_used") if f"{key}_flat" in doc}}
+    doc["failed"] = [name for name, met in criteria.items() if not met]
+    doc["ok"] = not doc["failed"]
     doc["samples"] = samples
     return doc
 

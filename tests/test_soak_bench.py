@@ -43,7 +43,8 @@ def test_soak_on_the_numpy_engine(fixture_dir, tmp_path):
     doc = json.loads(r.stdout.strip().splitlines()[-1])
     full = json.loads(out.read_text())
     assert {k: v for k, v in full.items() if k != "samples"} == doc
-    assert doc["ok"] is True and doc["error"] is None and doc["windows"] == doc["windows_asked"] == 40
+    assert doc["ok"] is True and doc["failed"] == [] and doc["error"] is None
+    assert doc["windows"] == doc["windows_asked"] == 40
     assert doc["watchdog_releases"] == 0 and doc["released"] is None
     assert doc["refills"] >= 2  # the context of 40 cells refilled as time_window does
     assert doc["last_window_rel_err"] <= 1e-4 and doc["same_ids"] is True
@@ -127,3 +128,31 @@ def test_without_a_gpu_the_soak_exits_2_in_one_line(fixture_dir):
     r = run_soak(str(fixture_dir / "model-q8_0.gguf"), "--windows", "3")
     assert r.returncode == 2 and r.stdout == ""
     assert len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith("soak: no GPU here")
+
+
+def test_a_window_that_fails_ends_the_soak_with_ok_false(soak_mod, fixture_dir, monkeypatch):
+    """A released engine (or any failed window) stops the loop: the document says where and why, and ok is false."""
+    from strata_cli.tiers.host import EngineReleased
+
+    real_build = soak_mod.build
+
+    def build(args, pcie_frac=None):
+        model, tiers, engine = real_build(args, pcie_frac)
+        timer, calls = engine.window_timer(), []
+
+        def failing(*a):
+            calls.append(1)
+            if len(calls) == 5:
+                raise EngineReleased("window 5 stalled at layer 0; released")
+            return timer(*a)
+
+        monkeypatch.setattr(engine, "window_timer", lambda eager=False: failing)
+        return model, tiers, engine
+
+    monkeypatch.setattr(soak_mod, "build", build)
+    args = soak_mod.parse([str(fixture_dir / "model-q8_0.gguf"), "--device", "cpu", "--windows", "10", "--window",
+                           "2", "--depth", "4", "--warmup", "2", "--sample-every", "2"])
+    doc = soak_mod.soak(args)
+    assert doc["ok"] is False and doc["windows"] == 4 and "EngineReleased: window 5 stalled" in doc["error"]
+    assert "error" in doc["failed"] and "windows" in doc["failed"] and doc["last_window_rel_err"] is None
+    assert doc["samples"][-1]["window"] == 4
