@@ -207,16 +207,6 @@ def _sim(monkeypatch, fixture_dir, cache, split=False, stall=0, T=3, seed=0, pci
     return model, tiers, host, gpu, x, ids
 
 
-def _history(rows):
-    """A tier host's WindowHistory of these window_stats() rows."""
-    from strata_cli.tiers.stats import WindowHistory
-
-    history = WindowHistory()
-    for row in rows:
-        history.append(row)
-    return history
-
-
 def _expert_out(model, layer, e, x):
     from strata_cli.ops.gemv import dequant_rows
     from strata_cli.ops.moe import swiglu
@@ -322,7 +312,7 @@ def test_verify_bench_tier_columns_average_the_timed_windows():
     cfg = TierConfig(cache="3")
     tiers = type("T", (), {"table_host": np.array([[0, -1], [1, -1]]), "cfg": cfg,
                            "stage_table": lambda self: self.table_host})()
-    engine = type("E", (), {"tiers": tiers, "tier_host": type("H", (), {"history": _history(history)})()})()
+    engine = type("E", (), {"tiers": tiers, "tier_host": type("H", (), {"history": history})()})()
     records = [BenchRecord(window=4, samples_ms=[1.0], host_samples_ms=[1.0], kept=[1], expected_tokens=1.0),
                BenchRecord(window=1, samples_ms=[1.0], host_samples_ms=[1.0], kept=[1], expected_tokens=1.0)]
     add_tier_stats(records, engine, n_windows=2)
@@ -346,7 +336,7 @@ def test_tier_breakdown_gpu_time_copy_rate_and_tier_floor():
                 "cpu_bytes": 8e6, "gather_ms": 0.5, "copy_ms": 0.25}]
     tiers = type("T", (), {"table_host": np.array([[-1, -1]]), "cfg": TierConfig(cache="0", pcie_frac=0.5),
                            "stage_table": lambda self: self.table_host})()
-    engine = type("E", (), {"tiers": tiers, "tier_host": type("H", (), {"history": _history(history)})()})()
+    engine = type("E", (), {"tiers": tiers, "tier_host": type("H", (), {"history": history})()})()
     rec = BenchRecord(window=2, samples_ms=[10.0], host_samples_ms=[10.0], kept=[1], expected_tokens=1.0,
                       read_bytes=int(1e9), copy_bytes_per_s=1e12)
     add_tier_stats([rec], engine, n_windows=1)

@@ -50,11 +50,6 @@ class WindowHistory:
         self._by_t.setdefault(row["T"], deque(maxlen=self.per_t)).append((self._served, row))
         self._served += 1
 
-    def of_window(self, T: int, n: int) -> list[dict]:
-        """The last n windows of T rows (fewer when fewer are kept)."""
-        kept = self._by_t.get(T, ())
-        return [row for _, row in list(kept)[-n:]] if n > 0 else []
-
     def clear(self) -> None:
         self._by_t.clear()
 
@@ -93,7 +88,7 @@ def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: fl
     waits): the means over the last n_windows windows of T rows that `host` served. ms_mean: the mean time of
     those windows (the stage's part of them), floor_ms: their all-resident floor (None: not known). None when no
     window of T rows was served. The host keeps the last HISTORY_PER_T windows of each T (WindowHistory)."""
-    rows = host.history.of_window(T, n_windows)
+    rows = [h for h in host.history if h["T"] == T][-n_windows:]
     if not rows:
         return None
 
