@@ -226,8 +226,9 @@ def soak(args) -> dict:
             refills += 1
         last_tokens = stream.take(T)
         last = engine.run(last_tokens, engine.n_past)
-    except Exception as exc:  # noqa: BLE001 - a released engine or a failed window: reported, not a traceback
-        error = f"{type(exc).__name__}: {exc}"
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - a released engine, a failed window, a step's time
+        # limit (SIGINT, or SIGTERM as strata's Terminated): reported with the samples so far, not a traceback
+        error = f"{type(exc).__name__}: {exc}".rstrip(": ")
         samples.append(sample(engine, len(ms), ms[-1] if ms else None))
     loop_s = time.perf_counter() - t0
     final = tier_sample(engine)
@@ -262,8 +263,8 @@ def soak(args) -> dict:
                 fresh.close()
             doc.update(last_window_rel_err=rel_err(last.logits, again.logits),
                        same_ids=bool(np.array_equal(last.ids, again.ids)))
-        except Exception as exc:  # noqa: BLE001 - reported in the document
-            error = doc["error"] = f"the fresh engine: {type(exc).__name__}: {exc}"
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - reported in the document
+            error = doc["error"] = f"the fresh engine: {type(exc).__name__}: {exc}".rstrip(": ")
         doc.update(replayed_windows=len(rec.segment), replayed_tokens=int(sum(k for _, k in rec.segment)),
                    fresh_s=time.perf_counter() - t1)
     err = doc["last_window_rel_err"]
@@ -321,6 +322,21 @@ def child_command(args) -> list[str]:
 
 
 def signals_check(args) -> dict:
+    """The check, with the child's session killed whatever happens to this process meanwhile (it is ours)."""
+    children: list = []
+    try:
+        return _signals_check(args, children)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                try:
+                    os.killpg(child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                child.wait()
+
+
+def _signals_check(args, children: list) -> dict:
     sig = getattr(signal, f"SIG{args.signal}")
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ['PYTHONPATH']}"
                if os.environ.get("PYTHONPATH") else str(ROOT))
@@ -328,6 +344,7 @@ def signals_check(args) -> dict:
     start = time.monotonic()
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)
+    children.append(child)
     lines: list[str] = []
     ready, ready_at = threading.Event(), [start]
     if args.device == "cpu":  # the numpy engine has no tiers and prints no load line: S seconds after the start
@@ -427,12 +444,20 @@ def main(argv=None) -> int:
             print(f"soak: no GPU here ({why}); --device cpu runs the numpy engine", file=sys.stderr)
             return 2
     from strata_cli.errors import StrataError
+    from strata_cli.sysio.signals import signal_handlers
 
     try:
-        doc = signals_check(args) if args.signal else soak(args)
+        with signal_handlers():  # SIGTERM / SIGHUP as Ctrl-C (a KeyboardInterrupt), as in the strata CLI
+            doc = signals_check(args) if args.signal else soak(args)
     except StrataError as exc:  # a bad model, profile or option: one line, as strata says it
         print(f"soak: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:  # the signals check cut (its child killed): one line, 128 + the signal
+        from strata_cli.sysio.signals import exit_code_for_interrupt
+
+        code = exit_code_for_interrupt(exc)
+        print(f"soak: stopped by signal {code - 128}", file=sys.stderr)
+        return code
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(doc, indent=1) + "\n")
     doc.pop("samples", None)
