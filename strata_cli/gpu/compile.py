@@ -42,14 +42,14 @@ def module_names() -> list[str]:
     return variant_modules() + plain
 
 
-def source(name: str, defines: tuple[str, ...] = ()) -> str:
+def source(name: str, defines: tuple[str, ...] = (), src_dir: Path | None = None) -> str:
     """The C source of module `name`: kernels/<name>.cu, or for '<file>.<variant>' a generated head (gemv: the
     type's define; gemv_quant: the block type's defines and tables, gpu/quant_source.py) followed by
     kernels/<file>.cu. defines: 'NAME=VALUE' lines put first (a launcher's compile-time tunables, e.g.
     the bench's launch_quant.PROBE_DEFINES; none: the source as it has always been, so the kernel cache keeps its
-    entries)."""
+    entries). src_dir: another kernels/ folder (bench/kernel_sass.py reads an older tree's), else kernels_dir()."""
     base, _, variant = name.partition(".")
-    code = (kernels_dir() / f"{base}.cu").read_text()
+    code = ((src_dir or kernels_dir()) / f"{base}.cu").read_text()
     from . import quant_source
 
     head = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in defines)
@@ -141,23 +141,45 @@ def observing(observer):
         _LOCAL.observers = before
 
 
-def compile_check(name: str, arch: str = "sm_90", defines: tuple[str, ...] = ()) -> str:
-    """Compile kernels/<name>.cu with NVRTC without a GPU (cuda-bindings + an NVRTC wheel); returns the log.
-    Raises RuntimeError with NVRTC's log on failure. CuPy adds the same flags (-ftz=true, device default)."""
+# NVRTC's flags besides -arch: CuPy's RawModule adds -ftz=true and the device default itself (module() passes the
+# rest); compile_check and bench/kernel_sass.py pass them all, so their code is the one a window loads.
+NVRTC_FLAGS = ("--std=c++17", "-ftz=true", "--device-as-default-execution-space")
+
+
+def nvrtc_options(arch: str) -> list[bytes]:
+    """The NVRTC options of a CPU-side compile for `arch` (an sm_XX: NVRTC then emits a cubin)."""
+    return [f"-arch={arch}".encode(), *(flag.encode() for flag in NVRTC_FLAGS)]
+
+
+def nvrtc_compile(name: str, arch: str = "sm_90", defines: tuple[str, ...] = (),
+                  src_dir: Path | None = None) -> tuple[str, bytes]:
+    """Compile module `name` (source's) with NVRTC without a GPU (cuda-bindings + an NVRTC wheel), the *.cuh of
+    src_dir (default kernels_dir()) as its headers; returns (log, cubin). Raises RuntimeError with NVRTC's log on
+    failure."""
     from cuda.bindings import nvrtc
 
-    src_dir = kernels_dir()
-    code = source(name, defines).encode()
+    src_dir = src_dir or kernels_dir()
+    code = source(name, defines, src_dir).encode()
     headers = sorted(src_dir.glob("*.cuh"))
     err, prog = nvrtc.nvrtcCreateProgram(code, f"{name}.cu".encode(), len(headers),
                                          [h.read_bytes() for h in headers], [h.name.encode() for h in headers])
-    opts = [f"-arch={arch}".encode(), b"--std=c++17", b"-ftz=true", b"--device-as-default-execution-space"]
+    opts = nvrtc_options(arch)
     result = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
     _, size = nvrtc.nvrtcGetProgramLogSize(prog)
     log = b" " * size
     nvrtc.nvrtcGetProgramLog(prog, log)
-    nvrtc.nvrtcDestroyProgram(prog)
     text = log.decode(errors="replace").strip("\x00 \n")
+    cubin = b""
+    if int(result[0]) == 0:
+        _, cubin_size = nvrtc.nvrtcGetCUBINSize(prog)
+        cubin = b" " * cubin_size
+        nvrtc.nvrtcGetCUBIN(prog, cubin)
+    nvrtc.nvrtcDestroyProgram(prog)
     if int(result[0]) != 0:
         raise RuntimeError(f"kernels/{name}.cu failed to compile for {arch}:\n{text}")
-    return text
+    return text, cubin
+
+
+def compile_check(name: str, arch: str = "sm_90", defines: tuple[str, ...] = ()) -> str:
+    """Compile kernels/<name>.cu with NVRTC without a GPU; returns the log (nvrtc_compile's errors)."""
+    return nvrtc_compile(name, arch, defines)[0]
