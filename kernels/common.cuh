@@ -522,6 +522,7 @@ __device__ __forceinline__ void group_by_key(const int* sid, int* is_leader, int
 // sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null), moe.cu moe_combine's arithmetic
 // (slot order), so the window has no combine node after its routed experts.
 #define PENDING_UNROLL 17  // the routed experts' top-k (<= 16) plus the shared expert's slot
+#define PENDING_LOADS 32   // parts loads a thread issues together (elements x slots of one chunk)
 
 struct Pending {
     const float* bo;
@@ -530,24 +531,63 @@ struct Pending {
     const float* shared;
     int K;
 
-    // The first PENDING_UNROLL slots' loads are issued together into registers (not one round trip a slot), then
-    // added; the rest loop; the sum goes in slot order either way (moe_combine's: the same bits).
-    __device__ __forceinline__ float at(int t, int d, int D) const {
-        if (parts == nullptr) return bo[(i64)t * D + d];
-        const float* wt = w + (i64)t * K;
-        const float* column = parts + (i64)t * K * D + d;
-        float wk[PENDING_UNROLL], pk[PENDING_UNROLL];  // every slot's loads before the first product
+    // p[e] = pending(t, d0 + e * stride) for the N elements below D (0 past it). The combine goes through the
+    // slots in chunks of KC (a runtime loop, one copy of its body): a chunk's weight and parts loads (N x KC <=
+    // PENDING_LOADS, predicated) are issued together, then added in slot order (moe_combine's sum: the same
+    // bits), so K = 11 slots cost ceil(11 / KC) round trips (N = 1: KC = 17, one; hc_write_norm's N = 5: KC = 6,
+    // two). shared is loaded with the first chunk and added last. (Unrolling all 17 slots into each of N
+    // elements, the latency1 version, made hc_write_norm ~7500 instructions, instruction-fetch bound.)
+    template <int N>
+    __device__ __forceinline__ void at_n(int t, int d0, int stride, int D, float (&p)[N]) const {
+        if (parts == nullptr) {
 #pragma unroll
-        for (int k = 0; k < PENDING_UNROLL; ++k) {
-            wk[k] = k < K ? wt[k] : 0.0f;
-            pk[k] = k < K ? column[(i64)k * D] : 0.0f;
+            for (int e = 0; e < N; ++e) {
+                const int d = d0 + e * stride;
+                p[e] = d < D ? bo[(i64)t * D + d] : 0.0f;
+            }
+            return;
         }
-        float acc = 0.0f;
+        constexpr int KC = PENDING_LOADS / N < 1 ? 1 : (PENDING_LOADS / N > PENDING_UNROLL ? PENDING_UNROLL
+                                                                                         : PENDING_LOADS / N);
+        const float* wt = w + (i64)t * K;
+        const float* rows = parts + (i64)t * K * D;  // entry t*K + k at rows[k * D]
+        float sh[N];
 #pragma unroll
-        for (int k = 0; k < PENDING_UNROLL; ++k)
-            if (k < K) acc += wk[k] * pk[k];
-        for (int k = PENDING_UNROLL; k < K; ++k) acc += wt[k] * column[(i64)k * D];
-        return shared ? acc + shared[(i64)t * D + d] : acc;
+        for (int e = 0; e < N; ++e) {
+            const int d = d0 + e * stride;
+            p[e] = 0.0f;
+            sh[e] = shared != nullptr && d < D ? shared[(i64)t * D + d] : 0.0f;
+        }
+#pragma unroll 1
+        for (int k0 = 0; k0 < K; k0 += KC) {
+            float wk[KC], pk[KC][N];  // the chunk's loads before its first product
+#pragma unroll
+            for (int i = 0; i < KC; ++i) {
+                const bool slot = k0 + i < K;
+                wk[i] = slot ? wt[k0 + i] : 0.0f;
+#pragma unroll
+                for (int e = 0; e < N; ++e) {
+                    const int d = d0 + e * stride;
+                    pk[i][e] = slot && d < D ? rows[(i64)(k0 + i) * D + d] : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < KC; ++i)
+                if (k0 + i < K) {
+#pragma unroll
+                    for (int e = 0; e < N; ++e) p[e] += wk[i] * pk[i][e];
+                }
+        }
+        if (shared != nullptr) {
+#pragma unroll
+            for (int e = 0; e < N; ++e) p[e] += sh[e];
+        }
+    }
+
+    __device__ __forceinline__ float at(int t, int d, int D) const {
+        float p[1];
+        at_n<1>(t, d, 1, D, p);
+        return p[0];
     }
 };
 

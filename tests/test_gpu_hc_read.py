@@ -62,8 +62,9 @@ def _check(T, C, D, L, types, inject, pending, pack, seed):
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=TYPE_IDS)
-# the released width (hc_write_norm: 5 elements a thread in registers) and wider than hc_write_norm's registers
-# (8 x 512) and hc_up_mix's (L > 32 x 12: both kernels' tails)
+# the released width (hc_write_norm: one pass of 5 elements a thread in registers, 5 x 512 = 2560 exactly) and
+# wider than hc_write_norm's pass (a second pass, R re-read) and hc_up_mix's registers (L > 32 x 10: its tail loop);
+# C = 5 past hc_up_mix's 4 streams in registers
 @pytest.mark.parametrize("C,D,L", [(4, 40, 32), (3, 33, 64), (5, 96, 96), (4, 2560, 320), (2, 4133, 400)])
 @pytest.mark.parametrize("T", (1, 3, 16))
 @pytest.mark.parametrize("inject", (True, False), ids=("inject", "head"))
@@ -153,7 +154,8 @@ def test_window_matches_numpy_and_replays_eager(fixture_dir, name, gemv_tc):
     np.testing.assert_array_equal(runs[False][1], ref.ids)
 
 
-# K = 11: the window's 10 routed slots + the shared expert's; K = 20 past Pending's 17 unrolled slots
+# K = 11: the window's 10 routed slots + the shared expert's (hc_write_norm: chunks of 6 slots, two); K = 20 past
+# hc_write's chunk of 17
 @pytest.mark.parametrize("T,C,D,K", [(1, 4, 64, 4), (3, 4, 40, 10), (16, 5, 96, 1), (1, 4, 2560, 11),
                                      (2, 4, 4136, 20)])
 @pytest.mark.parametrize("shared", (True, False), ids=("shared", "noshared"))
