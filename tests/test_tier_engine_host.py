@@ -189,8 +189,8 @@ def _sim(monkeypatch, fixture_dir, cache, split=False, stall=0, T=3, seed=0, pci
     tiers = _SimTiers(model, table, cfg, max_t=4)
     tiers.copies = []
 
-    def copy_pcie(self, layer, grp, plan, want):
-        tiers.copies.append((layer, grp, plan.pcie.experts.tolist(), threading.current_thread().name))
+    def copy_pcie(self, layer, grp, staged, want):
+        tiers.copies.append((layer, grp, staged, threading.current_thread().name))
         threading.Timer(0.002, lambda: tiers.words.host.__setitem__(FLAG_B, max(int(tiers.words.host[FLAG_B]),
                                                                                  want))).start()
 

@@ -112,6 +112,7 @@ class ExpertTiers:
         self.launch_gate = None
         if self.pcie:
             from ...gpu.graphs import new_stream
+            from ...tiers.pool import gather_team
             from .pcie_stage import StagingRing, expert_bytes_view
 
             self.copy_stream = new_stream()
@@ -121,7 +122,8 @@ class ExpertTiers:
                                for layer in layers}
             sizes = [self.Q * self.most_bytes(p) for p in range(3)]
             with phase("PCIe staging buffers pinned") as done:
-                self.ring_stage = StagingRing(self.G, sizes, lambda n: MappedBuffer((n,), np.uint8))
+                # gathered on the pool's team (pcie_stage.py): the pool's library and thread count
+                self.ring_stage = StagingRing(self.G, sizes, lambda n: MappedBuffer((n,), np.uint8), *gather_team())
                 done["what"] = (f"PCIe staging buffers pinned ({self.G} x {sum(sizes) / 2**20:.1f} MiB: "
                                 f"{self.Q} experts per step)")
         self.timeout_ns = int(cfg.timeout_s * 1e9)
@@ -247,7 +249,8 @@ class ExpertTiers:
     def measure_copy_path(self, repeats: int = 3) -> tuple[float, float, float, int]:
         """The PCIe share's copy path as a step runs it: up to Q experts of the engine's first layer (its
         non-resident ones first: their pages were brought in at load) gathered from the mapping into group 0's
-        pinned staging buffers, then one DMA per projection into its device staging slots on the copy stream;
+        pinned staging buffers on the pool's team (this thread's), then one DMA per projection into its device
+        staging slots on the copy stream;
         the best of `repeats`. Returns (path GB/s, gather GB/s, DMA GB/s, bytes per run). Call after bind()."""
         import time
 
@@ -264,7 +267,7 @@ class ExpertTiers:
         try:
             for _ in range(max(1, repeats)):
                 g0 = time.perf_counter()
-                staged = [self.ring_stage.gather(0, p, self.expert_src[layer][p], experts) for p in range(3)]
+                staged = self.ring_stage.gather(0, self.expert_src[layer], experts)
                 gather_s = time.perf_counter() - g0
                 check(rt.cudaEventRecord(start, stream), "cudaEventRecord")
                 for p, (host_ptr, nbytes) in enumerate(staged):
