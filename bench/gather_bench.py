@@ -1,4 +1,4 @@
-"""The PCIe share's host gather alone (engine/gpu/pcie_stage.gather_rows): GB/s of expert bytes copied from a mapping
+"""The PCIe share's host gather alone (strata_cli/tiers/gather.gather_rows): GB/s of expert bytes copied from a mapping
 into a staging buffer, per way and thread count, cold by construction.
 
     python3 bench/gather_bench.py [--gb 2] [--experts 3,32] [--threads N[,N...]] [--iters 20] [--ab]
@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from strata_cli.engine.gpu.pcie_stage import gather_rows
+from strata_cli.tiers.gather import gather_rows
 from strata_cli.tiers import native
 
 PROJ_BYTES = (537_600, 537_600, 921_600)

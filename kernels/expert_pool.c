@@ -434,7 +434,8 @@ uint32_t strata_wait_geq(const uint32_t *word, uint32_t want, int64_t max_ns) {
  * (the old 4 Python threads beside the pool's 16) only oversubscribed them (#17: 17.9 GB/s and a slower pool).
  * With AVX2 the stores are non-temporal (the staging is read next by the DMA, not by a core: no read-for-ownership
  * of the destination lines, no pool data evicted for them), src read with unaligned loads, the unaligned edges by
- * memcpy; an sfence at the end of each chunk orders the stores before the call returns (the DMA is issued after). */
+ * memcpy; an sfence at the end of each chunk orders the stores before the call returns (the DMA is issued after).
+ * -DGATHER_MEMCPY: plain memcpy instead, the A/B of bench/gather_bench.py --ab (delete it once the device decided). */
 #define GATHER_CHUNK (64 << 10)
 
 static void copy_stream(uint8_t *d, const uint8_t *s, int64_t n) {

@@ -1,11 +1,11 @@
-"""engine/gpu/pcie_stage.py: the PCIe share's pinned staging ring, with numpy buffers in place of pinned memory
-(the DMAs from it run in the GPU tier tests)."""
+"""engine/gpu/pcie_stage.py and tiers/gather.py: the PCIe share's pinned staging ring and its gather, with numpy
+buffers in place of pinned memory (the DMAs from it run in the GPU tier tests)."""
 
 import numpy as np
 import pytest
 
-from strata_cli.engine.gpu import pcie_stage
-from strata_cli.engine.gpu.pcie_stage import StagingRing, expert_bytes_view
+from strata_cli.engine.gpu.pcie_stage import StagingRing
+from strata_cli.tiers.gather import expert_bytes_view, gather_rows
 from strata_cli.tiers.doorbell import StepRange
 
 
@@ -104,9 +104,9 @@ def test_gather_refuses_rows_that_do_not_match():
     lib = _native()
     src = [np.zeros((4, 16), np.uint8)] * 3
     with pytest.raises(ValueError, match="out of range"):
-        pcie_stage.gather_rows(lib, 1, [np.zeros((1, 16), np.uint8)] * 3, src, np.array([4]))
+        gather_rows(lib, 1, [np.zeros((1, 16), np.uint8)] * 3, src, np.array([4]))
     with pytest.raises(ValueError, match="rows must match"):
-        pcie_stage.gather_rows(lib, 1, [np.zeros((1, 8), np.uint8)] * 3, src, np.array([1]))
+        gather_rows(lib, 1, [np.zeros((1, 8), np.uint8)] * 3, src, np.array([1]))
 
 
 def test_tier_host_gathers_then_copies_each_projection_between_two_events(monkeypatch):

@@ -138,9 +138,9 @@ def probe_pool_gbs(model, pool=None, repeats: int = PROBE_REPEATS) -> float:
 
 def probe_gather_gbs(model, team=None, repeats: int = PROBE_REPEATS) -> float:
     """The PCIe share's host gather's rate (GB/s) on the pool probe's experts (all three projections, into a plain
-    buffer: pinned memory is written at the same rate), as a step runs it: engine/gpu/pcie_stage.gather_rows on
+    buffer: pinned memory is written at the same rate), as a step runs it: tiers/gather.gather_rows on
     the pool's team (team: (native library, threads), default tiers/pool.gather_team()), the best of `repeats`."""
-    from ..engine.gpu.pcie_stage import expert_bytes_view, gather_rows
+    from .gather import expert_bytes_view, gather_rows
     from .pool import gather_team
     from .residency import expert_names
 
@@ -148,7 +148,7 @@ def probe_gather_gbs(model, team=None, repeats: int = PROBE_REPEATS) -> float:
     lib, threads = team or gather_team()
     E = model.geometry.n_expert
     srcs = [expert_bytes_view(model.info(name).raw, E) for name in expert_names(0)]
-    outs = [np.zeros((len(experts), src.shape[1]), np.uint8) for src in srcs]  # written once: no faults timed
+    outs = [np.full((len(experts), src.shape[1]), 1, np.uint8) for src in srcs]  # written now: no faults timed
     nbytes = sum(out.nbytes for out in outs)
     best = float("inf")
     for _ in range(max(1, repeats)):

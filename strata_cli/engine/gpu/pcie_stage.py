@@ -9,7 +9,7 @@ from the mapping into the group's pinned buffers (the pages were brought in at l
 DMA per projection copies them to the device staging slots.
 
 Who gathers: the pool's OpenMP team, on the thread that runs the pool (tiers/host.py, before the step's pool call;
-kernels/expert_pool.c strata_gather: 64 KiB chunks over every core, non-temporal stores). The gather and the pool
+tiers/gather.py, kernels/expert_pool.c strata_gather: 64 KiB chunks over every core, non-temporal stores). The gather and the pool
 share the host's cores and memory bandwidth whatever runs them; the 4 Python threads (numpy take) that gathered
 beside the pool's 16 OpenMP threads oversubscribed the cores and reached 17.9 GB/s on the H200 host (#17) where the
 pool computed at 52. Without the native library the gather is numpy's take on the calling thread.
@@ -20,43 +20,9 @@ it does only after it passed the flagB wait of (layer-1, g), i.e. after that ste
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 
-_ptr = ctypes.c_void_p
-
-
-def expert_bytes_view(raw: np.ndarray, n_expert: int) -> np.ndarray:
-    """A tensor's memory-mapped rows [E, ...] seen as [E, expert bytes] uint8 (no copy)."""
-    flat = raw.reshape(n_expert, -1)
-    return flat.view(np.uint8) if flat.dtype != np.uint8 else flat
-
-
-def gather_rows(lib, threads: int, outs: list[np.ndarray], srcs: list[np.ndarray], experts: np.ndarray) -> None:
-    """outs[p][i] = srcs[p][experts[i]] for every projection p (srcs [E, expert bytes] uint8, outs [n, expert bytes]
-    uint8, both row-contiguous): one strata_gather call on the calling thread's OpenMP team (lib: the pool's native
-    library), or numpy's take per projection without it (lib None)."""
-    if lib is None:
-        for out, src in zip(outs, srcs):
-            # mode "clip": with "raise" numpy buffers `out` (a second copy); the plan's expert ids are in range
-            np.take(src, experts, axis=0, out=out, mode="clip")
-        return
-    e = np.asarray(experts, dtype=np.uint64)
-    if e.size and int(e.max()) >= min(src.shape[0] for src in srcs):
-        raise ValueError(f"expert {int(e.max())} out of range of {min(src.shape[0] for src in srcs)}")
-    src_p, dst_p, nbytes = [], [], []
-    for out, src in zip(outs, srcs):
-        if out.shape != (len(e), src.shape[1]) or src.strides[1] != 1 or out.strides[1] != 1:
-            raise ValueError(f"gather of {len(e)} rows of {src.shape[1]} bytes into {out.shape}: rows must match")
-        src_p.append(np.uint64(src.ctypes.data) + e * np.uint64(src.strides[0]))
-        dst_p.append(np.uint64(out.ctypes.data) + np.arange(len(e), dtype=np.uint64) * np.uint64(out.strides[0]))
-        nbytes.append(np.full(len(e), src.shape[1], dtype=np.int64))
-    src_a, dst_a, len_a = (np.ascontiguousarray(np.concatenate(a)) for a in (src_p, dst_p, nbytes))
-    rc = lib.strata_gather(int(threads), len(len_a), _ptr(src_a.ctypes.data), _ptr(dst_a.ctypes.data),
-                           _ptr(len_a.ctypes.data))
-    if rc != 0:
-        raise RuntimeError(f"strata_gather failed (code {rc})")
+from ...tiers.gather import gather_rows
 
 
 class StagingRing:

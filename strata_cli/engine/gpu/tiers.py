@@ -112,8 +112,9 @@ class ExpertTiers:
         self.launch_gate = None
         if self.pcie:
             from ...gpu.graphs import new_stream
+            from ...tiers.gather import expert_bytes_view
             from ...tiers.pool import gather_team
-            from .pcie_stage import StagingRing, expert_bytes_view
+            from .pcie_stage import StagingRing
 
             self.copy_stream = new_stream()
             # the PCIe share's experts go through pinned staging buffers (pcie_stage.py says why the file itself is
