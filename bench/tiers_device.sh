@@ -6,7 +6,10 @@
 # also 12 and 24 GiB of experts by that profile without and with --split (issue 17 item 5: the split window
 # measured at cache 0 / 12 / 24 GiB); a short table last.
 #   bench/tiers_device.sh MODEL.gguf [OUT_DIR]
+# Before the runs: bench/gather_bench.py (the PCIe share's host gather alone, ~10 s); after the table: auto against 0
+# per T (whether DEFAULT_PCIE_FRAC = AUTO is safe).
 # Env: TIERS_TEST_S (the tests' timeout, default 120), TIERS_RUN_S (each verify-bench's timeout, default 36),
+# TIERS_GATHER_S (the gather bench's, default 40),
 # TIERS_WINDOWS (default 1,8), TIERS_REPS (default 5), TIERS_DEVICE (default gpu; cpu checks the script here),
 # TIERS_PROFILE (see above).
 set -u
@@ -19,6 +22,10 @@ if [ "${TIERS_DEVICE:-gpu}" = gpu ]; then  # the GPU tier tests (TIERS_DEVICE=cp
         2>&1 | tee "$out/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped"
     echo "tests rc ${PIPESTATUS[0]}" | tee -a "$out/tests.log"
 fi
+# the PCIe share's host gather alone on this host's cores (strata_gather on the pool's team against numpy's take, and
+# the memcpy build): the rate tiers/share.py weighs against the pool's
+timeout -k 5 "${TIERS_GATHER_S:-40}" python3 bench/gather_bench.py --gb 2 --threads "1,4,$(nproc)" --ab --iters 10 \
+    2>&1 | tee "$out/gather.log" | grep -v '^{'
 runs=("0" "0.25" "0.5" "1" "auto" "0 --split")
 [ -n "${TIERS_PROFILE:-}" ] && runs+=("0 --expert-cache 12GiB" "0 --expert-cache 12GiB --split"
                                       "0 --expert-cache 24GiB" "0 --expert-cache 24GiB --split")
@@ -33,7 +40,7 @@ for spec in "${runs[@]}"; do
         >"$out/$name.json" 2>"$out/$name.err"
     rc=$?
     printf '%s: rc %s, %s ms wall\n' "$name" "$rc" "$(( ($(date +%s%N) - t0) / 1000000 ))"
-    grep -E '^load:|engine built|expert pages in|PCIe share|tiers: waiting|error|warning' "$out/$name.err" \
+    grep -E '^load:|engine built|expert pages in|PCIe share|PCIe copy path|tiers: waiting|error|warning' "$out/$name.err" \
         | sed -E 's/^expert cache: .*(PCIe share: )/\1/; s/^/    /'
 done
 python - "$out" "${runs[@]}" <<'PY'
@@ -53,4 +60,19 @@ for spec in runs:
     for r in rows:
         cells = [f"{r.get(c):.3g}" if isinstance(r.get(c), float) else str(r.get(c, "-")) for c in cols]
         print(f"| {name} | " + " | ".join(cells) + " |")
+# auto against the pool alone per T: DEFAULT_PCIE_FRAC = AUTO (tiers/share.py) is safe where auto is no slower
+# than 0 at every T (3 % for noise); the auto line above says the share it chose and the times it predicted
+def medians(name):
+    try:
+        return {r["window"]: r["ms_median"] for r in json.load(open(f"{out}/{name}.json"))["rows"]}
+    except (OSError, ValueError, KeyError):
+        return {}
+auto, zero = medians("pcie_auto"), medians("pcie_0")
+both = sorted(set(auto) & set(zero))
+if both:
+    parts = [f"T={T}: {auto[T]:.1f} vs {zero[T]:.1f} ms ({auto[T] / zero[T] - 1:+.0%})" for T in both]
+    safe = all(auto[T] <= 1.03 * zero[T] for T in both)
+    print(f"auto vs 0: {'; '.join(parts)} -> default auto {'safe' if safe else 'NOT safe'}")
+else:
+    print("auto vs 0: a run is missing")
 PY

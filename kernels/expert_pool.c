@@ -1,6 +1,7 @@
 /* Host kernels of the CPU expert pool (strata_cli/tiers/pool.py, native.py): routed experts straight from the
  * memory-mapped GGUF blocks, the same call with a per-thread profile (strata_pool_diag, for the benchmark), the
- * doorbell word waits, and a plain parallel read for the benchmark.
+ * doorbell word waits, the PCIe share's gather into its pinned staging (strata_gather), and a plain parallel read for
+ * the benchmark.
  *
  * Built at first use: cc -O3 -fopenmp -ffp-contract=off [-mavx2 -mfma -mf16c] -shared. Weights are dequantized
  * exactly as gguf.quants.dequantize does (same float32 operations, no contraction) and multiplied in float32 with
@@ -423,6 +424,71 @@ uint32_t strata_wait_geq(const uint32_t *word, uint32_t want, int64_t max_ns) {
         if (t >= end) return v;
         if (t - start > 20000) sched_yield();
     }
+}
+
+/* ---- the PCIe share's gather (strata_cli/engine/gpu/pcie_stage.py): n pieces src[i] -> dst[i] of bytes[i] each,
+ * cut into GATHER_CHUNK-byte chunks shared dynamically by the team, so that even one expert's three projections (a
+ * T = 1 step's PCIe share) spread over every core. Called on the thread that runs the pool, it runs on the pool's own
+ * OpenMP team, one after the other with the pool's call, never beside it: the two share the host's cores and memory
+ * bandwidth in any case (tiers/share.py models the host time as their sum), and a second team on the same cores
+ * (the old 4 Python threads beside the pool's 16) only oversubscribed them (#17: 17.9 GB/s and a slower pool).
+ * With AVX2 the stores are non-temporal (the staging is read next by the DMA, not by a core: no read-for-ownership
+ * of the destination lines, no pool data evicted for them), src read with unaligned loads, the unaligned edges by
+ * memcpy; an sfence at the end of each chunk orders the stores before the call returns (the DMA is issued after).
+ * -DGATHER_MEMCPY: plain memcpy instead, the A/B of bench/gather_bench.py --ab (delete it once the device decided). */
+#define GATHER_CHUNK (64 << 10)
+
+static void copy_stream(uint8_t *d, const uint8_t *s, int64_t n) {
+#if defined(STRATA_AVX2) && !defined(GATHER_MEMCPY)
+    const int64_t head = (int64_t)((32 - ((uintptr_t)d & 31)) & 31);
+    if (n < head + 128) {
+        memcpy(d, s, (size_t)n);
+        return;
+    }
+    memcpy(d, s, (size_t)head);
+    d += head, s += head, n -= head;
+    int64_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        const __m256i a = _mm256_loadu_si256((const __m256i *)(s + i));
+        const __m256i b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
+        const __m256i c = _mm256_loadu_si256((const __m256i *)(s + i + 64));
+        const __m256i e = _mm256_loadu_si256((const __m256i *)(s + i + 96));
+        _mm256_stream_si256((__m256i *)(d + i), a);
+        _mm256_stream_si256((__m256i *)(d + i + 32), b);
+        _mm256_stream_si256((__m256i *)(d + i + 64), c);
+        _mm256_stream_si256((__m256i *)(d + i + 96), e);
+    }
+    memcpy(d + i, s + i, (size_t)(n - i));
+    _mm_sfence();
+#else
+    memcpy(d, s, (size_t)n);
+#endif
+}
+
+int strata_gather(int n_threads, int n, const uint64_t *src, const uint64_t *dst, const int64_t *bytes) {
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        if (bytes[i] < 0) return 1;
+        total += (bytes[i] + GATHER_CHUNK - 1) / GATHER_CHUNK;
+    }
+    if (total == 0) return 0;
+    if (n_threads > total) n_threads = (int)total;
+#pragma omp parallel num_threads(n_threads)
+    {
+        int piece = 0;
+        int64_t first = 0; /* the first chunk of `piece`: each thread walks the pieces forward with its chunks */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t c = 0; c < total; c++) {
+            while (c - first >= (bytes[piece] + GATHER_CHUNK - 1) / GATHER_CHUNK) {
+                first += (bytes[piece] + GATHER_CHUNK - 1) / GATHER_CHUNK;
+                piece++;
+            }
+            const int64_t off = (c - first) * GATHER_CHUNK;
+            const int64_t len = bytes[piece] - off < GATHER_CHUNK ? bytes[piece] - off : GATHER_CHUNK;
+            copy_stream((uint8_t *)(uintptr_t)dst[piece] + off, (const uint8_t *)(uintptr_t)src[piece] + off, len);
+        }
+    }
+    return 0;
 }
 
 /* ---- the plain parallel read the pool is measured against: the sum of every byte of n buffers */

@@ -34,6 +34,44 @@ def test_pcie_share_of_flash_next_sized_experts_equals_all_resident(tmp_path):
         eng.close()  # idempotent
 
 
+@pytest.mark.parametrize("drop", [False, True])
+def test_auto_measures_the_copy_path_and_keeps_or_drops_the_pcie_share(tmp_path, monkeypatch, drop):
+    """--pcie-frac auto with the setup's probes faked so that PCIe pays at setup (gather 1000 GB/s): the staging is
+    made and the copy path measured on the device (the real gather and DMA). Against a pool of 0.05 GB/s the
+    measured path still pays: a share > 0 copied in the windows. drop: the measurement runs but reports a gather of
+    1 GB/s against a pool of 10, so no share can pay: the PCIe path is dropped before the warm-up (no flagB wait
+    recorded, no copy thread). Both equal the all-resident run."""
+    from strata_cli.engine.gpu import tiers as tiers_mod
+    from strata_cli.tiers import setup
+    from strata_cli.tiers.share import best_pcie_frac
+
+    pool_gbs = 10.0 if drop else 0.05
+    monkeypatch.setattr(setup, "probe_pool_gbs", lambda model: pool_gbs)
+    monkeypatch.setattr(setup, "probe_gather_gbs", lambda model: 1000.0)
+    if drop:
+        real = tiers_mod.ExpertTiers.measure_copy_path
+
+        def slow_gather(self, repeats=3):
+            _, _, dma, nbytes = real(self, repeats)
+            return 1 / (1 / 1.0 + 1 / dma), 1.0, dma, nbytes
+
+        monkeypatch.setattr(tiers_mod.ExpertTiers, "measure_copy_path", slow_gather)
+    model = synthetic_model(tmp_path, "flash-next", 4, "Q8_0", layers=4, experts=16, vocab=4096, ngram_vocab=100)
+    tokens = np.random.default_rng(3).integers(0, model.geometry.n_vocab, 16)
+    base, base_ids = speculative_run(tiered_engine(model), tokens, np.random.default_rng(6), 6)
+    with tiered_engine(model, cache="0", pcie_frac="auto") as eng:
+        rates = eng.tiers.cfg.rates
+        assert rates.dma_measured and rates.dma_gbs > 0 and rates.pool_gbs == pool_gbs
+        frac = eng.tiers.cfg.pcie_frac
+        assert frac == best_pcie_frac(rates) and (frac > 0) == (not drop) and eng.tiers.pcie == (frac > 0)
+        assert "DMA" in eng.tier_note and "measured" in eng.tier_note and "predicted tier ms" in eng.tier_note
+        got, ids = speculative_run(eng, tokens, np.random.default_rng(6), 6)
+        assert rel_err(got, base) <= 1e-4
+        np.testing.assert_array_equal(ids, base_ids)
+        assert (eng.tier_host.history[-1]["pcie"] > 0) == (frac > 0)
+        assert (eng.tier_host._copier is not None) == (frac > 0)
+
+
 def test_pcie_then_all_resident_then_pcie_in_one_process(tmp_path):
     """The order that failed (#17): an all-resident engine's dense uploads after a PCIe-share engine closed, then a
     PCIe-share engine again; each against the first all-resident run."""

@@ -1,11 +1,11 @@
-"""engine/gpu/pcie_stage.py: the PCIe share's pinned staging ring, with numpy buffers in place of pinned memory
-(the DMAs from it run in the GPU tier tests)."""
+"""engine/gpu/pcie_stage.py and tiers/gather.py: the PCIe share's pinned staging ring and its gather, with numpy
+buffers in place of pinned memory (the DMAs from it run in the GPU tier tests)."""
 
 import numpy as np
 import pytest
 
-from strata_cli.engine.gpu import pcie_stage
-from strata_cli.engine.gpu.pcie_stage import StagingRing, expert_bytes_view, gather_chunks
+from strata_cli.engine.gpu.pcie_stage import StagingRing
+from strata_cli.tiers.gather import expert_bytes_view, gather_rows
 from strata_cli.tiers.doorbell import StepRange
 
 
@@ -27,35 +27,91 @@ def test_expert_bytes_view_is_the_tensors_bytes_per_expert_without_a_copy():
     np.testing.assert_array_equal(view[2].view(np.float32), raw[2].reshape(-1))
 
 
-def test_chunks_cover_the_range_once_and_none_is_empty():
-    for n, parts in [(1, 4), (7, 3), (8, 4), (3, 8), (10, 1)]:
-        chunks = gather_chunks(n, parts)
-        assert [i for a, b in chunks for i in range(a, b)] == list(range(n))
-        assert len(chunks) == min(n, parts) and all(b > a for a, b in chunks)
+def _native():
+    from strata_cli.tiers import native
+
+    lib = native.load()
+    if lib is None:
+        pytest.skip("no C compiler: the native gather is not built")
+    return lib
 
 
-@pytest.mark.parametrize("threads,split_bytes", [(1, 4 << 20), (3, 1), (4, 4 << 20)])
-def test_gather_fills_the_front_of_the_groups_buffer_in_plan_order(monkeypatch, threads, split_bytes):
-    monkeypatch.setattr(pcie_stage, "GATHER_SPLIT_BYTES", split_bytes)
+# (lib kind, threads): numpy's take without the library, the native gather on 1 and 3 threads (more threads than
+# chunks in the small pieces: every chunk still copied once), and the plain-C build (no non-temporal stores)
+GATHER_WAYS = [("numpy", 1), ("native", 1), ("native", 3), ("scalar", 2)]
+
+
+def _lib(kind):
+    from strata_cli.tiers import native
+
+    if kind == "numpy":
+        return None
+    _native()
+    return native.load() if kind == "native" else native.load_variant(("STRATA_NO_SIMD=1",), isa="scalar")
+
+
+@pytest.mark.parametrize("kind,threads", GATHER_WAYS)
+def test_gather_fills_the_front_of_the_groups_buffers_in_plan_order(kind, threads):
     rng = np.random.default_rng(0)
-    src = [rng.integers(0, 256, (9, n), dtype=np.uint8) for n in (40, 40, 64)]
-    ring = StagingRing(2, [5 * 64] * 3, FakePinned, threads=threads)
+    # odd expert sizes (unaligned rows and tails) and one above a 64 KiB chunk, so pieces split over chunks
+    src = [rng.integers(0, 256, (9, n), dtype=np.uint8) for n in (40, 40_001, 70_000 + 3)]
+    ring = StagingRing(2, [5 * 70_003] * 3, FakePinned, lib=_lib(kind), threads=threads)
     experts = np.array([7, 0, 3, 8], dtype=np.intp)
     for grp in range(2):
+        staged = ring.gather(grp, src, experts)
         for p in range(3):
-            ptr, nbytes = ring.gather(grp, p, src[p], experts)
+            ptr, nbytes = staged[p]
             buf = ring.buffers[grp][p]
             assert ptr == buf.host_ptr and nbytes == 4 * src[p].shape[1]
             np.testing.assert_array_equal(buf.host[:nbytes].reshape(4, -1), src[p][experts])
             assert (buf.host[nbytes:] == 0xEE).all()  # past the step's experts: untouched
+    assert [n for _, n in ring.gather(0, src, experts[:0])] == [0, 0, 0]  # no PCIe expert: nothing copied
     FakePinned.freed = 0
     ring.close()
     ring.close()
     assert FakePinned.freed == 6  # every buffer freed once, however often close() runs
 
 
+@pytest.mark.parametrize("threads", [1, 2, 5])
+def test_native_gather_copies_every_byte_at_any_alignment(threads):
+    """strata_gather: the non-temporal body between memcpy'd edges, for every destination and source alignment and
+    sizes around the body's 128 bytes and the 64 KiB chunk, a zero-byte piece among them."""
+    lib = _native()
+    rng = np.random.default_rng(3)
+    pool = rng.integers(0, 256, 300_000, dtype=np.uint8)
+    sizes = [0, 1, 31, 127, 128, 129, 160, 1000, 65_536, 65_537, 131_071, 70_000]
+    offsets = [(i * 7) % 64 for i in range(len(sizes))]
+    out = np.zeros(sum(sizes) + 128 * len(sizes), np.uint8)
+    src_p, dst_p, want, at = [], [], [], 0
+    for n, off in zip(sizes, offsets):
+        s0 = (off * 3 + 5) % 97
+        src_p.append(pool.ctypes.data + s0)
+        dst_p.append(out.ctypes.data + at + off)
+        want.append((at + off, pool[s0:s0 + n]))
+        at += off + n + 64
+    args = [np.array(v, dtype=t) for v, t in ((src_p, np.uint64), (dst_p, np.uint64), (sizes, np.int64))]
+    assert lib.strata_gather(threads, len(sizes), *(a.ctypes.data for a in args)) == 0
+    mask = np.ones(out.size, bool)
+    for o, piece in want:
+        np.testing.assert_array_equal(out[o:o + piece.size], piece)
+        mask[o:o + piece.size] = False
+    assert not out[mask].any()  # nothing written outside the pieces
+    bad = np.array([-1], np.int64)
+    assert lib.strata_gather(1, 1, args[0].ctypes.data, args[1].ctypes.data, bad.ctypes.data) == 1
+
+
+def test_gather_refuses_rows_that_do_not_match():
+    lib = _native()
+    src = [np.zeros((4, 16), np.uint8)] * 3
+    with pytest.raises(ValueError, match="out of range"):
+        gather_rows(lib, 1, [np.zeros((1, 16), np.uint8)] * 3, src, np.array([4]))
+    with pytest.raises(ValueError, match="rows must match"):
+        gather_rows(lib, 1, [np.zeros((1, 8), np.uint8)] * 3, src, np.array([1]))
+
+
 def test_tier_host_gathers_then_copies_each_projection_between_two_events(monkeypatch):
-    """TierHost._copy_pcie with the driver faked: the step's experts land in the group's device slots in plan order,
+    """TierHost._copy_pcie with the driver faked: the step's experts, gathered into the group's staging (on the
+    serving thread, before the pool), land in the group's device slots in plan order,
     one DMA per projection between the step's event pair, flagB after them; _copy_ms sums the pairs' times."""
     import ctypes
     import types
@@ -90,7 +146,7 @@ def test_tier_host_gathers_then_copies_each_projection_between_two_events(monkey
     src = [rng.integers(0, 256, (E, n), dtype=np.uint8) for n in (24, 24, 40)]
     device = {f"tier_stage.{g}.{p}": np.zeros(Q * 40, np.uint8) for g in range(2) for p in range(3)}
     slots = {k: types.SimpleNamespace(data=types.SimpleNamespace(ptr=v.ctypes.data)) for k, v in device.items()}
-    t = types.SimpleNamespace(ring_stage=StagingRing(2, [Q * 40] * 3, FakePinned, threads=2), G=2,
+    t = types.SimpleNamespace(ring_stage=StagingRing(2, [Q * 40] * 3, FakePinned), G=2,
                               steps=StepRange(0, 1),
                               expert_src=[src], copy_stream=types.SimpleNamespace(ptr=0), buf=slots,
                               words=types.SimpleNamespace(device=np.zeros(8, np.uint32)))
@@ -98,7 +154,8 @@ def test_tier_host_gathers_then_copies_each_projection_between_two_events(monkey
     host.t, host.stats, host._events, host._timed_copies = t, {"gather_ms": 0.0}, [], []
     ids = np.array([[4, 1], [1, 5]])
     plan = tier_host.plan_step(ids, np.full(E, -1, np.int32), 1.0)
-    host._copy_pcie(0, 1, plan, want=7)
+    staged = t.ring_stage.gather(1, src, plan.pcie.experts.astype(np.intp))
+    host._copy_pcie(0, 1, staged, want=7)
     experts = plan.pcie.experts.tolist()
     assert sorted(experts) == [1, 4, 5]
     for p in range(3):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+import math
+
 import numpy as np
 import pytest
 from strata_cli.engine.gpu.tiers import ExpertTiers
@@ -189,8 +191,8 @@ def _sim(monkeypatch, fixture_dir, cache, split=False, stall=0, T=3, seed=0, pci
     tiers = _SimTiers(model, table, cfg, max_t=4)
     tiers.copies = []
 
-    def copy_pcie(self, layer, grp, plan, want):
-        tiers.copies.append((layer, grp, plan.pcie.experts.tolist(), threading.current_thread().name))
+    def copy_pcie(self, layer, grp, staged, want):
+        tiers.copies.append((layer, grp, staged, threading.current_thread().name))
         threading.Timer(0.002, lambda: tiers.words.host.__setitem__(FLAG_B, max(int(tiers.words.host[FLAG_B]),
                                                                                  want))).start()
 
@@ -327,9 +329,13 @@ def test_tier_breakdown_gpu_time_copy_rate_and_tier_floor():
     from strata_cli.tiers.stats import add_tier_stats, tier_floor_ms
     from strata_cli.report.records import BenchRecord
 
-    # 10 MB at 10 GB/s of pool and 51 MB at 51 GB/s of copies overlap: 1 ms over the all-resident 2 ms
-    assert tier_floor_ms(2.0, 10e6, 51e6, pool_gbs=10.0, pcie_gbs=51.0) == pytest.approx(3.0)
-    assert tier_floor_ms(2.0, 30e6, 51e6, pool_gbs=10.0, pcie_gbs=51.0) == pytest.approx(5.0)
+    from strata_cli.tiers.share import ShareRates
+
+    # with no gather, 10 MB at 10 GB/s of pool and 51 MB at 51 GB/s of copies overlap: 1 ms over the all-resident 2 ms
+    assert tier_floor_ms(2.0, 10e6, 51e6, ShareRates(10.0, math.inf, 51.0)) == pytest.approx(3.0)
+    assert tier_floor_ms(2.0, 30e6, 51e6, ShareRates(10.0, math.inf, 51.0)) == pytest.approx(5.0)
+    # a gather at 51 GB/s: 1 ms more on the host (after the pool's 1 ms), and before the DMA's 1 ms
+    assert tier_floor_ms(2.0, 10e6, 51e6, ShareRates(10.0, 51.0, 51.0)) == pytest.approx(4.0)
     assert tier_floor_ms(None, 1.0, 1.0) is None
     history = [{"T": 2, "vram": 0, "pcie": 4, "cpu": 4, "vram_share": 0.0, "pcie_share": 0.5, "cpu_share": 0.5,
                 "wait_b_ms": 1.5, "wait_flag_ms": 2.5, "host_wait_ms": 0.1, "pool_ms": 4.0, "pcie_bytes": 8e6,

@@ -387,7 +387,11 @@ def _run_window(monkeypatch, engine, kernels, rt, moes, T):
 CASES = [("q8_0", dict(cache="0")), ("q8_0", dict(cache="0", pcie_frac=0.5)),
          ("q8_0", dict(cache="7", pcie_frac=1.0, split=True)), ("q8_0", dict(cache="40", split=True)),
          ("q8_0", dict(cache="40", pcie_frac=0.5)), ("bf16", dict(cache="0", pcie_frac=0.5, split=True)),
-         ("bf16", dict(cache="7")), ("q8_0", dict(cache="0", pcie_frac="auto", split=True)),
+         ("bf16", dict(cache="7")),
+         # auto with the rates faked (probe_rates below): PCIe pays at setup and still once the copy path is
+         # measured; it pays at setup, but the measured gather is slower than the pool: the PCIe path dropped
+         ("q8_0", dict(cache="0", pcie_frac="auto", split=True, measured=(40.0, 60.0))),
+         ("q8_0", dict(cache="0", pcie_frac="auto", measured=(5.0, 60.0))),
          ("q8_0", dict(cache="24", policy="lru")),  # 3 slots a layer: fills land at their slot's offset
          ("q8_0", dict(cache="7", policy="lru", max_copy=26112)),
          ("q8_0", dict(cache="7", policy="lfu", pcie_frac=0.5, split=True)), ("bf16", dict(cache="7", policy="lru"))]
@@ -414,6 +418,26 @@ def test_tiered_stage_windows_equal_the_reference_moe(monkeypatch, fixture_dir, 
     _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers)
 
 
+PROBE_POOL_GBS = 10.0  # the pool's rate probe_rates fakes; the setup's gather probe says 40 (PCIe pays at setup)
+
+
+def probe_rates(monkeypatch, gather_gbs: float, dma_gbs: float) -> None:
+    """--pcie-frac auto on fixed rates: the setup's probes (pool PROBE_POOL_GBS, gather 40 GB/s), the copy path's
+    measurement (the staging really gathered and copied, the rates reported these)."""
+    from strata_cli.engine.gpu import tiers as tiers_mod
+    from strata_cli.tiers import setup
+
+    monkeypatch.setattr(setup, "probe_pool_gbs", lambda model: PROBE_POOL_GBS)
+    monkeypatch.setattr(setup, "probe_gather_gbs", lambda model: 40.0)
+    real = tiers_mod.ExpertTiers.measure_copy_path
+
+    def measure(self, repeats=3):
+        *_, nbytes = real(self, repeats=1)
+        return 1 / (1 / gather_gbs + 1 / dma_gbs), gather_gbs, dma_gbs, nbytes
+
+    monkeypatch.setattr(tiers_mod.ExpertTiers, "measure_copy_path", measure)
+
+
 def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
     """Windows through the tiers of every layer (layers None) or of a stage [lo, hi), each post's block_out rows
     equal to the numpy engine's MoE output of the same layer and rows."""
@@ -429,16 +453,25 @@ def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
     sizes = [1, 3, 4, 2, 8, 5]  # T >= 4: the window graph's fused HC reads (the same pre/post order)
     windows = [tokens[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(len(sizes))]
     ref = Reference(model, windows, monkeypatch)
+    tier_args = dict(tier_args)
+    measured = tier_args.pop("measured", None)
+    if measured is not None:
+        probe_rates(monkeypatch, *measured)
     engine, kernels, rt = _tiered(monkeypatch, model, TierConfig(**tier_args, timeout_s=10.0), layers)
     kernels.ref = ref
+    probe_dmas = len(rt.dmas)  # auto's copy-path measurement (3 DMAs, one a projection) or none
     t, host = engine.tiers, engine.tier_host
     assert not t.all_resident and t.pcie == (t.cfg.pcie_frac > 0) and isinstance(t.cfg.pcie_frac, float)
-    if tier_args.get("pcie_frac") == "auto":  # both rates measured: the copy path's after the buffers exist
-        assert t.cfg.share_auto and t.cfg.pool_gbs > 0 and t.cfg.copy_gbs > 0
-        assert "PCIe copy path" in engine.tier_note and "measured (gather" in engine.tier_note
-        assert t.cfg.pcie_frac == pytest.approx(t.cfg.copy_gbs / (t.cfg.copy_gbs + t.cfg.pool_gbs))
+    if tier_args.get("pcie_frac") == "auto":  # the pool and gather at setup, the copy path after the buffers exist
+        from strata_cli.tiers.share import ShareRates, best_pcie_frac
+
+        rates = ShareRates(PROBE_POOL_GBS, *measured, dma_measured=True)
+        assert t.cfg.share_auto and t.cfg.rates == rates and t.cfg.pcie_frac == best_pcie_frac(rates)
+        assert f"and gather {measured[0]:.1f} GB/s" in engine.tier_note and "DMA 60.0 GB/s measured" in engine.tier_note
+        assert (t.cfg.pcie_frac > 0) == (measured[0] > PROBE_POOL_GBS)
+        assert (t.ring_stage is not None) == t.pcie and (host._copier is not None) == t.pcie
     else:
-        assert not t.cfg.share_auto and t.cfg.copy_gbs is None
+        assert not t.cfg.share_auto and t.cfg.rates is None
     # the stage's rows only: other layers hold no slot, upload nothing, have no step (wait-time rows per step)
     assert (t.table_host[:lo] < 0).all() and (t.table_host[hi:] < 0).all()
     assert sorted(t.resident) == list(range(lo, hi)) and t.wait_ns.host.shape == (n_stage * 2, 2)
@@ -481,7 +514,8 @@ def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
     assert (shares["pcie"] > 0) == (frac > 0) and (shares["cpu"] > 0) == (frac < 1)
     assert (shares["vram"] > 0) == bool((t.table_host >= 0).any())
     if t.fill is None:
-        assert bool(rt.dmas) == (frac > 0) and not rt.other_copies
+        assert probe_dmas == (3 if measured else 0)
+        assert bool(rt.dmas[probe_dmas:]) == (frac > 0) and not rt.other_copies
     else:  # the slots changed between windows (copies into them, the table uploaded), their count did not
         swaps = [h["swaps"] for h in host.history]
         assert sum(swaps) > 0 and rt.other_copies

@@ -20,7 +20,8 @@ def tier_options(f):
                      "group's experts while the GPU runs the other (windows of T >= 2)."),
         click.option("--pcie-frac", default=None, metavar="auto|F",
                      help="Share of each layer's distinct VRAM misses copied over PCIe by the copy engine; "
-                     "the CPU pool computes the rest. auto balances the copy engine's and the pool's rates "
+                     "the CPU pool computes the rest. auto picks the share of least predicted time from the "
+                     "pool's, the host gather's and the DMA's measured rates, 0 where PCIe loses "
                      "(strata_cli/tiers/share.py). [default: 0]"),
         click.option("--expert-max-copy", default=None, metavar="SIZE",
                      help="Bytes an adaptive --expert-policy copies into VRAM per window at most. "
@@ -53,8 +54,8 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, exper
 
     cache = cache_override if cache_override is not None else expert_cache
     stall = settings.TEST_VERIFY_STALL.value() if stall_window is None else stall_window
-    # the default share (tiers/share.DEFAULT_PCIE_FRAC) is 0, the CPU pool alone, until auto is measured to win on
-    # the full-size file; auto and numbers are the user's choice
+    # the default share (tiers/share.DEFAULT_PCIE_FRAC) is 0, the CPU pool alone, until auto is measured no slower
+    # than it on the full-size file (bench/tiers_device.sh's last line); auto and numbers are the user's choice
     cfg = TierConfig(profile=expert_profile, cache="all" if cache is None else cache,
                      pcie_frac=DEFAULT_PCIE_FRAC if pcie_frac is None else pcie_frac, split=split, wait=tier_wait,
                      stall_window=stall, policy=expert_policy,

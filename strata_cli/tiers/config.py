@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .cache_policy import DEFAULT_MAX_COPY_BYTES
 from .residency import CacheSpec, parse_cache_spec, parse_size
-from .share import DEFAULT_PCIE_FRAC, parse_pcie_frac
+from .share import DEFAULT_PCIE_FRAC, ShareRates, parse_pcie_frac
 
 
 @dataclass
@@ -25,8 +25,7 @@ class TierConfig:
     loaded_profile: object = None     # the profile as already read (an ExpertProfile): `-` (stdin) is read once
     # set while the engine is built (tiers/setup.residency_for, engine/gpu/tiers.rebalance_share), never by a user:
     share_auto: bool = False          # pcie_frac came from auto: re-balanced once the copy path is measured
-    pool_gbs: float | None = None     # the CPU pool's measured rate (auto)
-    copy_gbs: float | None = None     # the PCIe copy path's measured rate (auto)
+    rates: ShareRates | None = None   # the pool's, the gather's and the DMA's rates auto measured (tiers/share.py)
 
     def __post_init__(self):
         self.pcie_frac = parse_pcie_frac(self.pcie_frac)

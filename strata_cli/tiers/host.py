@@ -9,8 +9,10 @@ tiers/doorbell.StepRange numbers them). The plan (per group slot, mapped int32):
   pg_entries [JM, 16]   the group's global entries, ascending
 VRAM groups are not in the plan: the device groups them from its residency table right after the ring.
 The PCIe share is the last floor(n_miss * pcie_frac) distinct misses in routing order; the copy stream
-writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never runs ahead of a copy. One copy thread
-gathers each step's PCIe experts and issues their copies (in step order) while this thread runs the CPU pool.
+writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never runs ahead of a copy. This thread
+gathers each step's PCIe experts into the pinned staging on the pool's OpenMP team (engine/gpu/pcie_stage.py says
+why there), then runs the CPU pool while one copy thread issues the step's copies (in step order): the DMAs overlap
+the pool, the gather does not (tiers/share.py models exactly that).
 
 An eager window (the engine's warm-up) is launched by a second thread while this one serves it, and the launcher
 may sit in a driver call that waits for the GPU (a module load, a launch into a full queue: the GPU is stopped at
@@ -143,13 +145,18 @@ class TierHost:
         return ThreadPoolExecutor(1, thread_name_prefix="strata-pcie-copy",
                                   initializer=lambda: check(cudart().cudaSetDevice(device), "cudaSetDevice"))
 
+    def drop_copier(self) -> None:
+        """Stop the copy thread (idempotent): the engine's close(), or no PCIe share after all
+        (engine/gpu/tiers.rebalance_share)."""
+        if self._copier is not None:
+            self._copier.shutdown(wait=True)
+            self._copier = None
+
     def close(self) -> None:
         """Stop the copy thread, destroy the copy events, leave the watchdog's list (the engine's close())."""
         from .watchdog import unregister
 
-        if self._copier is not None:
-            self._copier.shutdown(wait=True)
-            self._copier = None
+        self.drop_copier()
         rt = cudart()
         while self._events:
             for event in self._events.pop():
@@ -270,11 +277,13 @@ class TierHost:
         write_plan(slot, plan, r0 * K, t.JM)
         self._raise_flag(FLAG_A, want)
         copying = None
-        if t.pcie:  # the pool computes while the copy thread issues the copies
-            copying = self._copier.submit(self._issue_copies, layer, grp, plan, want)
+        t_plan = time.perf_counter()
+        if t.pcie:  # gathered here, on the pool's team; the pool computes while the copy thread issues the copies
+            staged = t.ring_stage.gather(grp, t.expert_src[layer], plan.pcie.experts.astype(np.intp))
+            copying = self._copier.submit(self._issue_copies, layer, grp, staged, want)
         else:
             self._raise_flag(FLAG_B, want)
-        t_plan = time.perf_counter()
+        t_pool = time.perf_counter()
         pool = self.src.pool
         kernel0, wake0 = pool.kernel_ns, pool.wake_ns
         if plan.cpu.n_groups:
@@ -289,8 +298,9 @@ class TierHost:
         s["vram"] += int((plan.src == SRC_VRAM).sum())
         s["pcie"] += int((plan.src == SRC_PCIE).sum())
         s["cpu"] += int((plan.src == SRC_CPU).sum())
-        s["plan_ms"] += (t_plan - t1) * 1e3  # routing ids to the plan, its words, flagA, the PCIe copies' issue
-        s["pool_ms"] += (t2 - t_plan) * 1e3  # the CPU pool's call, Python and kernel
+        s["plan_ms"] += (t_plan - t1) * 1e3  # routing ids to the plan, its words, flagA
+        s["gather_ms"] += (t_pool - t_plan) * 1e3  # the PCIe experts into the staging, the copy job handed over
+        s["pool_ms"] += (t2 - t_pool) * 1e3  # the CPU pool's call, Python and kernel
         s["pool_kernel_ms"] += (pool.kernel_ns - kernel0) / 1e6
         s["pool_wake_ms"] += (pool.wake_ns - wake0) / 1e6
         s["host_wait_ms"] += (t1 - t0) * 1e3
@@ -299,10 +309,10 @@ class TierHost:
         s["cpu_bytes"] += eb * plan.cpu.n_groups
         self.progress = time.monotonic()
 
-    def _issue_copies(self, layer: int, grp: int, plan: StepPlan, want: int) -> None:
+    def _issue_copies(self, layer: int, grp: int, staged: list[tuple[int, int]], want: int) -> None:
         """The copy thread's job of one step: its copies issued, then the eager launcher's gate opened up to it."""
         try:
-            self._copy_pcie(layer, grp, plan, want)
+            self._copy_pcie(layer, grp, staged, want)
         finally:
             self._copy_phase = ("idle", time.monotonic())
         with self._issued_cv:
@@ -336,20 +346,15 @@ class TierHost:
         text, since = self._copy_phase
         return f"the copy thread: {text} for {time.monotonic() - since:.1f} s"
 
-    def _copy_pcie(self, layer: int, grp: int, plan: StepPlan, want: int) -> None:
-        """The PCIe share's expert blobs gathered from the memory-mapped file into the group's pinned staging
-        buffers (pcie_stage.py), one DMA per projection into the device staging slots (copy engine), then flagB =
-        want on the copy stream (after the copies land). The DMAs sit between two events (copy GB/s)."""
+    def _copy_pcie(self, layer: int, grp: int, staged: list[tuple[int, int]], want: int) -> None:
+        """The step's PCIe experts, gathered into the group's pinned staging buffers (staged: per projection (host
+        address, bytes), StagingRing.gather), one DMA per projection into the device staging slots (copy engine),
+        then flagB = want on the copy stream (after the copies land). The DMAs sit between two events (copy GB/s)."""
         from ..gpu.launch_tiers import write_word
 
         t, rt = self.t, cudart()
         kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
         stream = t.copy_stream
-        experts = plan.pcie.experts.astype(np.intp)
-        g0 = time.perf_counter()
-        self._phase(f"gathering {len(experts)} experts of layer {layer} from the mapped file")
-        staged = [t.ring_stage.gather(grp, p, t.expert_src[layer][p], experts) for p in range(3)]
-        self.stats["gather_ms"] += (time.perf_counter() - g0) * 1e3
         start, end = self._copy_events(t.steps.ring(layer, grp, t.G) - 1)
         self._phase(f"cudaEventRecord before layer {layer}'s copies")
         check(rt.cudaEventRecord(start, stream.ptr), "cudaEventRecord")

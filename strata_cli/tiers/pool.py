@@ -39,6 +39,12 @@ def default_threads() -> int:
         return os.cpu_count() or 1
 
 
+def gather_team() -> tuple[object, int]:
+    """(the native library, its team size) an ExpertPool made with the defaults computes on: the PCIe share's gather
+    (engine/gpu/pcie_stage.py) runs on the same team, one call after the other with the pool's."""
+    return native.load(), default_threads()
+
+
 class _LayerTensors:
     """gate / up / down of one layer: raw memmap views [E, rows, row bytes|elems] and their byte strides."""
 

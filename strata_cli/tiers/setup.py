@@ -1,5 +1,6 @@
 """Choosing the residency of a GPU engine's expert tiers before any upload: --expert-cache, --pcie-frac auto
-resolved, and whether the engine needs the doorbell graph at all (engine/gpu/tiers.py attaches the tiers after).
+resolved (the pool and the gather timed here; a share of 0 makes no staging at all), and whether the engine needs the
+doorbell graph at all (engine/gpu/tiers.py attaches the tiers after).
 
 --expert-cache auto keeps what fits: device memory free before loading, less the dense weights, the arena
 (KV cache, window buffers, staging slots) and a margin, filled with the ranked (layer, expert) pairs.
@@ -13,7 +14,7 @@ from ..gpu.runtime import cupy
 from ..model.names import PLE_TABLE
 from .config import TierConfig
 from .residency import choose_residency, is_expert_tensor
-from .share import AUTO, probe_pool_gbs, resolve_pcie_frac
+from .share import AUTO, ShareRates, auto_window_bytes, probe_gather_gbs, probe_pool_gbs, resolve_pcie_frac
 
 
 def _dense_bytes(model, layers: tuple[int, int]) -> int:
@@ -44,12 +45,13 @@ def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int,
     if cfg is None:
         return None, None, None
     stall = cfg.stall_window
-    auto = cfg.pcie_frac == AUTO
-    pool_gbs = probe_pool_gbs(model) if auto else None
-    frac, pcie_note = resolve_pcie_frac(cfg.pcie_frac, pool_gbs)
-    cfg = dataclasses.replace(cfg, pcie_frac=frac, share_auto=auto, pool_gbs=pool_gbs)
-    free = None
     span = (0, model.geometry.n_layers) if layers is None else (int(layers[0]), int(layers[1]))
+    auto = cfg.pcie_frac == AUTO
+    # auto: the pool and the gather timed on the same experts, on the pool's team (the DMA once staging exists)
+    rates = ShareRates(probe_pool_gbs(model), probe_gather_gbs(model)) if auto else None
+    frac, pcie_note = resolve_pcie_frac(cfg.pcie_frac, rates, auto_window_bytes(model, span) if auto else None)
+    cfg = dataclasses.replace(cfg, pcie_frac=frac, share_auto=auto, rates=rates)
+    free = None
     fixed = _dense_bytes(model, span) + arena_bytes + _staging_bytes(model, cfg, max_t, span)
     if cfg.cache.kind == "auto":
         free = int(cupy().cuda.runtime.memGetInfo()[0])

@@ -5,22 +5,24 @@ the tier floor, and an adaptive --expert-policy's swaps and MB copied into VRAM 
 
 Where the time goes: the GPU's time in the flagB and flag waits (spin waits), the GPU computing (the window less
 those waits), the host waiting for rings, planning each step (plan ms: the routed ids to the plan and its words,
-flagA, the PCIe copies' issue) and in the CPU pool (pool ms: the call with its Python; pool C ms: the kernel's own
-wall time, pool wake ms: of it, until the OpenMP team's last thread started), and the PCIe share's host gather and
-DMAs (copy GB/s: its bytes over the DMA time between the copy events). The tier floor: the all-resident window's floor (every byte it
-reads at the device copy rate, verify-bench's floor ms) plus the longer of the two host shares, which overlap: the
-CPU-share bytes at the pool's rate and the PCIe bytes at the copy path's (measured while the engine was built with
---pcie-frac auto, else tiers/share.py's constants)."""
+flagA), gathering the PCIe share into the pinned staging (gather ms: on the pool's team, before the pool; the copies
+handed to the copy thread) and in the CPU pool (pool ms: the call with its Python; pool C ms: the kernel's own wall
+time, pool wake ms: of it, until the OpenMP team's last thread started), and the PCIe share's DMAs (copy GB/s: its
+bytes over the DMA time between the copy events). The tier floor: the all-resident window's floor (every byte it
+reads at the device copy rate, verify-bench's floor ms) plus the host shares' time as tiers/share.py predicts it
+(the pool and the PCIe gather one after the other on the host, the DMAs beside them) at the rates measured while
+the engine was built with --pcie-frac auto, else the pool's constant and no gather (a lower bound)."""
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from operator import itemgetter
 
 import numpy as np
 
-from .share import PCIE_GBS, POOL_GBS
+from .share import POOL_GBS, ShareRates, shares_ms
 
 TIER_COLUMNS = [("vram_pairs", "VRAM pairs", ".1%"), ("vram_share", "VRAM", ".1%"), ("pcie_share", "PCIe", ".1%"),
                 ("cpu_share", "CPU", ".1%"), ("pcie_mb", "PCIe MB", ".2f"), ("cpu_mb", "CPU MB", ".2f"),
@@ -70,17 +72,13 @@ def _rate(nbytes: float, ms: float) -> float:
 
 
 def tier_floor_ms(all_resident_ms: float | None, cpu_bytes: float, pcie_bytes: float,
-                  pool_gbs: float = POOL_GBS, pcie_gbs: float = PCIE_GBS) -> float | None:
-    """The all-resident window's floor plus the longer of the overlapping CPU and PCIe shares at their rates."""
+                  rates: ShareRates | None = None) -> float | None:
+    """The all-resident window's floor plus the host shares' predicted time (tiers/share.shares_ms: the pool and the
+    gather one after the other on the host, the DMAs beside them) at the rates measured for --pcie-frac auto; without
+    them POOL_GBS and PCIE_GBS and no gather cost (a lower bound)."""
     if all_resident_ms is None:
         return None
-    return all_resident_ms + max(cpu_bytes / (pool_gbs * 1e6), pcie_bytes / (pcie_gbs * 1e6))
-
-
-def _measured(cfg, key: str, default: float) -> float:
-    """A rate the engine measured while it was built (--pcie-frac auto), else the constant."""
-    value = getattr(cfg, key, None)
-    return default if value is None else float(value)
+    return all_resident_ms + shares_ms(cpu_bytes, pcie_bytes, rates or ShareRates(POOL_GBS, math.inf))[2]
 
 
 def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: float | None) -> dict | None:
@@ -106,8 +104,7 @@ def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: fl
                 plan_ms=mean("plan_ms"), pool_ms=pool_ms, pool_kernel_ms=mean("pool_kernel_ms"),
                 pool_wake_ms=mean("pool_wake_ms"), pool_gb_s=_rate(cpu_bytes, pool_ms), gather_ms=mean("gather_ms"), copy_ms=copy_ms,
                 copy_gb_s=_rate(pcie_bytes, copy_ms), pcie_mb=pcie_bytes / 1e6, cpu_mb=cpu_bytes / 1e6,
-                tier_floor_ms=tier_floor_ms(floor_ms, cpu_bytes, pcie_bytes, _measured(t.cfg, "pool_gbs", POOL_GBS),
-                                            _measured(t.cfg, "copy_gbs", PCIE_GBS)), expert_policy=t.cfg.policy,
+                tier_floor_ms=tier_floor_ms(floor_ms, cpu_bytes, pcie_bytes, t.cfg.rates), expert_policy=t.cfg.policy,
                 swaps=mean("swaps"), fill_mb=mean("fill_bytes") / 1e6, fill_late=mean("fill_late"))
 
 

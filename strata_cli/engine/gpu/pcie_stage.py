@@ -5,67 +5,47 @@ whole pages, so the edge pages also held bytes of neighbouring dense tensors; th
 and the next engine's upload of such a tensor, starting in registered memory and ending outside, was refused
 (cudaErrorInvalidValue); and at full size (~48 GB of experts, most pages not yet faulted in) the registration alone
 took minutes before the first window. Here nothing of the file is ever registered: a step's PCIe experts are gathered
-from the mapping into the group's pinned buffer (numpy takes on a few threads, the GIL released; the pages were
-brought in at load by tiers/prefault.py), then one DMA per projection copies them to the device staging slots.
+from the mapping into the group's pinned buffers (the pages were brought in at load by tiers/prefault.py), then one
+DMA per projection copies them to the device staging slots.
 
-Reuse is safe without a fence: the step (layer, g) that fills group g's buffer runs after the GPU rang it, which
-it does only after it passed the flagB wait of (layer-1, g), i.e. after that step's copies from this buffer landed.
+Who gathers: the pool's OpenMP team, on the thread that runs the pool (tiers/host.py, before the step's pool call;
+tiers/gather.py, kernels/expert_pool.c strata_gather: 64 KiB chunks over every core, non-temporal stores). The gather and the pool
+share the host's cores and memory bandwidth whatever runs them; the 4 Python threads (numpy take) that gathered
+beside the pool's 16 OpenMP threads oversubscribed the cores and reached 17.9 GB/s on the H200 host (#17) where the
+pool computed at 52. Without the native library the gather is numpy's take on the calling thread.
+
+Reuse is safe without a fence: the step (layer, g) that fills group g's buffers runs after the GPU rang it, which
+it does only after it passed the flagB wait of (layer-1, g), i.e. after that step's copies from these buffers landed.
 """
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
-GATHER_THREADS = 4          # threads gathering one projection's experts (host memory bandwidth, not compute)
-GATHER_SPLIT_BYTES = 4 << 20  # below this a projection is gathered on the calling thread
-
-
-def expert_bytes_view(raw: np.ndarray, n_expert: int) -> np.ndarray:
-    """A tensor's memory-mapped rows [E, ...] seen as [E, expert bytes] uint8 (no copy)."""
-    flat = raw.reshape(n_expert, -1)
-    return flat.view(np.uint8) if flat.dtype != np.uint8 else flat
-
-
-def gather_chunks(n: int, parts: int) -> list[tuple[int, int]]:
-    """[0, n) as up to `parts` contiguous (start, stop) chunks of near-equal length, none empty."""
-    parts = max(1, min(parts, n))
-    bounds = [n * i // parts for i in range(parts + 1)]
-    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+from ...tiers.gather import gather_rows
 
 
 class StagingRing:
     """host[g][p]: group g's pinned buffer for projection p (bytes [Q * largest expert of p]); gather() fills it.
     alloc(nbytes) -> an object with .host (uint8 numpy view), .host_ptr and free() (runtime.MappedBuffer on the
-    device; a plain numpy buffer in the CPU tests)."""
+    device; a plain numpy buffer in the CPU tests). lib, threads: the pool's native library and team size
+    (tiers/pool.ExpertPool's: gather() must run on the thread that runs the pool, so that the two share one team)."""
 
-    def __init__(self, groups: int, sizes: list[int], alloc, threads: int = GATHER_THREADS):
+    def __init__(self, groups: int, sizes: list[int], alloc, lib=None, threads: int = 1):
         self.buffers = [[alloc(n) for n in sizes] for _ in range(groups)]
-        self.threads = max(1, int(threads))
-        self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="strata-pcie-gather") \
-            if self.threads > 1 else None
+        self.lib, self.threads = lib, max(1, int(threads))
 
-    def gather(self, grp: int, p: int, src: np.ndarray, experts: np.ndarray) -> tuple[int, int]:
-        """Copy src[experts] (src [E, expert bytes] uint8) to the front of buffer (grp, p); (host address, bytes)."""
-        buf = self.buffers[grp][p]
-        nq, nbytes = len(experts), int(src.shape[1])
-        out = buf.host[:nq * nbytes].reshape(nq, nbytes)
-        chunks = gather_chunks(nq, self.threads if nq * nbytes >= GATHER_SPLIT_BYTES else 1)
-        # mode "clip": with "raise" numpy buffers `out` (a second copy); the plan's expert ids are always in range
-        if self._pool is None or len(chunks) <= 1:
-            np.take(src, experts, axis=0, out=out, mode="clip")
-        else:
-            jobs = [self._pool.submit(np.take, src, experts[a:b], 0, out[a:b], "clip") for a, b in chunks]
-            for job in jobs:
-                job.result()
-        return buf.host_ptr, nq * nbytes
+    def gather(self, grp: int, srcs: list[np.ndarray], experts: np.ndarray) -> list[tuple[int, int]]:
+        """srcs[p][experts] (srcs[p] [E, expert bytes] uint8, one per projection) to the front of group grp's
+        buffers; per projection (host address, bytes)."""
+        nq = len(experts)
+        outs = [buf.host[:nq * int(src.shape[1])].reshape(nq, int(src.shape[1]))
+                for buf, src in zip(self.buffers[grp], srcs)]
+        gather_rows(self.lib, self.threads, outs, srcs, experts)
+        return [(buf.host_ptr, out.nbytes) for buf, out in zip(self.buffers[grp], outs)]
 
     def close(self) -> None:
-        """Stop the gather threads and free the pinned buffers (idempotent)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        """Free the pinned buffers (idempotent)."""
         while self.buffers:
             for buf in self.buffers.pop():
                 buf.free()

@@ -112,7 +112,9 @@ class ExpertTiers:
         self.launch_gate = None
         if self.pcie:
             from ...gpu.graphs import new_stream
-            from .pcie_stage import StagingRing, expert_bytes_view
+            from ...tiers.gather import expert_bytes_view
+            from ...tiers.pool import gather_team
+            from .pcie_stage import StagingRing
 
             self.copy_stream = new_stream()
             # the PCIe share's experts go through pinned staging buffers (pcie_stage.py says why the file itself is
@@ -121,7 +123,8 @@ class ExpertTiers:
                                for layer in layers}
             sizes = [self.Q * self.most_bytes(p) for p in range(3)]
             with phase("PCIe staging buffers pinned") as done:
-                self.ring_stage = StagingRing(self.G, sizes, lambda n: MappedBuffer((n,), np.uint8))
+                # gathered on the pool's team (pcie_stage.py): the pool's library and thread count
+                self.ring_stage = StagingRing(self.G, sizes, lambda n: MappedBuffer((n,), np.uint8), *gather_team())
                 done["what"] = (f"PCIe staging buffers pinned ({self.G} x {sum(sizes) / 2**20:.1f} MiB: "
                                 f"{self.Q} experts per step)")
         self.timeout_ns = int(cfg.timeout_s * 1e9)
@@ -247,7 +250,8 @@ class ExpertTiers:
     def measure_copy_path(self, repeats: int = 3) -> tuple[float, float, float, int]:
         """The PCIe share's copy path as a step runs it: up to Q experts of the engine's first layer (its
         non-resident ones first: their pages were brought in at load) gathered from the mapping into group 0's
-        pinned staging buffers, then one DMA per projection into its device staging slots on the copy stream;
+        pinned staging buffers on the pool's team (this thread's), then one DMA per projection into its device
+        staging slots on the copy stream;
         the best of `repeats`. Returns (path GB/s, gather GB/s, DMA GB/s, bytes per run). Call after bind()."""
         import time
 
@@ -264,7 +268,7 @@ class ExpertTiers:
         try:
             for _ in range(max(1, repeats)):
                 g0 = time.perf_counter()
-                staged = [self.ring_stage.gather(0, p, self.expert_src[layer][p], experts) for p in range(3)]
+                staged = self.ring_stage.gather(0, self.expert_src[layer], experts)
                 gather_s = time.perf_counter() - g0
                 check(rt.cudaEventRecord(start, stream), "cudaEventRecord")
                 for p, (host_ptr, nbytes) in enumerate(staged):
@@ -281,6 +285,14 @@ class ExpertTiers:
         nbytes = len(experts) * sum(self.expert_bytes[layer])
         return (*path_gbs(nbytes, *best), nbytes)
 
+    def drop_pcie(self) -> None:
+        """No PCIe share after all (rebalance_share chose 0 before any window was recorded): the pinned staging
+        freed, post() records the CPU-only waits."""
+        if self.ring_stage is not None:
+            self.ring_stage.close()
+            self.ring_stage = None
+        self.pcie = False
+
     def close(self) -> None:
         """Free the mapped buffers, the staging ring and its threads, an adaptive cache's staging buffer now (the
         engine's close(); idempotent)."""
@@ -295,25 +307,36 @@ class ExpertTiers:
 
 
 def rebalance_share(engine) -> None:
-    """--pcie-frac auto, once the engine's buffers exist (after bind, before the warm-up window): the PCIe copy path
-    measured (ExpertTiers.measure_copy_path), the share re-balanced between it and the pool's rate measured at
-    setup, the tier note's PCIe part rewritten to say so. No-op for a given share or no PCIe share."""
+    """--pcie-frac auto with a share > 0 at setup, once the engine's buffers exist (after bind, before the warm-up
+    window): the copy path measured (ExpertTiers.measure_copy_path: the gather into the real pinned buffers, then
+    the DMA), the share chosen again on those and the pool's rate from setup (tiers/share.py), the tier note's PCIe
+    part rewritten to say so. A share that falls to 0 here drops the PCIe path before anything is recorded (the
+    graph waits for no flagB, no copy thread; the device staging slots stay allocated). No-op for a given share or
+    no PCIe share."""
     import dataclasses
 
-    from ...tiers.share import AUTO, resolve_pcie_frac
+    from ...tiers.share import AUTO, ShareRates, auto_window_bytes, resolve_pcie_frac
 
     t = engine.tiers
     if t is None or not t.pcie or not t.cfg.share_auto:
         return
     cfg = t.cfg
-    _, before = resolve_pcie_frac(AUTO, cfg.pool_gbs)
+    window_bytes = auto_window_bytes(engine.model, engine.layers)
+    _, before = resolve_pcie_frac(AUTO, cfg.rates, window_bytes)
     phase = getattr(engine, "load_phase", None) or (lambda text: timed_phase(text, quiet=True))
     with phase("PCIe copy path measured") as done:
         gbs, gather_gbs, dma_gbs, nbytes = t.measure_copy_path()
-        detail = f"gather {gather_gbs:.1f} GB/s, then DMA {dma_gbs:.1f} GB/s, on {nbytes / 2**20:.0f} MiB"
-        frac, note = resolve_pcie_frac(AUTO, cfg.pool_gbs, gbs, detail)
-        done["what"] = f"PCIe copy path measured ({gbs:.1f} GB/s: {detail}; share {cfg.pcie_frac:.2f} -> {frac:.2f})"
-    t.cfg = dataclasses.replace(cfg, pcie_frac=frac, copy_gbs=gbs)
+        rates = ShareRates(cfg.rates.pool_gbs, gather_gbs, dma_gbs, dma_measured=True)
+        frac, note = resolve_pcie_frac(AUTO, rates, window_bytes)
+        done["what"] = (f"PCIe copy path measured (gather {gather_gbs:.1f} GB/s, then DMA {dma_gbs:.1f} GB/s, on "
+                        f"{nbytes / 2**20:.0f} MiB; share {cfg.pcie_frac:g} -> {frac:g})")
+    t.cfg = dataclasses.replace(cfg, pcie_frac=frac, rates=rates)
+    if frac == 0.0:
+        staging = sum(t.Q * t.most_bytes(p) for p in range(3)) * t.G
+        t.drop_pcie()
+        if getattr(engine, "tier_host", None) is not None:
+            engine.tier_host.drop_copier()
+        note += f"; its device staging slots stay allocated ({staging / 2**20:.0f} MiB)"
     if engine.tier_note and before in engine.tier_note:
         engine.tier_note = engine.tier_note.replace(before, note, 1)
 
