@@ -30,9 +30,11 @@ def test_adaptive_policies_equal_all_resident(fixture_dir, tmp_path, name):
 
 
 
-def test_gpu_trace_equals_numpy(fixture_dir):
+@pytest.mark.parametrize("cache", ["auto", "0"])
+def test_gpu_trace_equals_numpy(fixture_dir, cache):
     """make-profile --device gpu --trace: the same picks as the numpy engine's trace, in the same windows and rows
-    (each row's top-k as a set, and a near-tie in the router may flip a pick, as in the counts test)."""
+    (each row's top-k as a set, and a near-tie in the router may flip a pick, as in the counts test), from the
+    all-resident engine's route tap (auto) and from the host's rings (0)."""
     import numpy as np
 
     from strata_cli.model.gguf_file import open_model
@@ -46,7 +48,7 @@ def test_gpu_trace_equals_numpy(fixture_dir):
     traces = {}
     for device in ("gpu", "cpu"):
         rec = TraceRecorder(g.n_layers, g.n_expert, expert_bytes(model))
-        count_routing(model, tokens, 8, 64, device=device, trace=rec)
+        count_routing(model, tokens, 8, 64, device=device, trace=rec, cache=cache)
         traces[device] = rec.trace()
     a, b = traces["gpu"], traces["cpu"]
     for key in ("window", "row", "layer"):

@@ -101,16 +101,34 @@ def test_random_geometries_equal_all_resident(tmp_path, seed, ggml_type):
         pass
 
 
-def test_gpu_routing_counts_equal_numpy(fixture_dir):
-    """make-profile --device gpu: the picks the host is rung with are the numpy engine's."""
+@pytest.mark.parametrize("cache", ["auto", "all", "0", "7"])
+def test_gpu_routing_counts_equal_numpy(fixture_dir, cache):
+    """make-profile --device gpu --expert-cache CACHE: the picks are the numpy engine's wherever the experts live:
+    all resident (auto on any card holds the fixture's; the doorbell-free graph with its route tap), none (every
+    step rings the host) or some (the host is rung with the VRAM-served picks too)."""
     from strata_cli.engine.routing import count_routing
 
     model = open_model(fixture_dir / "model-q8_0.gguf")
     tokens = np.load(fixture_dir / "reference.npz")["tokens"][:24]
-    gpu, cpu = count_routing(model, tokens, 8, 64, device="gpu"), count_routing(model, tokens, 8, 64)
+    gpu, cpu = count_routing(model, tokens, 8, 64, device="gpu", cache=cache), count_routing(model, tokens, 8, 64)
     g = model.geometry
     assert gpu.sum() == cpu.sum() == len(tokens) * g.n_layers * g.n_expert_used
     assert np.minimum(gpu, cpu).sum() >= 0.98 * cpu.sum()  # a near-tie in the router may flip a pick
+
+
+def test_counting_engine_all_resident_keeps_todays_graph_plus_its_tap(fixture_dir):
+    """auto on the fixture: every expert in VRAM, no tiers, the doorbell-free graph; the counting run's graph is
+    that graph plus one copy node a layer (its route tap), and verify-bench's engine captures none of them."""
+    from strata_cli.engine.routing import _routing_engine
+
+    model = open_model(fixture_dir / "model-q8_0.gguf")
+    engine, tap = _routing_engine(model, "gpu", 64, lambda layer, ids: None, "auto")
+    with engine:
+        assert engine.tiers is None and tap is engine.route_tap and "zero-doorbell" in engine.tier_note
+        tapped = engine.graph(4).summary().nodes
+    with tiered_engine(model, 64) as plain:
+        assert plain.route_tap is None
+        assert tapped == plain.graph(4).summary().nodes + model.geometry.n_layers
 
 
 def test_cache_all_keeps_todays_graph(fixture_dir):

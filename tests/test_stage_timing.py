@@ -284,7 +284,7 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
     calls = []
     e = SimpleNamespace(buf=_Buffers(), w=weights, g=g, stage=SimpleNamespace(
         tokens=SimpleNamespace(device=None), positions=SimpleNamespace(device=None),
-        out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows())), stamper=None,
+        out_ids=SimpleNamespace(device=None), out_nonfinite=SimpleNamespace(device=_Rows())), stamper=None, route_tap=None,
         tiers=None, window_paths=lambda T: WindowPath(gemv_tc=False),
         layers=(0, g.n_layers), has_ple=g.ple is not None)
     window.record_window(e, 4, None)

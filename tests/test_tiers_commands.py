@@ -80,6 +80,8 @@ def test_profile_info_table_and_holdouts(model, tokens, tmp_path):
     (["make-profile", "{model}", "--random", "5", "-o", "{tmp}/no/p.yaml"], "no such directory"),
     (["make-profile", "{model}", "-o", "{tmp}/p.yaml"], "give exactly one of --tokens"),
     (["make-profile", "{model}", "--random", "5", "--slots", "999", "-o", "{tmp}/p.yaml"], "has 128 (layer, expert)"),
+    (["make-profile", "{model}", "--random", "5", "--expert-cache", "12XB", "-o", "{tmp}/p.yaml"],
+     "--expert-cache '12XB': expected all, auto, a slot count"),
 ])
 def test_errors_are_one_line(model, tmp_path, args, message):
     (tmp_path / "bad.bin").write_bytes(b"NOPE" + bytes(40))
@@ -92,3 +94,19 @@ def test_errors_are_one_line(model, tmp_path, args, message):
     assert message in res.output, res.output
     assert len(lines) <= 3, res.output  # click usage errors add a usage line; ours are one line
     assert not list(tmp_path.glob(".*partial"))
+
+
+def test_make_profile_expert_cache(model, tmp_path):
+    """A bad --expert-cache is refused when parsed (exit 2, one line, the model never opened, nothing written); on
+    the numpy engine a given one is a warning and changes no count."""
+    res = cli("make-profile", tmp_path / "no-such.gguf", "--random", "5", "--device", "gpu", "--expert-cache",
+              "half", "-o", tmp_path / "p.yaml")
+    assert res.exit_code == 2 and res.output.strip().splitlines() == [
+        "strata: error: --expert-cache 'half': expected all, auto, a slot count (e.g. 4096) or a size (e.g. 12GiB)"]
+    assert not list(tmp_path.iterdir())
+    assert cli("make-profile", model, "--random", "6", "-o", tmp_path / "a.yaml").exit_code == 0
+    res = cli("make-profile", model, "--random", "6", "--expert-cache", "0", "-o", tmp_path / "b.yaml")
+    assert res.exit_code == 0, res.output
+    assert "strata: warning: --expert-cache 0: the numpy engine (--device cpu) keeps every expert" in res.stderr
+    np.testing.assert_array_equal(load_profile(tmp_path / "a.yaml").counts, load_profile(tmp_path / "b.yaml").counts)
+    assert "--expert-cache all|auto|N|SIZE" in cli("make-profile", "--help").output

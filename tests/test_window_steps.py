@@ -90,6 +90,7 @@ def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str |
             ends.append(len(steps))
 
     e = SimpleNamespace(buf=_Buffers(), w=weights, g=geometry, stage=stage, stamper=None if ends is None else count,
+                        route_tap=None,
                         tiers=None if tiers is None else _tiers(steps, tiers == "split"),
                         window_paths=lambda T: path, layers=layers or (0, geometry.n_layers))
     window.record_window(e, T, None)

@@ -77,7 +77,7 @@ def host_engine(monkeypatch, model, max_t: int = 16, n_ctx: int = 256, window_pa
     buf = _host_arena(plan_buffers(g, n_ctx, max_t))
     stage = SimpleNamespace(**{name: SimpleNamespace(device=np.zeros(max_t, dtype)) for name, dtype in (
         ("tokens", np.int64), ("positions", np.int32), ("out_ids", np.int32), ("out_nonfinite", np.int32))})
-    return SimpleNamespace(buf=buf, w=w, g=g, stage=stage, stamper=None, tiers=None,
+    return SimpleNamespace(buf=buf, w=w, g=g, stage=stage, stamper=None, route_tap=None, tiers=None,
                            window_paths=window_paths or window_path, layers=(0, g.n_layers))
 
 

@@ -168,6 +168,7 @@ class GPUEngine:
         self.commit_done = cupy().cuda.Event(disable_timing=True)  # recorded after each commit launch
         self._commit_pending = False
         self.stamper: Stamper | None = None      # set only while a profiling window is recorded
+        self.route_tap = None  # engine/routing.RouteTap of a counting run (all experts resident), before any capture
         self.profile_graphs: dict[int, CapturedGraph] = {}
         self.profile_plans: dict = {}            # T -> stage_timing.Plan of its profiling window
         self.profile_reads: dict = {}            # T -> what each of its stamped stages reads (stage_bytes.StageReads)

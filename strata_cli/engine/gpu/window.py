@@ -258,6 +258,8 @@ def _moe(e, layer: int, x, T: int, stream):
                           out=b["shared"][:T], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), split=split_k(b),
                           stream=stream, sg=sg)
         stamp(e, layer, "shared", stream)
+    if e.route_tap is not None:  # a counting run's graph (engine/routing.RouteTap): the layer's picks kept
+        copy_async(e.route_tap.rows(layer, ids.shape), ids, ids.nbytes, stream)
     exps = [w.raw(blk + f"ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
     moe.routed_parts(x, ids, weights, exps[0][0], exps[1][0], exps[2][0], [t for _, t in exps], scratch=scratch,
                      grouped=True, stream=stream)
