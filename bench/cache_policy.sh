@@ -1,59 +1,74 @@
 #!/usr/bin/env bash
-# The adaptive expert cache (issue 20) on one model file, one device call, repo root as cwd:
-#   1. make-profile --device gpu over a training text (the profile), and over a held-out text (its trace);
-#   2. cache-sim of the held-out trace: static / lru / lfu at the slots that 12 GiB and 24 GiB of experts hold;
-#   3. verify-bench --text-file HELD, T = 1,2,4,8 after 512 tokens, --expert-cache 12GiB and 24GiB by that profile,
-#      with --expert-policy static, lru and lfu: t_verify, the VRAM share (the hit rate), swaps and MB copied.
-# Env: OUT (folder; ONE log: $OUT/cache_policy.log), FN (the model, e.g. side_by_side.sh's full-size file),
-#      TRAIN / HELD (text files; default README.md / docs/BENCHMARKS.md), BUDGET_S (default 540), SIZES (12GiB,24GiB).
-# Every step has a timeout and runs only while the budget lasts; each run's CSV goes under a '## name' line.
+# Issue 20's benchmark of the adaptive expert cache on one model file, one device call, repo root as cwd:
+#   1. token files: the first $TRAIN_TOKENS ids of $TRAIN and the first $HELD_TOKENS of $HELD (the model's tokenizer);
+#   2. make-profile of the training tokens (the profile) and of the held-out ones (their counts and routing trace),
+#      --expert-cache auto: every expert in VRAM when they fit (the engine's "expert cache:" line, in the table);
+#   3. the slots each of $SIZES holds by that profile (the engine's choice); cache-sim of the held-out trace under
+#      $POLICIES and profile-info --holdout at those slots (cache-sim's static hit rate must equal profile-info's);
+#   4. verify-bench T = 1 and 8 on the held-out tokens per size and policy: t_verify, the VRAM share (hit rate);
+#   5. the summary table (bench/cache_policy_lib.py table): always, also when a run failed, was cut or the step was
+#      stopped (SIGINT / SIGTERM); a row that did not finish says why.
+# Each run has its own limit (timeout -k 5): its percentage of the step's limit $STEP_LIMIT_S (bench/device.sh
+# exports it; 10 s at least), never more than what is left of it less $RESERVE_S (the table's time).
+# Env: FN (the model), OUT (the folder of cache_policy.log), STEP_LIMIT_S (300), TRAIN / HELD (text files: README.md,
+#      docs/BENCHMARKS.md), TRAIN_TOKENS (2048), HELD_TOKENS (1024), SIZES (12GiB,24GiB), POLICIES (static,lru,lfu),
+#      DEVICE (gpu; cpu: a dry run on the numpy engine, no hit rates), DEPTH (256), REPS (8), RESERVE_S (15).
 set -u
-OUT=${OUT:-/tmp/strata-cache}; FN=${FN:?FN: the model file}; BUDGET=${BUDGET_S:-540}
-TRAIN=${TRAIN:-README.md}; HELD=${HELD:-docs/BENCHMARKS.md}; SIZES=${SIZES:-12GiB,24GiB}
-LOG=$OUT/cache_policy.log; WORK=$(mktemp -d /tmp/cache-policy.XXXX)
-mkdir -p "$OUT"; : > "$LOG"
+FN=${FN:?FN: the model file}; OUT=${OUT:-/tmp/strata-cache}; LIMIT=${STEP_LIMIT_S:-300}; RESERVE=${RESERVE_S:-15}
+TRAIN=${TRAIN:-README.md}; HELD=${HELD:-docs/BENCHMARKS.md}; TRAIN_TOKENS=${TRAIN_TOKENS:-2048}
+HELD_TOKENS=${HELD_TOKENS:-1024}; SIZES=${SIZES:-12GiB,24GiB}; POLICIES=${POLICIES:-static,lru,lfu}
+DEVICE=${DEVICE:-gpu}; DEPTH=${DEPTH:-256}; REPS=${REPS:-8}
+WORK=$(mktemp -d /tmp/cache-policy.XXXX); LOG=$OUT/cache_policy.log; mkdir -p "$OUT"; : > "$LOG"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-T0=$(date +%s); left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+LIB=(python3 bench/cache_policy_lib.py); STRATA=(python3 -m strata_cli)
+T0=$(date +%s); CHILD=; CURRENT=; FAILED=0
 say() { echo "$*" | tee -a "$LOG"; }
-say "# cache-policy device run: commit ${STRATA_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}, $FN, train $TRAIN, held $HELD"
-step() {  # name, seconds, strata arguments (CSV on stdout)
-  local name=$1 limit=$2; shift 2
-  if [ "$(left)" -lt $(( limit / 2 )) ]; then say "## $name skipped (budget)"; return 1; fi
-  [ "$limit" -gt "$(left)" ] && limit=$(left)
-  timeout "$limit" python3 -m strata_cli "$@" --format csv > "$WORK/$name.csv" 2> "$WORK/$name.err"
-  local rc=$?
-  say "## $name rc=$rc at $(( $(date +%s) - T0 )) s: $*"
-  grep -v "^\s*$" "$WORK/$name.err" | cut -c1-400 | tail -4 | sed 's/^/# /' >> "$LOG"
-  cat "$WORK/$name.csv" >> "$LOG"
-  return $rc
+
+run() {  # run NAME PERCENT CMD...: stdout to $WORK/NAME.out, stderr .err, "RC LIMIT" to .rc (lib's status())
+  local name=$1 pct=$2 left limit rc; shift 2
+  left=$(( LIMIT - RESERVE - ($(date +%s) - T0) )); limit=$(( LIMIT * pct / 100 ))
+  [ "$limit" -lt 10 ] && limit=10
+  [ "$limit" -gt "$left" ] && limit=$left
+  if [ "$limit" -lt 5 ]; then echo skipped > "$WORK/$name.rc"; say "## $name skipped (budget)"; FAILED=1; return 1; fi
+  # in the background, so that a signal to this script is handled at once (finish), not after the run
+  timeout -k 5 "$limit" "$@" > "$WORK/$name.out" 2> "$WORK/$name.err" & CHILD=$! CURRENT=$name
+  wait "$CHILD"; rc=$?; CHILD=
+  echo "$rc $limit" > "$WORK/$name.rc"; [ "$rc" = 0 ] || FAILED=1
+  say "## $name rc=$rc (limit $limit s) at $(( $(date +%s) - T0 )) s: $*"
+  grep -v '^[[:space:]]*$' "$WORK/$name.err" | cut -c1-300 | tail -n 3 | sed 's/^/# /' | tee -a "$LOG"
+  cat "$WORK/$name.out" >> "$LOG"
+  return "$rc"
 }
-step profile 90 make-profile "$FN" --device gpu --text-file "$TRAIN" --window 16 -o "$WORK/train.yaml" || exit 1
-step held 90 make-profile "$FN" --device gpu --text-file "$HELD" --window 16 -o "$WORK/held.yaml" \
-  --trace "$WORK/held.npz" || exit 1
-SLOTS=$(python3 - "$FN" "$SIZES" <<'PY'
-import sys
-from strata_cli.model.gguf_file import open_model
-from strata_cli.tiers.residency import expert_bytes, parse_size
-per = int(expert_bytes(open_model(sys.argv[1])).max())
-print(",".join(str(parse_size(s, "SIZES") // per) for s in sys.argv[2].split(",")))
-PY
-)
-step cache-sim 60 cache-sim "$WORK/held.npz" --profile "$WORK/train.yaml" --slots "$SLOTS"
-for size in ${SIZES//,/ }; do
-  for policy in static lru lfu; do
-    step "bench-$size-$policy" 120 verify-bench "$FN" --device gpu --window 1,2,4,8 -r 10 --warmup 2 -d 512 \
-      --text-file "$HELD" --expert-profile "$WORK/train.yaml" --expert-cache "$size" --expert-policy "$policy"
+
+finish() {  # the summary table of whatever ran, then the work folder removed (exit status 1 if a run failed)
+  if [ -n "$CHILD" ]; then kill -TERM "$CHILD" 2>/dev/null; wait "$CHILD"; echo stopped > "$WORK/$CURRENT.rc"; fi
+  say "## summary: $FN, train $TRAIN, held-out $HELD, device $DEVICE, $(( $(date +%s) - T0 )) s of $LIMIT s"
+  "${LIB[@]}" table "$WORK" "$SIZES" "$POLICIES" | tee -a "$LOG"
+  rm -rf "$WORK"
+}
+trap 'finish; exit 130' INT TERM
+
+say "# cache-policy run: commit ${STRATA_GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}, $FN, step limit $LIMIT s"
+if run train-tokens 5 "${LIB[@]}" tokens "$FN" "$TRAIN" "$TRAIN_TOKENS" "$WORK/train.tok" &&
+   run held-tokens 5 "${LIB[@]}" tokens "$FN" "$HELD" "$HELD_TOKENS" "$WORK/held.tok" &&
+   run profile 20 "${STRATA[@]}" make-profile "$FN" --device "$DEVICE" --tokens "$WORK/train.tok" --window 16 \
+     -o "$WORK/train.yaml" --format csv; then
+  if run held 16 "${STRATA[@]}" make-profile "$FN" --device "$DEVICE" --tokens "$WORK/held.tok" --window 16 \
+       -o "$WORK/held.yaml" --trace "$WORK/held.npz" --format csv &&
+     run slots 5 "${LIB[@]}" slots "$FN" "$WORK/train.yaml" "$SIZES"; then
+    SLOTS=$(tail -n +2 "$WORK/slots.out" | cut -d, -f2 | paste -sd,)
+    run sim 5 "${STRATA[@]}" cache-sim "$WORK/held.npz" --profile "$WORK/train.yaml" --slots "$SLOTS" \
+      --policy "$POLICIES" --format csv
+    run info 5 "${STRATA[@]}" profile-info "$WORK/train.yaml" --holdout "$WORK/held.yaml" --slots "$SLOTS" \
+      --format csv
+  fi
+  for size in ${SIZES//,/ }; do
+    for policy in ${POLICIES//,/ }; do
+      run "bench-$size-$policy" 14 "${STRATA[@]}" verify-bench "$FN" --device "$DEVICE" --window 1,8 -r "$REPS" \
+        --warmup 2 -d "$DEPTH" --tokens "$WORK/held.tok" --expert-profile "$WORK/train.yaml" --expert-cache "$size" \
+        --expert-policy "$policy" --format csv
+    done
   done
-done
-say "## summary: size policy T ms_median vram_share(hit rate) swaps fill_mb fill_late"
-for f in "$WORK"/bench-*.csv; do
-  python3 - "$f" <<'PY' | tee -a "$LOG"
-import csv, sys
-name = sys.argv[1].rsplit("/", 1)[-1][len("bench-"):-len(".csv")]
-for r in csv.DictReader(open(sys.argv[1])):
-    print(name.replace("-", " "), r["window"], r["ms_median"], r.get("vram_share"), r.get("swaps"), r.get("fill_mb"),
-          r.get("fill_late"))
-PY
-done
-say "## total $(( $(date +%s) - T0 )) s"
-rm -rf "$WORK"
+fi
+finish
+exit "$FAILED"

@@ -29,7 +29,8 @@
 #                Q8_0 rows; whole output in gemv-ab.txt
 #   tiers        bench/tiers_device.sh on the full-size file (PCIe shares 0 / 0.5 / 1 / auto, --split, at cache 0)
 #   window       bench/window_device.sh on the full-size file (window paths by T, nodes per layer, T = 1..16)
-#   cache        bench/cache_policy.sh on the full-size file (issue 20: profile, held-out trace, cache-sim, policies)
+#   cache        bench/cache_policy.sh on the full-size file (issue 20: profile, held-out trace, cache-sim, policies;
+#                each run budgeted inside the step's limit, the summary table always printed last; ~300 s)
 #                (the full-size file: $FN, else the one .peer/side_by_side.sh prepare wrote)
 #   profile      strata profile of the full-size file at T = 1 and 8 (every expert in VRAM; per stage, and per layer
 #                in profile-t1.json / profile-t8.json): issue 18's "where the time goes" of record
@@ -79,7 +80,9 @@ run_step() {  # run_step NAME SECONDS CMD...: output to $OUT/NAME.log and to std
     # to a process group of its own, out of reach of this timeout's signal, and on 2026-12-02 such a survivor (a cut
     # --pcie-frac 0.5 run) computed beside the next step (its verify-bench 35 ms where alone 16) and held the call's
     # stdout open to the device tool's limit. What a step starts on purpose to outlive it (peer) uses setsid itself.
-    setsid timeout -s INT -k 15 "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1 &
+    # STEP_LIMIT_S: the step's own limit (after the deadline's cut), so a step's script can budget inside it
+    # (bench/cache_policy.sh) and end before this timeout's SIGINT
+    STEP_LIMIT_S=$limit setsid timeout -s INT -k 15 "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1 &
     local sid=$!
     wait "$sid"; rc=$?
     pkill -KILL -s "$sid" 2>/dev/null
