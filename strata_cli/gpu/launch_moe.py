@@ -67,13 +67,13 @@ def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None, groups=No
 ROUTER_FUSED_MAX_E = 1024  # kernels/moe.cu ROUTER_EJ * 32: router_gemv_topk's last block holds a row's logits in
 # registers, 32 a lane, and each of its warps with a row a row of p of this many floats in shared memory
 ROUTER_EPB = 2  # kernels/moe.cu: expert rows per router_gemv_topk block (4 warps each)
+ROUTER_FUSED_TYPES = (quants.F32,)  # the routers of the converter's files (kept F32 at every --outtype)
 
 
 def router_fused_smem(T: int) -> int:
     """router_gemv_topk's dynamic shared memory in bytes: the last block's rows of p, one per warp with a row of the
     T (ROUTER_FUSED_MAX_E floats each); the grouping's J <= 256 ids and 256 leader flags reuse the first."""
     return 4 * min(T, U.GEMV_WARPS) * ROUTER_FUSED_MAX_E
-ROUTER_FUSED_TYPES = (quants.F32,)  # the routers of the converter's files (kept F32 at every --outtype)
 
 
 def router_fuses(router_type: int, E: int) -> bool:
