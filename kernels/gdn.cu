@@ -131,6 +131,26 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
     }
 }
 
+#define GDN_GATE_ROWS 4  // rows a pass of the alpha/beta dots holds (2 accumulators a row; launch_gdn mirrors it)
+#define GDN_GATE_J 6     // x elements a thread holds: n_in <= GDN_GATE_J * blockDim.x in one trip
+
+// gdn_mix's alpha / beta weights: row[i0 + step * jj] for jj < nj (0 past them) of a raw row of type TYPE (raw_at_t),
+// loaded together.
+template <int TYPE>
+__device__ __forceinline__ void gate_weights_t(const u8* __restrict__ row, int i0, int step, int nj, float* out) {
+#pragma unroll
+    for (int jj = 0; jj < GDN_GATE_J; ++jj) out[jj] = jj < nj ? raw_at_t<TYPE>(row, i0 + step * jj) : 0.0f;
+}
+
+// The same for a runtime type (raw_at's four), dispatched once for the GDN_GATE_J elements.
+__device__ __forceinline__ void gate_weights(const u8* __restrict__ row, int type, int i0, int step, int nj,
+                                             float (&out)[GDN_GATE_J]) {
+    if (type == GGML_F32) gate_weights_t<GGML_F32>(row, i0, step, nj, out);
+    else if (type == GGML_F16) gate_weights_t<GGML_F16>(row, i0, step, nj, out);
+    else if (type == GGML_BF16) gate_weights_t<GGML_BF16>(row, i0, step, nj, out);
+    else gate_weights_t<GGML_Q8_0>(row, i0, step, nj, out);
+}
+
 // The GDN mixer between its projections in one launch (launch_gdn.gdn_mix, every window): for value head hv,
 // conv + split of its q/k head kh = hv % Hk and of its v head (conv_at; q, k L2-normed per head, q times q_scale),
 // the gates g = ssm_a * softplus(alpha + dt_bias), beta = sigmoid(beta_in) (the alpha/beta projections of x by
@@ -148,14 +168,14 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
 //
 // The alpha/beta dots of GDN_GATE_ROWS rows at a time are spread over the whole block (thread i takes x elements
 // i + blockDim.x * j, up to GDN_GATE_J of them loaded at once), added lanes then warps in warp order; the saved
-// state's registers are loaded first (GDN_GATE_ROWS 4 and GDN_GATE_J 6: 128 registers, no spill; the old kernel
-// spilled 84 bytes). Latency at T = 1 (Hv 48, dk = dv = 128, n_in 2560, Q8_0 alpha/beta): 48
-// blocks of 512 threads; was the conv's trip, then one warp per gate looping 80 raw_at loads a lane (several
-// dependent trips), then the state's trip; now the state, conv and gate loads in one or two trips, 2 barriers
-// for the gates (their warp sums) and the norms, then the recurrence's 3 barriers a row and the gated norm. The
-// gates' sum order over n_in changed (float32 rounding only; the tests' tolerances against numpy hold).
-#define GDN_GATE_ROWS 4  // rows a pass of the alpha/beta dots holds (2 accumulators a row; launch_gdn mirrors it)
-#define GDN_GATE_J 6     // x elements a thread holds per pass: n_in <= GDN_GATE_J * blockDim.x in one trip
+// state's registers are loaded first, then the thread's GDN_GATE_J alpha and beta weights, decoded once for every
+// pass (gate_weights: the type dispatched once a row; an element-wise raw_at in the unrolled body let the compiler
+// copy the body for every pair of types, ~6700 SASS instructions; now ~5400, 104 registers, no spill). Latency at
+// T = 1 (Hv 48, dk = dv = 128, n_in 2560, Q8_0 alpha/beta): 48 blocks of 512 threads; was the conv's trip, then one
+// warp per gate looping 80 raw_at loads a lane (several dependent trips), then the state's trip; now the state,
+// gate weight and conv loads in one or two trips, 2 barriers for the gates (their warp sums) and the norms, then
+// the recurrence's 3 barriers a row and the gated norm. The gates' sum order over n_in: a thread's elements
+// ascending, then warp_sum, then the warps ascending (float32 rounding against numpy; the tests' tolerances hold).
 extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
     gdn_mix(const float* __restrict__ qkv, const float* __restrict__ conv_state, const float* __restrict__ conv_w,
             int Ch, int qkv_ld, int K, const float* __restrict__ state, const float* __restrict__ x, int n_in,
@@ -189,6 +209,15 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
         S[r] = holds && i < dk ? state[head + (i64)i * dv + j] : 0.0f;
     }
 
+    // this thread's alpha / beta weights (elements i = tid + nthreads * jj, jj < nj) decoded once for every pass of
+    // the gates, their loads out before the conv's; the weight type dispatched once a row, not once an element
+    const int nj = tid < n_in ? min(GDN_GATE_J, (n_in - tid + nthreads - 1) / nthreads) : 0;
+    float ga[GDN_GATE_J], gb[GDN_GATE_J];
+    if (w_alpha != nullptr && r0 < T) {
+        gate_weights(w_alpha + (i64)hv * alpha_stride, alpha_type, tid, nthreads, nj, ga);
+        gate_weights(w_beta + (i64)hv * beta_stride, beta_type, tid, nthreads, nj, gb);
+    }
+
     // conv + silu of the head's channels, every row
     const int width = 2 * dk + dv;
     for (int idx = tid; idx < T * width; idx += nthreads) {
@@ -220,22 +249,31 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
             float pa[GDN_GATE_ROWS], pb[GDN_GATE_ROWS];
 #pragma unroll
             for (int t = 0; t < GDN_GATE_ROWS; ++t) pa[t] = pb[t] = 0.0f;
-            const float* xr = x + (i64)(tb - r0) * n_in;
-            auto add = [&](int i) {
+            const float* xr = x + (i64)(tb - r0) * n_in + tid;  // row t's element tid + nthreads * jj at
+                                                                // xr[t * n_in + nthreads * jj]
+#pragma unroll
+            for (int jj = 0; jj < GDN_GATE_J; ++jj) {
+#pragma unroll
+                for (int t = 0; t < GDN_GATE_ROWS; ++t) {
+                    if (jj < nj && t < nr) {
+                        const float xv = xr[(i64)t * n_in + nthreads * jj];
+                        pa[t] += ga[jj] * xv;
+                        pb[t] += gb[jj] * xv;
+                    }
+                }
+            }
+#pragma unroll 1
+            for (int i = tid + GDN_GATE_J * nthreads; i < n_in; i += nthreads) {  // wider x rows
                 const float a = raw_at(wa, alpha_type, i), bb = raw_at(wb, beta_type, i);
 #pragma unroll
                 for (int t = 0; t < GDN_GATE_ROWS; ++t) {
                     if (t < nr) {
-                        const float xv = xr[(i64)t * n_in + i];
+                        const float xv = xr[(i64)t * n_in + (i - tid)];
                         pa[t] += a * xv;
                         pb[t] += bb * xv;
                     }
                 }
-            };
-#pragma unroll
-            for (int jj = 0; jj < GDN_GATE_J; ++jj)
-                if (tid + jj * nthreads < n_in) add(tid + jj * nthreads);
-            for (int i = tid + GDN_GATE_J * nthreads; i < n_in; i += nthreads) add(i);  // wider x rows
+            }
 #pragma unroll
             for (int t = 0; t < GDN_GATE_ROWS; ++t) {
                 if (t < nr) {

@@ -91,30 +91,70 @@ extern "C" __global__ void __launch_bounds__(1024)
 
 // The router's GEMV, its top-k and the shared expert's gate in one launch (the window's: no logits node before
 // router_topk). W [E, n_in] f32 rows, x [T, n_in] (T <= GEMV_MAXT), logits [T, E] written (and read back by the
-// last block). grid ceil(E / ROUTER_EPB), block 256, dynamic shared memory T*K + 256 ints (the grouping's).
+// last block). grid ceil(E / ROUTER_EPB), block ROUTER_THREADS (256), dynamic shared memory min(T, 8) * 1024 floats
+// (launch_moe.router_fused_smem: a row of p a warp with a row; the grouping's T*K + 256 ints reuse it).
 //   warps 4r .. 4r+3 of block b: logits[t, e] = W[e] . x[t] for e = ROUTER_EPB*b + r and every row t; warp s of
-//   the four takes the elements i = lane + 32 (s + 4 j) (lane holds up to ROUTER_J of them in registers, loaded
-//   together; longer rows loop on), lanes then warps added in order (warp_sum, then s ascending);
+//   the four takes the elements i = lane + 32 (s + 4 j): the lane's up to ROUTER_J weights and row 0's x are loaded
+//   together into registers, then a loop over the rows t (row t+1's x loads go out before row t's sum; rows longer
+//   than 32 * 4 * ROUTER_J loop on), lanes then warps added in order (warp_sum, then s ascending);
 //   sg_w != null: block b then writes sg[t] = sigmoid(sg_w . x[t]) for t = b, b + gridDim.x, ... (router_topk's
-//   gate; its loads go out after the router's);
+//   gate: thread i's up to ROUTER_SGJ elements i + 256 j loaded together, the weight type dispatched once a row);
 //   the block counted last in done[0] (a zeroed counter it resets): warp w takes rows t = w, w + 8, ...: its lanes
-//   load the row's E logits into registers at once (lane l: e = l + 32 j), p = exp(z - max) / sum, K rounds of warp
-//   argmax on p (ties -> lower id), w = top p / their sum (router_topk's selection; its sums go in warp order),
-//   then groups the J = T*K entries by expert as router_topk does (J <= 256).
+//   load the row's E logits into registers at once (lane l: e = l + 32 j) for the max and its row of p in shared
+//   memory, p = exp(z - max) / sum in loops over that row, p back into registers, K rounds of warp argmax on p
+//   (ties -> lower id), w = top p / their sum (router_topk's selection; its sums go in warp order), then groups the
+//   J = T*K entries by expert as router_topk does (J <= 256).
 // shared_id >= 0: the shared expert runs as one more expert of the routed launches (its weights appended as expert
 // shared_id): ids and w have rows of K + 1, slot K = (shared_id, sg[t]), grouped with the rest (J = T*(K+1)); the
 // combine then adds sg * shared(x) last, as it adds the shared expert's output otherwise (sg_w must be given).
-// Latency at T = 1 (E = 512, n_in = 2560, K = 10): was 64 blocks, a warp per expert looping 80 loads a lane
-// (several dependent trips, ~5 MB read by 16K threads), the last block reading the logits twice from L2 (max,
-// then exp); now 256 blocks, 20 loads a lane in one trip, 1 barrier to add the 4 warps, the arrival (fence +
-// atomic), 1 L2 trip for the logits into registers, K warp-argmax rounds on registers, the grouping. The logits'
-// sum order over n_in changed (float32 rounding only: the tests' 1e-5 against numpy holds); the selection's
-// arithmetic on them is the old one.
+// Latency at T = 1 (E = 512, n_in = 2560, K = 10): 256 blocks, 20 weight loads a lane in one trip, 1 barrier to add
+// the 4 warps, the arrival (fence + atomic), 1 L2 trip for the logits, the exp and division loops (16 elements a
+// lane, in shared memory), K warp-argmax rounds on registers, the grouping. Code size counts as much: each launch
+// starts cold in the instruction cache (a window's other kernels run between two routers), so the rows, the gate's
+// weight types and the softmax's elements are runtime loops over one compact body each, not straight-line code
+// (unrolled over GEMV_MAXT rows, four types and 32 elements a lane this kernel was ~9000 SASS instructions and took
+// ~47 us a call on the H200; now ~2800 (NVRTC sm_90), 122 registers, no stack). Sums: in the unrolled kernel's
+// order (a lane's elements ascending, warp_sum, the 4 warps ascending; the gate a thread's elements ascending, then
+// block_sum; exp and division as before), so the logits, the selection and the gate keep their bits.
+#define ROUTER_THREADS (GEMV_WARPS * WARP)   // block size
 #define ROUTER_KS 4                             // warps per expert row
 #define ROUTER_EPB (GEMV_WARPS / ROUTER_KS)     // expert rows per block
 #define ROUTER_J 24                             // elements per lane in registers: n_in <= 32 * 4 * 24 in one trip
+#define ROUTER_SGJ 12                           // gate elements per thread in registers: n_in <= 256 * 12 in one trip
 #define ROUTER_EJ 32                            // logits per lane in the top-k: E <= 1024 (launch_moe)
-extern "C" __global__ void __launch_bounds__(256)
+
+// How many of the elements i0 + step * j (j = 0, 1, ...) lie below n: the unrolled loads' guards compare j with it
+// (a constant each), not each element's index with n.
+__device__ __forceinline__ int router_count(int i0, int step, int n) { return i0 < n ? (n - i0 + step - 1) / step : 0; }
+
+// v[WARP * ROUTER_KS * j] for j < nj (0 past them): one lane's ROUTER_J elements of a row, loaded together.
+__device__ __forceinline__ void router_span(const float* __restrict__ v, int nj, float (&out)[ROUTER_J]) {
+#pragma unroll
+    for (int j = 0; j < ROUTER_J; ++j) out[j] = j < nj ? __ldg(v + WARP * ROUTER_KS * j) : 0.0f;
+}
+
+// sg_w . x[t] for this thread's elements i = threadIdx.x + ROUTER_THREADS * j (ascending), sg_w of type TYPE: the
+// first ROUTER_SGJ of them loaded together, longer rows loop on. Summed by the caller's block_sum.
+template <int TYPE>
+__device__ __forceinline__ float router_gate_part(const u8* __restrict__ sg_w, const float* __restrict__ xt, int n_in) {
+    const int nj = router_count(threadIdx.x, ROUTER_THREADS, n_in);
+    float wv[ROUTER_SGJ], xv[ROUTER_SGJ];
+#pragma unroll
+    for (int j = 0; j < ROUTER_SGJ; ++j) {
+        const int i = threadIdx.x + ROUTER_THREADS * j;  // a constant step: Q8_0's block i / 32 steps by 8
+        wv[j] = j < nj ? raw_at_t<TYPE>(sg_w, i) : 0.0f;
+        xv[j] = j < nj ? __ldg(xt + i) : 0.0f;
+    }
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ROUTER_SGJ; ++j) acc += wv[j] * xv[j];  // past n_in: + 0 * 0, the sum unchanged
+#pragma unroll 1
+    for (int i = threadIdx.x + ROUTER_THREADS * ROUTER_SGJ; i < n_in; i += ROUTER_THREADS)  // longer rows
+        acc += raw_at_t<TYPE>(sg_w, i) * xt[i];
+    return acc;
+}
+
+extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 2)
     router_gemv_topk(const float* __restrict__ W, const float* __restrict__ x, int n_in, int T, float* logits,
                      int E, int K, int shared_id, int* ids, float* __restrict__ w, int* __restrict__ g_expert,
                      int* __restrict__ g_count, int* __restrict__ g_entries, int max_rows, unsigned* done,
@@ -128,36 +168,25 @@ extern "C" __global__ void __launch_bounds__(256)
     const int e = blockIdx.x * ROUTER_EPB + r;
     if (e < E) {  // uniform per warp
         const float* row = W + (i64)e * n_in;
-        float wv[ROUTER_J];
+        const int i0 = lane + WARP * ks;
+        const int nj = router_count(i0, WARP * ROUTER_KS, n_in);
+        float wv[ROUTER_J], xv[ROUTER_J];
+        router_span(row + i0, nj, wv);
+        router_span(x + i0, nj, xv);
+        for (int t = 0; t < T; ++t) {  // T is uniform: every lane meets the shuffles
+            float xn[ROUTER_J];
+            router_span(x + (i64)(t + 1) * n_in + i0, t + 1 < T ? nj : 0, xn);  // the next row's, in flight
+            float acc = 0.0f;
 #pragma unroll
-        for (int j = 0; j < ROUTER_J; ++j) {
-            const int i = lane + WARP * (ks + ROUTER_KS * j);
-            wv[j] = i < n_in ? __ldg(row + i) : 0.0f;
-        }
-        float acc[GEMV_MAXT];
+            for (int j = 0; j < ROUTER_J; ++j) acc += wv[j] * xv[j];  // past n_in: + 0 * 0, the sum unchanged
+            const float* xt = x + (i64)t * n_in;
+#pragma unroll 1
+            for (int i = i0 + WARP * ROUTER_KS * ROUTER_J; i < n_in; i += WARP * ROUTER_KS)  // longer rows
+                acc += __ldg(row + i) * xt[i];
+            const float v = warp_sum(acc);
+            if (lane == 0) part[r][ks][t] = v;
 #pragma unroll
-        for (int t = 0; t < GEMV_MAXT; ++t) acc[t] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < ROUTER_J; ++j) {
-            const int i = lane + WARP * (ks + ROUTER_KS * j);
-            if (i < n_in) {
-#pragma unroll
-                for (int t = 0; t < GEMV_MAXT; ++t)
-                    if (t < T) acc[t] += wv[j] * x[(i64)t * n_in + i];
-            }
-        }
-        for (int i = lane + WARP * (ks + ROUTER_KS * ROUTER_J); i < n_in; i += WARP * ROUTER_KS) {  // longer rows
-            const float wi = __ldg(row + i);
-#pragma unroll
-            for (int t = 0; t < GEMV_MAXT; ++t)
-                if (t < T) acc[t] += wi * x[(i64)t * n_in + i];
-        }
-#pragma unroll
-        for (int t = 0; t < GEMV_MAXT; ++t) {
-            if (t < T) {  // T is uniform: every lane meets the shuffles
-                const float v = warp_sum(acc[t]);
-                if (lane == 0) part[r][ks][t] = v;
-            }
+            for (int j = 0; j < ROUTER_J; ++j) xv[j] = xn[j];
         }
     }
     __syncthreads();
@@ -172,51 +201,61 @@ extern "C" __global__ void __launch_bounds__(256)
     }
     for (int t = blockIdx.x; sg_w != nullptr && t < T; t += gridDim.x) {  // uniform per block (block_sum's barriers)
         const float* xt = x + (i64)t * n_in;
-        float acc = 0.0f;
-#pragma unroll 8
-        for (int i = threadIdx.x; i < n_in; i += blockDim.x) acc += raw_at(sg_w, sg_type, i) * xt[i];
+        float acc;  // raw_at's types, dispatched once
+        if (sg_type == GGML_F32) acc = router_gate_part<GGML_F32>(sg_w, xt, n_in);
+        else if (sg_type == GGML_F16) acc = router_gate_part<GGML_F16>(sg_w, xt, n_in);
+        else if (sg_type == GGML_BF16) acc = router_gate_part<GGML_BF16>(sg_w, xt, n_in);
+        else acc = router_gate_part<GGML_Q8_0>(sg_w, xt, n_in);
         acc = block_sum(acc, shv);
         if (threadIdx.x == 0) sg[t] = sigmoid_f(acc);
     }
     if (!arrived_last(done, gridDim.x)) return;  // the last block has every block's logits (and gates)
     const int Ks = shared_id >= 0 ? K + 1 : K;  // slots of a row
+    const int ne = router_count(lane, WARP, E);  // this lane's elements e = lane + 32 j of a row, j < ne
     for (int t = warp; t < T; t += GEMV_WARPS) {
-        const float* z = logits + (i64)t * E;
+        const float* zl = logits + (i64)t * E + lane;
+        float* pl = p + warp * (ROUTER_EJ * WARP) + lane;  // this warp's row of p, lane's element j at pl[32 j]
         float pv[ROUTER_EJ];
+#pragma unroll
+        for (int j = 0; j < ROUTER_EJ; ++j) pv[j] = j < ne ? __ldcg(zl + WARP * j) : NEG_INF;  // L2: other blocks'
         float m = NEG_INF;
 #pragma unroll
         for (int j = 0; j < ROUTER_EJ; ++j) {
-            const int ej = lane + WARP * j;
-            pv[j] = ej < E ? __ldcg(z + ej) : NEG_INF;  // L2: other blocks wrote them
+            m = fmaxf(m, pv[j]);
+            pl[WARP * j] = pv[j];  // past E too (never read): no guard to keep
         }
-#pragma unroll
-        for (int j = 0; j < ROUTER_EJ; ++j) m = fmaxf(m, pv[j]);
         m = warp_max(m);
         float s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < ROUTER_EJ; ++j) {
-            if (lane + WARP * j < E) {
-                pv[j] = expf(pv[j] - m);
-                s += pv[j];
-            }
+#pragma unroll 4
+        for (int j = 0; j < ne; ++j) {  // a loop over shared memory, not one expf and division an element unrolled
+            const float v = expf(pl[WARP * j] - m);
+            pl[WARP * j] = v;
+            s += v;
         }
         s = warp_sum(s);
+#pragma unroll 2
+        for (int j = 0; j < ne; ++j) pl[WARP * j] = pl[WARP * j] / s;
+        // p back into registers (NEG_INF past E). A lane's scan meets its ids ascending and no p is NEG_INF, so
+        // v > bv is arg_better there (a later equal p has the higher id; NaN and the slots past E never win), then
+        // warp_argmax across the lanes: the old scan's winner.
 #pragma unroll
-        for (int j = 0; j < ROUTER_EJ; ++j) pv[j] = lane + WARP * j < E ? pv[j] / s : NEG_INF;
+        for (int j = 0; j < ROUTER_EJ; ++j) pv[j] = pl[WARP * j];
         // K rounds of warp argmax; a taken expert is set to -1 (probabilities are >= 0, so it never wins again)
         for (int k = 0; k < K; ++k) {
             float bv = NEG_INF;
-            int bi = BIG_ID;
+            int bj = -1;
 #pragma unroll
             for (int j = 0; j < ROUTER_EJ; ++j)
-                if (lane + WARP * j < E && arg_better(pv[j], lane + WARP * j, bv, bi)) {
+                if (pv[j] > bv) {
                     bv = pv[j];
-                    bi = lane + WARP * j;
+                    bj = j;
                 }
+            int bi = bj < 0 ? BIG_ID : lane + WARP * bj;
             warp_argmax(bv, bi);  // every lane holds the winner
+            const int d = bi - lane;  // the winner is this lane's element j where d == 32 j
 #pragma unroll
             for (int j = 0; j < ROUTER_EJ; ++j)
-                if (lane + WARP * j == bi) pv[j] = -1.0f;
+                if (d == WARP * j) pv[j] = -1.0f;
             if (lane == 0) {
                 ids[(i64)t * Ks + k] = bi;
                 top_p[warp][k] = bv;
@@ -225,7 +264,9 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncwarp();
         if (lane == 0) {
             float sum = 0.0f;
+#pragma unroll 1
             for (int k = 0; k < K; ++k) sum += top_p[warp][k];
+#pragma unroll 1
             for (int k = 0; k < K; ++k) w[(i64)t * Ks + k] = top_p[warp][k] / sum;
             if (shared_id >= 0) {
                 ids[(i64)t * Ks + K] = shared_id;

@@ -1,7 +1,8 @@
-"""bench/kernel_sass.py on kernels/hyper.cu (NVRTC sm_90 + cuobjdump on the CPU; skipped without them): the
-hyper-connection read's kernels stay compact, with no stack or local memory. The latency1 merge's straight-line
-unrolling grew hc_up_mix ~7.5x and hc_write_norm ~6.6x (instruction-fetch bound on the H200, ~100 us a read);
-the budgets are twice the counts before it (58d476b: 2296, 1136, 1752)."""
+"""bench/kernel_sass.py on kernels/hyper.cu, moe.cu and gdn.cu (NVRTC sm_90 + cuobjdump on the CPU; skipped without
+them): the window's small kernels stay compact, with no stack or local memory. The latency1 merge's straight-line
+unrolling grew hc_up_mix ~7.5x, hc_write_norm ~6.6x (instruction-fetch bound on the H200, ~100 us a read),
+router_gemv_topk ~2.8x (~47 us a call) and gdn_mix ~1.5x; the budgets are twice the counts before it (58d476b:
+2296, 1136, 1752, 3152), gdn_mix's 1.5x (4352; it spilled 72 bytes then)."""
 
 from __future__ import annotations
 
@@ -14,18 +15,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BUDGET = {"hc_up_mix": 2 * 2296, "hc_write_norm": 2 * 1136, "hc_write": 2 * 1752}
+MODULES = ("hyper", "moe", "gdn")
+BUDGET = {"hc_up_mix": 2 * 2296, "hc_write_norm": 2 * 1136, "hc_write": 2 * 1752, "router_gemv_topk": 2 * 3152,
+          "gdn_mix": 3 * 4352 // 2}
 
 
 @pytest.fixture(scope="module")
-def hyper_rows():
+def sass_rows():
     nvrtc = pytest.importorskip("cuda.bindings.nvrtc")
     try:
         if int(nvrtc.nvrtcVersion()[0]) != 0:
             pytest.skip("NVRTC unusable")
     except Exception as exc:  # the bindings load libnvrtc lazily
         pytest.skip(f"NVRTC library not found: {type(exc).__name__}")
-    r = subprocess.run([sys.executable, str(ROOT / "bench" / "kernel_sass.py"), "hyper"], capture_output=True,
+    r = subprocess.run([sys.executable, str(ROOT / "bench" / "kernel_sass.py"), *MODULES], capture_output=True,
                        text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
     if r.returncode != 0 and "not found" in r.stderr:
         pytest.skip(r.stderr.strip())
@@ -33,19 +36,20 @@ def hyper_rows():
     rows = {}
     for line in r.stdout.splitlines()[2:]:
         module, kernel, instr, _kb, reg, stack, local = line.split()[:7]
-        assert module == "hyper"
-        rows[kernel] = tuple(int(v) for v in (instr, reg, stack, local))
+        rows[module, kernel] = tuple(int(v) for v in (instr, reg, stack, local))
     return rows
 
 
-def test_every_kernel_of_the_module_is_listed(hyper_rows):
-    text = (ROOT / "kernels" / "hyper.cu").read_text()
+@pytest.mark.parametrize("module", MODULES)
+def test_every_kernel_of_the_module_is_listed(sass_rows, module):
+    text = (ROOT / "kernels" / f"{module}.cu").read_text()
     kernels = re.findall(r'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+)\(', text)
-    assert sorted(hyper_rows) == sorted(kernels) and "hc_up_mix" in kernels
+    assert sorted(k for m, k in sass_rows if m == module) == sorted(kernels)
+    assert len(kernels) > 1 and set(BUDGET) & set(kernels)
 
 
 @pytest.mark.parametrize("kernel", sorted(BUDGET))
-def test_hc_kernels_stay_compact(hyper_rows, kernel):
-    instr, _reg, stack, local = hyper_rows[kernel]
+def test_budgeted_kernels_stay_compact(sass_rows, kernel):
+    (instr, _reg, stack, local), = [v for (_m, k), v in sass_rows.items() if k == kernel]
     assert 0 < instr <= BUDGET[kernel], f"{kernel}: {instr} SASS instructions, budget {BUDGET[kernel]}"
     assert stack == 0 and local == 0, f"{kernel}: stack {stack}, local {local} bytes (spills or indexed arrays)"

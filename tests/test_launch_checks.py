@@ -180,6 +180,8 @@ def test_launchers_reject_bad_arguments_before_touching_the_device():
     with pytest.raises(ValueError, match=r"^shared_id: given without scalar_gate"):
         launch_moe.router_gemv_topk(x, np.zeros((8, 64), np.float32), F32, 2, groups, done, shared_id=8)
     assert launch_moe.router_fuses(F32, 1024) and not launch_moe.router_fuses(F32, 1025)
+    assert [launch_moe.router_fused_smem(T) for T in (1, 3, 8, 16)] == [4096, 3 * 4096, 8 * 4096, 8 * 4096]
+    assert launch_moe.router_fused_smem(1) >= 4 * (256 + U.BLOCK)  # the grouping's J <= 256 ids and leader flags
     assert not launch_moe.router_fuses(Q8_0, 16)
     with pytest.raises(ValueError, match=r"^ggml_types: 2 types, expected 3"):
         launch_moe.routed_experts(x, None, None, None, None, None, (F32, F32))
@@ -259,6 +261,14 @@ def test_kernel_names_and_constants_match_the_sources():
     assert int(defines["GEMV_WARPS"]) == U.GEMV_WARPS and int(defines["GEMV_MAXT"]) == U.GEMV_MAXT
     assert int(defines["GEMV_RPW"]) == U.GEMV_RPW
     assert int(defines["ROUTER_MAXK"]) == U.ROUTER_MAXK
+    # router_gemv_topk's geometry (launch_moe's grid and shared memory mirror it)
+    from strata_cli.gpu import launch_moe
+
+    moe = _source("moe.cu")
+    assert "#define ROUTER_THREADS (GEMV_WARPS * WARP)" in moe and U.GEMV_WARPS * 32 == U.BLOCK
+    assert "#define ROUTER_EPB (GEMV_WARPS / ROUTER_KS)" in moe
+    assert U.GEMV_WARPS // int(defines["ROUTER_KS"]) == launch_moe.ROUTER_EPB
+    assert int(defines["ROUTER_EJ"]) * 32 == launch_moe.ROUTER_FUSED_MAX_E
     assert [int(defines[k]) for k in ("ACT_NONE", "ACT_SILU", "ACT_SIGMOID", "ACT_2SIGMOID")] == [0, 1, 2, 3]
     assert {int(defines[f"GGML_{n}"]) for n in ("F32", "F16", "Q8_0", "BF16")} == set(TYPES)
 

@@ -64,9 +64,16 @@ def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None, groups=No
     return out_ids, out_w
 
 
-ROUTER_FUSED_MAX_E = 1024  # router_gemv_topk's last block holds a row's E logits in registers, 32 a lane
+ROUTER_FUSED_MAX_E = 1024  # kernels/moe.cu ROUTER_EJ * 32: router_gemv_topk's last block holds a row's logits in
+# registers, 32 a lane, and each of its warps with a row a row of p of this many floats in shared memory
 ROUTER_EPB = 2  # kernels/moe.cu: expert rows per router_gemv_topk block (4 warps each)
 ROUTER_FUSED_TYPES = (quants.F32,)  # the routers of the converter's files (kept F32 at every --outtype)
+
+
+def router_fused_smem(T: int) -> int:
+    """router_gemv_topk's dynamic shared memory in bytes: the last block's rows of p, one per warp with a row of the
+    T (ROUTER_FUSED_MAX_E floats each); the grouping's J <= 256 ids and 256 leader flags reuse the first."""
+    return 4 * min(T, U.GEMV_WARPS) * ROUTER_FUSED_MAX_E
 
 
 def router_fuses(router_type: int, E: int) -> bool:
@@ -117,7 +124,7 @@ def router_gemv_topk(x, router_raw, router_type: int, k: int, groups, done, out_
         nvrtc.kernel("moe", "router_gemv_topk")((-(-E // ROUTER_EPB), 1, 1), (U.BLOCK, 1, 1), (
             router_raw, x, np.int32(n_in), np.int32(T), out_logits, np.int32(E), np.int32(k),
             np.int32(-1 if shared_id is None else shared_id), out_ids, out_w,
-            *g_args, np.int32(U.GEMV_MAXT), done, *sg_args), shared_mem=4 * (J + U.BLOCK))
+            *g_args, np.int32(U.GEMV_MAXT), done, *sg_args), shared_mem=router_fused_smem(T))
     return out_ids, out_w
 
 
