@@ -28,9 +28,10 @@ from strata_cli.model.gguf_file import open_model
 # ple_gate; no hc_write node: 18); the routed experts' gate and up one launch (gemv_q8r.cu gemv_q8r_gateup_t<NT>:
 # 12, 17, 17); the indexer's key in the QSA stack, its append a block of qsa_prep's launch (15); the PLE's conv
 # step the pending write of the layer's first read (hyper.cu hc_write_norm, no ple_conv_out node: 16); the n-gram
-# rows hashed and gathered in one launch (ple.cu ple_gather, a Q8_0 table: 15):
-NODES_PER_LAYER = {1: [12, 15, 12, 15, 12, 12, 12, 15], 8: [12, 15, 12, 15, 12, 12, 12, 15]}
-WINDOW_NODES = {1: 116, 8: 116}
+# rows hashed and gathered in one launch (ple.cu ple_gather, a Q8_0 table: 15); a QSA layer's block scores and
+# cell selection one launch (qsa_select.cu qsa_score_select, the row's last block selecting: 14):
+NODES_PER_LAYER = {1: [12, 15, 12, 14, 12, 12, 12, 14], 8: [12, 15, 12, 14, 12, 12, 12, 14]}
+WINDOW_NODES = {1: 114, 8: 114}
 
 
 @pytest.fixture
