@@ -6,6 +6,8 @@
 //   W      raw rows of row_stride bytes: F32, F16 / BF16 (uint16 bits), Q8_0 (n_in/32 blocks of 34 bytes)
 //   x      [T, n_in] f32 (dense) or [J / x_div, n_in] f32 (grouped experts: entry j reads row j / x_div)
 //   y      [T, n_out] or [J, n_out] f32
+//   gate-up (gemv_gateup_<type>_t<NT>, grouped experts of the float types): h[j, o] = silu(Wg[e] . x[j / x_div])[o]
+//          * (Wu[e] . x[j / x_div])[o], both matrices' rows read in one pass over x
 //   mul    optional f32 multiplier; it may alias y (the one thread that writes y[t, o] reads mul there first),
 //          which is how h = silu(gate . x) * (up . x) reuses the up buffer.
 //
@@ -92,6 +94,53 @@ __device__ __forceinline__ void slice_dot(const u8* __restrict__ W, i64 row_stri
     }
 }
 
+// slice_dot's float-type loop over two matrices of one geometry at once (the experts' gate Wg and up Wu): acc rows
+// 0..GEMV_RPW-1 take Wg's rows o0.., rows GEMV_RPW.. the same rows of Wu; each x value a lane loads serves both,
+// and every row's sum runs in slice_dot's order (the same bits as a launch per matrix).
+template <int TYPE, int NT>
+__device__ __forceinline__ void slice_dot_pair(const u8* __restrict__ Wg, const u8* __restrict__ Wu, i64 row_stride,
+                                               int o0, int n_out, const float* __restrict__ x, const int (&xr)[NT],
+                                               int nt, int n_in, int kslice, int kstride,
+                                               float (&acc)[2 * GEMV_RPW][NT]) {
+    static_assert(TYPE != GGML_Q8_0, "Q8_0 experts are repacked (gemv_q8r.cu gemv_q8r_gateup_t<NT>)");
+    const int lane = threadIdx.x & (WARP - 1);
+    const int n_chunks = (n_in + QK8_0 - 1) / QK8_0;
+#pragma unroll kGemvUnroll
+    for (int c = kslice; c < n_chunks; c += kstride) {
+        const int i = c * QK8_0 + lane;
+        float xv[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) xv[t] = (t < nt && i < n_in) ? __ldg(x + (i64)xr[t] * n_in + i) : 0.0f;
+#pragma unroll
+        for (int r = 0; r < 2 * GEMV_RPW; ++r) {
+            const int o = o0 + r % GEMV_RPW;
+            if (o < n_out) {
+                const float w = weight_at<TYPE>((r < GEMV_RPW ? Wg : Wu) + (i64)o * row_stride, c, lane, n_in);
+#pragma unroll
+                for (int t = 0; t < NT; ++t) acc[r][t] += w * xv[t];
+            }
+        }
+    }
+}
+
+// reduce_store's tail for slice_dot_pair's rows: y row of entry t, column o0 + r = silu(gate) * up, as the gate
+// launch's epilogue (ACT_SILU, div 1, mul = the up launch's output) computed it. Every warp of the block calls it.
+template <int ROWS, int NT>
+__device__ __forceinline__ void gateup_store(float (&acc)[ROWS][NT], int o0, int n_out, int nt, int ksplit,
+                                             int kslice, int group, float* y, const int* y_rows) {
+    if (!ksplit_sums(acc, ksplit, kslice, group)) return;
+    constexpr int R = ROWS / 2;
+    const int lane = threadIdx.x & (WARP - 1);
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+            const int o = o0 + r;
+            if (lane == (r * NT + t) % WARP && o < n_out && t < nt)
+                y[(i64)y_rows[t] * n_out + o] = gemv_epilogue(acc[r][t], ACT_SILU, 1.0f, nullptr, 0) * acc[R + r][t];
+        }
+}
+
 // slice_dot<TYPE> as a value: common.cuh's slice_dense / slice_grouped take the slice this way.
 template <int TYPE>
 struct SliceDot {
@@ -132,6 +181,27 @@ struct SliceDot {
 
 #define GEMV_GROUPED_FAMILY(SUFFIX, TYPE) NT_FAMILY(GEMV_GROUPED_KERNEL, gemv_expert_##SUFFIX, TYPE)
 
+// Grouped gate + up of the float types (the routed experts' first half, one launch): groups, grid and block as
+// the grouped kernels (GEMV_RPW rows of each matrix per warp); Wg, Wu [E, n_out, n_in] raw, expert e's rows at
+// W + e * expert_stride; y [J, n_out] = silu(gate) * up, an out-of-range expert's entries NaN.
+#define GEMV_GATEUP_KERNEL(NAME, TYPE, NT)                                                                             \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                    \
+        NAME(const u8* Wg, const u8* Wu, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,        \
+             const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, float* y, int n_out,       \
+             int ksplit) {                                                                                             \
+        grouped_entries<NT, GEMV_RPW, 2 * GEMV_RPW>(                                                                   \
+            n_expert, g_expert, g_count, g_entries, x_div, y, n_out, ksplit,                                           \
+            [&](int e, int o0, int kslice, auto& acc, const auto& xs, int n) {                                         \
+                slice_dot_pair<TYPE>(Wg + (i64)e * expert_stride, Wu + (i64)e * expert_stride, row_stride, o0, n_out,  \
+                                     x, xs, n, n_in, kslice, ksplit, acc);                                             \
+            },                                                                                                         \
+            [&](auto& acc, int o0, int kslice, int group, const auto& ys, int n) {                                     \
+                gateup_store(acc, o0, n_out, n, ksplit, kslice, group, y, ys);                                         \
+            });                                                                                                        \
+    }
+
+#define GEMV_GATEUP_FAMILY(SUFFIX, TYPE) NT_FAMILY(GEMV_GATEUP_KERNEL, gemv_gateup_##SUFFIX, TYPE)
+
 // Compiled once per weight type (strata_cli/gpu/compile.py: module "gemv.<suffix>" puts `#define GEMV_<SUFFIX>`
 // first): the 40 kernels of all four types in one NVRTC program took ~100 s, longer than every other module.
 // Dense kernels: grid as above. Grouped: grid (ceil(n_out / (GEMV_RPW * GEMV_WARPS / ksplit)), J groups), block
@@ -139,12 +209,15 @@ struct SliceDot {
 #if defined(GEMV_F32)
 GEMV_DENSE_FAMILY(f32, GGML_F32)
 GEMV_GROUPED_FAMILY(f32, GGML_F32)
+GEMV_GATEUP_FAMILY(f32, GGML_F32)
 #elif defined(GEMV_F16)
 GEMV_DENSE_FAMILY(f16, GGML_F16)
 GEMV_GROUPED_FAMILY(f16, GGML_F16)
+GEMV_GATEUP_FAMILY(f16, GGML_F16)
 #elif defined(GEMV_BF16)
 GEMV_DENSE_FAMILY(bf16, GGML_BF16)
 GEMV_GROUPED_FAMILY(bf16, GGML_BF16)
+GEMV_GATEUP_FAMILY(bf16, GGML_BF16)
 #elif defined(GEMV_Q8_0)
 GEMV_DENSE_FAMILY(q8_0, GGML_Q8_0)
 GEMV_GROUPED_FAMILY(q8_0, GGML_Q8_0)

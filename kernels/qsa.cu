@@ -1,5 +1,5 @@
 // qsa.cu: gated attention with QSA block selection over a verify window (strata_cli/ops/qsa.py), float32.
-// Block scores and the top-k selection are in qsa_select.cu.
+// Block scores and the top-k selection (one launch) are in qsa_select.cu.
 //
 // Legend: T window rows, H query heads, Hk kv heads, Hi indexer heads, d head dim, n_rot rotated dims (NeoX
 // pairs (i, i + n_rot/2)), N cells, NB pooled blocks, ratio cells per block, C selected-cell capacity per row.
@@ -129,7 +129,7 @@ extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
 // [NB, di]; idx_raw [>= r0 + T, di]; cos/sin [P, n_rot] by absolute position; pos = positions[t] (this group's rows).
 // grid T * (2 Hk + H + Hi) (+ 1 with ik: block 0 the indexer's keys, the others shifted by one): block
 // t * per_row + j takes k head j (j < Hk), v head j - Hk, q head j - 2 Hk, then indexer head; block QSA_BLOCK,
-// dynamic shared max(d, di) floats. Each block writes only its own head; the indexer block alone writes idx_raw, tail, snap and pooled (block_scores reads pooled next launch).
+// dynamic shared max(d, di) floats. Each block writes only its own head; the indexer block alone writes idx_raw, tail, snap and pooled (score_select reads pooled next launch).
 extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
     qsa_prep(const float* __restrict__ k, i64 ks, const float* __restrict__ v, i64 vs, const float* __restrict__ q,
              i64 qs, i64 qh, const float* __restrict__ qr, i64 is, const float* __restrict__ k_w,

@@ -337,3 +337,44 @@ def test_router_gemv_topk_matches_reference(T, E, k, D, sg_type, shared):
     if gate is not None:
         w_sg = quants.dequantize(sg_w, sg_type).reshape(-1).astype(np.float32)
         assert_close("sg", (1.0 / (1.0 + np.exp(-(x @ w_sg)))).reshape(T, 1).astype(np.float32), sg, rtol=1e-5)
+
+
+@pytest.mark.parametrize("ggml_type", (F32, F16, BF16), ids=("F32", "F16", "BF16"))
+@pytest.mark.parametrize("T,K", [(1, 1), (3, 4), (8, 2), (16, 3)])
+@pytest.mark.parametrize("F,D", [(45, 97), (64, 96)])
+def test_float_gateup_is_one_launch_and_matches_reference(ggml_type, T, K, F, D):
+    """kernels/gemv.cu gemv_gateup_<type>_t<NT> (float experts' gate and up in one launch): h = silu(gate . x) *
+    (up . x) per (row, slot) entry against numpy, on an output width past the warps' 4-row groups (45) and an input
+    width past the 32-value steps (97); h and the output NaN-poisoned; one launch for both matrices (the kinds
+    listed); eager against graph replay."""
+    from strata_cli.gpu import compile as nvrtc
+    from strata_cli.gpu import launch_moe
+    from strata_cli.ops.gemv import dequant_rows
+
+    rng = np.random.default_rng(T * 100 + K * 10 + F + ggml_type)
+    E = 9
+    types = (ggml_type,) * 3
+    gate, up, down = _experts(rng, E, F, D, types)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    ids, w = _routing(rng, T, E, K)
+    wg, wu = (dequant_rows(m, ggml_type, D).reshape(E, F, D) for m in (gate, up))
+    g = np.einsum("tkfd,td->tkf", wg[ids], x)
+    want_h = (g / (1 + np.exp(-g)) * np.einsum("tkfd,td->tkf", wu[ids], x)).reshape(T * K, F)
+    want = moe.routed_experts_raw(x, ids, w, gate, up, down, types)
+    scratch = launch_moe.MoeScratch.empty(T * K, F, D)
+    out = poisoned((T, D))
+    d_x, d_ids, d_w, d_g, d_u, d_d = (to_dev(a) for a in (x, ids, w, gate, up, down))
+
+    scratch.h.fill(np.nan)
+
+    def record(stream):
+        launch_moe.routed_experts(d_x, d_ids, d_w, d_g, d_u, d_d, types, out=out, scratch=scratch, stream=stream)
+
+    launched = []
+    with nvrtc.observing(lambda name, args: launched.append(name.split("_t")[0])):
+        got, h = assert_replay_equals_eager(record, [out, scratch.h])
+    # eager and captured: each time one gate-up launch and one down launch (gemv_expert_<type>)
+    suffix = quants.TYPE_NAMES[ggml_type].lower()
+    assert launched.count(f"gemv_gateup_{suffix}") == launched.count(f"gemv_expert_{suffix}") == 2, launched
+    assert_close("gate-up h", want_h, h)
+    assert_close("routed experts", want, got)

@@ -214,23 +214,65 @@ def tie_rows(rng):
     return rows
 
 
-def test_select_cells_ties_exact(L):
+def test_score_select_ties_exact(L):
+    """qsa_score_select's selection on exact ties straddling the k-th place: one head of one dim with query 1, so
+    a row's scores are relu(pooled) exactly; pooled past the row's completed blocks NaN (never read); rows of up to
+    333 blocks span 42 blocks of the launch, the last of them selecting. Cells exact against ops.qsa.select_cells
+    on the scores the launch wrote."""
     cp = G.cupy()
-    rows = tie_rows(np.random.default_rng(2))
-    nb_max = max(len(r[2]) for r in rows) + 1
-    for budget in sorted({b for _, b, _ in rows}):
-        sel = [r for r in rows if r[1] == budget]
-        scores = np.full((len(sel), nb_max), np.nan, np.float32)   # past n_blocks nothing may be read
-        for i, (_, _, s) in enumerate(sel):
-            scores[i, :len(s)] = s
-        d_pos = cp.asarray([n - 1 for n, _, _ in sel], dtype=np.int32)
-        n, C = len(sel), L.cell_capacity(RATIO, budget)
-        cells, counts = L.select_cells(cp.asarray(scores), d_pos, RATIO, budget,
-                                       cells=G.nan_out((n, C), np.int32), counts=G.nan_out((n,), np.int32))
-        cells, counts = cells.get(), counts.get()
-        for i, (n_cells, _, s) in enumerate(sel):
-            want = ref.select_cells(s, n_cells, RATIO, budget)
-            G.exact(cells[i, :counts[i]], want, f"cells, {n_cells} cells, budget {budget}, scores {s[:12]}...")
+    for n_cells, budget, s in tie_rows(np.random.default_rng(2)):
+        nb = len(s)
+        pooled = np.full((nb + 9, 1), np.nan, np.float32)
+        pooled[:nb, 0] = s
+        d_pos = cp.asarray([n_cells - 1], dtype=np.int32)
+        C = L.cell_capacity(RATIO, budget)
+        scores, cells, counts = L.score_select(cp.ones((1, 1, 1), np.float32), cp.asarray(pooled), d_pos, RATIO,
+                                               budget, scores=G.nan_out((1, nb + 9)),
+                                               cells=G.nan_out((1, C), np.int32), counts=G.nan_out((1,), np.int32))
+        scores, cells, counts = scores.get()[0], cells.get()[0], counts.get()[0]
+        assert np.isneginf(scores[nb:]).all() and not np.isnan(scores[:nb]).any()
+        want = ref.select_cells(scores[:nb], n_cells, RATIO, budget)
+        G.exact(cells[:counts], want, f"cells, {n_cells} cells, budget {budget}, scores {s[:12]}...")
+
+
+@pytest.mark.parametrize("T,Hi,d,pos0,budget", [(1, 4, 128, 900, 2048), (1, 4, 128, 3000, 2048),
+                                                 (3, 2, 40, 40, 9), (5, 3, 300, 40, 30), (8, 1, 7, 200, 0)])
+def test_score_select_matches_reference(L, T, Hi, d, pos0, budget):
+    """qsa_score_select: scores against ops.qsa.block_scores (odd head counts and dims; d 300: past the 8 key
+    values a lane holds in registers; Flash-Next's 4 x 128 with its 2048 budget at ratio 4, below and above it),
+    rows whose completed blocks end at different places, the capacity past them -inf; cells exact against
+    ops.qsa.select_cells of the launch's scores and of the reference's; NaN-poisoned outputs; eager against graph
+    replay (each replay finds the row counters back at zero)."""
+    from kernel_helpers import assert_replay_equals_eager
+
+    cp = G.cupy()
+    rng = np.random.default_rng(T * 13 + Hi + d + pos0)
+    ratio = 4 if d == 128 else 3
+    pos = pos0 + 7 * np.arange(T)
+    nb = (pos[-1] + 1) // ratio + 5
+    qi, pooled = G.f32(rng, T, Hi, d), G.f32(rng, nb, d)
+    qi[-1] = 0  # all of the last row's scores exactly 0: a full tie, the replay decides
+    d_qi, d_pooled, d_pos = cp.asarray(qi), cp.asarray(pooled), cp.asarray(pos, dtype=np.int32)
+    C = L.cell_capacity(ratio, budget)
+    outs = [G.nan_out((T, nb)), G.nan_out((T, C), np.int32), G.nan_out((T,), np.int32)]
+    scratch = L.SelectScratch.empty(T, nb)
+
+    def record(stream):
+        L.score_select(d_qi, d_pooled, d_pos, ratio, budget, scores=outs[0], cells=outs[1], counts=outs[2],
+                       scratch=scratch, stream=stream)
+
+    got, cells, counts = assert_replay_equals_eager(record, outs)
+    G.exact(scratch.done, np.zeros(T, np.int32), "row counters after the replays")
+    want = np.full((T, nb), -np.inf, np.float32)
+    for t in range(T):
+        n = (pos[t] + 1) // ratio
+        want[t, :n] = ref.block_scores(qi[t], pooled[:n])
+        G.exact(cells[t, :counts[t]], ref.select_cells(got[t, :n], pos[t] + 1, ratio, budget),
+                f"row {t}: cells of the launch's scores")
+        G.exact(cells[t, :counts[t]], ref.select_cells(want[t, :n], pos[t] + 1, ratio, budget),
+                f"row {t}: cells of the reference's scores")
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+    G.check(np.where(np.isneginf(want), 0, got), np.where(np.isneginf(want), 0, want), what="scores")
 
 
 def window_inputs(rng, T, zero_rows=(0,)):
@@ -279,9 +321,9 @@ def test_attention_windows_with_commits(L, tables, ratio):
             d_snap = G.nan_out((ratio, D))
             L.indexer_append(d["tail"], d["pooled"], cp.asarray(raw), d_pos, d["ik"], EPS, d_cos, d_sin, d_snap)
             qi_d = L.norm_rope(cp.asarray(qi_raw), d["iq"], EPS, d_cos, d_sin, d_pos)
-            scores = L.block_scores(qi_d, d["pooled"], d_pos, ratio, out=G.nan_out((T, NB)))
+            scores, cells_d, counts_d = L.score_select(qi_d, d["pooled"], d_pos, ratio, BUDGET,
+                                                       scores=G.nan_out((T, NB)))
             assert not np.isnan(scores.get()).any()
-            cells_d, counts_d = L.select_cells(scores, d_pos, ratio, BUDGET)
         got = L.attend_selected(q_d, d_qg[..., D:], d["kc"], d["vc"], d_pos, cells_d, counts_d,
                                 out=G.nan_out((T, H * D)))
         G.check(got, want, what=f"attention output, window of {T} at {n_past}")
@@ -295,24 +337,3 @@ def test_attention_windows_with_commits(L, tables, ratio):
             G.exact(d["tail"], tail, "tail after commit")
             G.check(d["pooled"], pooled, what="pooled after commit")
         n_past += n_keep
-
-
-@pytest.mark.parametrize("T,Hi,d", [(1, 4, 128), (3, 2, 40), (5, 3, 300)])
-def test_block_scores_match_reference(L, T, Hi, d):
-    """qsa_block_scores on its own: odd head counts and dims (d 300: past the 8 key values a lane holds in
-    registers), rows whose completed blocks end at different places, the capacity past them -inf; NaN-poisoned
-    output."""
-    cp = G.cupy()
-    rng = np.random.default_rng(T * 13 + Hi + d)
-    nb, ratio = 37, 3
-    qi, pooled = G.f32(rng, T, Hi, d), G.f32(rng, nb, d)
-    pos = 40 + 7 * np.arange(T)  # (pos + 1) // ratio completed blocks, at most 37
-    got = L.block_scores(cp.asarray(qi), cp.asarray(pooled), cp.asarray(pos, dtype=np.int32), ratio,
-                         out=G.nan_out((T, nb)))
-    want = np.full((T, nb), -np.inf, np.float32)
-    for t in range(T):
-        n = (pos[t] + 1) // ratio
-        want[t, :n] = ref.block_scores(qi[t], pooled[:n])
-    got = G.host(got)
-    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
-    G.check(np.where(np.isneginf(want), 0, got), np.where(np.isneginf(want), 0, want), what="scores")

@@ -256,7 +256,9 @@ class _Launches:
                 from strata_cli.gpu.launch_hyper import PleWrite
 
                 return PleWrite(*(_Rows(),) * 4, 1), _Rows()
-            pair = name in ("hc_read", "select_cells", "router_topk", "router_gemv_topk", "prep")
+            if name == "score_select":  # scores, cells, counts
+                return _Rows(), _Rows(), _Rows()
+            pair = name in ("hc_read", "router_topk", "router_gemv_topk", "prep")
             return (_Rows(), _Rows()) if pair else _Rows()
 
         return launch

@@ -28,9 +28,13 @@ from strata_cli.model.gguf_file import open_model
 # ple_gate; no hc_write node: 18); the routed experts' gate and up one launch (gemv_q8r.cu gemv_q8r_gateup_t<NT>:
 # 12, 17, 17); the indexer's key in the QSA stack, its append a block of qsa_prep's launch (15); the PLE's conv
 # step the pending write of the layer's first read (hyper.cu hc_write_norm, no ple_conv_out node: 16); the n-gram
-# rows hashed and gathered in one launch (ple.cu ple_gather, a Q8_0 table: 15):
-NODES_PER_LAYER = {1: [12, 15, 12, 15, 12, 12, 12, 15], 8: [12, 15, 12, 15, 12, 12, 12, 15]}
-WINDOW_NODES = {1: 116, 8: 116}
+# rows hashed and gathered in one launch (ple.cu ple_gather, a Q8_0 table: 15); a QSA layer's block scores and
+# cell selection one launch (qsa_select.cu qsa_score_select, the row's last block selecting: 14):
+NODES_PER_LAYER = {1: [12, 15, 12, 14, 12, 12, 12, 14], 8: [12, 15, 12, 14, 12, 12, 12, 14]}
+WINDOW_NODES = {1: 114, 8: 114}
+# The float fixtures' (F32 / BF16 experts, no repack) layers are the Q8_0 file's since the float experts' gate and
+# up are one launch too (gemv.cu gemv_gateup_<type>_t<NT>; they were two: 13, 16 / 15 a layer).
+FLOAT_FILES = ("model-f32.gguf", "model-bf16.gguf")
 
 
 @pytest.fixture
@@ -51,6 +55,14 @@ def test_nodes_per_layer(monkeypatch, engine, T):
     print(f"  inputs: {' '.join(launches.inputs)}\n  head: {' '.join(launches.head)}")
     assert launches.per_layer() == NODES_PER_LAYER[T]
     assert launches.total == WINDOW_NODES[T]
+
+
+@pytest.mark.parametrize("name", FLOAT_FILES)
+def test_float_experts_nodes_per_layer(monkeypatch, fixture_dir, name):
+    launches = window_launches(monkeypatch, host_engine(monkeypatch, open_model(fixture_dir / name)), 8)
+    print(f"\n{name}: per layer {launches.per_layer()}\n  layer 0: {' '.join(launches.layers[0])}")
+    assert launches.per_layer() == NODES_PER_LAYER[8]
+    assert any(n.startswith("gemv_gateup_") for n in launches.kinds())
 
 
 def test_listing_sees_the_window_size(monkeypatch, engine):

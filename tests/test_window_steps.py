@@ -45,7 +45,9 @@ class _Recorded:
 
         def launch(*args, **kwargs):
             self.steps.append(f"{self.label}.{name}")
-            pair = name.startswith(("hc_read", "select_cells", "router_")) or name in ("prep", "ple_mix_write")
+            if name == "score_select":  # scores, cells, counts
+                return _Rows(), _Rows(), _Rows()
+            pair = name.startswith(("hc_read", "router_")) or name in ("prep", "ple_mix_write")
             return (_Rows(), _Rows()) if pair else _Rows()
 
         return launch
@@ -105,7 +107,7 @@ GDN = ["launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv + z (one GE
 # k, v, q, indexer q and k: one GEMV; k/v into the cache, the norm-ropes of q and the indexer query and the
 # indexer's key append one launch
 QSA_HEAD = ["launch_gemv.gemv", "qsa.prep"]
-QSA_INDEXER = ["qsa.block_scores", "qsa.select_cells"]
+QSA_INDEXER = ["qsa.score_select"]  # block scores and the selection one launch
 QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
 # the router's GEMV in its top-k launch (an F32 router), the shared expert one more entry of the routed launches;
 # the experts' combine is the next read's

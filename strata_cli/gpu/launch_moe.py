@@ -21,6 +21,7 @@ from .launch_gemv import SplitK, launch_gemv
 from .runtime import empty
 
 
+FLOAT_GATEUP = (quants.F32, quants.F16, quants.BF16)  # kernels/gemv.cu gemv_gateup_<type>_t<NT>
 SG_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q8_0)  # scalar gates router_topk decodes (raw_at)
 
 
@@ -162,7 +163,8 @@ def launch_expert_gemv(w, ggml_type, expert_stride, n_expert, groups, n_groups, 
 def launch_gateup_experts(gate, up, n_expert, groups, n_groups, T, x, K, h) -> None:
     """h[j] = silu(gate_e . x[j // K]) * (up_e . x[j // K]) for the groups' entries; gate / up = (raw [E, F, D],
     type, expert stride); arguments already checked. Gate and up of one type and stride are one launch that reads
-    both (block types: launch_quant.launch_gateup_quant; Q8_0_R32: gemv_q8r_gateup_t<NT>), else two."""
+    both (block types: launch_quant.launch_gateup_quant; Q8_0_R32: gemv_q8r_gateup_t<NT>; F32 / F16 / BF16:
+    gemv.cu gemv_gateup_<type>_t<NT>), else two."""
     (gw, gt, gs), (uw, ut, us) = gate, up
     D, F = x.shape[1], h.shape[1]
     if gt == ut and gs == us and launch_quant.handles(gt):
@@ -177,6 +179,15 @@ def launch_gateup_experts(gate, up, n_expert, groups, n_groups, T, x, K, h) -> N
             gw, uw, np.int64(gs), np.int32(n_expert), *groups, x, np.int32(K), np.int32(D), h, np.int32(F),
             np.int32(ksplit)))
         return
+    if gt == ut and gs == us and gt in FLOAT_GATEUP:  # kernels/gemv.cu gemv_gateup_<type>_t<NT>
+        ksplit = U.gemv_ksplit(F, D, n_groups)  # a launch per matrix's split: the same sums, bit for bit
+        grid, block = U.expert_grid(F, n_groups, ksplit)
+        suffix = U.TYPE_SUFFIX[gt]
+        nvrtc.kernel(f"gemv.{suffix}", f"gemv_gateup_{suffix}_t{U.nt_bucket(T)}")(grid, block, (
+            gw, uw, np.int64(gs), np.int64(U.row_stride(gt, D)), np.int32(n_expert), *groups, x, np.int32(K),
+            np.int32(D), h, np.int32(F), np.int32(ksplit)))
+        return
+    # mixed types or strides, raw Q8_0: up, then gate with silu(gate) * up as its epilogue
     launch_expert_gemv(uw, ut, us, n_expert, groups, n_groups, T, x, K, D, h)
     launch_expert_gemv(gw, gt, gs, n_expert, groups, n_groups, T, x, K, D, h, act=U.ACT_SILU, mul=h,
                        mul_strides=(F, 1))

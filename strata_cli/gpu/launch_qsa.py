@@ -182,37 +182,20 @@ def indexer_commit(tail, pooled, snapshot, raw_keys, positions, n_keep, k_norm_w
         _indexer(tail, pooled, raw_keys, positions, k_norm_w, eps, cos, sin, n_keep, n_keep_dev, None, snapshot)
 
 
-def block_scores(q_idx, pooled, positions, ratio: int, out=None, stream=None):
-    """scores [T, NB]: row t = ops.qsa.block_scores(q_idx[t], pooled[:n_blocks]) with n_blocks = (pos+1) // ratio,
-    then -inf. q_idx [T, Hi, d] normed and rotated; pooled [NB, d]."""
-    with U.on_stream(stream):
-        U.check_array("q_idx", q_idx, np.float32, (None, None, None))
-        T, Hi, d = q_idx.shape
-        U.check_array("pooled", pooled, np.float32, (None, d))
-        NB = pooled.shape[0]
-        S.check_positions("positions", positions, T)
-        if ratio < 1:
-            raise ValueError(f"ratio: {ratio}, expected >= 1 (ratio 0 is the dense path: no scores)")
-        if Hi * d * 4 > MAX_SHARED:
-            raise ValueError(f"q_idx: {Hi} x {d} floats exceed the kernel's {MAX_SHARED} bytes of shared memory")
-        out = U.out_array("out", out, (T, NB), np.float32, empty)
-        nvrtc.kernel("qsa_select", "qsa_block_scores")((T, -(-NB // (SEL_BLOCK // 32)), 1), (SEL_BLOCK, 1, 1), (
-            q_idx, pooled, positions, out, np.int32(Hi), np.int32(d), np.int32(NB), np.int32(ratio),
-            np.float32(np.sqrt(d))), shared_mem=Hi * d * 4)
-    return out
-
-
 @dataclass
 class SelectScratch:
-    """Per-row scratch of select_cells: keys (uint32), idx and flags (int32), each [T, NB]."""
+    """Per-row scratch of score_select: keys (uint32), idx and flags (int32), each [T, NB]; done [T] int32, zero
+    (the launch's per-row block counter: its last block puts it back to zero)."""
 
     keys: object
     idx: object
     flags: object
+    done: object
 
     @classmethod
     def empty(cls, T: int, NB: int) -> "SelectScratch":
-        return cls(empty((T, NB), np.uint32), empty((T, NB), np.int32), empty((T, NB), np.int32))
+        return cls(empty((T, NB), np.uint32), empty((T, NB), np.int32), empty((T, NB), np.int32),
+                   cupy().zeros((T,), np.int32))
 
 
 def cell_capacity(ratio: int, budget: int) -> int:
@@ -220,27 +203,38 @@ def cell_capacity(ratio: int, budget: int) -> int:
     return max((budget // ratio) * ratio + ratio - 1, 1)
 
 
-def select_cells(scores, positions, ratio: int, budget: int, cells=None, counts=None,
+def score_select(q_idx, pooled, positions, ratio: int, budget: int, scores=None, cells=None, counts=None,
                  scratch: SelectScratch | None = None, stream=None):
-    """Per row t: ops.qsa.select_cells(scores[t], positions[t] + 1, ratio, budget), ties as torch's CPU topk.
-    Returns cells [T, cell_capacity] int32 (row t ascending in its first counts[t] entries) and counts [T]."""
+    """Block scores and the cell selection of every row in one launch (kernels/qsa_select.cu qsa_score_select):
+    scores [T, NB], row t = ops.qsa.block_scores(q_idx[t], pooled[:n_blocks]) with n_blocks = (pos+1) // ratio,
+    then -inf; cells [T, cell_capacity] int32, row t = ops.qsa.select_cells(scores[t], positions[t] + 1, ratio,
+    budget) in its first counts[t] entries (ties as torch's CPU topk). Returns (scores, cells, counts); below the
+    budget a row's scores are written but not read. q_idx [T, Hi, d] normed and rotated; pooled [NB, d]."""
     with U.on_stream(stream):
-        U.check_array("scores", scores, np.float32, (None, None))
-        T, NB = scores.shape
+        U.check_array("q_idx", q_idx, np.float32, (None, None, None))
+        T, Hi, d = q_idx.shape
+        U.check_array("pooled", pooled, np.float32, (None, d))
+        NB = pooled.shape[0]
         S.check_positions("positions", positions, T)
         if ratio < 1 or budget < 0:
-            raise ValueError(f"ratio: {ratio} / budget {budget}, expected ratio >= 1 and budget >= 0")
+            raise ValueError(f"ratio: {ratio} / budget {budget}, expected ratio >= 1 (ratio 0 is the dense path: no "
+                             "scores) and budget >= 0")
+        if Hi * d * 4 > MAX_SHARED:
+            raise ValueError(f"q_idx: {Hi} x {d} floats exceed the kernel's {MAX_SHARED} bytes of shared memory")
         C = cell_capacity(ratio, budget)
+        scores = U.out_array("scores", scores, (T, NB), np.float32, empty)
         cells = U.out_array("cells", cells, (T, C), np.int32, empty)
         counts = U.out_array("counts", counts, (T,), np.int32, empty)
         s = scratch if scratch is not None else SelectScratch.empty(T, NB)
         U.check_array("scratch.keys", s.keys, np.uint32, (T, NB))
         U.check_array("scratch.idx", s.idx, np.int32, (T, NB))
         U.check_array("scratch.flags", s.flags, np.int32, (T, NB))
-        nvrtc.kernel("qsa_select", "qsa_select")((T, 1, 1), (SEL_BLOCK, 1, 1), (
-            scores, positions, cells, counts, s.keys, s.idx, s.flags, np.int32(NB), np.int32(C), np.int32(ratio),
-            np.int32(budget)))
-    return cells, counts
+        U.check_array("scratch.done", s.done, np.int32, (T,))
+        nvrtc.kernel("qsa_select", "qsa_score_select")((T, -(-NB // (SEL_BLOCK // 32)), 1), (SEL_BLOCK, 1, 1), (
+            q_idx, pooled, positions, scores, cells, counts, s.keys, s.idx, s.flags, s.done, np.int32(Hi),
+            np.int32(d), np.int32(NB), np.int32(C), np.int32(ratio), np.int32(budget), np.float32(np.sqrt(d))),
+            shared_mem=Hi * d * 4)
+    return scores, cells, counts
 
 
 def attend_selected(q, gate, k_cache, v_cache, positions, cells=None, counts=None, out=None, stream=None):

@@ -134,6 +134,9 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
             cap = max(cell_capacity(r, g.idx_budget) for r in ratios)
             for name, shape, dtype in [("scores", (M, nb), np.float32), ("sel_keys", (M, nb), np.uint32),
                                        ("sel_idx", (M, nb), np.int32), ("sel_flags", (M, nb), np.int32),
+                                       # score_select's per-row block counter: zero (the arena is), and zero
+                                       # again after every launch
+                                       ("sel_done", (M,), np.int32),
                                        ("cells", (M, cap), np.int32), ("counts", (M,), np.int32)]:
                 a.add(name, shape, dtype)
         for layer in attn_layers:

@@ -177,13 +177,13 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
     cells = counts = None
     if ratio:
         nb = b[f"pooled.{layer}"].shape[0]
-        scores = qsa.block_scores(qi, b[f"pooled.{layer}"], pos, ratio, out=_rows(b["scores"], n, nb),
-                                  stream=stream)
         scratch = qsa.SelectScratch(_rows(b["sel_keys"], n, nb), _rows(b["sel_idx"], n, nb),
-                                    _rows(b["sel_flags"], n, nb))
+                                    _rows(b["sel_flags"], n, nb), b["sel_done"][:n])
         cap = qsa.cell_capacity(ratio, g.idx_budget)
-        cells, counts = qsa.select_cells(scores, pos, ratio, g.idx_budget, cells=_rows(b["cells"], n, cap),
-                                         counts=b["counts"][:n], scratch=scratch, stream=stream)
+        # block scores and the selection one launch (its row's last block selects from the others' scores)
+        _, cells, counts = qsa.score_select(qi, b[f"pooled.{layer}"], pos, ratio, g.idx_budget,
+                                            scores=_rows(b["scores"], n, nb), cells=_rows(b["cells"], n, cap),
+                                            counts=b["counts"][:n], scratch=scratch, stream=stream)
         stamp(e, layer, "scores+topk", stream)
     att = qsa.attend_selected(qn, qg[:, :, d:], b[f"kc.{layer}"], b[f"vc.{layer}"], pos, cells=cells,
                               counts=counts, out=b["qa_att"][r0:T], stream=stream)
