@@ -21,9 +21,10 @@ TIERS = ("--expert-cache", "3", "--pcie-frac", "0.5")
 
 
 def run_soak(*args: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
     r = subprocess.run([sys.executable, str(ROOT / "bench" / "soak.py"), *args], capture_output=True, text=True,
                        env=env, timeout=600)
+    assert r.stdout.strip(), f"bench/soak.py printed nothing (rc {r.returncode}): {r.stderr[-2000:]}"
     doc = json.loads(r.stdout.strip().splitlines()[-1])
     assert r.returncode == (0 if doc["ok"] else 1), r.stderr[-2000:]
     return doc

@@ -30,7 +30,7 @@ def soak_mod(monkeypatch):
 
 
 def run_soak(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))))
     return subprocess.run([sys.executable, str(SOAK), *args], capture_output=True, text=True, env=env,
                           timeout=timeout)
 
@@ -40,6 +40,7 @@ def test_soak_on_the_numpy_engine(fixture_dir, tmp_path):
     r = run_soak(str(fixture_dir / "model-q8_0.gguf"), "--device", "cpu", "--windows", "40", "--window", "4",
                  "--depth", "6", "--ctx", "40", "--warmup", "4", "--sample-every", "10", "--json", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip(), f"bench/soak.py printed nothing (rc {r.returncode}): {r.stderr[-2000:]}"
     doc = json.loads(r.stdout.strip().splitlines()[-1])
     full = json.loads(out.read_text())
     assert {k: v for k, v in full.items() if k != "samples"} == doc
