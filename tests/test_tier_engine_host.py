@@ -104,6 +104,14 @@ class _Mapped:
         self.host = np.zeros(shape, dtype=dtype)
 
 
+class _SimStaging:
+    """Stands in for the PCIe share's StagingRing (tiers/gather.py): a step's gather hands back the experts it
+    staged, in staging-slot order (what the simulated copy thread records)."""
+
+    def gather(self, grp, src, experts):
+        return [int(e) for e in experts]
+
+
 class _SimTiers:
     """The fields of ExpertTiers that TierHost reads, on plain host memory."""
 
@@ -117,6 +125,8 @@ class _SimTiers:
         self.JM = max_t * self.K
         self.G = 2 if cfg.split else 1
         self.pcie, self.copy_stream, self.fill = cfg.pcie_frac > 0, None, None
+        self.ring_stage = _SimStaging() if self.pcie else None
+        self.expert_src = [None] * self.L
         self.expert_bytes = expert_bytes(model)[:, None].repeat(3, axis=1) // 3
         self.pub_x = _Mapped((max_t, self.D), np.float32)
         self.pub_ids = _Mapped((max_t, self.K), np.int32)
