@@ -21,7 +21,7 @@ def test_pcie_share_of_flash_next_sized_experts_equals_all_resident(tmp_path):
     base, base_ids = speculative_run(tiered_engine(model), tokens, np.random.default_rng(6), 8)
     engines = []
     for cfg in (dict(cache="0", pcie_frac=0.5), dict(cache="20", pcie_frac=1.0),
-                dict(cache="0", pcie_frac=0.5, split=True)):
+                dict(cache="0", pcie_frac=0.5)):
         eng = tiered_engine(model, **cfg)
         engines.append(eng)  # kept alive: engines over one file at once
         got, ids = speculative_run(eng, tokens, np.random.default_rng(6), 8)
@@ -78,7 +78,7 @@ def test_pcie_then_all_resident_then_pcie_in_one_process(tmp_path):
     model = synthetic_model(tmp_path, "flash-next", 5, "Q8_0", layers=4, experts=16, vocab=4096, ngram_vocab=100)
     tokens = np.random.default_rng(4).integers(0, model.geometry.n_vocab, 16)
     runs = []
-    for cfg in (dict(cache="0", pcie_frac=1.0), {}, dict(cache="3", pcie_frac=0.5, split=True)):
+    for cfg in (dict(cache="0", pcie_frac=1.0), {}, dict(cache="3", pcie_frac=0.5)):
         with tiered_engine(model, **cfg) as eng:
             runs.append(speculative_run(eng, tokens, np.random.default_rng(2), 6))
             if cfg:
