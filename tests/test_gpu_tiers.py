@@ -1,5 +1,5 @@
 """The GPU engine's expert tiers against the all-resident engine: logits and greedy ids of speculative windows
-with commits, for VRAM caches of 0 / some / all pairs, PCIe shares 0 / 0.5 / 1, split on and off; graph replay
+with commits, for VRAM caches of 0 / some / all pairs, PCIe shares 0 / 0.5 / 1; graph replay
 against eager launches; the stall test's release."""
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ def _model(name, fixture_dir, tmp_path):
 
 CONFIGS = [dict(cache="0"), dict(cache="0", pcie_frac=0.5), dict(cache="0", pcie_frac=1.0),
            dict(cache="7"), dict(cache="7", pcie_frac=0.5), dict(cache="7", pcie_frac=1.0),
-           dict(cache="7"), dict(cache="0", pcie_frac=0.5), dict(cache="7", wait="stream"),
-           dict(cache="7", pcie_frac="auto"), dict(cache="0", pcie_frac="auto")]
-FEW = [0, 4, 7, 9]  # cache 0 / some, PCIe 0 / 0.5 / auto, split on and off
+           dict(cache="7", wait="stream"), dict(cache="7", pcie_frac="auto"), dict(cache="0", pcie_frac="auto")]
+FEW = [0, 1, 4, 7]  # cache 0 / some, PCIe 0 / 0.5 / auto
 
 
 def _equal_all_resident(name, model, configs, n_ctx=None, n_tokens=N_TOKENS):
@@ -142,7 +141,7 @@ def test_cache_all_keeps_todays_graph(fixture_dir):
 def test_tiered_graph_replay_equals_eager(fixture_dir):
     model = open_model(fixture_dir / "model-q8_0.gguf")
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
-    for cfg in (dict(cache="5", pcie_frac=0.5), dict(cache="5", pcie_frac=0.5)):
+    for cfg in (dict(cache="5", pcie_frac=0.5),):
         eng = tiered_engine(model, **cfg)
         runs = {}
         for eager in (True, False):
