@@ -27,7 +27,7 @@
 #   gemv-ab      bench/quant_gemv_bench.py --probe: Q2_K, Q4_0, Q8_0 as the engine holds them, the block types with
 #                their decode-free probe rows, every variant checked against numpy before it is timed, and the dense
 #                Q8_0 rows; whole output in gemv-ab.txt
-#   tiers        bench/tiers_device.sh on the full-size file (PCIe shares 0 / 0.5 / 1 / auto, --split, at cache 0)
+#   tiers        bench/tiers_device.sh on the full-size file (PCIe shares 0 / 0.5 / 1 / auto at cache 0)
 #   window       bench/window_device.sh on the full-size file (window paths by T, nodes per layer, T = 1..16)
 #   cache        bench/cache_policy.sh on the full-size file (issue 20: profile, held-out trace, cache-sim, policies;
 #                each run budgeted inside the step's limit, the summary table always printed last; ~300 s)

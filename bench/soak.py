@@ -173,7 +173,7 @@ def build(args, pcie_frac=None):
 
     model = load_model(args.model)
     tiers = tier_config(expert_profile=args.expert_profile, expert_cache=args.expert_cache,
-                        pcie_frac=args.pcie_frac if pcie_frac is None else str(pcie_frac), split=False,
+                        pcie_frac=args.pcie_frac if pcie_frac is None else str(pcie_frac),
                         tier_wait="spin")
     return model, tiers, load_engine(model, args.device, args.ctx, tiers=tiers)
 

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The expert tiers on the device, one call (<= 5 minutes): the GPU tier tests (-v), then verify-bench at
-# --expert-cache 0 with --pcie-frac 0 / 0.25 / 0.5 / 1 / auto and --pcie-frac 0 --split, each under a timeout, with
+# --expert-cache 0 with --pcie-frac 0 / 0.25 / 0.5 / 1 / auto, each under a timeout, with
 # its load lines (one "load: PHASE in S s" per phase, "expert pages in", the PCIe share chosen, "engine built in",
 # any "tiers: waiting" or error line); with TIERS_PROFILE (an expert profile, e.g. the one side_by_side.sh made)
-# also 12 and 24 GiB of experts by that profile without and with --split (issue 17 item 5: the split window
-# measured at cache 0 / 12 / 24 GiB); a short table last.
+# also 12 and 24 GiB of experts by that profile; a short table last.
 #   bench/tiers_device.sh MODEL.gguf [OUT_DIR]
 # Before the runs: bench/gather_bench.py (the PCIe share's host gather alone, ~10 s); after the table: auto against 0
 # per T (whether DEFAULT_PCIE_FRAC = AUTO is safe).
@@ -26,9 +25,8 @@ fi
 # the memcpy build): the rate tiers/share.py weighs against the pool's
 timeout -k 5 "${TIERS_GATHER_S:-40}" python3 bench/gather_bench.py --gb 2 --threads "1,4,$(nproc)" --ab --iters 10 \
     2>&1 | tee "$out/gather.log" | grep -v '^{'
-runs=("0" "0.25" "0.5" "1" "auto" "0 --split")
-[ -n "${TIERS_PROFILE:-}" ] && runs+=("0 --expert-cache 12GiB" "0 --expert-cache 12GiB --split"
-                                      "0 --expert-cache 24GiB" "0 --expert-cache 24GiB --split")
+runs=("0" "0.25" "0.5" "1" "auto")
+[ -n "${TIERS_PROFILE:-}" ] && runs+=("0 --expert-cache 12GiB" "0 --expert-cache 24GiB")
 for spec in "${runs[@]}"; do
     name=$(echo "pcie $spec" | tr ' ' '_')
     cache=(--expert-cache 0); case $spec in *expert-cache*) cache=(--expert-profile "$TIERS_PROFILE");; esac

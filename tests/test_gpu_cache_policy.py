@@ -16,7 +16,7 @@ def test_adaptive_policies_equal_all_resident(fixture_dir, tmp_path, name):
     model = _model(name, fixture_dir, tmp_path)
     one = int(expert_bytes(model).max())  # --expert-max-copy of one expert: at most one swap per window
     configs = [dict(cache="7", policy="lru"), dict(cache="7", policy="lfu"), dict(cache="7", policy="lru", max_copy=one),
-               dict(cache="7", policy="lfu", pcie_frac=0.5, split=True), dict(cache="7", policy="lru", wait="stream")]
+               dict(cache="7", policy="lfu", pcie_frac=0.5), dict(cache="7", policy="lru", wait="stream")]
     for cfg, eng, total in _equal_all_resident(name, model, configs):
         history = eng.tier_host.history
         swaps = [h["swaps"] for h in history]

@@ -67,11 +67,11 @@ def test_split_equals_one_engine_across_windows_with_commits(fixture_dir, tmp_pa
 
 # expert tiers per stage: (fixture, layer counts, tier options, which stages are tiered). --expert-cache N is per
 # stage (16 experts a layer: "32" keeps a 2-layer stage all resident, its zero-doorbell graph, no tiers object)
-TIER_SPLITS = [("q8_0", (3, 5), dict(cache="0", pcie_frac=0.5, split=True), (True, True)),
+TIER_SPLITS = [("q8_0", (3, 5), dict(cache="0", pcie_frac=0.5), (True, True)),
                ("q8_0", (2, 6), dict(cache="32"), (False, True)),
                ("q8_0", (5, 3), dict(cache="7", pcie_frac=1.0), (True, True)),
                ("bf16", (4, 4), dict(cache="9", pcie_frac=0.5, policy="lru"), (True, True)),
-               ("q8_0", (1, 4, 3), dict(cache="1B", split=True), (True, True, True))]
+               ("q8_0", (1, 4, 3), dict(cache="1B"), (True, True, True))]
 
 
 @pytest.mark.parametrize("kind,counts,tier_args,tiered", TIER_SPLITS,

@@ -1,5 +1,5 @@
 """The GPU engine's expert tiers against the all-resident engine: logits and greedy ids of speculative windows
-with commits, for VRAM caches of 0 / some / all pairs, PCIe shares 0 / 0.5 / 1, split on and off; graph replay
+with commits, for VRAM caches of 0 / some / all pairs, PCIe shares 0 / 0.5 / 1; graph replay
 against eager launches; the stall test's release."""
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ def _model(name, fixture_dir, tmp_path):
 
 CONFIGS = [dict(cache="0"), dict(cache="0", pcie_frac=0.5), dict(cache="0", pcie_frac=1.0),
            dict(cache="7"), dict(cache="7", pcie_frac=0.5), dict(cache="7", pcie_frac=1.0),
-           dict(cache="7", split=True), dict(cache="0", pcie_frac=0.5, split=True), dict(cache="7", wait="stream"),
-           dict(cache="7", pcie_frac="auto"), dict(cache="0", pcie_frac="auto", split=True)]
-FEW = [0, 4, 7, 9]  # cache 0 / some, PCIe 0 / 0.5 / auto, split on and off
+           dict(cache="7", wait="stream"), dict(cache="7", pcie_frac="auto"), dict(cache="0", pcie_frac="auto")]
+FEW = [0, 1, 4, 7]  # cache 0 / some, PCIe 0 / 0.5 / auto
 
 
 def _equal_all_resident(name, model, configs, n_ctx=None, n_tokens=N_TOKENS):
@@ -81,7 +80,7 @@ def test_scaled_flash_next_equals_all_resident(tmp_path, ggml_type):
     through the one-launch gate/up GEMV of a block type, and the pool through its K-quant kernels."""
     model = synthetic_model(tmp_path, "flash-next", 3, ggml_type, layers=4, experts=12, vocab=512, ngram_vocab=1000)
     configs = [dict(cache="0", pcie_frac="auto"), dict(cache="0"), dict(cache="0", pcie_frac=1.0),
-               dict(cache="20", pcie_frac=0.5, split=True)]
+               dict(cache="20", pcie_frac=0.5)]
     if ggml_type != "Q8_0":
         configs = configs[::3]
     for cfg, eng, total in _equal_all_resident(f"flash-next-L4-E12-{ggml_type}", model, configs, n_ctx=64,
@@ -96,7 +95,7 @@ def test_random_geometries_equal_all_resident(tmp_path, seed, ggml_type):
 
     rng = np.random.default_rng(seed)
     model = write_random(tmp_path, random_preset(rng, num_experts=int(rng.integers(6, 13))), seed, ggml_type)
-    configs = [dict(cache="0", pcie_frac="auto"), dict(cache="3", pcie_frac=0.5, split=True), dict(cache="0")]
+    configs = [dict(cache="0", pcie_frac="auto"), dict(cache="3", pcie_frac=0.5), dict(cache="0")]
     for _ in _equal_all_resident(f"random-{seed}-{ggml_type}", model, configs, n_ctx=64):
         pass
 
@@ -142,7 +141,7 @@ def test_cache_all_keeps_todays_graph(fixture_dir):
 def test_tiered_graph_replay_equals_eager(fixture_dir):
     model = open_model(fixture_dir / "model-q8_0.gguf")
     tokens = np.load(fixture_dir / "reference.npz")["tokens"]
-    for cfg in (dict(cache="5", pcie_frac=0.5), dict(cache="5", pcie_frac=0.5, split=True)):
+    for cfg in (dict(cache="5", pcie_frac=0.5),):
         eng = tiered_engine(model, **cfg)
         runs = {}
         for eager in (True, False):

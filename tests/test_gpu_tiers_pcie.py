@@ -20,8 +20,7 @@ def test_pcie_share_of_flash_next_sized_experts_equals_all_resident(tmp_path):
     tokens = np.random.default_rng(3).integers(0, model.geometry.n_vocab, 24)
     base, base_ids = speculative_run(tiered_engine(model), tokens, np.random.default_rng(6), 8)
     engines = []
-    for cfg in (dict(cache="0", pcie_frac=0.5), dict(cache="20", pcie_frac=1.0),
-                dict(cache="0", pcie_frac=0.5, split=True)):
+    for cfg in (dict(cache="0", pcie_frac=0.5), dict(cache="20", pcie_frac=1.0)):
         eng = tiered_engine(model, **cfg)
         engines.append(eng)  # kept alive: engines over one file at once
         got, ids = speculative_run(eng, tokens, np.random.default_rng(6), 8)
@@ -78,13 +77,13 @@ def test_pcie_then_all_resident_then_pcie_in_one_process(tmp_path):
     model = synthetic_model(tmp_path, "flash-next", 5, "Q8_0", layers=4, experts=16, vocab=4096, ngram_vocab=100)
     tokens = np.random.default_rng(4).integers(0, model.geometry.n_vocab, 16)
     runs = []
-    for cfg in (dict(cache="0", pcie_frac=1.0), {}, dict(cache="3", pcie_frac=0.5, split=True)):
+    for cfg in (dict(cache="0", pcie_frac=1.0), {}, dict(cache="3", pcie_frac=0.5)):
         with tiered_engine(model, **cfg) as eng:
             runs.append(speculative_run(eng, tokens, np.random.default_rng(2), 6))
             if cfg:
                 assert eng.tier_host.history[-1]["pcie"] > 0, cfg
                 assert eng.tier_host.history[-1]["copy_ms"] > 0, cfg
-    for cfg, (got, ids) in zip(("pcie 1", "pcie 0.5 split"), (runs[0], runs[2])):
+    for cfg, (got, ids) in zip(("pcie 1", "pcie 0.5"), (runs[0], runs[2])):
         assert rel_err(got, runs[1][0]) <= 1e-4, cfg
         np.testing.assert_array_equal(ids, runs[1][1], err_msg=cfg)
 

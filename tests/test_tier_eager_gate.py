@@ -138,8 +138,8 @@ def _eager_engine(monkeypatch, fixture_dir, tier_args):
     return engine, kernels, rt, ref, windows, run
 
 
-@pytest.mark.parametrize("tier_args", [dict(cache="0", pcie_frac=0.5), dict(cache="7", pcie_frac=1.0, split=True)],
-                         ids=["pcie0.5", "pcie1-split"])
+@pytest.mark.parametrize("tier_args", [dict(cache="0", pcie_frac=0.5), dict(cache="7", pcie_frac=1.0)],
+                         ids=["pcie0.5", "pcie1"])
 def test_eager_windows_with_a_pcie_share_never_wait_for_the_gpus_bound(monkeypatch, fixture_dir, tier_args):
     engine, kernels, rt, ref, windows, run = _eager_engine(monkeypatch, fixture_dir, dict(tier_args, timeout_s=3.0))
     t, host = engine.tiers, engine.tier_host

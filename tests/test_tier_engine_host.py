@@ -123,7 +123,7 @@ class _SimTiers:
         self.model, self.table_host, self.cfg = model, table, cfg
         self.K, self.D, self.E, self.L, self.M = g.n_expert_used, g.n_embd, g.n_expert, g.n_layers, max_t
         self.JM = max_t * self.K
-        self.G = 2 if cfg.split else 1
+        self.G = 1
         self.pcie, self.copy_stream, self.fill = cfg.pcie_frac > 0, None, None
         self.ring_stage = _SimStaging() if self.pcie else None
         self.expert_src = [None] * self.L
@@ -138,24 +138,15 @@ class _SimTiers:
         self.ring = self.steps.ring
 
 
-def _gpu_order(L: int, G: int) -> list[tuple[str, int, int]]:
-    """The window's (pre | post, layer, group) in stream order: window.py's order for two groups (pre(0,A) pre(0,B)
-    | post(0,A) pre(1,A) | post(0,B) pre(1,B) | ...), pre/post per layer for one."""
-    if G == 1:
-        return [(part, layer, 0) for layer in range(L) for part in ("pre", "post")]
-    order = [("pre", 0, grp) for grp in range(G)]
-    for layer in range(L):
-        for grp in range(G):
-            order.append(("post", layer, grp))
-            if layer + 1 < L:
-                order.append(("pre", layer + 1, grp))
-    return order
+def _gpu_order(L: int) -> list[tuple[str, int, int]]:
+    """The window's (pre | post, layer, group) in stream order: window.py's pre/post per layer (one group)."""
+    return [(part, layer, 0) for layer in range(L) for part in ("pre", "post")]
 
 
 class _SimGPU(threading.Thread):
     """The window's stream in the engine's order (_gpu_order): pre publishes the group's rows and rings seq =
     ring(layer, grp); post waits (bounded, like the spin kernel) for flag >= that ring and keeps what the host left
-    in the plan and ymiss. With two groups group B's rows are published before group A's flag is waited for."""
+    in the plan and ymiss."""
 
     def __init__(self, tiers, x, ids, T, bound_s=5.0):
         super().__init__(daemon=True)
@@ -167,7 +158,7 @@ class _SimGPU(threading.Thread):
         t, w = self.t, self.t.words.host
         groups = t.groups(self.T)
         G = len(groups)
-        for part, layer, grp in _gpu_order(t.L, G):
+        for part, layer, grp in _gpu_order(t.L):
             r0, n = groups[grp]
             ring = t.ring(layer, grp, G)
             if part == "pre":
@@ -187,7 +178,7 @@ class _SimGPU(threading.Thread):
         self.done.set()
 
 
-def _sim(monkeypatch, fixture_dir, cache, split=False, stall=0, T=3, seed=0, pcie_frac=0.0, timeout_s=20.0):
+def _sim(monkeypatch, fixture_dir, cache, stall=0, T=3, seed=0, pcie_frac=0.0, timeout_s=20.0):
     """A TierHost over host memory, and a simulated GPU side. With a PCIe share the copy thread is a plain one and
     the copy stream is played by a timer that raises flagB a moment after the host issued the step's copies."""
     from concurrent.futures import ThreadPoolExecutor
@@ -197,7 +188,7 @@ def _sim(monkeypatch, fixture_dir, cache, split=False, stall=0, T=3, seed=0, pci
     model = open_model(fixture_dir / "model-q8_0.gguf")
     g = model.geometry
     table, _ = choose_residency(model, TierConfig(cache=cache), None, 0)
-    cfg = TierConfig(cache=cache, split=split, pcie_frac=pcie_frac, timeout_s=timeout_s)
+    cfg = TierConfig(cache=cache, pcie_frac=pcie_frac, timeout_s=timeout_s)
     tiers = _SimTiers(model, table, cfg, max_t=4)
     tiers.copies = []
 
@@ -230,16 +221,16 @@ def _expert_out(model, layer, e, x):
     return swiglu(x[None], wg, wu, wd)[0]
 
 
-@pytest.mark.parametrize("cache,split", [("0", False), ("40", False), ("40", True)])
-def test_host_serves_every_step_of_a_simulated_window(monkeypatch, fixture_dir, cache, split):
-    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, cache, split)
+@pytest.mark.parametrize("cache", ["0", "40"])
+def test_host_serves_every_step_of_a_simulated_window(monkeypatch, fixture_dir, cache):
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, cache)
     T, K = 3, tiers.K
     host.begin(T)
     gpu.start()
     host.serve(T)
     gpu.join(5)
     assert gpu.done.is_set() and not gpu.timed_out
-    assert len(gpu.seen) == tiers.L * (2 if split else 1)
+    assert len(gpu.seen) == tiers.L
     cpu_entries = 0
     for layer, r0, n, src, ymiss in gpu.seen:
         for i in range(n * K):
@@ -258,7 +249,7 @@ def test_host_serves_every_step_of_a_simulated_window(monkeypatch, fixture_dir, 
 
 def test_route_hook_sees_every_routed_id_once(monkeypatch, fixture_dir):
     """make-profile --device gpu counts what the host is rung with: every row's ids of every layer, once."""
-    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0", split=True)
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
     counts = np.zeros((tiers.L, tiers.E), np.int64)
     host.route_hook = lambda layer, got: np.add.at(counts[layer], got.reshape(-1), 1)
     host.begin(3)
@@ -397,14 +388,12 @@ def test_a_release_during_a_step_is_never_undone_by_the_host(monkeypatch, fixtur
     assert all(int(tiers.words.host[w]) == RELEASED for w in (FLAG_A, FLAG_B, FLAG))
 
 
-def test_gpu_order_is_the_split_windows_order():
-    assert _gpu_order(2, 2) == [("pre", 0, 0), ("pre", 0, 1), ("post", 0, 0), ("pre", 1, 0), ("post", 0, 1),
-                                ("pre", 1, 1), ("post", 1, 0), ("post", 1, 1)]
-    assert [StepRange(0, 2).ring(layer, grp, 2) for _, layer, grp in _gpu_order(2, 2)] == [1, 2, 1, 3, 2, 4, 3, 4]
+def test_gpu_order_rings_one_step_per_layer():
+    assert _gpu_order(2) == [("pre", 0, 0), ("post", 0, 0), ("pre", 1, 0), ("post", 1, 0)]
+    assert [StepRange(0, 2).ring(layer, grp, 1) for _, layer, grp in _gpu_order(2)] == [1, 1, 2, 2]
     # a stage of the layer split over layers 3, 4 rings the same numbers, its steps map back to its layers
     steps = StepRange(3, 5)
-    assert [steps.ring(layer + 3, grp, 2) for _, layer, grp in _gpu_order(2, 2)] == [1, 2, 1, 3, 2, 4, 3, 4]
-    assert [steps.at(k, 2) for k in range(steps.count(2))] == [(3, 0), (3, 1), (4, 0), (4, 1)]
+    assert [steps.ring(layer + 3, grp, 1) for _, layer, grp in _gpu_order(2)] == [1, 1, 2, 2]
     assert [steps.at(k, 1) for k in range(steps.count(1))] == [(3, 0), (4, 0)] and list(steps.layers) == [3, 4]
 
 

@@ -258,7 +258,7 @@ def _stream_order(monkeypatch, g, T, G, layers):
         return _ORDERS[key]
 
     with monkeypatch.context() as mp:
-        steps = recorded_steps(mp, g, T, WindowPath(gemv_tc=False), tiers="split" if G == 2 else "one",
+        steps = recorded_steps(mp, g, T, WindowPath(gemv_tc=False), tiers="one",
                                layers=layers)
     out = []
     for s in steps:
@@ -279,8 +279,7 @@ def _tiered(monkeypatch, model, cfg, layers=None):
 
     layers = layers or (0, model.geometry.n_layers)
     for T in range(1, 17):
-        for G in {1, 2 if cfg.split and T >= 2 else 1}:
-            _stream_order(monkeypatch, model.geometry, T, G, layers)
+        _stream_order(monkeypatch, model.geometry, T, 1, layers)
     rt = FakeRt()
     FakeMapped.live.clear()
     monkeypatch.setattr(tiers_mod, "MappedBuffer", FakeMapped)
@@ -385,16 +384,16 @@ def _run_window(monkeypatch, engine, kernels, rt, moes, T):
 
 
 CASES = [("q8_0", dict(cache="0")), ("q8_0", dict(cache="0", pcie_frac=0.5)),
-         ("q8_0", dict(cache="7", pcie_frac=1.0, split=True)), ("q8_0", dict(cache="40", split=True)),
-         ("q8_0", dict(cache="40", pcie_frac=0.5)), ("bf16", dict(cache="0", pcie_frac=0.5, split=True)),
+         ("q8_0", dict(cache="7", pcie_frac=1.0)), ("q8_0", dict(cache="40")),
+         ("q8_0", dict(cache="40", pcie_frac=0.5)), ("bf16", dict(cache="0", pcie_frac=0.5)),
          ("bf16", dict(cache="7")),
          # auto with the rates faked (probe_rates below): PCIe pays at setup and still once the copy path is
          # measured; it pays at setup, but the measured gather is slower than the pool: the PCIe path dropped
-         ("q8_0", dict(cache="0", pcie_frac="auto", split=True, measured=(40.0, 60.0))),
+         ("q8_0", dict(cache="0", pcie_frac="auto", measured=(40.0, 60.0))),
          ("q8_0", dict(cache="0", pcie_frac="auto", measured=(5.0, 60.0))),
          ("q8_0", dict(cache="24", policy="lru")),  # 3 slots a layer: fills land at their slot's offset
          ("q8_0", dict(cache="7", policy="lru", max_copy=26112)),
-         ("q8_0", dict(cache="7", policy="lfu", pcie_frac=0.5, split=True)), ("bf16", dict(cache="7", policy="lru"))]
+         ("q8_0", dict(cache="7", policy="lfu", pcie_frac=0.5)), ("bf16", dict(cache="7", policy="lru"))]
 
 
 @pytest.mark.parametrize("kind,tier_args", CASES, ids=[f"{k}-{'-'.join(f'{a}={v}' for a, v in c.items())}"
@@ -405,8 +404,8 @@ def test_tiered_windows_equal_the_reference_moe(monkeypatch, fixture_dir, kind, 
 
 # a stage of the layer split (GPUEngine(layers=(lo, hi)), lo > 0): its own residency over its layers (--expert-cache
 # N per stage), its own steps numbered from ring 1, its own PCIe staging and CPU share
-STAGE_CASES = [((3, 8), "q8_0", dict(cache="0")), ((2, 5), "q8_0", dict(cache="0", pcie_frac=0.5, split=True)),
-               ((1, 6), "q8_0", dict(cache="7", pcie_frac=0.5)), ((4, 8), "bf16", dict(cache="5", split=True)),
+STAGE_CASES = [((3, 8), "q8_0", dict(cache="0")), ((2, 5), "q8_0", dict(cache="0", pcie_frac=0.5)),
+               ((1, 6), "q8_0", dict(cache="7", pcie_frac=0.5)), ((4, 8), "bf16", dict(cache="5")),
                ((3, 8), "q8_0", dict(cache="9", pcie_frac=1.0)), ((2, 7), "q8_0", dict(cache="10", policy="lru")),
                ((5, 8), "bf16", dict(cache="0", pcie_frac=0.5))]
 

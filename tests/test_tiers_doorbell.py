@@ -1,6 +1,6 @@
 """The doorbell protocol as the GPU engine serves it (tiers/host.py TierHost, the one implementation)
 against a simulated GPU side (a thread that publishes rows, rings, waits for flagB and flag and reads the plan and
-ymiss as the graph would): PCIe shares with the copy thread, split windows, bounded waits for a ring that never
+ymiss as the graph would): PCIe shares with the copy thread, bounded waits for a ring that never
 comes, a stream that ends without ringing; the doorbell words; the stall hook's number and the watchdog."""
 
 from __future__ import annotations
@@ -23,15 +23,14 @@ from strata_cli.tiers.doorbell import wait_word
 from strata_cli.tiers.plan import n_pcie
 
 
-@pytest.mark.parametrize("cache,split,pcie_frac", [("0", False, 0.5), ("0", True, 1.0), ("40", True, 0.5),
-                                                   ("40", False, 0.4)])
-def test_windows_served_with_a_pcie_share(monkeypatch, fixture_dir, cache, split, pcie_frac):
-    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, cache, split, pcie_frac=pcie_frac)
+@pytest.mark.parametrize("cache,pcie_frac", [("0", 0.5), ("0", 1.0), ("40", 0.5), ("40", 0.4)])
+def test_windows_served_with_a_pcie_share(monkeypatch, fixture_dir, cache, pcie_frac):
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, cache, pcie_frac=pcie_frac)
     T, K, JM = 3, tiers.K, tiers.JM
     host.launched(T, gpu.start)
     gpu.join(5)
     assert gpu.done.is_set() and not gpu.timed_out
-    assert len(gpu.seen) == tiers.L * (2 if split else 1) == len(tiers.copies)
+    assert len(gpu.seen) == tiers.L == len(tiers.copies)
     assert all(name.startswith("sim-pcie-copy") for *_, name in tiers.copies)  # issued beside the pool
     total = {SRC_VRAM: 0, SRC_PCIE: 0, SRC_CPU: 0}
     for (layer, r0, n, src, ymiss), slot, (c_layer, _, pcie, _) in zip(gpu.seen, gpu.slots, tiers.copies):

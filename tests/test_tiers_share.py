@@ -132,12 +132,12 @@ def test_pool_probe_times_the_pool_on_layer_0_experts_with_their_pages_in(fixtur
 
 
 def test_cli_default_is_the_cpu_pool_alone_and_auto_is_asked_for():
-    assert tier_config(None, None, None, False, "spin") is None  # no tier option: every expert in VRAM
-    assert tier_config(None, "0", None, False, "spin").pcie_frac == 0.0
-    assert tier_config(None, "0", "auto", False, "spin").pcie_frac == "auto"
-    assert tier_config(None, "0", "0.5", False, "spin").pcie_frac == 0.5
-    assert tier_config(None, "0", "0", False, "spin").pcie_frac == 0.0
-    assert tier_config(None, None, "auto", False, "spin").cache.kind == "all"
+    assert tier_config(None, None, None, "spin") is None  # no tier option: every expert in VRAM
+    assert tier_config(None, "0", None, "spin").pcie_frac == 0.0
+    assert tier_config(None, "0", "auto", "spin").pcie_frac == "auto"
+    assert tier_config(None, "0", "0.5", "spin").pcie_frac == 0.5
+    assert tier_config(None, "0", "0", "spin").pcie_frac == 0.0
+    assert tier_config(None, None, "auto", "spin").cache.kind == "all"
 
 
 def test_gather_probe_gathers_the_pool_probes_experts_on_the_pools_team(fixture_dir):

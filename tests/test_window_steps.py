@@ -1,6 +1,6 @@
 """The GPU window's layer sequence (engine/gpu/window.py _LayerRecorder) without a GPU: every launcher replaced by
-a recorder of its name, the recorded steps of each variant (one token group, --split token groups, unsplit
-expert tiers, stages of the layer split) in the order the device runs them. The nodes each launch adds are
+a recorder of its name, the recorded steps of each variant (every expert in VRAM, expert
+tiers, stages of the layer split) in the order the device runs them. The nodes each launch adds are
 test_window_nodes.py's (the real launchers, listed)."""
 
 from __future__ import annotations
@@ -53,12 +53,8 @@ class _Recorded:
         return launch
 
 
-def _tiers(steps: list, split: bool):
-    def groups(T):
-        return [(0, -(-T // 2)), (-(-T // 2), T // 2)] if split and T >= 2 else [(0, T)]
-
-    return SimpleNamespace(groups=groups, n_groups=lambda T: len(groups(T)),
-                           pre=lambda layer, grp, *a: steps.append(f"tiers.pre {layer} {grp}"),
+def _tiers(steps: list):
+    return SimpleNamespace(pre=lambda layer, grp, *a: steps.append(f"tiers.pre {layer} {grp}"),
                            post=lambda layer, grp, *a: steps.append(f"tiers.post {layer} {grp}"))
 
 
@@ -66,7 +62,7 @@ def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str |
                    ends: list | None = None, layers: tuple[int, int] | None = None, router_type: int = 0,
                    stacked: bool = True, shared: bool = True) -> list[str]:
     """The launches record_window makes for a T-row window of `geometry` with launch variant `path`; tiers None
-    (every expert in VRAM), "one" (tiers, one token group) or "split" (two groups). ends: appended the number of
+    (every expert in VRAM) or "one" (expert tiers). ends: appended the number of
     steps so far at each layer's end ("embed", then each "gap": GPUEngine.layer_nodes' stamps). layers: the
     range of a stage of the layer split (engine/gpu/layer_split.py; default every layer). router_type: the GGML
     type of the routers (every other weight F32); stacked: a layer's projections of its mixed rows stack (one GEMV:
@@ -93,7 +89,7 @@ def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str |
 
     e = SimpleNamespace(buf=_Buffers(), w=weights, g=geometry, stage=stage, stamper=None if ends is None else count,
                         route_tap=None,
-                        tiers=None if tiers is None else _tiers(steps, tiers == "split"),
+                        tiers=None if tiers is None else _tiers(steps),
                         window_paths=lambda T: path, layers=layers or (0, geometry.n_layers))
     window.record_window(e, T, None)
     return steps
@@ -113,8 +109,6 @@ QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
 # the experts' combine is the next read's
 MOE = ["moe.router_gemv_topk", "moe.routed_parts"]
 PLE = ["ple.ngram_gather", "ple.ple_mix_write"]  # its conv step: the layer's first read
-PLE_GROUP_A = ["ple.ngram_gather", "memcpy", "ple.ple_mix", "memcpy"]
-PLE_GROUP_B = ["memcpy", "ple.ple_mix", "memcpy"]
 INPUTS = ["memcpy", "memcpy", "embed.gather_rows", "hyper.broadcast_streams"]
 HEAD = ["launch_gemv.gemv", "sampling.argmax_rows", "memcpy"]
 
@@ -211,50 +205,6 @@ def test_unsplit_tiers_replace_the_moe_only(monkeypatch, geometry):
         return [f"tiers.pre {layer} 0", f"tiers.post {layer} 0"]
 
     assert recorded_steps(monkeypatch, geometry, 2, PLAIN, tiers="one") == unsplit(geometry, tiers)
-
-
-def test_split_window_interleaves_two_token_groups(monkeypatch, geometry):
-    """pre(0,A) pre(0,B) | post(0,A) pre(1,A) | post(0,B) pre(1,B) | ... | head; each group's MoE write goes
-    into its next read (before the PLE layer: a write of the group's rows on its own)."""
-    g = geometry
-
-    def pre(layer, grp):
-        ple = (PLE_GROUP_A if grp == 0 else PLE_GROUP_B) if g.ple.layer == layer else []
-        ple = (HC_WRITE if ple and layer > 0 else []) + ple
-        return ple + HC_READ + mixer(g, layer) + HC_READ + [f"tiers.pre {layer} {grp}"]
-
-    def post(layer, grp):
-        return [f"tiers.post {layer} {grp}"]
-
-    want = INPUTS + pre(0, 0) + pre(0, 1)
-    for layer in range(g.n_layers):
-        for grp in (0, 1):
-            want += post(layer, grp) + (pre(layer + 1, grp) if layer + 1 < g.n_layers else [])
-    want += HC_READ + HEAD
-    assert recorded_steps(monkeypatch, g, 5, TC, tiers="split") == want
-
-
-def test_split_window_is_stamped_as_a_whole(monkeypatch, geometry):
-    """A two-group window gets a begin and an end stamp only: stamps of its interleaved groups would repeat
-    stages (the seed profiles single-group windows only); the stamper is back afterwards."""
-    from strata_cli.engine import stage_timing as sp
-    from strata_cli.engine.gpu import window
-
-    g = geometry
-    plan = sp.Plan(g.n_layers, tuple("QSA" if a else "GDN" for a in g.layer_is_attn))
-    real = window.record_window
-
-    def stamped(e, T, stream):
-        e.stamper = stamper
-        real(e, T, stream)
-        assert e.stamper is stamper
-
-    def stamper(layer, stage, stream):
-        plan.add(layer, stage)
-
-    monkeypatch.setattr(window, "record_window", stamped)
-    recorded_steps(monkeypatch, g, 4, PLAIN, tiers="split")
-    assert plan.stages == ["begin", "split-window"]
 
 
 def test_layer_split_stages_commit_their_own_state(monkeypatch, geometry):

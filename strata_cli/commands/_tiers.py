@@ -8,7 +8,7 @@ from ._common import STDIN, FileParam
 
 
 def tier_options(f):
-    """--expert-profile, --expert-cache, --expert-policy, --expert-max-copy, --pcie-frac, --split, --tier-wait
+    """--expert-profile, --expert-cache, --expert-policy, --expert-max-copy, --pcie-frac, --tier-wait
     (innermost first); the command takes them as **tier_args and hands them to tier_config."""
     from ..tiers.cache_policy import DEFAULT_MAX_COPY, POLICIES
 
@@ -16,8 +16,6 @@ def tier_options(f):
         click.option("--tier-wait", type=click.Choice(["spin", "stream"]), default="spin", show_default=True,
                      help="How the window graph waits for the host: spin kernels on mapped words (bounded by a "
                      "GPU timer) or captured cuStreamWaitValue32 nodes."),
-        click.option("--split", is_flag=True, help="Two token groups per window, so the CPU computes one "
-                     "group's experts while the GPU runs the other (windows of T >= 2)."),
         click.option("--pcie-frac", default=None, metavar="auto|F",
                      help="Share of each layer's distinct VRAM misses copied over PCIe by the copy engine; "
                      "the CPU pool computes the rest. auto picks the share of least predicted time from the "
@@ -41,7 +39,7 @@ def tier_options(f):
     return f
 
 
-def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, expert_policy="static",
+def tier_config(expert_profile, expert_cache, pcie_frac, tier_wait, expert_policy="static",
                 expert_max_copy=None, cache_override: str | None = None, stall_window: int | None = None):
     """The one TierConfig of the options (each parsed here, once; a bad value is one line on any device, the numpy
     engine ignores the tiers), or None when no tier option was given and no stall window asked for (every expert in
@@ -57,10 +55,10 @@ def tier_config(expert_profile, expert_cache, pcie_frac, split, tier_wait, exper
     # the default share (tiers/share.DEFAULT_PCIE_FRAC) is 0, the CPU pool alone, until auto is measured no slower
     # than it on the full-size file (bench/tiers_device.sh's last line); auto and numbers are the user's choice
     cfg = TierConfig(profile=expert_profile, cache="all" if cache is None else cache,
-                     pcie_frac=DEFAULT_PCIE_FRAC if pcie_frac is None else pcie_frac, split=split, wait=tier_wait,
+                     pcie_frac=DEFAULT_PCIE_FRAC if pcie_frac is None else pcie_frac, wait=tier_wait,
                      stall_window=stall, policy=expert_policy,
                      max_copy=DEFAULT_MAX_COPY if expert_max_copy is None else expert_max_copy)
-    if cache is None and expert_profile is None and pcie_frac is None and not split and tier_wait == "spin" \
+    if cache is None and expert_profile is None and pcie_frac is None and tier_wait == "spin" \
             and not stall and expert_policy == "static" and expert_max_copy is None:
         return None
     if expert_profile is not None:  # so is a missing or malformed profile, and `-` is read here, once

@@ -80,7 +80,7 @@ def make_engine(model, device: str = "cpu", n_ctx: int | None = None, max_t: int
     if tiers is not None:
         from ..report.present import warn
 
-        warn("--expert-cache/--expert-profile/--pcie-frac/--split apply to the GPU engine only: the numpy engine "
+        warn("--expert-cache/--expert-profile/--pcie-frac apply to the GPU engine only: the numpy engine "
              "keeps every expert in memory")
     if split is not None:
         return _split_engine(model, split, n_ctx, max_t, None, gpu=False)

@@ -25,7 +25,7 @@ LAYER_STAGES = (
     "ple",            # per-layer embedding mix up to its conv step (the PLE layer only; the previous layer's write
                       # in its gate kernel)
     "hc0-norm",       # (seed 27) hyper-connection read before the block: RMS norm of the C streams (the first layer of
-                      # the window or stage; a split window's PLE layer)
+                      # the window or stage)
     "hc0-write+norm",  # the same after the previous layer's pending MoE write, in one kernel (with every expert in
                        # VRAM also the experts' weighted sum + shared expert, seed 24's combine); at the PLE layer
                        # the PLE's conv step (its residual add) instead
@@ -57,9 +57,8 @@ LAYER_STAGES = (
     "gap",            # (seed 25) from the layer's last stamp to the next layer's first (node overhead)
 )
 # Stages of the window outside the layers (row n_layers). "begin" is the reference (first node of the graph),
-# "argmax" ends the window (its stamp is the last node: greedy ids copied out). A split window (two token
-# groups, expert tiers) is stamped as a whole: "begin" then "split-window".
-HEAD_STAGES = ("begin", "embed", "hc-out", "lm-head", "argmax", "split-window")
+# "argmax" ends the window (its stamp is the last node: greedy ids copied out).
+HEAD_STAGES = ("begin", "embed", "hc-out", "lm-head", "argmax")
 STAGES_PER_ROW = len(LAYER_STAGES)
 _LAYER_INDEX = {name: i for i, name in enumerate(LAYER_STAGES)}
 _HEAD_INDEX = {name: i for i, name in enumerate(HEAD_STAGES)}

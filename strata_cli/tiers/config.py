@@ -16,7 +16,6 @@ class TierConfig:
     cache: CacheSpec | str = "all"    # --expert-cache all | auto | N slots | SIZE (12GiB, 500MB); a CacheSpec once made
     pcie_frac: float | str = DEFAULT_PCIE_FRAC  # share of a step's distinct misses copied by the copy engine, or auto
     #                                   (tiers/share.py; setup.residency_for resolves it to a number)
-    split: bool = False               # two token groups per window
     wait: str = "spin"                # spin kernels or captured cuStreamWaitValue32
     timeout_s: float = 20.0           # bound of every GPU wait and of the host's wait for a ring
     stall_window: int = 0             # 1-based window whose last flag the host withholds (stall-test); 0 = never

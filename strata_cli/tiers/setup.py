@@ -33,7 +33,7 @@ def _staging_bytes(model, cfg: TierConfig, max_t: int, layers: tuple[int, int]) 
     q = min(g.n_expert, max_t * g.n_expert_used)
     per = [max(model.info(f"blk.{layer}.ffn_{p}_exps.weight").n_bytes // g.n_expert for layer in range(*layers))
            for p in ("gate", "up", "down")]
-    return (2 if cfg.split else 1) * q * sum(per)
+    return q * sum(per)
 
 
 def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int,

@@ -273,8 +273,7 @@ class GPUEngine:
 
     def layer_nodes(self, T: int) -> list[int]:
         """The nodes each layer adds to the T-row window graph: a capture whose stage hook (in place of the
-        profiling stamps, adding no node) counts the nodes so far at each layer's end ("embed", then each "gap");
-        [] for a split window (stamped as a whole)."""
+        profiling stamps, adding no node) counts the nodes so far at each layer's end ("embed", then each "gap")."""
         ends: list[int] = []
 
         def count(layer: int, stage: str, stream) -> None:

@@ -14,7 +14,7 @@ global (the tables keep the model's L rows, those of other stages' layers never 
 numbered over its own layers (tiers/doorbell.StepRange, the one home of that mapping).
 
 Legend: L layers (the model's), E experts per layer, K experts per row, M max window rows, JM = M*K entries, D hidden,
-G token groups (2 with --split and T >= 2), Q staging slots per group (distinct PCIe experts of one step).
+G token groups (one: the doorbell steps keep the group index), Q staging slots per group (distinct PCIe experts of one step).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class ExpertTiers:
         if self.JM > 1024:
             raise InputError(f"max_t {self.M} x {self.K} experts per row = {self.JM} entries exceed the tier "
                              "kernels' 1024")
-        self.G = 2 if cfg.split else 1
+        self.G = 1  # token groups per window (the removed --split ran two: README, 'The split window')
         self.pcie = cfg.pcie_frac > 0
         self.Q = min(self.E, self.JM) if self.pcie else 0
         self.plan_words = self.JM * (3 + GEMV_MAXT)  # src | pcie g_expert | g_count | g_entries [JM, MAXT]
@@ -144,11 +144,6 @@ class ExpertTiers:
         arena.add("tier_vg_count", (self.JM,), np.int32)
         arena.add("tier_vg_entries", (self.JM, GEMV_MAXT), np.int32)
         arena.add("tier_plan", (2, self.plan_words), np.int32)
-        g = self.engine.g
-        # the split window (window._ple_group): the PLE rows' saved input and output
-        if self.G == 2 and g.ple is not None:
-            arena.add("split_ple_in", (self.M, g.hc, self.D))
-            arena.add("split_ple_out", (self.M, g.hc, self.D))
         if self.Q:
             for grp in range(self.G):
                 for p in range(3):
@@ -175,11 +170,8 @@ class ExpertTiers:
 
     # ---- groups and steps
     def groups(self, T: int) -> list[tuple[int, int]]:
-        """(first row, rows) of each token group of a T-row window: A = [0, ceil(T/2)), B = the rest."""
-        if self.G == 1 or T < 2:
-            return [(0, T)]
-        a = -(-T // 2)
-        return [(0, a), (a, T - a)]
+        """(first row, rows) of each token group of a T-row window: the whole window."""
+        return [(0, T)]
 
     def n_groups(self, T: int) -> int:
         return len(self.groups(T))

@@ -1,6 +1,6 @@
 """The launches of one verify window and of the commit; _LayerRecorder holds the one layer sequence (the order of
-ReferenceEngine._layer) of every variant: one token group, or two (--split with expert tiers); the GEMV kernels
-of each T as launch_util.window_path chooses.
+ReferenceEngine._layer) of every variant (every expert in VRAM, or expert tiers); the GEMV kernels of each T as
+launch_util.window_path chooses.
 
 Both recorders only launch kernels on preallocated buffers, so the same calls run eagerly or under capture.
 Per-window values (tokens, positions, n_keep) are read by the kernels from device buffers that the recorded
@@ -58,30 +58,27 @@ NO_WRITE, BLOCK_OUT = None, "block_out"
 def _pending(e, pending, r0: int, r1: int):
     b = e.buf
     if isinstance(pending, hyper.PleWrite):  # the PLE layer's conv step (_ple), whole window only
-        assert r0 == 0, "split windows mix the PLE into R on their own"
         return pending
     if isinstance(pending, hyper.CombineWrite):
-        assert r0 == 0, "split windows run the tiers' MoE, which combines into block_out"
         return pending
     return (b["block_out"][r0:r1], b["inj"][r0:r1]) if pending == BLOCK_OUT else None
 
 
-def _hc(e, prefix: str, T: int, stream, r0: int = 0, mark=None, pending=NO_WRITE):
-    """HC read of rows [r0, T) (r0 > 0 only for the second token group of a split window); pending: the write of
+def _hc(e, prefix: str, T: int, stream, mark=None, pending=NO_WRITE):
+    """HC read of rows [0, T); pending: the write of
     those rows' block output with the last read's inj goes into R first (in the norm's kernel). The read's inject
     gates (if any) go to inj, which held the pending write's."""
     b = e.buf
     w = e.w.hc(prefix)
     scratch = hyper.HcScratch(b["hc_xn"], b["hc_dn"])
-    return hyper.hc_read(b["R"][r0:T], w, e.g.eps, pending=_pending(e, pending, r0, T), out_mixed=b["mixed"][r0:T],
-                         out_inj=b["inj"][r0:T] if w.n_inj else None, scratch=scratch, split=split_k(b),
+    return hyper.hc_read(b["R"][:T], w, e.g.eps, pending=_pending(e, pending, 0, T), out_mixed=b["mixed"][:T],
+                         out_inj=b["inj"][:T] if w.n_inj else None, scratch=scratch, split=split_k(b),
                          stream=stream, mark=mark)
 
 
 def _write(e, r0: int, r1: int, stream, pending) -> None:
     """The pending write of rows [r0, r1) on its own (hc_write, computing the experts' combine when it is theirs):
-    before a split window's PLE mix (which reads a copy of R), and at the end of a stage of the layer split, which
-    hands R on whole."""
+    at the end of a stage of the layer split, which hands R on whole."""
     R = e.buf["R"][r0:r1]
     hyper.hc_write(R, _pending(e, pending, r0, r1), out=R, stream=stream)
 
@@ -100,33 +97,31 @@ def qkv_rows(e, layer: int):
     return buf[:, :Ch] if e.w.stack(layer, QKVZ) is not None else _rows(buf, buf.shape[0], Ch)
 
 
-def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
-    """GDN of rows [r0, T), x = their mixed rows: the qkv and z projections (one GEMV where they stack), gdn_mix
+def _gdn(e, layer: int, x, T: int, stream):
+    """GDN of rows [0, T), x = their mixed rows: the qkv and z projections (one GEMV where they stack), gdn_mix
     (conv + split, gates, delta rule, gated norm in one launch; alpha/beta GEMVs first for types it does not decode)
-    and the out projection.
-    r0 > 0 (group B of a split window): the conv and the recurrence run again from the saved state over rows
-    [0, T) and the earlier group's rows come out as they did (gdn_mix reads their gates)."""
+    and the out projection."""
     b, w, g = e.buf, e.w, e.g
-    blk, n = f"blk.{layer}.", T - r0
+    blk, n = f"blk.{layer}.", T
     qkv = qkv_rows(e, layer)[:T]
     qkvz = w.stack(layer, QKVZ)
     if qkvz is not None:  # one GEMV: rows [qkv | z] of the layer's buffer
         rows = b[f"qkv.{layer}"]
-        launch_gemv.gemv(*qkvz[:2], x.shape[1], x, out=rows[r0:T], split=split_k(b), stream=stream)
-        z = rows[r0:T, g.conv_dim:]
+        launch_gemv.gemv(*qkvz[:2], x.shape[1], x, out=rows[:T], split=split_k(b), stream=stream)
+        z = rows[:T, g.conv_dim:]
         stamp(e, layer, "qkv", stream)
     else:
-        gemv_weight(e, blk + "attn_qkv.weight", x, qkv[r0:], stream)
+        gemv_weight(e, blk + "attn_qkv.weight", x, qkv, stream)
         stamp(e, layer, "qkv", stream)
-        z = b["gdn_z"][r0:T].reshape(n, g.ssm_nv, g.ssm_dv)
-        gemv_weight(e, blk + "attn_gate.weight", x, b["gdn_z"][r0:T], stream)
+        z = b["gdn_z"][:T].reshape(n, g.ssm_nv, g.ssm_dv)
+        gemv_weight(e, blk + "attn_gate.weight", x, b["gdn_z"][:T], stream)
         stamp(e, layer, "z", stream)
     alpha_w, beta_w = w.raw(blk + "ssm_alpha.weight"), w.raw(blk + "ssm_beta.weight")
     ab_raw = ab_proj = None
     if alpha_w[1] in gdn.AB_TYPES and beta_w[1] in gdn.AB_TYPES:
         ab_raw = (*alpha_w, *beta_w)
     else:
-        ab_proj = (b["gdn_alpha"][r0:T], b["gdn_beta_in"][r0:T])
+        ab_proj = (b["gdn_alpha"][:T], b["gdn_beta_in"][:T])
         gemv_weight(e, blk + "ssm_alpha.weight", x, ab_proj[0], stream)
         gemv_weight(e, blk + "ssm_beta.weight", x, ab_proj[1], stream)
         stamp(e, layer, "ab", stream)
@@ -135,41 +130,40 @@ def _gdn(e, layer: int, x, T: int, stream, r0: int = 0):
                     g.eps, g.ssm_nk,
                     g.ssm_dk, g.ssm_nv, g.ssm_dv, ab_raw=ab_raw, ab_proj=ab_proj, q=b[f"q.{layer}"][:T],
                     k=b[f"k.{layer}"][:T], v=b[f"v.{layer}"][:T], g=b[f"g.{layer}"][:T], beta=b[f"beta.{layer}"][:T],
-                    out=b["gdn_y"][r0:T], r0=r0, stream=stream)
+                    out=b["gdn_y"][:T], stream=stream)
     stamp(e, layer, "gdn-mix", stream)
-    gemv_weight(e, blk + "ssm_out.weight", y.reshape(n, -1), b["block_out"][r0:T], stream)
+    gemv_weight(e, blk + "ssm_out.weight", y.reshape(n, -1), b["block_out"][:T], stream)
     stamp(e, layer, "out-proj", stream)
 
 
-def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
-    """QSA of rows [r0, T), x = their mixed rows (r0 > 0: group B of a split window; the earlier group's K/V cells
-    are in the cache, and the indexer appends rows [0, T) again from the restored tail)."""
+def _qsa(e, layer: int, x, T: int, stream):
+    """QSA of rows [0, T), x = their mixed rows."""
     b, w, g = e.buf, e.w, e.g
-    blk, d, pos, n = f"blk.{layer}.", g.head_dim, b["positions"][r0:T], T - r0
+    blk, d, pos, n = f"blk.{layer}.", g.head_dim, b["positions"][:T], T
     cos, sin = b["cos"], b["sin"]
-    k_raw, v, qg, qi_raw, ik = _qsa_projections(e, layer, x, T, stream, r0)
+    k_raw, v, qg, qi_raw, ik = _qsa_projections(e, layer, x, T, stream)
     ratio = g.compress_ratios[layer]
     keys = None
     if ratio:
         if qi_raw is None:  # not in the stack
-            qi_raw = b["qi_raw"][r0:T]
+            qi_raw = b["qi_raw"][:T]
             gemv_weight(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
         # a run writes no committed state (engine/state.py): the tail goes back to its snapshot in the same launch,
         # since a window longer than ratio - n_past % ratio rows wraps over slots of committed positions
-        if ik is not None:  # the stack's keys: appended by prep's launch (rows [0, r0) are group A's, in idx_raw)
-            keys = qsa.IndexerKeys(ik, b[f"idx_raw.{layer}"], r0, b["positions"][:T], b[f"tail.{layer}"],
+        if ik is not None:  # the stack's keys: appended by prep's launch
+            keys = qsa.IndexerKeys(ik, b[f"idx_raw.{layer}"], 0, b["positions"][:T], b[f"tail.{layer}"],
                                    b[f"snap.{layer}"], b[f"pooled.{layer}"], w.blk_f32(layer, "indexer.k_norm"))
     idx = ratio != 0
     # k and v into the cache, q and the indexer query normed and roped (and the indexer's keys appended): one launch
     qn, qi = qsa.prep(k_raw, v, qg[:, :, :d], w.blk_f32(layer, "attn_k_norm"), w.blk_f32(layer, "attn_q_norm"),
-                      b[f"kc.{layer}"], b[f"vc.{layer}"], cos, sin, pos, g.eps, out_qn=b["qa_qn"][r0:T],
+                      b[f"kc.{layer}"], b[f"vc.{layer}"], cos, sin, pos, g.eps, out_qn=b["qa_qn"][:T],
                       qr=qi_raw.reshape(n, g.idx_heads, g.idx_dim) if idx else None,
-                      qi_w=w.blk_f32(layer, "indexer.q_norm") if idx else None, out_qi=b["qi"][r0:T] if idx else None,
+                      qi_w=w.blk_f32(layer, "indexer.q_norm") if idx else None, out_qi=b["qi"][:T] if idx else None,
                       indexer=keys, stream=stream)
     stamp(e, layer, "kvq+norm-rope", stream)
     if ratio and keys is None:  # the indexer's key projection and append on their own
         raw = b[f"idx_raw.{layer}"][:T]
-        gemv_weight(e, blk + "indexer.k_proj.weight", x, raw[r0:], stream)
+        gemv_weight(e, blk + "indexer.k_proj.weight", x, raw, stream)
         qsa.indexer_append(b[f"tail.{layer}"], b[f"pooled.{layer}"], raw, b["positions"][:T],
                            w.blk_f32(layer, "indexer.k_norm"), g.eps, cos, sin, snapshot=b[f"snap.{layer}"],
                            stream=stream)
@@ -186,28 +180,28 @@ def _qsa(e, layer: int, x, T: int, stream, r0: int = 0):
                                             counts=b["counts"][:n], scratch=scratch, stream=stream)
         stamp(e, layer, "scores+topk", stream)
     att = qsa.attend_selected(qn, qg[:, :, d:], b[f"kc.{layer}"], b[f"vc.{layer}"], pos, cells=cells,
-                              counts=counts, out=b["qa_att"][r0:T], stream=stream)
+                              counts=counts, out=b["qa_att"][:T], stream=stream)
     stamp(e, layer, "attention", stream)
-    gemv_weight(e, blk + "attn_output.weight", att, b["block_out"][r0:T], stream)
+    gemv_weight(e, blk + "attn_output.weight", att, b["block_out"][:T], stream)
     stamp(e, layer, "out-proj", stream)
 
 
-def _qsa_projections(e, layer: int, x, T: int, stream, r0: int):
-    """The k, v, q (+ gate) and, with the indexer, indexer-q and indexer-k projections of rows [r0, T): one GEMV
+def _qsa_projections(e, layer: int, x, T: int, stream):
+    """The k, v, q (+ gate) and, with the indexer, indexer-q and indexer-k projections of rows [0, T): one GEMV
     where their weights stack (views of its [k | v | q | indexer q | indexer k] rows), else a GEMV each (no indexer
     q / k: None, projected later). Returns k [n, Hk, d], v [n, Hk, d], qg [n, H, 2d], qi_raw [n, idx_dim * heads]
     or None, ik [n, idx_dim] or None."""
     b, w, g = e.buf, e.w, e.g
-    blk, d, n = f"blk.{layer}.", g.head_dim, T - r0
+    blk, d, n = f"blk.{layer}.", g.head_dim, T
     kv, qw = g.n_head_kv * d, g.n_head * 2 * d
     stacked = w.stack(layer, KVQ)
     if stacked is None:
         for name, buf in (("attn_k", "qa_k"), ("attn_v", "qa_v"), ("attn_q", "qa_qg")):
-            gemv_weight(e, blk + name + ".weight", x, b[buf][r0:T], stream)
-        return (b["qa_k"][r0:T].reshape(n, g.n_head_kv, d), b["qa_v"][r0:T].reshape(n, g.n_head_kv, d),
-                b["qa_qg"][r0:T].reshape(n, g.n_head, 2 * d), None, None)
+            gemv_weight(e, blk + name + ".weight", x, b[buf][:T], stream)
+        return (b["qa_k"][:T].reshape(n, g.n_head_kv, d), b["qa_v"][:T].reshape(n, g.n_head_kv, d),
+                b["qa_qg"][:T].reshape(n, g.n_head, 2 * d), None, None)
     raw, ggml_type, width = stacked
-    rows = _rows(b["qa_kvq"], T, width)[r0:]
+    rows = _rows(b["qa_kvq"], T, width)
     launch_gemv.gemv(raw, ggml_type, x.shape[1], x, out=rows, split=split_k(b), stream=stream)
     qi_raw = ik = None
     if width > 2 * kv + qw:  # the indexer's q and k rows follow
@@ -304,99 +298,64 @@ def _ple(e, T: int, stream, pending=NO_WRITE):
     return write
 
 
-def _ple_group(e, T: int, r0: int, r1: int, stream) -> None:
-    """The PLE of rows [r0, r1) of a split window: it runs its rows sequentially over the history, so group B
-    reruns rows [0, r1) on a saved copy of A's input rows and keeps only its own outputs."""
-    b, w, g = e.buf, e.w, e.g
-    p, layer = g.ple, g.ple.layer
-    if r0 == 0:  # the gathered PLE rows of the whole window (they depend on tokens only)
-        _ple_rows(e, T, stream)
-    saved, mixed_out = b["split_ple_in"], b["split_ple_out"]
-    row_bytes = saved[0].nbytes
-    copy_async(saved[r0:r1], b["R"][r0:r1], (r1 - r0) * row_bytes, stream)
-    ple.ple_mix(saved[:r1], b["ple_emb"][:r1], b["ple_history"], norm_key=w.blk_f32(layer, "ple_norm_key"),
-                norm_query=w.blk_f32(layer, "ple_norm_query"), norm_conv=w.blk_f32(layer, "ple_norm_conv"),
-                conv_w=w.blk_f32(layer, "ple_conv1d"), dilation=p.dilation, eps=g.eps, out=mixed_out[:r1],
-                normed=b["ple_normed"][:r1], work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]),
-                split=split_k(b), stream=stream, **_ple_weights(e, layer))
-    copy_async(b["R"][r0:r1], mixed_out[r0:r1], (r1 - r0) * row_bytes, stream)
-
-
 class _LayerRecorder:
-    """The one layer sequence of every window variant: token groups (one, or two with --split: the order in
-    record_window); every block's residual write is applied by the next HC read's first kernel (the pending
-    write); a GDN mixer is 3 nodes (_gdn; 4 where qkv and z differ in type). Per layer and group:
+    """The one layer sequence of every window variant: every block's residual write is applied by the next HC read's
+    first kernel (the pending write); a GDN mixer is 3 nodes (_gdn; 4 where qkv and z differ in type). Per layer:
 
-        pre(l, g)  = [write, PLE] HC read (attn; the previous layer's MoE write first, with every expert in VRAM also
+        pre(l)  = [write, PLE] HC read (attn; the previous layer's MoE write first, with every expert in VRAM also
                      the experts' combine), mixer, HC read (ffn; the mixer's write first), MoE (router, shared
                      expert, routed experts) or the tiers' front: router, doorbell, shared expert, VRAM experts
-        post(l, g) = the tiers' back: waits, PCIe experts, combine
+        post(l) = the tiers' back: waits, PCIe experts, combine
 
     Before a PLE layer that is not the first the pending write goes into the PLE mix's gate kernel (the mix reads R
-    first), or, in a split window, is launched on its own before the group's copy of R; the PLE's last step (its
-    conv) goes into the layer's first read (a split window's PLE finishes in its own launches)."""
+    first); the PLE's last step (its conv) goes into the layer's first read."""
 
-    def __init__(self, e, T: int, stream, groups):
-        self.e, self.T, self.stream, self.groups = e, T, stream, groups
-        self.split = len(groups) == 2
+    def __init__(self, e, T: int, stream):
+        self.e, self.T, self.stream = e, T, stream
         self.moe_write = BLOCK_OUT  # the tiers' post combines into block_out; else the last _moe's CombineWrite
 
-    def pre(self, layer: int, grp: int) -> None:
+    def pre(self, layer: int) -> None:
         e, g, T, stream = self.e, self.e.g, self.T, self.stream
-        r0, n = self.groups[grp]
-        r1 = r0 + n
         if layer:
             stamp(e, layer - 1, "gap", stream)
         pending = self.moe_write if layer > self.e.layers[0] else NO_WRITE  # the previous layer's MoE write
         if g.ple is not None and g.ple.layer == layer:
-            if self.split:  # the group's rows are mixed from a saved copy of R: the write goes in first
-                if pending:
-                    _write(e, r0, r1, stream, pending)
-                _ple_group(e, T, r0, r1, stream)
-                pending = NO_WRITE
-            else:  # the mix's gate kernel applies the write; the PLE's conv step is the read's pending write
-                pending = _ple(e, T, stream, pending)
-        mixed, _ = _hc(e, f"blk.{layer}.hc_attn", r1, stream, r0, mark=_marks(e, layer, "hc0-", stream),
-                       pending=pending)
+            # the mix's gate kernel applies the write; the PLE's conv step is the read's pending write
+            pending = _ple(e, T, stream, pending)
+        mixed, _ = _hc(e, f"blk.{layer}.hc_attn", T, stream, mark=_marks(e, layer, "hc0-", stream), pending=pending)
         stamp(e, layer, "hc-read0", stream)
         if g.layer_is_attn[layer]:
-            _qsa(e, layer, mixed, r1, stream, r0)
+            _qsa(e, layer, mixed, T, stream)
         else:
-            _gdn(e, layer, mixed, r1, stream, r0)
-        mixed, _ = _hc(e, f"blk.{layer}.hc_ffn", r1, stream, r0, mark=_marks(e, layer, "hc1-", stream),
-                       pending=BLOCK_OUT)
+            _gdn(e, layer, mixed, T, stream)
+        mixed, _ = _hc(e, f"blk.{layer}.hc_ffn", T, stream, mark=_marks(e, layer, "hc1-", stream), pending=BLOCK_OUT)
         stamp(e, layer, "hc-read1", stream)
         if e.tiers is not None:  # expert tiers (tiers.py): router, doorbell, shared expert, VRAM share
-            e.tiers.pre(layer, grp, r0, n, len(self.groups), stream)
+            e.tiers.pre(layer, 0, 0, T, 1, stream)
         else:
             self.moe_write = _moe(e, layer, mixed, T, stream)
 
-    def post(self, layer: int, grp: int) -> None:
+    def post(self, layer: int) -> None:
         e = self.e
-        r0, n = self.groups[grp]
         if e.tiers is None:
             return  # _moe ran whole in pre
         # the waits for the host's shares, the PCIe share, the combine into block_out
-        e.tiers.post(layer, grp, r0, n, len(self.groups), self.stream)
+        e.tiers.post(layer, 0, 0, self.T, 1, self.stream)
         stamp(e, layer, "moe-tiers", self.stream)
 
     def record(self) -> None:
-        """pre(0, A) pre(0, B) | post(0, A) pre(1, A) | post(0, B) pre(1, B) | ... | post(L-1, A) | post(L-1, B) |
-        head: the host computes one group's CPU experts while the GPU runs the other group (one group: the plain
-        layer order). A stage of the layer split runs its layers [lo, hi) alone: from the embedding or the residual
-        stack the previous stage left in R, to the head or (hi < L) the whole stack in R for the next stage."""
+        """pre(0) | post(0) pre(1) | ... | post(L-1) | head. A stage of the layer split runs its layers [lo, hi)
+        alone: from the embedding or the residual stack the previous stage left in R, to the head or (hi < L) the
+        whole stack in R for the next stage."""
         e, L, T, stream = self.e, self.e.g.n_layers, self.T, self.stream
         lo, hi = e.layers
         _inputs(e, T, stream, embed_rows=lo == 0)
         stamp(e, L, "embed", stream)
-        G = len(self.groups)
-        for grp in range(G):
-            self.pre(lo, grp)
+        self.pre(lo)
         for layer in range(lo, hi):
-            for grp in range(G):
-                self.post(layer, grp)
-                if layer + 1 < hi:
-                    self.pre(layer + 1, grp)
+            self.post(layer)
+            if layer + 1 < hi:
+                self.pre(layer + 1)
         if hi > lo:
             stamp(e, hi - 1, "gap", stream)
         if hi < L:  # the hand-off holds R whole: the last layer's write, awaiting the next read, goes in now
@@ -409,24 +368,10 @@ class _LayerRecorder:
 
 
 def record_window(e, T: int, stream) -> None:
-    """The T-row window of engine e (its launch variant e.window_paths(T); token groups from its tiers)."""
-    head = e.g.n_layers  # the stamps' window row
-    stamp(e, head, "begin", stream)
-    groups = e.tiers.groups(T) if e.tiers is not None else [(0, T)]
-    path = e.window_paths(T)
-    recorder = _LayerRecorder(e, T, stream, groups)
-    with recording_path(path):
-        if not recorder.split:
-            recorder.record()
-            return
-        # --split is stamped as a whole: per-stage stamps of interleaved groups would not be stages (the seed
-        # profiles single-group windows only)
-        stamper, e.stamper = e.stamper, None
-        try:
-            recorder.record()
-        finally:
-            e.stamper = stamper
-    stamp(e, head, "split-window", stream)
+    """The T-row window of engine e (its launch variant e.window_paths(T))."""
+    stamp(e, e.g.n_layers, "begin", stream)  # the stamps' window row
+    with recording_path(e.window_paths(T)):
+        _LayerRecorder(e, T, stream).record()
 
 
 def _inputs(e, T: int, stream, embed_rows: bool = True) -> None:
