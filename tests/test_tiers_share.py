@@ -184,7 +184,7 @@ def test_engine_setup_resolves_auto_and_says_so(fixture_dir, monkeypatch):
     staged = []
     monkeypatch.setattr(setup, "_staging_bytes", lambda model, cfg, *a: staged.append(cfg.pcie_frac) or 0)
     table, note, cfg = residency_for(model, TierConfig(cache="3", pcie_frac="auto"), arena, 8)
-    assert cfg.pcie_frac == 0.0 and staged == [0.0] and cfg.share_auto and "PCIe loses here" in note
+    assert cfg.pcie_frac == 0.0 and staged == [0.0] and not cfg.share_auto and cfg.rates is None and "PCIe loses here" in note
     table, note, cfg = residency_for(model, TierConfig(cache="all", pcie_frac="auto"), arena, 8)
     assert table is None and "zero-doorbell" in note and "PCIe" not in note  # nothing missed: nothing to share
     assert residency_for(model, None, arena, 8) == (None, None, None)

@@ -36,6 +36,12 @@ def _staging_bytes(model, cfg: TierConfig, max_t: int, layers: tuple[int, int]) 
     return q * sum(per)
 
 
+def resolved_config(cfg: TierConfig, frac: float, auto: bool, rates) -> TierConfig:
+    """cfg with --pcie-frac resolved to frac; auto's rates and share_auto kept only for a share > 0."""
+    keep = auto and frac > 0
+    return dataclasses.replace(cfg, pcie_frac=frac, share_auto=keep, rates=rates if keep else None)
+
+
 def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int,
                   layers: tuple[int, int] | None = None):
     """(residency table [L, E] or None when every expert of the engine's layers stays in VRAM on today's graph, the
@@ -50,7 +56,9 @@ def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int,
     # auto: the pool and the gather timed on the same experts, on the pool's team (the DMA once staging exists)
     rates = ShareRates(probe_pool_gbs(model), probe_gather_gbs(model)) if auto else None
     frac, pcie_note = resolve_pcie_frac(cfg.pcie_frac, rates, auto_window_bytes(model, span) if auto else None)
-    cfg = dataclasses.replace(cfg, pcie_frac=frac, share_auto=auto, rates=rates)
+    # a share of 0 from auto is the config --pcie-frac 0 makes: nothing of the probes rides on (no rebalance, no
+    # floor from the probe's rates), so the engine built from it is the one --pcie-frac 0 builds
+    cfg = resolved_config(cfg, frac, auto, rates)
     free = None
     fixed = _dense_bytes(model, span) + arena_bytes + _staging_bytes(model, cfg, max_t, span)
     if cfg.cache.kind == "auto":
