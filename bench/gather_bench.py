@@ -1,7 +1,7 @@
 """The PCIe share's host gather alone (strata_cli/tiers/gather.gather_rows): GB/s of expert bytes copied from a mapping
 into a staging buffer, per way and thread count, cold by construction.
 
-    python3 bench/gather_bench.py [--gb 2] [--experts 3,32] [--threads N[,N...]] [--iters 20] [--ab]
+    python3 bench/gather_bench.py [--gb 2] [--experts 3,32] [--threads N[,N...]] [--iters 20]
 
 Source: --gb GB of anonymous memory (written first: no page faults timed) as experts of Flash-Next's full-size
 projections (Q2_K gate / up 640 x 2560 = 537,600 bytes, Q4_0 down 2560 x 640 = 921,600); each iteration gathers the
@@ -9,8 +9,7 @@ next disjoint set of --experts experts (a permutation: a set comes back only aft
 into one destination buffer (as a step fills its group's staging; pinned memory on the device writes at the same
 rate). --experts 3 is about a T = 1 step's PCIe share at 0.25-0.5 (K = 8-10 misses a layer), 32 a T = 8 step's.
 Ways: `take` numpy's take on this thread (the path without the native library), `native` strata_gather on the
-calling thread's OpenMP team (what the engine runs, before the pool's call on the same team), and with --ab
-`memcpy` the same with plain memcpy in place of the non-temporal stores (-DGATHER_MEMCPY). Each result is checked
+calling thread's OpenMP team (what the engine runs, before the pool's call on the same team). Each result is checked
 against numpy's take before it is timed. GB/s = the median over iterations. Last line: one JSON document.
 """
 
@@ -36,7 +35,6 @@ def main() -> None:
     ap.add_argument("--experts", default="3,32")
     ap.add_argument("--threads", default=None, help="comma list (default 1 and every core this process may use)")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--ab", action="store_true", help="also the memcpy build (-DGATHER_MEMCPY)")
     args = ap.parse_args()
     cores = len(os.sched_getaffinity(0))
     threads = sorted({int(t) for t in args.threads.split(",")}) if args.threads else sorted({1, cores})
@@ -48,8 +46,6 @@ def main() -> None:
         s[:] = rng.integers(0, 256, s.shape[1], dtype=np.uint8)[None, :]
         s[:, :8] = np.arange(n_exp, dtype=np.uint64).view(np.uint8).reshape(n_exp, 8)  # rows differ
     libs = {"native": native.load()}
-    if args.ab:
-        libs["memcpy"] = native.load_variant(("GATHER_MEMCPY=1",))
     ways = [("take", None, 1)] + [(name, lib, t) for name, lib in libs.items() if lib is not None for t in threads]
     perm = rng.permutation(n_exp)
     rows, pos = [], 0

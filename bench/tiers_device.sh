@@ -23,7 +23,7 @@ if [ "${TIERS_DEVICE:-gpu}" = gpu ]; then  # the GPU tier tests (TIERS_DEVICE=cp
 fi
 # the PCIe share's host gather alone on this host's cores (strata_gather on the pool's team against numpy's take, and
 # the memcpy build): the rate tiers/share.py weighs against the pool's
-timeout -k 5 "${TIERS_GATHER_S:-40}" python3 bench/gather_bench.py --gb 2 --threads "1,4,$(nproc)" --ab --iters 10 \
+timeout -k 5 "${TIERS_GATHER_S:-40}" python3 bench/gather_bench.py --gb 2 --threads "1,4,$(nproc)" --iters 10 \
     2>&1 | tee "$out/gather.log" | grep -v '^{'
 runs=("0" "0.25" "0.5" "1" "auto")
 [ -n "${TIERS_PROFILE:-}" ] && runs+=("0 --expert-cache 12GiB" "0 --expert-cache 24GiB")

@@ -432,38 +432,9 @@ uint32_t strata_wait_geq(const uint32_t *word, uint32_t want, int64_t max_ns) {
  * OpenMP team, one after the other with the pool's call, never beside it: the two share the host's cores and memory
  * bandwidth in any case (tiers/share.py models the host time as their sum), and a second team on the same cores
  * (the old 4 Python threads beside the pool's 16) only oversubscribed them (#17: 17.9 GB/s and a slower pool).
- * With AVX2 the stores are non-temporal (the staging is read next by the DMA, not by a core: no read-for-ownership
- * of the destination lines, no pool data evicted for them), src read with unaligned loads, the unaligned edges by
- * memcpy; an sfence at the end of each chunk orders the stores before the call returns (the DMA is issued after).
- * -DGATHER_MEMCPY: plain memcpy instead, the A/B of bench/gather_bench.py --ab (delete it once the device decided). */
+ * Plain memcpy per chunk: on the H200 host (bench/gather_bench.py, 02f665e, 32 experts, 64 MB a call) it gathered at
+ * 61.2 GB/s on 16 threads against 48.8 for AVX2 non-temporal stores (equal at 4 threads), so those went. */
 #define GATHER_CHUNK (64 << 10)
-
-static void copy_stream(uint8_t *d, const uint8_t *s, int64_t n) {
-#if defined(STRATA_AVX2) && !defined(GATHER_MEMCPY)
-    const int64_t head = (int64_t)((32 - ((uintptr_t)d & 31)) & 31);
-    if (n < head + 128) {
-        memcpy(d, s, (size_t)n);
-        return;
-    }
-    memcpy(d, s, (size_t)head);
-    d += head, s += head, n -= head;
-    int64_t i = 0;
-    for (; i + 128 <= n; i += 128) {
-        const __m256i a = _mm256_loadu_si256((const __m256i *)(s + i));
-        const __m256i b = _mm256_loadu_si256((const __m256i *)(s + i + 32));
-        const __m256i c = _mm256_loadu_si256((const __m256i *)(s + i + 64));
-        const __m256i e = _mm256_loadu_si256((const __m256i *)(s + i + 96));
-        _mm256_stream_si256((__m256i *)(d + i), a);
-        _mm256_stream_si256((__m256i *)(d + i + 32), b);
-        _mm256_stream_si256((__m256i *)(d + i + 64), c);
-        _mm256_stream_si256((__m256i *)(d + i + 96), e);
-    }
-    memcpy(d + i, s + i, (size_t)(n - i));
-    _mm_sfence();
-#else
-    memcpy(d, s, (size_t)n);
-#endif
-}
 
 int strata_gather(int n_threads, int n, const uint64_t *src, const uint64_t *dst, const int64_t *bytes) {
     int64_t total = 0;
@@ -485,7 +456,7 @@ int strata_gather(int n_threads, int n, const uint64_t *src, const uint64_t *dst
             }
             const int64_t off = (c - first) * GATHER_CHUNK;
             const int64_t len = bytes[piece] - off < GATHER_CHUNK ? bytes[piece] - off : GATHER_CHUNK;
-            copy_stream((uint8_t *)(uintptr_t)dst[piece] + off, (const uint8_t *)(uintptr_t)src[piece] + off, len);
+            memcpy((uint8_t *)(uintptr_t)dst[piece] + off, (const uint8_t *)(uintptr_t)src[piece] + off, (size_t)len);
         }
     }
     return 0;

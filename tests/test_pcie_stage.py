@@ -37,7 +37,7 @@ def _native():
 
 
 # (lib kind, threads): numpy's take without the library, the native gather on 1 and 3 threads (more threads than
-# chunks in the small pieces: every chunk still copied once), and the plain-C build (no non-temporal stores)
+# chunks in the small pieces: every chunk still copied once), and the plain-C build
 GATHER_WAYS = [("numpy", 1), ("native", 1), ("native", 3), ("scalar", 2)]
 
 
@@ -74,8 +74,8 @@ def test_gather_fills_the_front_of_the_groups_buffers_in_plan_order(kind, thread
 
 @pytest.mark.parametrize("threads", [1, 2, 5])
 def test_native_gather_copies_every_byte_at_any_alignment(threads):
-    """strata_gather: the non-temporal body between memcpy'd edges, for every destination and source alignment and
-    sizes around the body's 128 bytes and the 64 KiB chunk, a zero-byte piece among them."""
+    """strata_gather: every destination and source alignment, sizes around 128 bytes and the 64 KiB chunk, a
+    zero-byte piece among them."""
     lib = _native()
     rng = np.random.default_rng(3)
     pool = rng.integers(0, 256, 300_000, dtype=np.uint8)

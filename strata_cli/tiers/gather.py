@@ -1,6 +1,6 @@
 """The PCIe share's host gather: a step's PCIe experts copied from the memory-mapped expert tensors into staging
-rows, on the calling thread's OpenMP team (kernels/expert_pool.c strata_gather: 64 KiB chunks over the team,
-non-temporal stores), so that the thread that runs the pool gathers on the pool's own team, one call after the
+rows, on the calling thread's OpenMP team (kernels/expert_pool.c strata_gather: 64 KiB chunks of memcpy over the
+team), so that the thread that runs the pool gathers on the pool's own team, one call after the
 other (engine/gpu/pcie_stage.py says why; tiers/share.py times it for --pcie-frac auto)."""
 
 from __future__ import annotations
