@@ -37,6 +37,15 @@ __device__ __forceinline__ float weight_at(const u8* row, int c, int lane, int n
     }
 }
 
+// xv[t] = x[xr[t], i] of a float-type step's lane (element i of each live row t < nt; 0 past n_in or nt): the one x
+// load of slice_dot and slice_dot_pair.
+template <int NT>
+__device__ __forceinline__ void load_x_lane(const float* __restrict__ x, const int (&xr)[NT], int nt, int n_in, int i,
+                                            float (&xv)[NT]) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) xv[t] = (t < nt && i < n_in) ? __ldg(x + (i64)xr[t] * n_in + i) : 0.0f;
+}
+
 // acc[r][t] = (this warp's K slice of) W[o0 + r] . x[t] for r < GEMV_RPW (rows >= n_out skipped), t < nt.
 // Q8_0: a step covers two blocks (64 elements): lane l reads quants 2*(l%16), +1 of block 2*step + l/16 as one
 // u16 (the 34-byte blocks keep quants 2-byte aligned), so a warp load moves 64 bytes; x comes as float2.
@@ -80,8 +89,7 @@ __device__ __forceinline__ void slice_dot(const u8* __restrict__ W, i64 row_stri
         for (int c = kslice; c < n_chunks; c += kstride) {
             const int i = c * QK8_0 + lane;
             float xv[NT];
-#pragma unroll
-            for (int t = 0; t < NT; ++t) xv[t] = (t < nt && i < n_in) ? __ldg(x + (i64)xr[t] * n_in + i) : 0.0f;
+            load_x_lane(x, xr, nt, n_in, i, xv);
 #pragma unroll
             for (int r = 0; r < GEMV_RPW; ++r) {
                 if (o0 + r < n_out) {
@@ -109,8 +117,7 @@ __device__ __forceinline__ void slice_dot_pair(const u8* __restrict__ Wg, const 
     for (int c = kslice; c < n_chunks; c += kstride) {
         const int i = c * QK8_0 + lane;
         float xv[NT];
-#pragma unroll
-        for (int t = 0; t < NT; ++t) xv[t] = (t < nt && i < n_in) ? __ldg(x + (i64)xr[t] * n_in + i) : 0.0f;
+        load_x_lane(x, xr, nt, n_in, i, xv);
 #pragma unroll
         for (int r = 0; r < 2 * GEMV_RPW; ++r) {
             const int o = o0 + r % GEMV_RPW;
