@@ -38,6 +38,13 @@ def assert_close(name, ref, got, rtol=1e-4, atol=1e-4, floor=1e-30):
     np.testing.assert_allclose(got, ref, rtol=rtol, atol=atol * scale, err_msg=name)
 
 
+def poison(dtype):
+    """What an output is filled with before a replay: NaN for floats; for integer outputs (selected indices, counts)
+    the type's most negative value, which no kernel writes as an index or a count."""
+    dtype = np.dtype(dtype)
+    return np.nan if dtype.kind == "f" else np.iinfo(dtype).min
+
+
 def assert_replay_equals_eager(record, outputs, replays: int = 3) -> list[np.ndarray]:
     """record(stream) launched eagerly, then captured into a graph replayed `replays` times with every device array of
     `outputs` NaN-filled first: each replay writes the eager bits, and the eager outputs hold no NaN. Returns the
@@ -54,7 +61,7 @@ def assert_replay_equals_eager(record, outputs, replays: int = 3) -> list[np.nda
     graph = CapturedGraph(record, stream)
     for _ in range(replays):  # every replay finds the z-split tile counters reset
         for out in outputs:
-            out.fill(np.nan)
+            out.fill(poison(out.dtype))
         cp.cuda.Device().synchronize()
         graph.launch()
         stream.synchronize()

@@ -165,3 +165,25 @@ def test_tier_host_gathers_then_copies_each_projection_between_two_events(monkey
     assert log == [("event",), ("copy", 72), ("copy", 72), ("copy", 120), ("event",), ("flagB", 7)]
     assert len(host._events) == 2 and host._copy_ms() == 1.5 and host._timed_copies == []
     t.ring_stage.close()
+
+
+def test_gather_team_is_sized_by_the_bytes(monkeypatch):
+    """A gather takes ceil(bytes / GATHER_BYTES_PER_THREAD) threads of the team offered, at least 1, at most the
+    team; gather_rows hands that count to strata_gather (size_by_bytes=False: the count given)."""
+    from strata_cli.tiers import gather as g
+
+    per = g.GATHER_BYTES_PER_THREAD
+    assert [g.gather_threads(16, n) for n in (0, 1, per, per + 1, 4 * per, 100 * per)] == [1, 1, 1, 2, 4, 16]
+    assert g.gather_threads(3, 100 * per) == 3
+    seen = []
+
+    class Lib:
+        def strata_gather(self, threads, n, src, dst, nbytes):
+            seen.append(threads)
+            return 0
+
+    srcs = [np.zeros((8, per), np.uint8) for _ in range(3)]
+    outs = [np.zeros((2, per), np.uint8) for _ in range(3)]
+    g.gather_rows(Lib(), 16, outs, srcs, np.array([1, 5]))  # 6 x per bytes
+    g.gather_rows(Lib(), 16, outs, srcs, np.array([1, 5]), size_by_bytes=False)
+    assert seen == [6, 16]

@@ -18,10 +18,24 @@ def expert_bytes_view(raw: np.ndarray, n_expert: int) -> np.ndarray:
     return flat.view(np.uint8) if flat.dtype != np.uint8 else flat
 
 
-def gather_rows(lib, threads: int, outs: list[np.ndarray], srcs: list[np.ndarray], experts: np.ndarray) -> None:
+# Bytes one thread of a gather gets at least: a step's gather uses ceil(bytes / this) threads of the team, at most the
+# team. On the H200 host (bench/gather_bench.py at 02f665e) 16 threads gathered a T = 1 step's 6 MB (3 experts) at
+# 1.0 GB/s against 18 on 4 threads, while 64 MB (32 experts, T = 8) took 61 GB/s on 16 against 23 on 4: 1.5 MiB a
+# thread puts both on their measured best (4 and 16 threads).
+GATHER_BYTES_PER_THREAD = 3 << 19
+
+
+def gather_threads(team: int, nbytes: int) -> int:
+    """The threads a gather of nbytes uses out of a team of `team` (at least 1)."""
+    return max(1, min(int(team), -(-int(nbytes) // GATHER_BYTES_PER_THREAD)))
+
+
+def gather_rows(lib, threads: int, outs: list[np.ndarray], srcs: list[np.ndarray], experts: np.ndarray,
+                size_by_bytes: bool = True) -> None:
     """outs[p][i] = srcs[p][experts[i]] for every projection p (srcs [E, expert bytes] uint8, outs [n, expert bytes]
     uint8, both row-contiguous): one strata_gather call on the calling thread's OpenMP team (lib: the pool's native
-    library), or numpy's take per projection without it (lib None)."""
+    library; `threads` the team, of which gather_threads picks by the bytes; size_by_bytes=False: all of them, for
+    bench/gather_bench.py's fixed counts), or numpy's take per projection without it (lib None)."""
     if lib is None:
         for out, src in zip(outs, srcs):
             # mode "clip": with "raise" numpy buffers `out` (a second copy); the plan's expert ids are in range
@@ -38,6 +52,8 @@ def gather_rows(lib, threads: int, outs: list[np.ndarray], srcs: list[np.ndarray
         dst_p.append(np.uint64(out.ctypes.data) + np.arange(len(e), dtype=np.uint64) * np.uint64(out.strides[0]))
         nbytes.append(np.full(len(e), src.shape[1], dtype=np.int64))
     src_a, dst_a, len_a = (np.ascontiguousarray(np.concatenate(a)) for a in (src_p, dst_p, nbytes))
+    if size_by_bytes:
+        threads = gather_threads(threads, int(len_a.sum()))
     rc = lib.strata_gather(int(threads), len(len_a), _ptr(src_a.ctypes.data), _ptr(dst_a.ctypes.data),
                            _ptr(len_a.ctypes.data))
     if rc != 0:

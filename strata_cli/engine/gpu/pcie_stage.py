@@ -9,7 +9,8 @@ from the mapping into the group's pinned buffers (the pages were brought in at l
 DMA per projection copies them to the device staging slots.
 
 Who gathers: the pool's OpenMP team, on the thread that runs the pool (tiers/host.py, before the step's pool call;
-tiers/gather.py, kernels/expert_pool.c strata_gather: 64 KiB chunks of memcpy over every core). The gather and the pool
+tiers/gather.py, kernels/expert_pool.c strata_gather: 64 KiB chunks of memcpy over as many of its threads as the
+bytes call for). The gather and the pool
 share the host's cores and memory bandwidth whatever runs them; the 4 Python threads (numpy take) that gathered
 beside the pool's 16 OpenMP threads oversubscribed the cores and reached 17.9 GB/s on the H200 host (#17) where the
 pool computed at 52. Without the native library the gather is numpy's take on the calling thread.
