@@ -56,6 +56,7 @@
 
 /* type ids, value tables, row decoders, the fused kernels */
 #include "expert_pool_decode.h"
+#include "expert_pool_plan.h"
 
 /* scalar fallback (no AVX2, or -DSTRATA_NO_SIMD): the row dequantized into scratch, then 8 partial sums per row */
 static void dot_f32_rows(const float *w, int n, const float *const *xs, int m, float *out) {

@@ -97,7 +97,7 @@ def test_the_engine_host_serves_each_window_from_its_starting_table(monkeypatch,
     windows."""
     from test_tier_engine_host import _sim, _SimGPU
 
-    from strata_cli.tiers.host import SRC_VRAM
+    from strata_cli.tiers.step_plan import SRC_VRAM
 
     model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "40")
     sim = SimSlots(tiers.table_host)

@@ -7,6 +7,7 @@ import pytest
 from strata_cli.engine.gpu.pcie_stage import StagingRing
 from strata_cli.tiers.gather import expert_bytes_view, gather_rows
 from strata_cli.tiers.doorbell import StepRange
+from strata_cli.tiers.step_plan import plan_step
 
 
 class FakePinned:
@@ -153,7 +154,7 @@ def test_tier_host_gathers_then_copies_each_projection_between_two_events(monkey
     host = tier_host.TierHost.__new__(tier_host.TierHost)
     host.t, host.stats, host._events, host._timed_copies = t, {"gather_ms": 0.0}, [], []
     ids = np.array([[4, 1], [1, 5]])
-    plan = tier_host.plan_step(ids, np.full(E, -1, np.int32), 1.0)
+    plan = plan_step(ids, np.full(E, -1, np.int32), 1.0)
     staged = t.ring_stage.gather(1, src, plan.pcie.experts.astype(np.intp))
     host._copy_pcie(0, 1, staged, want=7)
     experts = plan.pcie.experts.tolist()

@@ -14,7 +14,8 @@ from strata_cli.engine.gpu.tiers import ExpertTiers
 from strata_cli.gpu.launch_util import GEMV_MAXT
 from strata_cli.tiers.config import TierConfig
 from strata_cli.tiers.doorbell import FLAG, FLAG_A, FLAG_B, N_WORDS, RELEASED, SEQ, StepRange
-from strata_cli.tiers.host import SRC_CPU, SRC_PCIE, SRC_VRAM, EngineReleased, TierHost, plan_step, write_plan
+from strata_cli.tiers.host import EngineReleased, TierHost
+from strata_cli.tiers.step_plan import SRC_CPU, SRC_PCIE, SRC_VRAM, plan_step, write_plan
 from strata_cli.tiers.residency import choose_residency, expert_bytes, ranked_pairs, residency_table
 
 

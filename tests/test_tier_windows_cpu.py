@@ -197,7 +197,7 @@ class Kernels:
             parts[entries] = _expert(gate, up, down, e, x[entries // K])
 
     def combine(self, parts, ymiss, src, w, shared, out, r0, T, stream):
-        from strata_cli.tiers.host import SRC_CPU
+        from strata_cli.tiers.step_plan import SRC_CPU
 
         K = w.shape[1]
         for t in range(r0, r0 + T):

@@ -15,7 +15,8 @@ import pytest
 from test_tier_engine_host import _expert_out, _sim
 
 from strata_cli.tiers.doorbell import FLAG, FLAG_A, FLAG_B, RELEASED
-from strata_cli.tiers.host import SRC_CPU, SRC_PCIE, SRC_VRAM, EngineReleased, TierHost
+from strata_cli.tiers.host import EngineReleased, TierHost
+from strata_cli.tiers.step_plan import SRC_CPU, SRC_PCIE, SRC_VRAM
 from strata_cli.errors import StrataError
 from strata_cli.gpu.launch_util import GEMV_MAXT
 from strata_cli.tiers import watchdog

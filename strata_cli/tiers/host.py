@@ -2,11 +2,7 @@
 wait for the ring, plan the step, start the PCIe share's copies, compute the CPU share, raise the flags.
 
 Step k (ring k+1) covers the rows of one token group of one layer of the engine's layers (all, or a stage's [lo, hi):
-tiers/doorbell.StepRange numbers them). The plan (per group slot, mapped int32):
-  src [JM]              entry -> SRC_VRAM / SRC_PCIE / SRC_CPU (entries of other groups untouched)
-  pg_expert [JM]        PCIe group u -> staging slot (groups in the order of their first entry)
-  pg_count [JM]         entries of group u (0 past the last)
-  pg_entries [JM, 16]   the group's global entries, ascending
+tiers/doorbell.StepRange numbers them). The plan and its slot words: tiers/step_plan.py.
 VRAM groups are not in the plan: the device groups them from its residency table right after the ring.
 The PCIe share is the last floor(n_miss * pcie_frac) distinct misses in routing order; the copy stream
 writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never runs ahead of a copy. This thread
@@ -32,55 +28,21 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import StrataError
-from ..gpu.launch_util import GEMV_MAXT
 from ..gpu.runtime import check, cudart
 from .doorbell import ERR, FLAG, FLAG_A, FLAG_B, RELEASED, SEQ
-from .plan import ExpertEntries, build_plan
+from .step_plan import StepPlan, StepPlanner
 from .stats import WindowHistory
 
-SRC_VRAM, SRC_PCIE, SRC_CPU = 0, 1, 2
 POLL_S = 0.002  # how often a waiting host asks the driver whether the stream failed or finished
 LAUNCH_NOTE_S = 10.0  # a ring awaited this long while an eager window is still launched: one line on stderr
 
 
 class EngineReleased(StrataError):
     """A window never finished and its GPU waits were released: this engine runs no more windows (#267)."""
-
-
-@dataclass
-class StepPlan:
-    src: np.ndarray        # [J] SRC_* of the group's entries
-    pcie: ExpertEntries    # distinct PCIe experts (staging slot = position), their entries local to the group
-    cpu: ExpertEntries     # distinct CPU experts, their entries (tok = group row, dst = group entry)
-
-
-def plan_step(ids: np.ndarray, resident_row: np.ndarray, pcie_frac: float) -> StepPlan:
-    """ids [n, K] (the group's routed experts) and the layer's residency row [E] -> the step's plan: the one rule of
-    tiers/plan.build_plan (the last floor(misses x pcie_frac) distinct misses in routing order go over PCIe)."""
-    layer_plan = build_plan(0, ids, resident_row, pcie_frac)
-    src = np.full(ids.size, SRC_VRAM, dtype=np.int32)
-    src[layer_plan.pcie.dst] = SRC_PCIE
-    src[layer_plan.cpu.dst] = SRC_CPU
-    return StepPlan(src, layer_plan.pcie, layer_plan.cpu)
-
-
-def write_plan(slot: np.ndarray, plan: StepPlan, j0: int, JM: int) -> None:
-    """The plan's GPU-facing words into one mapped plan slot [JM * (3 + 16)] (the group's entries start at j0)."""
-    J = len(plan.src)
-    slot[j0:j0 + J] = plan.src
-    g_expert, g_count = slot[JM:2 * JM], slot[2 * JM:3 * JM]
-    g_entries = slot[3 * JM:].reshape(JM, GEMV_MAXT)
-    g_count[:J] = 0
-    for q in range(plan.pcie.n_groups):
-        _, rows = plan.pcie.entries(q)
-        g_expert[q] = q
-        g_entries[q, :len(rows)] = j0 + rows
-        g_count[q] = len(rows)
 
 
 class ExpertSource:
@@ -109,6 +71,8 @@ class TierHost:
     def __init__(self, tiers, engine, stall: int = 0):
         self.t, self.e = tiers, engine
         self.src = ExpertSource(tiers.model, getattr(tiers, "JM", 0))
+        # each step's plan in C on the pool's library (tiers/step_plan.py), numpy's reference without it
+        self.planner = StepPlanner(self.src.pool.lib, tiers.model.geometry.n_expert, getattr(tiers, "JM", 0))
         self.stall = stall
         self.warmed = False        # after_warm_up ran: windows count from here, and only they may stall
         self.windows = 0
@@ -272,9 +236,7 @@ class TierHost:
             self.route_hook(layer, ids)
         if t.fill is not None:
             t.fill.observe(layer, ids)
-        plan = plan_step(ids, t.table_host[layer], t.cfg.pcie_frac)
-        slot = t.plan.host[grp]
-        write_plan(slot, plan, r0 * K, t.JM)
+        plan = self.planner.plan(ids, t.table_host[layer], t.cfg.pcie_frac, t.plan.host[grp], r0 * K)
         self._raise_flag(FLAG_A, want)
         copying = None
         t_plan = time.perf_counter()
@@ -295,9 +257,10 @@ class TierHost:
         if not (last and self.stall and self.warmed and self.windows == self.stall):  # the warm-up never stalls
             self._raise_flag(FLAG, want)
         s = self.stats
-        s["vram"] += int((plan.src == SRC_VRAM).sum())
-        s["pcie"] += int((plan.src == SRC_PCIE).sum())
-        s["cpu"] += int((plan.src == SRC_CPU).sum())
+        n_vram, n_pcie, n_cpu = self.planner.counts
+        s["vram"] += n_vram
+        s["pcie"] += n_pcie
+        s["cpu"] += n_cpu
         s["plan_ms"] += (t_plan - t1) * 1e3  # routing ids to the plan, its words, flagA
         s["gather_ms"] += (t_pool - t_plan) * 1e3  # the PCIe experts into the staging, the copy job handed over
         s["pool_ms"] += (t2 - t_pool) * 1e3  # the CPU pool's call, Python and kernel
