@@ -373,6 +373,24 @@ int strata_pool_diag(int n_threads, int H, int F, int G, const uint64_t *gate, c
                     start, tok, dst, x, y, h, touch, prof);
 }
 
+/* strata_pool_diag (touch 0) for the tier host's steps: the G experts by id (experts [G] int32 < E, the caller's
+ * plan guarantees it) of one layer's tensors at base[m] + e * estride[m] (m = gate, up, down), the pointer arrays made
+ * here: tiers/pool.ExpertPool.compute_step, where building them in numpy cost more than the plan itself */
+int strata_pool_experts(int n_threads, int H, int F, int G, const int32_t *experts, const uint64_t *base,
+                        const uint64_t *estride, int64_t gate_row, int64_t up_row, int64_t down_row, int gate_type,
+                        int up_type, int down_type, const int32_t *start, const int32_t *tok, const int32_t *dst,
+                        const float *x, float *y, float *h, int64_t *prof) {
+    if (G < 1) return 0;
+    uint64_t *ptr = malloc(3 * (size_t)G * sizeof(uint64_t));
+    if (!ptr) return -2;
+    for (int g = 0; g < G; g++)
+        for (int m = 0; m < 3; m++) ptr[m * G + g] = base[m] + (uint64_t)experts[g] * estride[m];
+    const int rc = pool_run(n_threads, H, F, G, ptr, ptr + G, ptr + 2 * G, gate_row, up_row, down_row, gate_type,
+                            up_type, down_type, start, tok, dst, x, y, h, 0, prof);
+    free(ptr);
+    return rc;
+}
+
 /* the build's tuning: out[0..4] = POOL_CHUNK, PREFETCH_AHEAD, ROWS_GATE_UP, ROWS_DOWN, 1 for the AVX-512 permute and
  * lane-order kernels; returns the item loops' schedule */
 const char *strata_pool_config(int64_t *out) {

@@ -61,7 +61,7 @@ def test_native_plan_equals_the_reference(seed):
 
 def test_native_plan_refuses_bad_ids_and_sizes_and_stays_usable():
     lib = _lib()
-    E, K, JM = 8, 2, 6
+    E, JM = 8, 6
     planner = StepPlanner(lib, E, JM)
     slot = np.zeros(JM * (3 + GEMV_MAXT), np.int32)
     resident = np.full(E, -1, np.int32)

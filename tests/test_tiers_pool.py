@@ -139,6 +139,10 @@ def check_pool(model, pool, types, ids, layer=1, table=None, seed=1):
         np.testing.assert_allclose(out[dst], y, rtol=1e-4, atol=2e-5 * scale, err_msg=f"row {dst}")
     untouched = sorted(set(range(out.shape[0])) - set(ref))
     assert np.isnan(out[untouched]).all()
+    # the tier host's call (compute_step: the pointers made in C) writes the same bits and nothing else
+    step = np.full_like(out, np.nan)
+    pool.compute_step(layer, x, plan.cpu, step)
+    np.testing.assert_array_equal(step, out)
     return plan
 
 

@@ -60,7 +60,7 @@ class ExpertSource:
 
     def compute_into(self, layer: int, x: np.ndarray, plan: StepPlan, out: np.ndarray) -> None:
         """x [n, D] the group's rows, out [n*K, D] the group's ymiss rows: out[j] for every CPU entry j."""
-        self.pool.compute(layer, x, plan.cpu, out=out)
+        self.pool.compute_step(layer, x, plan.cpu, out)
 
 
 class TierHost:

@@ -163,6 +163,9 @@ def load_variant(defines: tuple[str, ...], isa: str | None = None):
     lib.strata_pool_swiglu.argtypes = SWIGLU_ARGS
     lib.strata_pool_diag.restype = _I32
     lib.strata_pool_diag.argtypes = SWIGLU_ARGS + [_I32, _VP]  # + touch, profile
+    lib.strata_pool_experts.restype = _I32
+    # threads, H, F, G, experts, base[3], estride[3], 3 row strides, 3 types, start, tok, dst, x, y, h, profile
+    lib.strata_pool_experts.argtypes = [_I32, _I32, _I32, _I32, _VP, _VP, _VP] + SWIGLU_ARGS[7:] + [_VP]
     lib.strata_pool_config.restype = ctypes.c_char_p
     lib.strata_pool_config.argtypes = [_VP]
     lib.strata_wait_geq.restype = _U32

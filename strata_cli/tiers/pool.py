@@ -56,6 +56,7 @@ class _LayerTensors:
         self.expert_stride = np.array([r.strides[0] for r in self.raw], dtype=np.uint64)
         self.row_stride = [int(r.strides[1]) for r in self.raw]
         self.expert_bytes = sum(int(i.n_bytes) // i.shape[-1] for i in infos)
+        self.base_ptr, self.stride_ptr = self.base.ctypes.data, self.expert_stride.ctypes.data  # compute_step's
 
     def pointers(self, experts: np.ndarray) -> list[np.ndarray]:
         e = experts.astype(np.uint64)
@@ -81,6 +82,7 @@ class ExpertPool:
         self.kernel_ns = 0
         self.wake_ns = 0
         self._prof = np.zeros(PROF_HEAD + PROF_PER * self.n_threads, dtype=np.int64)
+        self._prof_ptr = self._prof.ctypes.data
         self._f64: dict[tuple[int, int], tuple] = {}
 
     @property
@@ -125,6 +127,39 @@ class ExpertPool:
                 out[dst] = moe.swiglu(x[tok], *self._expert_f64(layer, int(expert)))
         return out
 
+    def compute_step(self, layer: int, x: np.ndarray, cpu: ExpertEntries, out: np.ndarray) -> None:
+        """compute() for a tier host's step: cpu planned by tiers/step_plan (int32 arrays, tok < x's rows and dst <
+        out's rows by construction, so unchecked here), x float32 [rows, H] and out float32 [rows·k, H] both
+        C-contiguous. One C call builds the experts' pointers and runs the layer (strata_pool_experts): the checks,
+        pointer arrays and conversions of compute() cost ~100 us a layer on the H200 host, on the window's path."""
+        if cpu.n_groups == 0:
+            return
+        if not (self.native_layers[layer] and x.dtype == out.dtype == np.float32 and x.flags.c_contiguous
+                and out.flags.c_contiguous and x.shape[-1] == out.shape[-1] == self.n_embd):
+            self.compute(layer, x, cpu, out)
+            return
+        lt = self.layers[layer]
+        need = cpu.n_entries * self.n_ff
+        with self._lock:
+            if self._h.size < need:
+                self._h = np.empty(need, dtype=np.float32)
+            prof = self._prof
+            rc = self.lib.strata_pool_experts(
+                self.n_threads, self.n_embd, self.n_ff, cpu.n_groups, cpu.experts.ctypes.data, lt.base_ptr,
+                lt.stride_ptr, lt.row_stride[0], lt.row_stride[1], lt.row_stride[2], lt.types[0], lt.types[1],
+                lt.types[2], cpu.start.ctypes.data, cpu.tok.ctypes.data, cpu.dst.ctypes.data, x.ctypes.data,
+                out.ctypes.data, self._h.ctypes.data, self._prof_ptr)
+            if rc != 0:
+                raise RuntimeError(f"expert pool kernel failed on layer {layer} (code {rc})")
+            self._account(prof)
+
+    def _account(self, prof: np.ndarray) -> None:
+        """The last native call's kernel and wake-up time (its profile) into kernel_ns / wake_ns."""
+        entered = prof[PROF_HEAD:PROF_HEAD + PROF_PER * int(prof[2]):PROF_PER]
+        entered = entered[entered > 0]  # the threads the team had (OpenMP may give fewer than asked)
+        self.kernel_ns += int(prof[1] - prof[0])
+        self.wake_ns += int(entered.max() - prof[0]) if entered.size else 0
+
     def _native(self, layer: int, x: np.ndarray, cpu: ExpertEntries, out: np.ndarray) -> None:
         args, keep = self.native_args(layer, x, cpu, out)
         prof = self._prof
@@ -132,10 +167,7 @@ class ExpertPool:
         del keep
         if rc != 0:
             raise RuntimeError(f"expert pool kernel failed on layer {layer} (code {rc})")
-        entered = prof[PROF_HEAD:PROF_HEAD + PROF_PER * int(prof[2]):PROF_PER]
-        entered = entered[entered > 0]  # the threads the team had (OpenMP may give fewer than asked)
-        self.kernel_ns += int(prof[1] - prof[0])
-        self.wake_ns += int(entered.max() - prof[0]) if entered.size else 0
+        self._account(prof)
 
     def native_args(self, layer: int, x: np.ndarray, cpu: ExpertEntries, out: np.ndarray) -> tuple[tuple, list]:
         """strata_pool_swiglu's arguments for one layer (x f32 contiguous, out as compute() checks it), and the
