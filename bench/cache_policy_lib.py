@@ -89,8 +89,8 @@ def table(work: Path, sizes: list[str], policies: list[str]) -> list[str]:
            f"make-profile (held-out tokens, trace): {status(work, 'held')}; {expert_cache_line(work, 'held')}",
            f"cache-sim: {status(work, 'sim')}; profile-info --holdout: {status(work, 'info')}", "",
            "| experts | slots | policy | cache-sim hit | engine hit T=1 | engine hit T=8 | t_verify T=1 ms | "
-           "t_verify T=8 ms | swaps/window T=8 | fill MB/window T=8 | status |",
-           "|:---|---:|:---|---:|---:|---:|---:|---:|---:|---:|:---|"]
+           "t_verify T=8 ms | swaps/window T=8 | fill MB/window T=8 | fill late T=1 | fill gather ms T=1 | status |",
+           "|:---|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---|"]
     for size in sizes:
         n = slots.get(size, "-")
         for policy in policies:
@@ -103,7 +103,8 @@ def table(work: Path, sizes: list[str], policies: list[str]) -> list[str]:
             out.append(f"| {size} | {n} | {policy} | {_pct(sim.get((policy, n), {}).get('hit_rate'))} | "
                        f"{_pct(one.get('vram_share'))} | {_pct(eight.get('vram_share'))} | "
                        f"{_ms(one.get('ms_median'))} | {_ms(eight.get('ms_median'))} | "
-                       f"{_ms(eight.get('swaps'))} | {_ms(eight.get('fill_mb'))} | {got} |")
+                       f"{_ms(eight.get('swaps'))} | {_ms(eight.get('fill_mb'))} | {_ms(one.get('fill_late'))} | "
+                       f"{_ms(one.get('fill_gather_ms'))} | {got} |")
     out += ["", "| experts | slots | cache-sim static hit | profile-info --holdout hit | equal |",
             "|:---|---:|---:|---:|:---|"]
     for size in sizes:

@@ -21,10 +21,11 @@ CACHE_LINE = ("expert cache: 24576 of 24576 (layer, expert) pairs in VRAM (45.70
               "no profile: expert id order); 138.2 GiB free before loading -> zero-doorbell graph")
 
 
-def _bench_csv(ms1, ms8, hit1, hit8, swaps=0.0, fill=0.0) -> str:
-    head = "window,repetitions,ms_median,ms_mean,vram_share,cpu_share,swaps,fill_mb,expert_policy"
-    return (f"{head}\n1,8,{ms1},{ms1},{hit1},{1 - hit1},{swaps / 2},{fill / 2},x\n"
-            f"8,8,{ms8},{ms8},{hit8},{1 - hit8},{swaps},{fill},x\n")
+def _bench_csv(ms1, ms8, hit1, hit8, swaps=0.0, fill=0.0, late=0.0, gather_ms=0.0) -> str:
+    head = ("window,repetitions,ms_median,ms_mean,vram_share,cpu_share,swaps,fill_mb,fill_late,fill_gather_ms,"
+            "expert_policy")
+    return (f"{head}\n1,8,{ms1},{ms1},{hit1},{1 - hit1},{swaps / 2},{fill / 2},{late},{gather_ms},x\n"
+            f"8,8,{ms8},{ms8},{hit8},{1 - hit8},{swaps},{fill},{late / 2},{gather_ms * 2},x\n")
 
 
 @pytest.fixture
@@ -37,7 +38,8 @@ def work(tmp_path):
                     "static,3412,0.181,0,0\nstatic,6825,0.352,0,0\nlru,3412,0.402,1000000,12.5\n"
                     "lru,6825,0.611,900000,10\nlfu,3412,0.391,800000,9\nlfu,6825,0.6,700000,8\n"), "sim.rc": "0 15",
         "info.out": "slots,share,coverage,holdout_hit\n3412,0.14,0.5,0.181\n6825,0.28,0.7,0.352\n", "info.rc": "0 15",
-        "bench-12GiB-static.out": _bench_csv(39.9, 129.0, 0.17, 0.19), "bench-12GiB-static.rc": "0 42",
+        "bench-12GiB-static.out": _bench_csv(39.9, 129.0, 0.17, 0.19, late=0.5, gather_ms=8.25),
+        "bench-12GiB-static.rc": "0 42",
         "bench-12GiB-lru.out": "window,ms_median\n", "bench-12GiB-lru.rc": "124 42",  # cut: a header only
         "bench-24GiB-static.out": "", "bench-24GiB-static.rc": "1 42",
         "bench-24GiB-static.err": "load: ...\nstrata: error: out of memory allocating 24 GiB\n",
@@ -60,8 +62,8 @@ def test_table_from_sample_outputs(work):
     assert lines[0] == f"make-profile (training tokens): ok; {CACHE_LINE}"
     assert "zero-doorbell graph" in lines[1] and lines[2] == "cache-sim: ok; profile-info --holdout: ok"
     assert _row(lines, "12GiB", "3412", "static") == ["12GiB", "3412", "static", "18.1%", "17.0%", "19.0%", "39.90",
-                                                      "129.00", "0.00", "0.00", "ok"]
-    assert _row(lines, "12GiB", "3412", "lru")[3:] == ["40.2%", "-", "-", "-", "-", "-", "-",
+                                                      "129.00", "0.00", "0.00", "0.50", "8.25", "ok"]
+    assert _row(lines, "12GiB", "3412", "lru")[3:] == ["40.2%", "-", "-", "-", "-", "-", "-", "-", "-",
                                                        "cut at its 42 s limit"]
     assert _row(lines, "12GiB", "3412", "lfu")[-1] == "not run (an earlier run failed, or the step was stopped)"
     assert _row(lines, "24GiB", "6825", "static")[-1] == \

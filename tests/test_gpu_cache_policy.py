@@ -29,6 +29,53 @@ def test_adaptive_policies_equal_all_resident(fixture_dir, tmp_path, name):
         eng.close()
 
 
+@pytest.mark.parametrize("name", ["fixture-q8_0", "fixture-bf16"])
+def test_a_fill_batch_lands_the_files_rows_in_its_slots(fixture_dir, tmp_path, name):
+    """DeviceSlots.copy_batch (engine/gpu/residency_fill.py): the batch gathered into the pinned staging (one
+    strata_gather call on the pool's team) and copied by one DMA per run of consecutive slots on the side stream;
+    once done() every copied slot holds the file's bytes of its expert, every other slot what it held (the slots
+    hold the file's raw blocks: the check is on bytes). No window runs after (the table was not updated)."""
+    import cupy as cp
+    import numpy as np
+
+    from gpu_engines import tiered_engine
+    from strata_cli.tiers.cache_policy import Copy
+    from strata_cli.tiers.gather import expert_bytes_view
+    from strata_cli.tiers.residency import expert_names
+
+    model = _model(name, fixture_dir, tmp_path)
+    E = model.geometry.n_expert
+    eng = tiered_engine(model, None, cache="24", policy="lru")  # 3 slots a layer: experts 0, 1, 2
+    try:
+        t = eng.tiers
+        dev = t.fill.device
+        assert dev.done() and dev.staging.nbytes == t.cfg.max_copy  # the default: what the 24 slots hold
+
+        def slot_bytes():
+            return {layer: [cp.asnumpy(arr).reshape(int(arr.shape[0]), -1).view(np.uint8) for arr, _ in arrays]
+                    for layer, (arrays, _) in t.resident.items()}
+
+        before = slot_bytes()
+        # layer 2: slots 2, 0, 1 (one run of three, given out of order); layer 5: slot 1 (a run of one)
+        copies = [Copy(2, 9, 2), Copy(2, 12, 0), Copy(5, 15, 1), Copy(2, 5, 1)]
+        dev.copy_batch(copies)
+        dev.stream.synchronize()
+        assert dev.done()
+        after = slot_bytes()
+        want = {(c.layer, c.slot): c.expert for c in copies}
+        for layer in t.resident:
+            rows = [expert_bytes_view(model.info(n).raw, E) for n in expert_names(layer)]
+            for p in range(3):
+                for slot in range(after[layer][p].shape[0]):
+                    expect = rows[p][want[layer, slot]] if (layer, slot) in want else before[layer][p][slot]
+                    np.testing.assert_array_equal(after[layer][p][slot], expect, err_msg=f"{layer} {p} {slot}")
+        dev.copy_batch([Copy(5, 3, 0)])  # the staging is reused once the last batch is done
+        dev.stream.synchronize()
+        np.testing.assert_array_equal(slot_bytes()[5][0][0], expert_bytes_view(model.info(expert_names(5)[0]).raw,
+                                                                                E)[3])
+    finally:
+        eng.close()
+
 
 @pytest.mark.parametrize("cache", ["auto", "0"])
 def test_gpu_trace_equals_numpy(fixture_dir, cache):

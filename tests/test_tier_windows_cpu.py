@@ -441,6 +441,7 @@ def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
     """Windows through the tiers of every layer (layers None) or of a stage [lo, hi), each post's block_out rows
     equal to the numpy engine's MoE output of the same layer and rows."""
     from strata_cli.model.gguf_file import open_model
+    from strata_cli.tiers.cache_policy import DEFAULT_MAX_COPY_BYTES
     from strata_cli.tiers.config import TierConfig
     from strata_cli.tiers import watchdog
 
@@ -520,6 +521,10 @@ def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
         assert sum(swaps) > 0 and rt.other_copies
         if "max_copy" in tier_args:  # one expert's bytes (26112 in the q8_0 fixture): one swap per window at most
             assert max(swaps) <= 1
+        else:  # the default (cache_policy.default_max_copy): the fill path's budget, capped at what the slots hold
+            cache_bytes = int((t.fill.policy.capacity * np.array([sum(b) for b in t.expert_bytes])).sum())
+            assert t.cfg.max_copy == cache_bytes < DEFAULT_MAX_COPY_BYTES
+            assert t.fill.device.staging.nbytes == cache_bytes
         assert (t.table_host >= 0).sum() + len(t.fill.policy.pending) == int(tier_args["cache"])
         np.testing.assert_array_equal(engine.buf["tier_table"], t.table_host)  # the device reads the host's table
     # the engine's close(): the host's thread, events, the watchdog's list; the tiers' pinned buffers

@@ -10,7 +10,8 @@ from ._common import STDIN, FileParam
 def tier_options(f):
     """--expert-profile, --expert-cache, --expert-policy, --expert-max-copy, --pcie-frac, --tier-wait
     (innermost first); the command takes them as **tier_args and hands them to tier_config."""
-    from ..tiers.cache_policy import DEFAULT_MAX_COPY, POLICIES
+    from ..tiers.cache_policy import DEFAULT_MAX_COPY, FILL_WINDOW_MS, GATHER_GBS, POLICIES
+    from ..tiers.share import PCIE_GBS
 
     options = [
         click.option("--tier-wait", type=click.Choice(["spin", "stream"]), default="spin", show_default=True,
@@ -22,8 +23,12 @@ def tier_options(f):
                      "pool's, the host gather's and the DMA's measured rates, 0 where PCIe loses "
                      "(strata_cli/tiers/share.py). [default: 0]"),
         click.option("--expert-max-copy", default=None, metavar="SIZE",
-                     help="Bytes an adaptive --expert-policy copies into VRAM per window at most. "
-                     f"[default: {DEFAULT_MAX_COPY}]"),
+                     help="Bytes an adaptive --expert-policy copies into VRAM per window at most. The default is "
+                     f"what the fill path (the host's gather after a window's last step, then the DMA) moves in "
+                     f"{FILL_WINDOW_MS:g} ms, the shortest window, so a window's fills land before the boundary "
+                     "after the next: at the gather and DMA rates --pcie-frac auto measured, else at the H200's "
+                     f"({GATHER_GBS:g} and {PCIE_GBS:g} GB/s: {DEFAULT_MAX_COPY}), never more than the cache's "
+                     "slots hold."),
         click.option("--expert-policy", type=click.Choice(list(POLICIES)), default="static",
                      show_default=True, help="How the VRAM cache changes between windows: static keeps the "
                      "profile's set; lru / lfu swap in the experts the last windows picked most recently / most "
@@ -45,7 +50,6 @@ def tier_config(expert_profile, expert_cache, pcie_frac, tier_wait, expert_polic
     engine ignores the tiers), or None when no tier option was given and no stall window asked for (every expert in
     VRAM, today's graph). stall_window None: STRATA_TEST_VERIFY_STALL's."""
     from .. import settings
-    from ..tiers.cache_policy import DEFAULT_MAX_COPY
     from ..tiers.config import TierConfig
     from ..tiers.expert_profile import load_profile
     from ..tiers.share import DEFAULT_PCIE_FRAC
@@ -57,7 +61,7 @@ def tier_config(expert_profile, expert_cache, pcie_frac, tier_wait, expert_polic
     cfg = TierConfig(profile=expert_profile, cache="all" if cache is None else cache,
                      pcie_frac=DEFAULT_PCIE_FRAC if pcie_frac is None else pcie_frac, wait=tier_wait,
                      stall_window=stall, policy=expert_policy,
-                     max_copy=DEFAULT_MAX_COPY if expert_max_copy is None else expert_max_copy)
+                     max_copy=expert_max_copy)
     if cache is None and expert_profile is None and pcie_frac is None and tier_wait == "spin" \
             and not stall and expert_policy == "static" and expert_max_copy is None:
         return None

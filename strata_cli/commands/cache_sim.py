@@ -19,7 +19,8 @@ from .profile_info import _slot_list
 @click.option("--profile", "profile_path", type=FileParam(STDIN, dir_okay=False),
               help="Expert profile whose ranked order gives the static set (default: the same share per layer).")
 @click.option("--max-copy", default=DEFAULT_MAX_COPY, show_default=True,
-              help="Bytes an adaptive policy may copy into VRAM per window (as the engine's --expert-max-copy).")
+              help="Bytes an adaptive policy may copy into VRAM per window (as the engine's --expert-max-copy; "
+              "the default is the engine's at the constant rates, tiers/cache_policy.py).")
 @click.option("--per-layer", is_flag=True, help="One row per policy, size and layer.")
 @format_option()
 def command(trace_path, slots, policies, profile_path, max_copy, per_layer, fmt):

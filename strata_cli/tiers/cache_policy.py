@@ -17,23 +17,52 @@ A window is served by the slot table it started with; the table changes only bet
     nothing changes this time, so at most one batch of copies is in flight),
  2. the policy compares what each layer holds with what it wants, and pairs its most wanted missing experts with
     its least wanted held ones: each evicted pair leaves the table at once, its slot receives the admitted
-    expert's copy during the next window.
-So an expert admitted after window w serves from window w + 2 on. At most `max_copy_bytes` are admitted per
-boundary, taken in the order (rank within its layer, layer): every layer gets its first choice before any its
-second.
+    expert's copy during the next window (the engine: gathered after that window's last step, copied by DMA while
+    it ends and the one after starts: SlotFiller).
+So an expert admitted after window w serves from window w + 2 on (the engine: when its copy kept up). At most
+`max_copy_bytes` are admitted per boundary, taken in the order (rank within its layer, layer): every layer gets its
+first choice before any its second.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import OptionError
+from .share import PCIE_GBS  # cudaMemcpyAsync host -> device from pinned memory, 51 GB/s
 
 POLICIES = ("static", "lru", "lfu")
-DEFAULT_MAX_COPY = "512MiB"  # cache-sim --max-copy and the engine's --expert-max-copy: ~10 ms at the H200's H2D rate
-DEFAULT_MAX_COPY_BYTES = 512 << 20
+# The default --expert-max-copy (and cache-sim --max-copy): what the fill path moves in FILL_WINDOW_MS. A batch is
+# gathered on the host after a window's last step, then copied by DMA (one after the other: the path's rate is
+# 1 / (1/gather + 1/DMA)); a batch that takes at most the shortest window's time has landed by the end of the window
+# after it, so it is never in flight at two boundaries and its gather costs the host at most ~9 ms (the GPU's tail
+# hides part). At the H200's rates: 20 ms x 27.8 GB/s = 556 MB (lru at 12 GiB swapped 535 MB a window).
+FILL_WINDOW_MS = 20.0  # the full-size model's all-resident T = 1 window (~21 ms): no tiered window is shorter
+GATHER_GBS = 61.2      # strata_gather on the H200 host's 16 threads, 64 MB a call (kernels/expert_pool.c)
+
+
+def fill_budget_bytes(gather_gbs: float = GATHER_GBS, dma_gbs: float = PCIE_GBS,
+                      window_ms: float = FILL_WINDOW_MS) -> int:
+    """The bytes the fill path (the gather, then the DMA) moves in window_ms, in whole MB (so that cache-sim's
+    default, as text, is the same number); gather_gbs inf: no gather cost."""
+    megabytes = window_ms / (1.0 / gather_gbs + 1.0 / dma_gbs)  # ms x GB/s = MB
+    return int(megabytes + 1e-6) * 1_000_000  # (+1e-6: 239.99999... is 240)
+
+
+def default_max_copy(cache_bytes: int, rates=None) -> int:
+    """--expert-max-copy when not given: fill_budget_bytes at the gather and DMA rates --pcie-frac auto measured
+    (rates: tiers/share.ShareRates; the DMA's only if measured), else the constants; never more than the cache's
+    slots hold (cache_bytes: no batch can copy more; small models stage no more than that)."""
+    gather = rates.gather_gbs if rates is not None else GATHER_GBS
+    dma = rates.dma_gbs if rates is not None and rates.dma_measured else PCIE_GBS
+    return max(0, min(int(cache_bytes), fill_budget_bytes(gather, dma)))
+
+
+DEFAULT_MAX_COPY_BYTES = fill_budget_bytes()
+DEFAULT_MAX_COPY = f"{DEFAULT_MAX_COPY_BYTES / 1e6:.0f}MB"  # cache-sim's --max-copy default, as text
 NEVER = -1  # last_use of a pair never picked
 
 
@@ -180,19 +209,23 @@ def replay(trace, kind: str, n_slots: int, profile=None, max_copy_bytes: int | N
 
 
 class SlotFiller:
-    """A policy run by an engine (the GPU engine's --expert-policy lru|lfu): between windows, boundary() updates
-    the slot table and has `device` copy the admitted experts. `device` (engine/gpu/residency_fill.py on the GPU, a
-    simulation in the tests) provides:
-      done() -> bool                 the last batch of copies finished (True when none was issued)
-      upload_table(table)            the engine's stream gets the table before the next window reads it
-      copy_expert(layer, expert, slot)  one expert's bytes from page-locked host memory into its slot, on a side
-                                     stream (not waited for by any window)
-      issued()                       the batch is complete (the next done() answers for it)
-    The copies of a batch land in slots no table entry names (their pairs were evicted before), and a pair enters
-    the table only once done() says its copy finished, so a window always reads whole experts."""
+    """A policy run by an engine (the GPU engine's --expert-policy lru|lfu): boundary() before each window updates
+    the slot table and plans a batch; copy(), once the window's last step was served (the host waits for the GPU's
+    tail then: tiers/host.py TierHost.serve), has `device` copy the batch, so no copy sits before a window's launch.
+    `device` (engine/gpu/residency_fill.py on the GPU, a simulation in the tests) provides:
+      done() -> bool           the last batch of copies finished (True when none was issued)
+      upload_table(table)      the engine's stream gets the table before the next window reads it
+      copy_batch(copies)       the batch's bytes gathered into page-locked staging and copied into their slots on a
+                               side stream (not waited for by any window); the next done() answers for it
+    The copies of a batch land in slots no table entry names (their pairs were evicted at the boundary that planned
+    it, before the window's table upload), and a pair enters the table only at a boundary where done() says its
+    copy finished, so a window always reads whole experts. A batch planned but never copied (the window's launch
+    failed: serve() and so copy() never ran) counts as not done: the next boundary changes nothing, the next copy()
+    issues it."""
 
     def __init__(self, policy: ResidencyPolicy, device):
         self.policy, self.device = policy, device
+        self.planned: list[Copy] = []  # the batch of the last boundary, not yet handed to the device
 
     def observe(self, layer: int, ids: np.ndarray) -> None:
         self.policy.observe(layer, ids)
@@ -201,14 +234,23 @@ class SlotFiller:
         self.policy.reset()
 
     def boundary(self) -> dict:
-        """Before a window (after the last one was served and committed): the stats of what changed."""
-        done = self.device.done()
+        """Before a window (after the last one was served and committed): the stats of what changed. Nothing is
+        copied here (before the window's launch): copy() does, after the window's last step."""
+        done = not self.planned and self.device.done()
         activated, copies = self.policy.boundary(done)
         if activated or copies:
             self.device.upload_table(self.policy.table)
-        for c in copies:
-            self.device.copy_expert(c.layer, c.expert, c.slot)
-        if copies:
-            self.device.issued()
+        if done:
+            self.planned = copies
         nbytes = int(sum(int(self.policy.expert_bytes[c.layer]) for c in copies))
         return {"swaps": len(copies), "fill_bytes": nbytes, "fill_late": int(not done)}
+
+    def copy(self) -> dict:
+        """After the window's last step was served: the planned batch copied (on the calling thread, which runs the
+        pool: the gather uses its team). The stats: the host's ms on it (the gather and the DMAs' issue)."""
+        if not self.planned:
+            return {"fill_gather_ms": 0.0}
+        t0 = time.perf_counter()
+        self.device.copy_batch(self.planned)
+        self.planned = []
+        return {"fill_gather_ms": (time.perf_counter() - t0) * 1e3}

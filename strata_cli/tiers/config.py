@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cache_policy import DEFAULT_MAX_COPY_BYTES
 from .residency import CacheSpec, parse_cache_spec, parse_size
 from .share import DEFAULT_PCIE_FRAC, ShareRates, parse_pcie_frac
 
@@ -20,7 +19,8 @@ class TierConfig:
     timeout_s: float = 20.0           # bound of every GPU wait and of the host's wait for a ring
     stall_window: int = 0             # 1-based window whose last flag the host withholds (stall-test); 0 = never
     policy: str = "static"            # --expert-policy (tiers/cache_policy.py): how the slots change between windows
-    max_copy: int | str = DEFAULT_MAX_COPY_BYTES  # bytes an adaptive policy copies into VRAM per window at most
+    max_copy: int | str | None = None  # bytes an adaptive policy copies into VRAM per window at most; None: the
+    #                                   default from the fill path's rates (setup.residency_for, cache_policy.py)
     loaded_profile: object = None     # the profile as already read (an ExpertProfile): `-` (stdin) is read once
     # set while the engine is built (tiers/setup.residency_for, engine/gpu/tiers.rebalance_share), never by a user:
     share_auto: bool = False          # pcie_frac came from auto: re-balanced once the copy path is measured
@@ -30,5 +30,5 @@ class TierConfig:
         self.pcie_frac = parse_pcie_frac(self.pcie_frac)
         if not isinstance(self.cache, CacheSpec):
             self.cache = parse_cache_spec(self.cache)
-        if not isinstance(self.max_copy, int):
+        if self.max_copy is not None and not isinstance(self.max_copy, int):
             self.max_copy = parse_size(self.max_copy, "--expert-max-copy")

@@ -36,21 +36,33 @@ def gather_rows(lib, threads: int, outs: list[np.ndarray], srcs: list[np.ndarray
     uint8, both row-contiguous): one strata_gather call on the calling thread's OpenMP team (lib: the pool's native
     library; `threads` the team, of which gather_threads picks by the bytes; size_by_bytes=False: all of them, for
     bench/gather_bench.py's fixed counts), or numpy's take per projection without it (lib None)."""
+    gather_blocks(lib, threads, [(out, src, experts) for out, src in zip(outs, srcs)], size_by_bytes)
+
+
+def gather_blocks(lib, threads: int, blocks: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
+                  size_by_bytes: bool = True) -> None:
+    """out[i] = src[experts[i]] for every block (out, src, experts) (src [E, row bytes] uint8, out [n, row bytes]
+    uint8, both row-contiguous; each block its own experts, e.g. one per (layer, projection) of an adaptive cache's
+    fill batch, engine/gpu/residency_fill.py): every block's rows in ONE strata_gather call on the calling thread's
+    OpenMP team (of it the threads the bytes call for, gather_threads), or numpy's take per block without the
+    library (lib None)."""
     if lib is None:
-        for out, src in zip(outs, srcs):
+        for out, src, experts in blocks:
             # mode "clip": with "raise" numpy buffers `out` (a second copy); the plan's expert ids are in range
             np.take(src, experts, axis=0, out=out, mode="clip")
         return
-    e = np.asarray(experts, dtype=np.uint64)
-    if e.size and int(e.max()) >= min(src.shape[0] for src in srcs):
-        raise ValueError(f"expert {int(e.max())} out of range of {min(src.shape[0] for src in srcs)}")
     src_p, dst_p, nbytes = [], [], []
-    for out, src in zip(outs, srcs):
+    for out, src, experts in blocks:
+        e = np.asarray(experts, dtype=np.uint64)
+        if e.size and int(e.max()) >= src.shape[0]:
+            raise ValueError(f"expert {int(e.max())} out of range of {src.shape[0]}")
         if out.shape != (len(e), src.shape[1]) or src.strides[1] != 1 or out.strides[1] != 1:
             raise ValueError(f"gather of {len(e)} rows of {src.shape[1]} bytes into {out.shape}: rows must match")
         src_p.append(np.uint64(src.ctypes.data) + e * np.uint64(src.strides[0]))
         dst_p.append(np.uint64(out.ctypes.data) + np.arange(len(e), dtype=np.uint64) * np.uint64(out.strides[0]))
         nbytes.append(np.full(len(e), src.shape[1], dtype=np.int64))
+    if not nbytes:
+        return
     src_a, dst_a, len_a = (np.ascontiguousarray(np.concatenate(a)) for a in (src_p, dst_p, nbytes))
     if size_by_bytes:
         threads = gather_threads(threads, int(len_a.sum()))

@@ -8,7 +8,10 @@ The PCIe share is the last floor(n_miss * pcie_frac) distinct misses in routing 
 writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never runs ahead of a copy. This thread
 gathers each step's PCIe experts into the pinned staging on the pool's OpenMP team (engine/gpu/pcie_stage.py says
 why there), then runs the CPU pool while one copy thread issues the step's copies (in step order): the DMAs overlap
-the pool, the gather does not (tiers/share.py models exactly that).
+the pool, the gather does not (tiers/share.py models exactly that). An adaptive --expert-policy's batch of slot fills
+(tiers/cache_policy.SlotFiller) is gathered on the same team after the window's last step, while the GPU runs the
+window's tail, and its DMAs issued on their own stream; begin() only updates the table (issue 20: the fills' copy
+before the launch cost ~110 ms a window).
 
 An eager window (the engine's warm-up) is launched by a second thread while this one serves it, and the launcher
 may sit in a driver call that waits for the GPU (a module load, a launch into a full queue: the GPU is stopped at
@@ -155,8 +158,9 @@ class TierHost:
         if self.released is not None:
             raise EngineReleased(self.released)
         t = self.t
-        # an adaptive cache: the last window's admissions enter the table, this window's copies start (before the
-        # window counts as served: a failure here leaves the host idle)
+        # an adaptive cache: the last batch's admissions enter the table (its copies done), the next batch is
+        # planned, its evictions leave the table; nothing is copied here, before the launch: serve() copies it after
+        # the window's last step (before the window counts as served: a failure here leaves the host idle)
         filled = t.fill.boundary() if t.fill is not None else {}
         t.words.host[:] = 0
         t.wait_ns.host[:] = 0
@@ -205,6 +209,8 @@ class TierHost:
             for k in range(self.t.steps.count(G)):
                 layer, grp = self.t.steps.at(k, G)
                 self._step(k, layer, grp, *groups[grp], G)
+            if self.t.fill is not None:  # the host's work is done, the GPU ends the window: the boundary's batch
+                self.stats.update(self.t.fill.copy())  # gathered on the pool's team (this thread), its DMAs issued
             self._await_idle()
             self._check_err(G)
             self.stats["copy_ms"] = self._copy_ms()

@@ -64,6 +64,13 @@ def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int,
     if cfg.cache.kind == "auto":
         free = int(cupy().cuda.runtime.memGetInfo()[0])
     table, note = choose_residency(model, cfg, free, fixed, layers)
+    if cfg.policy != "static" and cfg.max_copy is None:  # the fill path's default, at auto's rates where measured
+        from .cache_policy import default_max_copy
+        from .residency import expert_bytes
+
+        rows = table[span[0]:span[1]]
+        cache_bytes = int(((rows >= 0).sum(axis=1) * expert_bytes(model)[span[0]:span[1]]).sum())
+        cfg = dataclasses.replace(cfg, max_copy=default_max_copy(cache_bytes, rates))
     if (table[span[0]:span[1]] >= 0).all() and not stall:
         return None, note + " -> zero-doorbell graph", cfg
     if (table[span[0]:span[1]] >= 0).all():

@@ -1,7 +1,9 @@
 """verify-bench columns of the expert tiers, of one engine or of each stage of the layer split (its own tiers):
 per window size, the mean over the timed windows of the routed entries' VRAM / PCIe / CPU shares (the VRAM share
 is the cache's hit rate), the MB a window's PCIe share copies and its CPU share reads, where the window's time goes,
-the tier floor, and an adaptive --expert-policy's swaps and MB copied into VRAM per window.
+the tier floor, and an adaptive --expert-policy's swaps and MB copied into VRAM per window, the windows whose last
+batch was still copying at their boundary (fill_late: nothing changed then), and the host's ms on the fills (fill
+gather ms: the gather on the pool's team after the window's last step, and the DMAs' issue).
 
 Where the time goes: the GPU's time in the flagB and flag waits (spin waits), the GPU computing (the window less
 those waits), the host waiting for rings, planning each step (plan ms: the routed ids to the plan and its words,
@@ -31,7 +33,8 @@ TIER_COLUMNS = [("vram_pairs", "VRAM pairs", ".1%"), ("vram_share", "VRAM", ".1%
                 ("plan_ms", "plan ms", ".3f"), ("pool_ms", "pool ms", ".3f"), ("pool_kernel_ms", "pool C ms", ".3f"),
                 ("pool_wake_ms", "pool wake ms", ".3f"), ("pool_gb_s", "pool GB/s", ".1f"), ("gather_ms", "gather ms", ".3f"),
                 ("copy_ms", "copy ms", ".3f"), ("copy_gb_s", "copy GB/s", ".1f"),
-                ("tier_floor_ms", "tier floor ms", ".3f"), ("swaps", "swaps", ".1f"), ("fill_mb", "fill MB", ".1f")]
+                ("tier_floor_ms", "tier floor ms", ".3f"), ("swaps", "swaps", ".1f"), ("fill_mb", "fill MB", ".1f"),
+                ("fill_late", "fill late", ".2f"), ("fill_gather_ms", "fill gather ms", ".3f")]
 
 
 HISTORY_PER_T = 4096  # windows of one size T a tier host keeps (~1 KB each)
@@ -105,7 +108,8 @@ def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: fl
                 pool_wake_ms=mean("pool_wake_ms"), pool_gb_s=_rate(cpu_bytes, pool_ms), gather_ms=mean("gather_ms"), copy_ms=copy_ms,
                 copy_gb_s=_rate(pcie_bytes, copy_ms), pcie_mb=pcie_bytes / 1e6, cpu_mb=cpu_bytes / 1e6,
                 tier_floor_ms=tier_floor_ms(floor_ms, cpu_bytes, pcie_bytes, t.cfg.rates), expert_policy=t.cfg.policy,
-                swaps=mean("swaps"), fill_mb=mean("fill_bytes") / 1e6, fill_late=mean("fill_late"))
+                swaps=mean("swaps"), fill_mb=mean("fill_bytes") / 1e6, fill_late=mean("fill_late"),
+                fill_gather_ms=mean("fill_gather_ms"))
 
 
 def add_tier_stats(records, engine, n_windows: int) -> None:

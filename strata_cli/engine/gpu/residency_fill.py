@@ -1,11 +1,16 @@
-"""The GPU side of an adaptive expert cache (--expert-policy lru|lfu; tiers/cache_policy.SlotFiller decides): the
-admitted experts are gathered from the memory-mapped file into a pinned staging buffer of --expert-max-copy bytes
-(one batch at a time: a batch starts only once the last one's copies finished) and copied by the copy engine on a
-side stream into their VRAM slots while the next window runs (the file itself is never page-locked: issue 17); the slot table the window graph reads (the device array `tier_table`,
-read by tier_group at run time, so no graph is recaptured) is uploaded on the engine's stream from a pinned copy.
+"""The GPU side of an adaptive expert cache (--expert-policy lru|lfu; tiers/cache_policy.SlotFiller decides): a
+batch of admitted experts is gathered from the memory-mapped file into a pinned staging buffer of --expert-max-copy
+bytes on the pool's OpenMP team (tiers/fill_batch.py: one strata_gather call) and copied by the copy engine on a side
+stream into their VRAM slots, one DMA per run of consecutive slots (the file itself is never page-locked: issue 17).
+The tier host copies a batch after the window's last step was served (tiers/host.py TierHost.serve), where it waits
+for the GPU's tail anyway: the copies of a boundary never sit before the window's launch (issue 20: a one-thread
+numpy copy there cost ~110 ms a window at 535 MB). One batch at a time: the next is planned only once the last one's
+copies finished, so the staging buffer is free whenever a batch is gathered into it. The slot table the window graph
+reads (the device array `tier_table`, read by tier_group at run time, so no graph is recaptured) is uploaded on the
+engine's stream from a pinned copy.
 
-The resident arrays of an adaptive cache hold the file's raw blocks (no Q8_0_R32 repacking), so a copy is one DMA
-per projection.
+The resident arrays of an adaptive cache hold the file's raw blocks (no Q8_0_R32 repacking), so a slot's bytes are
+the file's row of that expert.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import numpy as np
 
 from ...errors import StrataError
 from ...gpu.runtime import MappedBuffer, check, cudart, cupy
+from ...tiers.fill_batch import stage_batch
+from ...tiers.gather import expert_bytes_view
 from ...tiers.residency import expert_names
 
 
@@ -22,6 +29,7 @@ class DeviceSlots:
 
     def __init__(self, tiers):
         from ...gpu.graphs import new_stream
+        from ...tiers.pool import gather_team
 
         self.t = tiers
         self.stream = new_stream()
@@ -29,21 +37,19 @@ class DeviceSlots:
         self.pending = False
         self.table_pinned = MappedBuffer(tiers.table_host.shape, np.int32)
         # [layer][projection] over the engine's layers: the file's bytes of that projection, one row per expert
-        self.src = {layer: [np.asarray(tiers.model.info(n).raw).reshape(-1).view(np.uint8).reshape(tiers.E, -1)
-                            for n in expert_names(layer)] for layer in tiers.steps.layers}
+        self.src = {layer: [expert_bytes_view(tiers.model.info(n).raw, tiers.E) for n in expert_names(layer)]
+                    for layer in tiers.steps.layers}
         for layer, (arrays, n_slots) in tiers.resident.items():
             for p, (arr, _) in enumerate(arrays):
                 if arr.nbytes // int(arr.shape[0]) != self.src[layer][p].shape[1]:
                     raise StrataError(f"layer {layer}: a VRAM slot of {arr.nbytes // int(arr.shape[0])} bytes does "
                                       f"not hold one expert of the file ({self.src[layer][p].shape[1]} bytes)")
         self.staging = MappedBuffer((max(int(tiers.cfg.max_copy), 1),), np.uint8)  # one batch's bytes, pinned
-        self.used = 0  # staging bytes the batch being issued holds
+        # gathered on the pool's team (the tier host calls copy_batch on the thread that runs the pool)
+        self.lib, self.threads = gather_team()
 
     def done(self) -> bool:
-        finished = not self.pending or self.event.done
-        if finished:
-            self.used = 0  # no copy still reads the staging buffer: the next batch starts at its front
-        return finished
+        return not self.pending or self.event.done
 
     def upload_table(self, table: np.ndarray) -> None:
         """Through the pinned copy: the last upload finished (the window after it was served to the end)."""
@@ -54,21 +60,18 @@ class DeviceSlots:
                                  rt.cudaMemcpyKind.cudaMemcpyHostToDevice, self.t.engine.stream.ptr),
               "cudaMemcpyAsync of the slot table")
 
-    def copy_expert(self, layer: int, expert: int, slot: int) -> None:
+    def copy_batch(self, copies) -> None:
+        """The batch gathered into the staging buffer (one strata_gather call), its DMAs issued on the side stream
+        (one per run of consecutive slots), then the event the next done() asks."""
+        if not self.done():  # SlotFiller plans a batch only once the last one's copies finished
+            raise StrataError("--expert-policy: a batch gathered while the last one's copies still read the staging")
         rt = cudart()
-        arrays, _ = self.t.resident[layer]
-        for p, (arr, _) in enumerate(arrays):
-            row = self.src[layer][p][expert]
-            nbytes = row.nbytes
-            if self.used + nbytes > self.staging.nbytes:  # the policy keeps a batch within --expert-max-copy
-                raise StrataError(f"--expert-policy: a batch past the {self.staging.nbytes}-byte staging buffer")
-            self.staging.host[self.used:self.used + nbytes] = row
-            check(rt.cudaMemcpyAsync(arr.data.ptr + slot * nbytes, self.staging.host_ptr + self.used, nbytes,
-                                     rt.cudaMemcpyKind.cudaMemcpyHostToDevice, self.stream.ptr),
-                  f"cudaMemcpyAsync of expert {expert} of layer {layer}")
-            self.used += nbytes
-
-    def issued(self) -> None:
+        kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        for run in stage_batch(copies, self.src, self.staging.host, self.lib, self.threads):
+            arr, _ = self.t.resident[run.layer][0][run.p]
+            check(rt.cudaMemcpyAsync(arr.data.ptr + run.slot * run.row_bytes, self.staging.host_ptr + run.offset,
+                                     run.nbytes, kind, self.stream.ptr),
+                  f"cudaMemcpyAsync of layer {run.layer}'s slots {run.slot}..{run.slot + run.count - 1}")
         self.event.record(self.stream)
         self.pending = True
 
