@@ -112,43 +112,86 @@ extern "C" __global__ void __launch_bounds__(HC_NORM_THREADS)
 // launch. dn [T, n_dn] is the down + inject GEMV's output (already divided by C); W_up [C*D, L] raw rows of
 // up_stride bytes, type up_type (F32, F16, BF16, Q8_0: read by raw_at, L values a row).
 //   low[t, l]    = silu(dn[t, l])                                    l < L   (shared memory, every block)
-//   gate[t, c]   = sigmoid(W_up[c*D + d] . low[t])                   lanes over l, then warp_sum (fixed order)
+//   gate[t, c]   = sigmoid(W_up[c*D + d] . low[t])                   lanes over l, then a butterfly (fixed order)
 //   mixed[t, d]  = (sum_c gate[t, c] * xn[t, c*D + d]) / C           summed in stream order
 //   inj[t, j]    = 2 * sigmoid(dn[t, L + j])                         j < n_inj, block 0 (inj may be null)
 // grid ceil(D / 8): warp w of block b owns column d = 8b + w for every row and stream; block 256; dynamic shared
-// memory T*L floats. T <= GEMV_MAXT.
-// Each lane loads its W_up values of the first UP_MAXC streams (l = lane + 32 j, j < UP_MAXJ: L = 320 whole) and
-// row 0's xn of them into registers before the low barrier (they do not depend on dn), so the weights' trip
-// overlaps dn's; the type is dispatched once there (one straight-line block of UP_MAXC x UP_MAXJ predicated loads
-// per type). After the barrier the rows are a runtime loop (one copy of the row's body, not one per possible
-// row), each row's streams ascending from those registers; wider rows (L > 320) and more streams (C > 4) read the
-// rest by a plain loop (a trip a value: not the model's shape, kept small rather than fast).
-// Per (row, stream) the sum goes per lane in l order, then warp_sum, and mixed adds the streams in order: the
-// bits of every earlier version of this kernel.
-// Latency at T = 1 (D = 2560, C = 4, L = 320): 320 blocks; 1 round trip (W_up, xn and dn together), 1 barrier,
-// C warp_sums, the store; each further row adds its xn loads and C warp_sums. Code ~2700 SASS instructions
-// (bench/kernel_sass.py; the latency1 version unrolled the 16 possible rows into every stream and type body:
-// ~17300 instructions, ~270 KB, instruction-fetch bound on the H200).
+// memory T*L + T*C*8 floats (low, and the block's 8 columns of xn: xs[t][c][w]). T <= GEMV_MAXT.
+// Before the barrier, all at once (none depends on dn's GEMV but low): each lane's W_up values of the first UP_MAXC
+// streams (l = lane + 32 j, j < UP_MAXJ: L = 320 whole) into registers, the type dispatched once (F32/F16/BF16: one
+// straight-line block of UP_MAXC x UP_MAXJ predicated loads; Q8_0: the 40 bytes by load_q8_bytes, and lane j's
+// load of block j's scale shared by shuffle), the block's xn columns of every row into xs, low in batches of
+// UP_LOW_BATCH loads a thread. Rows then go in pairs (a runtime loop over one copy of the pair's body; past T the
+// last row again, not stored): the 2 x UP_MAXC dots of a lane, then one reduce-scatter butterfly over the 8 sums
+// (reduce_scatter8: 9 shuffles for 8 sums, not 40; lanes 4k..4k+3 end with sum k = r * UP_MAXC + c), one sigmoid a
+// lane, and the mix gathers the row's gates by shuffle. Wider rows (L > 320) add their tail by a loop over l for
+// both rows; more streams (C > 4) read theirs by a plain loop (a trip a value: not the model's shape, kept small).
+// Bits: per (row, stream) the sum goes per lane in l order, then the butterfly of warp_sum (offsets 16 .. 1, each
+// level own + partner: the reduce-scatter adds the same pairs in the same order), and mixed adds the streams in
+// order: the bits of every earlier version of this kernel.
+// Why (issue 18: 12.0 us at T = 1, 28.7 at T = 8; D = 2560, C = 4, L = 320, Q8_0; 320 blocks, 3 an SM at <= 80
+// registers, one wave on 132 SMs): the Q8_0 preload through raw_at_t converted each value right after its 3 byte
+// loads (NVVM's order; ptxas kept it), holding the next loads back, so about half the 40 values cost a DRAM trip
+// each; the row loop read each stream's xn after its warp_sum (4 dependent L2 trips a row) and its 4 warp_sums and
+// sigmoids sat in 4 branch-separated blocks (no overlap); the low fill was one dn load a trip (T*L / 256 trips in
+// a row). Now the weights are one trip, the staging one, and a row costs no memory trip.
 #define UP_MAXC 4
 #define UP_MAXJ 10
+#define UP_ROWS 2                     // rows a pass of the row loop: UP_ROWS * UP_MAXC = 8 sums a reduce-scatter
+#define UP_LOW_BATCH 8                // low values a thread loads at once
 template <int TYPE>
 struct TypeTag {
     static constexpr int value = TYPE;
 };
+
+// v[k] (k < 8) per lane -> lane's sum of value k = lane / 4 over the warp, added as warp_sum adds (offsets 16, 8,
+// 4, 2, 1; own + partner): at offset o the lane keeps the half of its values that bit o of its lane selects and
+// adds the partner's copy of that half.
+__device__ __forceinline__ float reduce_scatter8(float (&v)[8], int lane) {
+#pragma unroll
+    for (int o = 16, n = 8; o >= 4; o >>= 1, n >>= 1) {
+        const bool hi = (lane & o) != 0;
+#pragma unroll
+        for (int m = 0; m < n / 2; ++m) {
+            const float keep = hi ? v[m + n / 2] : v[m], send = hi ? v[m] : v[m + n / 2];
+            v[m] = keep + __shfl_xor_sync(FULL_MASK, send, o);
+        }
+    }
+    float s = v[0];
+    s += __shfl_xor_sync(FULL_MASK, s, 2);
+    s += __shfl_xor_sync(FULL_MASK, s, 1);
+    return s;
+}
+
+// qv[j] = the signed byte lane of Q8_0 block j (q: the row's byte 2 + lane) where c_held and block j < L / 32, else
+// 0, for j = J..UP_MAXJ-1. Inline PTX, predicated, the block offset an immediate: emitted in program order, so the
+// row's loads go out before the first use of any (through __ldg, NVVM put each byte's conversion right after its
+// load, which held the next loads back: a trip a value), and they take no address registers.
+template <int J = 0>
+__device__ __forceinline__ void load_q8_bytes(int (&qv)[UP_MAXJ], const u8* q, bool c_held, int L) {
+    if constexpr (J < UP_MAXJ) {
+        qv[J] = 0;
+        asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %2, 0;\n\t@p ld.global.nc.s8 %0, [%1+%3];\n\t}"
+                     : "+r"(qv[J]) : "l"(q), "r"((int)(c_held && J * QK8_0 < L)), "n"(J * Q8_0_BYTES));
+        load_q8_bytes<J + 1>(qv, q, c_held, L);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(256)
     hc_up_mix(const float* __restrict__ xn, const float* __restrict__ dn, int n_dn, int L,
               const u8* __restrict__ up_w, i64 up_stride, int up_type, float* __restrict__ mixed,
               float* __restrict__ inj, int n_inj, int T, int C, int D) {
-    extern __shared__ float low[];  // [T][L]
-    const int lane = threadIdx.x & (WARP - 1), d = blockIdx.x * GEMV_WARPS + threadIdx.x / WARP;
+    extern __shared__ float smem[];
+    float* low = smem;          // [T][L]
+    float* xs = low + T * L;    // [T][C][GEMV_WARPS]: xn[t, c*D + d0 + w]
+    const int lane = threadIdx.x & (WARP - 1), w = threadIdx.x / WARP, d0 = blockIdx.x * GEMV_WARPS, d = d0 + w;
     const int held = d < D ? min(C, UP_MAXC) : 0;  // streams in registers (uniform in a warp)
-    float wr[UP_MAXC][UP_MAXJ], x0[UP_MAXC];
+    float wr[UP_MAXC][UP_MAXJ];
     auto preload = [&](auto type) {
         constexpr int TYPE = decltype(type)::value;
 #pragma unroll
         for (int c = 0; c < UP_MAXC; ++c) {
             const u8* row = up_w + (i64)(c * D + d) * up_stride;
-            x0[c] = c < held ? xn[(i64)c * D + d] : 0.0f;
 #pragma unroll
             for (int j = 0; j < UP_MAXJ; ++j) {
                 const int l = lane + WARP * j;
@@ -159,8 +202,43 @@ extern "C" __global__ void __launch_bounds__(256)
     if (up_type == GGML_F32) preload(TypeTag<GGML_F32>());
     else if (up_type == GGML_F16) preload(TypeTag<GGML_F16>());
     else if (up_type == GGML_BF16) preload(TypeTag<GGML_BF16>());
-    else preload(TypeTag<GGML_Q8_0>());
-    for (int i = threadIdx.x; i < T * L; i += blockDim.x) low[i] = silu_f(dn[(i64)(i / L) * n_dn + i % L]);
+    else {  // Q8_0 (L a multiple of 32: l = lane + 32 j is byte lane of block j): lane j < UP_MAXJ reads block j's
+            // scale of each stream, the warp shares it by shuffle; 1 byte load a value at an immediate offset from
+            // the lane's row pointer (no address registers: all 40 in flight at once)
+        float sc[UP_MAXC];
+        int qv[UP_MAXC][UP_MAXJ];
+#pragma unroll
+        for (int c = 0; c < UP_MAXC; ++c) {
+            const u8* row = up_w + (i64)(c < held ? c * D + d : 0) * up_stride;
+            sc[c] = c < held && lane < UP_MAXJ && lane * QK8_0 < L ? q8_0_scale(row + lane * Q8_0_BYTES) : 0.0f;
+            load_q8_bytes(qv[c], row + 2 + lane, c < held, L);
+        }
+#pragma unroll
+        for (int c = 0; c < UP_MAXC; ++c) {
+#pragma unroll
+            for (int j = 0; j < UP_MAXJ; ++j) {
+                const float scale = __shfl_sync(FULL_MASK, sc[c], j);  // every lane: no divergent shuffle
+                wr[c][j] = scale * (float)qv[c][j];  // 0 * 0 outside the matrix
+            }
+        }
+    }
+    for (int i = threadIdx.x; i < T * C * GEMV_WARPS; i += blockDim.x) {  // 2 a thread at T = 16, C = 4
+        const int tc = i / GEMV_WARPS, dd = d0 + i % GEMV_WARPS;         // tc = t * C + c
+        xs[i] = dd < D ? xn[(i64)tc * D + dd] : 0.0f;
+    }
+    for (int i0 = threadIdx.x; i0 < T * L; i0 += UP_LOW_BATCH * blockDim.x) {  // the batch's loads go out together
+        float dv[UP_LOW_BATCH];
+#pragma unroll
+        for (int b = 0; b < UP_LOW_BATCH; ++b) {
+            const int i = i0 + b * blockDim.x;
+            dv[b] = i < T * L ? dn[(i64)(i / L) * n_dn + i % L] : 0.0f;
+        }
+#pragma unroll
+        for (int b = 0; b < UP_LOW_BATCH; ++b) {
+            const int i = i0 + b * blockDim.x;
+            if (i < T * L) low[i] = silu_f(dv[b]);
+        }
+    }
     if (blockIdx.x == 0 && inj != nullptr) {
         for (int i = threadIdx.x; i < T * n_inj; i += blockDim.x)
             inj[i] = 2.0f * sigmoid_f(dn[(i64)(i / n_inj) * n_dn + L + i % n_inj]);
@@ -174,25 +252,52 @@ extern "C" __global__ void __launch_bounds__(256)
         for (int l = l0; l < L; l += WARP) acc += raw_at(row, up_type, l) * lt[l];
         return acc;
     };
-    for (int t = 0; t < T; ++t) {  // T is uniform: every lane meets the shuffles
-        const float* lt = low + t * L;
-        const float* xt = xn + (i64)t * C * D + d;
-        float mix = 0.0f;
+    for (int t0 = 0; t0 < T; t0 += UP_ROWS) {  // T is uniform: every lane meets the shuffles
+        float v[UP_ROWS * UP_MAXC];            // v[r * UP_MAXC + c]: this lane's share of row t0 + r, stream c
+        const float* lr[UP_ROWS];              // low of row t0 + r (the last row again past T)
 #pragma unroll
-        for (int c = 0; c < UP_MAXC; ++c) {
-            if (c < held) {
-                float acc = 0.0f;
+        for (int r = 0; r < UP_ROWS; ++r) {
+            lr[r] = low + min(t0 + r, T - 1) * L;
+#pragma unroll
+            for (int c = 0; c < UP_MAXC; ++c) {
+                float acc = 0.0f;  // 0 for streams past held (their weights are 0): summed, never used
 #pragma unroll
                 for (int j = 0; j < UP_MAXJ; ++j) {
                     const int l = lane + WARP * j;
-                    if (l < L) acc += wr[c][j] * lt[l];
+                    if (l < L) acc += wr[c][j] * lr[r][l];
                 }
-                acc = rest(c, lane + WARP * UP_MAXJ, lt, acc);  // rows longer than the registers hold
-                mix += sigmoid_f(warp_sum(acc)) * (t == 0 ? x0[c] : xt[(i64)c * D]);
+                v[r * UP_MAXC + c] = acc;
             }
         }
-        for (int c = UP_MAXC; c < C; ++c) mix += sigmoid_f(warp_sum(rest(c, lane, lt, 0.0f))) * xt[(i64)c * D];
-        if (lane == 0) mixed[(i64)t * D + d] = mix / (float)C;
+        // rows longer than the registers hold (L > 320): each term once for both rows, l ascending as before
+#pragma unroll 1
+        for (int l = lane + WARP * UP_MAXJ; l < L; l += WARP) {
+#pragma unroll
+            for (int c = 0; c < UP_MAXC; ++c) {
+                if (c < held) {
+                    const float wv = raw_at(up_w + (i64)(c * D + d) * up_stride, up_type, l);
+#pragma unroll
+                    for (int r = 0; r < UP_ROWS; ++r) v[r * UP_MAXC + c] += wv * lr[r][l];
+                }
+            }
+        }
+        const float gate = sigmoid_f(reduce_scatter8(v, lane));  // of sum lane / 4
+#pragma unroll
+        for (int r = 0; r < UP_ROWS; ++r) {
+            const int t = t0 + r;
+            if (t >= T) break;  // uniform
+            const float* lt = low + t * L;
+            const float* xt = xs + t * C * GEMV_WARPS + w;
+            float mix = 0.0f;
+#pragma unroll
+            for (int c = 0; c < UP_MAXC; ++c) {
+                const float gc = __shfl_sync(FULL_MASK, gate, 4 * (r * UP_MAXC + c));
+                if (c < held) mix += gc * xt[c * GEMV_WARPS];
+            }
+            for (int c = UP_MAXC; c < C; ++c)
+                mix += sigmoid_f(warp_sum(rest(c, lane, lt, 0.0f))) * xt[c * GEMV_WARPS];
+            if (lane == 0) mixed[(i64)t * D + d] = mix / (float)C;
+        }
     }
 }
 

@@ -116,6 +116,39 @@ def test_hc_read_replays_eager_with_the_engines_aliasing(T, C, D, L):
     assert_close("inj", want_inj, got_inj)
 
 
+# every window size: hc_up_mix takes the rows in pairs (odd T: the last pair's second row is computed, not stored);
+# the model's read (Q8_0 up weights, their scales shared by shuffle, L = 320 in registers), a row past the
+# registers with a fifth stream (F16: the tail loop, both rows of a pair at once) and 3 streams in registers over
+# an odd width (BF16 up, F32 down: D = 37, the last block's warps past D)
+@pytest.mark.parametrize("T", range(1, 17))
+@pytest.mark.parametrize("C,D,L,types", [(4, 2560, 320, (quants.Q8_0,) * 3),
+                                         (5, 96, 352, (quants.Q8_0, quants.F16, quants.Q8_0)),
+                                         (3, 37, 32, (quants.F32, quants.BF16, quants.F32))],
+                         ids=("model-q8_0", "wide-f16", "c3-bf16"))
+def test_hc_up_mix_every_t_matches_reference_and_replays(T, C, D, L, types):
+    """hc_read at T = 1..16 against the reference, NaN-poisoned outputs and scratch, then captured in a graph that
+    replays the eager bits."""
+    from strata_cli.gpu import launch_gemv, launch_hyper
+
+    _check(T, C, D, L, types, True, True, True, T * 13 + C + L)
+    rng = np.random.default_rng(T + 100 * C)
+    R, norm_w, down, up, inj_w, _ = _inputs(rng, T, C, D, L, types, True, False)
+    w = hc_weights(norm_w, down, types[0], up, types[1], inj_w, types[2], pack=True)
+    R_dev, mixed, inj = to_dev(R), poisoned((T, D)), poisoned((T, C))
+    scratch = launch_hyper.HcScratch(poisoned((T, C * D)), poisoned(T * w.dn_raw.shape[0]))
+    split = launch_gemv.SplitK.empty()
+    _, want_mixed, want_inj = hyper.hc_write_read_raw(R, None, norm_w, down, types[0], up, types[1], inj_w,
+                                                      types[2], 1e-6)
+
+    def record(stream):
+        launch_hyper.hc_read(R_dev, w, 1e-6, out_mixed=mixed, out_inj=inj, scratch=scratch, split=split,
+                             stream=stream)
+
+    got_mixed, got_inj = assert_replay_equals_eager(record, [mixed, inj])
+    assert_close("mixed", want_mixed, got_mixed)
+    assert_close("inj", want_inj, got_inj)
+
+
 def every_t(gemv_tc: bool):
     """A GPUEngine window_paths taking one GEMV path at every T."""
     return lambda T: WindowPath(gemv_tc=gemv_tc)

@@ -209,6 +209,13 @@ def test_launchers_reject_bad_arguments_before_touching_the_device():
         launch_hyper.hc_write(R, None)
     with pytest.raises(ValueError, match=r"^R: 17 rows exceed"):
         launch_hyper.hc_read(np.zeros((17, 2, 32), np.float32), hc(), 1e-6)
+    with pytest.raises(ValueError, match=r"^up_raw: low rank 40 is not whole Q8_0 blocks"):
+        launch_hyper.hc_read(R, launch_hyper.HcWeights(np.ones(64, np.float32), _raw((64, 64), BF16), BF16, 40, 0,
+                                                       np.zeros((64, 34), np.uint8), Q8_0), 1e-6)
+    # hc_up_mix's shared memory: low [T, L] and the block's xn columns [T, C, 8] (16 x (752 + 2 x 8) = 12288 fit)
+    assert launch_hyper.up_mix_smem_floats(16, 2, 752) == launch_hyper.UP_SMEM_FLOATS
+    with pytest.raises(ValueError, match=r"^up_raw: 16 rows x \(low rank 768 \+ 2 streams x 8 columns\) exceed"):
+        launch_hyper.hc_read(np.zeros((16, 2, 32), np.float32), hc(dn_rows=768, L=768), 1e-6)
     with pytest.raises(ValueError, match=r"^scratch.dn: 16 values, the read needs 1 x 32"):
         launch_hyper.hc_read(R, hc(), 1e-6, scratch=launch_hyper.HcScratch(np.zeros((1, 64), np.float32),
                                                                          np.zeros(16, np.float32)))

@@ -22,7 +22,12 @@ from .launch_gemv import SplitK, launch_gemv
 from .runtime import empty
 
 UP_TYPES = (quants.F32, quants.F16, quants.BF16, quants.Q8_0)  # hc_up_mix reads W_up by raw_at
-UP_SMEM_FLOATS = 48 * 1024 // 4  # hc_up_mix holds low [T, L] in the default 48 KiB of dynamic shared memory
+UP_SMEM_FLOATS = 48 * 1024 // 4  # hc_up_mix holds low [T, L] and its columns of xn in the default 48 KiB
+
+
+def up_mix_smem_floats(T: int, C: int, L: int) -> int:
+    """hc_up_mix's dynamic shared memory in floats: low [T, L] and the block's GEMV_WARPS columns of xn [T, C, 8]."""
+    return T * (L + C * U.GEMV_WARPS)
 
 
 @dataclass
@@ -113,10 +118,12 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
         if w.up_type not in UP_TYPES:
             raise ValueError(f"up_raw: type {U.type_name(w.up_type)} is not one of F32, F16, BF16, Q8_0 "
                              "(hc_up_mix reads it element-wise)")
+        if not quants.fits(w.up_type, w.L):
+            raise ValueError(f"up_raw: low rank {w.L} is not whole {U.type_name(w.up_type)} blocks")
         U.weight_rows("up_raw", w.up_raw, w.up_type, w.L, n_out=CD)
-        if T * w.L > UP_SMEM_FLOATS:
-            raise ValueError(f"up_raw: {T} rows x low rank {w.L} exceed hc_up_mix's shared memory "
-                             f"({UP_SMEM_FLOATS} floats)")
+        if up_mix_smem_floats(T, C, w.L) > UP_SMEM_FLOATS:
+            raise ValueError(f"up_raw: {T} rows x (low rank {w.L} + {C} streams x {U.GEMV_WARPS} columns) exceed "
+                             f"hc_up_mix's shared memory ({UP_SMEM_FLOATS} floats)")
         if not w.n_inj and out_inj is not None:
             raise ValueError("out_inj: given, but the read has no inject rows (n_inj 0)")
         ple = _ple_args(pending, T, CD)
@@ -137,7 +144,7 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
         nvrtc.kernel("hyper", "hc_up_mix")((-(-D // U.GEMV_WARPS), 1, 1), (U.GEMV_WARPS * 32, 1, 1), (
             xn, dn, np.int32(n_dn), np.int32(w.L), w.up_raw, np.int64(U.row_stride(w.up_type, w.L)),
             np.int32(w.up_type), out_mixed, U.null_or(out_inj if w.n_inj else None), np.int32(w.n_inj),
-            np.int32(T), np.int32(C), np.int32(D)), shared_mem=4 * T * w.L)
+            np.int32(T), np.int32(C), np.int32(D)), shared_mem=4 * up_mix_smem_floats(T, C, w.L))
     return out_mixed, (out_inj if w.n_inj else None)
 
 
