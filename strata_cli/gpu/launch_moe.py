@@ -17,7 +17,7 @@ from ..model import quants
 from . import compile as nvrtc
 from . import launch_quant
 from . import launch_util as U
-from .launch_gemv import SplitK, launch_gemv
+from .launch_gemv import SplitK, gateup_fuses, launch_gemv, launch_q8r_gateup
 from .runtime import empty
 
 
@@ -330,7 +330,9 @@ def shared_expert(x, gate_raw, up_raw, down_raw, scalar_gate_raw, ggml_types, ou
 
     x [T, D]; gate_raw, up_raw [F, D], down_raw [D, F], scalar_gate_raw [D] raw rows;
     ggml_types = (gate, up, down, scalar_gate). sg [T, 1]: the gate sigmoid(w_sg . x) already computed
-    (router_topk(scalar_gate=)), so no scalar-gate GEMV is launched."""
+    (router_topk(scalar_gate=)), so no scalar-gate GEMV is launched. Gate and up are one launch where
+    launch_gemv.gateup_fuses says (Q8_0_R32 on the CUDA-core path), else up, then gate with silu(gate) * up as its
+    epilogue; then down times sg."""
     gt, ut, dt, st = _check_types("ggml_types", ggml_types, 4)
     with U.on_stream(stream):
         U.check_array("x", x, np.float32, (None, None))
@@ -347,8 +349,11 @@ def shared_expert(x, gate_raw, up_raw, down_raw, scalar_gate_raw, ggml_types, ou
                                                                                       empty)
         out = U.out_array("out", out, (T, D), np.float32, empty)
 
-        launch_gemv(up_raw, ut, D, x, h, split)
-        launch_gemv(gate_raw, gt, D, x, h, split, act=U.ACT_SILU, mul=h, mul_strides=(F, 1))
+        if gateup_fuses((gt, ut), T):  # one launch, the same bits as the two below
+            launch_q8r_gateup(gate_raw, up_raw, D, x, h, split)
+        else:
+            launch_gemv(up_raw, ut, D, x, h, split)
+            launch_gemv(gate_raw, gt, D, x, h, split, act=U.ACT_SILU, mul=h, mul_strides=(F, 1))
         if not given:
             launch_gemv(scalar_gate_raw, st, D, x, sg, split, act=U.ACT_SIGMOID)
         launch_gemv(down_raw, dt, F, h, out, split, mul=sg, mul_strides=(1, 0))  # out[t, :] *= sg[t]
