@@ -387,9 +387,9 @@ __device__ __forceinline__ void q8r_dense_gateup(const u8* Wg, const u8* Wu, int
             for (int t = 0; t < NT; ++t) {
                 if (t >= nt) continue;
                 const i64 row = t0 + t;
-                if (zsplit) {
-                    slice[row * 2 * F + o] = acc[r][t];
-                    slice[row * 2 * F + F + o] = acc[RH + r][t];
+                if (zsplit) {  // as dense_dot_store stores a z slice's sums (the plain epilogue)
+                    slice[row * 2 * F + o] = gemv_epilogue(acc[r][t], ACT_NONE, 1.0f, nullptr, 0);
+                    slice[row * 2 * F + F + o] = gemv_epilogue(acc[RH + r][t], ACT_NONE, 1.0f, nullptr, 0);
                 } else {
                     y[row * F + o] = gemv_epilogue(acc[r][t], ACT_SILU, 1.0f, nullptr, 0) *
                                      gemv_epilogue(acc[RH + r][t], ACT_NONE, 1.0f, nullptr, 0);
