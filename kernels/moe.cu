@@ -95,10 +95,10 @@ extern "C" __global__ void __launch_bounds__(1024)
 // sg_w, else 0), block ROUTER_THREADS (256), dynamic shared memory min(T, 8) * 1024 floats
 // (launch_moe.router_fused_smem: a row of p a warp with a row; the grouping's T*K + 256 ints reuse it).
 //   warps 4r .. 4r+3 of GEMV block b (blockIdx.x - G): logits[t, e] = W[e] . x[t] for e = ROUTER_EPB*b + r and
-//   every row t; warp s of
-//   the four takes the elements i = lane + 32 (s + 4 j): the lane's up to ROUTER_J weights and row 0's x are loaded
-//   together into registers, then a loop over the rows t (row t+1's x loads go out before row t's sum; rows longer
-//   than 32 * 4 * ROUTER_J loop on), lanes then warps added in order (warp_sum, then s ascending);
+//   every row t; warp s of the four takes the elements i = lane + 32 (s + 4 j): the lane's up to ROUTER_J weights
+//   and row 0's x are loaded together into registers, then a loop over the rows t (row t+1's x loads go out before
+//   row t's sum; rows longer than 32 * 4 * ROUTER_J loop on), lanes then warps added in order (warp_sum, then s
+//   ascending);
 //   gate block b < G: sg[t] = sigmoid(sg_w . x[t]) for t = b, b + G, ..., its loads beside the GEMV's (router_topk's
 //   gate: thread i's up to ROUTER_SGJ elements i + 256 j loaded together, the weight type dispatched once a row);
 //   the block counted last in done[0] (a zeroed counter it resets): warp w takes rows t = w, w + 8, ...: its lanes
