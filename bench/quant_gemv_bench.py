@@ -29,7 +29,8 @@ Default types then Q2_K,Q4_0,Q8_0 with --probe.
 Dense rows (with Q8_0 in the types): the window's dense Q8_0 GEMVs as the engine holds them (Q8_0_R32, the path
 launch_util.window_path(T) picks: "q8r" or "q8r_tc") on Flash-Next's shapes (DENSE_SHAPES), each first checked on
 valid random blocks of its first 64 rows against ops/gemv.gemv (rel_err), then timed on random bytes of the whole
-matrix: GB/s = its bytes / time per launch.
+matrix: GB/s = its bytes / time per launch. Then the shared expert's gate + up pair (`shexp_gu`, path q8r_gu where
+it is one launch, T <= 2) as launch_moe.shared_expert launches it: compare its us with two shexp_up launches.
 
 All device work runs on the timing stream (a non-blocking stream does not wait for the legacy default stream: a
 graph's eager warm-up once read moe_group's outputs before they were written, and garbage entry rows faulted).
@@ -71,7 +72,7 @@ DEFAULT_TYPES = "Q8_0,Q4_0,Q4_K,Q5_K,Q6_K,Q2_K,Q3_K,IQ2_XS,IQ3_XXS,IQ4_XS,MXFP4"
 AB_TYPES = "Q2_K,Q4_0,Q8_0"
 # The window's dense GEMVs on Flash-Next (profiles/presets/flash-next.yaml), [n_out, n_in]: the GDN layer's one
 # [qkv | z] projection (q, k 16 x 128 each, v 48 x 128; z 48 x 128) and its out-projection; the shared expert's up and
-# gate (two launches of this shape) and down; the hyper-connection read's stacked down + inject matrix (320 + 4 rows,
+# gate (this shape each; one launch of both at T <= 2: gateup_rows) and down; the hyper-connection read's stacked down + inject matrix (320 + 4 rows,
 # padded to whole 32-row groups: ops/hyper.down_inject_rows); the head. (The router is F32, fused into
 # router_gemv_topk; the hc up matrix is read raw inside hc_up_mix: neither is a Q8_0 GEMV launch.)
 DENSE_SHAPES = {"gdn_qkvz": (16384, 2560), "gdn_out": (2560, 6144), "shexp_up": (640, 2560), "shexp_down": (2560, 640),
@@ -273,6 +274,55 @@ def dense_rows(T_list, launches: int, stream, rng, copy: float) -> list[dict]:
                   f"{gbs:6.0f} GB/s {row['pct']:5.1f} % {row['us']:8.1f} us", flush=True)
         w = small = None  # (freed before the next matrix)
         cp.get_default_memory_pool().free_all_blocks()
+    return rows + gateup_rows(T_list, launches, stream, rng, copy)
+
+
+def _gateup(w_gate, w_up, n_in: int, x, y, split, stream) -> None:
+    """The shared expert's h = silu(x @ gate^T) * (x @ up^T) as launch_moe.shared_expert launches it, on stream: one
+    launch where launch_gemv.gateup_fuses (T <= 2), else up, then gate with mul = h."""
+    R32 = packed.Q8_0_R32
+    with stream:
+        if launch_gemv.gateup_fuses((R32, R32), x.shape[0]):
+            launch_gemv.launch_q8r_gateup(w_gate, w_up, n_in, x, y, split)
+            return
+        launch_gemv.launch_gemv(w_up, R32, n_in, x, y, split)
+        launch_gemv.launch_gemv(w_gate, R32, n_in, x, y, split, act=U.ACT_SILU, mul=y, mul_strides=(y.shape[1], 1))
+
+
+def gateup_rows(T_list, launches: int, stream, rng, copy: float) -> list[dict]:
+    """The shared expert's gate + up pair (DENSE_SHAPES' shexp_up twice) as the window launches it (_gateup): rel_err
+    of its first DENSE_CHECK_ROWS rows against numpy, GB/s of both matrices' bytes (compare its us with two
+    shexp_up launches)."""
+    cp = cupy()
+    n_out, n_in = DENSE_SHAPES["shexp_up"]
+    row_bytes = U.row_stride(Q.Q8_0, n_in)
+    split = launch_gemv.SplitK.empty()
+    raws = [random_tensor(rng, Q.Q8_0, (DENSE_CHECK_ROWS, n_in), 0.05) for _ in range(2)]
+    with stream:
+        small = [cp.asarray(packed.pack_q8_0(r, n_in)) for r in raws]
+        big = [_random_bytes(n_out * row_bytes).reshape(n_out, row_bytes) for _ in range(2)]
+    stream.synchronize()
+    rows = []
+    for T in T_list:
+        x = rng.standard_normal((T, n_in)).astype(np.float32)
+        g, u = (ref_gemv(r, Q.Q8_0, n_in, x) for r in raws)
+        want = g / (1.0 + np.exp(-g)) * u
+        with stream:
+            got = cp.full((T, DENSE_CHECK_ROWS), np.nan, np.float32)
+            xd, y = cp.asarray(x), cp.empty((T, n_out), cp.float32)
+            _gateup(*small, n_in, xd, got, split, stream)
+            got = got.get(stream=stream)
+        stream.synchronize()
+        err = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+        ms = graph_ms(lambda s: _gateup(*big, n_in, xd, y, split, s), launches, stream)
+        gbs = 2 * n_out * row_bytes / ms / 1e6
+        path = "q8r_gu" if launch_gemv.gateup_fuses((packed.Q8_0_R32,) * 2, T) else (
+            "q8r_tc" if U.q8r_tensor_cores(T) else "q8r")
+        row = {"type": "Q8_0", "matrix": "shexp_gateup", "n_out": n_out, "n_in": n_in, "T": T, "path": path,
+               "rel_err": err, "gbs": round(gbs, 1), "pct": round(100 * gbs / copy, 1), "us": round(1000 * ms, 2)}
+        rows.append(row)
+        print(f"# dense Q8_0 {'shexp_gu':10} [2 x {n_out} x {n_in}] T={T:2} {path:6} rel_err {err:.1e} "
+              f"{gbs:6.0f} GB/s {row['pct']:5.1f} % {row['us']:8.1f} us", flush=True)
     return rows
 
 

@@ -114,9 +114,10 @@ __device__ __forceinline__ void expert_group_rows(const int* g_entries, int u, i
 // t0..t0+nt-1 to partial[z][t][o] (slices of T * n_out). The block counted last in tile_done[tile] adds the z
 // slices in order (the same sum in every run: replays stay bit-identical), applies the epilogue and resets the
 // counter for the next launch. Every thread of the block calls it.
-__device__ __forceinline__ void zsplit_finish(const float* partial, unsigned* tile_done, float* y, int n_out, int T,
-                                              int t0, int nt, int o0, int n_rows, int act, float div,
-                                              const float* mul, int mul_st, int mul_so) {
+// Whether this block is the last of its tile's gridDim.z blocks to arrive (tile_done[tile] counts them and is reset
+// by that block): its partial sums are visible device-wide first, and the last block sees every block's. Every
+// thread of the block calls it.
+__device__ __forceinline__ bool zsplit_last(unsigned* tile_done) {
     __shared__ int last;
     __threadfence();  // this block's partial sums are visible device-wide before it is counted
     __syncthreads();
@@ -126,8 +127,15 @@ __device__ __forceinline__ void zsplit_finish(const float* partial, unsigned* ti
         if (last) atomicExch(counter, 0u);
     }
     __syncthreads();
-    if (!last) return;
+    if (!last) return false;
     __threadfence();
+    return true;
+}
+
+__device__ __forceinline__ void zsplit_finish(const float* partial, unsigned* tile_done, float* y, int n_out, int T,
+                                              int t0, int nt, int o0, int n_rows, int act, float div,
+                                              const float* mul, int mul_st, int mul_so) {
+    if (!zsplit_last(tile_done)) return;
     const i64 slice = (i64)T * n_out;
     for (int i = threadIdx.x; i < n_rows * nt; i += blockDim.x) {
         const int t = t0 + i / n_rows, o = o0 + i % n_rows;

@@ -341,6 +341,89 @@ Q8R_GATEUP_KERNEL(4)
 Q8R_GATEUP_KERNEL(8)
 Q8R_GATEUP_KERNEL(16)
 
+// A dense gate/up pair in one launch (the shared expert's, launch_gemv.launch_q8r_gateup; windows of T <= 2, where
+// the dense GEMVs run on CUDA cores): y [T, F] = silu(Wg . x[t]) * (Wu . x[t]). A warp streams RH =
+// q8r_gateup_rows(NT) row groups of each matrix together (acc rows 0..RH-1 gate, RH.. the same up rows: q8r_slice's
+// gate/up ring), so the pair is one node with twice the bytes in flight a warp. The launcher gives it the K split
+// (ksplit warps, zsplit blocks along z) launch_gemv gives either matrix alone; each sum then goes through the same
+// lanes, ksplit_reduce and z order, and the two-launch path's epilogues (up plain into h, then gate's silu(sum) * h):
+// the same bits as launching up, then gate with mul = h.
+// grid (ceil(F / 32 / (RH * GEMV_WARPS / ksplit)), ceil(T / GEMV_MAXT), zsplit), block GEMV_WARPS * 32;
+// zsplit > 1: raw sums to partial[z][t][o] (gate) and partial[z][t][F + o] (up), slices of T * 2F floats; the
+// tile's last block (zsplit_last) adds them in z order.
+template <int NT>
+__device__ __forceinline__ void q8r_dense_gateup(const u8* Wg, const u8* Wu, int nb, const float* x, int n_in,
+                                                 float* y, int F, int T, int ksplit, float* partial,
+                                                 unsigned* tile_done) {
+    constexpr int RH = q8r_gateup_rows(NT);
+    constexpr int R = 2 * RH;
+    __shared__ float part[GEMV_WARPS][R][NT][WARP];
+    const int lane = threadIdx.x & (WARP - 1), warp = threadIdx.x / WARP, set = warp / ksplit;
+    const int kslice = warp % ksplit + blockIdx.z * ksplit, kstride = ksplit * gridDim.z;
+    const int g0 = (blockIdx.x * (GEMV_WARPS / ksplit) + set) * RH;
+    const int live = min(RH, F / Q8R_GROUP - g0);
+    const int t0 = blockIdx.y * GEMV_MAXT, nt = min(NT, T - t0);
+    const bool zsplit = gridDim.z > 1;
+    int xr[NT];
+    float acc[R][NT];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+        xr[t] = t;
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r][t] = 0.0f;
+    }
+    if (live > 0) {
+        const i64 off = (i64)g0 * nb * Q8R_BLOCK_BYTES;
+        q8r_slice<RH>(Wg + off, Wu + off, live, nb, x + (i64)t0 * n_in, xr, nt, n_in, kslice, kstride, acc);
+    }
+    if (ksplit_reduce(acc, ksplit, warp % ksplit, true, [&](int r, int t) -> float& { return part[warp][r][t][lane]; },
+                      [&](int s, int r, int t) { return part[set * ksplit + s][r][t][lane]; })) {
+        float* slice = partial + (i64)blockIdx.z * T * 2 * F;  // only read with zsplit
+#pragma unroll
+        for (int r = 0; r < RH; ++r) {
+            const int o = (g0 + r) * Q8R_GROUP + lane;
+            if (r >= live || o >= F) continue;
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t >= nt) continue;
+                const i64 row = t0 + t;
+                if (zsplit) {  // as dense_dot_store stores a z slice's sums (the plain epilogue)
+                    slice[row * 2 * F + o] = gemv_epilogue(acc[r][t], ACT_NONE, 1.0f, nullptr, 0);
+                    slice[row * 2 * F + F + o] = gemv_epilogue(acc[RH + r][t], ACT_NONE, 1.0f, nullptr, 0);
+                } else {
+                    y[row * F + o] = gemv_epilogue(acc[r][t], ACT_SILU, 1.0f, nullptr, 0) *
+                                     gemv_epilogue(acc[RH + r][t], ACT_NONE, 1.0f, nullptr, 0);
+                }
+            }
+        }
+    }
+    if (!zsplit || !zsplit_last(tile_done)) return;  // uniform per block: every thread meets zsplit_last's barriers
+    const int rows = Q8R_GROUP * RH * (GEMV_WARPS / ksplit), o0 = blockIdx.x * rows;
+    const i64 slice = (i64)T * 2 * F;
+    for (int i = threadIdx.x; i < rows * nt; i += blockDim.x) {
+        const int t = t0 + i / rows, o = o0 + i % rows;
+        if (o >= F) continue;
+        const i64 at = (i64)t * 2 * F + o;
+        float g = 0.0f, u = 0.0f;
+        for (int z = 0; z < (int)gridDim.z; ++z) {  // L2: other SMs wrote them
+            g += __ldcg(partial + z * slice + at);
+            u += __ldcg(partial + z * slice + at + F);
+        }
+        y[(i64)t * F + o] = gemv_epilogue(g, ACT_SILU, 1.0f, nullptr, 0) * gemv_epilogue(u, ACT_NONE, 1.0f, nullptr, 0);
+    }
+}
+
+#define Q8R_DENSE_GATEUP_KERNEL(NT)                                                                               \
+    extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                              \
+        gemv_q8r_gateup_dense_t##NT(const u8* Wg, const u8* Wu, int nb, const float* x, int n_in, float* y,     \
+                                    int F, int T, int ksplit, float* partial, unsigned* tile_done) {             \
+        q8r_dense_gateup<NT>(Wg, Wu, nb, x, n_in, y, F, T, ksplit, partial, tile_done);                          \
+    }
+
+// windows of T <= 2 (the CUDA-core path; from T = 4 the dense GEMVs take tensor cores, two launches)
+Q8R_DENSE_GATEUP_KERNEL(1)
+Q8R_DENSE_GATEUP_KERNEL(2)
+
 // ---------------------------------------------------------------------------------------------------------------
 // Tensor-core path for windows of T >= 2 (gemv_q8r_tc_t<NT>; launch_util.WINDOW_PATHS selects it from T = 4).
 //

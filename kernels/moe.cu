@@ -91,29 +91,34 @@ extern "C" __global__ void __launch_bounds__(1024)
 
 // The router's GEMV, its top-k and the shared expert's gate in one launch (the window's: no logits node before
 // router_topk). W [E, n_in] f32 rows, x [T, n_in] (T <= GEMV_MAXT), logits [T, E] written (and read back by the
-// last block). grid ceil(E / ROUTER_EPB), block ROUTER_THREADS (256), dynamic shared memory min(T, 8) * 1024 floats
+// last block). grid G + ceil(E / ROUTER_EPB) (G gate blocks first: launch_moe.ROUTER_GATE_BLOCKS, min(T, 8) with
+// sg_w, else 0), block ROUTER_THREADS (256), dynamic shared memory min(T, 8) * 1024 floats
 // (launch_moe.router_fused_smem: a row of p a warp with a row; the grouping's T*K + 256 ints reuse it).
-//   warps 4r .. 4r+3 of block b: logits[t, e] = W[e] . x[t] for e = ROUTER_EPB*b + r and every row t; warp s of
-//   the four takes the elements i = lane + 32 (s + 4 j): the lane's up to ROUTER_J weights and row 0's x are loaded
-//   together into registers, then a loop over the rows t (row t+1's x loads go out before row t's sum; rows longer
-//   than 32 * 4 * ROUTER_J loop on), lanes then warps added in order (warp_sum, then s ascending);
-//   sg_w != null: block b then writes sg[t] = sigmoid(sg_w . x[t]) for t = b, b + gridDim.x, ... (router_topk's
+//   warps 4r .. 4r+3 of GEMV block b (blockIdx.x - G): logits[t, e] = W[e] . x[t] for e = ROUTER_EPB*b + r and
+//   every row t; warp s of the four takes the elements i = lane + 32 (s + 4 j): the lane's up to ROUTER_J weights
+//   and row 0's x are loaded together into registers, then a loop over the rows t (row t+1's x loads go out before
+//   row t's sum; rows longer than 32 * 4 * ROUTER_J loop on), lanes then warps added in order (warp_sum, then s
+//   ascending);
+//   gate block b < G: sg[t] = sigmoid(sg_w . x[t]) for t = b, b + G, ..., its loads beside the GEMV's (router_topk's
 //   gate: thread i's up to ROUTER_SGJ elements i + 256 j loaded together, the weight type dispatched once a row);
 //   the block counted last in done[0] (a zeroed counter it resets): warp w takes rows t = w, w + 8, ...: its lanes
 //   load the row's E logits into registers at once (lane l: e = l + 32 j) for the max and its row of p in shared
 //   memory, p = exp(z - max) / sum in loops over that row, p back into registers, K rounds of warp argmax on p
-//   (ties -> lower id), w = top p / their sum (router_topk's selection; its sums go in warp order), then groups the
-//   J = T*K entries by expert as router_topk does (J <= 256).
+//   (a lane's best by a 5-level tree over its 32 slots, then across the lanes; ties -> lower id), w = top p /
+//   their sum (router_topk's selection; its sums go in warp order), then groups the J = T*K entries by expert as
+//   router_topk does (J <= 256).
 // shared_id >= 0: the shared expert runs as one more expert of the routed launches (its weights appended as expert
 // shared_id): ids and w have rows of K + 1, slot K = (shared_id, sg[t]), grouped with the rest (J = T*(K+1)); the
 // combine then adds sg * shared(x) last, as it adds the shared expert's output otherwise (sg_w must be given).
-// Latency at T = 1 (E = 512, n_in = 2560, K = 10): 256 blocks, 20 weight loads a lane in one trip, 1 barrier to add
-// the 4 warps, the arrival (fence + atomic), 1 L2 trip for the logits, the exp and division loops (16 elements a
-// lane, in shared memory), K warp-argmax rounds on registers, the grouping. Code size counts as much: each launch
-// starts cold in the instruction cache (a window's other kernels run between two routers), so the rows, the gate's
-// weight types and the softmax's elements are runtime loops over one compact body each, not straight-line code
+// Latency at T = 1 (E = 512, n_in = 2560, K = 10): 1 gate block + 256 GEMV blocks (one wave of 2 a SM), 20 weight
+// loads a lane in one trip (the gate block's 10 a thread in the same trip), 1 barrier to add the 4 warps, the
+// arrival (fence + atomic), 1 L2 trip for the logits, the exp and division loops (16 elements a lane, in shared
+// memory), K warp-argmax rounds on registers (a tree: ~5 dependent compares a round, not 32), the grouping. Code
+// size counts as much: each launch starts cold in the instruction cache (a window's other kernels run between two
+// routers), so the rows, the gate's weight types and the softmax's elements are runtime loops over one compact body
+// each, not straight-line code
 // (unrolled over GEMV_MAXT rows, four types and 32 elements a lane this kernel was ~9000 SASS instructions and took
-// ~47 us a call on the H200; now ~2800 (NVRTC sm_90), 122 registers, no stack). Sums: in the unrolled kernel's
+// ~47 us a call on the H200; now ~2900 (NVRTC sm_90), 121 registers, no stack). Sums: in the unrolled kernel's
 // order (a lane's elements ascending, warp_sum, the 4 warps ascending; the gate a thread's elements ascending, then
 // block_sum; exp and division as before), so the logits, the selection and the gate keep their bits.
 #define ROUTER_THREADS (GEMV_WARPS * WARP)   // block size
@@ -165,8 +170,11 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 2)
     __shared__ float top_p[GEMV_WARPS][ROUTER_MAXK];
     const int lane = threadIdx.x & (WARP - 1), warp = threadIdx.x / WARP;
     const int r = warp / ROUTER_KS, ks = warp % ROUTER_KS;
-    const int e = blockIdx.x * ROUTER_EPB + r;
-    if (e < E) {  // uniform per warp
+    const int gate_blocks = (int)gridDim.x - (E + ROUTER_EPB - 1) / ROUTER_EPB;  // the launcher's, before the GEMV's
+    const bool gate_block = (int)blockIdx.x < gate_blocks;  // uniform per block
+    const int gb = blockIdx.x - gate_blocks;  // this GEMV block's index
+    const int e = gb * ROUTER_EPB + r;
+    if (!gate_block && e < E) {  // uniform per warp
         const float* row = W + (i64)e * n_in;
         const int i0 = lane + WARP * ks;
         const int nj = router_count(i0, WARP * ROUTER_KS, n_in);
@@ -190,8 +198,8 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 2)
         }
     }
     __syncthreads();
-    if (threadIdx.x < ROUTER_EPB * T) {  // the ROUTER_KS warps' sums of one (expert, row), in warp order
-        const int rr = threadIdx.x / T, t = threadIdx.x % T, er = blockIdx.x * ROUTER_EPB + rr;
+    if (!gate_block && threadIdx.x < ROUTER_EPB * T) {  // the ROUTER_KS warps' sums of one (expert, row), in order
+        const int rr = threadIdx.x / T, t = threadIdx.x % T, er = gb * ROUTER_EPB + rr;
         if (er < E) {
             float v = 0.0f;
 #pragma unroll
@@ -199,7 +207,7 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 2)
             logits[(i64)t * E + er] = v;
         }
     }
-    for (int t = blockIdx.x; sg_w != nullptr && t < T; t += gridDim.x) {  // uniform per block (block_sum's barriers)
+    for (int t = blockIdx.x; gate_block && sg_w != nullptr && t < T; t += gate_blocks) {  // uniform per block
         const float* xt = x + (i64)t * n_in;
         float acc;  // raw_at's types, dispatched once
         if (sg_type == GGML_F32) acc = router_gate_part<GGML_F32>(sg_w, xt, n_in);
@@ -235,21 +243,34 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 2)
         s = warp_sum(s);
 #pragma unroll 2
         for (int j = 0; j < ne; ++j) pl[WARP * j] = pl[WARP * j] / s;
-        // p back into registers (NEG_INF past E). A lane's scan meets its ids ascending and no p is NEG_INF, so
-        // v > bv is arg_better there (a later equal p has the higher id; NaN and the slots past E never win), then
-        // warp_argmax across the lanes: the old scan's winner.
+        // p back into registers (NEG_INF past E, and for a NaN p: neither ever wins). A lane's best is the
+        // ascending scan's (v > bv from NEG_INF: the greatest p, the lowest j of equal ones; none above NEG_INF:
+        // j = -1), found by a tree over its slots, the right half taken only when strictly greater (5 levels of
+        // latency a round where the scan chained 32 compares), then warp_argmax across the lanes: the old winner.
 #pragma unroll
-        for (int j = 0; j < ROUTER_EJ; ++j) pv[j] = pl[WARP * j];
+        for (int j = 0; j < ROUTER_EJ; ++j) {
+            const float v = pl[WARP * j];
+            pv[j] = v == v ? v : NEG_INF;
+        }
         // K rounds of warp argmax; a taken expert is set to -1 (probabilities are >= 0, so it never wins again)
         for (int k = 0; k < K; ++k) {
-            float bv = NEG_INF;
-            int bj = -1;
+            float tv[ROUTER_EJ];
+            int tj[ROUTER_EJ];
 #pragma unroll
-            for (int j = 0; j < ROUTER_EJ; ++j)
-                if (pv[j] > bv) {
-                    bv = pv[j];
-                    bj = j;
-                }
+            for (int j = 0; j < ROUTER_EJ; ++j) {
+                tv[j] = pv[j];
+                tj[j] = j;
+            }
+#pragma unroll
+            for (int h = 1; h < ROUTER_EJ; h *= 2)
+#pragma unroll
+                for (int j = 0; j < ROUTER_EJ; j += 2 * h)
+                    if (tv[j + h] > tv[j]) {
+                        tv[j] = tv[j + h];
+                        tj[j] = tj[j + h];
+                    }
+            float bv = tv[0];  // NEG_INF when no slot is above it
+            const int bj = bv > NEG_INF ? tj[0] : -1;
             int bi = bj < 0 ? BIG_ID : lane + WARP * bj;
             warp_argmax(bv, bi);  // every lane holds the winner
             const int d = bi - lane;  // the winner is this lane's element j where d == 32 j

@@ -339,6 +339,46 @@ def test_router_gemv_topk_matches_reference(T, E, k, D, sg_type, shared):
         assert_close("sg", (1.0 / (1.0 + np.exp(-(x @ w_sg)))).reshape(T, 1).astype(np.float32), sg, rtol=1e-5)
 
 
+@pytest.mark.parametrize("T", (1, 5, 9))
+@pytest.mark.parametrize("E,k", [(512, 10), (77, 16)])
+def test_router_gemv_topk_ties_go_to_the_lower_id(T, E, k):
+    """Equal probabilities (router rows repeated, so their logits are the same bits) go to the lower id, as numpy's
+    stable order does, across a lane's slots and across lanes (the top-k's per-lane tree and warp argmax); the gate
+    blocks (min(T, 8) before the GEMV's, T = 9 loops one over two rows) write every row's gate; eager and graph
+    replays equal."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_moe
+    from strata_cli.gpu.launch_util import GEMV_MAXT
+    from strata_cli.ops.gemv import gemv
+
+    rng = np.random.default_rng(T * 7 + E + k)
+    D = 256
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    distinct = (rng.standard_normal((E // 4 + 1, D)) / np.sqrt(D)).astype(np.float32)
+    W = distinct[rng.integers(0, distinct.shape[0], E)]  # ~4 copies of every row, at ids of every lane and slot
+    want_logits = gemv(W, F32, D, x)
+    want_ids, want_w = moe.router_topk(want_logits, k)
+    J = T * k
+    dx, dW = to_dev(x), to_dev(W)
+    logits, ids, w, sg = poisoned((T, E)), poisoned((T, k), np.int32), poisoned((T, k)), poisoned((T, 1))
+    groups = (poisoned((J,), np.int32), poisoned((J,), np.int32), cp.zeros((J, GEMV_MAXT), np.int32))
+    done = cp.zeros((1,), np.uint32)
+    sg_w = raw_weight(rng, (D,), F32, 0.05)
+
+    def record(stream):
+        launch_moe.router_gemv_topk(dx, dW, F32, k, groups, done, out_logits=logits, out_ids=ids, out_w=w,
+                                    scalar_gate=(to_dev(sg_w), F32, sg), stream=stream)
+
+    got_logits, _, got_sg = assert_replay_equals_eager(record, [logits, w, sg])
+    tied = np.array([len(set(row.tolist())) < len(row) for row in want_logits])
+    assert tied.all()  # every row holds equal logits
+    assert_close("logits", want_logits, got_logits, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(ids.get(), want_ids)
+    np.testing.assert_allclose(w.get(), want_w, rtol=0, atol=1e-6)
+    assert_close("sg", (1.0 / (1.0 + np.exp(-(x @ sg_w)))).reshape(T, 1).astype(np.float32), got_sg, rtol=1e-5)
+
+
 @pytest.mark.parametrize("ggml_type", (F32, F16, BF16), ids=("F32", "F16", "BF16"))
 @pytest.mark.parametrize("T,K", [(1, 1), (3, 4), (8, 2), (16, 3)])
 @pytest.mark.parametrize("F,D", [(45, 97), (64, 96)])

@@ -193,6 +193,67 @@ def test_shared_expert_matches_reference(T):
     assert_close("shared_expert q8r", want, got)
 
 
+@pytest.mark.parametrize("T", (1, 2))
+@pytest.mark.parametrize("F,D", [(96, 160), (224, 2560), (640, 2560), (32, 10240)])
+def test_dense_gate_up_is_one_launch_with_the_two_launch_bits(F, D, T):
+    """gemv_q8r_gateup_dense_t<NT> (the shared expert's gate and up in one launch, launch_gemv.launch_q8r_gateup,
+    T <= 2): h = silu(gate . x) * (up . x) bit for bit what up, then gate with mul = h gave as two launches, and
+    against the numpy reference; widths of 3, 7 and 20 row groups (a block's last warps not live), no z split
+    (160 inputs) and z splits of 4 and 8 (the real shape 640 x 2560, a long 10240 input), NaN-poisoned h, eager
+    against graph replay (the z-split tile counters reset)."""
+    from strata_cli.gpu import launch_gemv, launch_moe
+    from strata_cli.gpu import launch_util as U
+    from strata_cli.gpu.splitk import SplitK
+    from strata_cli.ops.basic import silu
+
+    rng = np.random.default_rng(F + D + T)
+    gate, gate_p = _packed(rng, (F, D), 0.3)
+    up, up_p = _packed(rng, (F, D), 0.3)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    want = silu(ref.gemv(gate, Q8_0, D, x)) * ref.gemv(up, Q8_0, D, x)
+    dx, dg, du = to_dev(x), to_dev(gate_p), to_dev(up_p)
+    split = SplitK.empty()
+    assert launch_gemv.gateup_fuses((R32, R32), T) and not launch_gemv.gateup_fuses((R32, Q8_0), T)
+    two = poisoned((T, F))  # the two-launch path's bits
+    launch_gemv.launch_gemv(du, R32, D, dx, two, split)
+    launch_gemv.launch_gemv(dg, R32, D, dx, two, split, act=U.ACT_SILU, mul=two, mul_strides=(F, 1))
+    h = poisoned((T, F))
+    calls, real = [], launch_gemv.nvrtc.kernel
+
+    def counted(module, name):
+        calls.append(name)
+        return real(module, name)
+
+    def record(stream):
+        with stream:
+            launch_gemv.launch_q8r_gateup(dg, du, D, dx, h, split)
+
+    launch_gemv.nvrtc.kernel = counted
+    try:
+        launch_gemv.launch_q8r_gateup(dg, du, D, dx, h, split)
+    finally:
+        launch_gemv.nvrtc.kernel = real
+    assert calls == [f"gemv_q8r_gateup_dense_t{T}"], calls
+    np.testing.assert_array_equal(h.get(), two.get())
+    got = assert_replay_equals_eager(record, [h])[0]
+    np.testing.assert_array_equal(got, two.get())
+    assert_close("dense gate/up h", want, got)
+    # through shared_expert: one gate/up launch, then down (its gate given: no scalar-gate GEMV)
+    down, down_p = _packed(rng, (D, F), 0.3)
+    sg_w = raw_weight(rng, (D,), F32, 0.2)
+    sg = (1.0 / (1.0 + np.exp(-(x @ sg_w)))).astype(np.float32).reshape(T, 1)
+    calls.clear()
+    launch_moe.nvrtc.kernel = counted
+    try:
+        out = launch_moe.shared_expert(dx, dg, du, to_dev(down_p), None, (R32, R32, R32, F32), out=poisoned((T, D)),
+                                       split=split, sg=to_dev(sg))
+    finally:
+        launch_moe.nvrtc.kernel = real
+    assert calls == [f"gemv_q8r_gateup_dense_t{T}", f"gemv_q8r_t{T}"], calls
+    assert_close("shared_expert q8r, one gate/up launch", moe.shared_expert_raw(x, gate, up, down, sg_w,
+                                                                               (Q8_0, Q8_0, Q8_0, F32)), out)
+
+
 @pytest.mark.parametrize("tc", (False, True), ids=("cuda", "tc"))
 def test_graph_replay_is_bit_identical_to_eager(tc):
     """Dense (with the z-split reduce) and grouped packed GEMVs captured in one graph replay to the same bits, on

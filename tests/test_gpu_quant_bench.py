@@ -75,12 +75,14 @@ def test_bench_times_real_shapes_in_reused_memory(qbench, type_name):
 
 def test_bench_dense_q8_0_rows_check_the_real_shapes(qbench, monkeypatch):
     """The dense Q8_0 rows: each shape's check against numpy passes (both window paths: T = 1 CUDA cores, T = 4
-    tensor cores) and its timing runs; the head left out (675 MB) to keep the test short."""
+    tensor cores), the shared expert's gate/up pair's too (one launch at T = 1, two at T = 4), and its timing runs;
+    the head left out (675 MB) to keep the test short."""
     from strata_cli.gpu.graphs import new_stream
 
     monkeypatch.setattr(qbench, "DENSE_SHAPES", {k: v for k, v in qbench.DENSE_SHAPES.items() if k != "head"})
     rows = qbench.dense_rows((1, 4), 2, new_stream(), np.random.default_rng(5), 4000.0)
-    assert len(rows) == 2 * len(qbench.DENSE_SHAPES)
+    assert len(rows) == 2 * len(qbench.DENSE_SHAPES) + 2  # + the shared expert's gate/up pair at each T
     assert [r["path"] for r in rows[:2]] == ["q8r", "q8r_tc"]
+    assert [(r["matrix"], r["path"]) for r in rows[-2:]] == [("shexp_gateup", "q8r_gu"), ("shexp_gateup", "q8r_tc")]
     for r in rows:
         assert r["rel_err"] < 2e-3 and r["gbs"] > 0, r

@@ -252,6 +252,9 @@ def test_kernel_names_and_constants_match_the_sources():
     for nt in (1, 2, 4, 8, 16):  # gemv_q8r_t<NT>, gemv_expert_q8r_t<NT>, gemv_q8r_gateup_t<NT>: one macro each
         assert f"Q8R_DENSE_KERNEL({nt})" in q8r and f"Q8R_GROUPED_KERNEL({nt})" in q8r
         assert f"Q8R_GATEUP_KERNEL({nt})" in q8r
+    for nt in U.Q8R_DENSE_GATEUP_NT:  # gemv_q8r_gateup_dense_t<NT>, the shared expert's gate/up (CUDA cores only)
+        assert f"Q8R_DENSE_GATEUP_KERNEL({nt})" in q8r
+    assert re.findall(r"^Q8R_DENSE_GATEUP_KERNEL\((\d+)\)", q8r, re.M) == [str(nt) for nt in U.Q8R_DENSE_GATEUP_NT]
     # the launchers' row groups per warp are the kernels' (q8r_rows, and half of it for the gate/up kernel)
     rows = re.search(r"constexpr int q8r_rows\(int nt\) \{ return (.*?); \}", q8r).group(1)
     assert rows == "nt == 1 ? 1 : (nt == 2 || nt == 16) ? 2 : 4"

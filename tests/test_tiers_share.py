@@ -155,7 +155,12 @@ def test_gather_probe_gathers_the_pool_probes_experts_on_the_pools_team(fixture_
             return 0
 
     assert probe_gather_gbs(model, team=(Lib(), 5), repeats=2) > 0
-    assert calls == [(5, 3 * n)] * 2  # one call a repeat: the three projections of every probe expert
+    from strata_cli.tiers.gather import expert_bytes_view, gather_threads
+    from strata_cli.tiers.residency import expert_names
+
+    nbytes = n * sum(expert_bytes_view(model.info(name).raw, g.n_expert).shape[1] for name in expert_names(0))
+    # one call a repeat: the three projections of every probe expert, on the threads of the team its bytes call for
+    assert calls == [(gather_threads(5, nbytes), 3 * n)] * 2
     assert probe_gather_gbs(model, team=(None, 1), repeats=1) > 0  # numpy's take without the library
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from random_models import random_preset, write_random
 from window_launches import host_engine, window_launches
 
 from strata_cli.model.gguf_file import open_model
@@ -120,3 +121,20 @@ def test_stacked_weights_are_their_matrices_row_for_row(engine):
             np.testing.assert_array_equal(dequant_rows(raw, ggml_type, n_in), want)
     head = w.hc("output_hc")
     assert head.n_inj == 0
+
+
+@pytest.mark.parametrize("T,shared", [(1, ["gemv_q8r_gateup_dense_t1", "gemv_q8r_t1"]),
+                                      (2, ["gemv_q8r_gateup_dense_t2", "gemv_q8r_t2"]),
+                                      (8, ["gemv_q8r_tc_t8", "gemv_q8r_tc_t8", "gemv_q8r_tc_t8"])])
+def test_own_shared_expert_gate_up_is_one_node_on_cuda_cores(monkeypatch, tmp_path, T, shared):
+    """A Q8_0 shared expert of its own width (not one more routed expert): its gate and up one launch where the
+    window's dense GEMVs run on CUDA cores (gemv_q8r.cu gemv_q8r_gateup_dense_t<NT>, T <= 2), then down; on the
+    tensor-core path (T >= 4) up, gate and down (the router's launch computes its scalar gate at every T)."""
+    model = write_random(tmp_path, random_preset(np.random.default_rng(13), shared_expert_intermediate_size=64,
+                                                 moe_intermediate_size=32), seed=13, ggml_type="Q8_0")
+    engine = host_engine(monkeypatch, model, n_ctx=128)
+    assert all(engine.w.shared_expert_id(layer) is None for layer in range(engine.g.n_layers))
+    launches = window_launches(monkeypatch, engine, T)
+    for nodes in launches.layers:
+        router = nodes.index("router_gemv_topk")
+        assert nodes[router + 1:router + 1 + len(shared)] == shared, nodes

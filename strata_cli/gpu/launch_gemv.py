@@ -53,6 +53,30 @@ def launch_gemv(w, ggml_type: int, n_in: int, x, y, split: SplitK | None, *, act
         np.float32(div), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1]), partial, tile_done))
 
 
+def gateup_fuses(ggml_types, T: int) -> bool:
+    """Whether launch_q8r_gateup takes a dense gate/up pair of these (gate, up) types for a T-row window: both
+    Q8_0_R32 on the CUDA-core path (kernels/gemv_q8r.cu gemv_q8r_gateup_dense_t<NT>, T <= 2; from T = 4 the dense
+    GEMVs take tensor cores, two launches)."""
+    return (tuple(ggml_types) == (U.Q8_0_R32, U.Q8_0_R32) and U.nt_bucket(T) in U.Q8R_DENSE_GATEUP_NT
+            and not U.q8r_tensor_cores(T))
+
+
+def launch_q8r_gateup(gate, up, n_in: int, x, y, split: SplitK | None) -> None:
+    """y [T, F] = silu(x @ gate^T) * (x @ up^T) in one launch, gate and up raw Q8_0_R32 [F, n_in] (gateup_fuses);
+    arguments already checked. The K split is launch_gemv's for either matrix alone, so y holds the bits of
+    launch_gemv(up) into y, then launch_gemv(gate, act=SILU, mul=y)."""
+    T, F = y.shape
+    U.check_vector_rows("x", x)
+    nt = U.nt_bucket(T)
+    max_z = U.GEMV_MAX_ZSPLIT if 2 * F <= U.Q8R_MAX_ZROWS else 1  # the z slices hold gate and up: T x 2F floats
+    ksplit, zsplit = U.q8r_split(F, n_in, T, max_z=max_z, rpw=U.q8r_rows_per_warp(T))
+    grid, block = U.gemv_grid(F, T, ksplit, zsplit, rpw=U.Q8R_GROUP * U.Q8R_GATEUP_ROWS[nt])
+    partial, tile_done = zsplit_args(grid, zsplit, split)
+    nvrtc.kernel("gemv_q8r", f"gemv_q8r_gateup_dense_t{nt}")(grid, block, (
+        gate, up, np.int32(n_in // 32), x, np.int32(n_in), y, np.int32(F), np.int32(T), np.int32(ksplit), partial,
+        tile_done))
+
+
 def gemv(w_raw, ggml_type: int, n_in: int, x, out=None, split: SplitK | None = None, stream=None,
          tensor_cores: bool | None = None):
     """y [T, n_out] = x [T, n_in] @ dequantize(w_raw).T; w_raw holds n_out raw rows of ggml_type (tensor_cores:

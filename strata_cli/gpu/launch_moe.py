@@ -17,7 +17,7 @@ from ..model import quants
 from . import compile as nvrtc
 from . import launch_quant
 from . import launch_util as U
-from .launch_gemv import SplitK, launch_gemv
+from .launch_gemv import SplitK, gateup_fuses, launch_gemv, launch_q8r_gateup
 from .runtime import empty
 
 
@@ -68,6 +68,10 @@ def router_topk(logits, k: int, out_ids=None, out_w=None, stream=None, groups=No
 ROUTER_FUSED_MAX_E = 1024  # kernels/moe.cu ROUTER_EJ * 32: router_gemv_topk's last block holds a row's logits in
 # registers, 32 a lane, and each of its warps with a row a row of p of this many floats in shared memory
 ROUTER_EPB = 2  # kernels/moe.cu: expert rows per router_gemv_topk block (4 warps each)
+# router_gemv_topk's blocks that compute only the shared gate (the first ones, before the GEMV's): beside the GEMV's
+# loads, not after one GEMV block's (it would arrive last by the gate's round trip and hold up the top-k); with
+# E = 512 the 256 GEMV blocks and up to 8 of these fill the H200's 132 SMs x 2 resident blocks
+ROUTER_GATE_BLOCKS = 8
 ROUTER_FUSED_TYPES = (quants.F32,)  # the routers of the converter's files (kept F32 at every --outtype)
 
 
@@ -122,7 +126,8 @@ def router_gemv_topk(x, router_raw, router_type: int, k: int, groups, done, out_
         out_logits = U.out_array("out_logits", out_logits, (T, E), np.float32, empty)
         out_ids = U.out_array("out_ids", out_ids, (T, slots), np.int32, empty)
         out_w = U.out_array("out_w", out_w, (T, slots), np.float32, empty)
-        nvrtc.kernel("moe", "router_gemv_topk")((-(-E // ROUTER_EPB), 1, 1), (U.BLOCK, 1, 1), (
+        gate_blocks = min(T, ROUTER_GATE_BLOCKS) if scalar_gate is not None else 0
+        nvrtc.kernel("moe", "router_gemv_topk")((gate_blocks - (-E // ROUTER_EPB), 1, 1), (U.BLOCK, 1, 1), (
             router_raw, x, np.int32(n_in), np.int32(T), out_logits, np.int32(E), np.int32(k),
             np.int32(-1 if shared_id is None else shared_id), out_ids, out_w,
             *g_args, np.int32(U.GEMV_MAXT), done, *sg_args), shared_mem=router_fused_smem(T))
@@ -330,7 +335,9 @@ def shared_expert(x, gate_raw, up_raw, down_raw, scalar_gate_raw, ggml_types, ou
 
     x [T, D]; gate_raw, up_raw [F, D], down_raw [D, F], scalar_gate_raw [D] raw rows;
     ggml_types = (gate, up, down, scalar_gate). sg [T, 1]: the gate sigmoid(w_sg . x) already computed
-    (router_topk(scalar_gate=)), so no scalar-gate GEMV is launched."""
+    (router_topk(scalar_gate=)), so no scalar-gate GEMV is launched. Gate and up are one launch where
+    launch_gemv.gateup_fuses says (Q8_0_R32 on the CUDA-core path), else up, then gate with silu(gate) * up as its
+    epilogue; then down times sg."""
     gt, ut, dt, st = _check_types("ggml_types", ggml_types, 4)
     with U.on_stream(stream):
         U.check_array("x", x, np.float32, (None, None))
@@ -347,8 +354,11 @@ def shared_expert(x, gate_raw, up_raw, down_raw, scalar_gate_raw, ggml_types, ou
                                                                                       empty)
         out = U.out_array("out", out, (T, D), np.float32, empty)
 
-        launch_gemv(up_raw, ut, D, x, h, split)
-        launch_gemv(gate_raw, gt, D, x, h, split, act=U.ACT_SILU, mul=h, mul_strides=(F, 1))
+        if gateup_fuses((gt, ut), T):  # one launch, the same bits as the two below
+            launch_q8r_gateup(gate_raw, up_raw, D, x, h, split)
+        else:
+            launch_gemv(up_raw, ut, D, x, h, split)
+            launch_gemv(gate_raw, gt, D, x, h, split, act=U.ACT_SILU, mul=h, mul_strides=(F, 1))
         if not given:
             launch_gemv(scalar_gate_raw, st, D, x, sg, split, act=U.ACT_SIGMOID)
         launch_gemv(down_raw, dt, F, h, out, split, mul=sg, mul_strides=(1, 0))  # out[t, :] *= sg[t]

@@ -181,6 +181,7 @@ Q8R_GROUP = packed.GROUP  # output rows per lane-row of kernels/gemv_q8r.cu
 Q8R_LANE_ROWS = {1: 1, 2: 2, 4: 4, 8: 4, 16: 2}  # row groups per warp by window bucket (q8r_rows in the kernel)
 # row groups per warp and matrix of gemv_q8r_gateup_t<NT> (q8r_gateup_rows: half the plain kernel's, at least 1)
 Q8R_GATEUP_ROWS = {nt: max(1, r // 2) for nt, r in Q8R_LANE_ROWS.items()}
+Q8R_DENSE_GATEUP_NT = (1, 2)  # window buckets of gemv_q8r_gateup_dense_t<NT> (the CUDA-core path's)
 Q8R_TARGET_WARPS = 2048  # split K until a launch has about this many warps ...
 Q8R_MAX_CHAIN = 40  # ... or while a warp would stream more than this many blocks in a row (the head) ...
 Q8R_MIN_BLOCKS = 2  # ... but leave every warp at least this many Q8_0 blocks to stream
