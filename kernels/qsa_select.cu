@@ -3,7 +3,8 @@
 // Legend: T window rows, Hi indexer heads, d indexer head dim, NB pooled block capacity, ratio cells per block,
 // budget selected cells, keep = budget / ratio blocks, C = budget + ratio - 1 cell capacity per row.
 //   positions [T] int32; a row at position pos sees n_cells = pos + 1 cells and n_blocks = n_cells / ratio
-//   completed blocks; scores [T, NB]; cells [T, C] int32 ascending, counts [T] int32
+//   completed blocks; scores [T, NB]; cells [T, C] int32 ascending, -1 past the row's count (every word written, so a
+//   replay leaves no word of an earlier window); counts [T] int32
 // The selection reproduces torch's CPU topk (ops/topk_ties.py): exact k-th value by radix select; if no tie
 // straddles the k-th place the kept set is "score >= k-th", else one thread replays the library's selection.
 #include "seq_common.cuh"
@@ -159,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
     int* out = cells + t * C;
     if (n_blocks <= keep) {  // below the budget every cell is kept (uniform per row): no scores needed
         if (blockIdx.y != 0) return;
-        for (int i = tid; i < n_cells; i += nth) out[i] = i;
+        for (int i = tid; i < C; i += nth) out[i] = i < n_cells ? i : -1;
         if (tid == 0) counts[t] = n_cells;
         return;
     }
@@ -174,5 +175,6 @@ extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
     __threadfence();
     const int count = select_row(scores_row, n_cells, n_blocks, keep, ratio, out, keys + t * NB, idx + t * NB,
                                  flags + t * NB);
+    for (int i = count + tid; i < C; i += nth) out[i] = -1;
     if (tid == 0) counts[t] = count;
 }

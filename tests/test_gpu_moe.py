@@ -365,10 +365,11 @@ def test_router_gemv_topk_ties_go_to_the_lower_id(T, E, k):
     groups = (poisoned((J,), np.int32), poisoned((J,), np.int32), cp.zeros((J, GEMV_MAXT), np.int32))
     done = cp.zeros((1,), np.uint32)
     sg_w = raw_weight(rng, (D,), F32, 0.05)
+    d_sg_w = to_dev(sg_w)  # on the device before the capture (no allocation while a stream captures)
 
     def record(stream):
         launch_moe.router_gemv_topk(dx, dW, F32, k, groups, done, out_logits=logits, out_ids=ids, out_w=w,
-                                    scalar_gate=(to_dev(sg_w), F32, sg), stream=stream)
+                                    scalar_gate=(d_sg_w, F32, sg), stream=stream)
 
     got_logits, _, got_sg = assert_replay_equals_eager(record, [logits, w, sg])
     tied = np.array([len(set(row.tolist())) < len(row) for row in want_logits])
