@@ -24,29 +24,18 @@ extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
     rolling_commit(conv_state, qkv, T, K1, Ch, ld, n_keep, n_keep_dev);
 }
 
-#define GDN_CONV_ITEMS 3  // gdn_mix: conv outputs a thread computes at once (their tap loads go out together)
-
-// conv_at for N (row t[n], channel c[n]) items at once: the taps loop outside the items and each tap is one load
-// through a selected pointer, no branch, so the N items' loads of a tap batch are in flight together; each item's
-// sum is conv_at's (taps in order).
-template <int N>
-__device__ __forceinline__ void conv_at_n(const float* __restrict__ qkv, const float* __restrict__ conv_state,
-                                          const float* __restrict__ conv_w, const int (&t)[N], const i64 (&c)[N],
-                                          int Ch, int ld, int K, float (&out)[N]) {
-    float acc[N];
-#pragma unroll
-    for (int n = 0; n < N; ++n) acc[n] = 0.0f;
+// silu(causal depthwise conv) of channel c at row t over seq = [conv_state | qkv] (K-1+T rows); tap K-1 is the
+// current row.
+__device__ __forceinline__ float conv_at(const float* __restrict__ qkv, const float* __restrict__ conv_state,
+                                         const float* __restrict__ conv_w, i64 t, i64 c, int Ch, int ld, int K) {
+    float acc = 0.0f;
 #pragma unroll 4
-    for (int i = 0; i < K; ++i) {
-#pragma unroll
-        for (int n = 0; n < N; ++n) {
-            const i64 r = t[n] + i;  // row of seq = [conv_state | qkv]; qkv rows ld apart
-            const float* x = r < K - 1 ? conv_state + r * Ch + c[n] : qkv + (r - (K - 1)) * ld + c[n];
-            acc[n] += __ldg(x) * __ldg(conv_w + c[n] * K + i);
-        }
+    for (int i = 0; i < K; ++i) {  // unrolled: the taps' loads go out together
+        const i64 r = t + i;  // row of seq = [conv_state | qkv]; qkv rows ld apart
+        const float x = r < K - 1 ? conv_state[r * Ch + c] : qkv[(r - (K - 1)) * ld + c];
+        acc += x * conv_w[c * K + i];
     }
-#pragma unroll
-    for (int n = 0; n < N; ++n) out[n] = silu_f(acc[n]);
+    return silu_f(acc);
 }
 
 // One row of the delta rule for thread (j, p), which holds S[i, j] for i = p*GDN_RPT + r < dk (holds false: a
@@ -86,39 +75,6 @@ __device__ __forceinline__ float delta_rule_row(float (&S)[GDN_RPT], const float
     float acc = 0.0f;
     for (int pp = 0; pp < P; ++pp) acc += part[pp * dv + j];
     __syncthreads();  // every thread has read part[] (and k, q) before the next row rewrites them
-    return acc;
-}
-
-// delta_rule_row without shared memory or barriers, for gdn_mix: thread (j, p) is lane p of a group of Pw (a power
-// of 2 >= P, dividing 32) consecutive lanes of one warp, so the P partial sums of column j are read from the group's
-// lanes by shuffle and added in p order from 0, the order delta_rule_row adds them from part[] (the same bits).
-// Every lane of the warp calls it (holds false: a lane that keeps no rows, and shares in no sum).
-__device__ __forceinline__ float delta_rule_row_warp(float (&S)[GDN_RPT], const float* sk, const float* sq,
-                                                     float v_j, float decay, float b, int p, int P, int group,
-                                                     int dk, bool holds) {
-    float mem = 0.0f;  // this thread's share of (S^T k)[j]
-#pragma unroll
-    for (int r = 0; r < GDN_RPT; ++r) {
-        const int i = p * GDN_RPT + r;
-        if (holds && i < dk) {
-            S[r] *= decay;
-            mem += S[r] * sk[i];
-        }
-    }
-    float sum = 0.0f;
-    for (int pp = 0; pp < P; ++pp) sum += __shfl_sync(FULL_MASK, mem, group + pp);
-    const float delta = (v_j - sum) * b;
-    float out = 0.0f;
-#pragma unroll
-    for (int r = 0; r < GDN_RPT; ++r) {
-        const int i = p * GDN_RPT + r;
-        if (holds && i < dk) {
-            S[r] += sk[i] * delta;
-            out += S[r] * sq[i];
-        }
-    }
-    float acc = 0.0f;
-    for (int pp = 0; pp < P; ++pp) acc += __shfl_sync(FULL_MASK, out, group + pp);
     return acc;
 }
 
@@ -196,21 +152,19 @@ __device__ __forceinline__ void gate_weights(const u8* __restrict__ row, int typ
 }
 
 // The GDN mixer between its projections in one launch (launch_gdn.gdn_mix, every window): for value head hv,
-// conv + split of its q/k head kh = hv % Hk and of its v head (conv_at_n; q, k L2-normed per head, q times q_scale),
+// conv + split of its q/k head kh = hv % Hk and of its v head (conv_at; q, k L2-normed per head, q times q_scale),
 // the gates g = ssm_a * softplus(alpha + dt_bias), beta = sigmoid(beta_in) (the alpha/beta projections of x by
-// raw_at dots when w_alpha is given, else read from alpha_in / beta_in), the delta rule (delta_rule_row_warp, from the
+// raw_at dots when w_alpha is given, else read from alpha_in / beta_in), the delta rule (delta_rule_row, from the
 // saved state, which is not written) and the gated norm y = o / rms(o) * norm_w * sigmoid(z) of its output rows
 // (ops/gdn.py; the norms' sums go per warp). Rows [0, r0) belong to an
 // earlier token group of a split window: their gates are read from g / beta (that group's launch wrote them), and
 // only rows [r0, T) of x, alpha_in, beta_in, z and y exist (row t at t - r0). Writes what the commit keeps: v of
 // its head, q and k of head hv when hv < Hk, and the gates g, beta of rows [r0, T).
 //
-// grid Hv, block dv * Pw threads rounded up to a multiple of 32 (1-D; P = ceil(dk / GDN_RPT), Pw = P rounded up to
-// a power of 2 <= 32; thread (j, p) = (tid / Pw, tid % Pw) with p < P and j < dv holds S[i, j] for
-// i = p*GDN_RPT + r: the P slices of column j are consecutive lanes of one warp, which add their partial sums by
-// shuffle (delta_rule_row_warp), so the recurrence takes no barrier; the other threads only share the warp items
-// and the barriers). Dynamic shared memory T*(2*dk + 2*dv) + 2*T floats: the head's q, k, v and o rows and the
-// gates; static: the gate dots' warp sums.
+// grid Hv, block dv * P threads rounded up to a multiple of 32 (1-D; P = ceil(dk / GDN_RPT); thread (j, p) =
+// (tid % dv, tid / dv) with p < P holds S[i, j] for i = p*GDN_RPT + r, the rounding's threads only share the warp
+// items and the barriers). Dynamic shared memory T*(2*dk + 2*dv) + 2*T + P*dv floats: the head's
+// q, k, v and o rows, the gates, and the recurrence's partial sums across p; static: the gate dots' warp sums.
 //
 // The alpha/beta dots of GDN_GATE_ROWS rows at a time are spread over the whole block (thread i takes x elements
 // i + blockDim.x * j, up to GDN_GATE_J of them loaded at once), added lanes then warps in warp order; the saved
@@ -220,13 +174,8 @@ __device__ __forceinline__ void gate_weights(const u8* __restrict__ row, int typ
 // T = 1 (Hv 48, dk = dv = 128, n_in 2560, Q8_0 alpha/beta): 48 blocks of 512 threads; was the conv's trip, then one
 // warp per gate looping 80 raw_at loads a lane (several dependent trips), then the state's trip; now the state,
 // gate weight and conv loads in one or two trips, 2 barriers for the gates (their warp sums) and the norms, then
-// the recurrence and the gated norm. Issue 18 (19.8 us at T = 1, 38.7 at T = 8, the cost growing with T on 48
-// blocks): the conv went one item a trip (6 dependent trips a thread at T = 8), now GDN_CONV_ITEMS items a trip
-// (conv_at_n: 2); the recurrence took 4 barriers a row (its sums across p through shared memory), now none
-// (delta_rule_row_warp, the same sums by shuffle); ~5750 SASS instructions, 128 registers (the 512-thread cap),
-// no spill. The gates' sum order over n_in: a thread's elements
+// the recurrence's 3 barriers a row and the gated norm. The gates' sum order over n_in: a thread's elements
 // ascending, then warp_sum, then the warps ascending (float32 rounding against numpy; the tests' tolerances hold).
-// The conv and the recurrence add in gdn_recurrence's order (bit for bit the earlier kernel's at dk = dv = 128).
 extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
     gdn_mix(const float* __restrict__ qkv, const float* __restrict__ conv_state, const float* __restrict__ conv_w,
             int Ch, int qkv_ld, int K, const float* __restrict__ state, const float* __restrict__ x, int n_in,
@@ -244,13 +193,11 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
     float* so = sv + T * dv;      // [T, dv]
     float* sdec = so + T * dv;    // [T]
     float* sbeta = sdec + T;      // [T]
+    float* part = sbeta + T;      // [P, dv]
     const int hv = blockIdx.x, kh = hv % nk;
     const int tid = threadIdx.x, nthreads = blockDim.x;
-    const int P = (dk + GDN_RPT - 1) / GDN_RPT;
-    int Pw = 1;  // the lanes of a column: P rounded up to a power of 2 (launch_gdn.rec_group)
-    while (Pw < P) Pw *= 2;
-    const int col = tid / Pw, p = tid % Pw, j = col < dv ? col : 0;
-    const bool holds = col < dv && p < P;  // a thread of the recurrence
+    const int j = tid % dv, p = tid / dv, P = (dk + GDN_RPT - 1) / GDN_RPT;
+    const bool holds = p < P;  // a thread of the recurrence
     const int lane = tid & (WARP - 1), warp = tid / WARP, n_warps = nthreads / WARP;
 
     // the saved state of the delta rule first: its loads overlap everything before the recurrence
@@ -273,32 +220,21 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
 
     // conv + silu of the head's channels, every row
     const int width = 2 * dk + dv;
-    for (int idx0 = tid; idx0 < T * width; idx0 += GDN_CONV_ITEMS * nthreads) {  // one trip a batch (6 items a
-        int t[GDN_CONV_ITEMS], at[GDN_CONV_ITEMS];                                // thread at T = 8: 2 trips, not 6)
-        i64 c[GDN_CONV_ITEMS];
-        bool ok[GDN_CONV_ITEMS];
-        float out[GDN_CONV_ITEMS];
-#pragma unroll
-        for (int n = 0; n < GDN_CONV_ITEMS; ++n) {
-            const int idx_n = idx0 + n * nthreads;
-            ok[n] = idx_n < T * width;
-            const int idx = ok[n] ? idx_n : idx0, i = idx % width;  // past the end: item idx0 again, not stored
-            t[n] = idx / width;
-            if (i < dk) {
-                c[n] = (i64)kh * dk + i;
-                at[n] = t[n] * dk + i;  // in sq
-            } else if (i < 2 * dk) {
-                c[n] = (i64)nk * dk + (i64)kh * dk + (i - dk);
-                at[n] = T * dk + t[n] * dk + (i - dk);  // in sk
-            } else {
-                c[n] = (i64)2 * nk * dk + (i64)hv * dv + (i - 2 * dk);
-                at[n] = 2 * T * dk + t[n] * dv + (i - 2 * dk);  // in sv
-            }
+    for (int idx = tid; idx < T * width; idx += nthreads) {
+        const int t = idx / width, i = idx % width;
+        float* dst;
+        i64 c;
+        if (i < dk) {
+            c = (i64)kh * dk + i;
+            dst = sq + t * dk + i;
+        } else if (i < 2 * dk) {
+            c = (i64)nk * dk + (i64)kh * dk + (i - dk);
+            dst = sk + t * dk + (i - dk);
+        } else {
+            c = (i64)2 * nk * dk + (i64)hv * dv + (i - 2 * dk);
+            dst = sv + t * dv + (i - 2 * dk);
         }
-        conv_at_n(qkv, conv_state, conv_w, t, c, Ch, qkv_ld, K, out);
-#pragma unroll
-        for (int n = 0; n < GDN_CONV_ITEMS; ++n)
-            if (ok[n]) smem[at[n]] = out[n];
+        *dst = conv_at(qkv, conv_state, conv_w, t, c, Ch, qkv_ld, K);
     }
     for (int t = tid; t < r0; t += nthreads) {  // an earlier group's gates
         sdec[t] = g[(i64)t * nv + hv];
@@ -395,13 +331,11 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
         }
     }
 
-    // the delta rule over the T rows (gdn_recurrence's loop and arithmetic, q/k/v/gates from shared memory, the
-    // sums across p by shuffle: no barrier a row)
-    const int group = lane & ~(Pw - 1);
+    // the delta rule over the T rows (gdn_recurrence's loop, q/k/v/gates from shared memory)
     for (int t = 0; t < T; ++t) {
-        const float out = delta_rule_row_warp(S, sk + t * dk, sq + t * dk, sv[t * dv + j], expf(sdec[t]), sbeta[t],
-                                              p, P, group, dk, holds);
-        if (p == 0 && holds) so[t * dv + j] = out;
+        const float out = delta_rule_row(S, sk + t * dk, sq + t * dk, sv[t * dv + j], expf(sdec[t]), sbeta[t], part,
+                                         j, p, P, dk, dv, holds);
+        if (p == 0) so[t * dv + j] = out;
     }
     __syncthreads();  // so is complete
 

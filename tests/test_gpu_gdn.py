@@ -16,8 +16,8 @@ pytestmark = pytest.mark.gpu
 
 EPS = 1e-6
 # (Hk, Hv, dk, dv): one register slice per thread (dk 24), two slices with a ragged one (dk 40), the real head
-# size (dk = dv = 128: four slices, 512 threads), three slices (dk 72: gdn_mix gives a column 4 lanes, one empty).
-SHAPES = [(3, 6, 24, 40), (2, 6, 40, 24), (1, 2, 128, 128), (2, 4, 72, 40)]
+# size (dk = dv = 128: four slices, 512 threads).
+SHAPES = [(3, 6, 24, 40), (2, 6, 40, 24), (1, 2, 128, 128)]
 
 
 @pytest.fixture(scope="module")
@@ -162,30 +162,6 @@ def test_gdn_mix_replays_eager():
                            beta=outs[4], out=outs[5], stream=stream)
 
     assert_replay_equals_eager(record, outs)
-
-
-@pytest.mark.parametrize("T", range(1, 17))
-@pytest.mark.parametrize("shape", [SHAPES[2], SHAPES[3]], ids=("real", "dk72"))
-def test_gdn_mix_every_t_matches_reference_and_replays(L, shape, T):
-    """Every window size (the conv in batches of 3 items a thread, the recurrence's sums by shuffle, no barrier a
-    row): gdn_mix against the reference with Q8_0 gates on NaN-poisoned outputs, then its graph replays the eager
-    bits."""
-    nk, nv, dk, dv = shape
-    rng = np.random.default_rng(T * 11 + dk)
-    p = layer_params(rng, nk, nv, dk, dv, 4)
-    args, args_d, ab, ab_d = mix_operands(rng, T, nk, nv, dk, dv, 4, 2560, p, quants.Q8_0)
-    want = ref.gdn_mix_raw(*args, EPS, nk, dk, nv, dv, **ab)
-    outs = [G.nan_out(s) for s in [(T, nk, dk), (T, nk, dk), (T, nv, dv), (T, nv), (T, nv), (T, nv, dv)]]
-
-    def record(stream):
-        L.gdn_mix(*args_d, EPS, nk, dk, nv, dv, **ab_d, q=outs[0], k=outs[1], v=outs[2], g=outs[3], beta=outs[4],
-                  out=outs[5], stream=stream)
-
-    got = assert_replay_equals_eager(record, outs)
-    for name, g, w in zip(("q", "k", "v", "g", "beta"), got, want[1:]):
-        G.check(g, w, what=name)
-    G.check(got[5], want[0], rtol=2e-4, what="y")
-    G.exact(args_d[3], args[3], "saved state after the window")
 
 
 @pytest.mark.parametrize("shape", SHAPES)

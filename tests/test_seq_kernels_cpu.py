@@ -93,8 +93,6 @@ def gdn_mix(nk=1, nv=2, dk=2, dv=2, **given):
     (lambda: gdn_mix(ab_proj=None, ab_raw=(np.zeros((2, 144), np.uint8), 12, np.zeros((2, 144), np.uint8), 12)),
      "alpha_raw"),
     (lambda: gdn_mix(ab_proj=(f32(2, 2), f32(3, 2))), "alpha"),
-    (lambda: gdn_mix(dk=33 * 32, dv=1), "state"),  # 33 row slices: 64 lanes a column, past a warp
-    (lambda: gdn_mix(dk=96, dv=160), "state"),  # 3 slices take 4 lanes a column: 640 threads > 512
     (lambda: launch_gdn.gdn_recurrence(f32(2, 128, 512), f32(1, 1, 128), f32(1, 1, 128), f32(1, 2, 512), f32(1, 2),
                                        f32(1, 2)), "state"),
     (lambda: launch_gdn.gdn_commit_state(f32(2, 8, 8), f32(3, 1, 8), f32(3, 1, 8), f32(3, 2, 8), f32(3, 2),

@@ -48,13 +48,6 @@ GDN_GATE_ROWS = 4  # kernels/gdn.cu: gdn_mix's static shared memory holds [16 wa
 GDN_MIX_SMEM = 48 * 1024 - 4 * (GDN_REC_THREADS // 32) * 2 * GDN_GATE_ROWS  # dynamic + static in the default 48 KiB
 
 
-def rec_group(dk: int) -> int:
-    """gdn_mix's lanes a state column: its ceil(dk / GDN_RPT) row slices rounded up to a power of 2 (consecutive
-    lanes of one warp, which add the slices' partial sums by shuffle)."""
-    P = -(-dk // GDN_RPT)
-    return 1 << (P - 1).bit_length()
-
-
 def gdn_mix(qkv, conv_state, conv_w, state, x, dt_bias, ssm_a, z, norm_w, eps: float, nk: int, dk: int, nv: int,
             dv: int, ab_raw=None, ab_proj=None, q=None, k=None, v=None, g=None, beta=None, out=None, r0: int = 0,
             stream=None):
@@ -104,15 +97,12 @@ def gdn_mix(qkv, conv_state, conv_w, state, x, dt_bias, ssm_a, z, norm_w, eps: f
             U.check_array("beta_in", beta_in, np.float32, (n, nv))
             ab = (U.null_or(None), np.int64(0), np.int32(0), U.null_or(None), np.int64(0), np.int32(0), alpha,
                   beta_in)
-        Pw = rec_group(dk)
-        if Pw > 32:
-            raise ValueError(f"state: dk {dk} needs {Pw} lanes a column, gdn_mix takes at most a warp's 32 "
-                             f"(dk <= {32 * GDN_RPT})")
-        if dv * Pw > GDN_REC_THREADS:
-            raise ValueError(f"state: dk {dk} x dv {dv} needs {dv * Pw} threads per head, gdn_mix takes at most "
-                             f"{GDN_REC_THREADS} (dv * ceil(dk / {GDN_RPT}) rounded up to a power of 2)")
-        threads = -(-dv * Pw // 32) * 32  # whole warps (the norms and the gates go one warp per row)
-        smem = (T * (2 * dk + 2 * dv) + 2 * T) * 4
+        P = -(-dk // GDN_RPT)
+        if dv * P > GDN_REC_THREADS:
+            raise ValueError(f"state: dk {dk} x dv {dv} needs {dv * P} threads per head, gdn_mix takes at most "
+                             f"{GDN_REC_THREADS} (dv * ceil(dk / {GDN_RPT}))")
+        threads = -(-dv * P // 32) * 32  # whole warps (the norms and the gates go one warp per row)
+        smem = (T * (2 * dk + 2 * dv) + 2 * T + P * dv) * 4
         if smem > GDN_MIX_SMEM:
             raise ValueError(f"qkv: {T} rows need {smem} bytes of shared memory in gdn_mix (at most {GDN_MIX_SMEM})")
         q = U.out_array("q", q, (T, nk, dk), np.float32, empty)
