@@ -171,11 +171,11 @@ def load_variant(defines: tuple[str, ...], isa: str | None = None):
     lib.strata_wait_geq.restype = _U32
     lib.strata_wait_geq.argtypes = [_VP, _U32, _I64]
     lib.strata_gather.restype = _I32
+    lib.strata_gather.argtypes = [_I32, _I32, _VP, _VP, _VP]
     lib.strata_plan_step.restype = _I32
     # n, K, ids, res, E, pcie_frac, j0, JM, M, slot, cpu experts / start / tok / dst, pcie experts / start / dst,
     # counts, group scratch (kernels/expert_pool_plan.h)
     lib.strata_plan_step.argtypes = [_I32, _I32, _VP, _VP, _I32, ctypes.c_double, _I32, _I32, _I32] + [_VP] * 10
-    lib.strata_gather.argtypes = [_I32, _I32, _VP, _VP, _VP]
     lib.strata_stream_read.restype = ctypes.c_double
     lib.strata_stream_read.argtypes = [_I32, _I32, _VP, _VP]
     lib.strata_dequant_row.restype = _I32

@@ -4,7 +4,7 @@ VRAM slots, which over PCIe from the staging, which the CPU pool computes; and t
 plan_step + write_plan are the numpy reference (the one rule of tiers/plan.build_plan: the last floor(misses x
 pcie_frac) distinct misses in routing order go over PCIe). StepPlanner runs the same in C (kernels/expert_pool_plan.h,
 strata_plan_step) into buffers made once: the host (tiers/host.py) plans every step of every window on the
-critical path between the GPU's routing and the pool's call, where numpy's dozen small calls cost 80-185 us a layer
+critical path between the GPU's routing and the pool's call, where numpy's dozen small calls cost 80-230 us a layer
 on the H200 host (verify-bench's plan ms). Without the native library the planner runs the reference.
 
 The plan slot (per token group, mapped int32; JM = the window's most entries, M = GEMV_MAXT):
