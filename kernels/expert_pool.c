@@ -498,3 +498,6 @@ double strata_stream_read(int n_threads, int n, const uint64_t *ptrs, const int6
     }
     return (double)sum;
 }
+
+/* the tier host's steps of a window without a PCIe share in one loop (strata_cli/tiers/serve_loop.py) */
+#include "expert_pool_serve.h"

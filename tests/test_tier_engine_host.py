@@ -279,20 +279,42 @@ def test_stalled_window_released_by_the_watchdog(monkeypatch, fixture_dir):
         host.begin(3)
 
 
-def test_interrupt_during_a_window_releases(monkeypatch, fixture_dir):
+@pytest.mark.parametrize("path", ["python", "native"])
+def test_interrupt_during_a_window_releases(monkeypatch, fixture_dir, path):
+    """Ctrl-C in the middle of a window: in the Python steps (the second step's pool call raises), or in the native
+    loop (tiers/serve_loop.py: Python raises a signal's exception when the C call returns; here after 2 steps)."""
     from strata_cli.tiers.host import ExpertSource
+    from strata_cli.tiers.serve_loop import NativeServe
 
     model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
     calls = []
+    if path == "python":
+        def interrupted(self, *args):
+            calls.append(1)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return original(self, *args)
 
-    def interrupted(self, *args):
-        calls.append(1)
-        if len(calls) == 2:
+        original = ExpertSource.compute_into
+        monkeypatch.setattr(NativeServe, "usable", staticmethod(lambda host: False))
+        monkeypatch.setattr(ExpertSource, "compute_into", interrupted)
+    else:
+        assert NativeServe.usable(host)
+
+        def interrupted_loop(self, k, max_wait_ns):
+            n = self.args.n_steps
+            self.args.n_steps = 2
+            try:
+                got = k
+                while got < 2:  # a ring the simulated GPU is late with ends a call too
+                    got = original_run(self, got, max_wait_ns)
+            finally:
+                self.args.n_steps = n
+            calls.append(got)
             raise KeyboardInterrupt
-        return original(self, *args)
 
-    original = ExpertSource.compute_into
-    monkeypatch.setattr(ExpertSource, "compute_into", interrupted)
+        original_run = NativeServe.run
+        monkeypatch.setattr(NativeServe, "run", interrupted_loop)
     host.begin(3)
     gpu.start()
     with pytest.raises(KeyboardInterrupt):
@@ -301,6 +323,7 @@ def test_interrupt_during_a_window_releases(monkeypatch, fixture_dir):
     assert int(tiers.words.host[FLAG]) == RELEASED
     with pytest.raises(EngineReleased, match="KeyboardInterrupt"):
         host.begin(3)
+    assert calls == ([1, 1] if path == "python" else [2])
 
 
 def test_verify_bench_tier_columns_average_the_timed_windows():
@@ -369,18 +392,38 @@ def test_tier_options_check_the_cache_spec_on_any_device(fixture_dir, command):
     assert "GPU engine only" in ok.output
 
 
-def test_a_release_during_a_step_is_never_undone_by_the_host(monkeypatch, fixture_dir):
-    """The watchdog may fire while the host computes a step: the host must not lower the released flags after."""
+@pytest.mark.parametrize("path", ["python", "native"])
+def test_a_release_during_a_step_is_never_undone_by_the_host(monkeypatch, fixture_dir, path):
+    """The watchdog may fire while the host computes a step: the host must not lower the released flags after (the
+    native loop raises its flags by a compare-and-swap maximum and stops at a released flag)."""
     from strata_cli.tiers.host import ExpertSource
+    from strata_cli.tiers.serve_loop import NativeServe
 
     model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
-    original = ExpertSource.compute_into
+    if path == "python":
+        original = ExpertSource.compute_into
 
-    def released_midway(self, *args):
-        original(self, *args)
-        host.release(2000, reason="watchdog (simulated)")
+        def released_midway(self, *args):
+            original(self, *args)
+            host.release(2000, reason="watchdog (simulated)")
 
-    monkeypatch.setattr(ExpertSource, "compute_into", released_midway)
+        monkeypatch.setattr(NativeServe, "usable", staticmethod(lambda host: False))
+        monkeypatch.setattr(ExpertSource, "compute_into", released_midway)
+    else:
+        original_run = NativeServe.run
+
+        def released_after_a_step(self, k, max_wait_ns):
+            if k == 0:
+                self.args.n_steps = 1
+                try:
+                    while k < 1:
+                        k = original_run(self, k, max_wait_ns)
+                finally:
+                    self.args.n_steps = tiers.L
+                host.release(2000, reason="watchdog (simulated)")
+            return original_run(self, k, max_wait_ns)
+
+        monkeypatch.setattr(NativeServe, "run", released_after_a_step)
     host.begin(3)
     gpu.start()
     with pytest.raises(EngineReleased, match="watchdog"):
@@ -547,3 +590,23 @@ def test_a_ring_awaited_while_an_eager_window_is_launched_says_what_it_waits_for
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tiers: waiting")]
     assert lines and "for layer 0's ring: the eager window is still being launched" in lines[0]
     assert lines[0].endswith("(kernels compiling or loading)")  # no PCIe share: no copy thread to name
+
+
+@pytest.mark.parametrize("path", ["python", "native"])
+def test_a_routed_id_out_of_range_fails_the_window_in_one_line(monkeypatch, fixture_dir, path):
+    """A GPU side that publishes an expert id >= E (a corrupt router output) ends the window with a ValueError
+    naming the layer, on either serving path, and releases it (no GPU wait is left behind)."""
+    from strata_cli.tiers.serve_loop import NativeServe
+
+    model, tiers, host, gpu, x, ids = _sim(monkeypatch, fixture_dir, "0")
+    if path == "python":
+        monkeypatch.setattr(NativeServe, "usable", staticmethod(lambda host: False))
+    else:
+        assert NativeServe.usable(host)
+    ids[2, 1, 0] = tiers.E + 3
+    host.begin(3)
+    gpu.start()
+    with pytest.raises(ValueError, match=r"outside 0\.\." if path == "python" else r"layer 2: a routed expert id"):
+        host.serve(3)
+    assert gpu.done.wait(5) and not gpu.timed_out
+    assert int(tiers.words.host[FLAG]) == RELEASED

@@ -402,6 +402,27 @@ def test_tiered_windows_equal_the_reference_moe(monkeypatch, fixture_dir, kind, 
     _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, None)
 
 
+# windows without a PCIe share run in the native loop (tiers/serve_loop.py); its reference, the Python steps
+# (TierHost._step), on the same windows: both equal the numpy engine, and their step stats equal each other's
+PYTHON_STEP_CASES = [("q8_0", dict(cache="0")), ("q8_0", dict(cache="40")), ("bf16", dict(cache="7")),
+                     ("q8_0", dict(cache="24", policy="lru"))]
+
+
+@pytest.mark.parametrize("kind,tier_args", PYTHON_STEP_CASES,
+                         ids=[f"{k}-{'-'.join(f'{a}={v}' for a, v in c.items())}" for k, c in PYTHON_STEP_CASES])
+def test_python_steps_and_the_native_loop_serve_alike(monkeypatch, fixture_dir, kind, tier_args):
+    from strata_cli.tiers import native
+    from strata_cli.tiers.serve_loop import NativeServe
+
+    if native.load() is None:
+        pytest.skip("no native pool library (no C compiler): every window runs the Python steps already")
+    looped = _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, None)
+    with monkeypatch.context() as m:
+        m.setattr(NativeServe, "usable", staticmethod(lambda host: False))
+        stepped = _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, None)
+    assert looped == stepped and sum(h["cpu_bytes"] for h in looped) > 0
+
+
 # a stage of the layer split (GPUEngine(layers=(lo, hi)), lo > 0): its own residency over its layers (--expert-cache
 # N per stage), its own steps numbered from ring 1, its own PCIe staging and CPU share
 STAGE_CASES = [((3, 8), "q8_0", dict(cache="0")), ((2, 5), "q8_0", dict(cache="0", pcie_frac=0.5)),
@@ -417,6 +438,13 @@ def test_tiered_stage_windows_equal_the_reference_moe(monkeypatch, fixture_dir, 
     _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers)
 
 
+def _native_usable_of_the_module():
+    from strata_cli.tiers.serve_loop import NativeServe
+
+    return NativeServe.usable
+
+
+_NATIVE_USABLE = _native_usable_of_the_module()
 PROBE_POOL_GBS = 10.0  # the pool's rate probe_rates fakes; the setup's gather probe says 40 (PCIe pays at setup)
 
 
@@ -527,11 +555,20 @@ def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
             assert t.fill.device.staging.nbytes == cache_bytes
         assert (t.table_host >= 0).sum() + len(t.fill.policy.pending) == int(tier_args["cache"])
         np.testing.assert_array_equal(engine.buf["tier_table"], t.table_host)  # the device reads the host's table
+    # every window without a PCIe share ran in the native loop where the native plan and pool exist
+    from strata_cli.tiers import native
+    from strata_cli.tiers.serve_loop import NativeServe
+
+    if NativeServe.usable is _NATIVE_USABLE:
+        assert NativeServe.usable(host) == (not t.pcie and native.load() is not None)
+    assert (host._loop is not None) == NativeServe.usable(host)
+    history = [{key: h[key] for key in ("vram", "pcie", "cpu", "cpu_bytes", "pcie_bytes")} for h in host.history]
     # the engine's close(): the host's thread, events, the watchdog's list; the tiers' pinned buffers
     host.close()
     t.close()
     assert rt.events_alive == 0 and host not in watchdog.live_verifiers()
     assert FakeMapped.live and all(buf.freed for buf in FakeMapped.live)
+    return history
 
 
 def test_the_copy_path_probe_copies_the_first_layers_missed_experts(monkeypatch, fixture_dir):

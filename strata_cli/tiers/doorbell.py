@@ -1,9 +1,9 @@
 """The doorbell words of the expert tiers, host side: their layout, and the bounded wait for one 32-bit word (the
 host writes its flags as plain numpy stores into the mapped words).
 
-The protocol itself (per step: wait for the GPU's ring on `seq`, plan, flagA / flagB / flag) is served by one
-implementation, `tiers/host.py` TierHost; its CPU tests drive it against a simulated GPU
-side (tests/test_tiers_doorbell.py, tests/test_tier_engine_host.py). The wait here is a pause-spin in C without the
+The protocol itself (per step: wait for the GPU's ring on `seq`, plan, flagA / flagB / flag) is served by
+`tiers/host.py` TierHost (in Python per step, or in one C loop, `tiers/serve_loop.py`, for a window without a PCIe
+share); its CPU tests drive both against a simulated GPU side (tests/test_tiers_doorbell.py, tests/test_tier_engine_host.py). The wait here is a pause-spin in C without the
 GIL (tiers/native.py) in slices the caller chooses, so the serving thread reacts in microseconds and still looks,
 between slices, at releases and at the GPU stream.
 """

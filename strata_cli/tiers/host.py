@@ -1,6 +1,10 @@
 """The host side of the expert tiers: per step (layer, token group) of a launched window,
 wait for the ring, plan the step, start the PCIe share's copies, compute the CPU share, raise the flags.
 
+A window without a PCIe share (and with the native plan and pool) is served by one C loop, tiers/serve_loop.py
+(kernels/expert_pool_serve.h): the same steps, flags and stats, with this module's checks between its ring-wait
+slices; _step below is its reference and serves the PCIe share.
+
 Step k (ring k+1) covers the rows of one token group of one layer of the engine's layers (all, or a stage's [lo, hi):
 tiers/doorbell.StepRange numbers them). The plan and its slot words: tiers/step_plan.py.
 VRAM groups are not in the plan: the device groups them from its residency table right after the ring.
@@ -90,6 +94,7 @@ class TierHost:
         self.route_hook = None  # (layer, ids [n, K]) of every step served (engine/routing.py counts them)
         # The PCIe share's gathers and copies run on one copy thread (in step order) while this thread runs the pool
         self._copier = None
+        self._loop = None  # the native loop of windows without a PCIe share (tiers/serve_loop.py), made on first use
         self._events: list = []        # per step (start, end) cudaEvents around its DMAs
         self._timed_copies: list = []  # the pairs recorded in this window
         # the eager launcher's gate (wait_issued): the ring of the last step whose copies were issued this window
@@ -206,9 +211,13 @@ class TierHost:
         try:
             groups = self.t.groups(T)
             G = len(groups)
-            for k in range(self.t.steps.count(G)):
-                layer, grp = self.t.steps.at(k, G)
-                self._step(k, layer, grp, *groups[grp], G)
+            loop = self._native_loop()
+            if loop is not None:
+                self._serve_native(loop, T)
+            else:
+                for k in range(self.t.steps.count(G)):
+                    layer, grp = self.t.steps.at(k, G)
+                    self._step(k, layer, grp, *groups[grp], G)
             if self.t.fill is not None:  # the host's work is done, the GPU ends the window: the boundary's batch
                 self.stats.update(self.t.fill.copy())  # gathered on the pool's team (this thread), its DMAs issued
             self._await_idle()
@@ -228,6 +237,79 @@ class TierHost:
         if self.released is None:
             self.release(5000, reason=str(exc) if isinstance(exc, StrataError) else
                          f"{type(exc).__name__}: {exc}".rstrip(": "))
+
+    def _native_loop(self):
+        """The native loop (tiers/serve_loop.py) where it serves this engine's windows (no PCIe share, the native
+        plan and pool), made on first use; else None (each step in Python, _step)."""
+        from .serve_loop import NativeServe
+
+        if not NativeServe.usable(self):
+            return None
+        if self._loop is None:
+            self._loop = NativeServe(self)
+        return self._loop
+
+    def _withholds_last(self) -> bool:
+        """This window's last flag is withheld (the stall test: --stall-window; the warm-up never stalls)."""
+        return bool(self.stall and self.warmed and self.windows == self.stall)
+
+    def _serve_native(self, loop, T: int) -> None:
+        """Every step of the window in the native loop, between its calls the checks of _await_ring; then the
+        step stats, and the route hook and an adaptive cache's observe() replayed from the loop's picks."""
+        from . import serve_loop
+
+        t = self.t
+        n = t.steps.count(1)
+        loop.window(T, self._withholds_last())
+        k, slice_ns = 0, int(POLL_S * 1e9)
+        start = said = time.monotonic()
+        self.step_layer = t.steps.lo
+        with self.src.pool._lock:
+            while k < n:
+                got = loop.run(k, slice_ns)
+                if got < 0:
+                    self._native_failed(got, t.steps.lo + int(loop.stats[serve_loop.STATS.index("step")]))
+                if got > k:
+                    k = got
+                    self.progress = start = time.monotonic()
+                if k < n:
+                    self.step_layer = t.steps.lo + k
+                    said = self._not_rung(k + 1, self.step_layer, start, said)
+        self.step_layer = t.steps.lo + n - 1
+        got = loop.totals()
+        s = self.stats
+        s["vram"] += got["vram"]
+        s["cpu"] += got["cpu"]
+        s["cpu_bytes"] += got["cpu_bytes"]
+        s["host_wait_ms"] += got["wait_ns"] / 1e6
+        s["plan_ms"] += got["plan_ns"] / 1e6
+        s["pool_ms"] += got["pool_ns"] / 1e6
+        s["pool_kernel_ms"] += got["kernel_ns"] / 1e6
+        s["pool_wake_ms"] += got["wake_ns"] / 1e6
+        pool = self.src.pool
+        pool.kernel_ns += got["kernel_ns"]
+        pool.wake_ns += got["wake_ns"]
+        if self.route_hook is not None or t.fill is not None:
+            for step in range(n):
+                layer, ids = t.steps.lo + step, loop.picks(step, T, t.K)
+                if self.route_hook is not None:
+                    self.route_hook(layer, ids.copy())
+                if t.fill is not None:
+                    t.fill.observe(layer, ids)
+
+    def _native_failed(self, code: int, layer: int) -> None:
+        """A code below 0 of the native loop, raised as the Python steps raise it."""
+        from . import serve_loop
+
+        if code == serve_loop.RELEASED or self.released is not None:
+            raise EngineReleased(self.released or "released while the window was served")
+        if code == serve_loop.BAD_ID:
+            raise ValueError(f"layer {layer}: a routed expert id outside 0..{self.t.E - 1}")
+        if code == serve_loop.PLAN_SIZE:
+            raise ValueError(f"layer {layer}: the plan does not fit {self.t.JM} entries")
+        if code == serve_loop.POOL_FAILED:
+            raise RuntimeError(f"expert pool kernel failed on layer {layer}")
+        raise RuntimeError(f"the native tier loop refused the window (code {code})")
 
     def _step(self, k: int, layer: int, grp: int, r0: int, n: int, G: int) -> None:
         t = self.t
@@ -260,7 +342,7 @@ class TierHost:
         if copying is not None:
             self._copied(copying, layer)
         last = k == t.steps.count(G) - 1
-        if not (last and self.stall and self.warmed and self.windows == self.stall):  # the warm-up never stalls
+        if not (last and self._withholds_last()):
             self._raise_flag(FLAG, want)
         s = self.stats
         n_vram, n_pcie, n_cpu = self.planner.counts
@@ -379,22 +461,30 @@ class TierHost:
         seq = self.t.words.host[SEQ:SEQ + 1]
         start = said = time.monotonic()
         while wait_word(seq, want, POLL_S) < want:
-            if self.released is not None:
-                raise EngineReleased(self.released)
-            if not self.launching and self._stream_idle() and seq[0] < want:
-                raise StrataError(f"layer {layer} never rang (the window's stream ended first"
-                                  f"{self._err_text()})")
-            now = time.monotonic()
-            if not self.launching and now - start > self.t.cfg.timeout_s:  # eager launches compile
-                raise StrataError(f"layer {layer} never rang within {self.t.cfg.timeout_s:g} s")
-            if self.launching and now - said >= LAUNCH_NOTE_S:  # unbounded (a cold kernel cache compiles for
-                said = now                                       # minutes), so it says what it waits for
-                from ..report.present import err_console
+            said = self._not_rung(want, layer, start, said)
 
-                copier = f"; {self._copy_doing()}" if self._copier is not None else ""
-                err_console().print(f"tiers: waiting {now - start:.0f} s for layer {layer}'s ring: the eager window "
-                                    f"is still being launched (kernels compiling or loading{copier})",
-                                    style="dim", highlight=False, soft_wrap=True)
+    def _not_rung(self, want: int, layer: int, start: float, said: float) -> float:
+        """A wait slice for ring `want` (layer's) passed without it, waiting since `start`: released? the stream
+        finished without ringing? past the bound? (an eager window's launch is unbounded, so it says what it waits
+        for every LAUNCH_NOTE_S: `said` is when it last did; returned, updated)."""
+        seq = self.t.words.host[SEQ:SEQ + 1]
+        if self.released is not None:
+            raise EngineReleased(self.released)
+        if not self.launching and self._stream_idle() and seq[0] < want:
+            raise StrataError(f"layer {layer} never rang (the window's stream ended first"
+                              f"{self._err_text()})")
+        now = time.monotonic()
+        if not self.launching and now - start > self.t.cfg.timeout_s:  # eager launches compile
+            raise StrataError(f"layer {layer} never rang within {self.t.cfg.timeout_s:g} s")
+        if self.launching and now - said >= LAUNCH_NOTE_S:  # unbounded (a cold kernel cache compiles for
+            said = now                                       # minutes), so it says what it waits for
+            from ..report.present import err_console
+
+            copier = f"; {self._copy_doing()}" if self._copier is not None else ""
+            err_console().print(f"tiers: waiting {now - start:.0f} s for layer {layer}'s ring: the eager window "
+                                f"is still being launched (kernels compiling or loading{copier})",
+                                style="dim", highlight=False, soft_wrap=True)
+        return said
 
     def _await_idle(self) -> None:
         """Wait for the window's stream; a withheld flag ends only through a GPU wait's bound or a release."""

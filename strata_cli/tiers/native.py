@@ -25,7 +25,7 @@ from ..model.quants import TYPE_IDS
 
 SOURCE = "expert_pool.c"
 HEADERS = ("expert_pool_base.h", "expert_pool_decode.h", "expert_pool_groups.h", "expert_pool_grids.h",
-           "expert_pool_plan.h")  # next to SOURCE, part of the build key
+           "expert_pool_plan.h", "expert_pool_serve.h")  # next to SOURCE, part of the build key
 # The GGML types the C file decodes: every type of the table (tests/test_tiers_pool.py holds each to gguf.quants)
 NATIVE_TYPES = dict(TYPE_IDS)
 _VP, _I32, _I64, _U32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
@@ -176,6 +176,9 @@ def load_variant(defines: tuple[str, ...], isa: str | None = None):
     # n, K, ids, res, E, pcie_frac, j0, JM, M, slot, cpu experts / start / tok / dst, pcie experts / start / dst,
     # counts, group scratch (kernels/expert_pool_plan.h)
     lib.strata_plan_step.argtypes = [_I32, _I32, _VP, _VP, _I32, ctypes.c_double, _I32, _I32, _I32] + [_VP] * 10
+    # args (strata_serve_args: tiers/serve_loop.ServeArgs), first step, wait slice ns, stats (kernels/expert_pool_serve.h)
+    lib.strata_serve_steps.restype = _I64
+    lib.strata_serve_steps.argtypes = [_VP, _I64, _I64, _VP]
     lib.strata_stream_read.restype = ctypes.c_double
     lib.strata_stream_read.argtypes = [_I32, _I32, _VP, _VP]
     lib.strata_dequant_row.restype = _I32
