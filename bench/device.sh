@@ -27,6 +27,9 @@
 #   gemv-ab      bench/quant_gemv_bench.py --probe: Q2_K, Q4_0, Q8_0 as the engine holds them, the block types with
 #                their decode-free probe rows, every variant checked against numpy before it is timed, and the dense
 #                Q8_0 rows; whole output in gemv-ab.txt
+#   pinned       bench/pinned_probe.py ($PINNED_ARGS; else --k 10, then --k 4): page-locking's cost, the pool on
+#                page-locked experts, the copy engine alone and beside the pool (would the PCIe share gain from
+#                page-locked experts?)
 #   tiers        bench/tiers_device.sh on the full-size file (PCIe shares 0 / 0.5 / 1 / auto at cache 0)
 #   window       bench/window_device.sh on the full-size file (window paths by T, nodes per layer, T = 1..16)
 #   cache        bench/cache_policy.sh on the full-size file (issue 20: profile, held-out trace, cache-sim, policies;
@@ -206,6 +209,8 @@ for arg in "$@"; do
             | grep -vE ' PASSED|^\[gw|^$|Benchmark|warner'";;
         tiers) TIERS_PROFILE=${TIERS_PROFILE:-$(ls "$OUT/sbs/profile.yaml" 2>/dev/null)} run_step tiers "$limit" \
             bash bench/tiers_device.sh "$(full_size)" "$OUT/tiers";;
+        pinned) run_step pinned "$limit" bash -c 'if [ -n "${PINNED_ARGS:-}" ]; then python3 bench/pinned_probe.py $PINNED_ARGS
+            else for k in 10 4; do python3 bench/pinned_probe.py --gb 6 --k $k; done; fi';;
         window) run_step window "$limit" bash bench/window_device.sh "$(full_size)";;
         cache) FN=$(full_size) run_step cache "$limit" bash bench/cache_policy.sh;;
         profile) run_step profile "$limit" bash -c 'f="'"$(full_size)"'"; for T in 1 8; do
