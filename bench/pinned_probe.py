@@ -57,11 +57,16 @@ class CopyLoad:
     """A thread that keeps the copy engine busy: pieces of the registered region [base, base + nbytes) to a device
     buffer, walking the region, one stream sync every `batch` copies; bytes and seconds while it runs."""
 
-    def __init__(self, base: int, nbytes: int, piece: int, batch: int = 32):
+    def __init__(self, base: int, nbytes: int, piece: int, batch: int = 64):
         rt = cudart()
         self.base, self.nbytes, self.piece, self.batch = base, nbytes, piece, batch
         self.dev = check(rt.cudaMalloc(piece * batch), "cudaMalloc")
         self.stream = check(rt.cudaStreamCreateWithFlags(rt.cudaStreamNonBlocking), "cudaStreamCreateWithFlags")
+        # a blocking-sync event: the thread sleeps while its copies run (a spinning stream sync took a core from the
+        # pool's team: on 2026-12-02 the pool beside it fell from 38 to 0.7 GB/s, every barrier waiting for the
+        # descheduled thread), as the engine's copy thread sleeps between its steps
+        self.done = check(rt.cudaEventCreateWithFlags(rt.cudaEventBlockingSync | rt.cudaEventDisableTiming),
+                          "cudaEventCreateWithFlags")
         self.stop = threading.Event()
         self.bytes, self.seconds = 0, 0.0
         self.device = check(rt.cudaGetDevice(), "cudaGetDevice")
@@ -78,7 +83,8 @@ class CopyLoad:
                 check(rt.cudaMemcpyAsync(self.dev + b * self.piece, self.base + at, self.piece, kind, self.stream),
                       "cudaMemcpyAsync")
                 at += self.piece
-            check(rt.cudaStreamSynchronize(self.stream), "cudaStreamSynchronize")
+            check(rt.cudaEventRecord(self.done, self.stream), "cudaEventRecord")
+            check(rt.cudaEventSynchronize(self.done), "cudaEventSynchronize")
             self.bytes += self.piece * self.batch
         self.seconds = time.perf_counter() - t0
 
@@ -100,6 +106,7 @@ class CopyLoad:
 
     def close(self) -> None:
         rt = cudart()
+        check(rt.cudaEventDestroy(self.done), "cudaEventDestroy")
         check(rt.cudaFree(self.dev), "cudaFree")
         check(rt.cudaStreamDestroy(self.stream), "cudaStreamDestroy")
 
