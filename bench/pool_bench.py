@@ -2,8 +2,8 @@
 the time goes.
 
     python3 bench/pool_bench.py [--types Q8_0,Q4_0,Q2_K,...|all] [--threads N[,N...]] [--isa avx512|avx2|scalar]
-                                [--gb 4] [--layers 8] [--tokens 1,4] [--iters 10] [--variant NAME=VALUE ...]
-                                [--ab NAME=VALUE[,...]|ISA ...] [--pages anon,huge,4k,file] [--modes pool,read,...]
+                                [--gb 4] [--layers 8] [--k 10[,4...]] [--tokens 1,4] [--iters 10]
+                                [--variant NAME=VALUE ...] [--ab NAME=VALUE[,...]|ISA ...] [--pages anon,huge,4k,file] [--modes pool,read,...]
                                 [--rounds R] [--sweep]
 
 Per type: routed experts gate/up [640 x 2560] of that type and down [2560 x 640] of it too where 640 weights hold
@@ -16,10 +16,13 @@ Cold by construction: per layer the experts are dealt into disjoint sets of k (a
 iteration takes the next set in every layer (every configuration continues the same rotation), so a set comes back
 only after every other set was read: that reuse distance is printed against the L3, and --gb is raised where it
 would be under 3 x the L3. T rows per expert: T tokens all route to the iteration's k experts; one ctypes call per
-layer.
+layer. Each --k (experts per call) has its own expert sets: the engine's small calls are `--k 4,10 --tokens 1,8
+--layers 48` (a verify window's 48 layer calls per iteration: ~4 missed experts a layer at a 24 GiB VRAM cache, ~10
+at cache 0).
 
 Modes (each a configuration per thread count and build):
-  pool   the pool's calls (strata_pool_diag, with the per-thread profile: where each call's time goes)
+  pool   the pool's calls (strata_pool_diag, with the per-thread profile: where each call's time goes, and the
+         chunk its gate/up and down item loops took)
   touch  the same calls with the weights only read, not decoded: the same items, schedule and barriers (the
          access pattern's cost alone; pool much slower than touch = decoding, not fetching, is the limit)
   read   a plain parallel read of the same experts' bytes (strata_stream_read): what the memory gives
@@ -37,7 +40,7 @@ gave other guests).
 --sweep: threads 1, 2, 4, 8, 16 (up to the cores this process may use), pages 4k, huge, file, modes pool, touch,
 read, hot, T = 1, 2 rounds of 3 iterations, --ab builds at 1 thread (on the first page kind) and the most
 (--ab-threads). Last line: one JSON
-document: host facts, builds, and a row per (type, T, pages, mode, build, threads) holding type, down_type, T,
+document: host facts, builds, and a row per (type, k, T, pages, mode, build, threads) holding type, down_type, k, T,
 GB_s, rel_err, the profile's means and the coldness figures.
 """
 
@@ -201,7 +204,8 @@ def call_profile(prof: np.ndarray, gu_bytes: int, dn_bytes: int) -> dict[str, fl
             "gu_busy_GB_s_thread": gu_bytes / max(gu_busy.sum(), 1.0),  # bytes / ns = GB/s per busy thread
             "dn_busy_GB_s_thread": dn_bytes / max(dn_busy.sum(), 1.0),
             "items_max_share": float(max(th[:, 5].max() / max(th[:, 5].mean(), 1e-9),
-                                         th[:, 6].max() / max(th[:, 6].mean(), 1e-9)))}
+                                         th[:, 6].max() / max(th[:, 6].mean(), 1e-9))),
+            "chunk_gu": float(prof[3]), "chunk_dn": float(th[:, 7].max())}  # the item loops' chunks (pool_chunk)
 
 
 def mean_of(dicts: list[dict]) -> dict[str, float]:
@@ -389,7 +393,8 @@ def bench_type(name: str, args, builds, l3: int, rows: list[dict]) -> None:
             speeds = [v for r in rs for v in r["GB_s"]]
             med = statistics.median(speeds)
             nbytes = rs[0]["bytes"]
-            row = {"type": name, "down_type": quants.TYPE_NAMES[tb.types[2]], "T": n_tokens, "pages": pages,
+            row = {"type": name, "down_type": quants.TYPE_NAMES[tb.types[2]], "k": args.k, "T": n_tokens,
+                   "pages": pages,
                    "mode": mode, "build": bname, "threads": n_threads, "isa": builds[bname].isa,
                    "GB_s": med, "GB_s_min": min(speeds), "GB_s_max": max(speeds),
                    "GB_s_per_thread": med / n_threads,
@@ -408,14 +413,16 @@ def bench_type(name: str, args, builds, l3: int, rows: list[dict]) -> None:
 
 
 def format_row(label: str, r: dict) -> str:
-    text = (f"  {label:<12} T={r['T']} {r['pages']:<4} {r['mode']:<5} {r['build']:<28} {r['threads']:>2} thr "
+    text = (f"  {label:<12} k={r['k']} T={r['T']} {r['pages']:<4} {r['mode']:<5} {r['build']:<28} "
+            f"{r['threads']:>2} thr "
             f"{r['GB_s']:7.1f} GB/s ({r['GB_s_per_thread']:5.2f}/thr, {r['GB_s_min']:.1f}-{r['GB_s_max']:.1f}) "
             f"{r['ms_median']:7.2f} ms")
     if "prof_util" in r:
         text += (f" | util {r['prof_util']:.2f} wake {r['prof_wake_us']:.0f}/{r['prof_wake_max_us']:.0f} us "
                  f"gu {r['prof_gu_us']:.0f} us (wait {r['prof_gu_wait_us']:.0f}, busy {r['prof_gu_busy_GB_s_thread']:.2f}"
                  f" GB/s/thr) dn {r['prof_dn_us']:.0f} us (wait {r['prof_dn_wait_us']:.0f}, busy "
-                 f"{r['prof_dn_busy_GB_s_thread']:.2f}) py {r['prof_python_share'] * 100:.0f} %")
+                 f"{r['prof_dn_busy_GB_s_thread']:.2f}) chunk {r['prof_chunk_gu']:.0f}/{r['prof_chunk_dn']:.0f} "
+                 f"py {r['prof_python_share'] * 100:.0f} %")
     if r["foreign_cores"] > 0.5:
         text += f" | foreign {r['foreign_cores']:.1f} cores (steal {r['steal_cores']:.1f})"
     return text
@@ -427,14 +434,14 @@ def short(build: str) -> str:
 
 
 def print_tables(rows: list[dict]) -> None:
-    """Per type and T: the base build's modes by page kind and thread count, the --ab builds' pool by page kind at
+    """Per type, k and T: the base build's modes by page kind and thread count, the --ab builds' pool by page kind at
     their thread counts, then the digest of the most threads (small enough for the device tool's output tail)."""
     print("\n=== summary (GB/s of expert weights; per-configuration lines and the JSON above and below)")
-    for typ, n_tokens in dict.fromkeys((r["type"], r["T"]) for r in rows):
-        sel = [r for r in rows if r["type"] == typ and r["T"] == n_tokens]
+    for typ, k, n_tokens in dict.fromkeys((r["type"], r["k"], r["T"]) for r in rows):
+        sel = [r for r in rows if r["type"] == typ and r["k"] == k and r["T"] == n_tokens]
         base = [r for r in sel if r["build"] == "base"]
         threads = sorted({r["threads"] for r in base})
-        print(f"{typ + ' (down ' + sel[0]['down_type'] + ') T=' + str(n_tokens) + ', base by threads':<42}"
+        print(f"{typ + ' (down ' + sel[0]['down_type'] + f') k={k} T=' + str(n_tokens) + ', base by threads':<42}"
               + " ".join(f"{t:>5}" for t in threads))
         lines = {}
         for r in base:
@@ -507,7 +514,7 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=2560)
     ap.add_argument("--ff", type=int, default=640)
-    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--k", default="10", help="experts per layer call, comma-separated (each its own expert sets)")
     ap.add_argument("--tokens", default=None, help="rows per expert, comma-separated (default 1,4; --sweep: 1)")
     ap.add_argument("--iters", type=int, default=None, help="timed iterations per configuration and round "
                                                             "(default 10; --sweep: 3)")
@@ -542,6 +549,7 @@ def main() -> None:
         sorted({min(t, cores) for t in (1, 2, 4, 8, 16)}) if sweep else [cores])
     args.ab_threads = ints(args.ab_threads, "ab-threads") if args.ab_threads else sorted({min(args.threads),
                                                                                         max(args.threads)})
+    args.ks = ints(args.k, "k")
     args.tokens = ints(args.tokens, "tokens") if args.tokens else ([1] if sweep else [1, 4])
     args.iters = args.iters or (3 if sweep else 10)
     args.rounds = args.rounds or (2 if sweep else 1)
@@ -575,7 +583,8 @@ def main() -> None:
     rows: list[dict] = []
     t0 = time.perf_counter()
     for name in names:
-        bench_type(name, args, builds, l3, rows)
+        for k in args.ks:
+            bench_type(name, argparse.Namespace(**dict(vars(args), k=k)), builds, l3, rows)
     print_tables(rows)
     reads = [r for r in rows if r["mode"] == "read" and r["threads"] == max(args.threads)]
     read = statistics.median([r["GB_s"] for r in reads]) if reads else None
@@ -583,7 +592,7 @@ def main() -> None:
         print(f"plain read of the same experts: {read:.1f} GB/s ({max(args.threads)} threads, median over types "
               f"and page kinds); {time.perf_counter() - t0:.0f} s of timing")
     doc = json.dumps({"threads": args.threads, "isa": builds["base"].isa, "variant": args.variant, "ab": args.ab,
-                      "gb": args.gb, "l3_bytes": l3, "thp": thp, "cores": cores, "plain_read_GB_s": read,
+                      "gb": args.gb, "k": args.ks, "l3_bytes": l3, "thp": thp, "cores": cores, "plain_read_GB_s": read,
                       "file_dir": file_dir, "file_fs": pool_memory.fs_type(file_dir),
                       "builds": {n: dict(native.build_config(lib), isa=lib.isa) for n, lib in builds.items()},
                       "rows": rows})

@@ -42,17 +42,47 @@
 #define X_CHUNK_FLOATS 4096 /* floats of x (all rows of a pass together) one column chunk keeps in L1 */
 #endif
 
-/* How the team shares the work items: both item loops schedule(dynamic, POOL_CHUNK). Items are numbered expert by
- * expert, rows in order, so a take of 4 items is one contiguous run of 64 gate rows and 64 up rows (4 x 23 KB each
- * in Q4_0 at H = 2560), or 256 down rows: a thread starts a new run (the hardware prefetcher ramps up again, a down
- * item first fetches its expert's h row from the cores that wrote it) a quarter as often as at 1 item. Measured on
- * the device (16 cores, pool_bench --sweep --ab, 2026-12-02): 4 items beat 1 for every type and page kind (Q2_K+Q4_0
- * 47.1 / 46.7 / 43.4 GB/s against 42.9 / 44.0 / 41.3), one static share per thread and guided lost (balance at the
- * barrier), so neither stays a build switch. */
+/* How the team shares the work items: both item loops schedule(dynamic, chunk), POOL_CHUNK on large calls. Items are
+ * numbered expert by expert, rows in order, so a take of 4 items is one contiguous run of 64 gate rows and 64 up rows
+ * (4 x 23 KB each in Q4_0 at H = 2560), or 256 down rows: a thread starts a new run (the hardware prefetcher ramps up
+ * again, a down item first fetches its expert's h row from the cores that wrote it) a quarter as often as at 1 item.
+ * Measured on the device (16 cores, pool_bench --sweep --ab, 2026-12-02): 4 items beat 1 for every type and page kind
+ * (Q2_K+Q4_0 47.1 / 46.7 / 43.4 GB/s against 42.9 / 44.0 / 41.3), one static share per thread and guided lost
+ * (balance at the barrier), so neither is a build switch.
+ * Small calls take smaller chunks (pool_chunk): inside the engine a layer's call is small (24 GiB VRAM cache, T = 1:
+ * ~4 missed experts, 8.6 MB, 160 gate/up items = 40 takes of 4 for 16 threads, so 8 threads take 3 and the barrier
+ * waits for them, ~15-30 % of the phase idle); the device measured the pool at 42.6 GB/s on these calls against
+ * ~60 GB/s on large calls (Q2_K gate/up + Q4_0 down; 10-expert calls of ~20 MB below it too). Each call is on the
+ * window's critical path (the GPU waits for it, 48 calls a window). POOL_CHUNK and POOL_MIN_TAKES are build switches
+ * only for bench/pool_bench.py --ab (POOL_MIN_TAKES=0: every call at POOL_CHUNK, the schedule before this). */
+#ifndef POOL_CHUNK
 #define POOL_CHUNK 4
+#endif
+/* The takes every thread of the team gets at least, where the chunk can shrink to give them: the loop's chunk is the
+ * largest c <= POOL_CHUNK with items >= team * c * POOL_MIN_TAKES, at least 1. At 16 threads and 40 items per
+ * expert: 4 experts -> chunk 2 (5 takes each, none left over), 10 experts (the sweep's calls) -> chunk 4 as before,
+ * 6 -> 3, 1 -> 1. Why 4 (a model, for the device to confirm): a take costs its c items + o, o the new run's ramp-up,
+ * and the phase lasts the busiest thread's takes; the sweep's 4 against 1 at 10 experts (7 x (4 + o) against
+ * 25 x (1 + o), +10 %) puts o near 0.3 item. At 4 experts that makes chunk 2 the fastest (5 x 2.3 = 11.7 items of
+ * time against 3 x 4.3 = 13 at chunk 4 and 10 x 1.3 = 13 at chunk 1); at 10 experts chunks 2, 3 and 4 are within
+ * 1 % of each other, so those calls keep chunk 4. */
+#ifndef POOL_MIN_TAKES
+#define POOL_MIN_TAKES 4
+#endif
 #define PRAGMA_(x) _Pragma(#x)
 #define PRAGMA(x) PRAGMA_(x)
 #define OMP_FOR_ITEMS(chunk) PRAGMA(omp for schedule(dynamic, chunk))
+
+/* the chunk of an item loop of `items` items on a team of `team` threads (POOL_MIN_TAKES above) */
+static int pool_chunk(int items, int team) {
+#if POOL_MIN_TAKES < 1
+    (void)items, (void)team;
+    return POOL_CHUNK;
+#else
+    const int fit = items / (team * POOL_MIN_TAKES);
+    return fit < 1 ? 1 : fit < POOL_CHUNK ? fit : POOL_CHUNK;
+#endif
+}
 
 /* type ids, value tables, row decoders, the fused kernels */
 #include "expert_pool_decode.h"
@@ -211,10 +241,10 @@ static int64_t row_bytes_of(int type, int n) {
 }
 
 /* The profile of one call (strata_pool_diag with prof != NULL), CLOCK_MONOTONIC ns:
- *   prof[0] before the parallel region, prof[1] after it, prof[2] the team's size, prof[3] 0;
+ *   prof[0] before the parallel region, prof[1] after it, prof[2] the team's size, prof[3] the gate/up loop's chunk;
  *   per thread t < n_threads, prof[PROF_HEAD + PROF_PER * t + k]: k = 0 it entered the region, 1 its gate/up items
  *   start (after the x sums' barrier), 2 its last gate/up item done, 3 its down items start (after the barrier),
- *   4 its last down item done, 5 its gate/up items, 6 its down items, 7 0. */
+ *   4 its last down item done, 5 its gate/up items, 6 its down items, 7 the down loop's chunk (pool_chunk). */
 #define PROF_HEAD 4
 #define PROF_PER 8
 
@@ -224,7 +254,7 @@ static int64_t row_bytes_of(int type, int n) {
  * those of the x rows before the gate/up items, those of each h row by the gate/up items that write it (an item's
  * 16 rows are one 16-element group of h). Per work item they cost 10-40 % of a Q2_K item at one row per expert.
  * Work items: gate/up items of ROWS_GATE_UP rows of one expert's gate and up (F / 16 per expert), then, after a
- * barrier (every h row complete), down items of ROWS_DOWN rows (H / 64 per expert), POOL_CHUNK at a time. Where a
+ * barrier (every h row complete), down items of ROWS_DOWN rows (H / 64 per expert), pool_chunk at a time. Where a
  * type has a lane-order kernel (needs_xperm), x is copied in its order with the sums, and h written in the down
  * kernel's. touch: the same items, schedule and barriers with the weights' bytes only read, not decoded (what the
  * access pattern alone costs). */
@@ -237,7 +267,6 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
     const int N = start[G], x_sums = needs_sums(gate_type) || needs_sums(up_type), h_sums = needs_sums(down_type);
     const int64_t gate_bytes = row_bytes_of(gate_type, H), up_bytes = row_bytes_of(up_type, H);
     const int64_t down_bytes = row_bytes_of(down_type, F);
-    const int chunk_gu = POOL_CHUNK, chunk_dn = POOL_CHUNK;
     int n_x = 0; /* x rows: 1 + the largest token row an entry reads */
     for (int i = 0; i < N; i++) n_x = tok[i] + 1 > n_x ? tok[i] + 1 : n_x;
     /* x in the lane order of the gate's / up's kernel where it has one (needs_xperm; the same order for both when
@@ -262,6 +291,9 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
     {
         /* the profile in registers, stored once at the end (the threads' records share cache lines) */
         int64_t t_in = prof ? now_ns() : 0, t_gu0 = 0, t_gu1 = 0, t_dn0 = 0, t_dn1 = 0, n_gu = 0, n_dn = 0;
+        /* the chunks for the team OpenMP gave (every thread computes the same ones, as schedule() requires) */
+        const int team = omp_get_num_threads();
+        const int chunk_gu = pool_chunk(G * items_gu, team), chunk_dn = pool_chunk(G * items_dn, team);
         const int n_max = H > F ? H : F;
         float *buf = (float *)malloc(sizeof(float) * (size_t)n_max);
         if (!buf) {
@@ -348,6 +380,8 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
         if (prof && tid < n_threads) {
             int64_t *const me = prof + PROF_HEAD + PROF_PER * tid;
             me[0] = t_in, me[1] = t_gu0, me[2] = t_gu1, me[3] = t_dn0, me[4] = t_dn1, me[5] = n_gu, me[6] = n_dn;
+            me[7] = chunk_dn;
+            if (tid == 0) prof[3] = chunk_gu;
         }
     }
     if (prof) prof[1] = now_ns(), prof[2] = n_threads;
@@ -391,8 +425,8 @@ int strata_pool_experts(int n_threads, int H, int F, int G, const int32_t *exper
     return rc;
 }
 
-/* the build's tuning: out[0..4] = POOL_CHUNK, PREFETCH_AHEAD, ROWS_GATE_UP, ROWS_DOWN, 1 for the AVX-512 permute and
- * lane-order kernels; returns the item loops' schedule */
+/* the build's tuning: out[0..5] = POOL_CHUNK, PREFETCH_AHEAD, ROWS_GATE_UP, ROWS_DOWN, 1 for the AVX-512 permute and
+ * lane-order kernels, POOL_MIN_TAKES; returns the item loops' schedule */
 const char *strata_pool_config(int64_t *out) {
 #ifdef STRATA_AVX2
     const int64_t ahead = PREFETCH_AHEAD;
@@ -404,7 +438,7 @@ const char *strata_pool_config(int64_t *out) {
 #else
     const int64_t perm = 0;
 #endif
-    const int64_t v[5] = {POOL_CHUNK, ahead, ROWS_GATE_UP, ROWS_DOWN, perm};
+    const int64_t v[6] = {POOL_CHUNK, ahead, ROWS_GATE_UP, ROWS_DOWN, perm, POOL_MIN_TAKES};
     memcpy(out, v, sizeof v);
     return "dynamic";
 }

@@ -32,7 +32,7 @@ _VP, _I32, _I64, _U32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.
 # strata_pool_swiglu(threads, H, F, G, gate, up, down, 3 row strides, 3 types, start, tok, dst, x, y, h)
 SWIGLU_ARGS = [_I32, _I32, _I32, _I32, _VP, _VP, _VP, _I64, _I64, _I64, _I32, _I32, _I32, _VP, _VP, _VP, _VP, _VP, _VP]
 # strata_pool_config's out[]: the build's tuning constants, in this order (kernels/expert_pool.c)
-CONFIG_FIELDS = ("POOL_CHUNK", "PREFETCH_AHEAD", "ROWS_GATE_UP", "ROWS_DOWN", "perm")
+CONFIG_FIELDS = ("POOL_CHUNK", "PREFETCH_AHEAD", "ROWS_GATE_UP", "ROWS_DOWN", "perm", "POOL_MIN_TAKES")
 
 
 def native_types() -> frozenset[int]:
