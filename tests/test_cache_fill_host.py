@@ -199,7 +199,7 @@ def test_the_staged_batch_is_the_files_rows_one_run_per_stretch_of_slots(fixture
     """tiers/fill_batch.stage_batch over the fixture's memory-mapped file: every run's staging bytes equal the file's
     rows of its experts (numpy reference), in slot order, runs cover consecutive slots only, nothing past the batch
     is written, and a batch past the staging buffer is refused in one line."""
-    from test_pcie_stage import _lib
+    from test_gather import _lib
 
     from strata_cli.errors import StrataError
     from strata_cli.model.gguf_file import open_model
@@ -234,7 +234,6 @@ def test_the_staged_batch_is_the_files_rows_one_run_per_stretch_of_slots(fixture
 def test_the_default_max_copy_is_the_fill_paths_bytes_in_the_shortest_window():
     """--expert-max-copy not given: FILL_WINDOW_MS of the gather then the DMA, at auto's rates where measured (the
     DMA's only once measured), else the constants (cache-sim's default too); capped at what the slots hold."""
-    import math
 
     from strata_cli.tiers.cache_policy import DEFAULT_MAX_COPY, DEFAULT_MAX_COPY_BYTES, default_max_copy
     from strata_cli.tiers.residency import parse_size
@@ -243,6 +242,7 @@ def test_the_default_max_copy_is_the_fill_paths_bytes_in_the_shortest_window():
     assert DEFAULT_MAX_COPY_BYTES == parse_size(DEFAULT_MAX_COPY, "x") == 556_000_000  # 20 ms x 27.8 GB/s
     assert default_max_copy(10**12) == DEFAULT_MAX_COPY_BYTES
     assert default_max_copy(1234) == 1234
-    assert default_max_copy(10**12, ShareRates(50.0, 30.0)) == 377_000_000  # the gather probe's, DMA 51 GB/s
-    assert default_max_copy(10**12, ShareRates(50.0, 20.0, 30.0, dma_measured=True)) == 240_000_000
-    assert default_max_copy(10**12, ShareRates(50.0, math.inf, 50.0, dma_measured=True)) == 1_000_000_000
+    assert default_max_copy(10**12, ShareRates(50.0, 30.0)) == DEFAULT_MAX_COPY_BYTES  # a DMA not measured: 51
+    # the gather's constant 61.2 GB/s, then the measured DMA: 20 ms / (1 / 61.2 + 1 / 30) = 402 MB
+    assert default_max_copy(10**12, ShareRates(50.0, 30.0, dma_measured=True)) == 402_000_000
+    assert default_max_copy(10**12, ShareRates(50.0, 1000.0, dma_measured=True)) == 1_153_000_000

@@ -1,8 +1,8 @@
 """The PCIe share at Flash-Next width: expert matrices of 1.7 MB (2560 x 640 Q8_0), far above the 64 KB that a
-driver copies inline, gathered from the memory-mapped file into pinned staging buffers and copied while the window's graph waits on flagB.
-Logits and greedy ids must equal the all-resident engine's, with several engines over one mapped model alive at once
-or built one after the other (PCIe share, all-resident, PCIe share again: nothing of the file is page-locked, so no
-upload can start in registered memory and end outside it)."""
+driver copies inline, DMA'd from the engine's page-locked store of its experts (engine/gpu/expert_store.py) while the
+window's graph waits on flagB. Logits and greedy ids must equal the all-resident engine's, with several engines over
+one mapped model alive at once or built one after the other (PCIe share, all-resident, PCIe share again: nothing of
+the file is page-locked, so no upload can start in registered memory and end outside it)."""
 
 from __future__ import annotations
 
@@ -35,26 +35,25 @@ def test_pcie_share_of_flash_next_sized_experts_equals_all_resident(tmp_path):
 
 @pytest.mark.parametrize("drop", [False, True])
 def test_auto_measures_the_copy_path_and_keeps_or_drops_the_pcie_share(tmp_path, monkeypatch, drop):
-    """--pcie-frac auto with the setup's probes faked so that PCIe pays at setup (gather 1000 GB/s): the staging is
-    made and the copy path measured on the device (the real gather and DMA). Against a pool of 0.05 GB/s the
-    measured path still pays: a share > 0 copied in the windows. drop: the measurement runs but reports a gather of
-    1 GB/s against a pool of 10, so no share can pay: the PCIe path is dropped before the warm-up (no flagB wait
-    recorded, no copy thread). Both equal the all-resident run."""
+    """--pcie-frac auto with the setup's pool probe faked so that PCIe pays at setup (a pool of 0.05 or 10 GB/s
+    against the constant DMA rate): the store is made and the copy path measured on the device (the real DMA). Against
+    a pool of 0.05 GB/s the measured path still pays: a share > 0 copied in the windows. drop: the measurement runs
+    but reports a DMA of 0.5 GB/s against a pool of 10, so no share gains the margin: the PCIe path is dropped before
+    the warm-up (no flagB wait recorded, no copy thread, the store unregistered). Both equal the all-resident run."""
     from strata_cli.engine.gpu import tiers as tiers_mod
     from strata_cli.tiers import setup
     from strata_cli.tiers.share import best_pcie_frac
 
     pool_gbs = 10.0 if drop else 0.05
     monkeypatch.setattr(setup, "probe_pool_gbs", lambda model: pool_gbs)
-    monkeypatch.setattr(setup, "probe_gather_gbs", lambda model: 1000.0)
     if drop:
         real = tiers_mod.ExpertTiers.measure_copy_path
 
-        def slow_gather(self, repeats=3):
-            _, _, dma, nbytes = real(self, repeats)
-            return 1 / (1 / 1.0 + 1 / dma), 1.0, dma, nbytes
+        def slow_dma(self, repeats=3):
+            _, nbytes = real(self, repeats)
+            return 0.5, nbytes
 
-        monkeypatch.setattr(tiers_mod.ExpertTiers, "measure_copy_path", slow_gather)
+        monkeypatch.setattr(tiers_mod.ExpertTiers, "measure_copy_path", slow_dma)
     model = synthetic_model(tmp_path, "flash-next", 4, "Q8_0", layers=4, experts=16, vocab=4096, ngram_vocab=100)
     tokens = np.random.default_rng(3).integers(0, model.geometry.n_vocab, 16)
     base, base_ids = speculative_run(tiered_engine(model), tokens, np.random.default_rng(6), 6)
@@ -68,7 +67,7 @@ def test_auto_measures_the_copy_path_and_keeps_or_drops_the_pcie_share(tmp_path,
         assert rel_err(got, base) <= 1e-4
         np.testing.assert_array_equal(ids, base_ids)
         assert (eng.tier_host.history[-1]["pcie"] > 0) == (frac > 0)
-        assert (eng.tier_host._copier is not None) == (frac > 0)
+        assert (eng.tier_host._copier is not None) == (frac > 0) and (eng.tiers.store is not None) == (frac > 0)
 
 
 def test_pcie_then_all_resident_then_pcie_in_one_process(tmp_path):

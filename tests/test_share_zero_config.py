@@ -6,7 +6,7 @@ from strata_cli.tiers.share import ShareRates
 
 
 def test_auto_resolved_to_zero_equals_explicit_zero():
-    rates = ShareRates(50.0, 18.0)
+    rates = ShareRates(50.0, 18.0)  # the pool 50, the DMA 18 GB/s
     auto = resolved_config(TierConfig(cache="0", pcie_frac="auto"), 0.0, True, rates)
     zero = resolved_config(TierConfig(cache="0", pcie_frac=0.0), 0.0, False, None)
     assert auto == zero

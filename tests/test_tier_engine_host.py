@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 
-import math
 
 import numpy as np
 import pytest
@@ -105,14 +104,6 @@ class _Mapped:
         self.host = np.zeros(shape, dtype=dtype)
 
 
-class _SimStaging:
-    """Stands in for the PCIe share's StagingRing (tiers/gather.py): a step's gather hands back the experts it
-    staged, in staging-slot order (what the simulated copy thread records)."""
-
-    def gather(self, grp, src, experts):
-        return [int(e) for e in experts]
-
-
 class _SimTiers:
     """The fields of ExpertTiers that TierHost reads, on plain host memory."""
 
@@ -126,8 +117,6 @@ class _SimTiers:
         self.JM = max_t * self.K
         self.G = 1
         self.pcie, self.copy_stream, self.fill = cfg.pcie_frac > 0, None, None
-        self.ring_stage = _SimStaging() if self.pcie else None
-        self.expert_src = [None] * self.L
         self.expert_bytes = expert_bytes(model)[:, None].repeat(3, axis=1) // 3
         self.pub_x = _Mapped((max_t, self.D), np.float32)
         self.pub_ids = _Mapped((max_t, self.K), np.int32)
@@ -193,8 +182,8 @@ def _sim(monkeypatch, fixture_dir, cache, stall=0, T=3, seed=0, pcie_frac=0.0, t
     tiers = _SimTiers(model, table, cfg, max_t=4)
     tiers.copies = []
 
-    def copy_pcie(self, layer, grp, staged, want):
-        tiers.copies.append((layer, grp, staged, threading.current_thread().name))
+    def copy_pcie(self, layer, grp, experts, want):
+        tiers.copies.append((layer, grp, [int(e) for e in experts], threading.current_thread().name))
         threading.Timer(0.002, lambda: tiers.words.host.__setitem__(FLAG_B, max(int(tiers.words.host[FLAG_B]),
                                                                                  want))).start()
 
@@ -356,11 +345,10 @@ def test_tier_breakdown_gpu_time_copy_rate_and_tier_floor():
 
     from strata_cli.tiers.share import ShareRates
 
-    # with no gather, 10 MB at 10 GB/s of pool and 51 MB at 51 GB/s of copies overlap: 1 ms over the all-resident 2 ms
-    assert tier_floor_ms(2.0, 10e6, 51e6, ShareRates(10.0, math.inf, 51.0)) == pytest.approx(3.0)
-    assert tier_floor_ms(2.0, 30e6, 51e6, ShareRates(10.0, math.inf, 51.0)) == pytest.approx(5.0)
-    # a gather at 51 GB/s: 1 ms more on the host (after the pool's 1 ms), and before the DMA's 1 ms
-    assert tier_floor_ms(2.0, 10e6, 51e6, ShareRates(10.0, 51.0, 51.0)) == pytest.approx(4.0)
+    # 10 MB at 10 GB/s of pool and 51 MB at 51 GB/s of copies overlap: 1 ms over the all-resident 2 ms
+    assert tier_floor_ms(2.0, 10e6, 51e6, ShareRates(10.0, 51.0)) == pytest.approx(3.0)
+    assert tier_floor_ms(2.0, 30e6, 51e6, ShareRates(10.0, 51.0)) == pytest.approx(5.0)
+    assert tier_floor_ms(2.0, 10e6, 102e6, ShareRates(10.0, 51.0)) == pytest.approx(4.0)  # the DMA's 2 ms
     assert tier_floor_ms(None, 1.0, 1.0) is None
     history = [{"T": 2, "vram": 0, "pcie": 4, "cpu": 4, "vram_share": 0.0, "pcie_share": 0.5, "cpu_share": 0.5,
                 "wait_b_ms": 1.5, "wait_flag_ms": 2.5, "host_wait_ms": 0.1, "pool_ms": 4.0, "pcie_bytes": 8e6,

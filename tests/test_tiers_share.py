@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest
@@ -17,57 +16,44 @@ from strata_cli.tiers.share import (AUTO_MIN_GAIN, PCIE_GBS, POOL_GBS, ShareRate
                                     resolve_pcie_frac, shares_ms, window_ms)
 from strata_cli.tiers.setup import residency_for
 
-# the H200 host, full-size file, cache 0 (#17): the old balance rule chose 0.21 here and lost 2x to 0
-H200 = ShareRates(pool_gbs=52.0, gather_gbs=17.9, dma_gbs=54.7, dma_measured=True)
-
-
-def test_the_model_adds_the_gather_to_the_pool_and_overlaps_only_the_dma():
-    r = ShareRates(pool_gbs=50.0, gather_gbs=25.0, dma_gbs=100.0)
+def test_the_pool_and_the_dma_run_side_by_side():
+    r = ShareRates(pool_gbs=50.0, dma_gbs=100.0)
     host, pcie, tier = shares_ms(1e9, 1e9, r)  # 1 GB on the pool, 1 GB over PCIe
-    assert host == pytest.approx(20.0 + 40.0) and pcie == pytest.approx(40.0 + 10.0) and tier == host
+    assert host == pytest.approx(20.0) and pcie == pytest.approx(10.0) and tier == host
     assert window_ms(0.0, 2e9, r) == pytest.approx((40.0, 0.0, 40.0))
-    assert window_ms(1.0, 2e9, r) == pytest.approx((80.0, 100.0, 100.0))
-    # no host gather (a mapping registered in place): host and PCIe run side by side
-    assert window_ms(0.5, 2e9, ShareRates(50.0, math.inf, 100.0)) == pytest.approx((20.0, 10.0, 20.0))
+    assert window_ms(1.0, 2e9, r) == pytest.approx((0.0, 20.0, 20.0))
+    assert window_ms(0.5, 2e9, r) == pytest.approx((20.0, 10.0, 20.0))
 
 
-def test_auto_chooses_0_where_the_gather_is_slower_than_the_pool():
-    assert best_pcie_frac(H200) == 0.0  # the measured rates of #17: any f > 0 costs the host more
-    for pool, gather, dma in [(52.0, 51.9, 1000.0), (10.0, 5.0, 60.0), (77.7, 40.0, 54.7)]:
-        assert best_pcie_frac(ShareRates(pool, gather, dma)) == 0.0
-    frac, note = resolve_pcie_frac("auto", H200, 2_000_000_000)
-    assert frac == 0.0 and note.startswith("PCIe share: 0 of each layer's distinct misses")
-    # the predicted times at 0 and the chosen share, and at the fractions tiers_device.sh runs
-    t0 = window_ms(0.0, 2e9, H200)[2]
-    assert f"(2.00 GB): {t0:.1f} at 0 (chosen)" in note and f"{window_ms(0.25, 2e9, H200)[2]:.1f} at 0.25" in note
-    assert "gather 17.9 GB/s" in note and "DMA 54.7 GB/s measured" in note and "PCIe loses here" in note
-
-
-def test_auto_chooses_the_meeting_point_where_pcie_pays():
-    # no host gather (the mapping registered in place): the old balance rule dma / (dma + pool) is the best share
+def test_auto_chooses_the_meeting_point():
+    # the host's and the copy engine's times meet at dma / (dma + pool): the best share
     for pool, dma in [(52.0, 54.7), (10.0, 30.0), (77.7, 51.0)]:
-        f = best_pcie_frac(ShareRates(pool, math.inf, dma), step=1e-4)
+        f = best_pcie_frac(ShareRates(pool, dma), step=1e-4)
         assert f == pytest.approx(dma / (dma + pool), abs=2e-4)
-    # a gather faster than the pool: the same meeting point, where the DMA ends with the host
-    r = ShareRates(pool_gbs=20.0, gather_gbs=80.0, dma_gbs=60.0)
+    r = ShareRates(pool_gbs=20.0, dma_gbs=60.0)
     f = best_pcie_frac(r)
     assert f == pytest.approx(60.0 / 80.0, abs=0.011)
     assert window_ms(f, 1e9, r)[2] < (1 - AUTO_MIN_GAIN) * window_ms(0.0, 1e9, r)[2]
     frac, note = resolve_pcie_frac("auto", r, 10**9)
     assert frac == f and f"at the chosen {f:g}" in note and "(constant, not measured)" in note
+    assert "CPU pool 20.0 GB/s; DMA 60.0 GB/s" in note and "from the page-locked store" in note
+    # the predicted times at 0 and the chosen share, and at the fractions tiers_device.sh runs
+    t0 = window_ms(0.0, 1e9, r)[2]
+    assert f"(1.00 GB): {t0:.1f} at 0," in note and f"{window_ms(0.25, 1e9, r)[2]:.1f} at 0.25" in note
 
 
 def test_auto_keeps_0_when_the_predicted_gain_is_under_the_margin():
-    r = ShareRates(pool_gbs=52.0, gather_gbs=60.0, dma_gbs=54.7)  # a best share ~7 % faster than 0
+    r = ShareRates(pool_gbs=100.0, dma_gbs=8.0)  # the best share ~7 % faster than 0
     best = best_pcie_frac(r, min_gain=0.0)
     gain = 1 - window_ms(best, 1e9, r)[2] / window_ms(0.0, 1e9, r)[2]
     assert best > 0 and 0 < gain < AUTO_MIN_GAIN
     frac, note = resolve_pcie_frac("auto", r, 10**9)
     assert frac == 0.0 and f"no share is predicted {AUTO_MIN_GAIN:.0%} faster than 0" in note
+    assert note.startswith("PCIe share: 0 of each layer's distinct misses") and "(chosen)" in note
 
 
 def test_rates_must_be_positive():
-    for bad in [(0.0, 1.0, 1.0), (1.0, -1.0, 1.0), (1.0, 1.0, float("nan"))]:
+    for bad in [(0.0, 1.0), (1.0, -1.0), (float("nan"), 1.0)]:
         with pytest.raises(ValueError, match="must be > 0"):
             ShareRates(*bad)
     with pytest.raises(ValueError, match="needs the measured rates"):
@@ -99,11 +85,11 @@ def test_the_tier_floor_uses_the_model_at_the_rates_measured_for_auto():
     history = [{"T": 1, "vram": 0, "pcie": 5, "cpu": 5, "vram_share": 0.0, "pcie_share": 0.5, "cpu_share": 0.5,
                 "wait_b_ms": 0.0, "wait_flag_ms": 0.0, "host_wait_ms": 0.0, "pool_ms": 1.0, "pcie_bytes": 20e6,
                 "cpu_bytes": 10e6, "gather_ms": 0.5, "copy_ms": 0.4}]
-    measured = ShareRates(pool_gbs=10.0, gather_gbs=20.0, dma_gbs=10.0)
-    # no rates (a given share): the constants with no gather cost, a lower bound
+    measured = ShareRates(pool_gbs=10.0, dma_gbs=10.0)
+    # no rates (a given share): the constants, a lower bound
     for cfg, want in [(TierConfig(cache="0", pcie_frac=0.5), max(10e6 / (POOL_GBS * 1e6), 20e6 / (PCIE_GBS * 1e6))),
-                      # host 1 ms pool + 1 ms gather; PCIe 1 ms gather + 2 ms DMA
-                      (TierConfig(cache="0", pcie_frac=0.5, rates=measured), 3.0)]:
+                      # host 1 ms of pool beside 2 ms of DMA
+                      (TierConfig(cache="0", pcie_frac=0.5, rates=measured), 2.0)]:
         t = SimpleNamespace(cfg=cfg, stage_table=lambda: np.array([[-1]]))
         row = tier_means(t, SimpleNamespace(history=history), 1, 1, 5.0, 1.0)
         assert row["tier_floor_ms"] == pytest.approx(1.0 + want)
@@ -140,30 +126,6 @@ def test_cli_default_is_the_cpu_pool_alone_and_auto_is_asked_for():
     assert tier_config(None, None, "auto", "spin").cache.kind == "all"
 
 
-def test_gather_probe_gathers_the_pool_probes_experts_on_the_pools_team(fixture_dir):
-    from strata_cli.model.gguf_file import open_model
-    from strata_cli.tiers.share import probe_gather_gbs
-
-    model = open_model(fixture_dir / "model-q8_0.gguf")
-    g = model.geometry
-    n = max(1, min(32, g.n_expert) // g.n_expert_used) * g.n_expert_used
-    calls = []
-
-    class Lib:
-        def strata_gather(self, threads, pieces, src, dst, nbytes):
-            calls.append((threads, pieces))
-            return 0
-
-    assert probe_gather_gbs(model, team=(Lib(), 5), repeats=2) > 0
-    from strata_cli.tiers.gather import expert_bytes_view, gather_threads
-    from strata_cli.tiers.residency import expert_names
-
-    nbytes = n * sum(expert_bytes_view(model.info(name).raw, g.n_expert).shape[1] for name in expert_names(0))
-    # one call a repeat: the three projections of every probe expert, on the threads of the team its bytes call for
-    assert calls == [(gather_threads(5, nbytes), 3 * n)] * 2
-    assert probe_gather_gbs(model, team=(None, 1), repeats=1) > 0  # numpy's take without the library
-
-
 def test_engine_setup_resolves_auto_and_says_so(fixture_dir, monkeypatch):
     from strata_cli.model.gguf_file import open_model
     from strata_cli.tiers.residency import expert_bytes
@@ -174,22 +136,22 @@ def test_engine_setup_resolves_auto_and_says_so(fixture_dir, monkeypatch):
 
     arena = plan_buffers(model.geometry, 64, 8).planned_bytes()
     monkeypatch.setattr(setup, "probe_pool_gbs", lambda m: 17.0)  # the pool's rate on this model's experts
-    # a gather faster than the pool: a share > 0, staging made, the DMA measured later (rebalance_share)
-    monkeypatch.setattr(setup, "probe_gather_gbs", lambda m: 68.0)
+    # a pool slower than the constant DMA: a share > 0, the store made, the DMA measured later (rebalance_share)
     table, note, cfg = residency_for(model, TierConfig(cache="3", pcie_frac="auto"), arena, 8)
-    rates = ShareRates(17.0, 68.0, PCIE_GBS)
+    rates = ShareRates(17.0, PCIE_GBS)
     assert cfg.pcie_frac == best_pcie_frac(rates) > 0 and (table < 0).any()
     assert cfg.share_auto and cfg.rates == rates and not cfg.rates.dma_measured
-    assert "CPU pool 17.0 GB/s and gather 68.0 GB/s" in note and "(constant, not measured)" in note
+    assert "CPU pool 17.0 GB/s; DMA" in note and "(constant, not measured)" in note
     window = model.geometry.n_expert_used * int(expert_bytes(model).sum())
     assert f"({window / 1e9:.2f} GB): {window_ms(0.0, window, rates)[2]:.1f} at 0," in note
     assert note.startswith("expert cache: 3 of") and "PCIe share: " in note and "--pcie-frac auto" in note
-    # the gather slower than the pool: 0, and no staging in the budget (the same cache as a given 0)
-    monkeypatch.setattr(setup, "probe_gather_gbs", lambda m: 9.0)
+    # a pool so fast that no share gains the margin: 0, and no staging in the budget (the same cache as a given 0)
+    monkeypatch.setattr(setup, "probe_pool_gbs", lambda m: 1000.0)
     staged = []
     monkeypatch.setattr(setup, "_staging_bytes", lambda model, cfg, *a: staged.append(cfg.pcie_frac) or 0)
     table, note, cfg = residency_for(model, TierConfig(cache="3", pcie_frac="auto"), arena, 8)
-    assert cfg.pcie_frac == 0.0 and staged == [0.0] and not cfg.share_auto and cfg.rates is None and "PCIe loses here" in note
+    assert cfg.pcie_frac == 0.0 and staged == [0.0] and not cfg.share_auto and cfg.rates is None
+    assert "no share is predicted" in note
     table, note, cfg = residency_for(model, TierConfig(cache="all", pcie_frac="auto"), arena, 8)
     assert table is None and "zero-doorbell" in note and "PCIe" not in note  # nothing missed: nothing to share
     assert residency_for(model, None, arena, 8) == (None, None, None)

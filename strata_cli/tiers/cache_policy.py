@@ -53,12 +53,11 @@ def fill_budget_bytes(gather_gbs: float = GATHER_GBS, dma_gbs: float = PCIE_GBS,
 
 
 def default_max_copy(cache_bytes: int, rates=None) -> int:
-    """--expert-max-copy when not given: fill_budget_bytes at the gather and DMA rates --pcie-frac auto measured
-    (rates: tiers/share.ShareRates; the DMA's only if measured), else the constants; never more than the cache's
-    slots hold (cache_bytes: no batch can copy more; small models stage no more than that)."""
-    gather = rates.gather_gbs if rates is not None else GATHER_GBS
+    """--expert-max-copy when not given: fill_budget_bytes at the gather's constant rate and the DMA rate
+    --pcie-frac auto measured (rates: tiers/share.ShareRates; the DMA's only if measured, else the constant); never
+    more than the cache's slots hold (cache_bytes: no batch can copy more; small models stage no more than that)."""
     dma = rates.dma_gbs if rates is not None and rates.dma_measured else PCIE_GBS
-    return max(0, min(int(cache_bytes), fill_budget_bytes(gather, dma)))
+    return max(0, min(int(cache_bytes), fill_budget_bytes(GATHER_GBS, dma)))
 
 
 DEFAULT_MAX_COPY_BYTES = fill_budget_bytes()

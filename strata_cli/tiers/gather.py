@@ -1,7 +1,8 @@
-"""The PCIe share's host gather: a step's PCIe experts copied from the memory-mapped expert tensors into staging
-rows, on the calling thread's OpenMP team (kernels/expert_pool.c strata_gather: 64 KiB chunks of memcpy over the
-team), so that the thread that runs the pool gathers on the pool's own team, one call after the
-other (engine/gpu/pcie_stage.py says why; tiers/share.py times it for --pcie-frac auto)."""
+"""The host gather: experts copied from the memory-mapped expert tensors into other host memory (an adaptive cache's
+slot fills' pinned staging, engine/gpu/residency_fill.py; the PCIe share's page-locked store at load,
+engine/gpu/expert_store.py), on the calling thread's OpenMP team (kernels/expert_pool.c strata_gather: 64 KiB chunks
+of memcpy over the team), so that the thread that runs the pool gathers on the pool's own team, one call after the
+other (the two share the host's cores and memory bandwidth whatever runs them)."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ tiers/doorbell.StepRange numbers them). The plan and its slot words: tiers/step_
 VRAM groups are not in the plan: the device groups them from its residency table right after the ring.
 The PCIe share is the last floor(n_miss * pcie_frac) distinct misses in routing order; the copy stream
 writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never runs ahead of a copy. This thread
-gathers each step's PCIe experts into the pinned staging on the pool's OpenMP team (engine/gpu/pcie_stage.py says
-why there), then runs the CPU pool while one copy thread issues the step's copies (in step order): the DMAs overlap
-the pool, the gather does not (tiers/share.py models exactly that). An adaptive --expert-policy's batch of slot fills
+runs the CPU pool while one copy thread issues the step's copies (in step order) straight from the experts'
+page-locked store (engine/gpu/expert_store.py): the DMAs overlap the pool, and no host core copies an expert
+(tiers/share.py models exactly that; the pool's team leaves the copy thread a core, ExpertSource). An adaptive --expert-policy's batch of slot fills
 (tiers/cache_policy.SlotFiller) is gathered on the same team after the window's last step, while the GPU runs the
 window's tail, and its DMAs issued on their own stream; begin() only updates the table (issue 20: the fills' copy
 before the launch cost ~110 ms a window).
@@ -57,13 +57,24 @@ class ExpertSource:
     GGUF blocks, the GIL released; float32 on the exactly dequantized weights), written straight into the
     group's rows of mapped `ymiss`."""
 
-    def __init__(self, model, max_entries: int = 0):
+    def __init__(self, model, max_entries: int = 0, copy_thread: bool = False):
         from .pool import ExpertPool
 
         self.pool = ExpertPool(model)
+        if copy_thread:
+            self.leave_core()
         # the pool's gate/up scratch at its largest (every entry of a window), its pages written now: no window
         # pays their first-touch faults
         self.pool.reserve(max_entries)
+
+    def leave_core(self, leave: bool = True) -> None:
+        """A PCIe share's copy thread issues each step's DMAs while the pool computes: the team leaves it a core (a
+        17th busy thread on 16 cores stalls the team's barriers: bench/pinned_probe.py measured the pool beside a
+        spinning copy thread at 0.7 GB/s against 38 alone). leave False: every core again (the share dropped)."""
+        from .pool import default_threads
+
+        cores = default_threads()
+        self.pool.set_threads(cores - 1 if leave and cores > 1 else cores)
 
     def compute_into(self, layer: int, x: np.ndarray, plan: StepPlan, out: np.ndarray) -> None:
         """x [n, D] the group's rows, out [n*K, D] the group's ymiss rows: out[j] for every CPU entry j."""
@@ -77,7 +88,7 @@ class TierHost:
 
     def __init__(self, tiers, engine, stall: int = 0):
         self.t, self.e = tiers, engine
-        self.src = ExpertSource(tiers.model, getattr(tiers, "JM", 0))
+        self.src = ExpertSource(tiers.model, getattr(tiers, "JM", 0), copy_thread=bool(getattr(tiers, "pcie", False)))
         # each step's plan in C on the pool's library (tiers/step_plan.py), numpy's reference without it
         self.planner = StepPlanner(self.src.pool.lib, tiers.model.geometry.n_expert, getattr(tiers, "JM", 0))
         self.stall = stall
@@ -123,6 +134,7 @@ class TierHost:
         if self._copier is not None:
             self._copier.shutdown(wait=True)
             self._copier = None
+            self.src.leave_core(False)
 
     def close(self) -> None:
         """Stop the copy thread, destroy the copy events, leave the watchdog's list (the engine's close())."""
@@ -328,9 +340,8 @@ class TierHost:
         self._raise_flag(FLAG_A, want)
         copying = None
         t_plan = time.perf_counter()
-        if t.pcie:  # gathered here, on the pool's team; the pool computes while the copy thread issues the copies
-            staged = t.ring_stage.gather(grp, t.expert_src[layer], plan.pcie.experts.astype(np.intp))
-            copying = self._copier.submit(self._issue_copies, layer, grp, staged, want)
+        if t.pcie:  # the pool computes while the copy thread issues the copies from the page-locked store
+            copying = self._copier.submit(self._issue_copies, layer, grp, plan.pcie.experts.copy(), want)
         else:
             self._raise_flag(FLAG_B, want)
         t_pool = time.perf_counter()
@@ -360,10 +371,10 @@ class TierHost:
         s["cpu_bytes"] += eb * plan.cpu.n_groups
         self.progress = time.monotonic()
 
-    def _issue_copies(self, layer: int, grp: int, staged: list[tuple[int, int]], want: int) -> None:
+    def _issue_copies(self, layer: int, grp: int, experts: np.ndarray, want: int) -> None:
         """The copy thread's job of one step: its copies issued, then the eager launcher's gate opened up to it."""
         try:
-            self._copy_pcie(layer, grp, staged, want)
+            self._copy_pcie(layer, grp, experts, want)
         finally:
             self._copy_phase = ("idle", time.monotonic())
         with self._issued_cv:
@@ -397,22 +408,18 @@ class TierHost:
         text, since = self._copy_phase
         return f"the copy thread: {text} for {time.monotonic() - since:.1f} s"
 
-    def _copy_pcie(self, layer: int, grp: int, staged: list[tuple[int, int]], want: int) -> None:
-        """The step's PCIe experts, gathered into the group's pinned staging buffers (staged: per projection (host
-        address, bytes), StagingRing.gather), one DMA per projection into the device staging slots (copy engine),
-        then flagB = want on the copy stream (after the copies land). The DMAs sit between two events (copy GB/s)."""
+    def _copy_pcie(self, layer: int, grp: int, experts: np.ndarray, want: int) -> None:
+        """The step's PCIe experts DMA'd from the page-locked store into group grp's device staging slots (copy
+        engine, ExpertTiers.issue_copies: one copy an expert and projection), then flagB = want on the copy stream
+        (after the copies land). The DMAs sit between two events (copy GB/s)."""
         from ..gpu.launch_tiers import write_word
 
         t, rt = self.t, cudart()
-        kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
         stream = t.copy_stream
         start, end = self._copy_events(t.steps.ring(layer, grp, t.G) - 1)
         self._phase(f"cudaEventRecord before layer {layer}'s copies")
         check(rt.cudaEventRecord(start, stream.ptr), "cudaEventRecord")
-        for p, (host_ptr, nbytes) in enumerate(staged):
-            self._phase(f"cudaMemcpyAsync of layer {layer}'s {('gate', 'up', 'down')[p]} experts ({nbytes} bytes)")
-            check(rt.cudaMemcpyAsync(t.buf[f"tier_stage.{grp}.{p}"].data.ptr, host_ptr, nbytes, kind, stream.ptr),
-                  "cudaMemcpyAsync")
+        t.issue_copies(layer, grp, experts, self._phase)
         self._phase(f"cudaEventRecord after layer {layer}'s copies")
         check(rt.cudaEventRecord(end, stream.ptr), "cudaEventRecord")
         self._timed_copies.append((start, end))

@@ -40,8 +40,9 @@ def default_threads() -> int:
 
 
 def gather_team() -> tuple[object, int]:
-    """(the native library, its team size) an ExpertPool made with the defaults computes on: the PCIe share's gather
-    (engine/gpu/pcie_stage.py) runs on the same team, one call after the other with the pool's."""
+    """(the native library, its team size) an ExpertPool made with the defaults computes on: the host gathers (the
+    PCIe share's page-locked store at load, engine/gpu/expert_store.py; an adaptive cache's slot fills) run on the
+    same team, one call after the other with the pool's."""
     return native.load(), default_threads()
 
 
@@ -84,6 +85,12 @@ class ExpertPool:
         self._prof = np.zeros(PROF_HEAD + PROF_PER * self.n_threads, dtype=np.int64)
         self._prof_ptr = self._prof.ctypes.data
         self._f64: dict[tuple[int, int], tuple] = {}
+
+    def set_threads(self, n_threads: int) -> None:
+        """The team's size from the next call on (its profile buffer sized to it)."""
+        self.n_threads = max(1, int(n_threads))
+        self._prof = np.zeros(PROF_HEAD + PROF_PER * self.n_threads, dtype=np.int64)
+        self._prof_ptr = self._prof.ctypes.data
 
     @property
     def backend(self) -> str:

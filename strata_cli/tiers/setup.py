@@ -1,5 +1,5 @@
 """Choosing the residency of a GPU engine's expert tiers before any upload: --expert-cache, --pcie-frac auto
-resolved (the pool and the gather timed here; a share of 0 makes no staging at all), and whether the engine needs the
+resolved (the pool timed here; a share of 0 makes no page-locked store at all), and whether the engine needs the
 doorbell graph at all (engine/gpu/tiers.py attaches the tiers after).
 
 --expert-cache auto keeps what fits: device memory free before loading, less the dense weights, the arena
@@ -14,7 +14,7 @@ from ..gpu.runtime import cupy
 from ..model.names import PLE_TABLE
 from .config import TierConfig
 from .residency import choose_residency, is_expert_tensor
-from .share import AUTO, ShareRates, auto_window_bytes, probe_gather_gbs, probe_pool_gbs, resolve_pcie_frac
+from .share import AUTO, ShareRates, auto_window_bytes, probe_pool_gbs, resolve_pcie_frac
 
 
 def _dense_bytes(model, layers: tuple[int, int]) -> int:
@@ -53,8 +53,9 @@ def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int,
     stall = cfg.stall_window
     span = (0, model.geometry.n_layers) if layers is None else (int(layers[0]), int(layers[1]))
     auto = cfg.pcie_frac == AUTO
-    # auto: the pool and the gather timed on the same experts, on the pool's team (the DMA once staging exists)
-    rates = ShareRates(probe_pool_gbs(model), probe_gather_gbs(model)) if auto else None
+    # auto: the pool timed on the model's experts (no host gather: the PCIe experts are DMA'd from their page-locked
+    # store, engine/gpu/expert_store.py; the DMA is measured once the store exists, rebalance_share)
+    rates = ShareRates(probe_pool_gbs(model)) if auto else None
     frac, pcie_note = resolve_pcie_frac(cfg.pcie_frac, rates, auto_window_bytes(model, span) if auto else None)
     # a share of 0 from auto is the config --pcie-frac 0 makes: nothing of the probes rides on (no rebalance, no
     # floor from the probe's rates), so the engine built from it is the one --pcie-frac 0 builds

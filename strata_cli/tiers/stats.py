@@ -18,7 +18,6 @@ the engine was built with --pcie-frac auto, else the pool's constant and no gath
 from __future__ import annotations
 
 import heapq
-import math
 from collections import deque
 from operator import itemgetter
 
@@ -77,11 +76,11 @@ def _rate(nbytes: float, ms: float) -> float:
 def tier_floor_ms(all_resident_ms: float | None, cpu_bytes: float, pcie_bytes: float,
                   rates: ShareRates | None = None) -> float | None:
     """The all-resident window's floor plus the host shares' predicted time (tiers/share.shares_ms: the pool and the
-    gather one after the other on the host, the DMAs beside them) at the rates measured for --pcie-frac auto; without
-    them POOL_GBS and PCIE_GBS and no gather cost (a lower bound)."""
+    DMAs side by side) at the rates measured for --pcie-frac auto; without them POOL_GBS and PCIE_GBS (a lower
+    bound)."""
     if all_resident_ms is None:
         return None
-    return all_resident_ms + shares_ms(cpu_bytes, pcie_bytes, rates or ShareRates(POOL_GBS, math.inf))[2]
+    return all_resident_ms + shares_ms(cpu_bytes, pcie_bytes, rates or ShareRates(POOL_GBS))[2]
 
 
 def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: float | None) -> dict | None:

@@ -127,9 +127,8 @@ class GPUEngine:
         with self.load_phase("expert residency chosen") as phase:
             table, self.tier_note, tiers = residency_for(model, tiers, self.arena.planned_bytes(), self.max_t,
                                                           self.layers)
-            if tiers is not None and tiers.rates is not None:  # --pcie-frac auto timed the pool and the gather first
-                phase["what"] = (f"expert residency chosen (CPU pool probe {tiers.rates.pool_gbs:.1f} GB/s, gather "
-                                 f"probe {tiers.rates.gather_gbs:.1f} GB/s)")
+            if tiers is not None and tiers.rates is not None:  # --pcie-frac auto timed the pool first
+                phase["what"] = f"expert residency chosen (CPU pool probe {tiers.rates.pool_gbs:.1f} GB/s)"
         skip = _stage_skip(self.layers, g, table is not None)
         with self.load_phase("dense weights uploaded") as phase:
             self.w = DeviceWeights(model, pack_q8=pack_q8, skip=skip)  # pack_q8=False keeps raw Q8_0 (comparisons)

@@ -106,27 +106,22 @@ class ExpertTiers:
         self.plan = MappedBuffer((2, self.plan_words), np.int32)
         self.wait_ns = MappedBuffer((self.steps.count(2), 2), np.uint64)  # [step, wait kind], up to 2 groups
         self.copy_stream = None
-        self.ring_stage = None
+        self.store = None  # the PCIe share's source: its experts page-locked (expert_store.py)
         # an eager window's launcher calls launch_gate(ring) before each flagB wait (tiers/host.py TierHost.wait_issued:
         # the step's copies issued first); None while a graph is captured (a graph launch launches nothing after)
         self.launch_gate = None
         if self.pcie:
             from ...gpu.graphs import new_stream
-            from ...tiers.gather import expert_bytes_view
             from ...tiers.pool import gather_team
-            from .pcie_stage import StagingRing
+            from .expert_store import PinnedExperts
 
             self.copy_stream = new_stream()
-            # the PCIe share's experts go through pinned staging buffers (pcie_stage.py says why the file itself is
-            # never page-locked); the byte views of the mapped expert tensors are made once here
-            self.expert_src = {layer: [expert_bytes_view(model.info(n).raw, self.E) for n in expert_names(layer)]
-                               for layer in layers}
-            sizes = [self.Q * self.most_bytes(p) for p in range(3)]
-            with phase("PCIe staging buffers pinned") as done:
-                # gathered on the pool's team (pcie_stage.py): the pool's library and thread count
-                self.ring_stage = StagingRing(self.G, sizes, lambda n: MappedBuffer((n,), np.uint8), *gather_team())
-                done["what"] = (f"PCIe staging buffers pinned ({self.G} x {sum(sizes) / 2**20:.1f} MiB: "
-                                f"{self.Q} experts per step)")
+            with phase("PCIe experts page-locked") as done:
+                # copied on the pool's team, then registered (expert_store.py says why, and why not the file)
+                self.store = PinnedExperts(model, layers, table if cfg.policy == "static" else None, *gather_team(),
+                                           rt=cudart(), check=check)
+                done["what"] = (f"PCIe experts page-locked ({self.store.stored_bytes() / 2**30:.2f} GiB of "
+                                f"{'non-resident' if cfg.policy == 'static' else 'all'} experts in host memory)")
         self.timeout_ns = int(cfg.timeout_s * 1e9)
 
     def most_bytes(self, p: int) -> int:
@@ -239,58 +234,59 @@ class ExpertTiers:
         tl.combine(b["moe_parts"], self.ymiss.device, plan_dev[:self.JM], b["route_w"], b["shared"], b["block_out"],
                    r0, n, stream)
 
-    def measure_copy_path(self, repeats: int = 3) -> tuple[float, float, float, int]:
-        """The PCIe share's copy path as a step runs it: up to Q experts of the engine's first layer (its
-        non-resident ones first: their pages were brought in at load) gathered from the mapping into group 0's
-        pinned staging buffers on the pool's team (this thread's), then one DMA per projection into its device
-        staging slots on the copy stream;
-        the best of `repeats`. Returns (path GB/s, gather GB/s, DMA GB/s, bytes per run). Call after bind()."""
-        import time
-
-        from ...tiers.share import path_gbs
-
+    def measure_copy_path(self, repeats: int = 3) -> tuple[float, int]:
+        """The PCIe share's copy as a step runs it: up to Q stored experts of the engine's first layer DMA'd from the
+        page-locked store into group 0's device staging slots on the copy stream, one copy an expert and projection
+        (tiers/host.py); the best of `repeats`. Returns (DMA GB/s, bytes per run). Call after bind()."""
         rt = cudart()
-        kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
         layer = self.steps.lo
-        row = self.table_host[layer]
-        experts = np.concatenate([np.flatnonzero(row < 0), np.flatnonzero(row >= 0)])[:self.Q].astype(np.intp)
+        experts = np.flatnonzero(self.store.slot[layer] >= 0)[:self.Q]
         stream = self.copy_stream.ptr
         start, end = check(rt.cudaEventCreate(), "cudaEventCreate"), check(rt.cudaEventCreate(), "cudaEventCreate")
         best = None
         try:
             for _ in range(max(1, repeats)):
-                g0 = time.perf_counter()
-                staged = self.ring_stage.gather(0, self.expert_src[layer], experts)
-                gather_s = time.perf_counter() - g0
                 check(rt.cudaEventRecord(start, stream), "cudaEventRecord")
-                for p, (host_ptr, nbytes) in enumerate(staged):
-                    check(rt.cudaMemcpyAsync(self.buf[f"tier_stage.0.{p}"].data.ptr, host_ptr, nbytes, kind, stream),
-                          "cudaMemcpyAsync")
+                self.issue_copies(layer, 0, experts)
                 check(rt.cudaEventRecord(end, stream), "cudaEventRecord")
                 check(rt.cudaEventSynchronize(end), "cudaEventSynchronize")
                 dma_s = check(rt.cudaEventElapsedTime(start, end), "cudaEventElapsedTime") / 1e3
-                if best is None or gather_s + dma_s < sum(best):
-                    best = (gather_s, dma_s)
+                best = dma_s if best is None else min(best, dma_s)
         finally:
             for event in (start, end):
                 check(rt.cudaEventDestroy(event), "cudaEventDestroy")
         nbytes = len(experts) * sum(self.expert_bytes[layer])
-        return (*path_gbs(nbytes, *best), nbytes)
+        return (nbytes / 1e9 / best if best and best > 0 else float("inf")), nbytes
+
+    def issue_copies(self, layer: int, grp: int, experts: np.ndarray, phase=None) -> None:
+        """The DMAs of a step's PCIe experts (staging slot q = position q) from the page-locked store into group
+        grp's device staging slots, on the copy stream: one copy an expert and projection. phase(text): what is
+        being issued (the copy thread's timeout line)."""
+        rt = cudart()
+        kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        stream = self.copy_stream.ptr
+        for p, srcs in enumerate(self.store.addresses(layer, experts)):
+            nbytes = self.expert_bytes[layer][p]
+            dst = self.buf[f"tier_stage.{grp}.{p}"].data.ptr
+            if phase is not None:
+                phase(f"cudaMemcpyAsync of layer {layer}'s {len(srcs)} {PROJ[p]} experts ({nbytes} bytes each)")
+            for q, src in enumerate(srcs.tolist()):
+                check(rt.cudaMemcpyAsync(dst + q * nbytes, src, nbytes, kind, stream), "cudaMemcpyAsync")
 
     def drop_pcie(self) -> None:
         """No PCIe share after all (rebalance_share chose 0 before any window was recorded): the pinned staging
         freed, post() records the CPU-only waits."""
-        if self.ring_stage is not None:
-            self.ring_stage.close()
-            self.ring_stage = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
         self.pcie = False
 
     def close(self) -> None:
-        """Free the mapped buffers, the staging ring and its threads, an adaptive cache's staging buffer now (the
-        engine's close(); idempotent)."""
-        if self.ring_stage is not None:
-            self.ring_stage.close()
-            self.ring_stage = None
+        """Free the mapped buffers, the page-locked store, an adaptive cache's staging buffer now (the engine's
+        close(); idempotent)."""
+        if self.store is not None:
+            self.store.close()
+            self.store = None
         if self.fill is not None:
             self.fill.device.free()
         for buf in (self.pub_x, self.pub_ids, self.pub_w, self.words, self.ymiss, self.plan, self.wait_ns):
@@ -300,10 +296,10 @@ class ExpertTiers:
 
 def rebalance_share(engine) -> None:
     """--pcie-frac auto with a share > 0 at setup, once the engine's buffers exist (after bind, before the warm-up
-    window): the copy path measured (ExpertTiers.measure_copy_path: the gather into the real pinned buffers, then
-    the DMA), the share chosen again on those and the pool's rate from setup (tiers/share.py), the tier note's PCIe
+    window): the copy path measured (ExpertTiers.measure_copy_path: the DMA from the page-locked store), the share
+    chosen again on those and the pool's rate from setup (tiers/share.py), the tier note's PCIe
     part rewritten to say so. A share that falls to 0 here drops the PCIe path before anything is recorded (the
-    graph waits for no flagB, no copy thread; the device staging slots stay allocated). No-op for a given share or
+    graph waits for no flagB, no copy thread, the store unregistered; the device staging slots stay allocated). No-op for a given share or
     no PCIe share."""
     import dataclasses
 
@@ -317,10 +313,10 @@ def rebalance_share(engine) -> None:
     _, before = resolve_pcie_frac(AUTO, cfg.rates, window_bytes)
     phase = getattr(engine, "load_phase", None) or (lambda text: timed_phase(text, quiet=True))
     with phase("PCIe copy path measured") as done:
-        gbs, gather_gbs, dma_gbs, nbytes = t.measure_copy_path()
-        rates = ShareRates(cfg.rates.pool_gbs, gather_gbs, dma_gbs, dma_measured=True)
+        dma_gbs, nbytes = t.measure_copy_path()
+        rates = ShareRates(cfg.rates.pool_gbs, dma_gbs, dma_measured=True)
         frac, note = resolve_pcie_frac(AUTO, rates, window_bytes)
-        done["what"] = (f"PCIe copy path measured (gather {gather_gbs:.1f} GB/s, then DMA {dma_gbs:.1f} GB/s, on "
+        done["what"] = (f"PCIe copy path measured (DMA {dma_gbs:.1f} GB/s from the page-locked store, on "
                         f"{nbytes / 2**20:.0f} MiB; share {cfg.pcie_frac:g} -> {frac:g})")
     t.cfg = dataclasses.replace(cfg, pcie_frac=frac, rates=rates)
     if frac == 0.0:
