@@ -101,7 +101,7 @@ def tier_sample(engine) -> dict:
     if host is None:
         return {}
     last = host.history[-1] if host.history else {}
-    keys = ("vram_share", "pcie_share", "cpu_share", "pool_ms", "copy_ms", "gather_ms", "wait_b_ms", "wait_flag_ms")
+    keys = ("vram_share", "pcie_share", "cpu_share", "pool_ms", "copy_ms", "issue_ms", "wait_b_ms", "wait_flag_ms")
     return {"released": host.released, "history_len": len(host.history),
             **{k: last.get(k) for k in keys}}
 

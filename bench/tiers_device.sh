@@ -45,7 +45,7 @@ python - "$out" "${runs[@]}" <<'PY'
 import json, sys
 out, runs = sys.argv[1], sys.argv[2:]
 cols = ["window", "ms_median", "pcie_share", "cpu_share", "gpu_ms", "wait_b_ms", "wait_flag_ms", "host_ring_ms",
-        "pool_ms", "cpu_mb", "pool_gb_s", "gather_ms", "copy_ms", "pcie_mb", "copy_gb_s", "tier_floor_ms"]
+        "pool_ms", "cpu_mb", "pool_gb_s", "issue_ms", "copy_ms", "pcie_mb", "copy_gb_s", "tier_floor_ms"]
 print("| run | " + " | ".join(cols) + " |")
 print("|" + "---|" * (len(cols) + 1))
 for spec in runs:

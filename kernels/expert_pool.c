@@ -261,7 +261,8 @@ static int64_t row_bytes_of(int type, int n) {
 static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, const uint64_t *up,
                     const uint64_t *down, int64_t gate_row, int64_t up_row, int64_t down_row, int gate_type,
                     int up_type, int down_type, const int32_t *start, const int32_t *tok, const int32_t *dst,
-                    const float *x, float *y, float *h, int touch, int64_t *prof) {
+                    const float *x, float *y, float *h, int touch, int64_t *prof, void (*side)(void *),
+                    void *side_ctx) {
     if (!row_ok(gate_type, H) || !row_ok(up_type, H) || !row_ok(down_type, F) || n_threads < 1) return -1;
     const int items_gu = (F + ROWS_GATE_UP - 1) / ROWS_GATE_UP, items_dn = (H + ROWS_DOWN - 1) / ROWS_DOWN;
     const int N = start[G], x_sums = needs_sums(gate_type) || needs_sums(up_type), h_sums = needs_sums(down_type);
@@ -310,6 +311,9 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
                 if (xu_all && xu_all != xg_all) perm_of(up_type, x + (int64_t)t * H, H, xu_all + (int64_t)t * H);
             }
         } /* implicit barrier: every x sum and lane-order copy is there */
+        /* side work of the caller's on one thread (the tier loop's PCIe copies, expert_pool_serve.h), while the
+         * rest of the team starts on the items: the dynamic schedule hands that thread's share to the others */
+        if (side && omp_get_thread_num() == 0) side(side_ctx);
         if (prof) t_gu0 = t_gu1 = now_ns();
         OMP_FOR_ITEMS(chunk_gu)
         for (int item = 0; item < G * items_gu; item++) {
@@ -394,7 +398,7 @@ int strata_pool_swiglu(int n_threads, int H, int F, int G, const uint64_t *gate,
                        int up_type, int down_type, const int32_t *start, const int32_t *tok, const int32_t *dst,
                        const float *x, float *y, float *h) {
     return pool_run(n_threads, H, F, G, gate, up, down, gate_row, up_row, down_row, gate_type, up_type, down_type,
-                    start, tok, dst, x, y, h, 0, NULL);
+                    start, tok, dst, x, y, h, 0, NULL, NULL, NULL);
 }
 
 /* strata_pool_swiglu with its profile (prof: PROF_HEAD + PROF_PER * n_threads int64, or NULL) and, with touch = 1,
@@ -404,7 +408,7 @@ int strata_pool_diag(int n_threads, int H, int F, int G, const uint64_t *gate, c
                      int up_type, int down_type, const int32_t *start, const int32_t *tok, const int32_t *dst,
                      const float *x, float *y, float *h, int touch, int64_t *prof) {
     return pool_run(n_threads, H, F, G, gate, up, down, gate_row, up_row, down_row, gate_type, up_type, down_type,
-                    start, tok, dst, x, y, h, touch, prof);
+                    start, tok, dst, x, y, h, touch, prof, NULL, NULL);
 }
 
 /* strata_pool_diag (touch 0) for the tier host's steps: the G experts by id (experts [G] int32 < E, the caller's
@@ -420,7 +424,7 @@ int strata_pool_experts(int n_threads, int H, int F, int G, const int32_t *exper
     for (int g = 0; g < G; g++)
         for (int m = 0; m < 3; m++) ptr[m * G + g] = base[m] + (uint64_t)experts[g] * estride[m];
     const int rc = pool_run(n_threads, H, F, G, ptr, ptr + G, ptr + 2 * G, gate_row, up_row, down_row, gate_type,
-                            up_type, down_type, start, tok, dst, x, y, h, 0, prof);
+                            up_type, down_type, start, tok, dst, x, y, h, 0, prof, NULL, NULL);
     free(ptr);
     return rc;
 }

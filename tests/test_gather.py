@@ -215,7 +215,7 @@ def test_tier_host_copies_each_expert_from_the_store_between_two_events(monkeypa
                               words=types.SimpleNamespace(device=np.zeros(8, np.uint32)))
     t.issue_copies = lambda *a: tiers_mod.ExpertTiers.issue_copies(t, *a)
     host = tier_host.TierHost.__new__(tier_host.TierHost)
-    host.t, host.stats, host._events, host._timed_copies = t, {"gather_ms": 0.0}, [], []
+    host.t, host.stats, host._events, host._timed_copies = t, {"issue_ms": 0.0}, [], []
     host._copy_phase = ("idle", 0.0)
     ids = np.array([[4, 1], [1, 5]])
     plan = plan_step(ids, np.full(E, -1, np.int32), 1.0)

@@ -352,7 +352,7 @@ def test_tier_breakdown_gpu_time_copy_rate_and_tier_floor():
     assert tier_floor_ms(None, 1.0, 1.0) is None
     history = [{"T": 2, "vram": 0, "pcie": 4, "cpu": 4, "vram_share": 0.0, "pcie_share": 0.5, "cpu_share": 0.5,
                 "wait_b_ms": 1.5, "wait_flag_ms": 2.5, "host_wait_ms": 0.1, "pool_ms": 4.0, "pcie_bytes": 8e6,
-                "cpu_bytes": 8e6, "gather_ms": 0.5, "copy_ms": 0.25}]
+                "cpu_bytes": 8e6, "issue_ms": 0.5, "copy_ms": 0.25}]
     tiers = type("T", (), {"table_host": np.array([[-1, -1]]), "cfg": TierConfig(cache="0", pcie_frac=0.5),
                            "stage_table": lambda self: self.table_host})()
     engine = type("E", (), {"tiers": tiers, "tier_host": type("H", (), {"history": history})()})()
@@ -361,7 +361,7 @@ def test_tier_breakdown_gpu_time_copy_rate_and_tier_floor():
     add_tier_stats([rec], engine, n_windows=1)
     row = rec.flat()
     assert row["gpu_ms"] == pytest.approx(6.0) and row["copy_gb_s"] == pytest.approx(32.0)
-    assert row["gather_ms"] == 0.5 and row["tier_floor_ms"] == pytest.approx(1.0 + tier_floor_ms(0.0, 8e6, 8e6))
+    assert row["issue_ms"] == 0.5 and row["tier_floor_ms"] == pytest.approx(1.0 + tier_floor_ms(0.0, 8e6, 8e6))
 
 
 @pytest.mark.parametrize("command", [["logprobs", "--random", "5"], ["verify-bench", "--window", "1", "-r", "1"]])

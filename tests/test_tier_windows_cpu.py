@@ -72,7 +72,26 @@ class FakeRt:
         self.dmas = []  # the copy stream's (PCIe share, adaptive slot fills)
         self.other_copies = []  # the window's stream (an adaptive cache's slot-table uploads)
         self.events_alive = 0
+        self.events_made = 0
         self.registered = {}
+        # the native loop's driver calls (tiers/serve_loop.driver_calls): the same DMAs and word writes, by address
+        self.driver = {
+            "copy": ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t,
+                                     ctypes.c_void_p)(self._cu_copy),
+            "write_value": ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32,
+                                            ctypes.c_uint)(self._cu_write),
+            "record": ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(lambda event, stream: 0)}
+
+    def _cu_copy(self, dst, src, n, stream):
+        return self.cudaMemcpyAsync(dst, src, n, 1, stream or 0)[0]
+
+    @staticmethod
+    def _cu_write(stream, addr, value, flags):
+        ctypes.c_uint32.from_address(addr).value = value
+        return 0
+
+    def driver_calls(self):
+        return {name: ctypes.cast(fn, ctypes.c_void_p).value for name, fn in self.driver.items()}
 
     cudaHostRegisterPortable = 1
 
@@ -95,9 +114,10 @@ class FakeRt:
         (self.dmas if stream == COPY_STREAM.ptr else self.other_copies).append(n)
         return (0,)
 
-    def cudaEventCreate(self):
+    def cudaEventCreate(self):  # an int handle, as cuda-bindings' cudaEvent_t converts (the native loop's events)
         self.events_alive += 1
-        return (0, object())
+        self.events_made += 1
+        return (0, 7000 + self.events_made)
 
     def cudaEventDestroy(self, event):
         self.events_alive -= 1
@@ -349,10 +369,11 @@ def bind_fakes(monkeypatch, kernels, rt) -> None:
     test, the stages of a layer split, rebind before each one's window)."""
     from strata_cli.engine.gpu import residency_fill, window
     from strata_cli.gpu import launch_moe, launch_tiers
-    from strata_cli.tiers import host as host_mod
+    from strata_cli.tiers import host as host_mod, serve_loop
 
     monkeypatch.setattr(host_mod, "cudart", lambda: rt)
     monkeypatch.setattr(residency_fill, "cudart", lambda: rt)
+    monkeypatch.setattr(serve_loop, "driver_calls", rt.driver_calls)
     for name in ("publish", "wait_word", "group_resident", "swiglu_experts", "combine"):
         monkeypatch.setattr(launch_tiers, name, getattr(kernels, name))
     monkeypatch.setattr(launch_tiers, "write_word", lambda word, value, stream: word.__setitem__(0, value))
@@ -413,10 +434,12 @@ def test_tiered_windows_equal_the_reference_moe(monkeypatch, fixture_dir, kind, 
     _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, None)
 
 
-# windows without a PCIe share run in the native loop (tiers/serve_loop.py); its reference, the Python steps
-# (TierHost._step), on the same windows: both equal the numpy engine, and their step stats equal each other's
+# graph windows run in the native loop (tiers/serve_loop.py), the PCIe share's copies too; its reference, the Python
+# steps (TierHost._step), on the same windows: both equal the numpy engine, and their step stats equal each other's
 PYTHON_STEP_CASES = [("q8_0", dict(cache="0")), ("q8_0", dict(cache="40")), ("bf16", dict(cache="7")),
-                     ("q8_0", dict(cache="24", policy="lru"))]
+                     ("q8_0", dict(cache="24", policy="lru")), ("q8_0", dict(cache="0", pcie_frac=0.5)),
+                     ("q8_0", dict(cache="7", pcie_frac=1.0)), ("bf16", dict(cache="0", pcie_frac=0.25)),
+                     ("q8_0", dict(cache="7", policy="lfu", pcie_frac=0.5))]
 
 
 @pytest.mark.parametrize("kind,tier_args", PYTHON_STEP_CASES,
@@ -431,7 +454,10 @@ def test_python_steps_and_the_native_loop_serve_alike(monkeypatch, fixture_dir, 
     with monkeypatch.context() as m:
         m.setattr(NativeServe, "usable", staticmethod(lambda host: False))
         stepped = _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, None)
-    assert looped == stepped and sum(h["cpu_bytes"] for h in looped) > 0
+    frac = tier_args.get("pcie_frac", 0)
+    assert looped == stepped
+    assert (sum(h["cpu_bytes"] for h in looped) > 0) == (frac < 1)
+    assert (sum(h["pcie_bytes"] for h in looped) > 0) == (frac > 0)
 
 
 # a stage of the layer split (GPUEngine(layers=(lo, hi)), lo > 0): its own residency over its layers (--expert-cache
@@ -572,8 +598,11 @@ def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
     from strata_cli.tiers.serve_loop import NativeServe
 
     if NativeServe.usable is _NATIVE_USABLE:
-        assert NativeServe.usable(host) == (not t.pcie and native.load() is not None)
+        assert NativeServe.usable(host) == (native.load() is not None)
     assert (host._loop is not None) == NativeServe.usable(host)
+    assert host._loop is None or host._loop.pcie == t.pcie  # the loop issued the PCIe share's copies itself
+    if t.pcie:  # every window's DMAs sat between its steps' events (the warm-up's too, in the Python steps)
+        assert host.history[-1]["copy_ms"] > 0
     history = [{key: h[key] for key in ("vram", "pcie", "cpu", "cpu_bytes", "pcie_bytes")} for h in host.history]
     # the engine's close(): the host's thread, events, the watchdog's list; the tiers' pinned buffers
     host.close()

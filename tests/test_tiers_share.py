@@ -84,7 +84,7 @@ def test_the_tier_floor_uses_the_model_at_the_rates_measured_for_auto():
 
     history = [{"T": 1, "vram": 0, "pcie": 5, "cpu": 5, "vram_share": 0.0, "pcie_share": 0.5, "cpu_share": 0.5,
                 "wait_b_ms": 0.0, "wait_flag_ms": 0.0, "host_wait_ms": 0.0, "pool_ms": 1.0, "pcie_bytes": 20e6,
-                "cpu_bytes": 10e6, "gather_ms": 0.5, "copy_ms": 0.4}]
+                "cpu_bytes": 10e6, "issue_ms": 0.5, "copy_ms": 0.4}]
     measured = ShareRates(pool_gbs=10.0, dma_gbs=10.0)
     # no rates (a given share): the constants, a lower bound
     for cfg, want in [(TierConfig(cache="0", pcie_frac=0.5), max(10e6 / (POOL_GBS * 1e6), 20e6 / (PCIE_GBS * 1e6))),

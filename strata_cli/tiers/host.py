@@ -1,18 +1,20 @@
 """The host side of the expert tiers: per step (layer, token group) of a launched window,
 wait for the ring, plan the step, start the PCIe share's copies, compute the CPU share, raise the flags.
 
-A window without a PCIe share (and with the native plan and pool) is served by one C loop, tiers/serve_loop.py
-(kernels/expert_pool_serve.h): the same steps, flags and stats, with this module's checks between its ring-wait
-slices; _step below is its reference and serves the PCIe share.
+A window with the native plan and pool (and, with a PCIe share, the page-locked store, once the window is a graph's)
+is served by one C loop, tiers/serve_loop.py (kernels/expert_pool_serve.h): the same steps, copies, flags and stats,
+with this module's checks between its ring-wait slices; _step below is its reference and serves the rest (the
+eager warm-up window of a PCIe share, the numpy pool).
 
 Step k (ring k+1) covers the rows of one token group of one layer of the engine's layers (all, or a stage's [lo, hi):
 tiers/doorbell.StepRange numbers them). The plan and its slot words: tiers/step_plan.py.
 VRAM groups are not in the plan: the device groups them from its residency table right after the ring.
 The PCIe share is the last floor(n_miss * pcie_frac) distinct misses in routing order; the copy stream
-writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never runs ahead of a copy. This thread
-runs the CPU pool while one copy thread issues the step's copies (in step order) straight from the experts'
-page-locked store (engine/gpu/expert_store.py): the DMAs overlap the pool, and no host core copies an expert
-(tiers/share.py models exactly that; the pool's team leaves the copy thread a core, ExpertSource). An adaptive --expert-policy's batch of slot fills
+writes flagB = ring after their copies (cuStreamWriteValue32), so flagB never runs ahead of a copy. The copies come
+straight from the experts' page-locked store (engine/gpu/expert_store.py): the DMAs overlap the pool, and no host
+core copies an expert (tiers/share.py models exactly that). The native loop issues them from the pool's thread 0;
+_step hands them to one copy thread (in step order) while this thread runs the pool (the pool's team then leaves
+that thread a core, ExpertSource.leave_core). An adaptive --expert-policy's batch of slot fills
 (tiers/cache_policy.SlotFiller) is gathered on the same team after the window's last step, while the GPU runs the
 window's tail, and its DMAs issued on their own stream; begin() only updates the table (issue 20: the fills' copy
 before the launch cost ~110 ms a window).
@@ -57,12 +59,10 @@ class ExpertSource:
     GGUF blocks, the GIL released; float32 on the exactly dequantized weights), written straight into the
     group's rows of mapped `ymiss`."""
 
-    def __init__(self, model, max_entries: int = 0, copy_thread: bool = False):
+    def __init__(self, model, max_entries: int = 0):
         from .pool import ExpertPool
 
         self.pool = ExpertPool(model)
-        if copy_thread:
-            self.leave_core()
         # the pool's gate/up scratch at its largest (every entry of a window), its pages written now: no window
         # pays their first-touch faults
         self.pool.reserve(max_entries)
@@ -88,9 +88,13 @@ class TierHost:
 
     def __init__(self, tiers, engine, stall: int = 0):
         self.t, self.e = tiers, engine
-        self.src = ExpertSource(tiers.model, getattr(tiers, "JM", 0), copy_thread=bool(getattr(tiers, "pcie", False)))
+        self.src = ExpertSource(tiers.model, getattr(tiers, "JM", 0))
         # each step's plan in C on the pool's library (tiers/step_plan.py), numpy's reference without it
         self.planner = StepPlanner(self.src.pool.lib, tiers.model.geometry.n_expert, getattr(tiers, "JM", 0))
+        from .serve_loop import NativeServe
+
+        if getattr(tiers, "pcie", False) and not NativeServe.usable(self):
+            self.src.leave_core()  # the copy thread issues the copies of every window: the team leaves it a core
         self.stall = stall
         self.warmed = False        # after_warm_up ran: windows count from here, and only they may stall
         self.windows = 0
@@ -103,9 +107,9 @@ class TierHost:
         self.launching = False
         self.history = WindowHistory()  # window_stats() of the windows served (the last few thousand of each T)
         self.route_hook = None  # (layer, ids [n, K]) of every step served (engine/routing.py counts them)
-        # The PCIe share's gathers and copies run on one copy thread (in step order) while this thread runs the pool
+        # The Python steps' PCIe copies run on one copy thread (in step order) while this thread runs the pool
         self._copier = None
-        self._loop = None  # the native loop of windows without a PCIe share (tiers/serve_loop.py), made on first use
+        self._loop = None  # the native loop (tiers/serve_loop.py), made on first use
         self._events: list = []        # per step (start, end) cudaEvents around its DMAs
         self._timed_copies: list = []  # the pairs recorded in this window
         # the eager launcher's gate (wait_issued): the ring of the last step whose copies were issued this window
@@ -187,7 +191,7 @@ class TierHost:
         self.active = True
         self.progress = time.monotonic()
         self.stats = {"T": T, "vram": 0, "pcie": 0, "cpu": 0, "plan_ms": 0.0, "pool_ms": 0.0, "pool_kernel_ms": 0.0,
-                      "pool_wake_ms": 0.0, "host_wait_ms": 0.0, "pcie_bytes": 0, "cpu_bytes": 0, "gather_ms": 0.0,
+                      "pool_wake_ms": 0.0, "host_wait_ms": 0.0, "pcie_bytes": 0, "cpu_bytes": 0, "issue_ms": 0.0,
                       "copy_ms": 0.0, **filled}
         self._timed_copies.clear()
         with self._issued_cv:
@@ -223,7 +227,9 @@ class TierHost:
         try:
             groups = self.t.groups(T)
             G = len(groups)
-            loop = self._native_loop()
+            # an eager window's launcher waits at the copy thread's gate (wait_issued): its PCIe share is the Python
+            # steps'; a graph window's the loop's
+            loop = None if self.launching and self.t.pcie else self._native_loop()
             if loop is not None:
                 self._serve_native(loop, T)
             else:
@@ -251,13 +257,14 @@ class TierHost:
                          f"{type(exc).__name__}: {exc}".rstrip(": "))
 
     def _native_loop(self):
-        """The native loop (tiers/serve_loop.py) where it serves this engine's windows (no PCIe share, the native
-        plan and pool), made on first use; else None (each step in Python, _step)."""
+        """The native loop (tiers/serve_loop.py) where it serves this engine's windows (the native plan and pool,
+        a PCIe share's store), made on first use and again when the share was dropped; else None (each step in
+        Python, _step)."""
         from .serve_loop import NativeServe
 
         if not NativeServe.usable(self):
             return None
-        if self._loop is None:
+        if self._loop is None or self._loop.pcie != bool(self.t.pcie):
             self._loop = NativeServe(self)
         return self._loop
 
@@ -291,8 +298,11 @@ class TierHost:
         got = loop.totals()
         s = self.stats
         s["vram"] += got["vram"]
+        s["pcie"] += got["pcie"]
         s["cpu"] += got["cpu"]
+        s["pcie_bytes"] += got["pcie_bytes"]
         s["cpu_bytes"] += got["cpu_bytes"]
+        s["issue_ms"] += got["issue_ns"] / 1e6  # the PCIe share's driver calls (no expert is copied on the host)
         s["host_wait_ms"] += got["wait_ns"] / 1e6
         s["plan_ms"] += got["plan_ns"] / 1e6
         s["pool_ms"] += got["pool_ns"] / 1e6
@@ -301,6 +311,7 @@ class TierHost:
         pool = self.src.pool
         pool.kernel_ns += got["kernel_ns"]
         pool.wake_ns += got["wake_ns"]
+        self._timed_copies.extend(self._events[k] for k in loop.copied_steps())
         if self.route_hook is not None or t.fill is not None:
             for step in range(n):
                 layer, ids = t.steps.lo + step, loop.picks(step, T, t.K)
@@ -321,6 +332,12 @@ class TierHost:
             raise ValueError(f"layer {layer}: the plan does not fit {self.t.JM} entries")
         if code == serve_loop.POOL_FAILED:
             raise RuntimeError(f"expert pool kernel failed on layer {layer}")
+        if code == serve_loop.COPY_FAILED:
+            rc = int(self._loop.stats[serve_loop.STATS.index("copy_rc")])
+            raise StrataError(f"layer {layer}: a driver call of the PCIe share's copies failed (CUresult {rc})")
+        if code == serve_loop.UNSTORED:
+            raise ValueError(f"layer {layer}: a PCIe expert is not in the page-locked store (only non-resident "
+                             "experts are)")
         raise RuntimeError(f"the native tier loop refused the window (code {code})")
 
     def _step(self, k: int, layer: int, grp: int, r0: int, n: int, G: int) -> None:
@@ -361,7 +378,7 @@ class TierHost:
         s["pcie"] += n_pcie
         s["cpu"] += n_cpu
         s["plan_ms"] += (t_plan - t1) * 1e3  # routing ids to the plan, its words, flagA
-        s["gather_ms"] += (t_pool - t_plan) * 1e3  # the PCIe experts into the staging, the copy job handed over
+        s["issue_ms"] += (t_pool - t_plan) * 1e3  # the copy job handed to the copy thread
         s["pool_ms"] += (t2 - t_pool) * 1e3  # the CPU pool's call, Python and kernel
         s["pool_kernel_ms"] += (pool.kernel_ns - kernel0) / 1e6
         s["pool_wake_ms"] += (pool.wake_ns - wake0) / 1e6

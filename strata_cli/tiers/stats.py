@@ -7,13 +7,13 @@ gather ms: the gather on the pool's team after the window's last step, and the D
 
 Where the time goes: the GPU's time in the flagB and flag waits (spin waits), the GPU computing (the window less
 those waits), the host waiting for rings, planning each step (plan ms: the routed ids to the plan and its words,
-flagA), gathering the PCIe share into the pinned staging (gather ms: on the pool's team, before the pool; the copies
-handed to the copy thread) and in the CPU pool (pool ms: the call with its Python; pool C ms: the kernel's own wall
+flagA), issuing the PCIe share's DMAs from the page-locked store (copy issue ms: the driver calls, on the pool's
+thread 0 in the native loop, the hand-off to the copy thread in the Python steps) and in the CPU pool (pool ms: the call with its Python; pool C ms: the kernel's own wall
 time, pool wake ms: of it, until the OpenMP team's last thread started), and the PCIe share's DMAs (copy GB/s: its
 bytes over the DMA time between the copy events). The tier floor: the all-resident window's floor (every byte it
 reads at the device copy rate, verify-bench's floor ms) plus the host shares' time as tiers/share.py predicts it
-(the pool and the PCIe gather one after the other on the host, the DMAs beside them) at the rates measured while
-the engine was built with --pcie-frac auto, else the pool's constant and no gather (a lower bound)."""
+(the pool's share beside the DMAs' share) at the rates measured while the engine was built with --pcie-frac
+auto, else at the pool's and the copy engine's constants (a lower bound)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ TIER_COLUMNS = [("vram_pairs", "VRAM pairs", ".1%"), ("vram_share", "VRAM", ".1%
                 ("gpu_ms", "GPU ms", ".3f"), ("wait_b_ms", "wait B ms", ".3f"),
                 ("wait_flag_ms", "wait flag ms", ".3f"), ("host_ring_ms", "host ring ms", ".3f"),
                 ("plan_ms", "plan ms", ".3f"), ("pool_ms", "pool ms", ".3f"), ("pool_kernel_ms", "pool C ms", ".3f"),
-                ("pool_wake_ms", "pool wake ms", ".3f"), ("pool_gb_s", "pool GB/s", ".1f"), ("gather_ms", "gather ms", ".3f"),
+                ("pool_wake_ms", "pool wake ms", ".3f"), ("pool_gb_s", "pool GB/s", ".1f"),
+                ("issue_ms", "copy issue ms", ".3f"),
                 ("copy_ms", "copy ms", ".3f"), ("copy_gb_s", "copy GB/s", ".1f"),
                 ("tier_floor_ms", "tier floor ms", ".3f"), ("swaps", "swaps", ".1f"), ("fill_mb", "fill MB", ".1f"),
                 ("fill_late", "fill late", ".2f"), ("fill_gather_ms", "fill gather ms", ".3f")]
@@ -104,8 +105,8 @@ def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: fl
                 pcie_share=mean("pcie_share"), cpu_share=mean("cpu_share"), gpu_ms=max(ms_mean - waits, 0.0),
                 wait_b_ms=mean("wait_b_ms"), wait_flag_ms=mean("wait_flag_ms"), host_ring_ms=mean("host_wait_ms"),
                 plan_ms=mean("plan_ms"), pool_ms=pool_ms, pool_kernel_ms=mean("pool_kernel_ms"),
-                pool_wake_ms=mean("pool_wake_ms"), pool_gb_s=_rate(cpu_bytes, pool_ms), gather_ms=mean("gather_ms"), copy_ms=copy_ms,
-                copy_gb_s=_rate(pcie_bytes, copy_ms), pcie_mb=pcie_bytes / 1e6, cpu_mb=cpu_bytes / 1e6,
+                pool_wake_ms=mean("pool_wake_ms"), pool_gb_s=_rate(cpu_bytes, pool_ms), issue_ms=mean("issue_ms"),
+                copy_ms=copy_ms, copy_gb_s=_rate(pcie_bytes, copy_ms), pcie_mb=pcie_bytes / 1e6, cpu_mb=cpu_bytes / 1e6,
                 tier_floor_ms=tier_floor_ms(floor_ms, cpu_bytes, pcie_bytes, t.cfg.rates), expert_policy=t.cfg.policy,
                 swaps=mean("swaps"), fill_mb=mean("fill_bytes") / 1e6, fill_late=mean("fill_late"),
                 fill_gather_ms=mean("fill_gather_ms"))
