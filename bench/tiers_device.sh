@@ -5,10 +5,8 @@
 # any "tiers: waiting" or error line); with TIERS_PROFILE (an expert profile, e.g. the one side_by_side.sh made)
 # also 12 and 24 GiB of experts by that profile; a short table last.
 #   bench/tiers_device.sh MODEL.gguf [OUT_DIR]
-# Before the runs: bench/gather_bench.py (the PCIe share's host gather alone, ~10 s); after the table: auto against 0
-# per T (whether DEFAULT_PCIE_FRAC = AUTO is safe).
+# After the table: auto against 0 per T (whether DEFAULT_PCIE_FRAC = AUTO is safe).
 # Env: TIERS_TEST_S (the tests' timeout, default 120), TIERS_RUN_S (each verify-bench's timeout, default 36),
-# TIERS_GATHER_S (the gather bench's, default 40),
 # TIERS_WINDOWS (default 1,8), TIERS_REPS (default 5), TIERS_DEVICE (default gpu; cpu checks the script here),
 # TIERS_PROFILE (see above).
 set -u
@@ -21,10 +19,6 @@ if [ "${TIERS_DEVICE:-gpu}" = gpu ]; then  # the GPU tier tests (TIERS_DEVICE=cp
         2>&1 | tee "$out/tests.log" | grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped"
     echo "tests rc ${PIPESTATUS[0]}" | tee -a "$out/tests.log"
 fi
-# the PCIe share's host gather alone on this host's cores (strata_gather on the pool's team against numpy's take, and
-# the memcpy build): the rate tiers/share.py weighs against the pool's
-timeout -k 5 "${TIERS_GATHER_S:-40}" python3 bench/gather_bench.py --gb 2 --threads "1,4,$(nproc)" --iters 10 \
-    2>&1 | tee "$out/gather.log" | grep -v '^{'
 runs=("0" "0.25" "0.5" "1" "auto")
 [ -n "${TIERS_PROFILE:-}" ] && runs+=("0 --expert-cache 12GiB" "0 --expert-cache 24GiB")
 for spec in "${runs[@]}"; do
