@@ -518,6 +518,7 @@ def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
     windows = [tokens[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(len(sizes))]
     ref = Reference(model, windows, monkeypatch)
     tier_args = dict(tier_args)
+    tier_args.setdefault("pcie_frac", 0.0)  # a case without a share names none (the default is auto: its cases below)
     measured = tier_args.pop("measured", None)
     if measured is not None:
         probe_rates(monkeypatch, *measured)

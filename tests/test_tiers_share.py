@@ -12,7 +12,7 @@ from strata_cli.commands._tiers import tier_config
 from strata_cli.engine.gpu.buffers import plan_buffers
 from strata_cli.errors import InputError
 from strata_cli.tiers.config import TierConfig
-from strata_cli.tiers.share import (AUTO_MIN_GAIN, PCIE_GBS, POOL_GBS, ShareRates, best_pcie_frac, parse_pcie_frac,
+from strata_cli.tiers.share import (AUTO_MIN_GAIN, DEFAULT_PCIE_FRAC, PCIE_GBS, POOL_GBS, ShareRates, best_pcie_frac, parse_pcie_frac,
                                     resolve_pcie_frac, shares_ms, window_ms)
 from strata_cli.tiers.setup import residency_for
 
@@ -117,9 +117,9 @@ def test_pool_probe_times_the_pool_on_layer_0_experts_with_their_pages_in(fixtur
     assert calls[0] == (0, (rows, g.n_embd), rows * g.n_expert_used, list(range(rows * g.n_expert_used)))
 
 
-def test_cli_default_is_the_cpu_pool_alone_and_auto_is_asked_for():
+def test_cli_default_is_auto_and_a_share_is_asked_for():
     assert tier_config(None, None, None, "spin") is None  # no tier option: every expert in VRAM
-    assert tier_config(None, "0", None, "spin").pcie_frac == 0.0
+    assert tier_config(None, "0", None, "spin").pcie_frac == "auto" == DEFAULT_PCIE_FRAC  # measured faster than 0
     assert tier_config(None, "0", "auto", "spin").pcie_frac == "auto"
     assert tier_config(None, "0", "0.5", "spin").pcie_frac == 0.5
     assert tier_config(None, "0", "0", "spin").pcie_frac == 0.0

@@ -56,8 +56,8 @@ def tier_config(expert_profile, expert_cache, pcie_frac, tier_wait, expert_polic
 
     cache = cache_override if cache_override is not None else expert_cache
     stall = settings.TEST_VERIFY_STALL.value() if stall_window is None else stall_window
-    # the default share (tiers/share.DEFAULT_PCIE_FRAC) is 0, the CPU pool alone, until auto is measured no slower
-    # than it on the full-size file (bench/tiers_device.sh's last line); auto and numbers are the user's choice
+    # the default share (tiers/share.DEFAULT_PCIE_FRAC) is auto: the split between the pool and the copy engine by
+    # their measured rates (bench/tiers_device.sh measured it faster than the pool alone at every T)
     cfg = TierConfig(profile=expert_profile, cache="all" if cache is None else cache,
                      pcie_frac=DEFAULT_PCIE_FRAC if pcie_frac is None else pcie_frac, wait=tier_wait,
                      stall_window=stall, policy=expert_policy,

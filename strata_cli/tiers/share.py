@@ -31,9 +31,9 @@ from ..errors import OptionError
 PCIE_GBS = 51.0
 POOL_GBS = 77.7
 AUTO = "auto"
-# --pcie-frac when not given: the CPU pool alone, until auto is measured not to lose to it on the full-size file
-# (bench/tiers_device.sh: pcie_auto's ms_median at or below pcie_0's at every T); then AUTO here is the whole change
-DEFAULT_PCIE_FRAC: float | str = 0.0
+# --pcie-frac when not given: auto, measured against the CPU pool alone on the full-size file (bench/tiers_device.sh
+# at e891ad7 on the H200 host, cache 0: T = 1 19.2 against 25.9 ms, T = 8 87.6 against 140.6; docs/BENCHMARKS.md)
+DEFAULT_PCIE_FRAC: float | str = AUTO
 # a share > 0 only where it is predicted >= 10 % faster than 0: what the model leaves out cost more than that before
 # (the H200 host at 0.25 / 0.5, T = 1: 82.7 / 133 ms measured against 60 / 79 this model gives its rates)
 AUTO_MIN_GAIN = 0.10
