@@ -714,16 +714,40 @@ AI void pass_q4x(const int type, const uint8_t *row, int n, const float *const *
         q = _mm512_inserti32x4(q, ld16b(b0 + BPB + QS), 1);
         q = _mm512_inserti32x4(q, ld16b(b0 + 2 * BPB + QS), 2);
         q = _mm512_inserti32x4(q, ld16b(b0 + 3 * BPB + QS), 3);
-        const __m128 d4 = type == T_MXFP4 ? _mm_setr_ps(e8m0_half(b0[0]), e8m0_half(b0[BPB]), e8m0_half(b0[2 * BPB]),
-                                                        e8m0_half(b0[3 * BPB]))
-                                          : _mm_cvtph_ps(_mm_setr_epi16((short)rd16(b0), (short)rd16(b0 + BPB),
-                                                                        (short)rd16(b0 + 2 * BPB),
-                                                                        (short)rd16(b0 + 3 * BPB), 0, 0, 0, 0));
-        const v16 D = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        /* D, the lanes' block scales. Where the 4 blocks' scales lie in their first 64 bytes (Q4_0, IQ4_NL, Q4_1:
+         * 3 BPB + 4 <= 64) one load holds them and, at even offsets, one word permute puts d of block i / 4 in
+         * half i, converted at once (was 4 scalar loads, 3 inserts, a convert and a float permute); MXFP4: the
+         * e8m0 bytes (at 17 t: byte t of 128-bit lane t) by one in-lane byte shuffle into the dwords, then
+         * e8m0_half's integer formula in vector ops (was 4 times scalar); the same values, so the same bits */
+        const int W16 = 3 * BPB + 4 <= 64 && type != T_MXFP4;
+        v16 D;
+        __m512i head = _mm512_setzero_si512();
+        if (W16 || type == T_MXFP4) head = _mm512_loadu_si512(b0);
+        if (type == T_MXFP4) {
+            const __m512i e = _mm512_shuffle_epi8(head, _mm512_setr_epi32(
+                0xFFFFFF00, 0xFFFFFF00, 0xFFFFFF00, 0xFFFFFF00, 0xFFFFFF01, 0xFFFFFF01, 0xFFFFFF01, 0xFFFFFF01,
+                0xFFFFFF02, 0xFFFFFF02, 0xFFFFFF02, 0xFFFFFF02, 0xFFFFFF03, 0xFFFFFF03, 0xFFFFFF03, 0xFFFFFF03));
+            const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+            const __m512i tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e); /* e < 2 */
+            D = _mm512_castsi512_ps(_mm512_mask_mov_epi32(big, _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), tiny));
+        } else if (W16) {
+            const int w = BPB / 2;
+            D = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_setr_epi32(
+                0, 0, w * 0x10001, w * 0x10001, 2 * w * 0x10001, 2 * w * 0x10001, 3 * w * 0x10001, 3 * w * 0x10001,
+                0, 0, 0, 0, 0, 0, 0, 0), head)));
+        } else {
+            const __m128 d4 = _mm_cvtph_ps(_mm_setr_epi16((short)rd16(b0), (short)rd16(b0 + BPB), (short)rd16(b0 + 2 * BPB),
+                                                          (short)rd16(b0 + 3 * BPB), 0, 0, 0, 0));
+            D = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        }
         if (MN) { /* the 4 blocks' m times their x sums (pairs of the 8 natural 16-group sums of this 128) */
-            const __m128 m4 = _mm_cvtph_ps(_mm_setr_epi16((short)rd16(b0 + 2), (short)rd16(b0 + BPB + 2),
-                                                          (short)rd16(b0 + 2 * BPB + 2), (short)rd16(b0 + 3 * BPB + 2),
-                                                          0, 0, 0, 0));
+            const int w = BPB / 2;
+            const __m128 m4 = W16 ? _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(
+                                        _mm512_setr_epi32(1 + (1 + w) * 0x10000, 1 + 2 * w + (1 + 3 * w) * 0x10000, 0, 0, 0, 0, 0, 0,
+                                                          0, 0, 0, 0, 0, 0, 0, 0), head)))
+                                  : _mm_cvtph_ps(_mm_setr_epi16((short)rd16(b0 + 2), (short)rd16(b0 + BPB + 2),
+                                                                (short)rd16(b0 + 2 * BPB + 2),
+                                                                (short)rd16(b0 + 3 * BPB + 2), 0, 0, 0, 0));
             for (int r = 0; r < M; r++) {
                 const __m256 s8 = _mm256_loadu_ps(xsum[r] + 8 * (int64_t)sb);
                 macc[r] = _mm_fmadd_ps(m4, _mm_hadd_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)),
