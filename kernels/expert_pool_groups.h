@@ -567,7 +567,7 @@ FUSED_TYPES(FUSED_PASS)
  * so per plane s: a = sum_k q(s, k) * xp(s, k) (q the codes 0..3 as floats: exact), then acc += S_s * a, S_s the
  * 16 lanes' sub-block scales d * sc (one permute of the block's 16 scales); the min term as in FUSED_PASS.
  * Why: the weight-table decoder (g_q2_k) pays per 16 weights a scale x table multiply, a byte widen and a permute
- * beside the FMA; here a shift, a permute (of a constant table) and 1.25 FMAs. Float32 math on the exact codes and
+ * beside the FMA; here under half a shift (7 a block), a permute (of a constant table) and 1.25 FMAs. Float32 math on the exact codes and
  * scales, summed in another order than the weight-table kernel (within the tests' 1e-4 of float64, not its bits). */
 AI int q2x_src(int g, int i) { /* the in-block element that lane i of lane-order group g = 4 s + k holds */
     const int s = g / 4, k = g % 4;
