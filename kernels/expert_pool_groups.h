@@ -273,16 +273,36 @@ AI __m128i plane2x(const uint8_t *qs, int j) {
     return _mm_srli_epi16(ld16b(qs + 32 * (j / 8) + 16 * (j & 1)), 2 * ((j % 8) / 2));
 }
 AI v16 v16_cyc4(int from) { return _mm512_add_ps(_mm512_set1_ps((float)from), _mm512_setr_ps(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3)); }
+AI v16 v16_rep4(void) { return _mm512_setr_ps(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3); } /* index bits 2, 3 */
+/* Q2_K: the 16 code bytes of group j widened to dwords once for the 4 planes that share them (groups j % 8 / 2 =
+ * 0..3 of one (j / 8, j & 1); the pass's unrolled groups reuse the widen), planes 0, 1 in index bits 0..3 and planes
+ * 2, 3 after one shift by 4, looked up in d * sc times 0..3 by bits 0, 1 (cyc4) or 2, 3 (rep4): per 16 weights a
+ * multiply and a permute and half a shift, instead of a multiply, a permute, a shift and a widen (same products) */
 AI v16 g_q2_k(const uint8_t *b, int j, const float *ps) {
-    return perm16(v16_mul(v16_set1(ps[j]), v16_cyc4(0)), plane2x(b + 16, j));
+    const __m512i e = _mm512_cvtepu8_epi32(ld16b(b + 16 + 32 * (j / 8) + 16 * (j & 1)));
+    const int s = (j % 8) / 2;
+    return _mm512_permutexvar_ps(s >= 2 ? _mm512_srli_epi32(e, 4) : e,
+                                 v16_mul(v16_set1(ps[j]), s & 1 ? v16_rep4() : v16_cyc4(0)));
 }
 AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
     (void)ps;
     return perm16(v16_mul(v16_set1(rdh(b + 64)), v16_cyc4(-1)), plane2x(b, j));
 }
 #else
+/* Q2_K (AVX2): the 4 weights a group's codes can take, dl * k - ml for k = 0..3 (gguf's two float operations in
+ * its order, so the same bits), once per 16 weights in both 128-bit halves, and each weight a vpermilps of them by
+ * its code: the instruction reads the low 2 bits of each dword, so the bytes widened to dwords once serve all 4
+ * planes (a shift each; the pass's unrolled groups reuse the widen) and the other planes above are ignored. Per 16
+ * weights: 2 multiply/subtract, 2 shifts and 2 permutes and half of 2 widens, where the convert path took a mask
+ * and shift, 3 widens, 2 converts, 2 multiplies and 2 subtracts (the min: the decoder's, Q2K_MINS 0) */
 AI v16 g_q2_k(const uint8_t *b, int j, const float *ps) {
-    return small16(plane2(b + 16, j), 0, ps[j]);
+    const uint8_t *q = b + 16 + 32 * (j / 8) + 16 * (j & 1);
+    const int s = (j % 8) / 2;
+    const __m256 t = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(ps[j]), _mm256_setr_ps(0, 1, 2, 3, 0, 1, 2, 3)),
+                                   _mm256_set1_ps(ps[16 + j]));
+    const __m256i e0 = _mm256_cvtepu8_epi32(ld8(q)), e1 = _mm256_cvtepu8_epi32(ld8(q + 8));
+    return (v16){_mm256_permutevar_ps(t, s ? _mm256_srli_epi32(e0, 2 * s) : e0),
+                 _mm256_permutevar_ps(t, s ? _mm256_srli_epi32(e1, 2 * s) : e1)};
 }
 AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
     return small16(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), 1, rdh(b + 64));
@@ -418,7 +438,7 @@ AI void prep_none(const uint8_t *b, float *ps) { (void)b; (void)ps; }
     X(T_Q4_1, g_q4_1, 2, 20, prep_none, 0) X(T_Q5_0, g_q5_0, 2, 22, prep_none, 0) \
     X(T_Q5_1, g_q5_1, 2, 24, prep_none, 0) X(T_Q8_0, g_q8_0, 2, 34, prep_none, 0) \
     X(T_IQ4_NL, g_iq4_nl, 2, 18, prep_none, 0) X(T_MXFP4, g_mxfp4, 2, 17, prep_none, 0) \
-    X(T_NVFP4, g_nvfp4, 4, 36, prep_nvfp4, 0) X(T_Q2_K, g_q2_k, 16, 84, prep_q2_k, 1) \
+    X(T_NVFP4, g_nvfp4, 4, 36, prep_nvfp4, 0) X(T_Q2_K, g_q2_k, 16, 84, prep_q2_k, Q2K_MINS) \
     X(T_Q3_K, g_q3_k, 16, 110, prep_q3_k, 0) X(T_Q4_K, g_q4_k, 16, 144, prep_q45_k, 1) \
     X(T_Q5_K, g_q5_k, 16, 176, prep_q45_k, 1) X(T_Q6_K, g_q6_k, 16, 210, prep_q6_k, 0) \
     X(T_IQ4_XS, g_iq4_xs, 16, 136, prep_none, 0) X(T_IQ2_XXS, g_iq2_xxs, 16, 66, prep_iq2_xxs, 0) \
@@ -481,6 +501,9 @@ AI void prefetch_lines(const uint8_t *from, int64_t n, const uint8_t *end) {
 #else
 #define MIN_TERM 0
 #endif
+/* Q2_K's min: the AVX-512 build's min term (its decoder returns d * sc * code); the AVX2 decoder looks up the whole
+ * weight d * sc * code - dmin * m (g_q2_k), so to the passes and the row decoder it is a type without one */
+#define Q2K_MINS MIN_TERM
 
 /* one pass: a weight row of nb blocks against M token rows (M a constant after inlining); 2 accumulators per row
  * so that consecutive groups' FMAs do not wait on each other */
@@ -544,7 +567,7 @@ FUSED_TYPES(FUSED_PASS)
  * so per plane s: a = sum_k q(s, k) * xp(s, k) (q the codes 0..3 as floats: exact), then acc += S_s * a, S_s the
  * 16 lanes' sub-block scales d * sc (one permute of the block's 16 scales); the min term as in FUSED_PASS.
  * Why: the weight-table decoder (g_q2_k) pays per 16 weights a scale x table multiply, a byte widen and a permute
- * beside the FMA; here a shift, a permute (of a constant table) and 1.25 FMAs. Float32 math on the exact codes and
+ * beside the FMA; here under half a shift (7 a block), a permute (of a constant table) and 1.25 FMAs. Float32 math on the exact codes and
  * scales, summed in another order than the weight-table kernel (within the tests' 1e-4 of float64, not its bits). */
 AI int q2x_src(int g, int i) { /* the in-block element that lane i of lane-order group g = 4 s + k holds */
     const int s = g / 4, k = g % 4;
@@ -570,9 +593,10 @@ AI void pass_q2_kx(const int type, const uint8_t *row, int n, const float *const
                    float *out, const int M, const uint8_t *pf_end) {
     const int nb = n / 256, Q3 = type == T_Q3_K, BPB = Q3 ? 110 : 84;
     v16 acc[PASS_M][2];
-    /* Q2_K: the codes 0..3 (bits 2, 3 of the index: the next plane's, ignored); Q3_K: index bit 2 its hmask bit,
-     * the value crumb - 4 + 4 hbit = index - 4 (bit 3 ignored) */
+    /* Q2_K: the codes 0..3 of plane 2 p (index bits 0, 1: cyc4) or 2 p + 1 (bits 2, 3: rep4) of one index register
+     * (the planes below); Q3_K: index bit 2 its hmask bit, the value crumb - 4 + 4 hbit = index - 4 (bit 3 ignored) */
     const v16 table = Q3 ? _mm512_setr_ps(-4, -3, -2, -1, 0, 1, 2, 3, -4, -3, -2, -1, 0, 1, 2, 3) : v16_cyc4(0);
+    const v16 rep4 = _mm512_setr_ps(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
     const int NA = M <= 2 ? 2 : 1; /* independent sums per row where few rows give few chains */
     for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
     (void)pf_end;
@@ -580,23 +604,38 @@ AI void pass_q2_kx(const int type, const uint8_t *row, int n, const float *const
         const uint8_t *blk = row + BPB * (int64_t)b;
         PF_BLOCK(blk, BPB);
         v16 sc;
-        __m512i hm = _mm512_setzero_si512();
+        __m512i hm = _mm512_setzero_si512(), q = _mm512_setzero_si512(), qk[4], qh[4];
         if (Q3) {
             sc = q3k_scales(blk);
             /* hmask[l] bit 4 h + s for the element of half h = i / 8, plane s, byte l = 4 (i % 8) + k: hmask's 8
              * dwords in both halves, the upper lanes shifted by 4: bit s of byte k */
             hm = _mm512_srlv_epi32(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)blk)),
                                    _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4));
+            q = _mm512_loadu_si512(blk + 32);
         } else {
-            const __m128i sb = ld16b(blk);
-            sc = v16_mul(v16_set1(rdh(blk + 80)), v16_i8(nib(sb, 0)));
-            const v16 mn = v16_mul(v16_set1(rdh(blk + 82)), v16_i8(nib(sb, 1)));
+            /* Q2_K's scales and mins: the 16 scale bytes as dwords once, their nibbles as floats by permutes of
+             * 0..15 (vpermps reads the low 4 bits: no mask, no convert), times d / dmin from one f16 pair load
+             * (the same products d * (float)sc as gguf's, so the same bits) */
+            const __m512i e = _mm512_cvtepu8_epi32(ld16b(blk));
+            const v16 dd = _mm512_cvtph_ps(_mm256_set1_epi32((int)rd32(blk + 80))); /* d, dmin, d, dmin, .. */
+            sc = v16_mul(_mm512_moveldup_ps(dd), _mm512_permutexvar_ps(e, v16_iota(0)));
+            const v16 mn = v16_mul(_mm512_movehdup_ps(dd), _mm512_permutexvar_ps(_mm512_srli_epi32(e, 4), v16_iota(0)));
             for (int r = 0; r < M; r++) acc[r][0] = _mm512_fnmadd_ps(mn, v16_ld(xsum[r] + 16 * b), acc[r][0]);
+            /* the planes: one index register per byte k of the dwords (dword i's low byte = byte 4 i + k) holds
+             * planes 0, 1 of that byte in its bits 0..3, and shifted by 4 planes 2, 3: 7 shifts a block instead of
+             * 15 (reading the codes at byte offsets 1..3 instead measured slower: 4 loads that split cache lines).
+             * The empty asm keeps q in a register: GCC otherwise re-reads it as the shifts' memory operand (6 split
+             * loads a block, -17 % on the dev box) */
+            q = _mm512_loadu_si512(blk + 16);
+            __asm__("" : "+v"(q));
+            for (int k = 0; k < 4; k++) {
+                qk[k] = k ? _mm512_srli_epi32(q, 8 * k) : q;
+                qh[k] = _mm512_srli_epi32(qk[k], 4);
+            }
         }
-        const __m512i q = _mm512_loadu_si512(blk + (Q3 ? 32 : 16));
         _Pragma("GCC unroll 4") for (int s = 0; s < 4; s++) {
             /* Q3_K: plane s in bits 0..1 of each byte, its hmask bit in bit 2 (one bit select per 4 groups) */
-            const __m512i qs = s ? _mm512_srli_epi32(q, 2 * s) : q;
+            const __m512i qs = !Q3 || !s ? q : _mm512_srli_epi32(q, 2 * s);
             const __m512i hb = s < 2 ? _mm512_slli_epi32(hm, 2 - s) : s == 3 ? _mm512_srli_epi32(hm, 1) : hm;
             const __m512i q3 = Q3 ? _mm512_ternarylogic_epi32(qs, hb, _mm512_set1_epi8(4), 0xD8) : qs; /* c ? b : a */
             const v16 S = _mm512_permutexvar_ps(
@@ -604,7 +643,8 @@ AI void pass_q2_kx(const int type, const uint8_t *row, int n, const float *const
                                   8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s, 9 + 2 * s), sc);
             v16 a[PASS_M];
             _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-                const v16 w = _mm512_permutexvar_ps(k ? _mm512_srli_epi32(q3, 8 * k) : q3, table);
+                const v16 w = Q3 ? _mm512_permutexvar_ps(k ? _mm512_srli_epi32(q3, 8 * k) : q3, table)
+                                 : _mm512_permutexvar_ps(s < 2 ? qk[k] : qh[k], s % 2 ? rep4 : table);
                 const int64_t off = 256 * (int64_t)b + 16 * (4 * s + k);
                 for (int r = 0; r < M; r++)
                     a[r] = k ? v16_fma(w, v16_ld(xs[r] + off), a[r]) : v16_mul(w, v16_ld(xs[r] + off));
@@ -674,16 +714,42 @@ AI void pass_q4x(const int type, const uint8_t *row, int n, const float *const *
         q = _mm512_inserti32x4(q, ld16b(b0 + BPB + QS), 1);
         q = _mm512_inserti32x4(q, ld16b(b0 + 2 * BPB + QS), 2);
         q = _mm512_inserti32x4(q, ld16b(b0 + 3 * BPB + QS), 3);
-        const __m128 d4 = type == T_MXFP4 ? _mm_setr_ps(e8m0_half(b0[0]), e8m0_half(b0[BPB]), e8m0_half(b0[2 * BPB]),
-                                                        e8m0_half(b0[3 * BPB]))
-                                          : _mm_cvtph_ps(_mm_setr_epi16((short)rd16(b0), (short)rd16(b0 + BPB),
-                                                                        (short)rd16(b0 + 2 * BPB),
-                                                                        (short)rd16(b0 + 3 * BPB), 0, 0, 0, 0));
-        const v16 D = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        /* D, the lanes' block scales. Where the 4 blocks' scales lie in their first 64 bytes (Q4_0, IQ4_NL, Q4_1:
+         * 3 BPB + 4 <= 64) one load holds them and, at even offsets, one word permute puts d of block i / 4 in
+         * half i, converted at once (was 4 scalar loads, 3 inserts, a convert and a float permute); MXFP4: the
+         * e8m0 bytes (at 17 t: byte t of 128-bit lane t) by one in-lane byte shuffle into the dwords, then
+         * e8m0_half's integer formula in vector ops (was 4 times scalar); the same values, so the same bits.
+         * The word permute only at M <= 2: at 4 rows it measured slower on the dev box (Q4_0 down, T = 4:
+         * -15 % in pool_bench, the loop 8 instructions shorter) */
+        const int W16 = 3 * BPB + 4 <= 64 && type != T_MXFP4 && M <= 2;
+        v16 D;
+        __m512i head = _mm512_setzero_si512();
+        if (W16 || type == T_MXFP4) head = _mm512_loadu_si512(b0);
+        if (type == T_MXFP4) {
+            const __m512i e = _mm512_shuffle_epi8(head, _mm512_setr_epi32(
+                0xFFFFFF00, 0xFFFFFF00, 0xFFFFFF00, 0xFFFFFF00, 0xFFFFFF01, 0xFFFFFF01, 0xFFFFFF01, 0xFFFFFF01,
+                0xFFFFFF02, 0xFFFFFF02, 0xFFFFFF02, 0xFFFFFF02, 0xFFFFFF03, 0xFFFFFF03, 0xFFFFFF03, 0xFFFFFF03));
+            const __m512i big = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+            const __m512i tiny = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e); /* e < 2 */
+            D = _mm512_castsi512_ps(_mm512_mask_mov_epi32(big, _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2)), tiny));
+        } else if (W16) {
+            const int w = BPB / 2;
+            D = _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_setr_epi32(
+                0, 0, w * 0x10001, w * 0x10001, 2 * w * 0x10001, 2 * w * 0x10001, 3 * w * 0x10001, 3 * w * 0x10001,
+                0, 0, 0, 0, 0, 0, 0, 0), head)));
+        } else {
+            const __m128 d4 = _mm_cvtph_ps(_mm_setr_epi16((short)rd16(b0), (short)rd16(b0 + BPB), (short)rd16(b0 + 2 * BPB),
+                                                          (short)rd16(b0 + 3 * BPB), 0, 0, 0, 0));
+            D = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d4));
+        }
         if (MN) { /* the 4 blocks' m times their x sums (pairs of the 8 natural 16-group sums of this 128) */
-            const __m128 m4 = _mm_cvtph_ps(_mm_setr_epi16((short)rd16(b0 + 2), (short)rd16(b0 + BPB + 2),
-                                                          (short)rd16(b0 + 2 * BPB + 2), (short)rd16(b0 + 3 * BPB + 2),
-                                                          0, 0, 0, 0));
+            const int w = BPB / 2;
+            const __m128 m4 = W16 ? _mm_cvtph_ps(_mm512_castsi512_si128(_mm512_permutexvar_epi16(
+                                        _mm512_setr_epi32(1 + (1 + w) * 0x10000, 1 + 2 * w + (1 + 3 * w) * 0x10000, 0, 0, 0, 0, 0, 0,
+                                                          0, 0, 0, 0, 0, 0, 0, 0), head)))
+                                  : _mm_cvtph_ps(_mm_setr_epi16((short)rd16(b0 + 2), (short)rd16(b0 + BPB + 2),
+                                                                (short)rd16(b0 + 2 * BPB + 2),
+                                                                (short)rd16(b0 + 3 * BPB + 2), 0, 0, 0, 0));
             for (int r = 0; r < M; r++) {
                 const __m256 s8 = _mm256_loadu_ps(xsum[r] + 8 * (int64_t)sb);
                 macc[r] = _mm_fmadd_ps(m4, _mm_hadd_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1)),
