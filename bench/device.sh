@@ -226,7 +226,8 @@ for arg in "$@"; do
         commit) run_step commit "$limit" bash -c 'set -u; B="python3 bench/commit_async_bench.py --window 8 --draft-noise 0.3"
             $B --tokens 512 --reps 5; $B --tokens 256 --reps 3 --expert-cache 3 --pcie-frac 0.5
             [ -f /tmp/small-q8_0.gguf ] || python3 -m strata_cli make-model /tmp/small-q8_0.gguf --preset small --type Q8_0 --seed 1
-            $B /tmp/small-q8_0.gguf --tokens 512 --reps 5; F="'"$(full_size)"'"; [ -n "$F" ] && $B "$F" --tokens 512 --reps 3';;
+            $B /tmp/small-q8_0.gguf --tokens 512 --reps 5; F="'"$(full_size)"'"
+            if [ -n "$F" ]; then $B "$F" --tokens 512 --reps 3; else echo "commit: no full-size file (yet): its row skipped"; fi';;
         kcache) run_step kcache "$limit" bash -c '[ -n "'"$BACK"'" ] && tar czf "'"$BACK"'/kcache.tar.gz" -C ~/.cupy kernel_cache \
             && ls -la "'"$BACK"'/kcache.tar.gz"';;
         soak) run_step soak "$limit" bash -c "$(declare -f $SOAK_FNS); OUT=$OUT soak_run";;

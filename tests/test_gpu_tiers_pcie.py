@@ -66,7 +66,10 @@ def test_auto_measures_the_copy_path_and_keeps_or_drops_the_pcie_share(tmp_path,
         got, ids = speculative_run(eng, tokens, np.random.default_rng(6), 6)
         assert rel_err(got, base) <= 1e-4
         np.testing.assert_array_equal(ids, base_ids)
-        assert (eng.tier_host.history[-1]["pcie"] > 0) == (frac > 0)
+        # the windows' shares move from the build's (tiers/share.ShareTuner; a tiny expert's share may fall under one
+        # expert a step), so some window, not each, copied
+        assert any(h["pcie"] > 0 for h in eng.tier_host.history) == (frac > 0)
+        assert all((h["pcie_frac"] > 0) == (frac > 0) for h in eng.tier_host.history)
         assert (eng.tier_host._copier is not None) == (frac > 0) and (eng.tiers.store is not None) == (frac > 0)
 
 

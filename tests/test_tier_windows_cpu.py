@@ -557,7 +557,12 @@ def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
         T = len(windows[w])
         G = t.n_groups(T)
         kernels.waits.clear()
+        tuner = host.share_tuner()  # --pcie-frac auto with a share: the share of this T moves between windows
+        want_frac = tuner.frac(T) if tuner is not None else t.cfg.pcie_frac
         got = _run_window(monkeypatch, engine, kernels, rt, moes, T)
+        assert host.history[-1]["pcie_frac"] == want_frac
+        if host._loop is not None and host._loop.pcie:  # the native loop planned with it
+            assert host._loop.args.pcie_frac == want_frac
         # each post waits for its own ring: flagB (wait kind 0) first with a PCIe share, then flag (kind 1), the
         # error code naming that step and kind (ExpertTiers.wait_code, read back by TierHost._check_err); a
         # stage's rings count from 1 over its own layers
@@ -577,6 +582,10 @@ def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
             shares[key] += stats[key]
         assert int(t.words.host[4]) == 0  # no GPU wait timed out
     assert len(host.history) == len(windows) and host.windows == len(windows)
+    tuner = host.share_tuner()
+    assert (tuner is not None) == (t.cfg.share_auto and t.pcie)
+    if tuner is not None:  # every window size served has its own share, and the windows that missed moved it
+        assert sorted(tuner._by_t) == sorted(set(sizes))
     frac = t.cfg.pcie_frac
     assert (shares["pcie"] > 0) == (frac > 0) and (shares["cpu"] > 0) == (frac < 1)
     assert (shares["vram"] > 0) == bool((t.table_host >= 0).any())

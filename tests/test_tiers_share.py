@@ -178,3 +178,73 @@ def test_a_bad_share_is_one_line_on_any_device(fixture_dir):
                                     "--pcie-frac", "lots"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output  # a bad option value: usage error
     assert "--pcie-frac 'lots'" in bad.output
+
+
+# ---- ShareTuner: --pcie-frac auto between windows
+
+def _window(frac: float, pool_gbs: float, dma_gbs: float, steps: int = 48, misses: int = 10,
+            expert_bytes: int = 2_000_000) -> dict:
+    """The stats of a window whose steps each miss `misses` experts: the plan's rule (the last floor(n * frac)
+    over PCIe), the pool and the DMAs at the given rates."""
+    from strata_cli.tiers.plan import n_pcie
+
+    pcie = steps * n_pcie(misses, frac) * expert_bytes
+    cpu = steps * misses * expert_bytes - pcie
+    return dict(cpu_bytes=cpu, pcie_bytes=pcie, pool_ms=cpu / 1e6 / pool_gbs, copy_ms=pcie / 1e6 / dma_gbs)
+
+
+def _tier_ms(stats: dict) -> float:
+    return max(stats["pool_ms"], stats["copy_ms"])
+
+
+@pytest.mark.parametrize("seed_pool,pool,dma", [(63.0, 45.6, 39.9), (3.5, 46.4, 39.2), (64.0, 61.5, 40.7),
+                                                (20.0, 80.0, 20.0)])
+def test_share_tuner_moves_the_share_to_where_the_windows_rates_balance(seed_pool, pool, dma):
+    """Seeded from the build's probes (one of them the 3.5 GB/s probe of 2026-12-03 that chose 0.93), the share
+    reaches the windows' own balance within a few windows: the mean tier time of windows 4..20 within 6 % of the
+    best share's (whole experts a step), and far under the seed's where the seed was off."""
+    from strata_cli.tiers.share import ShareTuner
+
+    seed = ShareRates(seed_pool, 45.3, dma_measured=True)
+    tuner = ShareTuner(best_pcie_frac(seed), seed)
+    best = min(_tier_ms(_window(k / 10, pool, dma)) for k in range(11))
+    times = []
+    for _ in range(20):
+        stats = _window(tuner.frac(8), pool, dma)
+        times.append(_tier_ms(stats))
+        tuner.observe(8, stats)
+    assert np.mean(times[3:]) <= 1.06 * best, (times, best)
+    got_pool, got_dma = tuner.rates(8)
+    assert got_pool == pytest.approx(pool, rel=1e-3) and got_dma == pytest.approx(dma, rel=1e-3)
+    if abs(best_pcie_frac(seed) - dma / (pool + dma)) > 0.1:
+        assert np.mean(times[3:]) < 0.9 * times[0]
+
+
+def test_share_tuner_keeps_each_window_size_apart_and_seeds_a_new_one_from_the_nearest():
+    from strata_cli.tiers.share import ShareTuner
+
+    tuner = ShareTuner(0.45, ShareRates(63.0, 45.0))
+    assert tuner.frac(1) == 0.45  # T = 1 seen first: the build's share
+    for _ in range(8):
+        tuner.observe(8, _window(tuner.frac(8), 30.0, 45.0))  # the pool slow at T = 8: more over PCIe
+    assert tuner.frac(8) > 0.55 and tuner.frac(1) == 0.45  # T = 1 untouched
+    assert tuner.frac(4) == tuner.frac(8) and tuner.rates(4) == tuner.rates(8)  # the nearest T seen (8, not 1)
+    assert tuner.frac(2) == tuner.frac(1)  # equally near 1 and 4 by log T: the smaller
+
+
+def test_share_tuner_leaves_what_a_window_did_not_measure():
+    from strata_cli.tiers.share import TUNE_MIN, ShareTuner
+
+    tuner = ShareTuner(0.5, ShareRates(40.0, 40.0))
+    tuner.observe(1, dict(cpu_bytes=0, pcie_bytes=0, pool_ms=0.0, copy_ms=0.0))  # no misses: nothing moves
+    assert tuner.frac(1) == 0.5 and tuner.rates(1) == (40.0, 40.0)
+    tuner.observe(1, dict(cpu_bytes=4e6, pcie_bytes=4e6, pool_ms=0.1, copy_ms=0.0))  # no DMA time: its rate kept
+    assert tuner.rates(1) == pytest.approx((40.0, 40.0)) and tuner.frac(1) == pytest.approx(0.5)
+    for _ in range(30):  # a DMA ever slower: the share falls to TUNE_MIN, never to 0 (the engine keeps its PCIe path)
+        tuner.observe(1, dict(cpu_bytes=8e6, pcie_bytes=1e6, pool_ms=0.2, copy_ms=100.0))
+    assert tuner.frac(1) == TUNE_MIN
+    for _ in range(30):  # the pool ever slower: all over PCIe at most
+        tuner.observe(1, dict(cpu_bytes=8e6, pcie_bytes=1e6, pool_ms=1e4, copy_ms=0.001))
+    assert tuner.frac(1) == 1.0
+    with pytest.raises(ValueError, match="share in"):
+        ShareTuner(0.0, ShareRates(40.0, 40.0))

@@ -107,6 +107,8 @@ class TierHost:
         self.launching = False
         self.history = WindowHistory()  # window_stats() of the windows served (the last few thousand of each T)
         self.route_hook = None  # (layer, ids [n, K]) of every step served (engine/routing.py counts them)
+        self._tuner = None      # --pcie-frac auto's share between windows (tiers/share.ShareTuner), made on first use
+        self.frac = 0.0         # the share of the window being served (begin)
         # The Python steps' PCIe copies run on one copy thread (in step order) while this thread runs the pool
         self._copier = None
         self._loop = None  # the native loop (tiers/serve_loop.py), made on first use
@@ -145,8 +147,8 @@ class TierHost:
         from .watchdog import unregister
 
         self.drop_copier()
-        rt = cudart()
-        while self._events:
+        while self._events:  # none without a PCIe share: no driver call then
+            rt = cudart()
             for event in self._events.pop():
                 check(rt.cudaEventDestroy(event), "cudaEventDestroy")
         unregister(self)
@@ -171,6 +173,7 @@ class TierHost:
         self.windows = 0
         self.warmed = True
         self.history.clear()
+        self._tuner = None  # the eager warm-up's pool and copy times are not a graph window's
         if self.t.fill is not None:
             self.t.fill.reset()
 
@@ -188,11 +191,13 @@ class TierHost:
         self.windows += 1
         self.T = T
         self.step_layer = -1  # the stall line names this window's layer, not the last one served
+        tuner = self.share_tuner()
+        self.frac = tuner.frac(T) if tuner is not None else float(t.cfg.pcie_frac)
         self.active = True
         self.progress = time.monotonic()
         self.stats = {"T": T, "vram": 0, "pcie": 0, "cpu": 0, "plan_ms": 0.0, "pool_ms": 0.0, "pool_kernel_ms": 0.0,
                       "pool_wake_ms": 0.0, "host_wait_ms": 0.0, "pcie_bytes": 0, "cpu_bytes": 0, "issue_ms": 0.0,
-                      "copy_ms": 0.0, **filled}
+                      "copy_ms": 0.0, "pcie_frac": self.frac, **filled}
         self._timed_copies.clear()
         with self._issued_cv:
             self._issued, self._failing = 0, False
@@ -242,11 +247,26 @@ class TierHost:
             self._check_err(G)
             self.stats["copy_ms"] = self._copy_ms()
             self.history.append(self.window_stats())
+            if self._tuner is not None:
+                self._tuner.observe(T, self.stats)
         except BaseException as exc:
             self._fail(exc)
             raise
         finally:
             self.active = False
+
+    def share_tuner(self):
+        """--pcie-frac auto with a PCIe share: the ShareTuner that moves each window size's share between windows
+        (tiers/share.py), made from the share and rates the engine was built with; None for a given share."""
+        t = self.t
+        cfg = getattr(t, "cfg", None)
+        if not getattr(t, "pcie", False) or cfg is None or not cfg.share_auto or cfg.rates is None:
+            return None
+        if self._tuner is None or self._tuner.seed_rates is not cfg.rates:  # rebalance_share replaced them
+            from .share import ShareTuner
+
+            self._tuner = ShareTuner(float(cfg.pcie_frac), cfg.rates)
+        return self._tuner
 
     def _fail(self, exc: BaseException) -> None:
         """A window that may be on the GPU fails (an error, or a signal's exception): every wait released."""
@@ -279,7 +299,7 @@ class TierHost:
 
         t = self.t
         n = t.steps.count(1)
-        loop.window(T, self._withholds_last())
+        loop.window(T, self._withholds_last(), self.frac)
         k, slice_ns = 0, int(POLL_S * 1e9)
         start = said = time.monotonic()
         self.step_layer = t.steps.lo
@@ -353,7 +373,7 @@ class TierHost:
             self.route_hook(layer, ids)
         if t.fill is not None:
             t.fill.observe(layer, ids)
-        plan = self.planner.plan(ids, t.table_host[layer], t.cfg.pcie_frac, t.plan.host[grp], r0 * K)
+        plan = self.planner.plan(ids, t.table_host[layer], self.frac, t.plan.host[grp], r0 * K)
         self._raise_flag(FLAG_A, want)
         copying = None
         t_plan = time.perf_counter()
@@ -452,7 +472,10 @@ class TierHost:
         return self._events[step]
 
     def _copy_ms(self) -> float:
-        """The DMA time of the window's PCIe share (the streams are idle: every event has completed)."""
+        """The DMA time of the window's PCIe share (the streams are idle: every event has completed). No copies:
+        0 without a driver call (a host without cuda-bindings serves numpy-backed windows, tests/test_tier_engine_host.py)."""
+        if not self._timed_copies:
+            return 0.0
         rt = cudart()
         total = sum(check(rt.cudaEventElapsedTime(a, b), "cudaEventElapsedTime") for a, b in self._timed_copies)
         self._timed_copies.clear()

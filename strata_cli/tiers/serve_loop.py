@@ -133,14 +133,17 @@ class NativeServe:
         for name, value in fields.items():
             setattr(a, name, value)
 
-    def window(self, T: int, withhold_last: bool) -> None:
+    def window(self, T: int, withhold_last: bool, pcie_frac: float | None = None) -> None:
         """A new window of T rows: its residency table (an adaptive cache changes it between windows), the pool's
-        scratch (as reserved), the stats zeroed."""
+        scratch (as reserved), the stats zeroed; with a PCIe share its share of each step's misses (pcie_frac:
+        --pcie-frac auto moves it between windows, tiers/share.ShareTuner; None: the one the loop was made with)."""
         t, a = self.tiers, self.args
         self._table = np.ascontiguousarray(t.table_host, dtype=np.int32)  # a view when it is one already
         if self.pool._h.size < t.JM * self.pool.n_ff:
             self.pool.reserve(t.JM)
         a.T, a.withhold_last = int(T), int(bool(withhold_last))
+        if self.pcie and pcie_frac is not None:
+            a.pcie_frac = float(pcie_frac)
         a.table, a.h = _addr(self._table), _addr(self.pool._h)
         self.stats[:] = 0
         self.copied[:] = 0

@@ -15,6 +15,11 @@ experts of layer 0, their pages brought in first, on the pool's team), the DMA's
 (engine/gpu/tiers.rebalance_share). Until the DMA is measured it is PCIE_GBS. What the model leaves out: the DMA's
 reads of host memory beside the pool, the copy thread's hand-offs and the flagB waits (the margin AUTO_MIN_GAIN stands
 for them); verify-bench's pool GB/s and copy GB/s show the rates under load.
+auto keeps balancing once windows run (ShareTuner): the rates a window's pool and DMAs reach differ from the load's
+probes (the full-size file at 3b06801, T = 8: the pool 45.6-61.5 GB/s in the windows against 63-64 probed, the DMA
+39-41 against 45; one load's pool probe read 3.5 GB/s and sent 0.93 of the misses over PCIe), so after each window
+the share of that window size moves to where the window's own rates balance the two (docs/BENCHMARKS.md,
+2026-12-03: the pool 62.5 ms against the copies' 54.2 at 12 GiB, 64.8 against 77.9 at cache 0).
     PCIE_GBS  51 GB/s  cudaMemcpyAsync host -> device from pinned memory (docs/gpu-toolchain-notes.md §7)
     POOL_GBS  77.7 GB/s  the CPU pool on Q8_0 experts, 16 cores (docs/BENCHMARKS.md): the tier floor's rate without a probe
 """
@@ -41,6 +46,8 @@ AUTO_STEP = 0.01      # the shares auto compares: 0, 0.01, ..., 1
 PROBE_EXPERTS = 32    # experts of layer 0 the pool probe computes (one row each), at most
 PROBE_REPEATS = 3     # the best of these is the rate
 REPORT_FRACS = (0.25, 0.5, 1.0)  # the shares whose predicted times the auto line also prints (tiers_device.sh runs them)
+TUNE_ALPHA = 0.5      # ShareTuner: the newest window's weight in the running rates (one odd window moves them half)
+TUNE_MIN = AUTO_STEP  # ShareTuner keeps a share > 0: the engine was built with its PCIe path (flagB waits, staging)
 
 
 @dataclass(frozen=True)
@@ -166,3 +173,53 @@ def resolve_pcie_frac(parsed: float | str, rates: ShareRates | None = None,
         where = "over PCIe, the rest on the CPU pool" if frac > 0 else "over PCIe: the CPU pool computes them all"
         return frac, f"PCIe share: {_fmt(frac)} of each layer's distinct misses {where} ({auto_note(frac, rates, window_bytes)})"
     return parsed, f"PCIe share: {parsed:g} of each layer's distinct misses over PCIe (--pcie-frac {parsed:g})"
+
+
+class ShareTuner:
+    """--pcie-frac auto between windows (the engine's tier host calls frac(T) before a window of T rows and
+    observe(T, stats) after it): per window size T a share of each step's distinct misses and running rates of the
+    pool and the DMAs (GB/s of expert bytes), seeded from the build's share and rates (a T not seen yet: the nearest
+    T seen). observe() folds the window's own rates (its pool bytes over its pool ms, its PCIe bytes over its DMA ms)
+    into the running ones (TUNE_ALPHA) and moves the share by the gap between the byte share where those rates
+    balance the two, dma / (pool + dma), and the byte share the window had: the share counts experts and the floor of
+    a step's count falls short of it, which the byte share's feedback takes up. Kept in [TUNE_MIN, 1]. A window
+    without misses changes nothing; one without pool (or DMA) time keeps that rate."""
+
+    def __init__(self, frac: float, rates: ShareRates, alpha: float = TUNE_ALPHA):
+        if not 0.0 < frac <= 1.0:
+            raise ValueError(f"ShareTuner needs a share in (0, 1] (got {frac})")
+        self.alpha = alpha
+        self.seed_rates = rates  # the build's (TierHost makes a new tuner when the engine's rates are replaced)
+        self.start = (float(frac), float(rates.pool_gbs), float(rates.dma_gbs))
+        self._by_t: dict[int, list[float]] = {}  # T -> [share, pool GB/s, DMA GB/s]
+
+    def _state(self, T: int) -> list[float]:
+        state = self._by_t.get(T)
+        if state is None:
+            seen = sorted(self._by_t, key=lambda t: (abs(np.log(t / T)), t))
+            state = self._by_t[T] = list(self._by_t[seen[0]] if seen else self.start)
+        return state
+
+    def frac(self, T: int) -> float:
+        """The share the next window of T rows uses."""
+        return self._state(T)[0]
+
+    def rates(self, T: int) -> tuple[float, float]:
+        """(pool GB/s, DMA GB/s) as the windows of T rows measured them so far."""
+        _, pool, dma = self._state(T)
+        return pool, dma
+
+    def observe(self, T: int, stats: dict) -> None:
+        """A window of T rows served: stats holds its cpu_bytes, pcie_bytes, pool_ms and copy_ms (TierHost.stats)."""
+        state = self._state(T)
+        cpu, pcie = float(stats.get("cpu_bytes", 0)), float(stats.get("pcie_bytes", 0))
+        if cpu + pcie <= 0:
+            return
+        a = self.alpha
+        pool_ms, copy_ms = float(stats.get("pool_ms", 0.0)), float(stats.get("copy_ms", 0.0))
+        if cpu > 0 and pool_ms > 0:
+            state[1] = (1 - a) * state[1] + a * cpu / 1e6 / pool_ms
+        if pcie > 0 and copy_ms > 0:
+            state[2] = (1 - a) * state[2] + a * pcie / 1e6 / copy_ms
+        target = state[2] / (state[1] + state[2])
+        state[0] = float(min(1.0, max(TUNE_MIN, state[0] + target - pcie / (cpu + pcie))))

@@ -100,7 +100,9 @@ def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: fl
     pool_ms, copy_ms = mean("pool_ms"), mean("copy_ms")
     cpu_bytes, pcie_bytes = mean("cpu_bytes"), mean("pcie_bytes")
     waits = mean("wait_b_ms") + mean("wait_flag_ms")
-    return dict(expert_cache=t.cfg.cache.text, pcie_frac=t.cfg.pcie_frac, tier_wait=t.cfg.wait,
+    # the share the windows used: --pcie-frac auto moves it between windows (tiers/share.ShareTuner)
+    frac = float(np.mean([h["pcie_frac"] for h in rows])) if all("pcie_frac" in h for h in rows) else t.cfg.pcie_frac
+    return dict(expert_cache=t.cfg.cache.text, pcie_frac=frac, tier_wait=t.cfg.wait,
                 vram_pairs=float((t.stage_table() >= 0).mean()), vram_share=mean("vram_share"),
                 pcie_share=mean("pcie_share"), cpu_share=mean("cpu_share"), gpu_ms=max(ms_mean - waits, 0.0),
                 wait_b_ms=mean("wait_b_ms"), wait_flag_ms=mean("wait_flag_ms"), host_ring_ms=mean("host_wait_ms"),
