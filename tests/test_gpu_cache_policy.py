@@ -29,12 +29,13 @@ def test_adaptive_policies_equal_all_resident(fixture_dir, tmp_path, name):
         eng.close()
 
 
-@pytest.mark.parametrize("name", ["fixture-q8_0", "fixture-bf16"])
-def test_a_fill_batch_lands_the_files_rows_in_its_slots(fixture_dir, tmp_path, name):
-    """DeviceSlots.copy_batch (engine/gpu/residency_fill.py): the batch gathered into the pinned staging (one
-    strata_gather call on the pool's team) and copied by one DMA per run of consecutive slots on the side stream;
-    once done() every copied slot holds the file's bytes of its expert, every other slot what it held (the slots
-    hold the file's raw blocks: the check is on bytes). No window runs after (the table was not updated)."""
+@pytest.mark.parametrize("name,share", [("fixture-q8_0", 0.0), ("fixture-bf16", 0.0), ("fixture-q8_0", 0.5)])
+def test_a_fill_batch_lands_the_files_rows_in_its_slots(fixture_dir, tmp_path, name, share):
+    """DeviceSlots.copy_batch (engine/gpu/residency_fill.py): without a PCIe share the batch gathered into the
+    pinned staging (one strata_gather call on the pool's team) and copied by one DMA per run of consecutive slots on
+    the side stream; with one, DMA'd from the page-locked store (every expert under an adaptive policy) and no
+    staging made; once done() every copied slot holds the file's bytes of its expert, every other slot what it held
+    (the slots hold the file's raw blocks: the check is on bytes). No window runs after (the table was not updated)."""
     import cupy as cp
     import numpy as np
 
@@ -45,11 +46,11 @@ def test_a_fill_batch_lands_the_files_rows_in_its_slots(fixture_dir, tmp_path, n
 
     model = _model(name, fixture_dir, tmp_path)
     E = model.geometry.n_expert
-    eng = tiered_engine(model, None, cache="24", policy="lru")  # 3 slots a layer: experts 0, 1, 2
+    eng = tiered_engine(model, None, cache="24", policy="lru", pcie_frac=share)  # 3 slots a layer: experts 0, 1, 2
     try:
         t = eng.tiers
         dev = t.fill.device
-        assert dev.done() and dev.staging.nbytes == t.cfg.max_copy  # the default: what the 24 slots hold
+        assert dev.done() and dev.staging is None and (t.store is not None) == (share > 0)
 
         def slot_bytes():
             return {layer: [cp.asnumpy(arr).reshape(int(arr.shape[0]), -1).view(np.uint8) for arr, _ in arrays]
@@ -61,6 +62,8 @@ def test_a_fill_batch_lands_the_files_rows_in_its_slots(fixture_dir, tmp_path, n
         dev.copy_batch(copies)
         dev.stream.synchronize()
         assert dev.done()
+        # the staging: the default --expert-max-copy (what the 24 slots hold), made by the first batch without a store
+        assert dev.staging is None if share > 0 else dev.staging.nbytes == t.cfg.max_copy
         after = slot_bytes()
         want = {(c.layer, c.slot): c.expert for c in copies}
         for layer in t.resident:

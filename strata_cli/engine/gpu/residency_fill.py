@@ -9,8 +9,14 @@ copies finished, so the staging buffer is free whenever a batch is gathered into
 reads (the device array `tier_table`, read by tier_group at run time, so no graph is recaptured) is uploaded on the
 engine's stream from a pinned copy.
 
+With a PCIe share the engine already holds every expert page-locked (engine/gpu/expert_store.py: an adaptive
+policy's store is all of them), so a batch is DMA'd straight from there, one copy an expert and projection, and
+nothing is gathered: on the full-size file at 3b06801 the gather cost the host 9.6-12.6 ms a window of the pool's
+cores (docs/BENCHMARKS.md, 2026-12-03), the driver calls for a 278 MB batch ~1.4 ms. The staging buffer is made only
+for a batch without a store (no share, or one that rebalance_share dropped).
+
 The resident arrays of an adaptive cache hold the file's raw blocks (no Q8_0_R32 repacking), so a slot's bytes are
-the file's row of that expert.
+the file's row of that expert: the store's bytes of it too.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ class DeviceSlots:
                 if arr.nbytes // int(arr.shape[0]) != self.src[layer][p].shape[1]:
                     raise StrataError(f"layer {layer}: a VRAM slot of {arr.nbytes // int(arr.shape[0])} bytes does "
                                       f"not hold one expert of the file ({self.src[layer][p].shape[1]} bytes)")
-        self.staging = MappedBuffer((max(int(tiers.cfg.max_copy), 1),), np.uint8)  # one batch's bytes, pinned
+        self.staging = None  # one batch's bytes, pinned: made by the first batch that has no store to copy from
         # gathered on the pool's team (the tier host calls copy_batch on the thread that runs the pool)
         self.lib, self.threads = gather_team()
 
@@ -61,12 +67,27 @@ class DeviceSlots:
               "cudaMemcpyAsync of the slot table")
 
     def copy_batch(self, copies) -> None:
-        """The batch gathered into the staging buffer (one strata_gather call), its DMAs issued on the side stream
-        (one per run of consecutive slots), then the event the next done() asks."""
+        """The batch's DMAs issued on the side stream, then the event the next done() asks: from the page-locked
+        store where the engine has one (one DMA an expert and projection), else gathered into the staging buffer
+        first (one strata_gather call; one DMA per run of consecutive slots)."""
         if not self.done():  # SlotFiller plans a batch only once the last one's copies finished
             raise StrataError("--expert-policy: a batch gathered while the last one's copies still read the staging")
         rt = cudart()
         kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        store = self.t.store
+        if store is not None:
+            for c in copies:
+                layer, slot = int(c.layer), int(c.slot)
+                for p, src in enumerate(store.addresses(layer, np.array([c.expert]))):
+                    arr, _ = self.t.resident[layer][0][p]
+                    row = store.bytes_of[layer][p]
+                    check(rt.cudaMemcpyAsync(arr.data.ptr + slot * row, int(src[0]), row, kind, self.stream.ptr),
+                          f"cudaMemcpyAsync of layer {layer}'s expert {int(c.expert)} into slot {slot}")
+            self.event.record(self.stream)
+            self.pending = True
+            return
+        if self.staging is None:
+            self.staging = MappedBuffer((max(int(self.t.cfg.max_copy), 1),), np.uint8)
         for run in stage_batch(copies, self.src, self.staging.host, self.lib, self.threads):
             arr, _ = self.t.resident[run.layer][0][run.p]
             check(rt.cudaMemcpyAsync(arr.data.ptr + run.slot * run.row_bytes, self.staging.host_ptr + run.offset,
@@ -78,7 +99,8 @@ class DeviceSlots:
     def free(self) -> None:
         """Free the staging buffer and the slot table's pinned copy once no copy still reads them (idempotent)."""
         self.stream.synchronize()
-        self.staging.free()
+        if self.staging is not None:
+            self.staging.free()
         self.table_pinned.free()
 
 
