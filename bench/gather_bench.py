@@ -1,5 +1,6 @@
-"""The PCIe share's host gather alone (strata_cli/tiers/gather.gather_rows): GB/s of expert bytes copied from a mapping
-into a staging buffer, per way and thread count, cold by construction.
+"""The host gather alone (strata_cli/tiers/gather.gather_rows: an adaptive cache's fills without a PCIe share, and until
+e8f2295 the PCIe share's staging): GB/s of expert bytes copied from a mapping into a staging buffer, per way and
+thread count, cold by construction.
 
     python3 bench/gather_bench.py [--gb 2] [--experts 3,32] [--threads N[,N...]] [--iters 20]
 

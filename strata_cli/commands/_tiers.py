@@ -18,13 +18,13 @@ def tier_options(f):
                      help="How the window graph waits for the host: spin kernels on mapped words (bounded by a "
                      "GPU timer) or captured cuStreamWaitValue32 nodes."),
         click.option("--pcie-frac", default=None, metavar="auto|F",
-                     help="Share of each layer's distinct VRAM misses copied over PCIe by the copy engine; "
-                     "the CPU pool computes the rest. auto picks the share of least predicted time from the "
-                     "pool's, the host gather's and the DMA's measured rates, 0 where PCIe loses "
-                     "(strata_cli/tiers/share.py). [default: 0]"),
+                     help="Share of each layer's distinct VRAM misses copied over PCIe by the copy engine "
+                     "from a page-locked copy of the experts; the CPU pool computes the rest. auto picks the share "
+                     "where the pool's and the DMA's measured rates balance, 0 where PCIe loses, and keeps "
+                     "balancing each window size between windows (strata_cli/tiers/share.py). [default: auto]"),
         click.option("--expert-max-copy", default=None, metavar="SIZE",
                      help="Bytes an adaptive --expert-policy copies into VRAM per window at most. The default is "
-                     f"what the fill path (the host's gather after a window's last step, then the DMA) moves in "
+                     f"what the fill path (without a PCIe share the host's gather after a window's last step, then the DMA) moves in "
                      f"{FILL_WINDOW_MS:g} ms, the shortest window, so a window's fills land before the boundary "
                      "after the next: at the gather and DMA rates --pcie-frac auto measured, else at the H200's "
                      f"({GATHER_GBS:g} and {PCIE_GBS:g} GB/s: {DEFAULT_MAX_COPY}), never more than the cache's "

@@ -24,7 +24,7 @@ class TierConfig:
     loaded_profile: object = None     # the profile as already read (an ExpertProfile): `-` (stdin) is read once
     # set while the engine is built (tiers/setup.residency_for, engine/gpu/tiers.rebalance_share), never by a user:
     share_auto: bool = False          # pcie_frac came from auto: re-balanced once the copy path is measured
-    rates: ShareRates | None = None   # the pool's, the gather's and the DMA's rates auto measured (tiers/share.py)
+    rates: ShareRates | None = None   # the pool's and the DMA's rates auto measured at load (tiers/share.py)
 
     def __post_init__(self):
         self.pcie_frac = parse_pcie_frac(self.pcie_frac)
