@@ -1,6 +1,7 @@
 """verify-bench columns of the expert tiers, of one engine or of each stage of the layer split (its own tiers):
 per window size, the mean over the timed windows of the routed entries' VRAM / PCIe / CPU shares (the VRAM share
-is the cache's hit rate), the MB a window's PCIe share copies and its CPU share reads, where the window's time goes,
+is the cache's hit rate), the --pcie-frac the windows used (their mean: auto moves it between windows), the MB a
+window's PCIe share copies and its CPU share reads, where the window's time goes,
 the tier floor, and an adaptive --expert-policy's swaps and MB copied into VRAM per window, the windows whose last
 batch was still copying at their boundary (fill_late: nothing changed then), and the host's ms on the fills (fill
 gather ms: the gather on the pool's team after the window's last step, and the DMAs' issue).
@@ -26,7 +27,7 @@ import numpy as np
 from .share import POOL_GBS, ShareRates, shares_ms
 
 TIER_COLUMNS = [("vram_pairs", "VRAM pairs", ".1%"), ("vram_share", "VRAM", ".1%"), ("pcie_share", "PCIe", ".1%"),
-                ("cpu_share", "CPU", ".1%"), ("pcie_mb", "PCIe MB", ".2f"), ("cpu_mb", "CPU MB", ".2f"),
+                ("cpu_share", "CPU", ".1%"), ("pcie_frac", "pcie-frac", ".2f"), ("pcie_mb", "PCIe MB", ".2f"), ("cpu_mb", "CPU MB", ".2f"),
                 ("gpu_ms", "GPU ms", ".3f"), ("wait_b_ms", "wait B ms", ".3f"),
                 ("wait_flag_ms", "wait flag ms", ".3f"), ("host_ring_ms", "host ring ms", ".3f"),
                 ("plan_ms", "plan ms", ".3f"), ("pool_ms", "pool ms", ".3f"), ("pool_kernel_ms", "pool C ms", ".3f"),
