@@ -584,8 +584,9 @@ def _check_tiered_windows(monkeypatch, fixture_dir, kind, tier_args, layers):
     assert len(host.history) == len(windows) and host.windows == len(windows)
     tuner = host.share_tuner()
     assert (tuner is not None) == (t.cfg.share_auto and t.pcie)
-    if tuner is not None:  # every window size served has its own share, and the windows that missed moved it
+    if tuner is not None:  # every window size served has its own share, and the windows' rates moved them
         assert sorted(tuner._by_t) == sorted(set(sizes))
+        assert any(tuner.frac(T) != t.cfg.pcie_frac for T in sizes)
     frac = t.cfg.pcie_frac
     assert (shares["pcie"] > 0) == (frac > 0) and (shares["cpu"] > 0) == (frac < 1)
     assert (shares["vram"] > 0) == bool((t.table_host >= 0).any())

@@ -215,7 +215,8 @@ class SlotFiller:
       done() -> bool           the last batch of copies finished (True when none was issued)
       upload_table(table)      the engine's stream gets the table before the next window reads it
       copy_batch(copies)       the batch's bytes copied into their slots on a side stream (from the page-locked
-                               store of a PCIe share, else gathered into page-locked staging first) (not waited for by any window); the next done() answers for it
+                               store of a PCIe share, else gathered into page-locked staging first), not waited
+                               for by any window; the next done() answers for it
     The copies of a batch land in slots no table entry names (their pairs were evicted at the boundary that planned
     it, before the window's table upload), and a pair enters the table only at a boundary where done() says its
     copy finished, so a window always reads whole experts. A batch planned but never copied (the window's launch

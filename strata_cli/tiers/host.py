@@ -147,8 +147,8 @@ class TierHost:
         from .watchdog import unregister
 
         self.drop_copier()
-        while self._events:  # none without a PCIe share: no driver call then
-            rt = cudart()
+        rt = cudart() if self._events else None  # no events without a PCIe share: no driver call then
+        while self._events:
             for event in self._events.pop():
                 check(rt.cudaEventDestroy(event), "cudaEventDestroy")
         unregister(self)
@@ -259,8 +259,8 @@ class TierHost:
         """--pcie-frac auto with a PCIe share: the ShareTuner that moves each window size's share between windows
         (tiers/share.py), made from the share and rates the engine was built with; None for a given share."""
         t = self.t
-        cfg = getattr(t, "cfg", None)
-        if not getattr(t, "pcie", False) or cfg is None or not cfg.share_auto or cfg.rates is None:
+        cfg = t.cfg
+        if not getattr(t, "pcie", False) or not cfg.share_auto:  # share_auto: resolved_config kept auto's rates
             return None
         if self._tuner is None or self._tuner.seed_rates is not cfg.rates:  # rebalance_share replaced them
             from .share import ShareTuner
@@ -472,8 +472,8 @@ class TierHost:
         return self._events[step]
 
     def _copy_ms(self) -> float:
-        """The DMA time of the window's PCIe share (the streams are idle: every event has completed). No copies:
-        0 without a driver call (a host without cuda-bindings serves numpy-backed windows, tests/test_tier_engine_host.py)."""
+        """The DMA time of the window's PCIe share (the streams are idle: every event has completed). No copies: 0
+        without a driver call (a host without cuda-bindings serves numpy-backed windows: test_tier_engine_host.py)."""
         if not self._timed_copies:
             return 0.0
         rt = cudart()

@@ -212,11 +212,11 @@ class ShareTuner:
     def observe(self, T: int, stats: dict) -> None:
         """A window of T rows served: stats holds its cpu_bytes, pcie_bytes, pool_ms and copy_ms (TierHost.stats)."""
         state = self._state(T)
-        cpu, pcie = float(stats.get("cpu_bytes", 0)), float(stats.get("pcie_bytes", 0))
+        cpu, pcie = float(stats["cpu_bytes"]), float(stats["pcie_bytes"])
         if cpu + pcie <= 0:
             return
         a = self.alpha
-        pool_ms, copy_ms = float(stats.get("pool_ms", 0.0)), float(stats.get("copy_ms", 0.0))
+        pool_ms, copy_ms = float(stats["pool_ms"]), float(stats["copy_ms"])
         if cpu > 0 and pool_ms > 0:
             state[1] = (1 - a) * state[1] + a * cpu / 1e6 / pool_ms
         if pcie > 0 and copy_ms > 0:

@@ -27,7 +27,8 @@ import numpy as np
 from .share import POOL_GBS, ShareRates, shares_ms
 
 TIER_COLUMNS = [("vram_pairs", "VRAM pairs", ".1%"), ("vram_share", "VRAM", ".1%"), ("pcie_share", "PCIe", ".1%"),
-                ("cpu_share", "CPU", ".1%"), ("pcie_frac", "pcie-frac", ".2f"), ("pcie_mb", "PCIe MB", ".2f"), ("cpu_mb", "CPU MB", ".2f"),
+                ("cpu_share", "CPU", ".1%"), ("pcie_frac", "pcie-frac", ".2f"), ("pcie_mb", "PCIe MB", ".2f"),
+                ("cpu_mb", "CPU MB", ".2f"),
                 ("gpu_ms", "GPU ms", ".3f"), ("wait_b_ms", "wait B ms", ".3f"),
                 ("wait_flag_ms", "wait flag ms", ".3f"), ("host_ring_ms", "host ring ms", ".3f"),
                 ("plan_ms", "plan ms", ".3f"), ("pool_ms", "pool ms", ".3f"), ("pool_kernel_ms", "pool C ms", ".3f"),

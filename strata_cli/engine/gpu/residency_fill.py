@@ -12,7 +12,8 @@ engine's stream from a pinned copy.
 With a PCIe share the engine already holds every expert page-locked (engine/gpu/expert_store.py: an adaptive
 policy's store is all of them), so a batch is DMA'd straight from there, one copy an expert and projection, and
 nothing is gathered: on the full-size file at 3b06801 the gather cost the host 9.6-12.6 ms a window of the pool's
-cores (docs/BENCHMARKS.md, 2026-12-03), the driver calls for a 278 MB batch ~1.4 ms. The staging buffer is made only
+cores (docs/BENCHMARKS.md, 2026-12-03), where a 278 MB batch's ~270 driver calls should take ~1-2 ms (not yet
+measured). The staging buffer is made only
 for a batch without a store (no share, or one that rebalance_share dropped).
 
 The resident arrays of an adaptive cache hold the file's raw blocks (no Q8_0_R32 repacking), so a slot's bytes are
@@ -76,13 +77,17 @@ class DeviceSlots:
         kind = rt.cudaMemcpyKind.cudaMemcpyHostToDevice
         store = self.t.store
         if store is not None:
+            by_layer: dict[int, list] = {}
             for c in copies:
-                layer, slot = int(c.layer), int(c.slot)
-                for p, src in enumerate(store.addresses(layer, np.array([c.expert]))):
+                by_layer.setdefault(int(c.layer), []).append(c)
+            for layer, batch in by_layer.items():  # one address lookup a layer
+                for p, srcs in enumerate(store.addresses(layer, np.array([c.expert for c in batch]))):
                     arr, _ = self.t.resident[layer][0][p]
                     row = store.bytes_of[layer][p]
-                    check(rt.cudaMemcpyAsync(arr.data.ptr + slot * row, int(src[0]), row, kind, self.stream.ptr),
-                          f"cudaMemcpyAsync of layer {layer}'s expert {int(c.expert)} into slot {slot}")
+                    for c, src in zip(batch, srcs):
+                        check(rt.cudaMemcpyAsync(arr.data.ptr + int(c.slot) * row, int(src), row, kind,
+                                                 self.stream.ptr),
+                              f"cudaMemcpyAsync of layer {layer}'s expert {int(c.expert)} into slot {int(c.slot)}")
             self.event.record(self.stream)
             self.pending = True
             return
