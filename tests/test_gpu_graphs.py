@@ -29,6 +29,8 @@ def test_capture_replay_equals_eager_and_nodes_are_named():
     n = 1000
     x = cp.asarray(np.random.default_rng(0).standard_normal(n).astype(np.float32))
     y = cp.zeros(n, cp.float32)
+    cp.cuda.Device().synchronize()      # x and y are written on CuPy's current stream, which `stream` (non-blocking)
+    # does not wait on: an eager window started before the zeros land saw two of its three adds (2026-12-03, 2e31918)
 
     def record(stream):
         for _ in range(3):
