@@ -107,6 +107,8 @@ static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, in
                       const float *const *xsum, int m, float *out, float *buf, int xp) {
 #ifdef STRATA_AVX2
     const dots_fn fused = xp ? fused_dots_xperm(type, n) : fused_dots(type, n);
+    /* one token row in lane order: several weight rows a pass where the type has such a kernel */
+    const rows1_fn rows1 = xp && m == 1 ? fused_rows1_xperm(type, n) : NULL;
     if (fused) {
         int elems, bytes;
         block_of(type, &elems, &bytes);
@@ -123,6 +125,10 @@ static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, in
             for (int r = 0; r < m; r++) {
                 xc[r] = xs[r] + c0;
                 sc[r] = xsum[r] ? xsum[r] + c0 / 16 : NULL;
+            }
+            if (rows1) {
+                rows1(w0 + at, stride, nrows, len, xc[0], sc[0], out, end);
+                continue;
             }
             for (int i = 0; i < nrows; i++) {
                 fused(w0 + i * stride + at, len, xc, sc, m, part, end);

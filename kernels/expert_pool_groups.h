@@ -672,6 +672,63 @@ LANE_DOTS(q3_kx, pass_q2_kx, T_Q3_K)
 #endif
 
 #ifdef STRATA_PERM
+/* One token row against RW (1, 2) Q2_K weight rows in lane order (pass_q2_kx's layout, scales and min term at
+ * M = 1): each x load serves the RW rows and the rows' chains are independent.
+ *   row w: rows + w * stride, n weights (n % 256 == 0);  x: n floats in Q2_K's lane order;  xsum: the natural
+ *   order's 16-element group sums of x;  out[w * MAX_M] += dot */
+AI void pass_q2_k_rows(const uint8_t *rows, int64_t stride, int n, const float *x, const float *xsum, float *out,
+                       const int RW) {
+    const int nb = n / 256;
+    const v16 table = v16_cyc4(0), rep4 = v16_rep4();
+    v16 acc[2][2];
+    for (int w = 0; w < RW; w++) acc[w][0] = acc[w][1] = v16_zero();
+    for (int b = 0; b < nb; b++) {
+        v16 sc[2];
+        __m512i qk[2][4], qh[2][4];
+        const v16 xs16 = v16_ld(xsum + 16 * b);
+        for (int w = 0; w < RW; w++) {
+            const uint8_t *blk = rows + w * stride + 84 * (int64_t)b;
+            PF_BLOCK(blk, 84);
+            const __m512i e = _mm512_cvtepu8_epi32(ld16b(blk));
+            const v16 dd = _mm512_cvtph_ps(_mm256_set1_epi32((int)rd32(blk + 80))); /* d, dmin, d, dmin, .. */
+            sc[w] = v16_mul(_mm512_moveldup_ps(dd), _mm512_permutexvar_ps(e, v16_iota(0)));
+            const v16 mn = v16_mul(_mm512_movehdup_ps(dd), _mm512_permutexvar_ps(_mm512_srli_epi32(e, 4), v16_iota(0)));
+            acc[w][0] = _mm512_fnmadd_ps(mn, xs16, acc[w][0]);
+            __m512i q = _mm512_loadu_si512(blk + 16);
+            __asm__("" : "+v"(q)); /* in a register, not re-read by each shift (pass_q2_kx) */
+            for (int k = 0; k < 4; k++) {
+                qk[w][k] = k ? _mm512_srli_epi32(q, 8 * k) : q;
+                qh[w][k] = _mm512_srli_epi32(qk[w][k], 4);
+            }
+        }
+        _Pragma("GCC unroll 4") for (int s = 0; s < 4; s++) {
+            const __m512i sidx = _mm512_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1, 2 * s + 1,
+                                                   2 * s + 1, 8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 9 + 2 * s,
+                                                   9 + 2 * s, 9 + 2 * s, 9 + 2 * s);
+            v16 a[2];
+            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
+                const v16 xv = v16_ld(x + 256 * (int64_t)b + 16 * (4 * s + k));
+                for (int w = 0; w < RW; w++) {
+                    const v16 wv = _mm512_permutexvar_ps(s < 2 ? qk[w][k] : qh[w][k], s % 2 ? rep4 : table);
+                    a[w] = k ? v16_fma(wv, xv, a[w]) : v16_mul(wv, xv);
+                }
+            }
+            for (int w = 0; w < RW; w++)
+                acc[w][(s + 1) % 2] = v16_fma(_mm512_permutexvar_ps(sidx, sc[w]), a[w], acc[w][(s + 1) % 2]);
+        }
+    }
+    for (int w = 0; w < RW; w++) out[w * MAX_M] += v16_hsum(v16_add(acc[w][0], acc[w][1]));
+}
+static void rows1_q2_kx(const uint8_t *rows0, int64_t stride, int nrows, int n, const float *x, const float *xsum,
+                        float *out, const uint8_t *pf_end) {
+    (void)pf_end;
+    int i = 0;
+    for (; i + 2 <= nrows; i += 2) pass_q2_k_rows(rows0 + i * stride, stride, n, x, xsum, out + i * MAX_M, 2);
+    if (i < nrows) pass_q2_k_rows(rows0 + i * stride, stride, n, x, xsum, out + i * MAX_M, 1);
+}
+#endif
+
+#ifdef STRATA_PERM
 /* The 32-weight 4-bit types (Q4_0, Q4_1, IQ4_NL, MXFP4; Q5_0, Q5_1 with their fifth bit) in lane order: 4 blocks' 16 code bytes
  * in one zmm (lane i: dword i % 4 of block i / 4), group g (0..7) = the nibble at bit 4 g of each dword, one shift
  * and one permute of the type's 16 values (k - 8, kvalues_iq4nl, kvalues_fp4, k - 16) per 16 weights (Q5_0: one
@@ -789,6 +846,76 @@ LANE_DOTS(q5_1x, pass_q4x, T_Q5_1)
 LANE_DOTS(iq4_nlx, pass_q4x, T_IQ4_NL)
 LANE_DOTS(mxfp4x, pass_q4x, T_MXFP4)
 LANE_DOTS(q5_0x, pass_q4x, T_Q5_0)
+#endif
+
+#ifdef STRATA_PERM
+/* One token row against RW (1, 2, 4) Q4_0 weight rows in lane order (pass_q4x's layout and sums, M = 1): the x
+ * load of each group serves the RW rows, the rows' chains are independent (one chain a row, where pass_q4x at M = 1
+ * splits its row in two), and the RW sums are reduced together once (one transpose-add tree instead of RW
+ * reductions). Why: at one token row per expert a row pass is short (down rows: 640 weights, 5 steps of 128) and
+ * its fixed costs, the reduction, the call and the prefetch loop, are a fifth of it.
+ *   row w: rows + w * stride, n weights (n % 128 == 0);  x: n floats in Q4_0's lane order;  out[w * MAX_M] += dot */
+AI v16 q4x_d4(const uint8_t *b0) { /* the 4 blocks' d in lanes 4 t .. 4 t + 3 (pass_q4x's W16 word permute) */
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(_mm512_setr_epi32(
+        0, 0, 9 * 0x10001, 9 * 0x10001, 18 * 0x10001, 18 * 0x10001, 27 * 0x10001, 27 * 0x10001, 0, 0, 0, 0, 0, 0, 0,
+        0), _mm512_loadu_si512(b0))));
+}
+AI __m512i q4x_codes(const uint8_t *b0) { /* the 4 blocks' 16 code bytes, block t in 128-bit lane t */
+    __m512i q = _mm512_castsi128_si512(ld16b(b0 + 2));
+    q = _mm512_inserti32x4(q, ld16b(b0 + 20), 1);
+    q = _mm512_inserti32x4(q, ld16b(b0 + 38), 2);
+    return _mm512_inserti32x4(q, ld16b(b0 + 56), 3);
+}
+/* the upper 8 lanes (AVX512F only: extractf32x8 is AVX512DQ) */
+AI __m256 hi8(v16 v) { return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)); }
+/* the sums of 4 vectors as 4 floats (lane w: the sum of v[w]) */
+AI __m128 hsum4(v16 v0, v16 v1, v16 v2, v16 v3) {
+    const __m256 a0 = _mm256_add_ps(_mm512_castps512_ps256(v0), hi8(v0));
+    const __m256 a1 = _mm256_add_ps(_mm512_castps512_ps256(v1), hi8(v1));
+    const __m256 a2 = _mm256_add_ps(_mm512_castps512_ps256(v2), hi8(v2));
+    const __m256 a3 = _mm256_add_ps(_mm512_castps512_ps256(v3), hi8(v3));
+    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+AI void pass_q4_0_rows(const uint8_t *rows, int64_t stride, int n, const float *x, float *out, const int RW,
+                       const uint8_t *pf_end) {
+    const int nsb = n / 128;
+    const v16 table = v16_iota(-8);
+    v16 acc[4];
+    for (int w = 0; w < RW; w++) acc[w] = v16_zero();
+    /* the RW rows' bytes PREFETCH_AHEAD past the last row's start: consecutive passes prefetch consecutive spans,
+     * and at RW = 1 this is pass_q4x's (prefetching each row's own span would fall mostly on this pass's rows) */
+    PF_LINES(rows + (RW - 1) * stride, 72 * (int64_t)nsb * RW, pf_end);
+    for (int sb = 0; sb < nsb; sb++) {
+        __m512i q[4];
+        v16 a[4];
+        for (int w = 0; w < RW; w++) q[w] = q4x_codes(rows + w * stride + 72 * (int64_t)sb);
+        _Pragma("GCC unroll 8") for (int g = 0; g < 8; g++) {
+            const v16 xv = v16_ld(x + 128 * (int64_t)sb + 16 * g);
+            for (int w = 0; w < RW; w++) {
+                const v16 wv = _mm512_permutexvar_ps(g ? _mm512_srli_epi32(q[w], 4 * g) : q[w], table);
+                a[w] = g ? v16_fma(wv, xv, a[w]) : v16_mul(wv, xv);
+            }
+        }
+        for (int w = 0; w < RW; w++) acc[w] = v16_fma(q4x_d4(rows + w * stride + 72 * (int64_t)sb), a[w], acc[w]);
+    }
+    if (RW == 4) {
+        float s[4];
+        _mm_storeu_ps(s, hsum4(acc[0], acc[1], acc[2], acc[3]));
+        for (int w = 0; w < 4; w++) out[w * MAX_M] += s[w];
+    } else {
+        for (int w = 0; w < RW; w++) out[w * MAX_M] += v16_hsum(acc[w]);
+    }
+}
+/* nrows Q4_0 rows (rows0 + i * stride) of n against one token row x (lane order): 4 at a time, then 2, 1 */
+static void rows1_q4_0x(const uint8_t *rows0, int64_t stride, int nrows, int n, const float *x, const float *xsum,
+                        float *out, const uint8_t *pf_end) {
+    (void)xsum;
+    int i = 0;
+    for (; i + 4 <= nrows; i += 4) pass_q4_0_rows(rows0 + i * stride, stride, n, x, out + i * MAX_M, 4, pf_end);
+    if (i + 2 <= nrows) pass_q4_0_rows(rows0 + i * stride, stride, n, x, out + i * MAX_M, 2, pf_end), i += 2;
+    if (i < nrows) pass_q4_0_rows(rows0 + i * stride, stride, n, x, out + i * MAX_M, 1, pf_end);
+}
 #endif
 
 #ifdef STRATA_PERM
@@ -1015,6 +1142,22 @@ static dots_fn fused_dots(int type, int n) {
 #define FUSED_CASE(ID, DEC, GPB, BPB, PREP, MINS) case ID: return n % (16 * GPB) == 0 ? dots_##DEC : NULL;
     switch (type) { FUSED_TYPES(FUSED_CASE) default: return NULL; }
 #undef FUSED_CASE
+}
+/* the lane-order kernel of a type for one token row over several weight rows at once (out[i * MAX_M] += row i's
+ * dot), or NULL: where fused_dots_xperm's row-at-a-time passes lose to it at one token row. Q4_0 only for short
+ * rows (the down rows, 640): on the dev box (1 thread, pool_bench) its gate/up rows of 2560 read 4 at a time ran
+ * slower from memory (8-10 -> 4-6 GB/s, either prefetch span) though 1-8 % faster L2-hot, its down rows faster
+ * (+15-20 % L2-hot); Q2_K's 2 rows a pass faster at gate/up (+10-30 %). */
+#define ROWS1_Q4_0_MAX 1024 /* the longest Q4_0 row taken 4 at a time */
+typedef void (*rows1_fn)(const uint8_t *rows0, int64_t stride, int nrows, int n, const float *x, const float *xsum,
+                         float *out, const uint8_t *pf_end);
+static rows1_fn fused_rows1_xperm(int type, int n) {
+#ifdef STRATA_PERM
+    if (type == T_Q4_0 && n % 128 == 0 && n <= ROWS1_Q4_0_MAX) return rows1_q4_0x;
+    if (type == T_Q2_K && n % 256 == 0) return rows1_q2_kx;
+#endif
+    (void)type, (void)n;
+    return NULL;
 }
 /* whether the type's kernel for x rows (gate/up) reads x in its lane order (xperm_of), and that kernel */
 static dots_fn fused_dots_xperm(int type, int n) {

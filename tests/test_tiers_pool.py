@@ -293,6 +293,21 @@ def test_lane_order_kernels_match_numpy(type_name, H, F, build):
 
 
 @needs_native
+@BUILDS
+@pytest.mark.parametrize("down", ["Q4_0", "Q2_K"])
+@pytest.mark.parametrize("H", [69, 70, 71])
+def test_one_row_passes_over_several_weight_rows(down, H, build):
+    """At one token row an expert's lane-order rows run several weight rows a pass (Q4_0: 4, then 2, 1; Q2_K: 2,
+    then 1): down rows of H = 69 / 70 / 71 (a work item of 64, then one of 5 / 6 / 7) leave every remainder; gate/up
+    in F16 (rows of H are no multiple of 16: the scalar path); 1 row an expert and odd routings"""
+    types = ("F16", "F16", down)
+    model = FakeModel(types, E=4, k=2, H=H, F=256)
+    pool = ExpertPool(model, n_threads=2, lib=library(build))
+    check_pool(model, pool, types, np.array([[0, 1]]), layer=0)
+    check_pool(model, pool, types, routed(5, 4, 2, np.random.default_rng(H)), layer=1)
+
+
+@needs_native
 def test_native_calls_count_their_kernel_and_wake_time():
     """verify-bench's pool C ms / pool wake ms: each native call adds the kernel's wall time and, of it, the team's
     wake-up; the numpy path adds nothing"""
