@@ -8,6 +8,10 @@
 #   setup        install the carried wheels (.whl/*.whl) into /tmp/site; print the card, driver, CuPy, host cores
 #   peer         start the llama.cpp build and the full-size Flash-Next file in the background (.peer/side_by_side.sh
 #                prepare; they run on between calls while the machine stays warm)
+#   synth        start only the full-size file's writer in the background (no llama.cpp build: a call that needs the
+#                file but not the peer keeps its cores; the path and name are the ones `peer` writes, so a later sbs
+#                reuses the file and only builds llama.cpp)
+#   ready        wait (up to the step's limit) until the full-size file is written (its writer ended, the file there)
 #   warm         compile every kernel module in parallel (bench/warm_kernels.py): 65-89 s cold with 16 processes
 #                (2026-12-02, gemv.cu per weight type; 124 s while it was one module)
 #   gpu          the whole GPU suite, -v so each result keeps its name even when the step is cut
@@ -189,6 +193,16 @@ for arg in "$@"; do
         # last step (the build's end), as if the background build held a descriptor the device tool waits on
         peer) run_step peer "$limit" bash -c 'for fd in $(ls /proc/$$/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done
             exec bash .peer/side_by_side.sh prepare';;
+        synth) run_step synth "$limit" bash -c 'for fd in $(ls /proc/$$/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done
+            W=/tmp/peer_work; mkdir -p "$W"; A="--preset flash-next --ple-rows 1000000 --expert-type q2_k"
+            M=$W/synth_$(echo "$A q8_0" | tr -c "A-Za-z0-9_.-" _ | cut -c1-120).gguf
+            if [ -s "$M" ] || pgrep -f make_synth_qwen4exp.py > /dev/null; then echo "file there or being written: $M"
+            else (setsid nohup python3 -u .peer/make_synth_qwen4exp.py $A --type q8_0 -o "$M" > "$W.synth.log" 2>&1 \
+                < /dev/null &); echo "writing $M in the background (log $W.synth.log)"; fi';;
+        ready) run_step ready "$limit" bash -c 'T0=$(date +%s)
+            until ! pgrep -f make_synth_qwen4exp.py > /dev/null && [ -n "$(ls -S /tmp/peer_work/synth_*q2_k*.gguf \
+                2> /dev/null | head -1)" ]; do sleep 3; done
+            echo "full-size file ready after $(( $(date +%s) - T0 )) s: $(ls -lS /tmp/peer_work/synth_*q2_k*.gguf | head -1)"';;
         warm) run_step warm "$limit" python3 bench/warm_kernels.py --jobs "$(nproc)";;
         gpu) run_step gpu "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests";;
         gpu=*) run_step gpu-k "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests '${name#gpu=}'";;
