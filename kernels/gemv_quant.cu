@@ -642,8 +642,21 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         float xsb[NN][4];
 #pragma unroll
         for (int nn = 0; nn < NN; ++nn) xsb[nn][0] = xsb[nn][1] = xsb[nn][2] = xsb[nn][3] = 0.0f;
+        // Q2_K with the spans 4 at a time: the four spans of a quad (sp0 = 4 q) read the same 8 qs bytes of each unit
+        // (crumb planes 0..3) and 4 of its 8 scale bytes 8 q ..: loaded once a quad (quant_decode.cuh qtc_q2k_quad),
+        // not once a span (SASS of qtc_gateup_t1, NVCC 13.0 sm_90: a span's decode of its 4 units 68 -> ~52
+        // instructions). (Q2_K's n_in is a multiple of its 256-element block, so a quad is never partial, and its
+        // bytes are the unit's own: a dead unit reads its zero-filled chunks.)
+        constexpr bool Q2K_QUAD = QTYPE == T_Q2_K && SPAN_UNROLL == 4;
 #pragma unroll 1
-        for (int sp0 = 0; sp0 < n_sp; sp0 += SPAN_UNROLL)
+        for (int sp0 = 0; sp0 < n_sp; sp0 += SPAN_UNROLL) {
+        QTcQ2KQuad quad[Q2K_QUAD ? MT : 1][2];
+        if constexpr (Q2K_QUAD) {
+#pragma unroll
+            for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) quad[mt][h] = qtc_q2k_quad(ub[mt][h], sp0 >> 2, t);
+        }
 #pragma unroll
         for (int i = 0; i < SPAN_UNROLL; ++i) {
             const int sp = sp0 + i;
@@ -743,7 +756,12 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     m[h] = 0.0f;
-                    qtc_frag<QTYPE>(ub[mt][h] + blk * QB::bytes, gi, A[h], L[h], D[h], m[h]);
+                    if constexpr (Q2K_QUAD) {  // (span 4 q + i of the quad; D is Ds, the mins the step's MMA)
+                        D[h] = 0.0f;
+                        qtc_q2k_quad_frag(quad[mt][h], i, A[h]);
+                    } else {
+                        qtc_frag<QTYPE>(ub[mt][h] + blk * QB::bytes, gi, A[h], L[h], D[h], m[h]);
+                    }
                 }
                 float c[NN][4];
 #pragma unroll
@@ -791,6 +809,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                 mtiles(QBool<true>{});
             else
                 mtiles(QBool<false>{});
+        }
         }
         // (a generic lambda of the type: qtc_min_frag exists for the QTcStepMins types only)
         auto step_mins = [&](auto ty) {

@@ -792,6 +792,19 @@ __device__ __forceinline__ void qtc_frag(const u8* __restrict__ b, int g, u32 (&
     }
 }
 
+// The field masks of the straight-to-f16x2 decoders in constant memory: LOP3 takes one of them as a constant-bank
+// operand and the 0x6400 exponent as its immediate, one instruction a field (f & mask) | 0x6400. Two immediates do
+// not fit one LOP3: Q2_K's crumb masks as literals made ptxas rematerialize the mask into a register for every field
+// (one IMAD.MOV more each); Q4_0's nibble masks as literals split every field into two LOP3 (16 more a span of
+// 4 units: SASS of qtc_expert_t1, NVCC 13.0 sm_90).
+#ifndef QUANT_DECODE_HOST
+__constant__ u32 qtc_crumb_masks[4] = {0x00030003u, 0x000c000cu, 0x00300030u, 0x00c000c0u};
+__constant__ u32 qtc_nib_masks[2] = {0x000f000fu, 0x00f000f0u};
+#else
+static const u32 qtc_crumb_masks[4] = {0x00030003u, 0x000c000cu, 0x00300030u, 0x00c000c0u};
+static const u32 qtc_nib_masks[2] = {0x000f000fu, 0x00f000f0u};
+#endif
+
 // the four interleaved words of fields (w >> 0, 8) & mask of two words (lo, hi), scaled by S, B
 __device__ __forceinline__ void qtc_fields(u32 lo, u32 hi, u32 mask, u32 S, u32 B, u32 (&A)[4]) {
     A[0] = h2_fma((lo & mask) | 0x64006400u, S, B);         // elements 0, 2
@@ -802,14 +815,15 @@ __device__ __forceinline__ void qtc_fields(u32 lo, u32 hi, u32 mask, u32 S, u32 
 
 // Q4_0 (split16): qs bytes 4g .. 4g+3 as one word w; the low nibble q at bit 0 (S = 1, B = -1032: q - 8) gives
 // elements 4g + (0, 2) from w and 4g + (1, 3) from w >> 8, the high nibble at bit 4 (S = 1/16, B = -72) the same of
-// 16 + 4g: two 16-bit loads, one PRMT, one shift, 4 LOP3 + 4 HFMA2 for 8 weights
+// 16 + 4g: two 16-bit loads, one PRMT, one shift, 4 LOP3 + 4 HFMA2 for 8 weights (the masks from constant memory)
 template <> __device__ __forceinline__ void qtc_frag<T_Q4_0>(const u8* b, int g, u32 (&A)[4], u32 (&L)[4], float& D,
                                                             float& m) {
     const u32 w = pl32<QAL(T_Q4_0, 2)>(b + 2 + 4 * g), w8 = w >> 8;
-    A[0] = h2_fma((w & 0x000f000fu) | 0x64006400u, 0x3c003c00u, 0xe408e408u);   // elements 4g, 4g+2
-    A[1] = h2_fma((w8 & 0x000f000fu) | 0x64006400u, 0x3c003c00u, 0xe408e408u);  // 4g+1, 4g+3
-    A[2] = h2_fma((w & 0x00f000f0u) | 0x64006400u, 0x2c002c00u, 0xd480d480u);   // 16+4g, 16+4g+2
-    A[3] = h2_fma((w8 & 0x00f000f0u) | 0x64006400u, 0x2c002c00u, 0xd480d480u);  // 16+4g+1, 16+4g+3
+    const u32 lo = qtc_nib_masks[0], hi = qtc_nib_masks[1];  // (constant-bank operands: one LOP3 a field)
+    A[0] = h2_fma((w & lo) | 0x64006400u, 0x3c003c00u, 0xe408e408u);   // elements 4g, 4g+2
+    A[1] = h2_fma((w8 & lo) | 0x64006400u, 0x3c003c00u, 0xe408e408u);  // 4g+1, 4g+3
+    A[2] = h2_fma((w & hi) | 0x64006400u, 0x2c002c00u, 0xd480d480u);   // 16+4g, 16+4g+2
+    A[3] = h2_fma((w8 & hi) | 0x64006400u, 0x2c002c00u, 0xd480d480u);  // 16+4g+1, 16+4g+3
     D = pf16<QAl<T_Q4_0>::b>(b);
 }
 
@@ -841,15 +855,6 @@ template <> struct QTcStepD<T_Q2_K> { static constexpr bool v = true; };
 template <int TYPE> __device__ __forceinline__ float qtc_step_d(const u8* __restrict__ b) { return 0.0f; }
 template <> __device__ __forceinline__ float qtc_step_d<T_Q2_K>(const u8* b) { return pf16<QAL(T_Q2_K, 16)>(b + 80); }
 
-// The crumb plane masks of Q2_K's qtc_frag in constant memory: LOP3 takes one of them as a constant-bank operand and
-// the 0x6400 exponent from a register, one instruction a field, where two immediates made ptxas rematerialize the
-// mask into a register for every field (one IMAD.MOV more each)
-#ifndef QUANT_DECODE_HOST
-__constant__ u32 qtc_crumb_masks[4] = {0x00030003u, 0x000c000cu, 0x00300030u, 0x00c000c0u};
-#else
-static const u32 qtc_crumb_masks[4] = {0x00030003u, 0x000c000cu, 0x00300030u, 0x00c000c0u};
-#endif
-
 // Q2_K: crumb q at bit 2k of its byte, times the 4-bit sub-block scale sc (qtc8's a = sc q); D = d, m = -dmin mn
 template <> __device__ __forceinline__ void qtc_frag<T_Q2_K>(const u8* b, int g, u32 (&A)[4], u32 (&L)[4], float& D,
                                                             float& m) {
@@ -866,4 +871,35 @@ template <> __device__ __forceinline__ void qtc_frag<T_Q2_K>(const u8* b, int g,
     D = f16_bits_to_float((u16)(dm & 0xffffu));
     // m = -dmin mn with the sign in the exact (2^23 - (2^23 + mn)): a free operand negation, no FADD for -product
     m = fmul(f16_bits_to_float((u16)(dm >> 16)), 8388608.0f - __uint_as_float(0x4B000000u | (sc >> 4)));
+}
+
+// ---- Q2_K's qtc_frag for four consecutive spans at once (the GEMV's unrolled spans sp = 4 q + k, k = 0..3: gemv_quant.cu
+// qtc_grouped). Lane t's group of span sp is crumb plane k of qs bytes 32 q + 8 t .. + 7 (the same 8 bytes for the
+// four spans) and scale byte 2 sp + t / 2 = 8 q + 2 k + t / 2 (one of every other byte of 8 q .. 8 q + 7), so the
+// unit's bytes are loaded once a quad (qtc_q2k_quad: two 32-bit words of codes, two of scales, one PRMT picking the
+// lane's four scale bytes and one LOP3 keeping their low nibbles) instead of once a span (a 64-bit load and a byte
+// load each span), and a span's scale splice is one PRMT against 0x64 bytes (byte k of sc into the low byte of each
+// half, 0x64 above it: the f16 1024 + sc) instead of a byte load, a LOP3 and an IMAD. Same words as qtc_frag's
+// (tests/test_quant_decode_host.py checks every span and lane).
+struct QTcQ2KQuad {
+    uint2 qs;  // qs bytes 32 q + 8 t .. + 7
+    u32 sc;    // byte k: the low nibble of scale byte 8 q + 2 k + t / 2 (its sub-block scale)
+};
+// quad q (0, 1: elements 128 q ..) of the block at b for lane t (0..3)
+__device__ __forceinline__ QTcQ2KQuad qtc_q2k_quad(const u8* __restrict__ b, int q, int t) {
+    QTcQ2KQuad u;
+    u.qs = pl64<QAL(T_Q2_K, 8)>(b + 16 + 32 * q + 8 * t);
+    const u32 s0 = pl32<QAL(T_Q2_K, 4)>(b + 8 * q), s1 = pl32<QAL(T_Q2_K, 4)>(b + 8 * q + 4);
+    // result byte k = input byte 2 k + t / 2 of (s0, s1): selector nibbles 0, 2, 4, 6 plus t / 2
+    u.sc = __byte_perm(s0, s1, 0x6420u + 0x1111u * (u32)(t >> 1)) & 0x0f0f0f0fu;
+    return u;
+}
+// lane t's A words of span 4 q + k from its quad (k compile-time in the unrolled GEMV: the PRMT selector and the
+// scale constants fold into immediates)
+__device__ __forceinline__ void qtc_q2k_quad_frag(const QTcQ2KQuad& u, int k, u32 (&A)[4]) {
+    const u32 P = (u32)(15 - 2 * k) << 10, N = 0x8000u | ((u32)(25 - 2 * k) << 10);
+    // bytes (sc_k, 0x64, sc_k, 0x64): selector nibbles k, 4, k, 4 (byte 4 = the low byte of 0x64646464)
+    const u32 Z = __byte_perm(u.sc, 0x64646464u, 0x4040u + 0x0101u * (u32)k);
+    const u32 S = h2_fma(Z, P * 0x00010001u, N * 0x00010001u);
+    qtc_fields(u.qs.x, u.qs.y, qtc_crumb_masks[k], S, h2_fma(S, 0xe400e400u, 0x80008000u), A);
 }

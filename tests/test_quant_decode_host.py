@@ -149,6 +149,16 @@ extern "C" void frag_words(const u8* blk, int g, u32* A, u32* L, float* D, float
     qtc_frag<QTYPE>(blk, g, a, l, *D, *m);
     for (int i = 0; i < 4; ++i) { A[i] = a[i]; L[i] = l[i]; }
 }
+// Q2_K's quad form (the GEMV's spans 4 at a time): lane t's A words of span sp (group 4 sp + t) of the block at blk,
+// from the quad qtc_q2k_quad loads once for spans 4 (sp / 4) .. + 3; returns qalign_bad
+extern "C" int q2k_quad_words(const u8* blk, int sp, int t, u32* A) {
+    qalign_bad = 0;
+    u32 a[4];
+    const QTcQ2KQuad u = qtc_q2k_quad(blk, sp >> 2, t);
+    qtc_q2k_quad_frag(u, sp & 3, a);
+    for (int i = 0; i < 4; ++i) A[i] = a[i];
+    return qalign_bad;
+}
 // qtc_frag's f16x2 words back in element order (hi + lo for QTcLo types), with D and m
 extern "C" int decode_blocks_frag(const u8* blocks, long n_blocks, float* a_out, float* d_out, float* m_out) {
     typedef QBlock<QTYPE> QB;
@@ -203,6 +213,8 @@ def _decoder(cxx, tmp_path, ggml_type):
     lib.step_d_blocks.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
     lib.ggml_type = ggml_type
     lib.min_frag_words.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+    lib.q2k_quad_words.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    lib.q2k_quad_words.restype = ctypes.c_int
     return fn, fn_q, lib
 
 
@@ -285,6 +297,32 @@ def test_tensor_core_folded_form_is_exact(cxx, tmp_path, ggml_type):
             per = np.repeat(sd, elems)
             same = (per == fd) | (np.isnan(per) & np.isnan(fd))
             assert same.all(), f"{name}: qtc_step_d differs from qtc_frag's D at {np.flatnonzero(~same)[:5]}"
+
+
+def test_q2k_quad_words_are_qtc_frags(cxx, tmp_path):
+    """Q2_K's quad form (quant_decode.cuh qtc_q2k_quad / qtc_q2k_quad_frag: the qs and scale bytes of a unit loaded
+    once for four spans, as kernels/gemv_quant.cu's unrolled spans at T <= 2 decode) gives qtc_frag's A words bit for
+    bit, for every span, lane and block, on real and raw (any bit pattern) blocks, at the 4-byte alignment of Q2_K
+    blocks in the GEMV's stages."""
+    _, _, lib = _decoder(cxx, tmp_path, Q.Q2_K)
+    qk, size = Q.BLOCK[Q.Q2_K]
+    rng = np.random.default_rng(93)
+    n_blocks = 16
+    real = random_tensor(rng, Q.Q2_K, (n_blocks * qk,), 0.05).reshape(n_blocks, size)
+    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    for name, blocks in (("real", real), ("raw", raw)):
+        buf = _aligned_copy(np.concatenate([np.zeros((1, 4), np.uint8), blocks.reshape(1, -1)], axis=1))
+        base = buf.ctypes.data + 4  # (every block of the copy 4 mod 16, 8 mod 16, ...: 84-byte blocks)
+        for b in range(n_blocks):
+            blk = base + b * size
+            for sp in range(qk // 32):
+                for t in range(4):
+                    want, l = (ctypes.c_uint32 * 4)(), (ctypes.c_uint32 * 4)()
+                    d, m = ctypes.c_float(), ctypes.c_float()
+                    lib.frag_words(blk, 4 * sp + t, want, l, ctypes.byref(d), ctypes.byref(m))
+                    got = (ctypes.c_uint32 * 4)()
+                    assert lib.q2k_quad_words(blk, sp, t, got) == 0, "qtc_q2k_quad assumed a wrong alignment"
+                    assert list(got) == list(want), f"{name}: block {b} span {sp} lane t {t}"
 
 
 def _folded(lib, blocks: np.ndarray, n_elems: int):
