@@ -361,6 +361,7 @@ def test_tier_breakdown_gpu_time_copy_rate_and_tier_floor():
     add_tier_stats([rec], engine, n_windows=1)
     row = rec.flat()
     assert row["gpu_ms"] == pytest.approx(6.0) and row["copy_gb_s"] == pytest.approx(32.0)
+    assert row["host_gb_s"] == pytest.approx(16e6 / 1e9 / 4e-3)  # both shares' bytes over the longer path (pool)
     assert row["issue_ms"] == 0.5 and row["tier_floor_ms"] == pytest.approx(1.0 + tier_floor_ms(0.0, 8e6, 8e6))
 
 

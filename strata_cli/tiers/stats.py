@@ -11,7 +11,9 @@ those waits), the host waiting for rings, planning each step (plan ms: the route
 flagA), issuing the PCIe share's DMAs from the page-locked store (copy issue ms: the driver calls, on the pool's
 thread 0 in the native loop, the hand-off to the copy thread in the Python steps) and in the CPU pool (pool ms: the call with its Python; pool C ms: the kernel's own wall
 time, pool wake ms: of it, until the OpenMP team's last thread started), and the PCIe share's DMAs (copy GB/s: its
-bytes over the DMA time between the copy events). The tier floor: the all-resident window's floor (every byte it
+bytes over the DMA time between the copy events; host GB/s: both shares' bytes over the longer of pool ms and copy ms,
+what the pool and the DMAs read from host memory together: on the H200 host at 2e31918 92-103 GB/s against 93-114
+for a plain 16-thread read, so a balanced window is bound by the host's memory, not by either path). The tier floor: the all-resident window's floor (every byte it
 reads at the device copy rate, verify-bench's floor ms) plus the host shares' time as tiers/share.py predicts it
 (the pool's share beside the DMAs' share) at the rates measured while the engine was built with --pcie-frac
 auto, else at the pool's and the copy engine's constants (a lower bound)."""
@@ -34,7 +36,7 @@ TIER_COLUMNS = [("vram_pairs", "VRAM pairs", ".1%"), ("vram_share", "VRAM", ".1%
                 ("plan_ms", "plan ms", ".3f"), ("pool_ms", "pool ms", ".3f"), ("pool_kernel_ms", "pool C ms", ".3f"),
                 ("pool_wake_ms", "pool wake ms", ".3f"), ("pool_gb_s", "pool GB/s", ".1f"),
                 ("issue_ms", "copy issue ms", ".3f"),
-                ("copy_ms", "copy ms", ".3f"), ("copy_gb_s", "copy GB/s", ".1f"),
+                ("copy_ms", "copy ms", ".3f"), ("copy_gb_s", "copy GB/s", ".1f"), ("host_gb_s", "host GB/s", ".1f"),
                 ("tier_floor_ms", "tier floor ms", ".3f"), ("swaps", "swaps", ".1f"), ("fill_mb", "fill MB", ".1f"),
                 ("fill_late", "fill late", ".2f"), ("fill_gather_ms", "fill gather ms", ".3f")]
 
@@ -110,7 +112,8 @@ def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: fl
                 wait_b_ms=mean("wait_b_ms"), wait_flag_ms=mean("wait_flag_ms"), host_ring_ms=mean("host_wait_ms"),
                 plan_ms=mean("plan_ms"), pool_ms=pool_ms, pool_kernel_ms=mean("pool_kernel_ms"),
                 pool_wake_ms=mean("pool_wake_ms"), pool_gb_s=_rate(cpu_bytes, pool_ms), issue_ms=mean("issue_ms"),
-                copy_ms=copy_ms, copy_gb_s=_rate(pcie_bytes, copy_ms), pcie_mb=pcie_bytes / 1e6, cpu_mb=cpu_bytes / 1e6,
+                copy_ms=copy_ms, copy_gb_s=_rate(pcie_bytes, copy_ms),
+                host_gb_s=_rate(cpu_bytes + pcie_bytes, max(pool_ms, copy_ms)), pcie_mb=pcie_bytes / 1e6, cpu_mb=cpu_bytes / 1e6,
                 tier_floor_ms=tier_floor_ms(floor_ms, cpu_bytes, pcie_bytes, t.cfg.rates), expert_policy=t.cfg.policy,
                 swaps=mean("swaps"), fill_mb=mean("fill_bytes") / 1e6, fill_late=mean("fill_late"),
                 fill_gather_ms=mean("fill_gather_ms"))
