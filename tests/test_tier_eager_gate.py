@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from test_tier_windows_cpu import Reference, _stream_order, _tiered
+from test_tier_windows_cpu import MOE_LAUNCHES, TIER_LAUNCHES, Reference, _stream_order, _tiered
 
 QUEUE_DEPTH = 4  # launches the simulated stream holds before a launch blocks (far below one layer's)
 
@@ -82,9 +82,9 @@ def _eager_engine(monkeypatch, fixture_dir, tier_args):
     def deferred(fn):
         return lambda *a, **k: state["gpu"].enqueue(lambda: fn(*a, **k))
 
-    for name in ("publish", "wait_word", "group_resident", "swiglu_experts", "combine"):
+    for name in TIER_LAUNCHES:
         monkeypatch.setattr(launch_tiers, name, deferred(getattr(kernels, name)))
-    for name in ("router_topk", "shared_expert"):
+    for name in MOE_LAUNCHES:
         monkeypatch.setattr(launch_moe, name, deferred(getattr(kernels, name)))
     monkeypatch.setattr(window, "gemv_weight", deferred(kernels.gemv_weight))
     monkeypatch.setattr(window, "copy_async", deferred(kernels.copy_async))

@@ -153,6 +153,11 @@ def _expert(gate, up, down, e, x):
     return swiglu(x.astype(np.float64), wg, wu, wd)
 
 
+# the launches of ExpertTiers.pre / post that Kernels stands in for, by module (gpu/launch_tiers, gpu/launch_moe)
+TIER_LAUNCHES = ("publish", "wait_word", "group_resident", "swiglu_experts", "combine")
+MOE_LAUNCHES = ("router_topk", "router_gemv_topk", "shared_expert")
+
+
 class Kernels:
     """numpy stand-ins of the launches ExpertTiers.pre / post make, on the same buffers (kernels/tiers.cu, moe.cu,
     the grouped expert GEMVs)."""
@@ -172,18 +177,51 @@ class Kernels:
         ctypes.memmove(dst.ctypes.data, src.ctypes.data, nbytes)
 
     # launch_moe
-    def router_topk(self, logits, k, out_ids=None, out_w=None, stream=None, **kw):
-        assert not kw  # the tiered window groups its own entries (tier_group), no shared gate in the router
+    def router_topk(self, logits, k, out_ids=None, out_w=None, stream=None, scalar_gate=None, **kw):
+        assert not kw  # the tiered window groups its own entries (tier_group)
+        if scalar_gate is not None:
+            self._scalar_gate(*scalar_gate)
+        return self._picks(out_ids, out_w)
+
+    def router_gemv_topk(self, x, router_raw, router_type, k, groups, done, out_logits=None, out_ids=None,
+                         out_w=None, scalar_gate=None, shared_id=None, stream=None):
+        assert shared_id is None  # the host reads the K routed picks a row; the shared expert is its own launch
+        model = self.e.model
+        layers = [layer for layer in range(self.e.g.n_layers)
+                  if np.shares_memory(model.info(f"blk.{layer}.ffn_gate_inp.weight").raw, router_raw)]
+        assert len(layers) == 1, layers
+        self.layer = layers[0]
+        out_logits[...] = np.nan
+        groups[1][:] = -1  # the routed MoE's grouping, which tiers leave unread (group_resident's is theirs)
+        if scalar_gate is not None:
+            self._scalar_gate(x, *scalar_gate)
+        return self._picks(out_ids, out_w)
+
+    def _picks(self, out_ids, out_w):
         r0 = _rows_of(out_ids, self.e.tiers.buf["route_ids"])
         ids, w = self.ref.picks(self.layer, r0, len(out_ids))
         out_ids[...] = ids
         out_w[...] = w
         return out_ids, out_w
 
-    def shared_expert(self, x, gate_raw, up_raw, down_raw, sg_raw, types, out=None, **kw):
-        from strata_cli.ops.moe import shared_expert_raw
+    def _scalar_gate(self, x, sg_raw, sg_type, sg):
+        from strata_cli.ops.moe import sigmoid
 
-        out[...] = shared_expert_raw(x, gate_raw, up_raw, down_raw, sg_raw, types)
+        w_sg = dequant_rows(np.asarray(sg_raw), sg_type, x.shape[1]).reshape(-1).astype(np.float32)
+        sg[:, 0] = sigmoid(np.asarray(x, np.float64) @ w_sg)
+
+    def shared_expert(self, x, gate_raw, up_raw, down_raw, sg_raw, types, out=None, sg=None, **kw):
+        """sg given: the gate the router's launch wrote (no scalar-gate GEMV), else the launch's own"""
+        from strata_cli.ops.moe import swiglu
+
+        D = x.shape[1]
+        w_gate = dequant_rows(gate_raw, types[0], D)
+        h = swiglu(np.asarray(x, np.float64), w_gate, dequant_rows(up_raw, types[1], D),
+                   dequant_rows(down_raw, types[2], w_gate.shape[0]))
+        if sg is None:
+            sg = np.empty((len(x), 1), np.float32)
+            self._scalar_gate(x, sg_raw, types[3], sg)
+        out[...] = h * sg
         return out
 
     # launch_tiers
@@ -374,10 +412,10 @@ def bind_fakes(monkeypatch, kernels, rt) -> None:
     monkeypatch.setattr(host_mod, "cudart", lambda: rt)
     monkeypatch.setattr(residency_fill, "cudart", lambda: rt)
     monkeypatch.setattr(serve_loop, "driver_calls", rt.driver_calls)
-    for name in ("publish", "wait_word", "group_resident", "swiglu_experts", "combine"):
+    for name in TIER_LAUNCHES:
         monkeypatch.setattr(launch_tiers, name, getattr(kernels, name))
     monkeypatch.setattr(launch_tiers, "write_word", lambda word, value, stream: word.__setitem__(0, value))
-    for name in ("router_topk", "shared_expert"):
+    for name in MOE_LAUNCHES:
         monkeypatch.setattr(launch_moe, name, getattr(kernels, name))
     monkeypatch.setattr(window, "gemv_weight", kernels.gemv_weight)
     monkeypatch.setattr(window, "copy_async", kernels.copy_async)

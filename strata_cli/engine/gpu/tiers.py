@@ -187,15 +187,29 @@ class ExpertTiers:
         w, K = e.w, self.K
         blk = f"blk.{layer}."
         rows = slice(r0, r0 + n)
-        gemv_weight(e, blk + "ffn_gate_inp.weight", b["mixed"][rows], b["router"][rows], stream)
-        moe.router_topk(b["router"][rows], K, out_ids=b["route_ids"][rows], out_w=b["route_w"][rows], stream=stream)
-        tl.publish(b["mixed"], b["route_ids"], b["route_w"], r0, n, self.pub_x.device, self.pub_ids.device,
-                   self.pub_w.device, self.words.device[SEQ:SEQ + 1], self.ring(layer, grp, G), stream)
+        x = b["mixed"][rows]
         names = [blk + f"ffn_{p}_shexp.weight" for p in PROJ] + [blk + "ffn_gate_inp_shexp.weight"]
         raws = [w.raw(name) for name in names]
-        moe.shared_expert(b["mixed"][rows], raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
+        # the shared expert's scalar gate in the router's launch where it decodes the gate's type (as the
+        # all-resident window does: no GEMV of one row of its own), and the router's GEMV in its top-k launch where
+        # router_fuses says: 1 launch a layer for what were 3 (router GEMV, top-k, scalar gate). The fused launch
+        # also groups the entries by expert (it always does) into the routed MoE's scratch, which tiers leave unread:
+        # their grouping is group_resident's, by the residency table.
+        sg = b["sh_sg"][rows] if raws[3][1] in moe.SG_TYPES else None
+        router, router_type = w.raw(blk + "ffn_gate_inp.weight")
+        out = dict(out_ids=b["route_ids"][rows], out_w=b["route_w"][rows], stream=stream)
+        if moe.router_fuses(router_type, self.E):
+            moe.router_gemv_topk(x, router, router_type, K, (b["moe_gexp"], b["moe_gcnt"], b["moe_gent"]),
+                                 b["route_done"], out_logits=b["router"][rows],
+                                 scalar_gate=None if sg is None else (*raws[3], sg), **out)
+        else:
+            gemv_weight(e, blk + "ffn_gate_inp.weight", x, b["router"][rows], stream)
+            moe.router_topk(b["router"][rows], K, scalar_gate=None if sg is None else (x, *raws[3], sg), **out)
+        tl.publish(b["mixed"], b["route_ids"], b["route_w"], r0, n, self.pub_x.device, self.pub_ids.device,
+                   self.pub_w.device, self.words.device[SEQ:SEQ + 1], self.ring(layer, grp, G), stream)
+        moe.shared_expert(x, raws[0][0], raws[1][0], raws[2][0], raws[3][0], [r[1] for r in raws],
                           out=b["shared"][rows], scratch=moe.SharedScratch(b["sh_h"], b["sh_sg"]), split=split_k(b),
-                          stream=stream)
+                          stream=stream, sg=sg)
         j0, J = r0 * K, n * K
         groups = (b["tier_vg_expert"][j0:j0 + J], b["tier_vg_count"][j0:j0 + J], b["tier_vg_entries"][j0:j0 + J])
         tl.group_resident(b["route_ids"], j0, J, b["tier_table"][layer], self.E, *groups, stream)
