@@ -132,6 +132,23 @@ __device__ __forceinline__ bool zsplit_last(unsigned* tile_done) {
     return true;
 }
 
+// sum over z < nz of p[z * slice], added in z order (the same bits as one load and add a slice), the loads issued
+// ZSPLIT_BATCH at a time: a finish pays one L2 round trip per batch of slices, not one per slice (the small
+// matrices' launches split 10-32 ways: launch_util.q8r_split's fill).
+#define ZSPLIT_BATCH 8
+__device__ __forceinline__ float zsplit_sum(const float* p, i64 slice, int nz) {
+    float s = 0.0f;
+    for (int z0 = 0; z0 < nz; z0 += ZSPLIT_BATCH) {
+        float v[ZSPLIT_BATCH];
+#pragma unroll
+        for (int k = 0; k < ZSPLIT_BATCH; ++k) v[k] = z0 + k < nz ? __ldcg(p + (i64)(z0 + k) * slice) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < ZSPLIT_BATCH; ++k)
+            if (z0 + k < nz) s += v[k];
+    }
+    return s;
+}
+
 __device__ __forceinline__ void zsplit_finish(const float* partial, unsigned* tile_done, float* y, int n_out, int T,
                                               int t0, int nt, int o0, int n_rows, int act, float div,
                                               const float* mul, int mul_st, int mul_so) {
@@ -141,8 +158,7 @@ __device__ __forceinline__ void zsplit_finish(const float* partial, unsigned* ti
         const int t = t0 + i / n_rows, o = o0 + i % n_rows;
         if (o >= n_out) continue;
         const i64 at = (i64)t * n_out + o;
-        float s = 0.0f;
-        for (int z = 0; z < (int)gridDim.z; ++z) s += __ldcg(partial + z * slice + at);  // L2: other SMs wrote it
+        const float s = zsplit_sum(partial + at, slice, (int)gridDim.z);  // L2: other SMs wrote it
         y[at] = gemv_epilogue(s, act, div, mul, (i64)t * mul_st + (i64)o * mul_so);
     }
 }

@@ -404,11 +404,8 @@ __device__ __forceinline__ void q8r_dense_gateup(const u8* Wg, const u8* Wu, int
         const int t = t0 + i / rows, o = o0 + i % rows;
         if (o >= F) continue;
         const i64 at = (i64)t * 2 * F + o;
-        float g = 0.0f, u = 0.0f;
-        for (int z = 0; z < (int)gridDim.z; ++z) {  // L2: other SMs wrote them
-            g += __ldcg(partial + z * slice + at);
-            u += __ldcg(partial + z * slice + at + F);
-        }
+        const float g = zsplit_sum(partial + at, slice, (int)gridDim.z);  // L2: other SMs wrote them
+        const float u = zsplit_sum(partial + at + F, slice, (int)gridDim.z);
         y[(i64)t * F + o] = gemv_epilogue(g, ACT_SILU, 1.0f, nullptr, 0) * gemv_epilogue(u, ACT_NONE, 1.0f, nullptr, 0);
     }
 }

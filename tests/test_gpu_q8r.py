@@ -193,13 +193,109 @@ def test_shared_expert_matches_reference(T):
     assert_close("shared_expert q8r", want, got)
 
 
+# Shapes whose dense CUDA-core launch takes q8r_split's fill (a z split raised to a resident wave of blocks): the
+# hyper-connection down (352 x 10240), the shared expert's gate / up (640 x 2560), 81 and 125 blocks a row (the
+# slices' last warps one block short), a single row group on a long input (the Q8R_FILL_MAX_Z cap).
+FILL_SHAPES = [(352, 10240), (640, 2560), (96, 2592), (160, 4000), (32, 10240)]
+
+
+def _fills(n_out: int, n_in: int, T: int) -> bool:
+    from strata_cli.gpu import launch_util as U
+
+    plain = U.q8r_split(n_out, n_in, T, max_z=U.GEMV_MAX_ZSPLIT)
+    return U.q8r_split(n_out, n_in, T, max_z=U.GEMV_MAX_ZSPLIT, fill_sms=U.sm_count())[1] > plain[1] > 1
+
+
+@pytest.mark.parametrize("n_out,n_in", FILL_SHAPES)
+@pytest.mark.parametrize("T", (1, 2, 3))
+def test_filled_zsplit_gemv_matches_reference(n_out, n_in, T):
+    """gemv_q8r_t<NT> split over 10-32 blocks along z (launch_gemv's fill on the CUDA-core path), NaN-poisoned
+    output, against the numpy reference; then again with an epilogue (silu, div, mul) which only the tile's last
+    block applies."""
+    from strata_cli.gpu import launch_gemv
+    from strata_cli.gpu import launch_util as U
+
+    assert _fills(n_out, n_in, T)
+    _gemv_against_reference(f"gemv q8r fill {n_out}x{n_in} T={T}", 7 * n_out + n_in + T, n_out, n_in, T,
+                            tensor_cores=False)
+    rng = np.random.default_rng(n_out + 3 * T)
+    raw = raw_weight(rng, (n_out, n_in), Q8_0)
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    mul = rng.standard_normal((T, n_out)).astype(np.float32)
+    y = poisoned((T, n_out))
+    launch_gemv.launch_gemv(to_dev(packed.pack_q8_0(raw, n_in)), R32, n_in, to_dev(x), y, None, act=U.ACT_SILU,
+                            div=3.0, mul=to_dev(mul), mul_strides=(n_out, 1), tensor_cores=False)
+    lin = ref.gemv(raw, Q8_0, n_in, x).astype(np.float64) / 3.0
+    assert_close(f"gemv q8r fill epilogue {n_out}x{n_in} T={T}", (lin / (1.0 + np.exp(-lin)) * mul).astype(np.float32),
+                 y.get(), floor=1.0)
+
+
+@pytest.mark.parametrize("T", (1, 2))
+def test_filled_zsplit_repeats_and_replays_bit_for_bit(T):
+    """The filled z splits share one SplitK (the engine's arena workspace) across launches of different tile counts:
+    every tile counter is reset by its last block, so launches repeated in any order write the same bits, and a
+    captured graph of them (the dense GEMVs and the fused gate/up) replays the eager bits."""
+    import cupy as cp
+
+    from strata_cli.gpu import launch_gemv
+    from strata_cli.gpu.splitk import SplitK
+
+    rng = np.random.default_rng(40 + T)
+    split = SplitK.empty()
+    mats, outs = [], []
+    for n_out, n_in in FILL_SHAPES[:3]:
+        assert _fills(n_out, n_in, T)
+        raw = raw_weight(rng, (n_out, n_in), Q8_0)
+        x = rng.standard_normal((T, n_in)).astype(np.float32)
+        mats.append((to_dev(packed.pack_q8_0(raw, n_in)), n_in, to_dev(x), ref.gemv(raw, Q8_0, n_in, x)))
+        outs.append(poisoned((T, n_out)))
+    F, D = 640, 2560
+    gate, gate_p = _packed(rng, (F, D), 0.3)
+    up, up_p = _packed(rng, (F, D), 0.3)
+    gx = rng.standard_normal((T, D)).astype(np.float32)
+    dg, du, dgx = to_dev(gate_p), to_dev(up_p), to_dev(gx)
+    h = poisoned((T, F))
+    outs.append(h)
+
+    def one(i, stream=None):
+        w, n_in, x, _ = mats[i]
+        launch_gemv.gemv(w, R32, n_in, x, out=outs[i], split=split, stream=stream, tensor_cores=False)
+
+    def record(stream):
+        for i in range(len(mats)):
+            one(i, stream)
+        with stream:
+            launch_gemv.launch_q8r_gateup(dg, du, D, dgx, h, split)
+
+    first = []
+    for i in range(len(mats)):
+        one(i)
+        first.append(outs[i].get())
+        assert_close(f"fill {i} T={T}", mats[i][3], first[i], floor=1.0)
+    for order in ([2, 0, 1, 0], [1, 1, 2, 0, 2]):  # again and again, in other orders: counters back at zero
+        for i in order:
+            outs[i].fill(np.nan)
+            one(i)
+            cp.cuda.Device().synchronize()
+            np.testing.assert_array_equal(outs[i].get(), first[i])
+    assert not split.tile_done.any()
+    got = assert_replay_equals_eager(record, outs)
+    for i in range(len(mats)):
+        np.testing.assert_array_equal(got[i], first[i])
+    from strata_cli.ops.basic import silu
+
+    assert_close(f"fill gate/up T={T}", silu(ref.gemv(gate, Q8_0, D, gx)) * ref.gemv(up, Q8_0, D, gx), got[-1])
+    assert not split.tile_done.any()
+
+
 @pytest.mark.parametrize("T", (1, 2))
 @pytest.mark.parametrize("F,D", [(96, 160), (224, 2560), (640, 2560), (32, 10240)])
 def test_dense_gate_up_is_one_launch_with_the_two_launch_bits(F, D, T):
     """gemv_q8r_gateup_dense_t<NT> (the shared expert's gate and up in one launch, launch_gemv.launch_q8r_gateup,
     T <= 2): h = silu(gate . x) * (up . x) bit for bit what up, then gate with mul = h gave as two launches, and
     against the numpy reference; widths of 3, 7 and 20 row groups (a block's last warps not live), no z split
-    (160 inputs) and z splits of 4 and 8 (the real shape 640 x 2560, a long 10240 input), NaN-poisoned h, eager
+    (160 inputs) and z splits raised by q8r_split's fill (the real shape 640 x 2560: 10 slices at T = 1, a long 10240
+    input: 32), NaN-poisoned h, eager
     against graph replay (the z-split tile counters reset)."""
     from strata_cli.gpu import launch_gemv, launch_moe
     from strata_cli.gpu import launch_util as U

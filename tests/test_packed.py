@@ -109,3 +109,33 @@ def test_launch_checks_refuse_bad_packed_weights_and_unaligned_x():
 ])
 def test_q8r_split(n_out, n_in, T, max_z, want):
     assert U.q8r_split(n_out, n_in, T, max_z=max_z) == want
+
+
+@pytest.mark.parametrize("n_out,n_in,T,want", [
+    (352, 10240, 1, (8, 24)),  # hc_down: 88 -> 264 blocks (two an SM), 5 -> 1-2 Q8_0 blocks a warp
+    (352, 10240, 2, (8, 12)),  # T = 2: one resident block an SM, 48 -> 72 blocks
+    (640, 2560, 1, (8, 10)),  # the shared expert's gate / up: 80 -> 200 blocks, one Q8_0 block a warp (the cap)
+    (640, 2560, 2, (8, 6)),  # the gate/up kernel's 20 tiles x 6 = 120 blocks: one wave
+    (2560, 640, 1, (8, 1)),  # shexp_down: no z split to raise (its tail is not added)
+    (2560, 6144, 1, (8, 4)),  # gdn_out: 320 blocks already
+    (2560, 6144, 2, (8, 8)),
+    (16384, 2560, 1, (4, 1)),  # gdn_qkvz and the head: unchanged
+    (248320, 2560, 1, (2, 1)),
+    (96, 2592, 1, (8, 10)),  # 81 blocks: at least one a warp (8 x 10 = 80 slices)
+    (32, 10240, 16, (8, 32)),  # Q8R_FILL_MAX_Z
+])
+def test_q8r_split_fills_the_sms(n_out, n_in, T, want):
+    """q8r_split's fill (the dense CUDA-core launches): a z split is raised to a resident wave of blocks, never
+    lowered, never introduced; every warp keeps a Q8_0 block; the slices fit the partial buffer (gate/up: 2F)."""
+    base = U.q8r_split(n_out, n_in, T, max_z=U.GEMV_MAX_ZSPLIT)
+    got = U.q8r_split(n_out, n_in, T, max_z=U.GEMV_MAX_ZSPLIT, fill_sms=132)
+    assert got == want
+    ksplit, zsplit = got
+    assert ksplit == base[0] and zsplit >= base[1] and (zsplit == 1) == (base[1] == 1)
+    assert zsplit * ksplit <= n_in // 32
+    assert zsplit * T * 2 * n_out <= U.GEMV_PARTIAL_FLOATS
+    nt = U.nt_bucket(T)
+    gateup_tiles = U.gemv_grid(n_out, T, ksplit, zsplit, rpw=U.Q8R_GROUP * U.Q8R_GATEUP_ROWS[nt])[0]
+    if zsplit > base[1]:
+        assert gateup_tiles[0] * gateup_tiles[1] * zsplit <= U.Q8R_RESIDENT_BLOCKS.get(nt, 1) * 132
+    assert U.q8r_split(n_out, n_in, T, fill_sms=132) == U.q8r_split(n_out, n_in, T)  # no z: nothing to fill

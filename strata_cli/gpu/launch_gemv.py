@@ -37,7 +37,7 @@ def launch_gemv(w, ggml_type: int, n_in: int, x, y, split: SplitK | None, *, act
         # mma.sync for windows (kernels/gemv_q8r.cu says why), else CUDA cores
         tc = U.q8r_tensor_cores(T) if tensor_cores is None else tensor_cores and T >= 2
         rpw = U.Q8R_GROUP * U.Q8T_LANE_ROWS if tc else U.q8r_rows_per_warp(T)
-        ksplit, zsplit = U.q8r_split(n_out, n_in, T, max_z=max_z, rpw=rpw)
+        ksplit, zsplit = U.q8r_split(n_out, n_in, T, max_z=max_z, rpw=rpw, fill_sms=0 if tc else U.sm_count())
         grid, block = U.gemv_grid(n_out, T, ksplit, zsplit, rpw=rpw)
         name = f"gemv_q8r_{'tc_' if tc else ''}t{U.nt_bucket(T)}"
         geometry = (np.int32(n_in // 32),)
@@ -69,7 +69,7 @@ def launch_q8r_gateup(gate, up, n_in: int, x, y, split: SplitK | None) -> None:
     U.check_vector_rows("x", x)
     nt = U.nt_bucket(T)
     max_z = U.GEMV_MAX_ZSPLIT if 2 * F <= U.Q8R_MAX_ZROWS else 1  # the z slices hold gate and up: T x 2F floats
-    ksplit, zsplit = U.q8r_split(F, n_in, T, max_z=max_z, rpw=U.q8r_rows_per_warp(T))
+    ksplit, zsplit = U.q8r_split(F, n_in, T, max_z=max_z, rpw=U.q8r_rows_per_warp(T), fill_sms=U.sm_count())
     grid, block = U.gemv_grid(F, T, ksplit, zsplit, rpw=U.Q8R_GROUP * U.Q8R_GATEUP_ROWS[nt])
     partial, tile_done = zsplit_args(grid, zsplit, split)
     nvrtc.kernel("gemv_q8r", f"gemv_q8r_gateup_dense_t{nt}")(grid, block, (

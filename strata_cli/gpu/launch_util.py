@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -188,6 +189,37 @@ Q8R_MIN_BLOCKS = 2  # ... but leave every warp at least this many Q8_0 blocks to
 Q8R_MAX_ZROWS = 16384  # z splits (raw sums in the shared partial buffer) only up to this many output rows
 
 
+# The fill of a z-split launch (q8r_split's fill_sms; issue 18: the small dense GEMVs of a T = 1 window, hc_down
+# [352 x 10240] and the shared expert's [640 x 2560] gate / up, ran 88 and 80 blocks of 5 and 2.5 blocks of Q8_0 a
+# warp on 132 SMs, 6-11 % of the copy rate): a launch that already splits over z splits further, up to a resident
+# wave of blocks (Q8R_RESIDENT_BLOCKS an SM), one Q8_0 block a warp at least, Q8R_FILL_MAX_Z slices and what the
+# partial buffer holds. Blocks of 256 threads an SM holds at once by window bucket, the fewer of gemv_q8r_t<NT> and
+# gemv_q8r_gateup_dense_t<NT> (ptxas sm_90: t1 64 / 100 registers -> 4 / 2 blocks, t2 149 / 145 -> 1, t4 255 -> 1):
+# a second wave of these short blocks would cost a whole load latency more.
+Q8R_RESIDENT_BLOCKS = {1: 2}  # other buckets: 1
+Q8R_FILL_MAX_Z = 32
+DEFAULT_SMS = 132  # the H200's SMs: sm_count() without a device (the CPU tests and launch listings)
+
+
+def sm_count() -> int:
+    """The current device's SM count (DEFAULT_SMS without CuPy or a device)."""
+    try:
+        from .runtime import cupy
+
+        cp = cupy()
+        return _sm_count(cp.cuda.runtime.getDevice())
+    except (ImportError, RuntimeError):
+        return DEFAULT_SMS
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: int) -> int:
+    from .runtime import cupy
+
+    rt = cupy().cuda.runtime
+    return int(rt.deviceGetAttribute(getattr(rt, "cudaDevAttrMultiProcessorCount", 16), device))  # CUDA's enum 16
+
+
 Q8T_LANE_ROWS = 2  # row groups per warp of the tensor-core kernels gemv_q8r_tc_t<NT> (Q8T_ROWS in the kernel)
 
 
@@ -244,9 +276,11 @@ def q8r_tensor_cores(T: int) -> bool:
 
 
 def q8r_split(n_out: int, n_in: int, T: int = 1, n_matrices: int = 1, max_z: int = 1,
-              rpw: int | None = None) -> tuple[int, int]:
+              rpw: int | None = None, fill_sms: int = 0) -> tuple[int, int]:
     """(ksplit, zsplit) of the repacked Q8_0 GEMVs: as gemv_split, over warps of rpw rows (default
-    q8r_rows_per_warp(T)). The constants come from bench/gemv_bench.py on the H200 (docs/BENCHMARKS.md)."""
+    q8r_rows_per_warp(T)). The constants come from bench/gemv_bench.py on the H200 (docs/BENCHMARKS.md).
+    fill_sms (the dense CUDA-core launches, gemv_q8r_t<NT> and gemv_q8r_gateup_dense_t<NT>: the device's SM count)
+    > 0: a launch split over z is split further to fill that many SMs (q8r_fill_z)."""
     warps = -(-n_out // (rpw or q8r_rows_per_warp(T))) * n_matrices
     blocks = n_in // quants.QK8_0
     split = 1
@@ -257,7 +291,23 @@ def q8r_split(n_out: int, n_in: int, T: int = 1, n_matrices: int = 1, max_z: int
     zsplit = split // ksplit
     if zsplit > 1 and n_out > Q8R_MAX_ZROWS:
         zsplit = 1
+    if fill_sms > 0 and zsplit > 1:
+        zsplit = q8r_fill_z(n_out, n_in, T, zsplit, fill_sms)
     return ksplit, zsplit
+
+
+def q8r_fill_z(n_out: int, n_in: int, T: int, zsplit: int, sms: int) -> int:
+    """The z split of a dense CUDA-core Q8_0_R32 launch that already splits over z (ksplit = GEMV_WARPS): raised
+    (never lowered) to the most slices that keep the gate/up kernel's grid (its tiles of Q8R_GATEUP_ROWS row groups,
+    at least the plain kernel's) within one resident wave of Q8R_RESIDENT_BLOCKS blocks on each of `sms` SMs, every
+    warp at least one Q8_0 block, at most Q8R_FILL_MAX_Z slices and the partial buffer's T x 2 n_out floats a
+    slice. It depends only on (n_out, n_in, T): launch_gemv and launch_q8r_gateup take the same split of one
+    matrix, so the fused gate/up keeps the two-launch path's bits."""
+    nt = nt_bucket(T)
+    tiles = -(-n_out // (Q8R_GROUP * Q8R_GATEUP_ROWS[nt])) * -(-T // GEMV_MAXT)
+    z = min(Q8R_RESIDENT_BLOCKS.get(nt, 1) * sms // tiles, n_in // quants.QK8_0 // GEMV_WARPS, Q8R_FILL_MAX_Z,
+            GEMV_PARTIAL_FLOATS // (2 * T * n_out))
+    return max(zsplit, z)
 
 
 def gemv_ksplit(n_out: int, n_in: int, n_matrices: int = 1) -> int:
