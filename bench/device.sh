@@ -12,6 +12,8 @@
 #                file but not the peer keeps its cores; the path and name are the ones `peer` writes, so a later sbs
 #                reuses the file and only builds llama.cpp)
 #   ready        wait (up to the step's limit) until the full-size file is written (its writer ended, the file there)
+#                (both look for the writer's python3 command line: a plain pgrep -f of its name matched the step's
+#                own bash -c, whose text holds the name, so until 2026-12-03 synth never started the writer)
 #   warm         compile every kernel module in parallel (bench/warm_kernels.py): 65-89 s cold with 16 processes
 #                (2026-12-02, gemv.cu per weight type; 124 s while it was one module)
 #   gpu          the whole GPU suite, -v so each result keeps its name even when the step is cut
@@ -196,13 +198,12 @@ for arg in "$@"; do
         synth) run_step synth "$limit" bash -c 'for fd in $(ls /proc/$$/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done
             W=/tmp/peer_work; mkdir -p "$W"; A="--preset flash-next --ple-rows 1000000 --expert-type q2_k"
             M=$W/synth_$(echo "$A q8_0" | tr -c "A-Za-z0-9_.-" _ | cut -c1-120).gguf
-            if [ -s "$M" ] || pgrep -f make_synth_qwen4exp.py > /dev/null; then echo "file there or being written: $M"
+            if [ -s "$M" ] || pgrep -f "^python3 -u .*make_synth_qwen4exp[.]py" > /dev/null; then echo "file there or being written: $M"
             else (setsid nohup python3 -u .peer/make_synth_qwen4exp.py $A --type q8_0 -o "$M" > "$W.synth.log" 2>&1 \
                 < /dev/null &); echo "writing $M in the background (log $W.synth.log)"; fi';;
-        ready) run_step ready "$limit" bash -c 'T0=$(date +%s)
-            until ! pgrep -f make_synth_qwen4exp.py > /dev/null && [ -n "$(ls -S /tmp/peer_work/synth_*q2_k*.gguf \
-                2> /dev/null | head -1)" ]; do sleep 3; done
-            echo "full-size file ready after $(( $(date +%s) - T0 )) s: $(ls -lS /tmp/peer_work/synth_*q2_k*.gguf | head -1)"';;
+        ready) run_step ready "$limit" bash -c "$(declare -f full_size)"'; T0=$(date +%s)
+            until ! pgrep -f "^python3 -u .*make_synth_qwen4exp[.]py" > /dev/null && [ -n "$(full_size)" ]; do sleep 3; done
+            echo "full-size file ready after $(( $(date +%s) - T0 )) s: $(ls -l "$(full_size)")"';;
         warm) run_step warm "$limit" python3 bench/warm_kernels.py --jobs "$(nproc)";;
         gpu) run_step gpu "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests";;
         gpu=*) run_step gpu-k "$limit" bash -c "$(declare -f gpu_tests); OUT=$OUT gpu_tests '${name#gpu=}'";;

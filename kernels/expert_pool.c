@@ -274,8 +274,8 @@ static int64_t row_bytes_of(int type, int n) {
  * those of the x rows before the gate/up items, those of each h row by the gate/up items that write it (an item's
  * 16 rows are one 16-element group of h). Per work item they cost 10-40 % of a Q2_K item at one row per expert.
  * Work items: gate/up items of ROWS_GATE_UP rows of one expert's gate and up (F / 16 per expert), then, once every
- * gate/up item is done (every h row complete; a count, not a barrier: see OMP_FOR_ITEMS), down items of ROWS_DOWN rows (H / 64 per expert), pool_chunk at a time. Where a
- * type has a lane-order kernel (needs_xperm), x is copied in its order with the sums, and h written in the down
+ * gate/up item is done (every h row complete; a count, not a barrier: see OMP_FOR_ITEMS), down items of ROWS_DOWN
+ * rows (H / 64 per expert), pool_chunk at a time. Where a type has a lane-order kernel (needs_xperm), x is copied in its order with the sums, and h written in the down
  * kernel's. touch: the same items, schedule and waits with the weights' bytes only read, not decoded (what the
  * access pattern alone costs). */
 static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, const uint64_t *up,

@@ -24,9 +24,10 @@ def tier_options(f):
                      "balancing each window size between windows (strata_cli/tiers/share.py). [default: auto]"),
         click.option("--expert-max-copy", default=None, metavar="SIZE",
                      help="Bytes an adaptive --expert-policy copies into VRAM per window at most. The default is "
-                     f"what the fill path (without a PCIe share the host's gather after a window's last step, then the DMA) moves in "
-                     f"{FILL_WINDOW_MS:g} ms, the shortest window, so a window's fills land before the boundary "
-                     "after the next: at the gather and DMA rates --pcie-frac auto measured, else at the H200's "
+                     "what the fill path (without a PCIe share the host's gather after a window's last step, then "
+                     f"the DMA) moves in {FILL_WINDOW_MS:g} ms, the shortest window, so a window's fills land "
+                     "before the boundary after the next: at the gather and DMA rates --pcie-frac auto measured, "
+                     "else at the H200's "
                      f"({GATHER_GBS:g} and {PCIE_GBS:g} GB/s: {DEFAULT_MAX_COPY}), never more than the cache's "
                      "slots hold."),
         click.option("--expert-policy", type=click.Choice(list(POLICIES)), default="static",

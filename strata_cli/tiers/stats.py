@@ -9,14 +9,15 @@ gather ms: the gather on the pool's team after the window's last step, and the D
 Where the time goes: the GPU's time in the flagB and flag waits (spin waits), the GPU computing (the window less
 those waits), the host waiting for rings, planning each step (plan ms: the routed ids to the plan and its words,
 flagA), issuing the PCIe share's DMAs from the page-locked store (copy issue ms: the driver calls, on the pool's
-thread 0 in the native loop, the hand-off to the copy thread in the Python steps) and in the CPU pool (pool ms: the call with its Python; pool C ms: the kernel's own wall
-time, pool wake ms: of it, until the OpenMP team's last thread started), and the PCIe share's DMAs (copy GB/s: its
-bytes over the DMA time between the copy events; host GB/s: both shares' bytes over the longer of pool ms and copy ms,
-what the pool and the DMAs read from host memory together: on the H200 host at 2e31918 92-103 GB/s against 93-114
-for a plain 16-thread read, so a balanced window is bound by the host's memory, not by either path). The tier floor: the all-resident window's floor (every byte it
-reads at the device copy rate, verify-bench's floor ms) plus the host shares' time as tiers/share.py predicts it
-(the pool's share beside the DMAs' share) at the rates measured while the engine was built with --pcie-frac
-auto, else at the pool's and the copy engine's constants (a lower bound)."""
+thread 0 in the native loop, the hand-off to the copy thread in the Python steps) and in the CPU pool (pool ms: the
+call with its Python; pool C ms: the kernel's own wall time, pool wake ms: of it, until the OpenMP team's last
+thread started), and the PCIe share's DMAs (copy GB/s: its bytes over the DMA time between the copy events; host
+GB/s: both shares' bytes over the longer of pool ms and copy ms, what the pool and the DMAs read from host memory
+together: on the H200 host at 2e31918 97-104 GB/s at 0 and 12 GiB from T = 2 on, against 93-114 for a plain
+16-thread read, so a balanced window is bound by the host's memory, not by either path). The tier floor: the
+all-resident window's floor (every byte it reads at the device copy rate, verify-bench's floor ms) plus the host
+shares' time as tiers/share.py predicts it (the pool's share beside the DMAs' share) at the rates measured while the
+engine was built with --pcie-frac auto, else at the pool's and the copy engine's constants (a lower bound)."""
 
 from __future__ import annotations
 
@@ -113,7 +114,8 @@ def tier_means(tiers, host, T: int, n_windows: int, ms_mean: float, floor_ms: fl
                 plan_ms=mean("plan_ms"), pool_ms=pool_ms, pool_kernel_ms=mean("pool_kernel_ms"),
                 pool_wake_ms=mean("pool_wake_ms"), pool_gb_s=_rate(cpu_bytes, pool_ms), issue_ms=mean("issue_ms"),
                 copy_ms=copy_ms, copy_gb_s=_rate(pcie_bytes, copy_ms),
-                host_gb_s=_rate(cpu_bytes + pcie_bytes, max(pool_ms, copy_ms)), pcie_mb=pcie_bytes / 1e6, cpu_mb=cpu_bytes / 1e6,
+                host_gb_s=_rate(cpu_bytes + pcie_bytes, max(pool_ms, copy_ms)), pcie_mb=pcie_bytes / 1e6,
+                cpu_mb=cpu_bytes / 1e6,
                 tier_floor_ms=tier_floor_ms(floor_ms, cpu_bytes, pcie_bytes, t.cfg.rates), expert_policy=t.cfg.policy,
                 swaps=mean("swaps"), fill_mb=mean("fill_bytes") / 1e6, fill_late=mean("fill_late"),
                 fill_gather_ms=mean("fill_gather_ms"))
