@@ -249,7 +249,10 @@ for arg in "$@"; do
         soak-bg) run_step soak-bg "$limit" bash -c "$(declare -f $SOAK_FNS soak_bg); SOAK_FNS='$SOAK_FNS'; OUT=$OUT soak_bg";;
         soak-wait) run_step soak-wait "$limit" bash -c "$(declare -f soak_wait); OUT=$OUT soak_wait";;
         signals) run_step signals "$limit" bash -c "$(declare -f $SOAK_FNS); OUT=$OUT soak_signals";;
-        sbs=*) cfg=${name#sbs=}; OUT=$OUT/sbs run_step sbs "$limit" bash .peer/side_by_side.sh run ${cfg//,/ };;
+        # the last call's profile goes first: side_by_side.sh's make-profile refuses to overwrite it, and then ran
+        # c12 / c24 with no profile at all (2026-12-03, call 6: "expert id order", the table silent about it)
+        sbs=*) cfg=${name#sbs=}; rm -f "$OUT/sbs/profile.yaml"
+            OUT=$OUT/sbs run_step sbs "$limit" bash .peer/side_by_side.sh run ${cfg//,/ };;
         *) echo "unknown step $name"; SUMMARY+=("$(printf '%-18s unknown' "$name")");;
     esac
 done

@@ -184,6 +184,30 @@ def test_mixed_types_and_more_rows_than_one_pass(types, build):
 
 @needs_native
 @BUILDS
+def test_nvfp4_every_scale_byte(build):
+    """The fused NVFP4 decoder reads its scales from a 256-entry table made when the library loads (no branches on
+    the scale bytes): every ue4m3 byte (0 and 0x7F decode to 0; the subnormals; 0x80-0xFF, whose sign bit gguf
+    ignores) is some sub-block's scale, and the row decodes bit for bit as gguf's (strata_dequant_row runs the
+    passes' decoder), then the pool's SwiGLU on such experts matches numpy."""
+    rng = np.random.default_rng(8)
+    raw = random_raw("NVFP4", 4, 1024, rng)  # 4 rows x 16 blocks x 4 scales = 256 sub-blocks
+    raw.reshape(4, 16, 36)[:, :, 0:4] = rng.permutation(256).astype(np.uint8).reshape(4, 16, 4)
+    raw = np.ascontiguousarray(raw)
+    lib = library(build)
+    out = np.full(1024, np.nan, dtype=np.float32)
+    for r in range(4):
+        assert lib.strata_dequant_row(native.NATIVE_TYPES["NVFP4"], raw[r].ctypes.data, 1024, out.ctypes.data) == 0
+        np.testing.assert_array_equal(out.view(np.uint32), dequant_ref(raw[r:r + 1], "NVFP4")[0].view(np.uint32))
+    model = FakeModel(("NVFP4",) * 3, E=4, k=2, H=256, F=256, seed=5)
+    for role in ("gate", "up", "down"):
+        blocks = model.info(f"blk.0.ffn_{role}_exps.weight").raw.reshape(4, -1, 36)
+        blocks[:, :, 0:4] = rng.integers(0, 256, size=(*blocks.shape[:2], 4), dtype=np.uint8)
+    pool = ExpertPool(model, n_threads=2, lib=library(build))
+    check_pool(model, pool, ("NVFP4",) * 3, routed(5, 4, 2, np.random.default_rng(7)), layer=0)
+
+
+@needs_native
+@BUILDS
 def test_float_rows_of_odd_length(build):
     """rows that are no multiple of the fused kernels' 16 lanes take the scalar path and stay right"""
     types = ("F32", "F16", "BF16")
