@@ -49,6 +49,8 @@
 #   commit       issue 18 item 4: bench/commit_async_bench.py, the draft-noise loop with the asynchronous commit
 #                against a synchronous one (the same rows checked), on the fixture (tiers off, then cache 3 + PCIe
 #                0.5), the small preset (written to /tmp if missing) and the full-size file if there is one
+#   engine-ab    bench/engine_ab.sh: the tiered engine on the full-size file with $AB_SRC (another expert_pool.c, e.g.
+#                carried in .devcarry) against this tree's pool, runs alternating in one tree ($AB_CACHE, $AB_T, $AB_RUNS)
 #   kcache       pack CuPy's kernel cache into $OUT/kcache.tar.gz (copied to .devcarry/kcache.tar.gz, setup restores
 #                it: a later fresh machine's warm-up then compiles only what changed)
 #   soak         issue 17 under load (bench/soak.py) on the full-size file: $SOAK_WINDOWS (10000) windows of $SOAK_T (4)
@@ -243,6 +245,7 @@ for arg in "$@"; do
             [ -f /tmp/small-q8_0.gguf ] || python3 -m strata_cli make-model /tmp/small-q8_0.gguf --preset small --type Q8_0 --seed 1
             $B /tmp/small-q8_0.gguf --tokens 512 --reps 5; F="'"$(full_size)"'"
             if [ -n "$F" ]; then $B "$F" --tokens 512 --reps 3; else echo "commit: no full-size file (yet): its row skipped"; fi';;
+        engine-ab) AB_OUT=$OUT/engine-ab run_step engine-ab "$limit" bash bench/engine_ab.sh;;
         kcache) run_step kcache "$limit" bash -c '[ -n "'"$BACK"'" ] && tar czf "'"$BACK"'/kcache.tar.gz" -C ~/.cupy kernel_cache \
             && ls -la "'"$BACK"'/kcache.tar.gz"';;
         soak) run_step soak "$limit" bash -c "$(declare -f $SOAK_FNS); OUT=$OUT soak_run";;
