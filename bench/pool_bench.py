@@ -56,7 +56,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
-import numpy as np
+# numpy's OpenBLAS team spins on every core for a while after each BLAS call (the reference checks' float64
+# matmuls before a configuration is timed), taking cores from the pool's OpenMP team in the configurations that
+# follow: on the dev box (2 cores) the pool's mean wake was 56-225 us right after a 600 x 600 matmul against 7-9 us
+# after a 0.5 s sleep, and 7-12 us either way with one BLAS thread. The H200 host's "late thread" wakes of
+# 100-480 us at T = 1 (the first configurations after each check; T = 4, timed later, 4-30 us) fit this. One BLAS
+# thread: the bench's own numpy work is small (set OPENBLAS_NUM_THREADS to override).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402  (after the environment above: OpenBLAS reads it when numpy loads it)
 
 import pool_memory  # bench/pool_memory.py (python3 bench/pool_bench.py puts bench/ on the path)
 from strata_cli.model import quants
@@ -578,6 +586,7 @@ def main() -> None:
     print(f"host: {cores} cores for this process, L3 {l3 / 2**20:.0f} MiB, THP {thp}, file pages in {file_dir} "
           f"({pool_memory.fs_type(file_dir)}), load average "
           f"{' '.join(f'{v:.1f}' for v in os.getloadavg())}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', '-')}"
+          f" OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '-')}"
           f" OMP_PROC_BIND={os.environ.get('OMP_PROC_BIND', '-')}", flush=True)
     builds = load_builds(args)
     rows: list[dict] = []
