@@ -49,6 +49,8 @@
 #   commit       issue 18 item 4: bench/commit_async_bench.py, the draft-noise loop with the asynchronous commit
 #                against a synchronous one (the same rows checked), on the fixture (tiers off, then cache 3 + PCIe
 #                0.5), the small preset (written to /tmp if missing) and the full-size file if there is one
+#   blas-probe   bench/blas_spin_probe.py with numpy's BLAS on every core, then on one: the pool's wake and GB/s right
+#                after a matmul against after a sleep (is the bench's "late wake" OpenBLAS spinning? ~30 s)
 #   engine-ab    bench/engine_ab.sh: the tiered engine on the full-size file with $AB_SRC (another expert_pool.c, e.g.
 #                carried in .devcarry) against this tree's pool, runs alternating in one tree ($AB_CACHE, $AB_T, $AB_RUNS)
 #   kcache       pack CuPy's kernel cache into $OUT/kcache.tar.gz (copied to .devcarry/kcache.tar.gz, setup restores
@@ -245,6 +247,8 @@ for arg in "$@"; do
             [ -f /tmp/small-q8_0.gguf ] || python3 -m strata_cli make-model /tmp/small-q8_0.gguf --preset small --type Q8_0 --seed 1
             $B /tmp/small-q8_0.gguf --tokens 512 --reps 5; F="'"$(full_size)"'"
             if [ -n "$F" ]; then $B "$F" --tokens 512 --reps 3; else echo "commit: no full-size file (yet): its row skipped"; fi';;
+        blas-probe) run_step blas-probe "$limit" bash -c 'python3 bench/blas_spin_probe.py --threads "$(nproc)"
+            OPENBLAS_NUM_THREADS=1 python3 bench/blas_spin_probe.py --threads "$(nproc)"';;
         engine-ab) AB_OUT=$OUT/engine-ab run_step engine-ab "$limit" bash bench/engine_ab.sh;;
         kcache) run_step kcache "$limit" bash -c '[ -n "'"$BACK"'" ] && tar czf "'"$BACK"'/kcache.tar.gz" -C ~/.cupy kernel_cache \
             && ls -la "'"$BACK"'/kcache.tar.gz"';;
