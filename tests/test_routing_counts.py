@@ -178,3 +178,34 @@ def test_the_tap_copies_the_routers_ids(monkeypatch, model):
     for dst, src, nbytes in taps:
         assert src.ctypes.data in ids_buffers and src.shape[0] == 4 and dst.shape == src.shape
         assert nbytes == src.nbytes == 4 * src.shape[1] * 4
+
+
+def test_a_partial_static_cache_without_a_profile_warns(capfd, model):
+    """--expert-cache N (some, not all, pairs) without --expert-profile fills each layer's lowest expert ids: the
+    engine says so on stderr, once per build, naming the fix. Nothing is said for a profile, an adaptive policy, a
+    cache of none or all, or make-profile's counting run (its cache sets only its speed)."""
+    from strata_cli.engine.gpu.buffers import plan_buffers
+    from strata_cli.tiers import setup
+    from strata_cli.tiers.config import TierConfig
+    from strata_cli.tiers.expert_profile import ExpertProfile
+
+    arena = plan_buffers(model.geometry, 64, 8).planned_bytes()
+    g = model.geometry
+
+    def said(cfg) -> str:
+        capfd.readouterr()
+        setup.residency_for(model, cfg, arena, 8)
+        return capfd.readouterr().err
+
+    err = said(TierConfig(cache="5", pcie_frac=0.0))
+    assert err.count("strata: warning:") == 1
+    assert "--expert-cache 5 without --expert-profile" in err and "make-profile" in err and "--expert-profile P" in err
+    counts = np.zeros((g.n_layers, g.n_expert), np.int64)
+    counts[:, 1] = 3
+    profile = ExpertProfile.from_counts(counts, g, None, 16)
+    quiet = [TierConfig(cache="5", pcie_frac=0.0, policy="lru"), TierConfig(cache="0", pcie_frac=0.0),
+             TierConfig(cache="all", pcie_frac=0.0), TierConfig(cache="5", pcie_frac=0.0, counting=True),
+             TierConfig(cache="5", pcie_frac=0.0, loaded_profile=profile)]
+    for cfg in quiet:
+        assert "warning" not in said(cfg), cfg
+    assert routing.counting_tiers("5").counting

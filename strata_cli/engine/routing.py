@@ -25,7 +25,7 @@ def counting_tiers(cache: str = COUNTING_CACHE):
     OptionError), no PCIe share (the CPU pool serves what VRAM does not hold)."""
     from ..tiers.config import TierConfig
 
-    return TierConfig(cache=cache, pcie_frac=0.0)
+    return TierConfig(cache=cache, pcie_frac=0.0, counting=True)
 
 
 class RouteTap:

@@ -22,6 +22,8 @@ class TierConfig:
     max_copy: int | str | None = None  # bytes an adaptive policy copies into VRAM per window at most; None: the
     #                                   default from the fill path's rates (setup.residency_for, cache_policy.py)
     loaded_profile: object = None     # the profile as already read (an ExpertProfile): `-` (stdin) is read once
+    counting: bool = False            # make-profile's counting run: the cache sets only its speed (no warning for a
+    #                                   partial cache without a profile, setup.residency_for)
     # set while the engine is built (tiers/setup.residency_for, engine/gpu/tiers.rebalance_share), never by a user:
     share_auto: bool = False          # pcie_frac came from auto: re-balanced once the copy path is measured
     rates: ShareRates | None = None   # the pool's and the DMA's rates auto measured at load (tiers/share.py)

@@ -65,6 +65,16 @@ def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int,
     if cfg.cache.kind == "auto":
         free = int(cupy().cuda.runtime.memGetInfo()[0])
     table, note = choose_residency(model, cfg, free, fixed, layers)
+    held = table[span[0]:span[1]] >= 0
+    if cfg.profile is None and cfg.loaded_profile is None and cfg.policy == "static" and not cfg.counting \
+            and held.any() and not held.all():
+        # a partial static cache without a profile is a fixed set chosen by nothing the text does: say so
+        from ..report.present import warn
+
+        warn(f"--expert-cache {cfg.cache.text} without --expert-profile: the VRAM cache holds each layer's lowest "
+             "expert ids, not the experts a text routes to; make a profile of text like yours (strata make-profile "
+             "MODEL --text-file F -o P) and pass --expert-profile P, or let the cache follow the text "
+             "(--expert-policy lru)")
     if cfg.policy != "static" and cfg.max_copy is None:  # the fill path's default, at auto's rates where measured
         from .cache_policy import default_max_copy
         from .residency import expert_bytes
