@@ -310,6 +310,11 @@ def gpu_apps() -> tuple[list[int] | None, float | None]:
         return None, None
 
 
+def _default_signals() -> None:
+    for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
+
+
 def child_command(args) -> list[str]:
     cmd = [sys.executable, "-m", "strata_cli", "verify-bench"] + ([args.model] if args.model else [])
     cmd += ["--device", args.device, "--window", str(args.window), "-r", "1000000", "--warmup", "0",
@@ -342,8 +347,11 @@ def _signals_check(args, children: list) -> dict:
                if os.environ.get("PYTHONPATH") else str(ROOT))
     cmd = child_command(args)
     start = time.monotonic()
+    # the child's signals at their defaults: started from a background job (`cmd &` in a script: the device's
+    # soak-bg), this process inherits SIGINT ignored and so would the child, which then never sees the signal
+    # under test
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=_default_signals)
     children.append(child)
     lines: list[str] = []
     ready, ready_at = threading.Event(), [start]

@@ -310,13 +310,21 @@ def test_make_model_on_a_full_disk_leaves_nothing(tmp_path):
     no_partials(tmp_path)
 
 
+def default_signals() -> None:
+    """The child's SIGINT / SIGHUP / SIGTERM back at their defaults: a test run started in the background of a
+    non-interactive shell (`cmd &`) inherits SIGINT ignored, and the child then never sees the signal under test
+    (2026-12-03: SIGINT's case failed only when pytest ran as such a job)."""
+    for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(s, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_signals_clean_up_make_model(tmp_path, sig):
     out = tmp_path / "m.gguf"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "strata_cli", "make-model", str(out), "--preset", "small",
                              "--layers", "4", "--type", "F32"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=default_signals)
     partial = files.partial_path(out)
     deadline = time.monotonic() + 60
     while not (partial.exists() and partial.stat().st_size > 0) and proc.poll() is None:
