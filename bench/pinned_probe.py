@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import threading
 import time
 from types import SimpleNamespace
 
-import numpy as np
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy loads OpenBLAS: as bench/pool_bench.py, why there
+
+import numpy as np  # noqa: E402
 
 import pool_bench  # bench/pool_bench.py (python3 bench/pinned_probe.py puts bench/ on the path)
 from strata_cli.gpu.runtime import check, cudart
