@@ -71,8 +71,9 @@
 #endif
 #define PRAGMA_(x) _Pragma(#x)
 #define PRAGMA(x) PRAGMA_(x)
-/* nowait: a thread that enters the region late (woken late, or its core taken by another process: on the H200 host
- * the bench's calls saw a mean wake of 96-325 us in some runs against 3 us in others, on calls of ~350 us) holds
+/* nowait: a thread that enters the region late (its core taken by another thread or process: on the H200 host the
+ * bench's calls saw a mean wake of 96-480 us in some runs against 3 us in others, on calls of ~350 us, which fits
+ * numpy's OpenBLAS team spinning on every core after the bench's reference matmuls: bench/blas_spin_probe.py) holds
  * nobody up while there are items left; the others take its share. Only the join waits for it. */
 #define OMP_FOR_ITEMS(chunk) PRAGMA(omp for schedule(dynamic, chunk) nowait)
 
