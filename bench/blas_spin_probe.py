@@ -5,8 +5,8 @@ the mean / max wake (until the pool team's last thread started).
     OPENBLAS_NUM_THREADS=N python3 bench/blas_spin_probe.py [--type Q4_0] [--threads N] [--repeats 3]
 
 OpenBLAS spins its threads on every core for a while after each call; the pool's OpenMP team then waits for cores
-(dev box, 2 threads, 2026-12-03: wake 56-225 us after the matmul, 7-9 us after a sleep; 7-12 us either way with
-OPENBLAS_NUM_THREADS=1). This is why bench/pool_bench.py runs with one BLAS thread.
+(dev box, 2 threads, 2026-12-03: wake 362 / 175 / 7 us after the matmul in three repeats, 5-8 us after a sleep;
+7-18 us either way with OPENBLAS_NUM_THREADS=1). This is why bench/pool_bench.py runs with one BLAS thread.
 """
 
 from __future__ import annotations

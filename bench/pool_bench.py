@@ -58,8 +58,8 @@ from types import SimpleNamespace
 
 # numpy's OpenBLAS team spins on every core for a while after each BLAS call (the reference checks' float64
 # matmuls before a configuration is timed), taking cores from the pool's OpenMP team in the configurations that
-# follow: on the dev box (2 cores) the pool's mean wake was 56-225 us right after a 600 x 600 matmul against 7-9 us
-# after a 0.5 s sleep, and 7-12 us either way with one BLAS thread. The H200 host's "late thread" wakes of
+# follow: on the dev box (2 cores, bench/blas_spin_probe.py) the pool's mean wake was up to 362 us right after a
+# 600 x 600 matmul against 5-8 us after a 0.5 s sleep, and 7-18 us either way with one BLAS thread. The H200 host's "late thread" wakes of
 # 100-480 us at T = 1 (the first configurations after each check; T = 4, timed later, 4-30 us) fit this. One BLAS
 # thread: the bench's own numpy work is small (set OPENBLAS_NUM_THREADS to override).
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

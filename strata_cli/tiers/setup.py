@@ -82,8 +82,8 @@ def residency_for(model, cfg: TierConfig | None, arena_bytes: int, max_t: int,
         rows = table[span[0]:span[1]]
         cache_bytes = int(((rows >= 0).sum(axis=1) * expert_bytes(model)[span[0]:span[1]]).sum())
         cfg = dataclasses.replace(cfg, max_copy=default_max_copy(cache_bytes, rates))
-    if (table[span[0]:span[1]] >= 0).all() and not stall:
+    if held.all() and not stall:
         return None, note + " -> zero-doorbell graph", cfg
-    if (table[span[0]:span[1]] >= 0).all():
+    if held.all():
         note += f" -> doorbell graph (stall window {stall})"
     return table, f"{note}; {pcie_note}", cfg
