@@ -71,20 +71,11 @@
 #endif
 #define PRAGMA_(x) _Pragma(#x)
 #define PRAGMA(x) PRAGMA_(x)
-/* nowait: a thread that enters the region late (its core taken by another thread or process: on the H200 host the
- * bench's calls saw a mean wake of 96-480 us in some runs against 3 us in others, on calls of ~350 us, which fits
- * numpy's OpenBLAS team spinning on every core after the bench's reference matmuls: bench/blas_spin_probe.py) holds
- * nobody up while there are items left; the others take its share. Only the join waits for it. */
-#define OMP_FOR_ITEMS(chunk) PRAGMA(omp for schedule(dynamic, chunk) nowait)
-
-/* a spin-wait's pause (the pool's phase wait, the doorbell waits) */
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
-}
+/* The item loops end in OpenMP's barrier. A barrier-free hand-off (a count of finished gate/up items, both loops
+ * nowait; 83a07b7) lost in the engine: engine-ab on the H200 at 12 GiB, 3 alternating pairs, T = 8 66.6-72.7 ms
+ * with the barrier against 71.2-74.2 without (docs/BENCHMARKS.md, session of 2026-12-03 (fourth)). The late
+ * wakes it was made against were the bench's numpy OpenBLAS team spinning (bench/blas_spin_probe.py). */
+#define OMP_FOR_ITEMS(chunk) PRAGMA(omp for schedule(dynamic, chunk))
 
 /* the chunk of an item loop of `items` items on a team of `team` threads (POOL_MIN_TAKES above) */
 static int pool_chunk(int items, int team) {
@@ -260,11 +251,9 @@ static int64_t row_bytes_of(int type, int n) {
 }
 
 /* The profile of one call (strata_pool_diag with prof != NULL), CLOCK_MONOTONIC ns:
- *   prof[0] at the start (before x's sums and the parallel region), prof[1] after the region, prof[2] the team's
- *   size, prof[3] the gate/up loop's chunk;
+ *   prof[0] before the parallel region, prof[1] after it, prof[2] the team's size, prof[3] the gate/up loop's chunk;
  *   per thread t < n_threads, prof[PROF_HEAD + PROF_PER * t + k]: k = 0 it entered the region, 1 its gate/up items
- *   start (x's sums are made before the region), 2 its last gate/up item done, 3 its down items start (every gate/up
- *   item done),
+ *   start (after the x sums' barrier), 2 its last gate/up item done, 3 its down items start (after the barrier),
  *   4 its last down item done, 5 its gate/up items, 6 its down items, 7 the down loop's chunk (pool_chunk). */
 #define PROF_HEAD 4
 #define PROF_PER 8
@@ -274,10 +263,10 @@ static int64_t row_bytes_of(int type, int n) {
  * The min term's group sums (fused_needs_sums: Q2_K, Q4_K, Q5_K, Q4_1, Q5_1 in the AVX-512 build) are computed once per call:
  * those of the x rows before the gate/up items, those of each h row by the gate/up items that write it (an item's
  * 16 rows are one 16-element group of h). Per work item they cost 10-40 % of a Q2_K item at one row per expert.
- * Work items: gate/up items of ROWS_GATE_UP rows of one expert's gate and up (F / 16 per expert), then, once every
- * gate/up item is done (every h row complete; a count, not a barrier: see OMP_FOR_ITEMS), down items of ROWS_DOWN
- * rows (H / 64 per expert), pool_chunk at a time. Where a type has a lane-order kernel (needs_xperm), x is copied in its order with the sums, and h written in the down
- * kernel's. touch: the same items, schedule and waits with the weights' bytes only read, not decoded (what the
+ * Work items: gate/up items of ROWS_GATE_UP rows of one expert's gate and up (F / 16 per expert), then, after a
+ * barrier (every h row complete), down items of ROWS_DOWN rows (H / 64 per expert), pool_chunk at a time. Where a
+ * type has a lane-order kernel (needs_xperm), x is copied in its order with the sums, and h written in the down
+ * kernel's. touch: the same items, schedule and barriers with the weights' bytes only read, not decoded (what the
  * access pattern alone costs). */
 static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, const uint64_t *up,
                     const uint64_t *down, int64_t gate_row, int64_t up_row, int64_t down_row, int gate_type,
@@ -304,19 +293,10 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
     float *const xg_all = xp_gate ? sums + n_xs + n_hs : NULL;
     float *const xu_all = xp_up ? sums + n_xs + n_hs + (size_t)n_x * H * xp_gate
                           : xp_gate && needs_xperm(up_type, H) ? xg_all : NULL;
-    int failed = 0, gu_done = 0; /* gu_done: gate/up items finished (their h rows and sums written) */
-    const int gu_items = G * items_gu;
+    int failed = 0;
     if (prof) {
         memset(prof, 0, sizeof(int64_t) * (PROF_HEAD + (size_t)PROF_PER * n_threads));
         prof[0] = now_ns();
-    }
-    /* x's sums and lane-order copies on the calling thread, before the team starts: n_x <= the window's rows, a few
-     * microseconds at most, where a parallel loop over them ended in a barrier that waited for the team's last thread
-     * to wake up */
-    for (int t = 0; t < n_x; t++) {
-        if (x_sums) sums_of(x + (int64_t)t * H, H, xs_all + (int64_t)t * (H / 16));
-        if (xg_all) perm_of(gate_type, x + (int64_t)t * H, H, xg_all + (int64_t)t * H);
-        if (xu_all && xu_all != xg_all) perm_of(up_type, x + (int64_t)t * H, H, xu_all + (int64_t)t * H);
     }
 #pragma omp parallel num_threads(n_threads)
     {
@@ -333,16 +313,21 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
         }
         const float *xs[MAX_M], *xsum[MAX_M], *xg[MAX_M], *xu[MAX_M];
         float gv[ROWS_GATE_UP * MAX_M], uv[ROWS_GATE_UP * MAX_M];
+        if (x_sums || xg_all || xu_all) {
+#pragma omp for schedule(static)
+            for (int t = 0; t < n_x; t++) {
+                if (x_sums) sums_of(x + (int64_t)t * H, H, xs_all + (int64_t)t * (H / 16));
+                if (xg_all) perm_of(gate_type, x + (int64_t)t * H, H, xg_all + (int64_t)t * H);
+                if (xu_all && xu_all != xg_all) perm_of(up_type, x + (int64_t)t * H, H, xu_all + (int64_t)t * H);
+            }
+        } /* implicit barrier: every x sum and lane-order copy is there */
         /* side work of the caller's on one thread (the tier loop's PCIe copies, expert_pool_serve.h), while the
          * rest of the team starts on the items: the dynamic schedule hands that thread's share to the others */
         if (side && omp_get_thread_num() == 0) side(side_ctx);
         if (prof) t_gu0 = t_gu1 = now_ns();
         OMP_FOR_ITEMS(chunk_gu)
-        for (int item = 0; item < gu_items; item++) {
-            if (!buf) {
-                __atomic_fetch_add(&gu_done, 1, __ATOMIC_RELEASE);
-                continue;
-            }
+        for (int item = 0; item < G * items_gu; item++) {
+            if (!buf) continue;
             const int g = item / items_gu, f0 = (item % items_gu) * ROWS_GATE_UP;
             const int f1 = f0 + ROWS_GATE_UP < F ? f0 + ROWS_GATE_UP : F;
             const uint8_t *wg = (const uint8_t *)(uintptr_t)gate[g] + f0 * gate_row;
@@ -379,12 +364,9 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
                     if (h_sums) sums_of(hv, 16, hs_all + (int64_t)(e0 + r) * (F / 16) + f0 / 16);
                 }
             }
-            __atomic_fetch_add(&gu_done, 1, __ATOMIC_RELEASE);
             if (prof) t_gu1 = now_ns(), n_gu++;
         }
-        /* every h row and its sums complete: all gate/up items done, by whichever threads took them (a barrier here
-         * would also wait for a thread that has not yet arrived and has no item left) */
-        while (__atomic_load_n(&gu_done, __ATOMIC_ACQUIRE) < gu_items) cpu_relax();
+        /* implicit barrier: every h row and its sums are complete */
         if (prof) t_dn0 = t_dn1 = now_ns();
         float out[ROWS_DOWN * MAX_M];
         OMP_FOR_ITEMS(chunk_dn)
@@ -483,6 +465,13 @@ int strata_dequant_row(int type, const void *src, int64_t n, float *y) {
 }
 
 /* ---- doorbell words (mapped pinned memory): wait, raise (max), store */
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
 
 /* spin until *word >= want or max_ns passed (the caller loops, checking its stream between slices). The first
  * 20 us are a pure pause-spin (the answer usually comes within it); after that the loop also yields the core
