@@ -18,7 +18,9 @@ import sys
 import time
 from types import SimpleNamespace
 
-import numpy as np  # first: OpenBLAS takes OPENBLAS_NUM_THREADS from the caller's environment, as given
+# as the caller gave it: pool_bench (imported below) sets it to 1 by default, after numpy's OpenBLAS has read it here
+BLAS_THREADS = os.environ.get("OPENBLAS_NUM_THREADS", "- (OpenBLAS's default: every core)")
+import numpy as np  # noqa: E402  first: OpenBLAS takes OPENBLAS_NUM_THREADS from the caller's environment
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pool_bench  # noqa: E402
@@ -39,7 +41,7 @@ def main() -> None:
     shape = SimpleNamespace(ff=640, hidden=2560, gb=0.5, layers=8, k=10, pages=["anon"], file_dir=None)
     bench = pool_bench.TypeBench(args.type, shape, 32 << 20)
     a = np.random.default_rng(0).random((600, 600))
-    print(f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', '-')}, pool threads {args.threads}")
+    print(f"OPENBLAS_NUM_THREADS={BLAS_THREADS}, pool threads {args.threads}")
     for _ in range(args.repeats):
         for label in ("after a matmul", "after 0.5 s sleep"):
             if label == "after a matmul":
