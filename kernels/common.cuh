@@ -109,27 +109,31 @@ __device__ __forceinline__ void expert_group_rows(const int* g_entries, int u, i
     }
 }
 
+// Whether this block is the last of the n blocks counted in *counter (a zeroed counter, reset by that block): its
+// global writes made before the call are visible device-wide first, and the last block sees every block's (the CUDA
+// threadFenceReduction pattern: no block waits for another). Every thread of the block calls it.
+__device__ __forceinline__ bool arrived_last(unsigned* counter, unsigned n) {
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(counter, 1u) == n - 1;
+        if (last) atomicExch(counter, 0u);
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // Split-K across the blocks of grid z, finished inside the same launch (no reduce kernel, one graph node less).
 // Every block of a tile (blockIdx.x, blockIdx.y) has written raw sums of rows o0..o0+n_rows-1, window rows
 // t0..t0+nt-1 to partial[z][t][o] (slices of T * n_out). The block counted last in tile_done[tile] adds the z
 // slices in order (the same sum in every run: replays stay bit-identical), applies the epilogue and resets the
 // counter for the next launch. Every thread of the block calls it.
 // Whether this block is the last of its tile's gridDim.z blocks to arrive (tile_done[tile] counts them and is reset
-// by that block): its partial sums are visible device-wide first, and the last block sees every block's. Every
-// thread of the block calls it.
+// by that block). Every thread of the block calls it.
 __device__ __forceinline__ bool zsplit_last(unsigned* tile_done) {
-    __shared__ int last;
-    __threadfence();  // this block's partial sums are visible device-wide before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned* counter = tile_done + blockIdx.y * gridDim.x + blockIdx.x;
-        last = atomicAdd(counter, 1u) == gridDim.z - 1;
-        if (last) atomicExch(counter, 0u);
-    }
-    __syncthreads();
-    if (!last) return false;
-    __threadfence();
-    return true;
+    return arrived_last(tile_done + blockIdx.y * gridDim.x + blockIdx.x, gridDim.z);
 }
 
 // sum over z < nz of p[z * slice], added in z order (the same bits as one load and add a slice), the loads issued

@@ -10,22 +10,6 @@
 
 #define ROUTER_MAXK 16
 
-// Whether this block is the last of the n blocks counted in *counter (a zeroed counter, reset by that block): its
-// global writes made before the call are visible device-wide first, and the last block sees every block's. Every
-// thread of the block calls it.
-__device__ __forceinline__ bool arrived_last(unsigned* counter, unsigned n) {
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(counter, 1u) == n - 1;
-        if (last) atomicExch(counter, 0u);
-    }
-    __syncthreads();
-    if (last) __threadfence();
-    return last;
-}
-
 // logits [T, E] f32 -> ids [T, K] int32 (descending probability, ties -> lower id), w [T, K] f32 summing to 1.
 // grid T, block 256, dynamic shared memory max(E, T*K + blockDim.x) floats. Mirrors numpy: p = exp(z - max) / sum,
 // select on p. g_expert != null: the block counted last in done[0] (a zeroed counter it resets) also groups the

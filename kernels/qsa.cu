@@ -1,19 +1,38 @@
-// qsa.cu: gated attention with QSA block selection over a verify window (strata_cli/ops/qsa.py), float32.
-// Block scores and the top-k selection (one launch) are in qsa_select.cu.
+// qsa.cu: gated attention with QSA block selection over a verify window (strata_cli/ops/qsa.py), float32: a QSA
+// layer's whole mixer after its projection GEMV in one launch (qsa_mix), the commit's indexer append
+// (qsa_indexer_append) and a norm-rope of heads (qsa_norm_rope). Block scores and a row's cell selection are
+// qsa_select.cuh's.
 //
-// Legend: T window rows, H query heads, Hk kv heads, Hi indexer heads, d head dim, n_rot rotated dims (NeoX
-// pairs (i, i + n_rot/2)), N cells, NB pooled blocks, ratio cells per block, C selected-cell capacity per row.
-//   positions [T] int32 absolute positions of the window rows (consecutive)
+// Legend: T window rows, H query heads, Hk kv heads (rep = H / Hk query heads a kv head), Hi indexer heads, d head
+// dim, di indexer head dim, n_rot rotated dims (NeoX pairs (i, i + n_rot/2)), N cells, NB pooled block capacity,
+// ratio cells per block, keep = budget / ratio blocks, C selected-cell capacity per row.
+//   positions [T] int32 absolute positions of the window rows (consecutive: row r is cell positions[0] + r)
 //   cos_tab, sin_tab [P, n_rot] rope tables by absolute position (host float64 -> f32, ops.qsa.rope_tables)
-//   k_cache, v_cache [N, Hk, d]; tail [ratio, d] raw indexer keys of the block being filled; pooled [NB, d]
-#include "seq_common.cuh"
+//   k_cache, v_cache [N, Hk, d]; tail [ratio, di] raw indexer keys of the block being filled; pooled [NB, di]
+#include "qsa_select.cuh"
 
-#define QSA_BLOCK 128
-#define ATT_WARPS 16  // warps per (row, head): a head's cells are spread over them (latency, not bandwidth)
+#define QSA_BLOCK 128  // threads of a norm: qsa_norm_rope's and qsa_indexer_append's blocks, and the block a warp of
+                       // qsa_mix plays when it norms a row (the same partial sums in the same order: the same bits)
+#define QSA_VWARPS (QSA_BLOCK / WARP)
+#define MIX_WARPS 16  // warps of a qsa_mix block: a head's cells are spread over them (latency, not bandwidth); a
+                      // score block scores MIX_WARPS pooled blocks at a time, one a warp
+#define MIX_THREADS (MIX_WARPS * WARP)
 #define ATT_MAXR 8  // attention: d <= 32 * ATT_MAXR values per lane
+#define MIX_WAIT_CYCLES (1ll << 34)  // the longest a row's attention waits for its selection (~10 s: only a broken
+                                     // counter gets there; that row's output is then NaN, which the window flags)
 
-// dst[0..d) = rope_row(rms_norm(src[0..d)) * w) with cs, sn = row's cos/sin [n_rot]; one block, y dynamic shared
-// d floats (qsa_norm_rope and qsa_prep).
+__device__ __forceinline__ float rms_of(float ss, int n, float eps) { return sqrtf(ss / (float)n + eps); }
+
+// Element i of rope_neox over the normed row y: the first n_rot dims turn with their partner i -+ n_rot / 2.
+__device__ __forceinline__ float rope_at(const float* y, const float* cs, const float* sn, int i, int n_rot) {
+    const int half = n_rot / 2;
+    float val = y[i];
+    if (i < n_rot) val = y[i] * cs[i] + (i < half ? -y[i + half] : y[i - half]) * sn[i];
+    return val;
+}
+
+// dst[0..d) = rope_row(rms_norm(src[0..d)) * w) with cs, sn = row's cos/sin [n_rot]; one block of QSA_BLOCK
+// threads, y shared d floats (qsa_norm_rope).
 __device__ __forceinline__ void norm_rope_head(const float* __restrict__ src, const float* __restrict__ w,
                                                const float* __restrict__ cs, const float* __restrict__ sn,
                                                float* __restrict__ dst, int d, int n_rot, float eps, float* sh,
@@ -21,15 +40,76 @@ __device__ __forceinline__ void norm_rope_head(const float* __restrict__ src, co
     float ss = 0.0f;
     for (int i = threadIdx.x; i < d; i += blockDim.x) ss += src[i] * src[i];
     ss = block_sum(ss, sh);
-    const float rms = sqrtf(ss / (float)d + eps);
+    const float rms = rms_of(ss, d, eps);
     for (int i = threadIdx.x; i < d; i += blockDim.x) y[i] = src[i] / rms * w[i];
     __syncthreads();  // rotation reads the partner element of another thread
-    const int half = n_rot / 2;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float val = y[i];
-        if (i < n_rot) val = y[i] * cs[i] + (i < half ? -y[i + half] : y[i - half]) * sn[i];
-        dst[i] = val;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = rope_at(y, cs, sn, i, n_rot);
+}
+
+// block_sum over a block of QSA_BLOCK threads, computed by one warp: part[v] is the partial sum of the block's
+// thread 32 v + lane; each is reduced as that thread's warp reduces it, then lane v holds warp v's sum and the
+// lanes add them as block_reduce's warp 0 does (lanes past them the identity): the block's bits.
+__device__ __forceinline__ float block_sum_of_warp(const float (&part)[QSA_VWARPS]) {
+    const int lane = threadIdx.x & (WARP - 1);
+    float mine = 0.0f;
+#pragma unroll
+    for (int v = 0; v < QSA_VWARPS; ++v) {
+        const float s = warp_sum(part[v]);
+        if (lane == v) mine = s;
     }
+    return warp_sum(mine);
+}
+
+// norm_rope_head of one row by one warp, with the bits of a QSA_BLOCK-thread block: y is the warp's scratch of d
+// floats (shared), dst may be shared or global.
+__device__ __forceinline__ void norm_rope_warp(const float* __restrict__ src, const float* __restrict__ w,
+                                               const float* __restrict__ cs, const float* __restrict__ sn, float* dst,
+                                               int d, int n_rot, float eps, float* y) {
+    const int lane = threadIdx.x & (WARP - 1);
+    float part[QSA_VWARPS];
+#pragma unroll
+    for (int v = 0; v < QSA_VWARPS; ++v) {
+        part[v] = 0.0f;
+        for (int i = lane + WARP * v; i < d; i += QSA_BLOCK) part[v] += src[i] * src[i];
+    }
+    const float rms = rms_of(block_sum_of_warp(part), d, eps);
+    for (int i = lane; i < d; i += WARP) y[i] = src[i] / rms * w[i];
+    __syncwarp();  // rotation reads the partner element of another lane
+    for (int i = lane; i < d; i += WARP) dst[i] = rope_at(y, cs, sn, i, n_rot);
+    __syncwarp();  // y is the warp's next row's scratch
+}
+
+// The pooled key of block b completed inside a window whose first row is cell p0, by one warp: the mean of cell
+// b*ratio + s's raw key (s ascending; cells before p0 from the committed tail's slot s, the window's from its key rows
+// ik [T, d], row stride iks), rms-normed with k_norm_w and rotated at cell b*ratio: indexer_append_block's arithmetic
+// (the same bits as its QSA_BLOCK threads), nothing written but dst. y: the warp's scratch of d floats.
+__device__ __forceinline__ void pool_block_warp(const float* __restrict__ tail, const float* __restrict__ ik, i64 iks,
+                                                int p0, i64 b, int ratio, const float* __restrict__ k_norm_w,
+                                                const float* __restrict__ cos_tab, const float* __restrict__ sin_tab,
+                                                float* dst, int d, int n_rot, float eps, float* y) {
+    const int lane = threadIdx.x & (WARP - 1);
+    float part[QSA_VWARPS];
+#pragma unroll
+    for (int v = 0; v < QSA_VWARPS; ++v) {
+        part[v] = 0.0f;
+        for (int i = lane + WARP * v; i < d; i += QSA_BLOCK) {
+            float m = 0.0f;
+            for (int s = 0; s < ratio; ++s) {
+                const i64 cell = b * ratio + s;
+                m += cell < p0 ? tail[(i64)s * d + i] : ik[(cell - p0) * iks + i];  // row order, as the mean
+            }
+            m = m / (float)ratio;
+            y[i] = m;
+            part[v] += m * m;
+        }
+    }
+    const float rms = rms_of(block_sum_of_warp(part), d, eps);
+    for (int i = lane; i < d; i += WARP) y[i] = y[i] / rms * k_norm_w[i];  // the columns this lane wrote
+    __syncwarp();
+    const float* cs = cos_tab + b * ratio * n_rot;
+    const float* sn = sin_tab + b * ratio * n_rot;
+    for (int i = lane; i < d; i += WARP) dst[i] = rope_at(y, cs, sn, i, n_rot);
+    __syncwarp();
 }
 
 // out[t, h] = rope_{row}(rms_norm(x[t, h]) * w), row = rows ? rows[t] : t (rows = positions with full tables).
@@ -47,29 +127,20 @@ extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
                    d, n_rot, eps, sh, y);
 }
 
-// Append the first n = count_from(n_rows, n_dev, T) raw indexer keys raw [T, d] at positions[t], in order:
-// tail[pos % ratio] = key; when pos completes block b = pos / ratio,
-// pooled[b] = rope_{b*ratio}(rms_norm(mean of tail) * k_norm_w). save (nullable) receives the tail before
-// anything is appended (the run's snapshot) and the tail goes back to it at the end (a run writes no committed
-// state: the window's rows may wrap over slots of committed positions; no copy node after it); restore (nullable)
-// replaces the tail first (the commit).
-// One block of blockDim threads (qsa_indexer_append, and qsa_prep's last block): rows are sequential, a completion
-// reads the slots earlier rows wrote. Column i of tail is always touched by thread i % blockDim.x. y: shared d
-// floats.
-__device__ __forceinline__ void indexer_append_block(float* tail, float* __restrict__ pooled,
-                                                     const float* __restrict__ raw, const int* __restrict__ positions,
-                                                     int n, float* save, const float* restore,
-                                                     const float* __restrict__ k_norm_w,
-                                                     const float* __restrict__ cos_tab,
-                                                     const float* __restrict__ sin_tab, int ratio, int d, int n_rot,
-                                                     float eps, float* sh, float* y) {
-    const int tid = threadIdx.x, nth = blockDim.x;
-    for (int e = tid; e < ratio * d; e += nth) {
-        if (save) save[e] = tail[e];
-        if (restore) tail[e] = restore[e];
-    }
-    __syncthreads();  // the copies above stride over ratio*d, not by column
-    const int half = n_rot / 2;
+// The commit's indexer append: the first n = count_from(n_rows, n_dev, T) raw keys raw [T, d] appended at
+// positions[r], in order, to the tail and pooled blocks in place: tail[pos % ratio] = key; when pos completes block
+// b = pos / ratio, pooled[b] = rope_{b*ratio}(rms_norm(mean of tail) * k_norm_w). Rows are sequential: a completion
+// reads the slots earlier rows wrote; column i of tail is always touched by thread i % blockDim.x. (A window never
+// writes the tail: qsa_mix pools the blocks it completes itself, pool_block_warp, with this arithmetic.)
+// One block of QSA_BLOCK threads, dynamic shared d floats.
+extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
+    qsa_indexer_append(float* tail, float* __restrict__ pooled, const float* __restrict__ raw,
+                       const int* __restrict__ positions, int T, int n_rows, const int* n_dev,
+                       const float* __restrict__ k_norm_w, const float* __restrict__ cos_tab,
+                       const float* __restrict__ sin_tab, int ratio, int d, int n_rot, float eps) {
+    __shared__ float sh[WARP];
+    extern __shared__ float y[];
+    const int tid = threadIdx.x, nth = blockDim.x, n = count_from(n_rows, n_dev, T);
     for (int r = 0; r < n; ++r) {
         const int pos = positions[r];
         for (int i = tid; i < d; i += nth) tail[(i64)(pos % ratio) * d + i] = raw[(i64)r * d + i];
@@ -84,140 +155,154 @@ __device__ __forceinline__ void indexer_append_block(float* tail, float* __restr
             ss += m * m;
         }
         ss = block_sum(ss, sh);
-        const float rms = sqrtf(ss / (float)d + eps);
+        const float rms = rms_of(ss, d, eps);
         for (int i = tid; i < d; i += nth) y[i] = y[i] / rms * k_norm_w[i];
         __syncthreads();  // rotation reads the partner element
         const float* cs = cos_tab + b * ratio * n_rot;
         const float* sn = sin_tab + b * ratio * n_rot;
-        for (int i = tid; i < d; i += nth) {
-            float val = y[i];
-            if (i < n_rot) val = y[i] * cs[i] + (i < half ? -y[i + half] : y[i - half]) * sn[i];
-            pooled[b * d + i] = val;
-        }
+        for (int i = tid; i < d; i += nth) pooled[b * d + i] = rope_at(y, cs, sn, i, n_rot);
         __syncthreads();  // y is rewritten by the next completion
     }
-    if (save == nullptr) return;
-    __syncthreads();  // the tail's columns were written by their own threads; the copy strides over ratio*d
-    for (int e = tid; e < ratio * d; e += nth) tail[e] = save[e];
 }
 
-// indexer_append_block in a launch of its own (the commit; a window whose indexer key is not in its stacked GEMV).
-// One block of QSA_BLOCK threads, dynamic shared d floats.
-extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
-    qsa_indexer_append(float* tail, float* __restrict__ pooled, const float* __restrict__ raw,
-                       const int* __restrict__ positions, int T, int n_rows, const int* n_dev, float* save,
-                       const float* restore, const float* __restrict__ k_norm_w, const float* __restrict__ cos_tab,
-                       const float* __restrict__ sin_tab, int ratio, int d, int n_rot, float eps) {
-    __shared__ float sh[WARP];
-    extern __shared__ float y[];
-    indexer_append_block(tail, pooled, raw, positions, count_from(n_rows, n_dev, T), save, restore, k_norm_w,
-                         cos_tab, sin_tab, ratio, d, n_rot, eps, sh, y);
+// ---- qsa_mix: the window's k/v cache rows, norms and ropes, pooled blocks, scores, selection and attention
+
+// qsa_mix's operands (its parameters, gathered for the roles' functions). Views of the layer's GEMV rows: k head j
+// of row t at k + t*ks + j*d (v: vs), q head h at q + t*qs + h*qh, its gate at gate + t*gs + h*gh, indexer query
+// head at qr + t*is + head*di, indexer key at ik + t*iks. Selection scratch [T, NB] scores / keys / idx / flags,
+// cells [T, C], counts [T]; done, ready, seen [T] counters, zero between launches.
+struct MixArgs {
+    const float *k, *v, *q, *gate;
+    i64 ks, vs, qs, qh, gs, gh;
+    const float *k_w, *q_w;
+    float *k_cache, *v_cache;
+    const float *cos_tab, *sin_tab;
+    const int* positions;
+    float* out;
+    int T, H, Hk, d, n_rot;
+    float eps, sqrt_d;
+    const float* qr;
+    i64 is;
+    const float *qi_w, *ik;
+    i64 iks;
+    const float *ik_w, *tail, *pooled;
+    float* idx_raw;
+    int Hi, di, ratio, keep, NB, C, SY;
+    float sqrt_di;
+    float* scores;
+    int *cells, *counts;
+    u32* keys;
+    int *idx, *flags;
+    unsigned* done;
+    int *ready, *seen;
+};
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
 }
 
-// A QSA layer's window rows after its one projection GEMV, in one launch (the seed's norm-rope k, kv append,
-// norm-rope q, norm-rope of the indexer query and the indexer's key append; ops/qsa.prep_window):
-//   k_cache[pos[t], h] = rope_pos(rms_norm(k[t, h]) * k_w)     h < Hk   (d values)
-//   v_cache[pos[t], h] = v[t, h]                               h < Hk
-//   qn[t, h]           = rope_pos(rms_norm(q[t, h]) * q_w)     h < H
-//   qi[t, h]           = rope_pos(rms_norm(qr[t, h]) * qi_w)   h < Hi   (di values; Hi = 0 without an indexer)
-//   with the indexer's keys (ik non-null): the last block copies the window's raw keys ik rows t into
-//   idx_raw[r0 + t] (the commit re-appends them), then appends idx_raw rows [0, r0 + T) at idx_pos (the whole
-//   window: group B of a split window re-appends A's rows from the restored tail) as qsa_indexer_append does,
-//   with the tail saved to snap first and restored at the end.
-// Inputs are views of the GEMV's rows: head h of row t of k starts at k + t*ks + h*d (v: vs, d; q: qs, qh; qr:
-// is, di; ik: iks); k_cache, v_cache [N, Hk, d]; qn [T, H, d]; qi [T, Hi, di]; tail, snap [ratio, di]; pooled
-// [NB, di]; idx_raw [>= r0 + T, di]; cos/sin [P, n_rot] by absolute position; pos = positions[t] (this group's rows).
-// grid T * (2 Hk + H + Hi) (+ 1 with ik: block 0 the indexer's keys, the others shifted by one): block
-// t * per_row + j takes k head j (j < Hk), v head j - Hk, q head j - 2 Hk, then indexer head; block QSA_BLOCK,
-// dynamic shared max(d, di) floats. Each block writes only its own head; the indexer block alone writes idx_raw, tail, snap and pooled (score_select reads pooled next launch).
-extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
-    qsa_prep(const float* __restrict__ k, i64 ks, const float* __restrict__ v, i64 vs, const float* __restrict__ q,
-             i64 qs, i64 qh, const float* __restrict__ qr, i64 is, const float* __restrict__ k_w,
-             const float* __restrict__ q_w, const float* __restrict__ qi_w, float* __restrict__ k_cache,
-             float* __restrict__ v_cache, float* __restrict__ qn, float* __restrict__ qi,
-             const float* __restrict__ cos_tab, const float* __restrict__ sin_tab, const int* __restrict__ positions,
-             int T, int Hk, int H, int Hi, int d, int di, int n_rot, float eps, const float* __restrict__ ik, i64 iks,
-             float* idx_raw, int r0, const int* __restrict__ idx_pos, float* tail, float* snap,
-             float* __restrict__ pooled, const float* __restrict__ ik_w, int ratio) {
-    __shared__ float sh[WARP];
-    extern __shared__ float y[];
-    const int per_row = 2 * Hk + H + Hi;
-    if (ik != nullptr && blockIdx.x == 0) {  // the indexer's keys: the longest block (sequential rows) starts first
-        for (int t = 0; t < T; ++t)
-            for (int i = threadIdx.x; i < di; i += blockDim.x) idx_raw[(i64)(r0 + t) * di + i] = ik[t * iks + i];
-        __syncthreads();
-        indexer_append_block(tail, pooled, idx_raw, idx_pos, r0 + T, snap, nullptr, ik_w, cos_tab, sin_tab, ratio,
-                             di, n_rot, eps, sh, y);
-        return;
+// One cell of a warp's online softmax (qsa_mix's attention): score q . k / sqrt_d (every lane gets it), then
+// (m, l, acc) rescaled and the cell's value added; lane holds dims lane + 32 r. kr, vr: the cell's key and value.
+__device__ __forceinline__ void attend_cell(const float* sq, const float* kr, const float* __restrict__ vr, int d,
+                                            float sqrt_d, float& m, float& l, float (&acc)[ATT_MAXR]) {
+    const int lane = threadIdx.x & (WARP - 1);
+    float part = 0.0f, vv[ATT_MAXR];
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; ++r) {
+        vv[r] = lane + WARP * r < d ? vr[lane + WARP * r] : 0.0f;  // issued with k, before the reduction waits
+        if (lane + WARP * r < d) part += sq[lane + WARP * r] * kr[lane + WARP * r];
     }
-    const int b = blockIdx.x - (ik != nullptr);
-    const i64 t = b / per_row;
-    int j = b % per_row;
-    const i64 pos = positions[t];
-    const float* cs = cos_tab + pos * n_rot;
-    const float* sn = sin_tab + pos * n_rot;
-    if (j < Hk) {
-        norm_rope_head(k + t * ks + (i64)j * d, k_w, cs, sn, k_cache + (pos * Hk + j) * d, d, n_rot, eps, sh, y);
-        return;
-    }
-    j -= Hk;
-    if (j < Hk) {
-        const float* src = v + t * vs + (i64)j * d;
-        float* dst = v_cache + (pos * Hk + j) * d;
-        for (int i = threadIdx.x; i < d; i += blockDim.x) dst[i] = src[i];
-        return;
-    }
-    j -= Hk;
-    if (j < H) {
-        norm_rope_head(q + t * qs + (i64)j * qh, q_w, cs, sn, qn + (t * H + j) * d, d, n_rot, eps, sh, y);
-        return;
-    }
-    j -= H;
-    norm_rope_head(qr + t * is + (i64)j * di, qi_w, cs, sn, qi + (t * Hi + j) * di, di, n_rot, eps, sh, y);
+    const float sc = warp_sum(part) / sqrt_d;  // the same value in every lane
+    const float m_new = fmaxf(m, sc);
+    const float corr = expf(m - m_new), p = expf(sc - m_new);  // corr is 0 on the warp's first cell
+    l = l * corr + p;
+#pragma unroll
+    for (int r = 0; r < ATT_MAXR; ++r)
+        if (lane + WARP * r < d) acc[r] = acc[r] * corr + p * vv[r];
+    m = m_new;
 }
 
-// out[t, h*d:(h+1)*d] = sigmoid(gate[t, h]) * softmax_s(q[t, h] . k_s / sqrt_d) v_s over the row's cells s:
-// cells[t, :counts[t]] (selected), or, with cells null, every cell 0..positions[t] (dense). Query head h reads
-// kv head h / (H / Hk). q [T, H, d]; the gate row (t, h) starts at gate + t*gs_t + h*gs_h (second half of attn_q).
-// grid T*H, block ATT_WARPS*32: warp w takes cells w, w + ATT_WARPS, ... with an online softmax (lane holds
-// dims lane + 32*r), then the warps' (max, sum, acc) are merged. Dynamic shared (d + ATT_WARPS*(d + 2)) floats.
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
-    qsa_attend(const float* __restrict__ q, const float* __restrict__ gate, i64 gs_t, i64 gs_h,
-               const float* __restrict__ k_cache, const float* __restrict__ v_cache, const int* __restrict__ cells,
-               const int* __restrict__ counts, const int* __restrict__ positions, float* __restrict__ out, int H,
-               int Hk, int d, int C, float sqrt_d) {
-    extern __shared__ float sm[];
+// Thread 0 of a selected row's attention block: waits for the row's cells (ready[t], raised by the row's last score
+// block once they are written), then counts itself out (the row's H-th block puts ready and seen back to zero for
+// the next launch) and returns counts[t]; -1 if MIX_WAIT_CYCLES pass first.
+__device__ __forceinline__ int wait_cells(const MixArgs& a, int t) {
+    const long long t0 = clock64();
+    while (load_acquire(a.ready + t) == 0) {
+        if (clock64() - t0 > MIX_WAIT_CYCLES) return -1;
+        __nanosleep(128);
+    }
+    if (atomicAdd(a.seen + t, 1) == a.H - 1) {
+        atomicExch(a.seen + t, 0);
+        atomicExch(a.ready + t, 0);
+    }
+    return __ldcg(a.counts + t);
+}
+
+// Attention role (t, h): out[t, h*d:(h+1)*d] = sigmoid(gate[t, h]) * softmax_s(qn . k_s / sqrt_d) v_s over the row's
+// cells s (cells[t, :counts[t]] where the row is above the budget, else every cell 0..positions[t]), query head h
+// reading kv head h / rep; qn = rope(rms_norm(q[t, h]) * q_w). The window's own cells (rows 0..t) take their keys
+// rope(rms_norm(k[r]) * k_w), normed here, and their values from the GEMV's v rows; the earlier cells the caches'.
+// The first query head of each kv head also writes the row's cache cell (k normed and roped, v), which later windows
+// read, and head 0 the row's raw indexer key into idx_raw (the commit re-appends it).
+// Warp w takes the cells w, w + MIX_WARPS, ... with an online softmax, then the warps' (max, sum, acc) are merged
+// in warp order. Shared: sq [d], wm, wl [MIX_WARPS], kwin [T, d], wacc [MIX_WARPS, d] (each warp's norm scratch first).
+__device__ __forceinline__ void mix_attend(const MixArgs& a, int t, int h, float* sm) {
+    const int tid = threadIdx.x, lane = tid & (WARP - 1), w = tid / WARP, d = a.d, rep = a.H / a.Hk, kvh = h / rep;
     float* sq = sm;
-    float* wm = sq + d;            // [ATT_WARPS] running max
-    float* wl = wm + ATT_WARPS;    // [ATT_WARPS] running sum of exp
-    float* wacc = wl + ATT_WARPS;  // [ATT_WARPS, d]
-    const i64 t = blockIdx.x / H;
-    const int h = blockIdx.x % H, kvh = h / (H / Hk);
-    const int lane = threadIdx.x & (WARP - 1), w = threadIdx.x / WARP;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) sq[i] = q[(t * H + h) * d + i];
+    float* wm = sq + d;
+    float* wl = wm + MIX_WARPS;
+    float* kwin = wl + MIX_WARPS;
+    float* wacc = kwin + (i64)a.T * d;
+    const int p0 = a.positions[0];
+    const i64 pt = a.positions[t];
+    for (int item = w; item <= t + 1; item += MIX_WARPS) {  // item 0 the query head, 1 + r the window's key row r
+        const int r = item == 0 ? t : item - 1;
+        const i64 pr = a.positions[r];
+        const float* src = item == 0 ? a.q + t * a.qs + h * a.qh : a.k + r * a.ks + (i64)kvh * d;
+        norm_rope_warp(src, item == 0 ? a.q_w : a.k_w, a.cos_tab + pr * a.n_rot, a.sin_tab + pr * a.n_rot,
+                       item == 0 ? sq : kwin + (i64)r * d, d, a.n_rot, a.eps, wacc + w * d);
+    }
     __syncthreads();
-    const int count = cells ? counts[t] : positions[t] + 1;
+    if (h % rep == 0) {  // the row's cache cell of kv head kvh (no block of this launch reads it)
+        float* kc = a.k_cache + (pt * a.Hk + kvh) * d;
+        float* vc = a.v_cache + (pt * a.Hk + kvh) * d;
+        const float* vr = a.v + t * a.vs + (i64)kvh * d;
+        for (int i = tid; i < d; i += blockDim.x) {
+            kc[i] = kwin[(i64)t * d + i];
+            vc[i] = vr[i];
+        }
+    }
+    if (h == 0 && a.idx_raw)
+        for (int i = tid; i < a.di; i += blockDim.x) a.idx_raw[(i64)t * a.di + i] = a.ik[t * a.iks + i];
+    int count = (int)pt + 1;
+    const int* cells = nullptr;
+    if (a.ratio && count / a.ratio > a.keep) {  // above the budget: the row's last score block selects its cells
+        __shared__ int s_count;
+        if (tid == 0) s_count = wait_cells(a, t);
+        __syncthreads();
+        count = s_count;
+        if (count < 0) {
+            for (int i = tid; i < d; i += blockDim.x) a.out[(t * a.H + h) * d + i] = QNAN;
+            return;
+        }
+        cells = a.cells + t * a.C;
+    }
     float m = NEG_INF, l = 0.0f, acc[ATT_MAXR];
 #pragma unroll
     for (int r = 0; r < ATT_MAXR; ++r) acc[r] = 0.0f;
-    for (int s = w; s < count; s += ATT_WARPS) {
-        const i64 cell = cells ? cells[t * C + s] : s;
-        const float* kr = k_cache + (cell * Hk + kvh) * d;
-        const float* vr = v_cache + (cell * Hk + kvh) * d;
-        float part = 0.0f, vv[ATT_MAXR];
-#pragma unroll
-        for (int r = 0; r < ATT_MAXR; ++r) {
-            vv[r] = lane + WARP * r < d ? vr[lane + WARP * r] : 0.0f;  // issued with k, before the reduction waits
-            if (lane + WARP * r < d) part += sq[lane + WARP * r] * kr[lane + WARP * r];
-        }
-        const float sc = warp_sum(part) / sqrt_d;  // the same value in every lane
-        const float m_new = fmaxf(m, sc);
-        const float corr = expf(m - m_new), p = expf(sc - m_new);  // corr is 0 on the warp's first cell
-        l = l * corr + p;
-#pragma unroll
-        for (int r = 0; r < ATT_MAXR; ++r)
-            if (lane + WARP * r < d) acc[r] = acc[r] * corr + p * vv[r];
-        m = m_new;
+    // cells ascend, so a warp's cells of earlier windows (in the caches) come before the window's own
+    int s = w;
+    for (; s < count; s += MIX_WARPS) {
+        const i64 cell = cells ? __ldcg(cells + s) : s;  // L2: the selecting block wrote them
+        if (cell >= p0) break;
+        attend_cell(sq, a.k_cache + (cell * a.Hk + kvh) * d, a.v_cache + (cell * a.Hk + kvh) * d, d, a.sqrt_d, m, l,
+                    acc);
+    }
+    for (; s < count; s += MIX_WARPS) {
+        const i64 r = (cells ? __ldcg(cells + s) : s) - p0;
+        attend_cell(sq, kwin + r * d, a.v + r * a.vs + (i64)kvh * d, d, a.sqrt_d, m, l, acc);
     }
     if (lane == 0) {
         wm[w] = m;
@@ -228,13 +313,120 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * WARP)
         if (lane + WARP * r < d) wacc[w * d + lane + WARP * r] = acc[r];
     __syncthreads();
     float M = NEG_INF;
-    for (int i = 0; i < ATT_WARPS; ++i) M = fmaxf(M, wm[i]);
+    for (int i = 0; i < MIX_WARPS; ++i) M = fmaxf(M, wm[i]);
     float L = 0.0f;
-    for (int i = 0; i < ATT_WARPS; ++i) L += wl[i] * expf(wm[i] - M);  // a warp without cells adds 0
-    const float* gr = gate + t * gs_t + (i64)h * gs_h;
-    for (int i = threadIdx.x; i < d; i += blockDim.x) {
-        float a = 0.0f;
-        for (int j = 0; j < ATT_WARPS; ++j) a += wacc[j * d + i] * expf(wm[j] - M);
-        out[(t * H + h) * d + i] = a / L * sigmoid_f(gr[i]);
+    for (int i = 0; i < MIX_WARPS; ++i) L += wl[i] * expf(wm[i] - M);  // a warp without cells adds 0
+    const float* gr = a.gate + t * a.gs + (i64)h * a.gh;
+    for (int i = tid; i < d; i += blockDim.x) {
+        float acc_i = 0.0f;
+        for (int j = 0; j < MIX_WARPS; ++j) acc_i += wacc[j * d + i] * expf(wm[j] - M);
+        a.out[(t * a.H + h) * d + i] = acc_i / L * sigmoid_f(gr[i]);
     }
+}
+
+// Score role (t, y) of a row above the budget: scores[t, b] = sum_h relu(qi[t, h] . pooled_b) / sqrt_di for its
+// pooled blocks b < n_blocks (qi = rope(rms_norm(qr[t, h]) * qi_w), normed here), -inf for b < NB past them, over
+// the chunks y, y + SY, ... of MIX_WARPS blocks (warp w block c * MIX_WARPS + w). A block completed before the
+// window is read from pooled, one completed inside it is pooled here (pool_block_warp) by the score block whose
+// chunk holds it. The row's last score block to finish (a fenced counter) selects its cells from the scores the
+// others wrote (select_row), writes cells and counts, then raises ready[t] for the row's attention blocks.
+// Shared: sq [Hi, di], wpool [T, di] (window block wb0 + j), scratch [MIX_WARPS, di].
+__device__ __forceinline__ void mix_score(const MixArgs& a, int t, int y, float* sm) {
+    const int tid = threadIdx.x, lane = tid & (WARP - 1), w = tid / WARP, di = a.di, ratio = a.ratio;
+    const int n_cells = a.positions[t] + 1, n_blocks = n_cells / ratio;
+    if (n_blocks <= a.keep) return;  // below the budget every cell is kept: no scores, no block waits for them
+    const int p0 = a.positions[0], wb0 = p0 / ratio;  // blocks [wb0, n_blocks) complete inside the window
+    float* sq = sm;
+    float* wpool = sq + a.Hi * di;
+    float* scratch = wpool + (i64)a.T * di;
+    const int b0 = y * MIX_WARPS + w;
+    const bool early = b0 < a.NB && b0 < n_blocks && b0 < wb0;  // a key of pooled: issued before the norms
+    float kv[SCORE_MAXR];
+#pragma unroll
+    for (int r = 0; r < SCORE_MAXR; ++r)
+        kv[r] = early && lane + WARP * r < di ? a.pooled[(i64)b0 * di + lane + WARP * r] : 0.0f;
+    const i64 pt = a.positions[t];
+    for (int item = w; item < a.Hi + n_blocks - wb0; item += MIX_WARPS) {  // the query heads, then window blocks
+        if (item < a.Hi) {
+            norm_rope_warp(a.qr + t * a.is + (i64)item * di, a.qi_w, a.cos_tab + pt * a.n_rot,
+                           a.sin_tab + pt * a.n_rot, sq + item * di, di, a.n_rot, a.eps, scratch + w * di);
+            continue;
+        }
+        const int b = wb0 + item - a.Hi;
+        if ((b / MIX_WARPS) % a.SY != y) continue;  // another score block's chunk
+        pool_block_warp(a.tail, a.ik, a.iks, p0, b, ratio, a.ik_w, a.cos_tab, a.sin_tab, wpool + (i64)(b - wb0) * di,
+                        di, a.n_rot, a.eps, scratch + w * di);
+    }
+    __syncthreads();
+    float* scores_row = a.scores + t * a.NB;
+    const int n_chunks = (a.NB + MIX_WARPS - 1) / MIX_WARPS;
+    for (int c = y; c < n_chunks; c += a.SY) {
+        const int b = c * MIX_WARPS + w;
+        if (b >= a.NB) break;  // uniform per warp
+        const bool scored = b < n_blocks;
+        const float* kb = b < wb0 ? a.pooled + (i64)b * di : wpool + (i64)(b - wb0) * di;
+        if (c != y || !early)
+#pragma unroll
+            for (int r = 0; r < SCORE_MAXR; ++r) kv[r] = scored && lane + WARP * r < di ? kb[lane + WARP * r] : 0.0f;
+        score_block(sq, kv, kb, scores_row, b, scored, a.Hi, di, a.sqrt_di);
+    }
+    if (!arrived_last(a.done + t, a.SY)) return;
+    int* out = a.cells + t * a.C;
+    const int count = select_row(scores_row, n_cells, n_blocks, a.keep, ratio, out, a.keys + t * a.NB,
+                                 a.idx + t * a.NB, a.flags + t * a.NB);
+    for (int i = count + tid; i < a.C; i += blockDim.x) out[i] = -1;
+    if (tid == 0) a.counts[t] = count;
+    __threadfence();  // the cells reach L2 before the flag does
+    __syncthreads();
+    if (tid == 0) atomicExch(a.ready + t, 1);
+}
+
+// A QSA layer's window after its one projection GEMV, in one launch (ops/qsa.qsa_mix): out [T, H*d] as mix_attend
+// says, over the cells mix_score selects; the window's rows' k/v cache cells written, their raw indexer keys copied
+// to idx_raw (null: ik already is idx_raw's rows, or no indexer). Nothing else is written but scratch: the tail,
+// pooled and every committed cell are only read (a window never writes carried state; the commit appends the kept
+// keys, qsa_indexer_append). ratio 0: no indexer, every row attends to every cell (the indexer pointers unused).
+// Roles: score (t, y) for y < SY (ratio > 0), then attention (t, h); grid T*SY + T*H, block MIX_THREADS, dynamic
+// shared max((2 + T + MIX_WARPS) d + 2 MIX_WARPS, (Hi + T + MIX_WARPS) di) floats.
+// Without a row above the budget no block waits: the attention roles are blocks 0..T*H-1 and the rest return. With
+// one, a row's attention waits for its cells, and each block takes its role from a ticket drawn when it starts
+// (ticket, zero between launches): the score roles are the first drawn, so a waiting block waits only on blocks
+// that are already running or done and never wait themselves. No block counts on others being resident with it
+// (another stream's kernels may hold the SMs); every counter is back at zero when the launch ends, so graph
+// replays find them so.
+extern "C" __global__ void __launch_bounds__(MIX_THREADS, 2)
+    qsa_mix(const float* __restrict__ k, i64 ks, const float* __restrict__ v, i64 vs, const float* __restrict__ q,
+            i64 qs, i64 qh, const float* __restrict__ gate, i64 gs, i64 gh, const float* __restrict__ k_w,
+            const float* __restrict__ q_w, float* k_cache, float* v_cache, const float* __restrict__ cos_tab,
+            const float* __restrict__ sin_tab, const int* __restrict__ positions, float* __restrict__ out, int T,
+            int H, int Hk, int d, int n_rot, float eps, float sqrt_d, const float* __restrict__ qr, i64 is,
+            const float* __restrict__ qi_w, const float* __restrict__ ik, i64 iks, const float* __restrict__ ik_w,
+            const float* __restrict__ tail, const float* __restrict__ pooled, float* __restrict__ idx_raw, int Hi,
+            int di, int ratio, int budget, int NB, int C, int SY, float sqrt_di, float* scores, int* cells,
+            int* counts, u32* keys, int* idx, int* flags, int* done, int* ready, int* seen, int* ticket) {
+    extern __shared__ float sm[];
+    __shared__ int s_role;
+    const int keep = ratio ? budget / ratio : 0;
+    const MixArgs a{k, v, q, gate, ks, vs, qs, qh, gs, gh, k_w, q_w, k_cache, v_cache, cos_tab, sin_tab, positions,
+                    out, T, H, Hk, d, n_rot, eps, sqrt_d, qr, is, qi_w, ik, iks, ik_w, tail, pooled, idx_raw, Hi, di,
+                    ratio, keep, NB, C, SY, sqrt_di, scores, cells, counts, keys, idx, flags, (unsigned*)done, ready,
+                    seen};
+    const int S = ratio ? T * SY : 0;
+    int role;
+    if (ratio && (positions[T - 1] + 1) / ratio > keep) {  // a row above the budget (the last has the most blocks)
+        if (threadIdx.x == 0) {
+            const int r = atomicAdd(ticket, 1);
+            if (r == (int)gridDim.x - 1) atomicExch(ticket, 0);  // every block has drawn
+            s_role = r;
+        }
+        __syncthreads();
+        role = s_role;
+    } else {
+        if (blockIdx.x >= T * H) return;  // no row scores
+        role = S + blockIdx.x;
+    }
+    if (role < S)
+        mix_score(a, role / SY, role % SY, sm);
+    else
+        mix_attend(a, (role - S) / H, (role - S) % H, sm);
 }

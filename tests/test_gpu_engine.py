@@ -96,7 +96,7 @@ def test_graph_summaries(fixture_dir):
     # one layer sequence at every T (launch_util.WINDOW_PATHS picks kernels, not launches): as many nodes
     assert one.nodes > 100 and four.nodes == one.nodes and one.edges > 0
     kinds = dict(four.kinds)
-    # tokens, positions and ids staged (the indexer's tail goes back to its snapshot inside its append launch)
+    # tokens, positions and ids staged (a window never writes the indexer's tail: no copy node to restore it)
     assert kinds["memcpy"] == 3
     # every Q8_0 GEMV matrix of the fixture repacked (dense, experts, and the HC reads' stacked down + inject, padded
     # to whole 32-row groups); the dense ones on the kernel the T = 4 window's path names (tensor cores from T = 4)

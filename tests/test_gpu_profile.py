@@ -74,7 +74,7 @@ def test_normal_graph_has_no_stamps_and_the_profile_graph_one_per_stage(fixture_
         first = "hc0-norm" if layer == 0 else "hc0-write+norm"
         assert stages[:3] == [first, "hc0-down", "hc-read0"] or stages[0] == "ple"
         assert ("gdn-mix" in stages) == (not g.layer_is_attn[layer])
-        assert ("attention" in stages) == bool(g.layer_is_attn[layer])
+        assert ("qsa-mix" in stages) == bool(g.layer_is_attn[layer])
         # the shared expert is an entry of the routed experts' launches (its weights appended to theirs)
         for stage in ("out-proj", "hc1-write+norm", "hc-read1", "router", "experts", "gap"):
             assert stage in stages, (layer, stage)

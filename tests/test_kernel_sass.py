@@ -22,12 +22,15 @@ BUDGET = {"hc_up_mix": 2 * 2296, "hc_write_norm": 2 * 1136, "hc_write": 2 * 1752
 # blocks an SM (65536 / (3 * 256) = 85, allocated in 8s: 80); issue 18's version holds 40 weights and 8 sums a lane
 # at 80 with no spill.
 REGISTERS = {"hc_up_mix": 80}
+# qsa_mix's attention blocks of 512 threads: two an SM (the T = 8 window's 192 in one wave on 132 SMs) at <= 64
+# (__launch_bounds__(512, 2)); its select_row is a call of its own, so the few spills stay in the score role
+REGISTERS["qsa_mix"] = 64
 
 # gemv_q8r.cu's kernels come from macros (not listed by name here); the shared expert's one-launch gate/up is held
 # to twice its first size (1864 / 2264 instructions, 86 / 109 registers at branch small18), the grouped gate/up's
 # neighbours
 BUDGET.update({"gemv_q8r_gateup_dense_t1": 2 * 1864, "gemv_q8r_gateup_dense_t2": 2 * 2264})
-SIZED = (*MODULES, "gemv_q8r")
+SIZED = (*MODULES, "gemv_q8r", "qsa")
 
 
 @pytest.fixture(scope="module")

@@ -81,6 +81,29 @@ def gdn_mix(nk=1, nv=2, dk=2, dv=2, **given):
     return launch_gdn.gdn_mix(**args)
 
 
+def qsa_indexer(**given):
+    """launch_qsa.Indexer of a 2-row window (2 heads of 12, ratio 3, 5 pooled blocks) with `given` replaced."""
+    args = dict(qr=f32(2, 2, 12), qi_w=f32(12), keys=f32(2, 12), k_norm_w=f32(12), tail=f32(3, 12),
+                pooled=f32(5, 12), budget=6, raw=None, scratch=None)
+    args.update(given)
+    return launch_qsa.Indexer(**args)
+
+
+def scratch(T=2, NB=5, C=8):
+    z = np.zeros
+    return launch_qsa.SelectScratch(f32(T, NB), z((T, C), np.int32), z(T, np.int32), z((T, NB), np.uint32),
+                                    z((T, NB), np.int32), z((T, NB), np.int32), *(z(n, np.int32) for n in (T, T, T, 1)))
+
+
+def qsa_mix(**given):
+    """launch_qsa.qsa_mix of a 2-row window (4 query / 2 kv heads of 40, 8 rotated dims) with `given` replaced."""
+    args = dict(k=f32(2, 2, 40), v=f32(2, 2, 40), q=f32(2, 4, 40), gate=f32(2, 4, 40), k_w=f32(40), q_w=f32(40),
+                k_cache=f32(9, 2, 40), v_cache=f32(9, 2, 40), cos=f32(9, 8), sin=f32(9, 8),
+                positions=np.zeros(2, np.int32), eps=1e-6, indexer=None)
+    args.update(given)
+    return launch_qsa.qsa_mix(**args)
+
+
 @pytest.mark.parametrize("call, name", [
     (lambda: gdn_mix(conv_state=f32(2, 9)), "conv_state"),
     (lambda: gdn_mix(conv_w=f32(10, 1), conv_state=f32(0, 10)), "conv_w"),
@@ -100,19 +123,21 @@ def gdn_mix(nk=1, nv=2, dk=2, dv=2, **given):
     (lambda: launch_gdn.gdn_conv_commit(f32(2, 9), f32(3, 9), 0, n_keep_dev=np.zeros(1, np.int64)), "n_keep_dev"),
     (lambda: launch_qsa.norm_rope(f32(2, 3, 80)[..., ::2], f32(40), 1e-6, f32(9, 8), f32(9, 8)), "x"),
     (lambda: launch_qsa.norm_rope(f32(2, 3, 40), f32(40), 1e-6, f32(9, 7), f32(9, 7)), "cos"),
-    (lambda: launch_qsa.prep(f32(2, 1, 40), f32(2, 1, 40), f32(2, 3, 40), f32(40), f32(40), f32(9, 2, 40),
-                             f32(9, 2, 40), f32(9, 8), f32(9, 8), np.zeros(2, np.int32), 1e-6), "k"),
-    (lambda: launch_qsa.prep(f32(2, 1, 40), f32(2, 1, 40), f32(2, 3, 40), f32(40), f32(40), f32(9, 1, 40),
-                             f32(9, 1, 40), f32(9, 8), f32(9, 8), np.zeros(2, np.int32), 1e-6, qr=f32(2, 2, 6),
-                             qi_w=f32(6)), "cos"),
-    (lambda: launch_qsa.prep(f32(2, 1, 40), f32(2, 1, 40), f32(2, 3, 40), f32(40), f32(40), f32(9, 1, 40),
-                             f32(9, 1, 40), f32(9, 8), f32(9, 8), np.zeros(2, np.int32), 1e-6, qi_w=f32(6)), "qi_w"),
-    (lambda: launch_qsa.attend_selected(f32(2, 4, 40), f32(2, 4, 40), f32(9, 3, 40), f32(9, 3, 40),
-                                        np.zeros(2, np.int32)), "q"),
-    (lambda: launch_qsa.score_select(f32(2, 1, 40), f32(5, 40), np.zeros(2, np.int64), 3, 9), "positions"),
-    (lambda: launch_qsa.score_select(f32(2, 1, 40), f32(5, 40), np.zeros(2, np.int32), 0, 9), "ratio"),
-    (lambda: launch_qsa.indexer_commit(f32(3, 40), f32(5, 40), None, f32(2, 40), np.zeros(2, np.int32), 1,
-                                       f32(40), 1e-6, f32(9, 8), f32(9, 8)), "snapshot"),
+    (lambda: qsa_mix(k=f32(2, 1, 40)), "k"),
+    (lambda: qsa_mix(gate=f32(2, 3, 40)), "gate"),
+    (lambda: qsa_mix(q=f32(2, 3, 40), gate=f32(2, 3, 40)), "q"),
+    (lambda: qsa_mix(cos=f32(9, 7), sin=f32(9, 7)), "cos"),
+    (lambda: qsa_mix(positions=np.zeros(2, np.int64)), "positions"),
+    (lambda: qsa_mix(indexer=qsa_indexer(qr=f32(2, 2, 6))), "cos"),
+    (lambda: qsa_mix(indexer=qsa_indexer(keys=f32(2, 24)[:, ::2])), "indexer.keys"),
+    (lambda: qsa_mix(indexer=qsa_indexer(budget=-1)), "indexer.budget"),
+    (lambda: qsa_mix(indexer=qsa_indexer(raw=f32(1, 12))), "indexer.raw"),
+    (lambda: qsa_mix(indexer=qsa_indexer(scratch=scratch(C=4))), "scratch.cells"),
+    (lambda: qsa_mix(k=f32(32, 1, 256), v=f32(32, 1, 256), q=f32(32, 2, 256), gate=f32(32, 2, 256),
+                     positions=np.zeros(32, np.int32), k_cache=f32(9, 1, 256), v_cache=f32(9, 1, 256),
+                     k_w=f32(256), q_w=f32(256)), "k"),  # 32 rows of 256: the window's keys exceed shared memory
+    (lambda: launch_qsa.indexer_commit(f32(3, 40), f32(5, 40), f32(2, 40), np.zeros(2, np.int32), 3, f32(40), 1e-6,
+                                       f32(9, 8), f32(9, 8)), "n_keep"),
     (lambda: launch_ple.ngram_rows(np.zeros(3, np.int64), np.zeros(8, np.int64), 0, np.zeros(9, np.int64), 1,
                                    np.zeros(8, np.int64), np.zeros(8, np.int64)), "prev"),
     (lambda: launch_ple.ngram_gather(np.zeros(3, np.int64), np.zeros(2, np.int64), 0, np.zeros(3, np.int64), 2,

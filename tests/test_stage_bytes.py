@@ -21,8 +21,8 @@ from strata_cli.engine.stage_timing import Plan, aggregate, table_rows
 from strata_cli.model.gguf_file import open_model
 
 # stamps whose launches read no weight: the reference stamp, the embedding (a gathered table), a layer's end, the
-# argmax (its logits are an activation), the QSA selection and attention (they read the K/V cache and pooled keys)
-NO_WEIGHTS = {"begin", "embed", "gap", "argmax", "scores+topk", "attention"}
+# argmax (its logits are an activation); the QSA mixer reads its norms' weights beside the K/V cache and pooled keys
+NO_WEIGHTS = {"begin", "embed", "gap", "argmax"}
 
 
 # ---- the ledger alone
@@ -117,19 +117,20 @@ def test_stage_bytes_prices_experts_and_state():
 
     g = SimpleNamespace(n_expert=10, n_expert_used=3, compress_ratios=[0, 4], idx_budget=8)
     reads = [sb.StageReads(1, "experts", experts=[("e.gate", 100, 11), ("e.down", 50, 10)]),
-             sb.StageReads(1, "attention", state=[("kc.1", 4096, 64), ("vc.1", 4096, 64)]),
-             sb.StageReads(1, "kvq+norm-rope", dense=7, state=[("kc.1", 4096, 64), ("pooled.1", 999, 16)]),
-             sb.StageReads(1, "scores+topk", state=[("pooled.1", 999, 16)]),
+             sb.StageReads(1, "qsa-mix", state=[("kc.1", 4096, 64), ("vc.1", 4096, 64), ("pooled.1", 999, 16)]),
+             sb.StageReads(1, "kvq", dense=7, state=[("kc.1", 4096, 64), ("pooled.1", 999, 16)]),
              sb.StageReads(0, "gdn-mix", dense=3, state=[("S.0", 256, 64), ("conv.0", 12, 4)])]
     T, depth = 5, 30
     d = expected_distinct_experts(10, 3, T)
     got = stage_bytes(reads, g, T, depth)
     assert got[0]["experts"] == pytest.approx(100 * (d + 1) + 50 * d)  # the shared expert: the 11th of gate's tensor
-    n = depth + T  # 35 cells: 8 blocks > the budget's 2, so 2 blocks and the 3 tail cells
-    assert got[1]["state"] == 2 * 64 * (2 * 4 + 3) and got[1]["weights"] == 0
-    assert got[2] == {"layer": 1, "stage": "kvq+norm-rope", "weights": 7, "experts": 0, "state": 0, "bytes": 7}
-    assert got[3]["state"] == n // 4 * 16
-    assert got[4]["state"] == 268 and got[4]["bytes"] == 271
+    n = depth + T  # 35 cells: 8 blocks > the budget's 2, so 2 blocks and the 3 tail cells, and the 8 blocks scored
+    assert got[1]["state"] == 2 * 64 * (2 * 4 + 3) + n // 4 * 16 and got[1]["weights"] == 0
+    assert got[2] == {"layer": 1, "stage": "kvq", "weights": 7, "experts": 0, "state": 0, "bytes": 7}
+    assert got[3]["state"] == 268 and got[3]["bytes"] == 271
+    # below the budget no block is scored: no pooled key read
+    low = stage_bytes(reads[1:2], g, 1, 6)[0]
+    assert low["state"] == 2 * 64 * 7
     assert all(r["bytes"] == r["weights"] + r["experts"] + r["state"] for r in got)
 
 
@@ -227,14 +228,15 @@ def _check_window(monkeypatch, engine, T: int, depth: int = 32) -> list[dict]:
         want = 0
         if stage == "gdn-mix":
             want = b[f"S.{layer}"].nbytes + b[f"conv.{layer}"].nbytes
-        elif stage == "attention":
-            want = 2 * cells_read(depth + T, g.compress_ratios[layer], g.idx_budget) * b[f"kc.{layer}"][0].nbytes
-        elif stage == "scores+topk":
-            want = (depth + T) // g.compress_ratios[layer] * b[f"pooled.{layer}"][0].nbytes
+        elif stage == "qsa-mix":
+            ratio = g.compress_ratios[layer]
+            want = 2 * cells_read(depth + T, ratio, g.idx_budget) * b[f"kc.{layer}"][0].nbytes
+            if ratio and (depth + T) // ratio > g.idx_budget // ratio:  # the row is scored
+                want += (depth + T) // ratio * b[f"pooled.{layer}"][0].nbytes
         elif stage == "hc0-write+norm" and layer == g.ple.layer:  # the PLE's conv step over its history
             want = b["ple_history"].nbytes
         assert r["state"] == want, r
-    assert sum(r["stage"] == "attention" for r in rows) == len(g.attn_layers)
+    assert sum(r["stage"] == "qsa-mix" for r in rows) == len(g.attn_layers)
     return rows
 
 

@@ -12,7 +12,7 @@ from strata_cli.engine import stage_timing as sp
 from test_window_steps import _Buffers, _Rows
 
 GDN_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "qkv", "gdn-mix", "out-proj"]  # qkv + z: one GEMV
-QSA_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "kvq+norm-rope", "attention", "out-proj"]
+QSA_STAGES = ["hc0-norm", "hc0-down", "hc-read0", "kvq", "qsa-mix", "out-proj"]
 MOE_STAGES = ["hc1-write+norm", "hc1-down", "hc-read1", "router", "experts"]  # the shared expert: an entry of them
 
 
@@ -71,7 +71,7 @@ def test_exact_recovery_and_groups(plan, durations):
     mix_cols = [i for i, s in enumerate(plan.stages) if s == "gdn-mix"]
     assert by_key[("GDN", "gdn-mix")]["ms"] == pytest.approx(mean[mix_cols].sum())
     assert by_key[("GDN", "gdn-mix")]["layers"] == 2
-    assert by_key[("QSA", "attention")]["layers"] == 1
+    assert by_key[("QSA", "qsa-mix")]["layers"] == 1
     assert ("QSA", "gdn-mix") not in by_key
     assert by_key[("head", "lm-head")]["ms"] == pytest.approx(mean[plan.stages.index("lm-head")])
     assert sum(r["ms"] for r in rep.groups) == pytest.approx(rep.stamped_ms)
@@ -176,7 +176,7 @@ def test_summary_line_is_the_seed_format(plan, durations):
     assert m, line
     assert float(m.group(1)) == pytest.approx(rep.stamped_ms, abs=0.006)
     gdn, qsa = line.split(" | ")[:2]
-    assert " gdn-mix " in gdn and " gdn-mix " not in qsa and " attention " in qsa and " lm-head " in gdn
+    assert " gdn-mix " in gdn and " gdn-mix " not in qsa and " qsa-mix " in qsa and " lm-head " in gdn
 
 
 def test_table_rows_shares_bars_and_totals(plan, durations):
@@ -256,9 +256,7 @@ class _Launches:
                 from strata_cli.gpu.launch_hyper import PleWrite
 
                 return PleWrite(*(_Rows(),) * 4, 1), _Rows()
-            if name == "score_select":  # scores, cells, counts
-                return _Rows(), _Rows(), _Rows()
-            pair = name in ("hc_read", "router_topk", "router_gemv_topk", "prep")
+            pair = name in ("hc_read", "router_topk", "router_gemv_topk")
             return (_Rows(), _Rows()) if pair else _Rows()
 
         return launch
@@ -304,7 +302,6 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
         # kernel, and the PLE's conv step into the read)
         read0 = ["hc0-norm" if layer == 0 else "hc0-write+norm"] + GDN_STAGES[1:3]
         want = (["ple"] if ple else []) + read0
-        # the indexer's key in the stack: its append is prep's (no "idx append" stage)
-        want += (["kvq+norm-rope"] + (["scores+topk"] if g.compress_ratios[layer] else [])
-                 + ["attention", "out-proj"] if g.layer_is_attn[layer] else GDN_STAGES[3:])
+        # the projections, then the whole mixer one launch (norms, cache rows, pooled keys, scores, attention)
+        want += ["kvq", "qsa-mix", "out-proj"] if g.layer_is_attn[layer] else GDN_STAGES[3:]
         assert stages == want + MOE_STAGES + ["gap"], layer

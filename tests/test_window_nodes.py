@@ -30,9 +30,11 @@ from strata_cli.model.gguf_file import open_model
 # 12, 17, 17); the indexer's key in the QSA stack, its append a block of qsa_prep's launch (15); the PLE's conv
 # step the pending write of the layer's first read (hyper.cu hc_write_norm, no ple_conv_out node: 16); the n-gram
 # rows hashed and gathered in one launch (ple.cu ple_gather, a Q8_0 table: 15); a QSA layer's block scores and
-# cell selection one launch (qsa_select.cu qsa_score_select, the row's last block selecting: 14):
-NODES_PER_LAYER = {1: [12, 15, 12, 14, 12, 12, 12, 14], 8: [12, 15, 12, 14, 12, 12, 12, 14]}
-WINDOW_NODES = {1: 114, 8: 114}
+# cell selection one launch (qsa_select.cu qsa_score_select, the row's last block selecting: 14); a QSA layer's
+# whole mixer after its GEMV one launch (qsa.cu qsa_mix: the norm-ropes, cache rows and window's pooled keys done by
+# the blocks that need them, the row's attention blocks waiting on its selecting block: 12):
+NODES_PER_LAYER = {1: [12, 15, 12, 12, 12, 12, 12, 12], 8: [12, 15, 12, 12, 12, 12, 12, 12]}
+WINDOW_NODES = {1: 110, 8: 110}
 # The float fixtures' (F32 / BF16 experts, no repack) layers are the Q8_0 file's since the float experts' gate and
 # up are one launch too (gemv.cu gemv_gateup_<type>_t<NT>; they were two: 13, 16 / 15 a layer).
 FLOAT_FILES = ("model-f32.gguf", "model-bf16.gguf")

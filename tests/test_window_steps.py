@@ -45,9 +45,7 @@ class _Recorded:
 
         def launch(*args, **kwargs):
             self.steps.append(f"{self.label}.{name}")
-            if name == "score_select":  # scores, cells, counts
-                return _Rows(), _Rows(), _Rows()
-            pair = name.startswith(("hc_read", "router_")) or name in ("prep", "ple_mix_write")
+            pair = name.startswith(("hc_read", "router_")) or name == "ple_mix_write"
             return (_Rows(), _Rows()) if pair else _Rows()
 
         return launch
@@ -100,11 +98,9 @@ TC = WindowPath(gemv_tc=True)
 HC_READ = ["hyper.hc_read"]
 HC_WRITE = ["hyper.hc_write"]
 GDN = ["launch_gemv.gemv", "gdn.gdn_mix", "launch_gemv.gemv"]  # qkv + z (one GEMV), gdn_mix, out
-# k, v, q, indexer q and k: one GEMV; k/v into the cache, the norm-ropes of q and the indexer query and the
-# indexer's key append one launch
-QSA_HEAD = ["launch_gemv.gemv", "qsa.prep"]
-QSA_INDEXER = ["qsa.score_select"]  # block scores and the selection one launch
-QSA_TAIL = ["qsa.attend_selected", "launch_gemv.gemv"]
+# k, v, q, indexer q and k: one GEMV; k/v into the cache, the norms and ropes, the window's pooled keys, block scores,
+# selection and attention one launch; the out projection
+QSA = ["launch_gemv.gemv", "qsa.qsa_mix", "launch_gemv.gemv"]
 # the router's GEMV in its top-k launch (an F32 router), the shared expert one more entry of the routed launches;
 # the experts' combine is the next read's
 MOE = ["moe.router_gemv_topk", "moe.routed_parts"]
@@ -125,7 +121,7 @@ def geometry(fixture_dir):
 def mixer(g, layer: int) -> list[str]:
     if not g.layer_is_attn[layer]:
         return GDN
-    return QSA_HEAD + (QSA_INDEXER if g.compress_ratios[layer] else []) + QSA_TAIL
+    return QSA
 
 
 def unsplit(g, moe) -> list[str]:
@@ -171,18 +167,18 @@ def test_window_applies_each_write_in_the_next_read(monkeypatch, geometry, T, pa
 
 
 def test_projections_of_two_types_are_a_gemv_each(monkeypatch, geometry):
-    """No stack: a GDN layer's qkv and z are two GEMVs, a QSA layer's k, v, q three, its indexer q one more before
-    prep and its indexer k one more after it, with the key append of its own."""
+    """No stack: a GDN layer's qkv and z are two GEMVs, a QSA layer's k, v, q three and its indexer q and k one
+    more each, before its mixer's one launch."""
     g = geometry
     got = recorded_steps(monkeypatch, g, 3, PLAIN, stacked=False)
     want = unsplit(g, lambda layer: MOE)
-    extra = len(g.gdn_layers) + sum(2 + (3 if g.compress_ratios[layer] else 0) for layer in g.attn_layers)
+    extra = len(g.gdn_layers) + sum(2 + (2 if g.compress_ratios[layer] else 0) for layer in g.attn_layers)
     assert len(got) == len(want) + extra and got.count("gdn.gdn_mix") == len(g.gdn_layers)
     first = got.index("gdn.gdn_mix")
     assert got[first - 2:first] == ["launch_gemv.gemv", "launch_gemv.gemv"]
     assert g.compress_ratios[g.attn_layers[0]]
-    qsa = got.index("qsa.prep")  # k, v, q, the indexer q, prep, the indexer k and its append
-    assert got[qsa - 4:qsa + 3] == ["launch_gemv.gemv"] * 4 + ["qsa.prep", "launch_gemv.gemv", "qsa.indexer_append"]
+    qsa = got.index("qsa.qsa_mix")  # k, v, q, the indexer q and k, the mixer, the out projection
+    assert got[qsa - 5:qsa + 2] == ["launch_gemv.gemv"] * 5 + ["qsa.qsa_mix", "launch_gemv.gemv"]
 
 
 def test_a_router_of_another_type_is_a_gemv_then_router_topk(monkeypatch, geometry):

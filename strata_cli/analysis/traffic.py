@@ -52,16 +52,17 @@ def cells_read(n_cells: int, ratio: int, budget: int) -> int:
 
 def state_read(g, layer: int, stage: str, name: str, nbytes: int, row_bytes: int, n_cells: int) -> int:
     """Bytes a stage reads of a state buffer (engine/stage_bytes.STATE_BUFFERS) its launch received, the window's
-    last row seeing n_cells cells (the most of any row: the floor of the rows' union). A K/V cache is read by the
-    attention (cells_read cells), the pooled indexer keys by the block scores (the complete blocks); the launches
-    appending a window's rows to them write T rows and read none. A GDN state and conv tail and the PLE history are
-    read whole."""
+    last row seeing n_cells cells (the most of any row: the floor of the rows' union). A QSA layer's mixer
+    (qsa_mix) reads cells_read cells of its K/V cache and, where that row is above the budget, its complete pooled
+    indexer keys (below it no block is scored); the cache rows it writes are not reads. A GDN state and conv tail
+    and the PLE history are read whole."""
     kind = name.split(".")[0]
     if kind in ("kc", "vc"):
         ratio = g.compress_ratios[layer]
-        return cells_read(n_cells, ratio, g.idx_budget) * row_bytes if stage == "attention" else 0
+        return cells_read(n_cells, ratio, g.idx_budget) * row_bytes if stage == "qsa-mix" else 0
     if kind == "pooled":
-        return n_cells // g.compress_ratios[layer] * row_bytes if stage == "scores+topk" else 0
+        n_blocks = n_cells // g.compress_ratios[layer]
+        return n_blocks * row_bytes if stage == "qsa-mix" and n_blocks > g.idx_budget // g.compress_ratios[layer] else 0
     return nbytes
 
 

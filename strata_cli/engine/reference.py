@@ -193,32 +193,18 @@ class ReferenceEngine:
     def _qsa(self, layer, x, positions, rec):
         g, w, st = self.g, self.w, self.state
         T, d = len(x), g.head_dim
-        cos, sin = qsa.rope_tables(positions, g.n_rot, g.rope_base)
         k = basic.linear(x, w.blk(layer, "attn_k")).reshape(T, g.n_head_kv, d)
-        k = qsa.rope_neox(basic.rms_norm(k, w.blk(layer, "attn_k_norm"), g.eps), cos, sin)
-        st.k_cache[layer][positions] = k
-        st.v_cache[layer][positions] = basic.linear(x, w.blk(layer, "attn_v")).reshape(T, g.n_head_kv, d)
+        v = basic.linear(x, w.blk(layer, "attn_v")).reshape(T, g.n_head_kv, d)
         qg = basic.linear(x, w.blk(layer, "attn_q")).reshape(T, g.n_head, 2 * d)
-        q = qsa.rope_neox(basic.rms_norm(qg[..., :d], w.blk(layer, "attn_q_norm"), g.eps), cos, sin)
-        ratio = g.compress_ratios[layer]
-        if ratio:
+        indexer = None
+        if g.compress_ratios[layer]:
             raw = basic.linear(x, w.blk(layer, "indexer.k_proj"))
-            rec.idx_raw[layer] = raw
-            # the window fills a copy of the tail: the committed tail holds keys of committed positions that
-            # a window of more than ratio - n_past % ratio rows would wrap over (commit re-appends kept rows)
-            qsa.indexer_append(st.idx_tail[layer].copy(), st.idx_pooled[layer], raw, positions,
-                               w.blk(layer, "indexer.k_norm"), g.eps, g.n_rot, g.rope_base)
-            qi = basic.linear(x, w.blk(layer, "indexer.q_proj")).reshape(T, g.idx_heads, g.idx_dim)
-            qi = qsa.rope_neox(basic.rms_norm(qi, w.blk(layer, "indexer.q_norm"), g.eps), cos, sin)
-        out = np.empty((T, g.n_head * d), dtype=np.float32)
-        for t, pos in enumerate(positions):
-            n_cells = int(pos) + 1
-            if ratio:
-                scores = qsa.block_scores(qi[t], st.idx_pooled[layer][:n_cells // ratio])
-                cells = qsa.select_cells(scores, n_cells, ratio, g.idx_budget)
-            else:
-                cells = np.arange(n_cells)
-            out[t] = qsa.attend_selected(q[t], qg[t, :, d:], st.k_cache[layer], st.v_cache[layer], cells)
+            rec.idx_raw[layer] = raw  # commit re-appends the kept rows to the tail, which the run only read
+            qr = basic.linear(x, w.blk(layer, "indexer.q_proj")).reshape(T, g.idx_heads, g.idx_dim)
+            indexer = qsa.WindowIndexer(qr, w.blk(layer, "indexer.q_norm"), raw, w.blk(layer, "indexer.k_norm"),
+                                        st.idx_tail[layer], st.idx_pooled[layer], g.idx_budget)
+        out = qsa.qsa_mix(k, v, qg, w.blk(layer, "attn_k_norm"), w.blk(layer, "attn_q_norm"), st.k_cache[layer],
+                          st.v_cache[layer], positions, g.eps, g.n_rot, g.rope_base, indexer)
         return basic.linear(out, w.blk(layer, "attn_output"))
 
     def _ple(self, layer, R, tokens, rec):

@@ -35,12 +35,11 @@ LAYER_STAGES = (
     "z",              # (seed 5) GDN: z projection, when its type is not qkv's
     "ab",             # (seed 4) GDN: alpha and beta projections, only for types gdn_mix does not decode
     "gdn-mix",        # (seeds 3, 4, 6, 14) GDN: conv + q/k/v split, gates, delta-rule recurrence, gated RMS norm
-    "kvq+norm-rope",  # (seeds 7-10) QSA: the k, v, q(+gate) and indexer q / k projections (one GEMV where they
-                      # stack), their norms and ropes, the K/V cache append and, with the indexer's key in the stack,
-                      # its pooled-key append (qsa.cu qsa_prep: one launch)
-    "idx append",     # (seed 9) QSA: indexer key projection + pooled-key append, where the key is not in the stack
-    "scores+topk",    # (seed 11) QSA: block scores + cell selection
-    "attention",      # (seed 13) QSA: attention over the selected cells
+    "kvq",            # (seeds 7, 8, 10) QSA: the k, v, q(+gate) and indexer q / k projections (one GEMV where they
+                      # stack)
+    "qsa-mix",        # (seeds 7-11, 13) QSA: norms and ropes, the K/V cache append, the window's pooled indexer
+                      # keys, block scores + cell selection and the attention over the selected cells (qsa.cu qsa_mix:
+                      # one launch)
     "out-proj",       # (seed 16) output projection of the block
     "hc1-write+norm",  # hyper-connection read before the MoE: the block's residual write and the norm in one kernel
     "hc1-down",       # its down + inject GEMV

@@ -10,10 +10,12 @@ The window contract, the same for every engine:
   n_past, the indexer tail (raw keys of the block being filled), PLE history and n-gram predecessors.
 
 What a window writes beyond that:
-- KV cells and pooled blocks of its own positions (>= n_past), live: a query never reads a cell or block past
-  its own position, and the next window rewrites them before any of its queries can see them.
-- The indexer tail it fills is a copy (numpy) or is restored from a snapshot in the same window (GPU): a window
-  of more than ratio - n_past % ratio rows wraps over the slots of committed positions.
+- KV cells of its own positions (>= n_past), live, and in the numpy engine the pooled blocks they complete: a
+  query never reads a cell or block past its own position, and the next window rewrites them before any of its
+  queries can see them (the GPU window pools the blocks it completes where it scores them, kernels/qsa.cu qsa_mix).
+- The indexer tail is only read: the numpy window fills a copy, the GPU window reads the committed slots and its
+  own keys (a window of more than ratio - n_past % ratio rows wraps over the slots of committed positions); the
+  commit appends the kept keys.
 - GDN state/conv and PLE history/predecessors are only read; commit replays or shifts in the kept rows.
 """
 

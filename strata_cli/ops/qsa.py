@@ -8,6 +8,8 @@ and always keeps the cells after the last completed block. Below the budget ever
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .basic import rms_norm, sigmoid
@@ -33,25 +35,48 @@ def rope_neox(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return out.astype(np.float32)
 
 
-def prep_window(k: np.ndarray, v: np.ndarray, q: np.ndarray, k_w: np.ndarray, q_w: np.ndarray, cos: np.ndarray,
-                sin: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, positions: np.ndarray, eps: float,
-                qr: np.ndarray | None = None, qi_w: np.ndarray | None = None, indexer=None):
-    """A QSA layer's rows after its projections (kernels/qsa.cu qsa_prep): k [T, Hk, d] normed and roped and v
-    [T, Hk, d] written into k_cache / v_cache [N, Hk, d] at positions (in place); returns qn [T, H, d] (q [T, H, d]
-    normed and roped) and, with the indexer query qr [T, Hi, di], its normed and roped rows (else None). cos, sin
-    [T, n_rot] per row. indexer = (tail, pooled, raw_keys [n, di], key_positions [n], k_norm_w, n_rot, base): the
-    window's raw keys appended as a run appends them (indexer_append, then the tail back to what it held: only
-    pooled keeps the blocks they complete), in place."""
+@dataclass
+class WindowIndexer:
+    """The indexer's operands of a window (qsa_mix): qr [T, Hi, di] its query rows and qi_w [di] their norm, keys
+    [T, di] the window's raw keys and k_norm_w [di] the pooled keys' norm, tail [ratio, di] (read: the window fills a
+    copy) and pooled [NB, di] (the blocks the window completes are written, live), budget the cells a row keeps."""
+
+    qr: np.ndarray
+    qi_w: np.ndarray
+    keys: np.ndarray
+    k_norm_w: np.ndarray
+    tail: np.ndarray
+    pooled: np.ndarray
+    budget: int
+
+
+def qsa_mix(k: np.ndarray, v: np.ndarray, qg: np.ndarray, k_w: np.ndarray, q_w: np.ndarray, k_cache: np.ndarray,
+            v_cache: np.ndarray, positions: np.ndarray, eps: float, n_rot: int, base: float,
+            indexer: WindowIndexer | None = None) -> np.ndarray:
+    """A QSA layer's window after its projections (kernels/qsa.cu qsa_mix): k [T, Hk, d] normed and roped and v
+    [T, Hk, d] written into k_cache / v_cache [N, Hk, d] at positions (in place); each row's q (qg [T, H, 2d]: q and
+    gate per head) normed and roped attends, gated by its gate, to every visible cell, or with the indexer to the
+    cells select_cells keeps by the block scores of its normed and roped indexer query. The window's keys are
+    appended to a copy of the tail (the committed tail is never written: a window of more than ratio - n_past % ratio
+    rows wraps over slots of committed positions; the commit re-appends the kept keys). Returns out [T, H*d]."""
+    d = k.shape[-1]
+    cos, sin = rope_tables(positions, n_rot, base)
     k_cache[positions] = rope_neox(rms_norm(k, k_w, eps), cos, sin)
     v_cache[positions] = v
-    qn = rope_neox(rms_norm(q, q_w, eps), cos, sin)
-    qi = None if qr is None else rope_neox(rms_norm(qr, qi_w, eps), cos, sin)
-    if indexer is not None:
-        tail, pooled, raw_keys, key_positions, k_norm_w, n_rot, base = indexer
-        snapshot = tail.copy()
-        indexer_append(tail, pooled, raw_keys, key_positions, k_norm_w, eps, n_rot, base)
-        tail[...] = snapshot
-    return qn, qi
+    q = rope_neox(rms_norm(qg[..., :d], q_w, eps), cos, sin)
+    ix = indexer
+    if ix is not None:
+        ratio = ix.tail.shape[0]
+        indexer_append(ix.tail.copy(), ix.pooled, ix.keys, positions, ix.k_norm_w, eps, n_rot, base)
+        qi = rope_neox(rms_norm(ix.qr, ix.qi_w, eps), cos, sin)
+    out = np.empty((len(positions), qg.shape[1] * d), dtype=np.float32)
+    for t, pos in enumerate(positions):
+        n_cells = int(pos) + 1
+        cells = np.arange(n_cells)
+        if ix is not None:
+            cells = select_cells(block_scores(qi[t], ix.pooled[:n_cells // ratio]), n_cells, ratio, ix.budget)
+        out[t] = attend_selected(q[t], qg[t, :, d:], k_cache, v_cache, cells)
+    return out
 
 
 def indexer_append(tail: np.ndarray, pooled: np.ndarray, raw_keys: np.ndarray, positions: np.ndarray,

@@ -119,9 +119,8 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
     if g.attn_layers:
         H, Hk, d = g.n_head, g.n_head_kv, g.head_dim
         for name, shape in [("qa_k", (M, Hk * d)), ("qa_v", (M, Hk * d)),
-                            ("qa_qg", (M, H * 2 * d)), ("qa_qn", (M, H, d)), ("qa_att", (M, H * d)),
+                            ("qa_qg", (M, H * 2 * d)), ("qa_att", (M, H * d)),
                             ("qi_raw", (M, max(g.idx_heads, 1) * max(g.idx_dim, 1))),
-                            ("qi", (M, max(g.idx_heads, 1), max(g.idx_dim, 1))),
                             # [k | v | q | indexer q | indexer k]: one GEMV's rows (window._qsa_projections)
                             ("qa_kvq", (M, 2 * Hk * d + H * 2 * d + (max(g.idx_heads, 1) + 1) * max(g.idx_dim, 1))),
                             ("cos", (n_ctx, g.n_rot)), ("sin", (n_ctx, g.n_rot))]:
@@ -134,9 +133,10 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
             cap = max(cell_capacity(r, g.idx_budget) for r in ratios)
             for name, shape, dtype in [("scores", (M, nb), np.float32), ("sel_keys", (M, nb), np.uint32),
                                        ("sel_idx", (M, nb), np.int32), ("sel_flags", (M, nb), np.int32),
-                                       # score_select's per-row block counter: zero (the arena is), and zero
-                                       # again after every launch
-                                       ("sel_done", (M,), np.int32),
+                                       # qsa_mix's counters (launch_qsa.SelectScratch): zero (the arena is), and
+                                       # zero again after every launch
+                                       ("sel_done", (M,), np.int32), ("sel_ready", (M,), np.int32),
+                                       ("sel_seen", (M,), np.int32), ("sel_ticket", (1,), np.int32),
                                        ("cells", (M, cap), np.int32), ("counts", (M,), np.int32)]:
                 a.add(name, shape, dtype)
         for layer in attn_layers:
@@ -144,8 +144,8 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
             a.add(f"vc.{layer}", (n_ctx, Hk, d))
             ratio = g.compress_ratios[layer]
             if ratio:
-                for name, shape in [("tail", (ratio, g.idx_dim)), ("snap", (ratio, g.idx_dim)),
-                                    ("pooled", (n_ctx // ratio + 1, g.idx_dim)), ("idx_raw", (M, g.idx_dim))]:
+                for name, shape in [("tail", (ratio, g.idx_dim)), ("pooled", (n_ctx // ratio + 1, g.idx_dim)),
+                                    ("idx_raw", (M, g.idx_dim))]:
                     a.add(f"{name}.{layer}", shape)
     if g.ple is not None and lo <= g.ple.layer < hi:
         p = g.ple

@@ -137,51 +137,38 @@ def _gdn(e, layer: int, x, T: int, stream):
 
 
 def _qsa(e, layer: int, x, T: int, stream):
-    """QSA of rows [0, T), x = their mixed rows."""
+    """QSA of rows [0, T), x = their mixed rows: the k, v, q (+ gate) and indexer q / k projections (one GEMV where
+    they stack), qsa_mix (k/v into the cache, the norms and ropes, the window's pooled blocks, block scores, cell
+    selection and attention in one launch) and the out projection."""
     b, w, g = e.buf, e.w, e.g
-    blk, d, pos, n = f"blk.{layer}.", g.head_dim, b["positions"][:T], T
-    cos, sin = b["cos"], b["sin"]
-    k_raw, v, qg, qi_raw, ik = _qsa_projections(e, layer, x, T, stream)
+    blk, d, pos = f"blk.{layer}.", g.head_dim, b["positions"][:T]
+    k, v, qg, qi_raw, ik = _qsa_projections(e, layer, x, T, stream)
     ratio = g.compress_ratios[layer]
-    keys = None
+    indexer = None
     if ratio:
+        raw = b[f"idx_raw.{layer}"]  # the window's raw keys, which the commit re-appends
         if qi_raw is None:  # not in the stack
             qi_raw = b["qi_raw"][:T]
             gemv_weight(e, blk + "indexer.q_proj.weight", x, qi_raw, stream)
-        # a run writes no committed state (engine/state.py): the tail goes back to its snapshot in the same launch,
-        # since a window longer than ratio - n_past % ratio rows wraps over slots of committed positions
-        if ik is not None:  # the stack's keys: appended by prep's launch
-            keys = qsa.IndexerKeys(ik, b[f"idx_raw.{layer}"], 0, b["positions"][:T], b[f"tail.{layer}"],
-                                   b[f"snap.{layer}"], b[f"pooled.{layer}"], w.blk_f32(layer, "indexer.k_norm"))
-    idx = ratio != 0
-    # k and v into the cache, q and the indexer query normed and roped (and the indexer's keys appended): one launch
-    qn, qi = qsa.prep(k_raw, v, qg[:, :, :d], w.blk_f32(layer, "attn_k_norm"), w.blk_f32(layer, "attn_q_norm"),
-                      b[f"kc.{layer}"], b[f"vc.{layer}"], cos, sin, pos, g.eps, out_qn=b["qa_qn"][:T],
-                      qr=qi_raw.reshape(n, g.idx_heads, g.idx_dim) if idx else None,
-                      qi_w=w.blk_f32(layer, "indexer.q_norm") if idx else None, out_qi=b["qi"][:T] if idx else None,
-                      indexer=keys, stream=stream)
-    stamp(e, layer, "kvq+norm-rope", stream)
-    if ratio and keys is None:  # the indexer's key projection and append on their own
-        raw = b[f"idx_raw.{layer}"][:T]
-        gemv_weight(e, blk + "indexer.k_proj.weight", x, raw, stream)
-        qsa.indexer_append(b[f"tail.{layer}"], b[f"pooled.{layer}"], raw, b["positions"][:T],
-                           w.blk_f32(layer, "indexer.k_norm"), g.eps, cos, sin, snapshot=b[f"snap.{layer}"],
-                           stream=stream)
-        stamp(e, layer, "idx append", stream)
-    cells = counts = None
-    if ratio:
+        if ik is None:  # not in the stack: projected straight into the commit's rows
+            ik = raw[:T]
+            gemv_weight(e, blk + "indexer.k_proj.weight", x, ik, stream)
+            raw = None
         nb = b[f"pooled.{layer}"].shape[0]
-        scratch = qsa.SelectScratch(_rows(b["sel_keys"], n, nb), _rows(b["sel_idx"], n, nb),
-                                    _rows(b["sel_flags"], n, nb), b["sel_done"][:n])
         cap = qsa.cell_capacity(ratio, g.idx_budget)
-        # block scores and the selection one launch (its row's last block selects from the others' scores)
-        _, cells, counts = qsa.score_select(qi, b[f"pooled.{layer}"], pos, ratio, g.idx_budget,
-                                            scores=_rows(b["scores"], n, nb), cells=_rows(b["cells"], n, cap),
-                                            counts=b["counts"][:n], scratch=scratch, stream=stream)
-        stamp(e, layer, "scores+topk", stream)
-    att = qsa.attend_selected(qn, qg[:, :, d:], b[f"kc.{layer}"], b[f"vc.{layer}"], pos, cells=cells,
-                              counts=counts, out=b["qa_att"][:T], stream=stream)
-    stamp(e, layer, "attention", stream)
+        scratch = qsa.SelectScratch(_rows(b["scores"], T, nb), _rows(b["cells"], T, cap), b["counts"][:T],
+                                    *(_rows(b[name], T, nb) for name in ("sel_keys", "sel_idx", "sel_flags")),
+                                    b["sel_done"][:T], b["sel_ready"][:T], b["sel_seen"][:T], b["sel_ticket"])
+        indexer = qsa.Indexer(qi_raw.reshape(T, g.idx_heads, g.idx_dim), w.blk_f32(layer, "indexer.q_norm"), ik,
+                              w.blk_f32(layer, "indexer.k_norm"), b[f"tail.{layer}"], b[f"pooled.{layer}"],
+                              g.idx_budget, raw=raw, scratch=scratch)
+    stamp(e, layer, "kvq", stream)
+    # a run writes no committed state (engine/state.py): the tail and pooled keys are only read, the window's
+    # blocks pooled by the launch itself
+    att = qsa.qsa_mix(k, v, qg[:, :, :d], qg[:, :, d:], w.blk_f32(layer, "attn_k_norm"),
+                      w.blk_f32(layer, "attn_q_norm"), b[f"kc.{layer}"], b[f"vc.{layer}"], b["cos"], b["sin"], pos,
+                      g.eps, indexer=indexer, out=b["qa_att"][:T], stream=stream)
+    stamp(e, layer, "qsa-mix", stream)
     gemv_weight(e, blk + "attn_output.weight", att, b["block_out"][:T], stream)
     stamp(e, layer, "out-proj", stream)
 
@@ -410,9 +397,9 @@ def record_commit(e, stream) -> None:
                              b[f"beta.{layer}"], None, n_keep_dev=n_keep, stream=stream)
     for layer in e.attn_layers:
         if g.compress_ratios[layer]:
-            qsa.indexer_commit(b[f"tail.{layer}"], b[f"pooled.{layer}"], b[f"snap.{layer}"], b[f"idx_raw.{layer}"],
-                               b["positions"], None, w.blk_f32(layer, "indexer.k_norm"), g.eps, b["cos"], b["sin"],
-                               n_keep_dev=n_keep, stream=stream)
+            qsa.indexer_commit(b[f"tail.{layer}"], b[f"pooled.{layer}"], b[f"idx_raw.{layer}"], b["positions"], None,
+                               w.blk_f32(layer, "indexer.k_norm"), g.eps, b["cos"], b["sin"], n_keep_dev=n_keep,
+                               stream=stream)
     if e.has_ple:
         ple.ple_history_commit(b["ple_history"], b["ple_normed"], None, n_keep_dev=n_keep, stream=stream)
         ple.ple_prev_commit(b["ple_prev"], b["tokens"], None, n_keep_dev=n_keep, stream=stream)

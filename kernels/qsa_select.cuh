@@ -1,16 +1,17 @@
-// qsa_select.cu: QSA block scores and the per-row cell selection, one launch (ops.qsa.block_scores / select_cells).
+// qsa_select.cuh: QSA block scores and a row's cell selection (ops.qsa.block_scores / select_cells), the parts of
+// qsa.cu's qsa_mix that score the pooled blocks and select a row's cells.
 //
 // Legend: T window rows, Hi indexer heads, d indexer head dim, NB pooled block capacity, ratio cells per block,
 // budget selected cells, keep = budget / ratio blocks, C = budget + ratio - 1 cell capacity per row.
-//   positions [T] int32; a row at position pos sees n_cells = pos + 1 cells and n_blocks = n_cells / ratio
-//   completed blocks; scores [T, NB]; cells [T, C] int32 ascending, -1 past the row's count (every word written, so a
-//   replay leaves no word of an earlier window); counts [T] int32
+//   a row at position pos sees n_cells = pos + 1 cells and n_blocks = n_cells / ratio completed blocks; scores
+//   [T, NB]; cells [T, C] int32 ascending, -1 past the row's count (every word written); counts [T] int32
 // The selection reproduces torch's CPU topk (ops/topk_ties.py): exact k-th value by radix select; if no tie
 // straddles the k-th place the kept set is "score >= k-th", else one thread replays the library's selection.
+#pragma once
 #include "seq_common.cuh"
 #include "topk_replay.cuh"
 
-#define SEL_BLOCK 256
+#define SEL_MAX_THREADS 512  // select_row's scan holds one int a thread
 
 // Order-preserving uint32 image of a float (larger float -> larger key); -0 maps to +0 as numpy compares them.
 // Integer compares are exact for denormals, which -ftz float compares would flush.
@@ -22,8 +23,8 @@ __device__ __forceinline__ u32 order_key(float x) {
 
 // scores[t, b] = sum_h relu(q_idx[t, h] . pooled[b]) / sqrt_d for b < n_blocks(t), -inf for the rest of the
 // warp's block b < NB (one warp a pooled block, lanes over d: coalesced reads of its key). sq: the row's query
-// [Hi, d] in shared memory, loaded by the caller after kv (the block's key, up to SCORE_MAXR values a lane in
-// registers) was issued, so their trips overlap: 1 round trip, 1 barrier, Hi warp_sums at T = 1.
+// [Hi, d] in shared memory, made by the caller after kv (the block's key, up to SCORE_MAXR values a lane in
+// registers) was issued, so their trips overlap; kb: the key (global, or shared for a block the window completes).
 #define SCORE_MAXR 8  // d <= 32 * SCORE_MAXR key values a lane in registers (longer keys read on)
 __device__ __forceinline__ void score_block(const float* sq, const float* kv, const float* __restrict__ kb,
                                             float* scores_row, int b, bool scored, int Hi, int d, float sqrt_d) {
@@ -47,11 +48,12 @@ __device__ __forceinline__ void score_block(const float* sq, const float* kv, co
 // The row's cells out [C], ascending, from its n_blocks > keep completed blocks' scores row [n_blocks] (read
 // through L2: other blocks of the launch wrote them): the cells of the `keep` best blocks, then the cells after
 // the last completed block; returns their number (thread 0's value is the one written). key, ix, flag [NB]: the
-// row's scratch (the replay permutes key/ix in place). Every thread of the block calls it.
-__device__ int select_row(const float* scores_row, int n_cells, int n_blocks, int keep, int ratio,
+// row's scratch (the replay permutes key/ix in place). Every thread of the block calls it. Not inlined: its
+// registers stay out of qsa_mix's other roles (inlined, they spilled into the attention loop).
+__device__ __noinline__ int select_row(const float* scores_row, int n_cells, int n_blocks, int keep, int ratio,
                            int* __restrict__ out, u32* key, int* ix, int* flag) {
     __shared__ u32 hist[256];
-    __shared__ int scan[SEL_BLOCK];
+    __shared__ int scan[SEL_MAX_THREADS];
     __shared__ u32 s_prefix;
     __shared__ int s_need, s_above, s_equal;
     const int tid = threadIdx.x, nth = blockDim.x;
@@ -126,55 +128,4 @@ __device__ int select_row(const float* scores_row, int n_cells, int n_blocks, in
     const int tail0 = n_blocks * ratio, n_tail = n_cells - tail0;
     for (int i = tid; i < n_tail; i += nth) out[keep * ratio + i] = tail0 + i;
     return keep * ratio + n_tail;
-}
-
-// Scores and selection of each window row in one launch (ops.qsa.block_scores, then select_cells):
-//   scores [T, NB] as above; cells[t] = the cells row t attends to, ascending: every cell when n_blocks <= keep,
-//   else select_row's; counts[t] = their number.
-// q_idx [T, Hi, d] (normed, rotated); pooled [NB, d]; keys, idx, flags [T, NB] scratch; done [T] int32 zero
-// before the launch and zero after it (the last block of a row puts it back: graph replays reuse it).
-// grid (T, ceil(NB / (SEL_BLOCK / 32))), block SEL_BLOCK, dynamic shared Hi*d floats. Every block scores its
-// warps' blocks; below the budget block y = 0 emits the row's cells (no scores read); above it the row's last
-// block to finish (a fenced counter, the CUDA threadFenceReduction pattern) selects from the scores the others
-// wrote, so the selection is select_cells' on the launch's own scores, exactly.
-extern "C" __global__ void __launch_bounds__(SEL_BLOCK)
-    qsa_score_select(const float* __restrict__ q_idx, const float* __restrict__ pooled,
-                     const int* __restrict__ positions, float* scores, int* __restrict__ cells,
-                     int* __restrict__ counts, u32* keys, int* idx, int* flags, int* done, int Hi, int d, int NB,
-                     int C, int ratio, int budget, float sqrt_d) {
-    extern __shared__ float sq[];
-    __shared__ int s_last;
-    const i64 t = blockIdx.x;
-    const int lane = threadIdx.x & (WARP - 1), tid = threadIdx.x, nth = blockDim.x;
-    const int b = blockIdx.y * (blockDim.x / WARP) + threadIdx.x / WARP;
-    const int n_cells = positions[t] + 1, n_blocks = n_cells / ratio, keep = budget / ratio;
-    const bool scored = b < NB && b < n_blocks;  // uniform per warp
-    const float* kb = pooled + (i64)b * d;
-    float kv[SCORE_MAXR];
-#pragma unroll
-    for (int r = 0; r < SCORE_MAXR; ++r) kv[r] = scored && lane + WARP * r < d ? kb[lane + WARP * r] : 0.0f;
-    for (int i = tid; i < Hi * d; i += nth) sq[i] = q_idx[t * Hi * d + i];
-    __syncthreads();
-    float* scores_row = scores + t * NB;
-    if (b < NB) score_block(sq, kv, kb, scores_row, b, scored, Hi, d, sqrt_d);
-    int* out = cells + t * C;
-    if (n_blocks <= keep) {  // below the budget every cell is kept (uniform per row): no scores needed
-        if (blockIdx.y != 0) return;
-        for (int i = tid; i < C; i += nth) out[i] = i < n_cells ? i : -1;
-        if (tid == 0) counts[t] = n_cells;
-        return;
-    }
-    __threadfence();  // this block's scores reach L2 before its count does
-    __syncthreads();
-    if (tid == 0) {
-        s_last = atomicAdd(done + t, 1) == (int)gridDim.y - 1;
-        if (s_last) done[t] = 0;  // every other block of the row has counted
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    const int count = select_row(scores_row, n_cells, n_blocks, keep, ratio, out, keys + t * NB, idx + t * NB,
-                                 flags + t * NB);
-    for (int i = count + tid; i < C; i += nth) out[i] = -1;
-    if (tid == 0) counts[t] = count;
 }
