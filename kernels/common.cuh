@@ -546,7 +546,7 @@ __device__ __forceinline__ void group_by_key(const int* sid, int* is_leader, int
 }
 
 // The block output a pending write of the hyper-connections adds (hyper.cu hc_write / hc_write_norm, ple.cu
-// ple_gate), bo[t, d]: given (bo != null), or parts != null: the MoE's combine,
+// ple_mix_norm), bo[t, d]: given (bo != null), or parts != null: the MoE's combine,
 // sum_k w[t, k] * parts[t*K + k, d] (+ shared[t, d] when shared is not null), moe.cu moe_combine's arithmetic
 // (slot order), so the window has no combine node after its routed experts.
 #define PENDING_UNROLL 17  // the routed experts' top-k (<= 16) plus the shared expert's slot
@@ -616,30 +616,5 @@ struct Pending {
         float p[1];
         at_n<1>(t, d, 1, D, p);
         return p[0];
-    }
-};
-
-// The PLE's last step (ple.cu ple_conv_out, and hyper.cu hc_write_norm as the PLE layer's pending write): the
-// element (t, ch) it adds to R is gated[t, ch] + silu(sum_k seq[Hh - (Kc-1-k)*dil + t, ch] * conv_w[ch, k]) over
-// seq = [history [Hh, CD] | normed [T, CD]], Hh = (Kc-1)*dil; R + gated is added first, then the silu (numpy's order).
-struct PleConv {
-    const float* gated;
-    const float* history;
-    const float* normed;
-    const float* conv_w;
-    int CD, Kc, dil;
-
-    __device__ __forceinline__ float silu_conv(i64 t, i64 ch) const {
-        const int Hh = (Kc - 1) * dil;
-        float acc = 0.0f;
-        for (int k = 0; k < Kc; ++k) {
-            const i64 r = Hh - (i64)(Kc - 1 - k) * dil + t;  // row of seq
-            const float x = r < Hh ? history[r * CD + ch] : normed[(r - Hh) * CD + ch];
-            acc += x * conv_w[ch * Kc + k];
-        }
-        return silu_f(acc);
-    }
-    __device__ __forceinline__ float add_to(float r, i64 t, i64 ch) const {
-        return r + gated[t * CD + ch] + silu_conv(t, ch);
     }
 };

@@ -2,15 +2,15 @@
 // (launch_hyper.hc_read; reference ops/hyper.hc_write_read_raw):
 //   R, xn   = hc_write_norm(R, bo, inj_prev)            [T, C, D], [T, C*D]   the previous block's pending write
 //                                                       R += bo * inj_prev (if any) in place, then the norm; after
-//                                                       the routed experts bo is their combine, computed here; at
-//                                                       the PLE layer the PLE's conv step (PleConv) instead
+//                                                       the routed experts bo is their combine, computed here (at
+//                                                       the PLE layer ple.cu ple_mix_norm instead: the PLE's mix)
 //   dn      = (W_dn . xn) / C                           [T, n_dn]   one gemv.cu / gemv_q8r.cu launch (ACT_NONE,
 //                                                       div C) over W_dn = [W_down; W_inject; zero rows]: the down
 //                                                       and inject projections read the same xn
 //   mixed, inj = hc_up_mix(xn, dn, W_up)                [T, D], [T, C]   low = silu(dn[:, :L]),
 //                                                       gates = sigmoid(W_up . low), mixed = mean_c gates * xn,
 //                                                       inj = 2 * sigmoid(dn[:, L:L+C])
-// hc_write applies a write on its own (before the PLE mix, which reads R, and at a layer-split hand-off).
+// hc_write applies a write on its own (at a layer-split hand-off).
 // A window's residual stack starts as C copies of its embedding rows (broadcast_streams).
 // Legend: T window rows, C streams, D hidden, L low rank, n_dn the rows of W_dn (>= L + C). All f32, C-contiguous.
 #include "common.cuh"
@@ -36,39 +36,32 @@ extern "C" __global__ void __launch_bounds__(256)
 // The first kernel of the read. grid T*C (block b = t*C + c: stream c of row t), block HC_NORM_THREADS or fewer
 // (launch_hyper.norm_threads: ceil(D / 4) rounded up to whole warps, at most 512).
 //   bo or parts != null: R[t, c, :] += pending(t, :) * inj_prev[t, c] in place first (hc_write's rounding:
-//   product, then add; pending as Pending::at_n); ple_gated != null instead: the PLE's last step (ple_conv_out's
-//   arithmetic, PleConv) in place first, the PLE layer's read;
+//   product, then add; pending as Pending::at_n);
 //   xn[t, c*D + d] = R[t, c, d] / sqrt(mean_d R[t, c, :]^2 + eps) * norm_w[c*D + d] (ops/basic.grouped_rms_norm).
 // Each block owns its stream's elements, so the in-place update races with nothing. The row goes in passes of
 // HC_NORM_EPT * blockDim.x elements (a runtime loop; one pass where D <= 5 * 512, the model's 2560): thread i holds
 // elements d = i + e * blockDim.x of the pass, e < HC_NORM_EPT, in registers, their R and norm_w loads and the
 // pending write's (Pending::at_n: the combine's slots in chunks of 6, a chunk's loads at once) issued before the
 // first use; the sum of squares goes in pass and e order (d ascending per thread), then block_sum; a single pass
-// normalizes from its registers, more passes re-read R. The PLE's step is a plain loop over the thread's elements
-// before the passes (its R writes read back by the same thread): one layer of the model, not worth a second copy.
+// normalizes from its registers, more passes re-read R.
 // Latency at T = 1 (D = 2560, C = 4, K = 11 slots): 4 blocks of 512 threads, 5 elements a thread; 2 rounds of loads
 // (R, norm_w, inj_prev, shared and slots 0-5, then slots 6-10), 1 block reduction (3 barriers), the stores.
-// Code ~1660 SASS instructions (bench/kernel_sass.py; the latency1 version, Pending's 17 slots unrolled into each
-// of 8 register elements plus a tail copy, was ~7500, ~118 KB: instruction fetch bound on the H200).
+// Code ~1170 SASS instructions (bench/kernel_sass.py; ~1660 while it applied the PLE's conv step too; the latency1
+// version, Pending's 17 slots unrolled into each of 8 register elements plus a tail copy, was ~7500, ~118 KB:
+// instruction fetch bound on the H200).
 #define HC_NORM_EPT 5
 #define HC_NORM_THREADS 512
 extern "C" __global__ void __launch_bounds__(HC_NORM_THREADS)
     hc_write_norm(float* R, const float* __restrict__ bo, const float* __restrict__ parts,
                   const float* __restrict__ route_w, const float* __restrict__ shared, int K,
                   const float* __restrict__ inj_prev, const float* __restrict__ norm_w, float* __restrict__ xn,
-                  int C, int D, float eps, const float* __restrict__ ple_gated, const float* __restrict__ ple_history,
-                  const float* __restrict__ ple_normed, const float* __restrict__ ple_conv_w, int ple_kc,
-                  int ple_dil) {
+                  int C, int D, float eps) {
     __shared__ float sh[WARP];
     const int b = blockIdx.x, c = b % C, t = b / C, nth = blockDim.x, span = HC_NORM_EPT * nth;
     const i64 base = (i64)b * D;
     float* r = R + base;
     const float* w = norm_w + (i64)c * D;
-    const bool pend_write = ple_gated == nullptr && (bo != nullptr || parts != nullptr);
-    if (ple_gated != nullptr) {  // the PLE layer's last step (PleConv), in place
-        const PleConv ple{ple_gated, ple_history, ple_normed, ple_conv_w, C * D, ple_kc, ple_dil};
-        for (int d = threadIdx.x; d < D; d += nth) r[d] = ple.add_to(r[d], t, (i64)c * D + d);
-    }
+    const bool pend_write = bo != nullptr || parts != nullptr;
     const Pending pend{bo, parts, route_w, shared, K};
     const float g = pend_write ? inj_prev[b] : 0.0f;
     float v[HC_NORM_EPT], wv[HC_NORM_EPT], ss = 0.0f;

@@ -1,5 +1,6 @@
-"""kernels/ple.cu against strata_cli/ops/ple.py: the n-gram hash with EOS cuts and int64 wrapping, and ple_mix with
-its conv history carried across windows and commits (the table row gathers: tests/test_gpu_embed.py)."""
+"""kernels/ple.cu against strata_cli/ops/ple.py: the n-gram hash with EOS cuts and int64 wrapping, the hash and
+gather in one launch, and the PLE layer's mix with its read's norm (ple_mix_norm, the first kernel of the PLE
+layer's first hyper-connection read) with its conv history carried across windows and commits."""
 
 from __future__ import annotations
 
@@ -99,9 +100,32 @@ def test_ngram_gather_is_the_rows_then_their_gather(L, table_type, n, hpn, T):
     np.testing.assert_array_equal(got, want)
 
 
+def _read_weights(rng, C, D, Lr=32):
+    """A hyper-connection read's weights (norm_w, down, up, inject raw, their type): Q8_0 where C*D holds whole
+    blocks, else F16."""
+    from kernel_helpers import raw_weight
+
+    CD = C * D
+    w_type = quants.Q8_0 if CD % 32 == 0 else quants.F16
+    norm_w = (1.0 + 0.1 * rng.standard_normal(CD)).astype(np.float32)
+    return (norm_w, raw_weight(rng, (Lr, CD), w_type, 0.2), raw_weight(rng, (CD, Lr), w_type, 0.3),
+            raw_weight(rng, (C, CD), w_type, 0.2), w_type)
+
+
 @pytest.mark.parametrize("key_type", [quants.F32, quants.BF16])
 @pytest.mark.parametrize("Kc,dilation", [(4, 3), (3, 1), (2, 2)])
-def test_ple_mix_windows_with_commits(L, Kc, dilation, key_type):
+def test_ple_read_windows_with_commits(L, Kc, dilation, key_type):
+    """The PLE layer's first read as the window runs it: ple_kv (key and value two GEMVs, of key_type and F32),
+    then launch_hyper.hc_read with the PleMix pending (its first kernel ple_mix_norm), windows of odd sizes with
+    commits between them: R, mixed, inj and the read's xn against ops.ple.ple_mix then ops.hyper.hc_write_read_raw,
+    the normed rows against the reference's sequence, the history carried across windows (the window never writes
+    it, ple_history_commit advances it), the sync words zero after every window; NaN-poisoned outputs."""
+    from kernel_helpers import hc_weights
+
+    from strata_cli.gpu import launch_gemv, launch_hyper
+    from strata_cli.ops import hyper
+    from strata_cli.ops.basic import grouped_rms_norm
+
     cp = G.cupy()
     C, D, P = 3, 40, 96
     CD, Hh = C * D, (Kc - 1) * dilation
@@ -111,38 +135,57 @@ def test_ple_mix_windows_with_commits(L, Kc, dilation, key_type):
     w_value = G.f32(rng, D, P, scale=P ** -0.5)
     norms = [1 + G.f32(rng, CD, scale=0.1) for _ in range(3)]
     conv_w = G.f32(rng, CD, Kc, scale=0.3)
+    norm_w, down, up, inj_w, w_type = _read_weights(rng, C, D)
+    hc = hc_weights(norm_w, down, w_type, up, w_type, inj_w, w_type, pack=True)
     d_norms = [cp.asarray(a) for a in norms]
-    d_w = dict(w_key=cp.asarray(w_key_raw), w_value=cp.asarray(w_value), conv_w=cp.asarray(conv_w))
+    d_wk, d_wv, d_conv = cp.asarray(w_key_raw), cp.asarray(w_value), cp.asarray(conv_w)
     history = G.f32(rng, Hh, CD)
     d_hist = cp.asarray(history)
     work = L.PLEWork.empty(16, C, D)  # sized for the largest window, as a captured graph would hold it
-    for T, n_keep, in_place in [(7, 4, False), (16, 16, True), (3, 0, False), (1, 1, True), (16, 5, False)]:
+    sync = cp.zeros(L.sync_words(16, C), dtype=np.uint32)
+    scratch = launch_hyper.HcScratch.empty(16, C, D, hc.dn_raw.shape[0])
+    split = launch_gemv.SplitK.empty()
+    for T, n_keep in [(7, 4), (16, 16), (3, 0), (1, 1), (16, 5), (8, 8)]:
         R, emb = G.f32(rng, T, C, D), G.f32(rng, T, P)
         want, seq = ref.ple_mix(R, emb, history, w_key, w_value, *norms, conv_w, dilation, EPS)
+        want_R, want_mixed, want_inj = hyper.hc_write_read_raw(want, None, norm_w, down, w_type, up, w_type, inj_w,
+                                                               w_type, EPS)
         d_R, hist_before = cp.asarray(R), d_hist.get()
-        got, normed = L.ple_mix(d_R, cp.asarray(emb), d_hist, d_w["w_key"], d_w["w_value"], *d_norms, d_w["conv_w"],
-                                dilation, EPS, key_type=key_type, out=d_R if in_place else G.nan_out((T, C, D)),
-                                normed=G.nan_out((T, CD)), work=work)
-        G.check(got, want, what=f"R after PLE, window of {T}")
-        G.check(normed, seq[Hh:], what="normed rows")
+        scratch.xn.fill(np.nan)
+        key, value = L.ple_kv(cp.asarray(emb), C, d_wk, d_wv, key_type=key_type, work=work, split=split)
+        normed = G.nan_out((T, CD))
+        mix = L.PleMix(key, value, d_hist, *d_norms, d_conv, dilation, normed, sync=sync)
+        mixed, inj = launch_hyper.hc_read(d_R, hc, EPS, pending=mix, out_mixed=G.nan_out((T, D)),
+                                          out_inj=G.nan_out((T, C)), scratch=scratch, split=split)
+        G.check(d_R, want_R, rtol=2e-4, what=f"R after PLE, window of {T}")
+        G.check(scratch.xn[:T], grouped_rms_norm(want.reshape(T, CD), norm_w, D, EPS), rtol=2e-4, what="xn")
+        G.check(mixed, want_mixed, rtol=2e-4, what="mixed")
+        G.check(inj, want_inj, rtol=2e-4, what="inj")
+        G.check(normed, seq[Hh:], rtol=2e-4, what="normed rows")
         G.exact(d_hist, hist_before, "history after the window")
+        assert not sync.get().any(), f"sync words left set after a window of {T}"
         history = seq[n_keep:n_keep + Hh]
         L.ple_history_commit(d_hist, normed, None, n_keep_dev=cp.asarray([n_keep], dtype=np.int32))
         G.check(d_hist, history, what=f"history after commit({n_keep})")
 
 
-@pytest.mark.parametrize("T,C,D,P", [(1, 4, 64, 96), (5, 3, 40, 64), (16, 2, 48, 160)])
+# T = 1 (no row reads another's: no sync), 3, 8 and 16 (the conv reads earlier rows: flags); the model's stream
+# (D = 2560: one pass of 5 x 512 elements) with its 11 combine slots, a wider one (D = 2600: ple_mix_norm_passes)
+@pytest.mark.parametrize("T,C,D,P", [(1, 4, 64, 96), (3, 3, 40, 64), (8, 4, 2560, 64), (16, 2, 48, 160),
+                                     (16, 2, 2600, 32)])
 @pytest.mark.parametrize("kv_type", [quants.F32, quants.Q8_0])
 @pytest.mark.parametrize("pending", ["block_out", "combine", None])
-def test_ple_mix_stacked_after_the_pending_write(L, T, C, D, P, kv_type, pending):
-    """ple_mix as the window launches it: key and value one GEMV over the stacked [w_key; w_value] (raw rows of
-    one type), the previous block's write (block_out, or the experts' combine) applied to R by the gate kernel;
-    against ops.ple.ple_mix_after_write (the write, then ple_mix), NaN-poisoned outputs and scratch, eager
-    against graph replay."""
+def test_ple_mix_norm_after_the_pending_write(L, T, C, D, P, kv_type, pending):
+    """ple.cu ple_mix_norm as the window launches it: key and value rows of one GEMV over the stacked
+    [w_key; w_value] (raw rows of one type), the previous block's write (block_out, or the experts' combine of 11
+    slots with the shared expert) applied to R first; R, normed and xn against ops.ple.ple_mix_after_write then
+    grouped_rms_norm, NaN-poisoned outputs, eager against graph replay (three replays: the flags are zero again
+    after each, as the sync words are after the last)."""
     from kernel_helpers import assert_replay_equals_eager, raw_weight
 
     from strata_cli.gpu import launch_gemv, launch_hyper
     from strata_cli.ops import moe as ref_moe
+    from strata_cli.ops.basic import grouped_rms_norm
     from strata_cli.ops.gemv import dequant_rows
 
     cp = G.cupy()
@@ -152,93 +195,38 @@ def test_ple_mix_stacked_after_the_pending_write(L, T, C, D, P, kv_type, pending
     kv_raw = raw_weight(rng, (CD + D, P), kv_type, P ** -0.5)
     w_kv = dequant_rows(kv_raw, kv_type, P)
     norms = [1 + G.f32(rng, CD, scale=0.1) for _ in range(3)]
+    norm_w = 1 + G.f32(rng, CD, scale=0.1)
     conv_w, history = G.f32(rng, CD, Kc, scale=0.3), G.f32(rng, Hh, CD)
     R, emb = G.f32(rng, T, C, D), G.f32(rng, T, P)
     inj = (2.0 * rng.random((T, C))).astype(np.float32)
-    K = 3
+    K = 11
     parts, route_w = G.f32(rng, T * K + 2, D), rng.random((T, K)).astype(np.float32)
-    bo = G.f32(rng, T, D) if pending == "block_out" else ref_moe.combine(parts, route_w)
-    want_R, want, seq = ref.ple_mix_after_write(R, None if pending is None else (bo, inj), emb, history, w_kv,
-                                                *norms, conv_w, dilation, EPS)
+    shared = G.f32(rng, T, D)
+    bo = G.f32(rng, T, D) if pending == "block_out" else ref_moe.combine(parts, route_w, shared)
+    _, want, seq = ref.ple_mix_after_write(R, None if pending is None else (bo, inj), emb, history, w_kv, *norms,
+                                           conv_w, dilation, EPS)
+    want_xn = grouped_rms_norm(want.reshape(T, CD), norm_w, D, EPS)
 
     dev = {name: cp.asarray(a) for name, a in dict(R=R, emb=emb, hist=history, kv=kv_raw, conv_w=conv_w, bo=bo,
-                                                      inj=inj, parts=parts, route_w=route_w).items()}
+                                                      inj=inj, parts=parts, route_w=route_w, shared=shared,
+                                                      norm_w=norm_w).items()}
     d_norms = [cp.asarray(a) for a in norms]
     write = {None: None, "block_out": (dev["bo"], dev["inj"]),
-             "combine": launch_hyper.CombineWrite(dev["parts"], dev["route_w"], None, dev["inj"])}[pending]
-    R_work, out, normed = cp.empty_like(dev["R"]), G.nan_out((T, C, D)), G.nan_out((T, CD))
-    work = L.PLEWork(G.nan_out((T + 3, CD + D)), None, G.nan_out((T + 3, CD)))  # more rows than the window
+             "combine": launch_hyper.CombineWrite(dev["parts"], dev["route_w"], dev["shared"], dev["inj"])}[pending]
+    R_work, normed, xn = cp.empty_like(dev["R"]), G.nan_out((T, CD)), G.nan_out((T, CD))
+    work = L.PLEWork(G.nan_out((T + 3, CD + D)), None)  # more rows than the window
+    sync = cp.zeros(L.sync_words(T, C) + 5, dtype=np.uint32)  # more words than the window
     split = launch_gemv.SplitK.empty()
 
     def record(stream):
         with stream:
             cp.copyto(R_work, dev["R"])
-        L.ple_mix(R_work, dev["emb"], dev["hist"], None, None, *d_norms, dev["conv_w"], dilation, EPS,
-                  kv=(dev["kv"], kv_type), pending=write, out=out, normed=normed, work=work, split=split,
-                  stream=stream)
+        key, value = L.ple_kv(dev["emb"], C, kv=(dev["kv"], kv_type), work=work, split=split, stream=stream)
+        mix = L.PleMix(key, value, dev["hist"], *d_norms, dev["conv_w"], dilation, normed, pending=write, sync=sync)
+        L.ple_mix_norm(R_work, mix, dev["norm_w"], xn, EPS, stream=stream)
 
-    got_R, got, got_normed = assert_replay_equals_eager(record, [R_work, out, normed])
-    np.testing.assert_allclose(got_R, want_R, rtol=1e-6, atol=1e-6)  # the combine's products may be FMAs
-    G.check(got, want, rtol=2e-4, what="R after PLE")
+    got_R, got_normed, got_xn = assert_replay_equals_eager(record, [R_work, normed, xn])
+    G.check(got_R, want, rtol=2e-4, what="R after the write and the PLE")
     G.check(got_normed, seq[Hh:], rtol=2e-4, what="normed rows")
-
-
-@pytest.mark.parametrize("T,C,D", [(1, 4, 64), (5, 3, 40), (16, 2, 96)])
-def test_read_applies_the_ple_conv_step(L, T, C, D):
-    """ple_mix_write, then the layer's hyper-connection read with its PleWrite pending (hc_write_norm adds the
-    PLE's conv step: no ple_conv_out launch): R, mixed and inj those of ple_mix (ple_conv_out) and a plain read,
-    both against the numpy reference (ops.ple.ple_mix, then ops.hyper.hc_write_read_raw);
-    NaN-poisoned outputs, eager against graph replay."""
-    from kernel_helpers import assert_close, assert_replay_equals_eager, hc_weights, raw_weight
-
-    from strata_cli.gpu import launch_gemv, launch_hyper
-    from strata_cli.ops import hyper
-
-    cp = G.cupy()
-    P, Kc, dilation, Lr = 64, 3, 2, 32
-    CD, Hh = C * D, (Kc - 1) * dilation
-    rng = np.random.default_rng(T * 17 + C + D)
-    w_key, w_value = G.f32(rng, CD, P, scale=P ** -0.5), G.f32(rng, D, P, scale=P ** -0.5)
-    norms = [1 + G.f32(rng, CD, scale=0.1) for _ in range(3)]
-    conv_w, history = G.f32(rng, CD, Kc, scale=0.3), G.f32(rng, Hh, CD)
-    R, emb = G.f32(rng, T, C, D), G.f32(rng, T, P)
-    norm_w = (1.0 + 0.1 * rng.standard_normal(CD)).astype(np.float32)
-    # Q8_0 rows hold whole 32-value blocks: a C*D that is not a multiple of 32 reads F16 weights instead
-    w_type = quants.Q8_0 if CD % 32 == 0 else quants.F16
-    down, up = raw_weight(rng, (Lr, CD), w_type, 0.2), raw_weight(rng, (CD, Lr), w_type, 0.3)
-    inj_w = raw_weight(rng, (C, CD), w_type, 0.2)
-    want_ple, _ = ref.ple_mix(R, emb, history, w_key, w_value, *norms, conv_w, dilation, EPS)
-    want_R, want_mixed, want_inj = hyper.hc_write_read_raw(want_ple, None, norm_w, down, w_type, up,
-                                                           w_type, inj_w, w_type, EPS)
-    hc = hc_weights(norm_w, down, w_type, up, w_type, inj_w, w_type, pack=True)
-    d = {name: cp.asarray(a) for name, a in dict(R=R, emb=emb, hist=history, wk=w_key, wv=w_value,
-                                                    conv_w=conv_w).items()}
-    d_norms = [cp.asarray(a) for a in norms]
-    split = launch_gemv.SplitK.empty()
-    runs = {}
-    for fused in (True, False):
-        R_work, normed = cp.empty_like(d["R"]), G.nan_out((T, CD))
-        mixed, inj = G.nan_out((T, D)), G.nan_out((T, C))
-        work = L.PLEWork.empty(T, C, D)
-        scratch = launch_hyper.HcScratch.empty(T, C, D, hc.dn_raw.shape[0])
-
-        def record(stream, fused=fused, R_work=R_work, normed=normed, mixed=mixed, inj=inj, work=work,
-                   scratch=scratch):
-            with stream:
-                cp.copyto(R_work, d["R"])
-            args = (R_work, d["emb"], d["hist"], d["wk"], d["wv"], *d_norms, d["conv_w"], dilation, EPS)
-            if fused:
-                write, _ = L.ple_mix_write(*args, normed=normed, work=work, split=split, stream=stream)
-            else:
-                L.ple_mix(*args, out=R_work, normed=normed, work=work, split=split, stream=stream)
-                write = None
-            launch_hyper.hc_read(R_work, hc, EPS, pending=write, out_mixed=mixed, out_inj=inj, scratch=scratch,
-                                 split=split, stream=stream)
-
-        runs[fused] = assert_replay_equals_eager(record, [R_work, mixed, inj, normed])
-    for got_fused, got_plain in zip(runs[True], runs[False]):  # one arithmetic (PleConv); contractions may differ
-        np.testing.assert_allclose(got_fused, got_plain, rtol=1e-6, atol=1e-6 * float(np.abs(got_plain).max()))
-    got_R, got_mixed, got_inj, _ = runs[True]
-    assert_close("R", want_R, got_R)
-    assert_close("mixed", want_mixed, got_mixed)
-    assert_close("inj", want_inj, got_inj)
+    G.check(got_xn, want_xn, rtol=2e-4, what="xn")
+    assert not sync.get().any(), "sync words left set"

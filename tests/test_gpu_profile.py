@@ -68,11 +68,12 @@ def test_normal_graph_has_no_stamps_and_the_profile_graph_one_per_stage(fixture_
         assert rest == dict(normal.kinds)
     plan = eng.profile_plans[1]
     assert plan.stages[0] == "begin" and plan.stages[-1] == "argmax"
+    assert plan.stages[1:3] == ["ple", "embed"]  # the PLE's n-gram rows and key / value GEMV: the window's inputs
     for layer in range(g.n_layers):
         stages = [s for s, lay in zip(plan.stages, plan.layers) if lay == layer]
-        # the previous layer's MoE write goes into the first read's norm (the PLE layer: a write of its own first)
+        # the previous layer's MoE write goes into the first read's norm (the PLE layer: with the PLE's mix)
         first = "hc0-norm" if layer == 0 else "hc0-write+norm"
-        assert stages[:3] == [first, "hc0-down", "hc-read0"] or stages[0] == "ple"
+        assert stages[:3] == [first, "hc0-down", "hc-read0"]
         assert ("gdn-mix" in stages) == (not g.layer_is_attn[layer])
         assert ("qsa-mix" in stages) == bool(g.layer_is_attn[layer])
         # the shared expert is an entry of the routed experts' launches (its weights appended to theirs)

@@ -1,4 +1,4 @@
-"""bench/kernel_sass.py on kernels/hyper.cu, moe.cu, gdn.cu and gemv_q8r.cu's dense gate/up (NVRTC sm_90 + cuobjdump
+"""bench/kernel_sass.py on kernels/hyper.cu, moe.cu, gdn.cu, ple.cu and gemv_q8r.cu's dense gate/up (NVRTC sm_90 + cuobjdump
 on the CPU; skipped without them): the window's small kernels stay compact, with no stack or local memory. The latency1 merge's straight-line
 unrolling grew hc_up_mix ~7.5x, hc_write_norm ~6.6x (instruction-fetch bound on the H200, ~100 us a read),
 router_gemv_topk ~2.8x (~47 us a call) and gdn_mix ~1.5x; the budgets are twice the counts before it (58d476b:
@@ -15,9 +15,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-MODULES = ("hyper", "moe", "gdn")
+MODULES = ("hyper", "moe", "gdn", "ple")
 BUDGET = {"hc_up_mix": 2 * 2296, "hc_write_norm": 2 * 1136, "hc_write": 2 * 1752, "router_gemv_topk": 2 * 3152,
           "gdn_mix": 3 * 4352 // 2}
+# the PLE layer's mix and its read's norm (ple.cu ple_mix_norm, in place of ple_gate's 1344 and hc_write_norm's 1664
+# with the conv step): twice its first size, 2552 instructions, 128 registers, no spill
+BUDGET["ple_mix_norm"] = 2 * 2552
 # Registers a thread: hc_up_mix's 320 blocks of 256 (D = 2560) run in one wave on the H200's 132 SMs only at 3
 # blocks an SM (65536 / (3 * 256) = 85, allocated in 8s: 80); issue 18's version holds 40 weights and 8 sums a lane
 # at 80 with no spill.

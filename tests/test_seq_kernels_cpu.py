@@ -71,6 +71,15 @@ def f32(*shape):
     return np.zeros(shape, np.float32)
 
 
+def ple_mix(T=2, **given):
+    """launch_ple.PleMix of a T-row window (C = 3 streams of D = 8, 3 conv taps at dilation 2) with the operands
+    `given` replaced."""
+    args = dict(key=f32(T, 24), value=f32(T, 8), history=f32(4, 24), norm_key=f32(24), norm_query=f32(24),
+                norm_conv=f32(24), conv_w=f32(24, 3), dilation=2, normed=f32(T, 24))
+    args.update(given)
+    return launch_ple.PleMix(**args)
+
+
 def gdn_mix(nk=1, nv=2, dk=2, dv=2, **given):
     """launch_gdn.gdn_mix of a 3-row window (Ch = 10, 3 conv taps, n_in 16) with the operands `given` replaced."""
     Ch = 2 * nk * dk + nv * dv
@@ -143,11 +152,47 @@ def qsa_mix(**given):
     (lambda: launch_ple.ngram_gather(np.zeros(3, np.int64), np.zeros(2, np.int64), 0, np.zeros(3, np.int64), 2,
                                      np.zeros(3, np.int64), np.zeros(4, np.int64), f32(5, 24), 0, 24), "vocab_sizes"),
     (lambda: launch_embed.gather_rows(np.zeros((2, 3), np.int32), f32(5, 24), 0, 24), "rows"),
-    (lambda: launch_hyper.hc_write(f32(2, 3, 8), launch_hyper.PleWrite(f32(2, 24), f32(4, 24), f32(2, 24),
-                                                                       f32(24, 3), 2)), "pending"),
-    (lambda: launch_ple.ple_mix(f32(2, 3, 8), f32(2, 16), f32(3, 24), f32(24, 16), f32(8, 16), f32(24), f32(24),
-                                f32(24), f32(24, 4), 3, 1e-6), "history"),
+    (lambda: launch_hyper.hc_write(f32(2, 3, 8), ple_mix()), "pending"),
+    (lambda: launch_ple.ple_mix_norm(f32(2, 3, 8), ple_mix(history=f32(3, 24)), f32(24), f32(2, 24), 1e-6),
+     "mix.history"),
+    (lambda: launch_ple.ple_mix_norm(f32(2, 3, 8), ple_mix(key=f32(2, 32)[:, :20]), f32(24), f32(2, 24), 1e-6),
+     "mix.key"),
+    (lambda: launch_ple.ple_mix_norm(f32(2, 3, 8), ple_mix(value=f32(2, 16)[:, ::2]), f32(24), f32(2, 24), 1e-6),
+     "mix.value"),
+    (lambda: launch_ple.ple_mix_norm(f32(2, 3, 8), ple_mix(conv_w=f32(24, 1), history=f32(0, 24)), f32(24),
+                                     f32(2, 24), 1e-6), "mix.conv_w"),
+    (lambda: launch_ple.ple_mix_norm(f32(3, 3, 8), ple_mix(T=3), f32(24), f32(3, 24), 1e-6), "mix.sync"),
+    (lambda: launch_ple.ple_mix_norm(f32(3, 3, 8), ple_mix(T=3, sync=np.zeros(9, np.uint32)), f32(24),
+                                     f32(3, 24), 1e-6), "mix.sync"),
+    (lambda: launch_ple.ple_mix_norm(f32(2, 3, 8), ple_mix(), f32(24), f32(1, 24), 1e-6), "xn"),
+    (lambda: launch_ple.ple_kv(f32(2, 16), 3, kv=(f32(30, 16), 0)), "kv"),
+    (lambda: launch_ple.ple_kv(f32(2, 16), 3, f32(20, 16), f32(8, 16)), "w_key"),
 ])
 def test_launcher_checks_name_the_argument(call, name):
     with pytest.raises(ValueError, match=rf"^{name}\b"):
         call()
+
+
+@pytest.mark.parametrize("T,D,kernel,block,synced", [(1, 2560, "ple_mix_norm", 512, False),
+                                                     (2, 40, "ple_mix_norm", 32, False),
+                                                     (8, 2560, "ple_mix_norm", 512, True),
+                                                     (3, 2600, "ple_mix_norm_passes", 512, True)])
+def test_ple_mix_norm_launch(monkeypatch, T, D, kernel, block, synced):
+    """launch_ple.ple_mix_norm's launch (the lookup behind compile.kernel replaced, host arrays): grid T*C blocks of
+    the read's norm threads, the one-pass kernel where a stream's row fits 5 elements a thread, and the sync words
+    only where a row's conv reads an earlier row of the window (T > dilation 2), else a null pointer."""
+    from strata_cli.gpu import compile as nvrtc
+
+    launched = []
+    monkeypatch.setattr(nvrtc, "_function", lambda module, function, defines=(): (
+        lambda grid, block, args, **kw: launched.append((module, function, grid, block, args))))
+    C = 2
+    sync = np.zeros(launch_ple.sync_words(T, C), np.uint32)
+    mix = launch_ple.PleMix(f32(T, C * D), f32(T, D), f32(4, C * D), f32(C * D), f32(C * D), f32(C * D),
+                            f32(C * D, 3), 2, f32(T, C * D), sync=sync)
+    launch_ple.ple_mix_norm(f32(T, C, D), mix, f32(C * D), f32(T, C * D), 1e-6)
+    (module, function, grid, threads, args), = launched
+    assert (module, function, grid, threads) == ("ple", kernel, (T * C, 1, 1), (block, 1, 1))
+    assert any(a is sync for a in args) == synced
+    # no pending write: bo, parts, route_w, shared and inj_prev null, and sync where nothing waits
+    assert sum(isinstance(a, np.uint64) and a == 0 for a in args) == 5 + (not synced)

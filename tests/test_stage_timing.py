@@ -218,7 +218,10 @@ def test_accumulator_reports_then_resets(plan, durations):
 
 
 def test_slots_and_plan_errors():
-    assert sp.slot(3, 0, "ple") == 0
+    assert sp.slot(3, 0, "hc0-norm") == 0
+    assert sp.slot(3, 3, "ple") == 3 * sp.STAGES_PER_ROW + 1  # the PLE's inputs: a window stage after "begin"
+    with pytest.raises(ValueError, match="unknown layer stage 'ple'"):
+        sp.slot(3, 1, "ple")
     assert sp.slot(3, 3, "begin") == 3 * sp.STAGES_PER_ROW
     assert sp.n_slots(3) == 4 * sp.STAGES_PER_ROW
     with pytest.raises(ValueError, match="unknown layer stage 'nope'"):
@@ -252,11 +255,7 @@ class _Launches:
         def launch(*args, mark=None, **kwargs):
             for part in self.PARTS.get(name, ()) if mark is not None else ():
                 mark("write+norm" if part == "norm" and kwargs.get("pending") is not None else part)
-            if name == "ple_mix_write":  # the PLE's conv step, the pending write of the layer's read
-                from strata_cli.gpu.launch_hyper import PleWrite
-
-                return PleWrite(*(_Rows(),) * 4, 1), _Rows()
-            pair = name in ("hc_read", "router_topk", "router_gemv_topk")
+            pair = name in ("hc_read", "router_topk", "router_gemv_topk", "ple_kv")
             return (_Rows(), _Rows()) if pair else _Rows()
 
         return launch
@@ -292,16 +291,15 @@ def test_window_recorder_stamps_every_stage_once_in_order(fixture_dir, monkeypat
     e.stamper = lambda layer, stage, stream: calls.append(plan.add(layer, stage))
     window.record_window(e, 4, None)
     assert calls == plan.slots and len(set(calls)) == len(calls)
-    assert plan.stages[:2] == ["begin", "embed"] and plan.stages[-3:] == ["hc-out", "lm-head", "argmax"]
-    assert plan.layers[0] == plan.layers[-1] == g.n_layers
-    assert plan.layers[2:-3] == sorted(plan.layers[2:-3])            # layers in order, one block each
+    # the PLE's n-gram rows and key / value projection are the window's inputs, before the embedding
+    assert plan.stages[:3] == ["begin", "ple", "embed"] and plan.stages[-3:] == ["hc-out", "lm-head", "argmax"]
+    assert plan.layers[:3] == [g.n_layers] * 3 and plan.layers[-1] == g.n_layers
+    assert plan.layers[3:-3] == sorted(plan.layers[3:-3])            # layers in order, one block each
     for layer in range(g.n_layers):
         stages = [s for s, lay in zip(plan.stages, plan.layers) if lay == layer]
-        ple = g.ple is not None and g.ple.layer == layer
-        # the previous layer's MoE write goes into this layer's first read (at the PLE layer into the PLE's gate
-        # kernel, and the PLE's conv step into the read)
-        read0 = ["hc0-norm" if layer == 0 else "hc0-write+norm"] + GDN_STAGES[1:3]
-        want = (["ple"] if ple else []) + read0
+        # the previous layer's MoE write goes into this layer's first read (at the PLE layer with the PLE's mix:
+        # one kernel, ple.cu ple_mix_norm)
+        want = ["hc0-norm" if layer == 0 else "hc0-write+norm"] + GDN_STAGES[1:3]
         # the projections, then the whole mixer one launch (norms, cache rows, pooled keys, scores, attention)
         want += ["kvq", "qsa-mix", "out-proj"] if g.layer_is_attn[layer] else GDN_STAGES[3:]
         assert stages == want + MOE_STAGES + ["gap"], layer

@@ -13,8 +13,8 @@ from window_launches import host_engine, window_launches
 
 from strata_cli.model.gguf_file import open_model
 
-# Per layer on the Q8_0 fixture (GDN layers 0-2, 4-6; QSA layers 3 and 7 with the indexer; the PLE at layer 1;
-# the PLE layer's extra node is its pending write on its own, as the mix reads R). Before issue 18's fusions
+# Per layer on the Q8_0 fixture (GDN layers 0-2, 4-6; QSA layers 3 and 7 with the indexer; the PLE at layer 1).
+# Before issue 18's fusions
 # (43184b0): T = 1 [23, 29, 23, 34, 23, 23, 23, 34] (224 in the window), T = 8 [21, 28, 21, 32, 21, 21, 21, 32] (209).
 # Each HC read 3 nodes (hyper.cu hc_write_norm, one GEMV of down + inject, hc_up_mix) instead of 5 at T <= 3 and 4
 # from T = 4, every block's write in the next read, one path at every T (d5addfe: 19 a GDN layer, 30 a QSA layer);
@@ -32,9 +32,15 @@ from strata_cli.model.gguf_file import open_model
 # rows hashed and gathered in one launch (ple.cu ple_gather, a Q8_0 table: 15); a QSA layer's block scores and
 # cell selection one launch (qsa_select.cu qsa_score_select, the row's last block selecting: 14); a QSA layer's
 # whole mixer after its GEMV one launch (qsa.cu qsa_mix: the norm-ropes, cache rows and window's pooled keys done by
-# the blocks that need them, the row's attention blocks waiting on its selecting block: 12):
-NODES_PER_LAYER = {1: [12, 15, 12, 12, 12, 12, 12, 12], 8: [12, 15, 12, 12, 12, 12, 12, 12]}
-WINDOW_NODES = {1: 110, 8: 110}
+# the blocks that need them, the row's attention blocks waiting on its selecting block: 12); the PLE's n-gram
+# gather and key/value GEMV in the window's inputs (they read the tokens only: 4 -> 6 input nodes) and its gate,
+# norms and conv step with the previous layer's write and the read's norm one launch (ple.cu ple_mix_norm in place
+# of ple_gate + hc_write_norm: 12 the PLE layer, 109 in the window):
+NODES_PER_LAYER = {1: [12, 12, 12, 12, 12, 12, 12, 12], 8: [12, 12, 12, 12, 12, 12, 12, 12]}
+WINDOW_NODES = {1: 109, 8: 109}
+# the inputs section: the tokens' and positions' copies, the PLE's gather and its key/value GEMV, the embedding
+# gather and its broadcast to the streams; the head: the output read, the head GEMV, the argmax and the ids' copy
+INPUT_NODES, HEAD_NODES = 6, 7
 # The float fixtures' (F32 / BF16 experts, no repack) layers are the Q8_0 file's since the float experts' gate and
 # up are one launch too (gemv.cu gemv_gateup_<type>_t<NT>; they were two: 13, 16 / 15 a layer).
 FLOAT_FILES = ("model-f32.gguf", "model-bf16.gguf")
@@ -58,6 +64,8 @@ def test_nodes_per_layer(monkeypatch, engine, T):
     print(f"  inputs: {' '.join(launches.inputs)}\n  head: {' '.join(launches.head)}")
     assert launches.per_layer() == NODES_PER_LAYER[T]
     assert launches.total == WINDOW_NODES[T]
+    assert (len(launches.inputs), len(launches.head)) == (INPUT_NODES, HEAD_NODES)
+    assert launches.inputs[2] == "ple_gather" and launches.layers[engine.g.ple.layer][0] == "ple_mix_norm"
 
 
 @pytest.mark.parametrize("name", FLOAT_FILES)
@@ -68,6 +76,27 @@ def test_float_experts_nodes_per_layer(monkeypatch, fixture_dir, name):
     assert any(n.startswith("gemv_gateup_") for n in launches.kinds())
 
 
+@pytest.mark.parametrize("T", [1, 8])
+def test_a_block_type_ple_table_is_hashed_then_gathered_in_the_inputs(monkeypatch, fixture_c_dir, T):
+    """llama-quantize's Q4_K_M file (its n-gram table Q5_0: a block type, gathered by gemv_quant.cu qgather_rows after
+    ple_ngram_rows): the PLE's hash, gather and key/value GEMV are the inputs' (7 nodes), the PLE layer has as many
+    nodes as a GDN layer, ple_mix_norm in place of the first read's hc_write_norm (the recipe's types differ by
+    layer, so the GEMV kernels may too)."""
+    from strata_cli.gpu.launch_ple import GATHER_TYPES
+    from strata_cli.model.names import PLE_TABLE
+
+    model = open_model(fixture_c_dir / "model-q4_k_m.gguf")
+    g = model.geometry
+    assert model.info(PLE_TABLE).ggml_type not in GATHER_TYPES and not g.layer_is_attn[g.ple.layer]
+    launches = window_launches(monkeypatch, host_engine(monkeypatch, model, n_ctx=128), T)
+    print(f"\nT = {T}: inputs {' '.join(launches.inputs)}; per layer {launches.per_layer()}")
+    assert launches.inputs[:4] == ["memcpy", "memcpy", "ple_ngram_rows", "qgather_rows"] and len(launches.inputs) == 7
+    ple_layer = launches.layers[g.ple.layer]
+    gdn = next(nodes for layer, nodes in enumerate(launches.layers) if layer != g.ple.layer and layer in g.gdn_layers)
+    assert ple_layer[0] == "ple_mix_norm" and len(ple_layer) == len(gdn) and gdn[0] == "hc_write_norm"
+    assert "ple_mix_norm" not in gdn and sum(n.startswith("ple_") for n in ple_layer) == 1
+
+
 def test_listing_sees_the_window_size(monkeypatch, engine):
     """The kernels' row buckets follow T (gemv_*_t<NT>), the whole window is listed (inputs, layers, head), and a
     window larger than the engine's buffers is refused by the launchers' checks, as on the device."""
@@ -75,6 +104,7 @@ def test_listing_sees_the_window_size(monkeypatch, engine):
     assert any(n.endswith("_t1") for n in one.kinds()) and not any(n.endswith("_t8") for n in one.kinds())
     assert any(n.endswith("_t8") for n in eight.kinds()) and not any(n.endswith("_t1") for n in eight.kinds())
     assert one.inputs[:2] == ["memcpy", "memcpy"] and one.head[-3:] == ["argmax_partial", "argmax_rows", "memcpy"]
+    assert one.inputs[3] == "gemv_q8r_t1" and eight.inputs[3] == "gemv_q8r_tc_t8"  # the PLE's key/value GEMV
     with pytest.raises(ValueError):
         window_launches(monkeypatch, engine, 17)
 

@@ -36,8 +36,8 @@ class _Recorded:
     """Stands in for a launcher module: each launch appends "module.name" to steps; scratch classes and
     geometry helpers are the real module's."""
 
-    def __init__(self, real, label: str, steps: list):
-        self.real, self.label, self.steps = real, label, steps
+    def __init__(self, real, label: str, steps: list, calls: list | None = None):
+        self.real, self.label, self.steps, self.calls = real, label, steps, calls
 
     def __getattr__(self, name):
         if name[0].isupper() or name in ("cell_capacity", "router_fuses"):
@@ -45,8 +45,11 @@ class _Recorded:
 
         def launch(*args, **kwargs):
             self.steps.append(f"{self.label}.{name}")
-            pair = name.startswith(("hc_read", "router_")) or name == "ple_mix_write"
-            return (_Rows(), _Rows()) if pair else _Rows()
+            pair = name.startswith(("hc_read", "router_")) or name == "ple_kv"
+            out = (_Rows(), _Rows()) if pair else _Rows()
+            if self.calls is not None:
+                self.calls.append((f"{self.label}.{name}", kwargs, out))
+            return out
 
         return launch
 
@@ -58,19 +61,19 @@ def _tiers(steps: list):
 
 def recorded_steps(monkeypatch, geometry, T: int, path: WindowPath, tiers: str | None = None,
                    ends: list | None = None, layers: tuple[int, int] | None = None, router_type: int = 0,
-                   stacked: bool = True, shared: bool = True) -> list[str]:
+                   stacked: bool = True, shared: bool = True, calls: list | None = None) -> list[str]:
     """The launches record_window makes for a T-row window of `geometry` with launch variant `path`; tiers None
     (every expert in VRAM) or "one" (expert tiers). ends: appended the number of
     steps so far at each layer's end ("embed", then each "gap": GPUEngine.layer_nodes' stamps). layers: the
     range of a stage of the layer split (engine/gpu/layer_split.py; default every layer). router_type: the GGML
     type of the routers (every other weight F32); stacked: a layer's projections of its mixed rows stack (one GEMV:
     a GDN layer's qkv and z, a QSA layer's k, v, q and indexer q); shared: the shared expert joins the routed
-    experts' tensors (one more entry a row)."""
+    experts' tensors (one more entry a row); calls: appended (step, its keywords, what it returned) of each launch."""
     from strata_cli.engine.gpu import window
 
     steps: list[str] = []
     for mod in LAUNCHERS:
-        monkeypatch.setattr(window, mod, _Recorded(getattr(window, mod), mod, steps))
+        monkeypatch.setattr(window, mod, _Recorded(getattr(window, mod), mod, steps, calls))
     monkeypatch.setattr(window, "copy_async", lambda *a: steps.append("memcpy"))
     for helper in ("split_k", "argmax_scratch"):
         monkeypatch.setattr(window, helper, lambda *a: None)
@@ -104,8 +107,11 @@ QSA = ["launch_gemv.gemv", "qsa.qsa_mix", "launch_gemv.gemv"]
 # the router's GEMV in its top-k launch (an F32 router), the shared expert one more entry of the routed launches;
 # the experts' combine is the next read's
 MOE = ["moe.router_gemv_topk", "moe.routed_parts"]
-PLE = ["ple.ngram_gather", "ple.ple_mix_write"]  # its conv step: the layer's first read
-INPUTS = ["memcpy", "memcpy", "embed.gather_rows", "hyper.broadcast_streams"]
+# the PLE's n-gram rows and their key / value projection read the tokens only: the window's inputs, before the
+# embedding (of the stage that holds the PLE layer); its mix is the first kernel of the PLE layer's first read
+PLE = ["ple.ngram_gather", "ple.ple_kv"]
+COPIES, EMBED = ["memcpy", "memcpy"], ["embed.gather_rows", "hyper.broadcast_streams"]
+INPUTS = COPIES + PLE + EMBED
 HEAD = ["launch_gemv.gemv", "sampling.argmax_rows", "memcpy"]
 
 
@@ -126,24 +132,21 @@ def mixer(g, layer: int) -> list[str]:
 
 def unsplit(g, moe) -> list[str]:
     """The steps of a one-group window: moe(layer) = its MoE steps. Every block's write goes into the next read (the
-    PLE layer's into its mix, which reads R first), so there is no write node."""
+    PLE layer's into its mix, the first kernel of that layer's first read), so there is no write node."""
     want = list(INPUTS)
     for layer in range(g.n_layers):
-        if g.ple.layer == layer:
-            want += PLE
         want += HC_READ + mixer(g, layer) + HC_READ + moe(layer)
     return want + HC_READ + HEAD
 
 
 def stage_steps(g, lo: int, hi: int) -> list[str]:
     """The steps of a stage of the layer split over layers [lo, hi), every expert in VRAM: the tokens' and
-    positions' copies, the embedding only on the first stage (a later one starts from the R the previous stage's
-    hand-off wrote), its layers (its first read has no pending write), then the head on the last stage, else the
-    last layer's write on its own, so that the R handed on is whole."""
-    want = list(INPUTS) if lo == 0 else INPUTS[:2]
+    positions' copies, the PLE's inputs on the stage that holds the PLE layer, the embedding only on the first
+    stage (a later one starts from the R the previous stage's hand-off wrote), its layers (its first read has no
+    pending write), then the head on the last stage, else the last layer's write on its own, so that the R handed
+    on is whole."""
+    want = COPIES + (PLE if lo <= g.ple.layer < hi else []) + (EMBED if lo == 0 else [])
     for layer in range(lo, hi):
-        if g.ple.layer == layer:
-            want += PLE
         want += HC_READ + mixer(g, layer) + HC_READ + MOE
     if hi < g.n_layers:
         return want + HC_WRITE
@@ -235,3 +238,22 @@ def test_layer_split_stages_commit_their_own_state(monkeypatch, geometry):
         assert commit_steps(lo, hi) == want(lo, hi), (lo, hi)
     halves = commit_steps(0, 4) + commit_steps(4, L)
     assert sorted(s for s in halves if s != "memcpy") == sorted(s for s in want(0, L) if s != "memcpy")
+
+
+@pytest.mark.parametrize("first", [False, True], ids=("unsplit", "stage-from-ple"))
+def test_the_ple_layer_s_first_read_is_its_mix(monkeypatch, geometry, first):
+    """The PLE layer's first read gets a launch_ple.PleMix pending (its first kernel is the PLE's mix) over the
+    (key, value) rows of the inputs' ple_kv, carrying the previous layer's write (the experts' combine), or none
+    where the PLE layer is a stage's first; no other read gets one."""
+    from strata_cli.gpu import launch_hyper, launch_ple
+
+    g = geometry
+    lo = g.ple.layer if first else 0
+    calls = []
+    recorded_steps(monkeypatch, g, 5, PLAIN, layers=(lo, g.n_layers), calls=calls)
+    kv = next(out for name, _, out in calls if name == "ple.ple_kv")
+    reads = [kwargs.get("pending") for name, kwargs, _ in calls if name == "hyper.hc_read"]
+    mix = reads[2 * (g.ple.layer - lo)]  # two reads a layer
+    assert isinstance(mix, launch_ple.PleMix) and (mix.key, mix.value) == kv
+    assert sum(isinstance(r, launch_ple.PleMix) for r in reads) == 1
+    assert isinstance(mix.pending, launch_hyper.CombineWrite) if not first else mix.pending is None

@@ -22,13 +22,11 @@ import numpy as np
 # Stages of a layer, in the order the window records them; a GDN layer uses the GDN ones, a QSA layer the QSA
 # ones. (seed n) names the seed's stamp whose work the stage holds; stages without one are strata's own.
 LAYER_STAGES = (
-    "ple",            # per-layer embedding mix up to its conv step (the PLE layer only; the previous layer's write
-                      # in its gate kernel)
     "hc0-norm",       # (seed 27) hyper-connection read before the block: RMS norm of the C streams (the first layer of
                       # the window or stage)
     "hc0-write+norm",  # the same after the previous layer's pending MoE write, in one kernel (with every expert in
                        # VRAM also the experts' weighted sum + shared expert, seed 24's combine); at the PLE layer
-                       # the PLE's conv step (its residual add) instead
+                       # the PLE's mix with it (gate, norms, conv step and residual add: ple.cu ple_mix_norm)
     "hc0-down",       # (seed 28) its down + inject GEMV (one matrix)
     "hc-read0",       # (seeds 29, 1) up GEMV, gates, mix and inject gates (hyper.cu hc_up_mix)
     "qkv",            # (seeds 2, 5) GDN: qkv projection (and the z (output gate) projection where they stack)
@@ -56,8 +54,10 @@ LAYER_STAGES = (
     "gap",            # (seed 25) from the layer's last stamp to the next layer's first (node overhead)
 )
 # Stages of the window outside the layers (row n_layers). "begin" is the reference (first node of the graph),
-# "argmax" ends the window (its stamp is the last node: greedy ids copied out).
-HEAD_STAGES = ("begin", "embed", "hc-out", "lm-head", "argmax")
+# "argmax" ends the window (its stamp is the last node: greedy ids copied out). "ple": the per-layer embedding's
+# n-gram rows and their key / value projection, which read the tokens only (the window's inputs, before the
+# embedding; where the engine holds the PLE layer); its mix is the PLE layer's "hc0-write+norm".
+HEAD_STAGES = ("begin", "ple", "embed", "hc-out", "lm-head", "argmax")
 STAGES_PER_ROW = len(LAYER_STAGES)
 _LAYER_INDEX = {name: i for i, name in enumerate(LAYER_STAGES)}
 _HEAD_INDEX = {name: i for i, name in enumerate(HEAD_STAGES)}

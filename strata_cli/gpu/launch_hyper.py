@@ -2,9 +2,10 @@
 broadcast_streams). Same conventions as launch_gemv: CuPy arrays, float32, C-contiguous, `out=` and scratch
 preallocated for graph capture, `stream=` None for the current stream.
 
-hc_read is 3 launches: hc_write_norm (the pending write of the previous block and the norm), one GEMV over
-W_dn = [W_down; W_inject] (ops/hyper.down_inject_rows: both projections read the same xn), and hc_up_mix (the up
-projection, the gates, the mix and the inject gates).
+hc_read is 3 launches: hc_write_norm (the pending write of the previous block and the norm; with a ReadNorm pending
+that write's own kernel instead, the PLE layer's ple.cu ple_mix_norm), one GEMV over W_dn = [W_down; W_inject]
+(ops/hyper.down_inject_rows: both projections read the same xn), and hc_up_mix (the up projection, the gates, the
+mix and the inject gates).
 
 Legend: T window rows, C streams, D hidden, L low rank, n_dn the rows of W_dn.
 """
@@ -57,17 +58,10 @@ class CombineWrite:
     inj: object
 
 
-@dataclass
-class PleWrite:
-    """The PLE layer's last step as the pending write of its read (launch_ple.ple_mix_write): R += gated +
-    silu(conv over [history | normed]) (ple.cu ple_conv_out's arithmetic), computed by the read's first kernel.
-    gated, normed [T, CD]; history [Hh, CD]; conv_w [CD, Kc]; Hh = (Kc - 1) * dilation."""
-
-    gated: object
-    history: object
-    normed: object
-    conv_w: object
-    dilation: int
+class ReadNorm:
+    """A pending write whose read's first kernel another launcher module owns, in place of hc_write_norm:
+    launch_norm(R, norm_w, xn, eps) checks its arguments and launches it, writing R (the write applied) and xn
+    (the norm) as hc_write_norm does (launch_ple.PleMix: the PLE layer's mix, ple.cu ple_mix_norm)."""
 
 
 @dataclass
@@ -100,7 +94,8 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
 
     pending = (block_out [T, D], inj_prev [T, C]): the previous block's write R += block_out * inj_prev is applied
     to R in place first (hc_write's arithmetic), in the norm's kernel; a CombineWrite: block_out is the MoE's
-    combine, computed there (no combine launch); a PleWrite: the PLE's conv step (no ple_conv_out launch).
+    combine, computed there (no combine launch); a ReadNorm (launch_ple.PleMix): its own first kernel instead of
+    hc_write_norm (the PLE layer's mix).
     out_inj may be inj_prev's buffer (the norm's kernel has read it before hc_up_mix writes). mark(part) is called
     after the "norm" ("write+norm") and "down" launches (the profiling graph's stamps)."""
     with U.on_stream(stream):
@@ -126,8 +121,9 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
                              f"hc_up_mix's shared memory ({UP_SMEM_FLOATS} floats)")
         if not w.n_inj and out_inj is not None:
             raise ValueError("out_inj: given, but the read has no inject rows (n_inj 0)")
-        ple = _ple_args(pending, T, CD)
-        bo, combine, inj_prev = pending_args(None if isinstance(pending, PleWrite) else pending, T, C, D)
+        own_norm = isinstance(pending, ReadNorm)
+        if not own_norm:
+            bo, combine, inj_prev = pending_args(pending, T, C, D)
         s = scratch if scratch is not None else HcScratch(None, None)
         xn = U.scratch_rows("scratch.xn", s.xn, T, (CD,), empty)
         dn = _leading_rows("scratch.dn", s.dn, T, n_dn, empty)
@@ -135,9 +131,12 @@ def hc_read(R, w: HcWeights, eps: float, pending=None, out_mixed=None, out_inj=N
         if w.n_inj:
             out_inj = U.out_array("out_inj", out_inj, (T, C), np.float32, empty)
 
-        nvrtc.kernel("hyper", "hc_write_norm")((T * C, 1, 1), (norm_threads(D), 1, 1), (
-            R, U.null_or(bo), *combine, U.null_or(inj_prev), w.norm_w, xn, np.int32(C), np.int32(D),
-            np.float32(eps), *ple))
+        if own_norm:
+            pending.launch_norm(R, w.norm_w, xn, eps)
+        else:
+            nvrtc.kernel("hyper", "hc_write_norm")((T * C, 1, 1), (norm_threads(D), 1, 1), (
+                R, U.null_or(bo), *combine, U.null_or(inj_prev), w.norm_w, xn, np.int32(C), np.int32(D),
+                np.float32(eps)))
         _mark(mark, "norm" if pending is None else "write+norm")
         launch_gemv(w.dn_raw, w.dn_type, CD, xn, dn, split, div=float(C))
         _mark(mark, "down")
@@ -152,35 +151,20 @@ HC_NORM_THREADS = 512  # kernels/hyper.cu
 
 
 def norm_threads(D: int) -> int:
-    """hc_write_norm's block: about 4 of a stream's D elements a thread (held in registers, loaded together),
-    whole warps, at most HC_NORM_THREADS."""
+    """hc_write_norm's block (and ple.cu ple_mix_norm's): about 4 of a stream's D elements a thread (held in
+    registers, loaded together), whole warps, at most HC_NORM_THREADS."""
     return min(HC_NORM_THREADS, -(-D // 128) * 32)
-
-
-def _ple_args(pending, T: int, CD: int):
-    """hc_write_norm's PLE arguments (gated, history, normed, conv_w, Kc, dilation): a PleWrite's, checked, else
-    nulls."""
-    if not isinstance(pending, PleWrite):
-        return (U.null_or(None),) * 4 + (np.int32(0), np.int32(1))
-    U.check_array("pending.gated", pending.gated, np.float32, (T, CD))
-    U.check_array("pending.normed", pending.normed, np.float32, (T, CD))
-    U.check_array("pending.conv_w", pending.conv_w, np.float32, (CD, None))
-    Kc = pending.conv_w.shape[1]
-    if Kc < 2 or pending.dilation < 1:
-        raise ValueError(f"pending.conv_w: {Kc} taps at dilation {pending.dilation}, expected >= 2 and >= 1")
-    U.check_array("pending.history", pending.history, np.float32, ((Kc - 1) * pending.dilation, CD))
-    return (pending.gated, pending.history, pending.normed, pending.conv_w, np.int32(Kc), np.int32(pending.dilation))
 
 
 def pending_args(pending, T: int, C: int, D: int):
     """(block_out or None, the combine's (parts, weights, shared, K) kernel arguments, inj_prev or None), checked:
     the kernel arguments of a pending write (None, (block_out [T, D], inj_prev [T, C]) or a CombineWrite) for the
-    kernels that apply it (hyper.cu, ple.cu ple_gate)."""
+    kernels that apply it (hyper.cu, ple.cu ple_mix_norm)."""
     none = (U.null_or(None),) * 3 + (np.int32(0),)
     if pending is None:
         return None, none, None
-    if isinstance(pending, PleWrite):
-        raise ValueError("pending: a PleWrite goes into the PLE layer's read (hc_read) only")
+    if isinstance(pending, ReadNorm):
+        raise ValueError(f"pending: a {type(pending).__name__} is a read's first kernel (hc_read) only")
     if isinstance(pending, CombineWrite):
         U.check_array("pending.weights", pending.weights, np.float32, (T, None))
         K = pending.weights.shape[1]

@@ -1,12 +1,16 @@
 """CuPy launchers of kernels/ple.cu, mirroring strata_cli/ops/ple.py (and the PLE part of engine/reference.py).
 
-Arrays are CuPy, C-contiguous: float32 activations, int64 tokens / table rows / hash constants. `out=`-style
-buffers are checked, never reallocated (graph capture); `stream=None` is the current stream. A window never
-writes the conv history or the n-gram predecessors; ple_history_commit / ple_prev_commit advance them in place.
-The key and value projections are launch_gemv.gemv launches over raw GGUF rows (one where the engine stacks
-them); ngram_gather hashes and gathers the table rows in one launch (tables of the element-wise types; else
-ngram_rows, then launch_embed.gather_rows). ple_mix applies the layer's pending hyper-connection
-write in its gate kernel (no write launch before it).
+Arrays are CuPy, C-contiguous (the key and value rows: row-strided views): float32 activations, int64 tokens /
+table rows / hash constants. `out=`-style buffers are checked, never reallocated (graph capture); `stream=None` is
+the current stream. A window never writes the conv history or the n-gram predecessors; ple_history_commit /
+ple_prev_commit advance them in place.
+
+The PLE of a window is two parts. What reads only the window's tokens (the window's inputs section, before layer
+0): ngram_gather hashes and gathers the table rows in one launch (tables of the element-wise types; else
+ngram_rows, then launch_embed.gather_rows), ple_kv projects them to key and value (launch_gemv.gemv: one GEMV
+where the engine stacks the matrices). What reads the residual stream is the PLE layer's first hyper-connection
+read: with a PleMix as its pending write, launch_hyper.hc_read's first kernel is ple.cu ple_mix_norm (the previous
+layer's write, the gate, the conv step and the read's norm; ple_mix_norm here) instead of hc_write_norm.
 
 Legend: T window rows, n n-gram size, Hn = (n-1)*heads_per_ngram table rows per token, hd table row length,
 P = Hn*hd embedding width, C streams, D hidden, CD = C*D, Kc conv taps, Hh = (Kc-1)*dilation history rows.
@@ -24,11 +28,13 @@ from . import launch_util as U
 from . import seq_util as S
 from .launch_embed import gather_rows
 from .launch_gemv import SplitK, gemv
-from .launch_hyper import PleWrite, pending_args
+from .launch_hyper import ReadNorm, norm_threads, pending_args
 from .runtime import empty
 
 PLE_BLOCK = 256  # kernels/ple.cu
 PLE_MAXN = 8
+PLE_EPT = 5  # ple_mix_norm: elements of a stream's row a thread holds (one pass where D <= PLE_EPT x block)
+PLE_MAX_TAPS = 33  # ple_mix_norm: a thread of the first warp waits for each earlier tap's row
 
 
 def _hash_args(tokens, prev, multipliers, heads_per_ngram: int, vocab_sizes, offsets):
@@ -82,17 +88,16 @@ def ngram_gather(tokens, prev, eos: int, multipliers, heads_per_ngram: int, voca
 
 @dataclass
 class PLEWork:
-    """Intermediates of ple_mix: key, a float32 buffer of at least T * (CD + D) values (its leading [T, CD] view, or
-    [T, CD + D] rows [key | value] where key and value are one GEMV), value [T, D], gated [T, CD]; may hold more
-    rows than the window."""
+    """ple_kv's outputs: key, a float32 buffer of at least T * (CD + D) values (its leading [T, CD] view, or
+    [T, CD + D] rows [key | value] where key and value are one GEMV), value [T, D] (two GEMVs); may hold more rows
+    than the window."""
 
     key: object
     value: object
-    gated: object
 
     @classmethod
     def empty(cls, T: int, C: int, D: int) -> "PLEWork":
-        return cls(empty((T, C * D + D), np.float32), empty((T, D), np.float32), empty((T, C * D), np.float32))
+        return cls(empty((T, C * D + D), np.float32), empty((T, D), np.float32))
 
 
 def _flat_rows(name: str, buf, T: int, width: int):
@@ -107,78 +112,103 @@ def _flat_rows(name: str, buf, T: int, width: int):
     return buf.reshape(-1)[:T * width].reshape(T, width)
 
 
-def ple_mix_write(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, conv_w, dilation: int,
-                  eps: float, *, key_type: int = quants.F32, value_type: int = quants.F32, kv=None, pending=None,
-                  normed=None, work: PLEWork | None = None, split: SplitK | None = None, stream=None):
-    """The PLE block up to its last step: returns (the PleWrite that adds it to R, normed [T, CD]); the read that
-    follows applies it (launch_hyper.hc_read(pending=)), or ple_mix's ple_conv_out launch does.
-
-    emb [T, P]; history [Hh, CD]; w_key raw [CD, P] and w_value raw [D, P] of key_type / value_type, or kv = (raw
-    [CD + D, P], type): the two stacked (one GEMV; w_key and w_value None); norms [CD]; conv_w [CD, Kc].
-    pending: the previous block's hyper-connection write ((block_out [T, D], inj [T, C]) or a CombineWrite,
-    launch_hyper.hc_write's arithmetic), applied to R in place by the gate's kernel before it reads R (no write
-    launch). ops.ple.ple_mix returns seq = [history | normed]; here only normed is written and ple_history_commit
-    keeps rows of that sequence."""
+def ple_kv(emb, C: int, w_key=None, w_value=None, *, key_type: int = quants.F32, value_type: int = quants.F32,
+           kv=None, work: PLEWork | None = None, split: SplitK | None = None, stream=None):
+    """(key [T, CD], value [T, D]) = emb [T, P] @ w_key^T, emb @ w_value^T: w_key raw [CD, P] and w_value raw
+    [D, P] of key_type / value_type (two GEMVs), or kv = (raw [CD + D, P], type): the two stacked (one GEMV; key and
+    value are then views of its rows [key | value], row stride CD + D; w_key and w_value None)."""
     with U.on_stream(stream):
-        U.check_array("R", R, np.float32, (None, None, None))
-        T, C, D = R.shape
-        CD = C * D
-        U.check_array("emb", emb, np.float32, (T, None))
-        P = emb.shape[1]
-        U.check_array("conv_w", conv_w, np.float32, (CD, None))
-        Kc = conv_w.shape[1]
-        if Kc < 2 or dilation < 1:
-            raise ValueError(f"conv_w: {Kc} taps at dilation {dilation}, expected >= 2 taps and dilation >= 1")
-        U.check_array("history", history, np.float32, ((Kc - 1) * dilation, CD))
-        for name, gamma in (("norm_key", norm_key), ("norm_query", norm_query), ("norm_conv", norm_conv)):
-            U.check_array(name, gamma, np.float32, (CD,))
+        U.check_array("emb", emb, np.float32, (None, None))
+        T, P = emb.shape
+        w = work if work is not None else PLEWork(None, None)
         if kv is not None:
             if w_key is not None or w_value is not None:
                 raise ValueError("kv: given with w_key / w_value (the stacked matrix replaces both)")
-            U.weight_rows("kv", kv[0], kv[1], P, n_out=CD + D)
-        else:
-            U.weight_rows("w_key", w_key, key_type, P, n_out=CD)
-            U.weight_rows("w_value", w_value, value_type, P, n_out=D)
-        bo, combine, inj_prev = pending_args(pending, T, C, D)
-        w = work if work is not None else PLEWork(None, None, None)
-        gated = U.scratch_rows("work.gated", w.gated, T, (CD,), empty)
-        normed = U.out_array("normed", normed, (T, CD), np.float32, empty)
-
-        if kv is not None:  # rows [key | value]
-            rows = _flat_rows("work.key", w.key, T, CD + D)
-            gemv(kv[0], kv[1], P, emb, out=rows, split=split)
-            key, value, ld = rows, rows[:, CD:], CD + D
-        else:
-            key = _flat_rows("work.key", w.key, T, CD)
-            value = U.scratch_rows("work.value", w.value, T, (D,), empty)
-            gemv(w_key, key_type, P, emb, out=key, split=split)
-            gemv(w_value, value_type, P, emb, out=value, split=split)
-            ld = None
-        nvrtc.kernel("ple", "ple_gate")((T * C, 1, 1), (PLE_BLOCK, 1, 1), (
-            key, np.int64(ld or CD), value, np.int64(ld or D), R, U.null_or(bo), *combine, U.null_or(inj_prev),
-            norm_key, norm_query, norm_conv, gated, normed, np.int32(C), np.int32(D), np.float32(np.sqrt(D)),
-            np.float32(eps)))
-    return PleWrite(gated, history, normed, conv_w, dilation), normed
+            rows = U.weight_rows("kv", kv[0], kv[1], P)
+            if rows % (C + 1):
+                raise ValueError(f"kv: {rows} rows, expected C*D + D ({C} streams)")
+            D = rows // (C + 1)
+            out = _flat_rows("work.key", w.key, T, C * D + D)
+            gemv(kv[0], kv[1], P, emb, out=out, split=split)
+            return out[:, :C * D], out[:, C * D:]
+        CD = U.weight_rows("w_key", w_key, key_type, P)
+        D = U.weight_rows("w_value", w_value, value_type, P)
+        if CD != C * D:
+            raise ValueError(f"w_key: {CD} rows, expected C x D = {C * D} (w_value's {D} rows, {C} streams)")
+        key = _flat_rows("work.key", w.key, T, CD)
+        value = U.scratch_rows("work.value", w.value, T, (D,), empty)
+        gemv(w_key, key_type, P, emb, out=key, split=split)
+        gemv(w_value, value_type, P, emb, out=value, split=split)
+    return key, value
 
 
-def ple_mix(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, conv_w, dilation: int, eps: float,
-            *, out=None, stream=None, **kwargs):
-    """Add the PLE block to R [T, C, D]: returns (R_new [T, C, D], normed [T, CD]): ple_mix_write (its arguments
-    and keywords), then its last step in a launch of its own (ple_conv_out). out may be R (updated in place)."""
+def sync_words(T: int, C: int) -> int:
+    """ple_mix_norm's sync words for a window of T rows and C streams: the arrival counter and a flag a block."""
+    return 1 + T * C
+
+
+@dataclass
+class PleMix(ReadNorm):
+    """The PLE layer's mix as the pending write of its first read (launch_hyper.hc_read(pending=)): the read's first
+    kernel is ple.cu ple_mix_norm (ple_mix_norm below) instead of hc_write_norm, so the mix, its conv step and the
+    read's norm are one launch. key [T, CD], value [T, D]: ple_kv's (row-strided views); history [Hh, CD]; norms
+    [CD]; conv_w [CD, Kc]; normed [T, CD] (written: what ple_history_commit keeps); pending: the previous block's
+    write (None, (block_out [T, D], inj [T, C]) or a CombineWrite), applied to R first; sync: uint32 [>=
+    sync_words(T, C)], zero (and zero again after the launch), needed where T > dilation (the conv then reads
+    other rows' normed values), else unused."""
+
+    key: object
+    value: object
+    history: object
+    norm_key: object
+    norm_query: object
+    norm_conv: object
+    conv_w: object
+    dilation: int
+    normed: object
+    pending: object = None
+    sync: object = None
+
+    def launch_norm(self, R, norm_w, xn, eps: float) -> None:
+        ple_mix_norm(R, self, norm_w, xn, eps)
+
+
+def ple_mix_norm(R, mix: PleMix, norm_w, xn, eps: float, stream=None):
+    """R [T, C, D] <- the PLE block added (the pending write first), in place, and xn [T, CD] <- its grouped RMS
+    norm times norm_w [CD] (hc_write_norm's output); mix.normed written. Reference: ops.ple.ple_mix_after_write
+    (R_new, seq[Hh:]), then ops.basic.grouped_rms_norm(R_new, norm_w). Returns xn."""
     with U.on_stream(stream):
         U.check_array("R", R, np.float32, (None, None, None))
         T, C, D = R.shape
         CD = C * D
-        if out is not None:  # checked before anything launches
-            out = U.out_array("out", out, (T, C, D), np.float32, empty)
-        write, normed = ple_mix_write(R, emb, history, w_key, w_value, norm_key, norm_query, norm_conv, conv_w,
-                                      dilation, eps, **kwargs)
-        out = U.out_array("out", out, (T, C, D), np.float32, empty)
-        grid, block = U.elementwise_grid(T * CD, PLE_BLOCK)
-        nvrtc.kernel("ple", "ple_conv_out")(grid, block, (
-            R, write.gated, history, normed, conv_w, out, np.int32(T), np.int32(CD), np.int32(conv_w.shape[1]),
-            np.int32(dilation)))
-    return out, normed
+        ks, = S.check_rows_view("mix.key", mix.key, 2, (T, CD))
+        vs, = S.check_rows_view("mix.value", mix.value, 2, (T, D))
+        U.check_array("mix.conv_w", mix.conv_w, np.float32, (CD, None))
+        Kc, dilation = mix.conv_w.shape[1], int(mix.dilation)
+        if not 2 <= Kc <= PLE_MAX_TAPS or dilation < 1:
+            raise ValueError(f"mix.conv_w: {Kc} taps at dilation {dilation}, expected 2..{PLE_MAX_TAPS} taps and "
+                             "dilation >= 1")
+        U.check_array("mix.history", mix.history, np.float32, ((Kc - 1) * dilation, CD))
+        for name in ("norm_key", "norm_query", "norm_conv"):
+            U.check_array(f"mix.{name}", getattr(mix, name), np.float32, (CD,))
+        U.check_array("norm_w", norm_w, np.float32, (CD,))
+        U.check_array("mix.normed", mix.normed, np.float32, (T, CD))
+        U.check_array("xn", xn, np.float32, (T, CD))
+        sync = None
+        if T > dilation:  # a row's conv reads earlier rows of the window
+            U.check_array("mix.sync", mix.sync, np.uint32, (None,))
+            if mix.sync.shape[0] < sync_words(T, C):
+                raise ValueError(f"mix.sync: {mix.sync.shape[0]} words, a window of {T} x {C} needs "
+                                 f"{sync_words(T, C)}")
+            sync = mix.sync
+        bo, combine, inj_prev = pending_args(mix.pending, T, C, D)
+        block = norm_threads(D)
+        name = "ple_mix_norm" if D <= PLE_EPT * block else "ple_mix_norm_passes"
+        nvrtc.kernel("ple", name)((T * C, 1, 1), (block, 1, 1), (
+            R, U.null_or(bo), *combine, U.null_or(inj_prev), mix.key, ks, mix.value, vs, mix.norm_key,
+            mix.norm_query, mix.norm_conv, mix.history, mix.conv_w, np.int32(Kc), np.int32(dilation), mix.normed,
+            U.null_or(sync), norm_w, xn, np.int32(C), np.int32(D), np.float32(np.sqrt(D)), np.float32(eps)))
+    return xn
 
 
 def ple_history_commit(history, normed, n_keep, n_keep_dev=None, stream=None):

@@ -65,8 +65,8 @@ def ple_mix(R: np.ndarray, emb: np.ndarray, history: np.ndarray, w_key: np.ndarr
 def ple_mix_after_write(R: np.ndarray, pending, emb: np.ndarray, history: np.ndarray, w_kv: np.ndarray,
                         norm_key: np.ndarray, norm_query: np.ndarray, norm_conv: np.ndarray, conv_w: np.ndarray,
                         dilation: int, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The reference of gpu/launch_ple.ple_mix with the stacked projection and a pending write: R += block_out *
-    inj per stream (pending = (block_out [T, D], inj [T, C]) or None; ops/hyper.hc_write), then ple_mix with
+    """The reference of the GPU's PLE layer mix (gpu/launch_ple.ple_kv over the stacked projection, then
+    ple_mix_norm with a pending write, whose xn is grouped_rms_norm of R_new): R += block_out * inj per stream (pending = (block_out [T, D], inj [T, C]) or None; ops/hyper.hc_write), then ple_mix with
     w_kv [C*D + D, P] = [w_key; w_value]. Returns (R after the write, R_new, seq)."""
     T, C, D = R.shape
     if pending is not None:

@@ -12,6 +12,7 @@ import numpy as np
 
 from ...errors import InputError
 from ...gpu.launch_gemv import ZSPLIT_TILES, SplitK
+from ...gpu.launch_ple import sync_words
 from ...gpu.launch_sampling import ARGMAX_MAX_PARTS, ArgmaxScratch
 from ...gpu.launch_util import GEMV_MAXT, GEMV_PARTIAL_FLOATS
 from ...gpu.runtime import MappedBuffer, cupy
@@ -154,9 +155,10 @@ def plan_buffers(g, n_ctx: int, M: int, layers: tuple[int, int] | None = None) -
         for name, n in [("ple_mult", p.ngram_size), ("ple_sizes", p.n_heads), ("ple_offsets", p.n_heads)]:
             a.add(name, (n,), np.int64)  # the n-gram hash constants (PLEGeometry.hash_arrays)
         for name, shape in [("ple_emb", (M, p.embed_dim)), ("ple_key", (M, C * D + D)), ("ple_value", (M, D)),
-                            ("ple_gated", (M, C * D)), ("ple_normed", (M, C * D)),
-                            ("ple_history", (p.history, C * D))]:
+                            ("ple_normed", (M, C * D)), ("ple_history", (p.history, C * D))]:
             a.add(name, shape)
+        # ple_mix_norm's arrival counter and a flag a block: zero (the arena is), and zero again after every launch
+        a.add("ple_sync", (sync_words(M, C),), np.uint32)
     return a
 
 

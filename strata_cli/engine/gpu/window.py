@@ -51,13 +51,14 @@ def _marks(e, layer: int, prefix: str, stream):
 
 # What a read's pending write adds to R (the previous block's output): nothing, block_out (a mixer's out-projection,
 # the tiers' combine), a CombineWrite: the routed experts' combine, which the read's first kernel computes (_moe
-# returns it), or a PleWrite: the PLE's conv step, which the PLE layer's read computes (_ple returns it)
+# returns it), or a PleMix: the PLE's mix (with the previous layer's write), which the PLE layer's first read's
+# first kernel computes (_ple returns it)
 NO_WRITE, BLOCK_OUT = None, "block_out"
 
 
 def _pending(e, pending, r0: int, r1: int):
     b = e.buf
-    if isinstance(pending, hyper.PleWrite):  # the PLE layer's conv step (_ple), whole window only
+    if isinstance(pending, ple.PleMix):  # the PLE layer's mix (_ple), whole window only
         return pending
     if isinstance(pending, hyper.CombineWrite):
         return pending
@@ -250,7 +251,7 @@ def _moe(e, layer: int, x, T: int, stream):
 
 
 def _ple_weights(e, layer: int) -> dict:
-    """ple_mix's projection arguments: the stacked [key; value] matrix (one GEMV) where DeviceWeights stacks them,
+    """ple_kv's projection arguments: the stacked [key; value] matrix (one GEMV) where DeviceWeights stacks them,
     else the two matrices and their types."""
     kv = e.w.stack(layer, PLE_KV)
     if kv is not None:
@@ -259,56 +260,56 @@ def _ple_weights(e, layer: int) -> dict:
     return dict(w_key=wk, w_value=wv, key_type=kt, value_type=vt)
 
 
-def _ple_rows(e, T: int, stream):
-    """The window's hashed n-gram table rows, gathered (one launch for tables of the element-wise types)."""
+def _ple_inputs(e, T: int, stream):
+    """The PLE's part that reads the window's tokens only (the window's inputs section): the hashed n-gram table rows
+    gathered (one launch for tables of the element-wise types) and their key / value projection (one GEMV where
+    the matrices stack). Returns the (key, value) rows the PLE layer's mix reads."""
     b, p = e.buf, e.g.ple
     table, table_type = e.w.raw(PLE_TABLE)
-    return ple.ngram_gather(b["tokens"][:T], b["ple_prev"], p.eos_token_id, b["ple_mult"], p.heads_per_ngram,
-                            b["ple_sizes"], b["ple_offsets"], table, table_type, p.head_dim, out=b["ple_emb"][:T],
-                            rows=b["ple_rows"][:T], stream=stream)
+    emb = ple.ngram_gather(b["tokens"][:T], b["ple_prev"], p.eos_token_id, b["ple_mult"], p.heads_per_ngram,
+                           b["ple_sizes"], b["ple_offsets"], table, table_type, p.head_dim, out=b["ple_emb"][:T],
+                           rows=b["ple_rows"][:T], stream=stream)
+    return ple.ple_kv(emb, e.g.hc, work=ple.PLEWork(b["ple_key"], b["ple_value"]), split=split_k(b), stream=stream,
+                      **_ple_weights(e, p.layer))
 
 
-def _ple(e, T: int, stream, pending=NO_WRITE):
-    """The PLE of the window's rows up to its conv step, whose PleWrite (returned) the layer's read applies;
-    pending: the previous layer's write, applied to R by the mix's gate kernel before it reads R."""
+def _ple(e, T: int, rows, pending=NO_WRITE):
+    """The PLE layer's mix as the pending write of its first read (no launch of its own: that read's first kernel
+    is ple.cu ple_mix_norm); rows: _ple_inputs' (key, value); pending: the previous layer's write, applied to R
+    first by the same kernel."""
     b, w, g = e.buf, e.w, e.g
     p, layer = g.ple, g.ple.layer
-    emb = _ple_rows(e, T, stream)
-    write, _ = ple.ple_mix_write(b["R"][:T], emb, b["ple_history"], norm_key=w.blk_f32(layer, "ple_norm_key"),
-                                 norm_query=w.blk_f32(layer, "ple_norm_query"),
-                                 norm_conv=w.blk_f32(layer, "ple_norm_conv"), conv_w=w.blk_f32(layer, "ple_conv1d"),
-                                 dilation=p.dilation, eps=g.eps, pending=_pending(e, pending, 0, T),
-                                 normed=b["ple_normed"][:T],
-                                 work=ple.PLEWork(b["ple_key"], b["ple_value"], b["ple_gated"]), split=split_k(b),
-                                 stream=stream, **_ple_weights(e, layer))
-    stamp(e, layer, "ple", stream)
-    return write
+    return ple.PleMix(*rows, b["ple_history"], w.blk_f32(layer, "ple_norm_key"), w.blk_f32(layer, "ple_norm_query"),
+                      w.blk_f32(layer, "ple_norm_conv"), w.blk_f32(layer, "ple_conv1d"), p.dilation,
+                      b["ple_normed"][:T], pending=_pending(e, pending, 0, T), sync=b["ple_sync"])
 
 
 class _LayerRecorder:
     """The one layer sequence of every window variant: every block's residual write is applied by the next HC read's
     first kernel (the pending write); a GDN mixer is 3 nodes (_gdn; 4 where qkv and z differ in type). Per layer:
 
-        pre(l)  = [write, PLE] HC read (attn; the previous layer's MoE write first, with every expert in VRAM also
-                     the experts' combine), mixer, HC read (ffn; the mixer's write first), MoE (router, shared
-                     expert, routed experts) or the tiers' front: router, doorbell, shared expert, VRAM experts
+        pre(l)  = HC read (attn; the previous layer's MoE write first, with every expert in VRAM also the experts'
+                     combine; at the PLE layer the PLE's mix too), mixer, HC read (ffn; the mixer's write first),
+                     MoE (router, shared expert, routed experts) or the tiers' front: router, doorbell, shared
+                     expert, VRAM experts
         post(l) = the tiers' back: waits, PCIe experts, combine
 
-    Before a PLE layer that is not the first the pending write goes into the PLE mix's gate kernel (the mix reads R
-    first); the PLE's last step (its conv) goes into the layer's first read."""
+    The PLE's n-gram rows and their key / value projection read the tokens only: they go into the window's inputs
+    section (_inputs), before layer 0; the rest of the PLE (the previous layer's write, the gate, the conv step) is
+    the first kernel of the PLE layer's first read (a PleMix pending)."""
 
     def __init__(self, e, T: int, stream):
         self.e, self.T, self.stream = e, T, stream
         self.moe_write = BLOCK_OUT  # the tiers' post combines into block_out; else the last _moe's CombineWrite
+        self.ple_rows = None  # the PLE's (key, value) rows, from the inputs section (_inputs)
 
     def pre(self, layer: int) -> None:
         e, g, T, stream = self.e, self.e.g, self.T, self.stream
         if layer:
             stamp(e, layer - 1, "gap", stream)
         pending = self.moe_write if layer > self.e.layers[0] else NO_WRITE  # the previous layer's MoE write
-        if g.ple is not None and g.ple.layer == layer:
-            # the mix's gate kernel applies the write; the PLE's conv step is the read's pending write
-            pending = _ple(e, T, stream, pending)
+        if g.ple is not None and g.ple.layer == layer:  # the read's first kernel is the PLE's mix (the write first)
+            pending = _ple(e, T, self.ple_rows, pending)
         mixed, _ = _hc(e, f"blk.{layer}.hc_attn", T, stream, mark=_marks(e, layer, "hc0-", stream), pending=pending)
         stamp(e, layer, "hc-read0", stream)
         if g.layer_is_attn[layer]:
@@ -336,7 +337,7 @@ class _LayerRecorder:
         whole stack in R for the next stage."""
         e, L, T, stream = self.e, self.e.g.n_layers, self.T, self.stream
         lo, hi = e.layers
-        _inputs(e, T, stream, embed_rows=lo == 0)
+        self.ple_rows = _inputs(e, T, stream, embed_rows=lo == 0)
         stamp(e, L, "embed", stream)
         self.pre(lo)
         for layer in range(lo, hi):
@@ -361,17 +362,24 @@ def record_window(e, T: int, stream) -> None:
         _LayerRecorder(e, T, stream).record()
 
 
-def _inputs(e, T: int, stream, embed_rows: bool = True) -> None:
-    """Tokens and positions from mapped staging, the embedding, broadcast to the HC streams (embed_rows False: a
-    later stage of the layer split, whose R the previous stage's hand-off filled)."""
+def _inputs(e, T: int, stream, embed_rows: bool = True):
+    """Tokens and positions from mapped staging; where the engine's layer range holds the PLE layer, its n-gram rows
+    and their key / value projection (_ple_inputs: they read the tokens only), returned (else None); the embedding,
+    broadcast to the HC streams (embed_rows False: a later stage of the layer split, whose R the previous stage's
+    hand-off filled)."""
     b, g = e.buf, e.g
     copy_async(b["tokens"], e.stage.tokens.device, T * 8, stream)
     copy_async(b["positions"], e.stage.positions.device, T * 4, stream)
-    if not embed_rows:
-        return
-    table, table_type = e.w.raw("token_embd.weight")
-    embed.gather_rows(b["tokens"][:T].reshape(T, 1), table, table_type, g.n_embd, out=b["emb"][:T], stream=stream)
-    hyper.broadcast_streams(b["emb"][:T], g.hc, out=b["R"][:T], stream=stream)
+    rows = None
+    if g.ple is not None and e.layers[0] <= g.ple.layer < e.layers[1]:
+        rows = _ple_inputs(e, T, stream)
+        stamp(e, g.n_layers, "ple", stream)
+    if embed_rows:
+        table, table_type = e.w.raw("token_embd.weight")
+        embed.gather_rows(b["tokens"][:T].reshape(T, 1), table, table_type, g.n_embd, out=b["emb"][:T],
+                          stream=stream)
+        hyper.broadcast_streams(b["emb"][:T], g.hc, out=b["R"][:T], stream=stream)
+    return rows
 
 
 def _head_after_read(e, mixed, T: int, stream) -> None:
