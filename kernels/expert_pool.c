@@ -208,6 +208,16 @@ static int needs_xperm(int type, int n) {
 #endif
 }
 
+/* whether rows of n of the type read a bf16 split of x (fused_xperm_split): h, written element by element, cannot be */
+static int split_x(int type, int n) {
+#ifdef STRATA_AVX2
+    return fused_xperm_split(type, n);
+#else
+    (void)type, (void)n;
+    return 0;
+#endif
+}
+
 static int perm_pos(int type, int n, int f) {
 #ifdef STRATA_AVX2
     return xperm_pos(type, n, f);
@@ -284,7 +294,8 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
      * they are of one type) */
     const int xp_gate = needs_xperm(gate_type, H);
     const int xp_up = needs_xperm(up_type, H) && !(xp_gate && up_type == gate_type);
-    const int hp = needs_xperm(down_type, F); /* h written in the down kernel's lane order */
+    /* h written in the down kernel's lane order where it has one that h can be written in */
+    const int hp = needs_xperm(down_type, F) && !split_x(down_type, F);
     const size_t n_xs = (size_t)(x_sums ? n_x : 0) * (H / 16), n_hs = (size_t)(h_sums ? N : 0) * (F / 16);
     const size_t n_xp = (size_t)n_x * H * (size_t)(xp_gate + xp_up);
     float *sums = (float *)malloc(sizeof(float) * (n_xs + n_hs + n_xp + 1));
@@ -462,6 +473,33 @@ int strata_dequant_row(int type, const void *src, int64_t n, float *y) {
     if (!row_ok(type, (int)n)) return -1;
     dequant_row(type, (const uint8_t *)src, n, y);
     return 0;
+}
+
+/* one weight row's dot products with m <= MAX_M token rows x [m][n] (natural order) through the fused kernel the pool
+ * runs: the lane-order one (x permuted or split here) where `lane` and the type has one, else the weight-table one.
+ * The tests' probe of the kernels: against one-hot x rows each output is one weight, bit for bit gguf's. 0, or -1
+ * where no fused kernel serves rows of n (or without SIMD) */
+int strata_row_dots(int type, int lane, const void *row, int n, const float *x, int m, float *out) {
+#ifdef STRATA_AVX2
+    const dots_fn fused = lane ? fused_dots_xperm(type, n) : fused_dots(type, n);
+    if (!row_ok(type, n) || !fused || m < 1 || m > MAX_M) return -1;
+    float *buf = (float *)malloc(sizeof(float) * (size_t)m * ((size_t)n + (size_t)n / 16));
+    if (!buf) return -2;
+    const float *xs[MAX_M], *xsum[MAX_M];
+    for (int r = 0; r < m; r++) {
+        float *xp = buf + (size_t)r * n, *sums = buf + (size_t)m * n + (size_t)r * (n / 16);
+        if (lane) perm_of(type, x + (size_t)r * n, n, xp);
+        else memcpy(xp, x + (size_t)r * n, sizeof(float) * (size_t)n);
+        sums_of(x + (size_t)r * n, n, sums);
+        xs[r] = xp, xsum[r] = needs_sums(type) ? sums : NULL;
+    }
+    fused((const uint8_t *)row, n, xs, xsum, m, out, (const uint8_t *)row + row_bytes_of(type, n));
+    free(buf);
+    return 0;
+#else
+    (void)type, (void)lane, (void)row, (void)n, (void)x, (void)m, (void)out;
+    return -1;
+#endif
 }
 
 /* ---- doorbell words (mapped pinned memory): wait, raise (max), store */

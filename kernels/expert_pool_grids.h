@@ -61,10 +61,26 @@ AI __m128i rows4x4(const void *grid, const scratch *S, int i) {
     return _mm_insert_epi32(q, (int)rd32(g + (o >> 48)), 3);
 }
 
+#ifdef STRATA_VBMI
+/* the sign bytes by table (VBMI): 128 entries of a byte table at t by the low 7 bits of each byte of idx */
+AI __m512i lut128(const uint8_t *t, __m512i idx) {
+    return _mm512_permutex2var_epi8(_mm512_loadu_si512(t), idx, _mm512_loadu_si512(t + 64));
+}
+/* IQ2_XXS / IQ3_XXS's 32 sign bytes (one per 8 weights, element order) from the 8 sub-block words a (4 sign ids of
+ * 7 bits at 7 l): the ids into bytes by one multishift (bit 7 the next id's, which the lookup ignores), then
+ * ksigns_iq2xs by one 128-entry lookup: 2 instructions where the bit arithmetic below takes ~17 */
+AI __m256i xxs_signs_vbmi(__m256i a) {
+    const __m256i t = _mm256_multishift_epi64_epi8(_mm256_set1_epi64x(0x352E2720150E0700LL), a);
+    return _mm512_castsi512_si256(lut128(ksigns_iq2xs, _mm512_castsi256_si512(t)));
+}
+#endif
 /* IQ2_XXS / IQ3_XXS: the 16 groups' sign masks from the 8 sub-block words a[g] (4 sign ids of 7 bits at 7 l, the
  * scale in bits 28..31): group j holds ids 2 (j & 1) and 2 (j & 1) + 1 of a[j / 2], each expanded as ksigns_iq2xs
  * does (the 7 bits, their parity as bit 7) */
 AI void xxs_signs(__m256i a, scratch *S) {
+#ifdef STRATA_VBMI
+    _mm256_store_si256((__m256i *)(S->h + MSK), xxs_signs_vbmi(a));
+#else
     __m512i w = _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7),
                                          _mm512_castsi256_si512(a));
     w = _mm512_srlv_epi32(w, _mm512_setr_epi32(0, 14, 0, 14, 0, 14, 0, 14, 0, 14, 0, 14, 0, 14, 0, 14));
@@ -79,12 +95,14 @@ AI void xxs_signs(__m256i a, scratch *S) {
                                       _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(p, _mm512_set1_epi32(1)), 7),
                                                       _mm512_srli_epi32(_mm512_and_si512(p, _mm512_set1_epi32(0x10000)), 1)));
     _mm256_store_si256((__m256i *)(S->h + MSK), _mm512_cvtepi32_epi16(m));
+#endif
 }
 /* d * (0.5 + (a >> 28)) * k for the 8 sub-block words a: IQ2_XXS (k = 0.25), IQ3_XXS (k = 0.5) */
-AI void xxs_scales(float d, __m256i a, float k, scratch *S) {
+AI __m256 xxs_scale8(float d, __m256i a, float k) {
     const __m256 s = _mm256_add_ps(_mm256_set1_ps(0.5f), _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 28)));
-    _mm256_store_ps(S->f, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), s), _mm256_set1_ps(k)));
+    return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), s), _mm256_set1_ps(k));
 }
+AI void xxs_scales(float d, __m256i a, float k, scratch *S) { _mm256_store_ps(S->f, xxs_scale8(d, a, k)); }
 
 /* IQ2_XXS: d, then per 32 weights u32 (4 grid ids), u32 (4 sign ids, scale) */
 AI void prep_iq2_xxs(const uint8_t *b, float *ps) {
@@ -108,11 +126,17 @@ AI void prep_iq2_xs(const uint8_t *b, float *ps) {
     const __m512i q = _mm512_loadu_si512(b + 2);
     _mm512_store_si512(S->h + OFF, _mm512_slli_epi16(_mm512_and_si512(q, _mm512_set1_epi16(511)), 3));
     const __m512i s = _mm512_srli_epi16(q, 9);
+#ifdef STRATA_VBMI /* ksigns_iq2xs of each word's id (its low byte), the 32 low bytes packed */
+    _mm256_store_si256((__m256i *)(S->h + MSK), _mm512_castsi512_si256(_mm512_permutexvar_epi8(
+        _mm512_setr_epi64(0x0E0C0A0806040200LL, 0x1E1C1A1816141210LL, 0x2E2C2A2826242220LL, 0x3E3C3A3836343230LL,
+                          0, 0, 0, 0), lut128(ksigns_iq2xs, s))));
+#else
     __m512i p = _mm512_xor_si512(s, _mm512_srli_epi16(s, 4));
     p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 2));
     p = _mm512_xor_si512(p, _mm512_srli_epi16(p, 1));
     const __m512i k = _mm512_or_si512(s, _mm512_slli_epi16(_mm512_and_si512(p, _mm512_set1_epi16(1)), 7));
     _mm256_store_si256((__m256i *)(S->h + MSK), _mm512_cvtepi16_epi8(k)); /* group j: bytes 2j, 2j + 1 */
+#endif
 }
 AI v16 g_iq2_xs(const uint8_t *b, int j, const float *ps) {
     (void)b;
@@ -153,6 +177,16 @@ AI v16 g_iq3_xxs(const uint8_t *b, int j, const float *ps) {
     /* >> 2 in 16-bit lanes: each byte's bits 2..5 land in its low nibble (the neighbour's bits only reach 6, 7) */
     return grid_group(_mm_srli_epi16(rows4x4(grid_iq3xxs, S, 4 * j), 2), S->h[MSK + j], 1, S->f[j / 2], tab_iq3xxs);
 }
+/* IQ3_S's 8 scales d * (1 + 2 s), s the nibbles of the 4 bytes at 106, low first */
+AI __m256 iq3s_scale8(const uint8_t *b) {
+    const __m128i sc = _mm_cvtsi32_si128((int)rd32(b + 106));
+    const __m256i s = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(_mm_shuffle_epi8(sc, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3,
+                                                                                                  0, 0, 0, 0, 0, 0, 0, 0))),
+                                        _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
+    const __m256i odd = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(s, _mm256_set1_epi32(15)), 1),
+                                         _mm256_set1_epi32(1));
+    return _mm256_mul_ps(_mm256_set1_ps(rdh(b)), _mm256_cvtepi32_ps(odd));
+}
 /* IQ3_S: d, qs[64] (id low bits), qh[8] (9th id bit, bit i of the 64), signs[32], scales[4] (1 + 2 s per 32) */
 AI void prep_iq3_s(const uint8_t *b, float *ps) {
     scratch *S = (scratch *)ps;
@@ -163,13 +197,7 @@ AI void prep_iq3_s(const uint8_t *b, float *ps) {
     const __m512i hi = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(b + 34)));
     _mm512_store_si512(S->h + OFF, _mm512_slli_epi16(_mm512_mask_add_epi16(lo, (__mmask32)qh, lo, bit8), 2));
     _mm512_store_si512(S->h + OFF + 32, _mm512_slli_epi16(_mm512_mask_add_epi16(hi, (__mmask32)(qh >> 32), hi, bit8), 2));
-    const __m128i sc = _mm_cvtsi32_si128((int)rd32(b + 106));
-    const __m256i s = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(_mm_shuffle_epi8(sc, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3,
-                                                                                                  0, 0, 0, 0, 0, 0, 0, 0))),
-                                        _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
-    const __m256i odd = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(s, _mm256_set1_epi32(15)), 1),
-                                         _mm256_set1_epi32(1));
-    _mm256_store_ps(S->f, _mm256_mul_ps(_mm256_set1_ps(rdh(b)), _mm256_cvtepi32_ps(odd)));
+    _mm256_store_ps(S->f, iq3s_scale8(b));
 }
 AI v16 g_iq3_s(const uint8_t *b, int j, const float *ps) {
     const scratch *S = (const scratch *)ps;

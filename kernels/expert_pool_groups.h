@@ -25,6 +25,12 @@
 #ifdef STRATA_AVX512
 #define STRATA_PERM 1
 #endif
+/* STRATA_VBMI: the avx512spr build (strata_cli/tiers/native.py ISAS: + VBMI, BITALG, BF16): byte permutes of 64
+ * lanes from 128-entry tables, multishift, vpshufbitqmb and vdpbf16ps, for the grid i-quants' sign bytes (expert_pool_
+ * grids.h) and their kernels at few token rows (expert_pool_grids_lane.h) */
+#if defined(STRATA_AVX512) && defined(__AVX512VBMI__) && defined(__AVX512BITALG__) && defined(__AVX512BF16__)
+#define STRATA_VBMI 1
+#endif
 
 /* ---- v16: 16 float32 lanes */
 #ifdef STRATA_AVX512
@@ -349,11 +355,12 @@ AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) {
 #endif
 }
 /* IQ2_XS / IQ2_S: the 16 scales d * (0.5 + s) * 0.25, s the nibbles of 8 bytes at `at`, low first */
-AI void prep_iq2_scales(const uint8_t *b, int at, float *ps) {
+AI v16 iq2_scales(const uint8_t *b, int at) {
     const __m128i q = ld8(b + at);
     const v16 s = v16_add(v16_set1(0.5f), v16_i8(_mm_unpacklo_epi8(nib(q, 0), nib(q, 1))));
-    v16_st(ps, v16_mul(v16_mul(v16_set1(rdh(b)), s), v16_set1(0.25f)));
+    return v16_mul(v16_mul(v16_set1(rdh(b)), s), v16_set1(0.25f));
 }
+AI void prep_iq2_scales(const uint8_t *b, int at, float *ps) { v16_st(ps, iq2_scales(b, at)); }
 #ifndef STRATA_PERM
 /* i-quants (AVX2 build): (db * grid) * sign = db * (sign * grid) exactly */
 AI v16 g_iq2_xxs(const uint8_t *b, int j, const float *ps) {
@@ -1122,6 +1129,10 @@ AI void pass_q6kx(const int type, const uint8_t *row, int n, const float *const 
 LANE_DOTS(q6_kx, pass_q6kx, T_Q6_K)
 #endif
 
+#ifdef STRATA_VBMI
+#include "expert_pool_grids_lane.h" /* the grid i-quants at few token rows */
+#endif
+
 /* the table's group counts and block bytes restate the generated type table (model/quant_tables.py): hold them to
  * it, so a changed type cannot silently decode with the wrong stride (F32/F16/BF16 "blocks" are 16 elements here) */
 #define FUSED_CHECK(ID, DEC, GPB, BPB, PREP, MINS)                                                                   \
@@ -1173,6 +1184,15 @@ static dots_fn fused_dots_xperm(int type, int n) {
     if (type == T_Q5_K && n % 256 == 0) return dots_q5_kx;
     if (type == T_Q6_K && n % 256 == 0) return dots_q6_kx;
     if (type == T_IQ4_XS && n % 256 == 0) return dots_iq4_xsx;
+#ifdef STRATA_VBMI
+    if (n % 256 == 0) {
+        if (type == T_IQ2_XXS) return dots_iq2_xxst;
+        if (type == T_IQ2_XS) return dots_iq2_xst;
+        if (type == T_IQ2_S) return dots_iq2_sr;
+        if (type == T_IQ3_XXS) return dots_iq3_xxst;
+        if (type == T_IQ3_S) return dots_iq3_st;
+    }
+#endif
     if (n % 128 == 0) {
         if (type == T_Q4_0) return dots_q4_0x;
         if (type == T_IQ4_NL) return dots_iq4_nlx;
@@ -1185,11 +1205,17 @@ static dots_fn fused_dots_xperm(int type, int n) {
     (void)type, (void)n;
     return NULL;
 }
-/* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1 and 2 name the orders */
+/* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1 and 2 name the orders;
+ * 5, 6, 7 (the grid i-quants, expert_pool_grids_lane.h) are bf16 splits of x, no element-wise order (fused_xperm_split) */
 static int fused_xperm(int type, int n) {
     if (!fused_dots_xperm(type, n)) return 0;
-    return type == T_Q2_K || type == T_Q3_K ? 1 : type == T_Q4_K || type == T_Q5_K ? 3 : type == T_Q6_K ? 4 : 2;
+    return type == T_Q2_K || type == T_Q3_K ? 1 : type == T_Q4_K || type == T_Q5_K ? 3 : type == T_Q6_K ? 4
+         : type == T_IQ3_XXS || type == T_IQ3_S ? 5 : type == T_IQ2_XXS || type == T_IQ2_XS ? 6 : type == T_IQ2_S ? 7
+         : 2;
 }
+/* whether the type's order over rows of n is a bf16 split (two words an element, xperm_of writes it from a whole
+ * row): x rows only, never h, whose elements the gate/up items write one at a time (xperm_pos) */
+static int fused_xperm_split(int type, int n) { return fused_xperm(type, n) >= 5; }
 /* x (n floats) in the lane order of fused_xperm(type, n) */
 static void xperm_of(int type, const float *x, int n, float *xp) {
 #ifdef STRATA_PERM
@@ -1197,6 +1223,11 @@ static void xperm_of(int type, const float *x, int n, float *xp) {
     else if (fused_xperm(type, n) == 2) xperm_q4x(x, n, xp);
     else if (fused_xperm(type, n) == 3) xperm_q4kx(x, n, xp);
     else if (fused_xperm(type, n) == 4) xperm_q6kx(x, n, xp);
+#ifdef STRATA_VBMI
+    else if (fused_xperm(type, n) == 5) xsplit_iq3(x, n, xp);
+    else if (fused_xperm(type, n) == 6) xsplit_iq2(x, n, xp);
+    else if (fused_xperm(type, n) == 7) xsplit_iq2s(x, n, xp);
+#endif
 #else
     (void)type, (void)x, (void)n, (void)xp;
 #endif

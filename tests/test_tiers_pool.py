@@ -291,9 +291,12 @@ def test_a_build_the_compiler_refuses_falls_back_to_the_next_isa(monkeypatch, ca
 
 
 # the AVX-512 lane-order kernels (expert_pool_groups.h: x or h permuted once per call, codes as 16 dwords) serve rows
-# of n % 256 == 0 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) or n % 128 == 0 (Q4_0, Q4_1, IQ4_NL, MXFP4, Q5_0,
-# Q5_1); the shapes above are mostly not such
-LANE_ORDER = ("Q2_K", "Q3_K", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "IQ4_NL", "MXFP4", "Q5_0")
+# of n % 256 == 0 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; in the avx512spr build the grid i-quants' gate/up rows,
+# x split into bf16 pairs: expert_pool_grids_lane.h) or n % 128 == 0 (Q4_0, Q4_1, IQ4_NL, MXFP4, Q5_0, Q5_1); the
+# shapes above are mostly not such
+GRID_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
+LANE_ORDER = ("Q2_K", "Q3_K", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "IQ4_NL", "MXFP4",
+              "Q5_0") + GRID_TYPES
 
 
 @needs_native
@@ -314,6 +317,51 @@ def test_lane_order_kernels_match_numpy(type_name, H, F, build):
         for n_rows in (1, 4, 19):
             check_pool(model, pool, types, np.stack([[0, 1 + i % 3] for i in range(n_rows)]), layer=0)
         check_pool(model, pool, types, routed(5, 4, 2, rng), layer=1)
+
+
+@needs_native
+@BUILDS
+@pytest.mark.parametrize("type_name", GRID_TYPES)
+@pytest.mark.parametrize("n", [256, 768, 1280])
+def test_grid_kernels_yield_every_weight_bit_for_bit(type_name, n, build):
+    """One-hot token rows through the fused kernels the pool runs (strata_row_dots: the lane-order one, in the
+    avx512spr build the grid i-quants' table kernels, and the weight-table one), 1, 2 and 16 rows a call: each output
+    is one weight, equal to gguf's (a one-hot x splits into bf16 exactly, and the scale times the exact grid value is
+    gguf's product). Rows of 1, 3 and 5 blocks: the IQ2 pair kernels' lone last block, a pair and one, two pairs and
+    one."""
+    lib = library(build)
+    t = native.NATIVE_TYPES[type_name]
+    raw = np.ascontiguousarray(random_raw(type_name, 2, n, np.random.default_rng(t + n)))
+    for r in range(raw.shape[0]):
+        ref = dequant_ref(raw[r:r + 1], type_name)[0]
+        for lane in (1, 0):
+            for m in (1, 2, 16):
+                got = np.full(n, np.nan, dtype=np.float32)
+                for k in range(0, n, m):
+                    x = np.zeros((m, n), dtype=np.float32)
+                    x[np.arange(m), (k + np.arange(m)) % n] = 1.0
+                    out = np.full(m, np.nan, dtype=np.float32)
+                    rc = lib.strata_row_dots(t, lane, raw[r].ctypes.data, n, x.ctypes.data, m, out.ctypes.data)
+                    if rc == -1 and (build == "no-simd" or lane and build != "avx512spr"):
+                        break  # no fused kernel (no SIMD), no lane-order one (the table kernels are avx512spr's)
+                    assert rc == 0
+                    got[(k + np.arange(m)) % n] = out
+                else:
+                    np.testing.assert_array_equal(got, ref, err_msg=f"row {r}, lane {lane}, {m} rows a call")
+
+
+@needs_native
+@BUILDS
+@pytest.mark.parametrize("types", [("IQ2_XXS", "IQ3_S", "IQ2_XS"), ("IQ3_XXS", "IQ2_S", "Q4_0")],
+                         ids=lambda t: "+".join(t))
+def test_grid_rows_of_the_released_width(types, build):
+    """gate/up rows of 2560 (10 blocks: one column chunk of 4096 at 1 row, chunks of 2048 and 512 at 2), gate and up
+    of two grid types (each its own bf16 split of x), down rows of 512 in a grid type (the weight-table kernel: h
+    is written element by element, never split) or Q4_0; 1, 2 and 5 rows an expert"""
+    model = FakeModel(types, E=3, k=2, H=2560, F=512 if types[2] != "Q4_0" else 640, n_layers=1)
+    pool = ExpertPool(model, n_threads=2, lib=library(build))
+    for n_rows in (1, 2, 5):
+        check_pool(model, pool, types, np.stack([[0, 1 + i % 2] for i in range(n_rows)]), layer=0)
 
 
 @needs_native

@@ -25,7 +25,7 @@ from ..model.quants import TYPE_IDS
 
 SOURCE = "expert_pool.c"
 HEADERS = ("expert_pool_base.h", "expert_pool_decode.h", "expert_pool_groups.h", "expert_pool_grids.h",
-           "expert_pool_plan.h", "expert_pool_serve.h")  # next to SOURCE, part of the build key
+           "expert_pool_grids_lane.h", "expert_pool_plan.h", "expert_pool_serve.h")  # next to SOURCE, part of the build key
 # The GGML types the C file decodes: every type of the table (tests/test_tiers_pool.py holds each to gguf.quants)
 NATIVE_TYPES = dict(TYPE_IDS)
 _VP, _I32, _I64, _U32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
@@ -59,7 +59,11 @@ def _cpu_flags() -> set[str]:
 
 
 # the instruction sets the pool is built for, best first: (name, /proc/cpuinfo flags it needs, compiler flags)
-ISAS = (("avx512", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"},
+ISAS = (("avx512spr", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_bitalg",
+                       "avx512_bf16"},
+         ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vbmi", "-mavx512bitalg",
+          "-mavx512bf16"]),  # Sapphire Rapids', Zen 4's: the grid i-quants' table kernels (expert_pool_grids_lane.h)
+        ("avx512", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"},
          ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"]),
         ("avx2", {"avx2", "fma", "f16c"}, ["-mavx2", "-mfma", "-mf16c"]),
         ("scalar", set(), []))
@@ -183,4 +187,6 @@ def load_variant(defines: tuple[str, ...], isa: str | None = None):
     lib.strata_stream_read.argtypes = [_I32, _I32, _VP, _VP]
     lib.strata_dequant_row.restype = _I32
     lib.strata_dequant_row.argtypes = [_I32, _VP, _I64, _VP]
+    lib.strata_row_dots.restype = _I32
+    lib.strata_row_dots.argtypes = [_I32, _I32, _VP, _I32, _VP, _I32, _VP]  # type, lane, row, n, x, m, out
     return lib
