@@ -1,6 +1,6 @@
 /* expert_pool_grids_lane.h: the grid i-quants' gate/up kernels at few token rows (fused_dots_xperm) in the
- * avx512spr build (STRATA_VBMI: AVX-512 with VBMI, BITALG and BF16, Sapphire Rapids and Zen 4): IQ2_XXS, IQ2_XS,
- * IQ3_XXS, IQ3_S decoded from register tables, IQ2_S from its grid rows, the dot products in bf16 pairs. Included by
+ * avx512spr build (STRATA_VBMI: AVX-512 with VBMI, BITALG and BF16, Sapphire Rapids and Zen 4): IQ2_XXS, IQ3_XXS,
+ * IQ3_S decoded from register tables, the dot products in bf16 pairs. Included by
  * expert_pool_groups.h after the other lane-order kernels. The weight-table decoders of expert_pool_grids.h stay the
  * row decoder (strata_dequant_row, the bit-for-bit tests), the kernel at more token rows, the down rows' kernel and
  * the plain avx512 build's.
@@ -24,8 +24,6 @@
  *     = element 16 j + 4 (q / 2) + 2 A + q % 2 + 8 t (iq3_elem; lane j = 16-group j)
  *   IQ2 per pair of blocks: combo C = 4 A + q, W = 32, word 2 j + t = element of block j / 8 (iq2_elem; lane j =
  *     16-group 2 (j % 8) + q / 2 of that block); a last single block W = 16 (j < 8)
- *   IQ2_S per 64 elements: h = 0, 1 (even, odd elements), W = 32, word m = element 2 m + h (lanes 4 g .. 4 g + 3 =
- *     16-group g)
  */
 #ifndef STRATA_EXPERT_POOL_GRIDS_LANE_H
 #define STRATA_EXPERT_POOL_GRIDS_LANE_H
@@ -154,17 +152,16 @@ AI void pass_iq3_tab(const int type, const uint8_t *row, int n, const float *con
 LANE_DOTS(iq3_xxst, pass_iq3_tab, T_IQ3_XXS)
 LANE_DOTS(iq3_st, pass_iq3_tab, T_IQ3_S)
 
-/* ---- IQ2_XXS, IQ2_XS per pair of blocks. iq2*_pk[A][id]: values 2 A, 2 A + 1 of grid row id as codes 0, 1, 2 (8,
+/* ---- IQ2_XXS per pair of blocks (IQ2_XS's 512-row grid in 4 quarters and IQ2_S's 1024 rows lost to the weight-table
+ * kernels on the device: 34.0 against 38.5 and 36.1 against 42.0 GB/s, 2026-12-03, so those two keep them). iq2xxs_pk[A][id]: values 2 A, 2 A + 1 of grid row id as codes 0, 1, 2 (8,
  * 25, 43) in the two nibbles. Pair lane p: block p / 32, row rho(p % 32) (rho swaps the middle two of every 4 rows:
- * the two rows a dword pairs are one 16-group's); Z_A = the 64 lanes' bytes of iq2*_pk[A]; word w of Z_A: lanes
+ * the two rows a dword pairs are one 16-group's); Z_A = the 64 lanes' bytes of iq2xxs_pk[A]; word w of Z_A: lanes
  * 2 w, 2 w + 1, nibble q = lane 2 w + q / 2, value 2 A + q % 2; dword j of combo (A, q): rows 4 (j % 8) + 2 (q / 2)
  * + t of block j / 8, 16-group 2 (j % 8) + q / 2 (two scale vectors, q / 2 = 0, 1) */
 static uint8_t iq2xxs_pk[4][256] __attribute__((aligned(64)));
-static uint8_t iq2xs_pk[4][512] __attribute__((aligned(64)));
-/* per lane p (R = rho(p % 32), 64 (p / 32) the second block's 64 bytes from offset 2): where its id lies (IQ2_XXS: id
- * l of sub-block g at 8 g + l; IQ2_XS: the low, high byte of u16 R), IQ2_XS's sign ids in row order (the high bytes
- * of u16 p % 32); and the bit of its sign for value 2 A + h = k in its qword of the pair's 512 sign bits */
-static uint8_t iq2_sel[4][64] __attribute__((aligned(64)));
+/* per lane p (R = rho(p % 32), 64 (p / 32) the second block's 64 bytes from offset 2): where its id lies (id l of
+ * sub-block g at 8 g + l); and the bit of its sign for value 2 A + h = k in its qword of the pair's 512 sign bits */
+static uint8_t iq2_sel[64] __attribute__((aligned(64)));
 static uint8_t iq2_sgn[8][64] __attribute__((aligned(64)));
 static uint16_t tab2w[32] __attribute__((aligned(64))); /* codes 0, 1, 2: 8, 25, 43; 8..10: their negatives */
 static int32_t iq2_src2[512], iq2_src1[256];               /* pair, last single block */
@@ -175,18 +172,12 @@ AI int iq2_elem(int C, int j, int t) {
 }
 AI uint8_t iq2_code(int v) { return (uint8_t)(v == 8 ? 0 : v == 25 ? 1 : 2); }
 __attribute__((constructor)) static void fill_iq2(void) {
-    for (int A = 0; A < 4; A++) {
+    for (int A = 0; A < 4; A++)
         for (int i = 0; i < 256; i++)
             iq2xxs_pk[A][i] = (uint8_t)(iq2_code(grid_iq2xxs[i][2 * A]) | iq2_code(grid_iq2xxs[i][2 * A + 1]) << 4);
-        for (int i = 0; i < 512; i++)
-            iq2xs_pk[A][i] = (uint8_t)(iq2_code(grid_iq2xs[i][2 * A]) | iq2_code(grid_iq2xs[i][2 * A + 1]) << 4);
-    }
     for (int p = 0; p < 64; p++) {
         const int R = rho4(p % 32), bb = 64 * (p / 32);
-        iq2_sel[0][p] = (uint8_t)(bb + 8 * (R / 4) + R % 4);
-        iq2_sel[1][p] = (uint8_t)(bb + 2 * R);
-        iq2_sel[2][p] = (uint8_t)(bb + 2 * R + 1);
-        iq2_sel[3][p] = (uint8_t)(bb + 2 * (p % 32) + 1);
+        iq2_sel[p] = (uint8_t)(bb + 8 * (R / 4) + R % 4);
         for (int k = 0; k < 8; k++) iq2_sgn[k][p] = (uint8_t)(8 * (R % 8) + k);
     }
     const float v[16] = {8, 25, 43, 0, 0, 0, 0, 0, -8, -25, -43, 0, 0, 0, 0, 0};
@@ -205,36 +196,24 @@ static void xsplit_iq2(const float *x, int n, float *xp) {
 /* one pair of blocks at b0 (TWO = 0: a last single block, looked up as a pair with itself, its x half zero) */
 AI void iq2_pair(const int type, const int TWO, const uint8_t *b0, const float *const *xs, int64_t xoff, v16 *acc,
                  const int M) {
-    const int XS = type == T_IQ2_XS, BPB = XS ? 74 : 66, NT = XS ? 4 : 2; /* 128-entry quarters of the grid */
-    const int NC = M == 1 ? 2 : 1;                                          /* sums per scale vector and row */
-    const uint8_t *pk = XS ? &iq2xs_pk[0][0] : &iq2xxs_pk[0][0], *b1 = TWO ? b0 + BPB : b0;
+    (void)type;
+    const int BPB = 66, NT = 2;          /* the grid's 128-entry halves */
+    const int NC = M == 1 ? 2 : 1;       /* sums per scale vector and row */
+    const uint8_t *pk = &iq2xxs_pk[0][0], *b1 = TWO ? b0 + BPB : b0;
     PF_BLOCK(b0, 2 * BPB);
     const __m512i L0 = _mm512_loadu_si512(b0 + 2), L1 = _mm512_loadu_si512(b1 + 2);
-    __m512i ids, SB; /* the lanes' ids (low 8 bits), the pair's sign bytes in row order */
-    __mmask64 part[4];
-    v16 S0, S1;
-    if (XS) { /* qs u16[32]: 9-bit id, 7-bit sign id */
-        ids = _mm512_permutex2var_epi8(L0, ld64(iq2_sel[1]), L1);
-        const __mmask64 m7 = _mm512_movepi8_mask(ids);
-        const __mmask64 m8 = _mm512_test_epi8_mask(_mm512_permutex2var_epi8(L0, ld64(iq2_sel[2]), L1),
-                                                   _mm512_set1_epi8(1));
-        part[0] = _knot_mask64(_kor_mask64(m7, m8)), part[1] = _kandn_mask64(m8, m7);
-        part[2] = _kandn_mask64(m7, m8), part[3] = _kand_mask64(m7, m8);
-        SB = lut128(ksigns_iq2xs, _mm512_srli_epi16(_mm512_permutex2var_epi8(L0, ld64(iq2_sel[3]), L1), 1));
-        const v16 s0 = iq2_scales(b0, 66), s1 = iq2_scales(b1, 66);
-        S0 = _mm512_permutex2var_ps(s0, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), s1);
-        S1 = _mm512_permutex2var_ps(s0, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), s1);
-    } else { /* per 32 weights u32 of 4 grid ids, u32 of 4 sign ids and the scale */
-        ids = _mm512_permutex2var_epi8(L0, ld64(iq2_sel[0]), L1);
-        const __mmask64 m7 = _mm512_movepi8_mask(ids);
-        part[0] = _knot_mask64(m7), part[1] = m7;
-        const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15);
-        const __m256i a0 = _mm512_castsi512_si256(_mm512_permutexvar_epi32(odd, L0));
-        const __m256i a1 = _mm512_castsi512_si256(_mm512_permutexvar_epi32(odd, L1));
-        SB = _mm512_inserti64x4(_mm512_castsi256_si512(xxs_signs_vbmi(a0)), xxs_signs_vbmi(a1), 1);
-        S0 = S1 = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(xxs_scale8(rdh(b0), a0, 0.25f))),
-                                                      _mm256_castps_pd(xxs_scale8(rdh(b1), a1, 0.25f)), 1));
-    }
+    /* per 32 weights u32 of 4 grid ids, u32 of 4 sign ids and the scale: the lanes' ids (low 8 bits), the pair's
+     * sign bytes in row order SB, the grid half of each id (part) */
+    const __m512i ids = _mm512_permutex2var_epi8(L0, ld64(iq2_sel), L1);
+    const __mmask64 m7 = _mm512_movepi8_mask(ids);
+    const __mmask64 part[2] = {_knot_mask64(m7), m7};
+    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i a0 = _mm512_castsi512_si256(_mm512_permutexvar_epi32(odd, L0));
+    const __m256i a1 = _mm512_castsi512_si256(_mm512_permutexvar_epi32(odd, L1));
+    const __m512i SB = _mm512_inserti64x4(_mm512_castsi256_si512(xxs_signs_vbmi(a0)), xxs_signs_vbmi(a1), 1);
+    const v16 S0 = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(xxs_scale8(rdh(b0), a0, 0.25f))),
+                                                       _mm256_castps_pd(xxs_scale8(rdh(b1), a1, 0.25f)), 1));
+    const v16 S1 = S0;
     v16 a[PASS_M][2][2];
     _Pragma("GCC unroll 4") for (int A = 0; A < 4; A++) {
         __m512i Z = ids;
@@ -264,7 +243,7 @@ AI void iq2_pair(const int type, const int TWO, const uint8_t *b0, const float *
 AI void pass_iq2_tab(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
                      float *out, const int M, const uint8_t *pf_end) {
     (void)xsum, (void)pf_end;
-    const int nb = n / 256, BPB = type == T_IQ2_XS ? 74 : 66;
+    const int nb = n / 256, BPB = 66;
     v16 acc[PASS_M];
     for (int r = 0; r < M; r++) acc[r] = v16_zero();
     int b = 0;
@@ -273,68 +252,8 @@ AI void pass_iq2_tab(const int type, const uint8_t *row, int n, const float *con
     for (int r = 0; r < M; r++) out[r] = v16_hsum(acc[r]);
 }
 LANE_DOTS(iq2_xxst, pass_iq2_tab, T_IQ2_XXS)
-LANE_DOTS(iq2_xst, pass_iq2_tab, T_IQ2_XS)
 /* the lane-order kernels of x rows serve at most LANE_MAX_ROWS token rows, in column chunks of X_CHUNK_FLOATS / m
  * (rows_dots): whole pairs of blocks for m = 1, 2 */
 _Static_assert(LANE_MAX_ROWS <= 2 && X_CHUNK_FLOATS % 1024 == 0, "IQ2 pairs: chunks of whole block pairs");
-
-/* ---- IQ2_S per 64 elements: its grid (1024 rows) packed would take 32 lookups a pair, more than the rows: the
- * chunk's 8 grid rows loaded at the weight-table prep's offsets (rows8x2), the negative bytes moved down by 8 (8,
- * 25, 43 -> 0, 17, 3, distinct in their low 5 bits), each word's low byte (even elements) and high byte (odd) the
- * vpermw index of the bf16 values; lanes 4 g .. 4 g + 3 of a chunk = 16-group g (one permute of the scales) */
-static uint16_t tab2sw[32] __attribute__((aligned(64)));
-static int32_t iq2s_src[64];
-__attribute__((constructor)) static void fill_iq2s(void) {
-    static const int v[3] = {8, 25, 43};
-    for (int k = 0; k < 3; k++) {
-        tab2sw[v[k] & 31] = bf16_rne((float)v[k]);
-        tab2sw[(v[k] - 8) & 31] = bf16_rne((float)-v[k]);
-    }
-    for (int h = 0; h < 2; h++)
-        for (int m = 0; m < 32; m++) iq2s_src[32 * h + m] = 2 * m + h;
-}
-static void xsplit_iq2s(const float *x, int n, float *xp) {
-    for (int c = 0; c < n / 64; c++) xsplit(x + 64 * c, iq2s_src, 4, 32, (uint16_t *)(xp + 64 * c));
-}
-AI void pass_iq2s_rows(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
-                       float *out, const int M, const uint8_t *pf_end) {
-    (void)type, (void)xsum, (void)pf_end;
-    const int nb = n / 256, NC = M == 1 ? 2 : 1;
-    const __m512i table = ld64(tab2sw), flip = _mm512_set1_epi8(8);
-    v16 acc[PASS_M][2];
-    scratch sc2[2] __attribute__((aligned(64))); /* the prep a block ahead, as FUSED_PASS's */
-    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = v16_zero();
-    if (nb > 0) prep_iq2_s(row, sc2[0].f);
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = row + 82 * (int64_t)b;
-        PF_BLOCK(blk, 82);
-        const scratch *S = &sc2[b & 1];
-        if (b + 1 < nb) prep_iq2_s(blk + 82, sc2[(b + 1) & 1].f);
-        const v16 scales = v16_ld(S->f);
-        _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {
-            const __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(rows8x2(grid_iq2s, S, 8 * c)),
-                                                       rows8x2(grid_iq2s, S, 8 * c + 2), 1);
-            const __m256i hi = _mm256_inserti128_si256(_mm256_castsi128_si256(rows8x2(grid_iq2s, S, 8 * c + 4)),
-                                                       rows8x2(grid_iq2s, S, 8 * c + 6), 1);
-            __m512i g = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-            g = _mm512_mask_sub_epi8(g, _cvtu64_mask64(rd64(blk + 34 + 8 * c)), g, flip);
-            const v16 Sc = _mm512_permutexvar_ps(
-                _mm512_setr_epi32(4 * c, 4 * c, 4 * c, 4 * c, 4 * c + 1, 4 * c + 1, 4 * c + 1, 4 * c + 1, 4 * c + 2,
-                                  4 * c + 2, 4 * c + 2, 4 * c + 2, 4 * c + 3, 4 * c + 3, 4 * c + 3, 4 * c + 3), scales);
-            const __m512bh w0 = (__m512bh)_mm512_permutexvar_epi16(g, table);
-            const __m512bh w1 = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(g, 8), table);
-            for (int r = 0; r < M; r++) {
-                const float *xr = xs[r] + 256 * (int64_t)b + 64 * c;
-                v16 a = _mm512_dpbf16_ps(_mm512_dpbf16_ps(v16_zero(), w0, (__m512bh)_mm512_loadu_si512(xr)), w0,
-                                         (__m512bh)_mm512_loadu_si512(xr + 16));
-                a = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a, w1, (__m512bh)_mm512_loadu_si512(xr + 32)), w1,
-                                     (__m512bh)_mm512_loadu_si512(xr + 48));
-                acc[r][c % NC] = v16_fma(Sc, a, acc[r][c % NC]);
-            }
-        }
-    }
-    for (int r = 0; r < M; r++) out[r] = v16_hsum(v16_add(acc[r][0], acc[r][1]));
-}
-LANE_DOTS(iq2_sr, pass_iq2s_rows, T_IQ2_S)
 
 #endif /* STRATA_EXPERT_POOL_GRIDS_LANE_H */

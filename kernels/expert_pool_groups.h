@@ -1187,8 +1187,6 @@ static dots_fn fused_dots_xperm(int type, int n) {
 #ifdef STRATA_VBMI
     if (n % 256 == 0) {
         if (type == T_IQ2_XXS) return dots_iq2_xxst;
-        if (type == T_IQ2_XS) return dots_iq2_xst;
-        if (type == T_IQ2_S) return dots_iq2_sr;
         if (type == T_IQ3_XXS) return dots_iq3_xxst;
         if (type == T_IQ3_S) return dots_iq3_st;
     }
@@ -1206,12 +1204,11 @@ static dots_fn fused_dots_xperm(int type, int n) {
     return NULL;
 }
 /* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1 and 2 name the orders;
- * 5, 6, 7 (the grid i-quants, expert_pool_grids_lane.h) are bf16 splits of x, no element-wise order (fused_xperm_split) */
+ * 5, 6 (the grid i-quants, expert_pool_grids_lane.h) are bf16 splits of x, no element-wise order (fused_xperm_split) */
 static int fused_xperm(int type, int n) {
     if (!fused_dots_xperm(type, n)) return 0;
     return type == T_Q2_K || type == T_Q3_K ? 1 : type == T_Q4_K || type == T_Q5_K ? 3 : type == T_Q6_K ? 4
-         : type == T_IQ3_XXS || type == T_IQ3_S ? 5 : type == T_IQ2_XXS || type == T_IQ2_XS ? 6 : type == T_IQ2_S ? 7
-         : 2;
+         : type == T_IQ3_XXS || type == T_IQ3_S ? 5 : type == T_IQ2_XXS ? 6 : 2;
 }
 /* whether the type's order over rows of n is a bf16 split (two words an element, xperm_of writes it from a whole
  * row): x rows only, never h, whose elements the gate/up items write one at a time (xperm_pos) */
@@ -1226,7 +1223,6 @@ static void xperm_of(int type, const float *x, int n, float *xp) {
 #ifdef STRATA_VBMI
     else if (fused_xperm(type, n) == 5) xsplit_iq3(x, n, xp);
     else if (fused_xperm(type, n) == 6) xsplit_iq2(x, n, xp);
-    else if (fused_xperm(type, n) == 7) xsplit_iq2s(x, n, xp);
 #endif
 #else
     (void)type, (void)x, (void)n, (void)xp;
