@@ -309,8 +309,18 @@ AI v16 g_q2_k(const uint8_t *b, int j, const float *ps) {
     return (v16){_mm256_permutevar_ps(t, s ? _mm256_srli_epi32(e0, 2 * s) : e0),
                  _mm256_permutevar_ps(t, s ? _mm256_srli_epi32(e1, 2 * s) : e1)};
 }
+/* TQ2_0 (AVX2): as Q2_K's, the 4 weights d * (k - 1) a code can take (gguf's product, so the same bits) in both
+ * 128-bit halves, each weight a vpermilps of them by its code, the bytes widened to dwords once for the 4 planes that
+ * share them; per 16 weights 2 permutes, 1.5 shifts and half of 2 widens, where the convert path took a mask and
+ * shift, a subtract, 2 widens, 2 converts and 2 multiplies */
 AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
-    return small16(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), 1, rdh(b + 64));
+    (void)ps;
+    const uint8_t *q = b + 32 * (j / 8) + 16 * (j & 1);
+    const int s = (j % 8) / 2;
+    const __m256 t = _mm256_mul_ps(_mm256_set1_ps(rdh(b + 64)), _mm256_setr_ps(-1, 0, 1, 2, -1, 0, 1, 2));
+    const __m256i e0 = _mm256_cvtepu8_epi32(ld8(q)), e1 = _mm256_cvtepu8_epi32(ld8(q + 8));
+    return (v16){_mm256_permutevar_ps(t, s ? _mm256_srli_epi32(e0, 2 * s) : e0),
+                 _mm256_permutevar_ps(t, s ? _mm256_srli_epi32(e1, 2 * s) : e1)};
 }
 #endif
 AI void prep_q3_k(const uint8_t *b, float *ps) { /* the 16 scales d * s, converted and multiplied as one vector */
@@ -343,9 +353,10 @@ AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) {
     const __m256i w = _mm256_mulhi_epu16(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(v), p), _mm256_set1_epi16(3));
 #ifdef STRATA_PERM /* the digits 0, 1, 2 index d * (digit - 1) straight from their 16-bit lanes */
     return _mm512_permutexvar_ps(_mm512_cvtepu16_epi32(w), v16_mul(v16_set1(rdh(b + 52)), v16_iota(-1)));
-#else
-    const __m128i q = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-    return small16(_mm_sub_epi8(q, _mm_set1_epi8(1)), 1, rdh(b + 52));
+#else /* the digits 0, 1, 2 as dwords index d * (digit - 1) by vpermilps (its low 2 bits) */
+    const __m256 t = _mm256_mul_ps(_mm256_set1_ps(rdh(b + 52)), _mm256_setr_ps(-1, 0, 1, 0, -1, 0, 1, 0));
+    return (v16){_mm256_permutevar_ps(t, _mm256_cvtepu16_epi32(_mm256_castsi256_si128(w))),
+                 _mm256_permutevar_ps(t, _mm256_cvtepu16_epi32(_mm256_extracti128_si256(w, 1)))};
 #endif
 }
 /* IQ2_XS / IQ2_S: the 16 scales d * (0.5 + s) * 0.25, s the nibbles of 8 bytes at `at`, low first */
