@@ -1133,6 +1133,10 @@ AI void pass_q6kx(const int type, const uint8_t *row, int n, const float *const 
 LANE_DOTS(q6_kx, pass_q6kx, T_Q6_K)
 #endif
 
+#ifdef STRATA_PERM
+#include "expert_pool_few.h" /* TQ2_0, TQ1_0, IQ1_S, IQ1_M, NVFP4 in lane order */
+#endif
+
 /* the table's group counts and block bytes restate the generated type table (model/quant_tables.py): hold them to
  * it, so a changed type cannot silently decode with the wrong stride (F32/F16/BF16 "blocks" are 16 elements here) */
 #define FUSED_CHECK(ID, DEC, GPB, BPB, PREP, MINS)                                                                   \
@@ -1184,6 +1188,13 @@ static dots_fn fused_dots_xperm(int type, int n) {
     if (type == T_Q5_K && n % 256 == 0) return dots_q5_kx;
     if (type == T_Q6_K && n % 256 == 0) return dots_q6_kx;
     if (type == T_IQ4_XS && n % 256 == 0) return dots_iq4_xsx;
+    if (type == T_TQ2_0 && n % 256 == 0) return dots_tq2_0x;
+    if (type == T_TQ1_0 && n % 256 == 0) return dots_tq1_0x;
+#if IQ1_GATHER
+    if (type == T_IQ1_S && n % 256 == 0) return dots_iq1_sx;
+    if (type == T_IQ1_M && n % 256 == 0) return dots_iq1_mx;
+#endif
+    if (type == T_NVFP4 && n % 128 == 0) return dots_nvfp4x;
     if (n % 128 == 0) {
         if (type == T_Q4_0) return dots_q4_0x;
         if (type == T_IQ4_NL) return dots_iq4_nlx;
@@ -1196,10 +1207,32 @@ static dots_fn fused_dots_xperm(int type, int n) {
     (void)type, (void)n;
     return NULL;
 }
-/* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1 and 2 name the orders */
+/* the most token rows on an expert for which its gate/up rows take the type's lane-order kernel (pool_run): where
+ * the lane kernel applies a scale per row once per block or sub-block of 8-16 groups (expert_pool_few.h) it stays
+ * ahead at 4 and 8 rows (llvm-mca, icelake-server, per 256 weights at M = 1 / 4 / 8: TQ2_0 23 / 59 / 88 cycles
+ * against the weight-table kernel's 88 / 83 / 103, TQ1_0 34 / 66 / 104 against 88 / 89 / 108, MXFP4 30 / 58 / 96
+ * against 49 / 81 / 117; the dev box's Zen 4 ties them: pool_bench --ab at 4 rows TQ2_0 -1 %, TQ1_0 -3 %, MXFP4
+ * +3 %, NVFP4 +5 %), NVFP4 up to 7 rows (at 8: 110 against 91); the others LANE_MAX_ROWS (expert_pool.c) */
+static int fused_lane_rows(int type) {
+#ifdef STRATA_PERM
+    if (type == T_TQ2_0 || type == T_TQ1_0 || type == T_MXFP4) return 1 << 30;
+    if (type == T_NVFP4) return 7;
+#endif
+    (void)type;
+    return LANE_MAX_ROWS;
+}
+/* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1..7 name the orders */
 static int fused_xperm(int type, int n) {
     if (!fused_dots_xperm(type, n)) return 0;
-    return type == T_Q2_K || type == T_Q3_K ? 1 : type == T_Q4_K || type == T_Q5_K ? 3 : type == T_Q6_K ? 4 : 2;
+    switch (type) {
+    case T_Q2_K: case T_Q3_K: case T_TQ2_0: return 1;
+    case T_Q4_K: case T_Q5_K: return 3;
+    case T_Q6_K: return 4;
+    case T_TQ1_0: return 5;
+    case T_IQ1_S: case T_IQ1_M: return 6;
+    case T_NVFP4: return 7;
+    default: return 2;
+    }
 }
 /* x (n floats) in the lane order of fused_xperm(type, n) */
 static void xperm_of(int type, const float *x, int n, float *xp) {
@@ -1208,6 +1241,9 @@ static void xperm_of(int type, const float *x, int n, float *xp) {
     else if (fused_xperm(type, n) == 2) xperm_q4x(x, n, xp);
     else if (fused_xperm(type, n) == 3) xperm_q4kx(x, n, xp);
     else if (fused_xperm(type, n) == 4) xperm_q6kx(x, n, xp);
+    else if (fused_xperm(type, n) == 5) xperm_tq1x(x, n, xp);
+    else if (fused_xperm(type, n) == 6) xperm_iq1x(x, n, xp);
+    else if (fused_xperm(type, n) == 7) xperm_nvfp4x(x, n, xp);
 #else
     (void)type, (void)x, (void)n, (void)xp;
 #endif
@@ -1227,6 +1263,12 @@ static int xperm_pos(int type, int n, int f) {
         const int e = f % 256, z = e / 128, j32 = (e % 128) / 32, l = e % 32;
         return 256 * (f / 256) + 16 * (8 * z + 4 * (j32 / 2) + l % 4) + 8 * (j32 % 2) + l / 4;
     }
+    if (fused_xperm(type, n) == 5) return 256 * (f / 256) + tq1x_pos_of[f % 256];
+    if (fused_xperm(type, n) == 7) { /* nvfp4x_src's inverse: e = 64 B + 16 s + 8 nib + l, l = 4 (i % 2) + t */
+        const int e = f % 128, B = e / 64, sub = (e % 64) / 16, nb = (e % 16) / 8, l = e % 8;
+        return 128 * (f / 128) + 16 * (2 * (l % 4) + nb) + 8 * B + 2 * sub + l / 4;
+    }
+    if (fused_xperm(type, n) == 6) return 128 * (f / 128) + 16 * (f % 8) + (f % 128) / 8; /* iq1x_src's inverse */
     if (fused_xperm(type, n) == 1) {
         const int e = f % 256, s = (e % 128) / 32, l = e % 32, j = 32 * (e / 128) + l; /* byte j = 4 i + k */
         return 256 * (f / 256) + 16 * (4 * s + j % 4) + j / 4;
