@@ -218,6 +218,17 @@ static int split_x(int type, int n) {
 #endif
 }
 
+/* the most token rows on an expert whose gate/up rows take the type's lane-order kernel (LANE_MAX_ROWS, or more
+ * where the type's lane kernel is the faster one at more rows too: fused_lane_rows) */
+static int lane_rows(int type) {
+#ifdef STRATA_AVX2
+    return fused_lane_rows(type);
+#else
+    (void)type;
+    return LANE_MAX_ROWS;
+#endif
+}
+
 static int perm_pos(int type, int n, int f) {
 #ifdef STRATA_AVX2
     return xperm_pos(type, n, f);
@@ -345,9 +356,10 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
             const uint8_t *wu = (const uint8_t *)(uintptr_t)up[g] + f0 * up_row;
             prefetch_span(gate_type, H, wg, (int64_t)(f1 - f0) * gate_row);
             prefetch_span(up_type, H, wu, (int64_t)(f1 - f0) * up_row);
-            /* lane order for the gate/up rows of an expert with few rows (LANE_MAX_ROWS) */
-            const int lane = start[g + 1] - start[g] <= LANE_MAX_ROWS;
-            const float *const xg_lane = lane ? xg_all : NULL, *const xu_lane = lane ? xu_all : NULL;
+            /* lane order for the gate/up rows of an expert with few rows (LANE_MAX_ROWS, or the type's lane_rows) */
+            const int rows_g = start[g + 1] - start[g];
+            const float *const xg_lane = rows_g <= lane_rows(gate_type) ? xg_all : NULL;
+            const float *const xu_lane = rows_g <= lane_rows(up_type) ? xu_all : NULL;
             for (int e0 = start[g]; e0 < start[g + 1]; e0 += MAX_M) {
                 const int m = start[g + 1] - e0 < MAX_M ? start[g + 1] - e0 : MAX_M;
                 for (int r = 0; r < m; r++) {
@@ -475,31 +487,35 @@ int strata_dequant_row(int type, const void *src, int64_t n, float *y) {
     return 0;
 }
 
-/* one weight row's dot products with m <= MAX_M token rows x [m][n] (natural order) through the fused kernel the pool
- * runs: the lane-order one (x permuted or split here) where `lane` and the type has one, else the weight-table one.
- * The tests' probe of the kernels: against one-hot x rows each output is one weight, bit for bit gguf's. 0, or -1
- * where no fused kernel serves rows of n (or without SIMD) */
-int strata_row_dots(int type, int lane, const void *row, int n, const float *x, int m, float *out) {
-#ifdef STRATA_AVX2
-    const dots_fn fused = lane ? fused_dots_xperm(type, n) : fused_dots(type, n);
-    if (!row_ok(type, n) || !fused || m < 1 || m > MAX_M) return -1;
-    float *buf = (float *)malloc(sizeof(float) * (size_t)m * ((size_t)n + (size_t)n / 16));
+/* exported for the tests: out[i * m + r] = the dot product of weight row i (w0 + i * stride, n weights of the type)
+ * with x row r (x [m, n], m <= MAX_M) through the pool's kernels (rows_dots): lane = 1 the type's lane-order kernel
+ * where it has one (x permuted and summed as pool_run does), 0 its weight-table kernel; -1 for rows of no whole
+ * blocks or a bad m */
+int strata_rows_dots(int type, const void *w0, int64_t stride, int nrows, int n, const float *x, int m, int lane,
+                     float *out) {
+    if (!row_ok(type, n) || m < 1 || m > MAX_M || nrows < 0) return -1;
+    /* the lane-order kernel where pool_run would take it for m rows on an expert (lane_rows: the grid i-quants' bf16
+     * splits serve at most 2 rows, in column chunks of whole block pairs) */
+    const int xp = lane && m <= lane_rows(type) && needs_xperm(type, n), sums = needs_sums(type);
+    float *const buf = (float *)malloc(sizeof(float) * ((size_t)n * (m + 1) + (size_t)(n / 16) * m + 1));
     if (!buf) return -2;
+    float *const xperm = buf + n, *const xsum_all = xperm + (size_t)n * m;
     const float *xs[MAX_M], *xsum[MAX_M];
     for (int r = 0; r < m; r++) {
-        float *xp = buf + (size_t)r * n, *sums = buf + (size_t)m * n + (size_t)r * (n / 16);
-        if (lane) perm_of(type, x + (size_t)r * n, n, xp);
-        else memcpy(xp, x + (size_t)r * n, sizeof(float) * (size_t)n);
-        sums_of(x + (size_t)r * n, n, sums);
-        xs[r] = xp, xsum[r] = needs_sums(type) ? sums : NULL;
+        if (xp) perm_of(type, x + (int64_t)r * n, n, xperm + (int64_t)r * n);
+        if (sums) sums_of(x + (int64_t)r * n, n, xsum_all + (int64_t)r * (n / 16));
+        xs[r] = xp ? xperm + (int64_t)r * n : x + (int64_t)r * n;
+        xsum[r] = sums ? xsum_all + (int64_t)r * (n / 16) : NULL;
     }
-    fused((const uint8_t *)row, n, xs, xsum, m, out, (const uint8_t *)row + row_bytes_of(type, n));
+    float part[ROWS_DOWN * MAX_M];
+    for (int i0 = 0; i0 < nrows; i0 += ROWS_DOWN) {
+        const int k = nrows - i0 < ROWS_DOWN ? nrows - i0 : ROWS_DOWN;
+        rows_dots(type, (const uint8_t *)w0 + i0 * stride, stride, k, n, xs, xsum, m, part, buf, xp);
+        for (int i = 0; i < k; i++)
+            for (int r = 0; r < m; r++) out[(int64_t)(i0 + i) * m + r] = part[i * MAX_M + r];
+    }
     free(buf);
     return 0;
-#else
-    (void)type, (void)lane, (void)row, (void)n, (void)x, (void)m, (void)out;
-    return -1;
-#endif
 }
 
 /* ---- doorbell words (mapped pinned memory): wait, raise (max), store */

@@ -315,8 +315,18 @@ AI v16 g_q2_k(const uint8_t *b, int j, const float *ps) {
     return (v16){_mm256_permutevar_ps(t, s ? _mm256_srli_epi32(e0, 2 * s) : e0),
                  _mm256_permutevar_ps(t, s ? _mm256_srli_epi32(e1, 2 * s) : e1)};
 }
+/* TQ2_0 (AVX2): as Q2_K's, the 4 weights d * (k - 1) a code can take (gguf's product, so the same bits) in both
+ * 128-bit halves, each weight a vpermilps of them by its code, the bytes widened to dwords once for the 4 planes that
+ * share them; per 16 weights 2 permutes, 1.5 shifts and half of 2 widens, where the convert path took a mask and
+ * shift, a subtract, 2 widens, 2 converts and 2 multiplies */
 AI v16 g_tq2_0(const uint8_t *b, int j, const float *ps) {
-    return small16(_mm_sub_epi8(plane2(b, j), _mm_set1_epi8(1)), 1, rdh(b + 64));
+    (void)ps;
+    const uint8_t *q = b + 32 * (j / 8) + 16 * (j & 1);
+    const int s = (j % 8) / 2;
+    const __m256 t = _mm256_mul_ps(_mm256_set1_ps(rdh(b + 64)), _mm256_setr_ps(-1, 0, 1, 2, -1, 0, 1, 2));
+    const __m256i e0 = _mm256_cvtepu8_epi32(ld8(q)), e1 = _mm256_cvtepu8_epi32(ld8(q + 8));
+    return (v16){_mm256_permutevar_ps(t, s ? _mm256_srli_epi32(e0, 2 * s) : e0),
+                 _mm256_permutevar_ps(t, s ? _mm256_srli_epi32(e1, 2 * s) : e1)};
 }
 #endif
 AI void prep_q3_k(const uint8_t *b, float *ps) { /* the 16 scales d * s, converted and multiplied as one vector */
@@ -349,9 +359,10 @@ AI v16 g_tq1_0(const uint8_t *b, int j, const float *ps) {
     const __m256i w = _mm256_mulhi_epu16(_mm256_mullo_epi16(_mm256_cvtepu8_epi16(v), p), _mm256_set1_epi16(3));
 #ifdef STRATA_PERM /* the digits 0, 1, 2 index d * (digit - 1) straight from their 16-bit lanes */
     return _mm512_permutexvar_ps(_mm512_cvtepu16_epi32(w), v16_mul(v16_set1(rdh(b + 52)), v16_iota(-1)));
-#else
-    const __m128i q = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-    return small16(_mm_sub_epi8(q, _mm_set1_epi8(1)), 1, rdh(b + 52));
+#else /* the digits 0, 1, 2 as dwords index d * (digit - 1) by vpermilps (its low 2 bits) */
+    const __m256 t = _mm256_mul_ps(_mm256_set1_ps(rdh(b + 52)), _mm256_setr_ps(-1, 0, 1, 0, -1, 0, 1, 0));
+    return (v16){_mm256_permutevar_ps(t, _mm256_cvtepu16_epi32(_mm256_castsi256_si128(w))),
+                 _mm256_permutevar_ps(t, _mm256_cvtepu16_epi32(_mm256_extracti128_si256(w, 1)))};
 #endif
 }
 /* IQ2_XS / IQ2_S: the 16 scales d * (0.5 + s) * 0.25, s the nibbles of 8 bytes at `at`, low first */
@@ -1129,6 +1140,9 @@ AI void pass_q6kx(const int type, const uint8_t *row, int n, const float *const 
 LANE_DOTS(q6_kx, pass_q6kx, T_Q6_K)
 #endif
 
+#ifdef STRATA_PERM
+#include "expert_pool_few.h" /* TQ2_0, TQ1_0, IQ1_S, IQ1_M, NVFP4 in lane order */
+#endif
 #ifdef STRATA_VBMI
 #include "expert_pool_grids_lane.h" /* the grid i-quants at few token rows */
 #endif
@@ -1184,6 +1198,13 @@ static dots_fn fused_dots_xperm(int type, int n) {
     if (type == T_Q5_K && n % 256 == 0) return dots_q5_kx;
     if (type == T_Q6_K && n % 256 == 0) return dots_q6_kx;
     if (type == T_IQ4_XS && n % 256 == 0) return dots_iq4_xsx;
+    if (type == T_TQ2_0 && n % 256 == 0) return dots_tq2_0x;
+    if (type == T_TQ1_0 && n % 256 == 0) return dots_tq1_0x;
+#if IQ1_GATHER
+    if (type == T_IQ1_S && n % 256 == 0) return dots_iq1_sx;
+    if (type == T_IQ1_M && n % 256 == 0) return dots_iq1_mx;
+#endif
+    if (type == T_NVFP4 && n % 128 == 0) return dots_nvfp4x;
 #ifdef STRATA_VBMI
     if (n % 256 == 0) {
         if (type == T_IQ2_XXS) return dots_iq2_xxst;
@@ -1203,16 +1224,39 @@ static dots_fn fused_dots_xperm(int type, int n) {
     (void)type, (void)n;
     return NULL;
 }
-/* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1 and 2 name the orders;
- * 5, 6 (the grid i-quants, expert_pool_grids_lane.h) are bf16 splits of x, no element-wise order (fused_xperm_split) */
+/* the most token rows on an expert for which its gate/up rows take the type's lane-order kernel (pool_run): where
+ * the lane kernel applies a scale per row once per block or sub-block of 8-16 groups (expert_pool_few.h) it stays
+ * ahead at 4 and 8 rows (llvm-mca, icelake-server, per 256 weights at M = 1 / 4 / 8: TQ2_0 23 / 59 / 88 cycles
+ * against the weight-table kernel's 88 / 83 / 103, TQ1_0 34 / 66 / 104 against 88 / 89 / 108, MXFP4 30 / 58 / 96
+ * against 49 / 81 / 117; the dev box's Zen 4 ties them: pool_bench --ab at 4 rows TQ2_0 -1 %, TQ1_0 -3 %, MXFP4
+ * +3 %, NVFP4 +5 %), NVFP4 up to 7 rows (at 8: 110 against 91); the others LANE_MAX_ROWS (expert_pool.c) */
+static int fused_lane_rows(int type) {
+#ifdef STRATA_PERM
+    if (type == T_TQ2_0 || type == T_TQ1_0 || type == T_MXFP4) return 1 << 30;
+    if (type == T_NVFP4) return 7;
+#endif
+    (void)type;
+    return LANE_MAX_ROWS;
+}
+/* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1..9 name the orders; 8, 9
+ * (the grid i-quants, expert_pool_grids_lane.h) are bf16 splits of x, no element-wise order (fused_xperm_split) */
 static int fused_xperm(int type, int n) {
     if (!fused_dots_xperm(type, n)) return 0;
-    return type == T_Q2_K || type == T_Q3_K ? 1 : type == T_Q4_K || type == T_Q5_K ? 3 : type == T_Q6_K ? 4
-         : type == T_IQ3_XXS || type == T_IQ3_S ? 5 : type == T_IQ2_XXS ? 6 : 2;
+    switch (type) {
+    case T_Q2_K: case T_Q3_K: case T_TQ2_0: return 1;
+    case T_Q4_K: case T_Q5_K: return 3;
+    case T_Q6_K: return 4;
+    case T_TQ1_0: return 5;
+    case T_IQ1_S: case T_IQ1_M: return 6;
+    case T_NVFP4: return 7;
+    case T_IQ3_XXS: case T_IQ3_S: return 8;
+    case T_IQ2_XXS: return 9;
+    default: return 2;
+    }
 }
 /* whether the type's order over rows of n is a bf16 split (two words an element, xperm_of writes it from a whole
  * row): x rows only, never h, whose elements the gate/up items write one at a time (xperm_pos) */
-static int fused_xperm_split(int type, int n) { return fused_xperm(type, n) >= 5; }
+static int fused_xperm_split(int type, int n) { return fused_xperm(type, n) >= 8; }
 /* x (n floats) in the lane order of fused_xperm(type, n) */
 static void xperm_of(int type, const float *x, int n, float *xp) {
 #ifdef STRATA_PERM
@@ -1220,9 +1264,12 @@ static void xperm_of(int type, const float *x, int n, float *xp) {
     else if (fused_xperm(type, n) == 2) xperm_q4x(x, n, xp);
     else if (fused_xperm(type, n) == 3) xperm_q4kx(x, n, xp);
     else if (fused_xperm(type, n) == 4) xperm_q6kx(x, n, xp);
+    else if (fused_xperm(type, n) == 5) xperm_tq1x(x, n, xp);
+    else if (fused_xperm(type, n) == 6) xperm_iq1x(x, n, xp);
+    else if (fused_xperm(type, n) == 7) xperm_nvfp4x(x, n, xp);
 #ifdef STRATA_VBMI
-    else if (fused_xperm(type, n) == 5) xsplit_iq3(x, n, xp);
-    else if (fused_xperm(type, n) == 6) xsplit_iq2(x, n, xp);
+    else if (fused_xperm(type, n) == 8) xsplit_iq3(x, n, xp);
+    else if (fused_xperm(type, n) == 9) xsplit_iq2(x, n, xp);
 #endif
 #else
     (void)type, (void)x, (void)n, (void)xp;
@@ -1243,6 +1290,12 @@ static int xperm_pos(int type, int n, int f) {
         const int e = f % 256, z = e / 128, j32 = (e % 128) / 32, l = e % 32;
         return 256 * (f / 256) + 16 * (8 * z + 4 * (j32 / 2) + l % 4) + 8 * (j32 % 2) + l / 4;
     }
+    if (fused_xperm(type, n) == 5) return 256 * (f / 256) + tq1x_pos_of[f % 256];
+    if (fused_xperm(type, n) == 7) { /* nvfp4x_src's inverse: e = 64 B + 16 s + 8 nib + l, l = 4 (i % 2) + t */
+        const int e = f % 128, B = e / 64, sub = (e % 64) / 16, nb = (e % 16) / 8, l = e % 8;
+        return 128 * (f / 128) + 16 * (2 * (l % 4) + nb) + 8 * B + 2 * sub + l / 4;
+    }
+    if (fused_xperm(type, n) == 6) return 128 * (f / 128) + 16 * (f % 8) + (f % 128) / 8; /* iq1x_src's inverse */
     if (fused_xperm(type, n) == 1) {
         const int e = f % 256, s = (e % 128) / 32, l = e % 32, j = 32 * (e / 128) + l; /* byte j = 4 i + k */
         return 256 * (f / 256) + 16 * (4 * s + j % 4) + j / 4;

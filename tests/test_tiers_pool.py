@@ -290,14 +290,22 @@ def test_a_build_the_compiler_refuses_falls_back_to_the_next_isa(monkeypatch, ca
     assert "cannot build expert_pool.c for bogus" in capsys.readouterr().err
 
 
+def rows_dots(lib, type_name, raw, x, lane):
+    """[rows, m] dot products of raw's weight rows with x's rows through the pool's kernel (lane order or not)."""
+    raw, x = np.ascontiguousarray(raw), np.ascontiguousarray(x, dtype=np.float32)
+    out = np.full((raw.shape[0], x.shape[0]), np.nan, np.float32)
+    assert lib.strata_rows_dots(native.NATIVE_TYPES[type_name], raw.ctypes.data, raw.shape[1], raw.shape[0],
+                                x.shape[1], x.ctypes.data, x.shape[0], lane, out.ctypes.data) == 0
+    return out
+
+
 # the AVX-512 lane-order kernels (expert_pool_groups.h: x or h permuted once per call, codes as 16 dwords) serve rows
-# of n % 256 == 0 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS; in the avx512spr build the grid i-quants' gate/up rows,
-# x split into bf16 pairs: expert_pool_grids_lane.h) or n % 128 == 0 (Q4_0, Q4_1, IQ4_NL, MXFP4, Q5_0, Q5_1); the
-# shapes above are mostly not such
+# of n % 256 == 0 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ2_0, TQ1_0, IQ1_S, IQ1_M; in the avx512spr build the
+# gate/up rows of IQ2_XXS, IQ3_XXS, IQ3_S, x split into bf16 pairs: expert_pool_grids_lane.h) or n % 128 == 0 (Q4_0,
+# Q4_1, IQ4_NL, MXFP4, Q5_0, Q5_1, NVFP4); the shapes above are mostly not such
 GRID_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
-TABLE_TYPES = ("IQ2_XXS", "IQ3_XXS", "IQ3_S")  # the avx512spr table kernels (IQ2_XS's, IQ2_S's lost on the device)
-LANE_ORDER = ("Q2_K", "Q3_K", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "IQ4_NL", "MXFP4",
-              "Q5_0") + GRID_TYPES
+LANE_ORDER = ("Q2_K", "Q3_K", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "IQ4_NL", "MXFP4", "Q5_0",
+              "TQ2_0", "TQ1_0", "IQ1_S", "IQ1_M", "NVFP4") + GRID_TYPES
 
 
 @needs_native
@@ -325,31 +333,23 @@ def test_lane_order_kernels_match_numpy(type_name, H, F, build):
 @pytest.mark.parametrize("type_name", GRID_TYPES)
 @pytest.mark.parametrize("n", [256, 768, 1280])
 def test_grid_kernels_yield_every_weight_bit_for_bit(type_name, n, build):
-    """One-hot token rows through the fused kernels the pool runs (strata_row_dots: the lane-order one, in the
-    avx512spr build the grid i-quants' table kernels, and the weight-table one), 1, 2 and 16 rows a call: each output
-    is one weight, equal to gguf's (a one-hot x splits into bf16 exactly, and the scale times the exact grid value is
-    gguf's product). Rows of 1, 3 and 5 blocks: the IQ2 pair kernels' lone last block, a pair and one, two pairs and
-    one."""
+    """One-hot token rows through the fused kernels the pool runs (strata_rows_dots: the lane-order one where the pool
+    takes it, in the avx512spr build IQ2_XXS's, IQ3_XXS's and IQ3_S's table kernels at 1 and 2 rows, and the
+    weight-table one), 1, 2 and 16 rows a call: each output is one weight, equal to gguf's (a one-hot x splits into
+    bf16 exactly, and the scale times the exact grid value is gguf's product). Rows of 1, 3 and 5 blocks: the IQ2 pair
+    kernels' lone last block, a pair and one, two pairs and one."""
     lib = library(build)
-    t = native.NATIVE_TYPES[type_name]
-    raw = np.ascontiguousarray(random_raw(type_name, 2, n, np.random.default_rng(t + n)))
-    for r in range(raw.shape[0]):
-        ref = dequant_ref(raw[r:r + 1], type_name)[0]
-        for lane in (1, 0):
-            for m in (1, 2, 16):
-                got = np.full(n, np.nan, dtype=np.float32)
-                for k in range(0, n, m):
-                    x = np.zeros((m, n), dtype=np.float32)
-                    x[np.arange(m), (k + np.arange(m)) % n] = 1.0
-                    out = np.full(m, np.nan, dtype=np.float32)
-                    rc = lib.strata_row_dots(t, lane, raw[r].ctypes.data, n, x.ctypes.data, m, out.ctypes.data)
-                    if rc == -1 and (build == "no-simd" or lane and (build != "avx512spr"
-                                                                     or type_name not in TABLE_TYPES)):
-                        break  # no fused kernel (no SIMD), no lane-order one (the table kernels are avx512spr's)
-                    assert rc == 0
-                    got[(k + np.arange(m)) % n] = out
-                else:
-                    np.testing.assert_array_equal(got, ref, err_msg=f"row {r}, lane {lane}, {m} rows a call")
+    raw = np.ascontiguousarray(random_raw(type_name, 2, n, np.random.default_rng(native.NATIVE_TYPES[type_name] + n)))
+    ref = dequant_ref(raw, type_name)
+    for lane in (1, 0):
+        for m in (1, 2, 16):
+            got = np.full((raw.shape[0], n), np.nan, dtype=np.float32)
+            for k in range(0, n, m):
+                cols = (k + np.arange(m)) % n
+                x = np.zeros((m, n), dtype=np.float32)
+                x[np.arange(m), cols] = 1.0
+                got[:, cols] = rows_dots(lib, type_name, raw, x, lane)
+            np.testing.assert_array_equal(got, ref, err_msg=f"lane {lane}, {m} rows a call")
 
 
 @needs_native
@@ -398,3 +398,83 @@ def test_native_calls_count_their_kernel_and_wake_time():
     numpy_pool = ExpertPool(model, use_native=False)
     numpy_pool.compute(1, x, plan.cpu)
     assert numpy_pool.kernel_ns == 0 and numpy_pool.wake_ns == 0
+
+
+# the lane-order kernels of the few-valued types (expert_pool_few.h: TQ2_0, TQ1_0, IQ1_S, IQ1_M, NVFP4, and MXFP4's
+# in expert_pool_groups.h) and the weight-table kernels beside them, one dot product at a time (strata_rows_dots)
+FEW = ("TQ2_0", "TQ1_0", "IQ1_S", "IQ1_M", "MXFP4", "NVFP4")
+
+
+@needs_native
+@BUILDS
+@pytest.mark.parametrize("lane", [1, 0], ids=["lane", "weight-table"])
+@pytest.mark.parametrize("type_name", FEW)
+def test_few_value_kernels_are_the_weights_bit_for_bit(type_name, lane, build):
+    """With x one-hot (column j) every dot product is one weight times 1 plus exact zeros, so the kernels must give
+    gguf's weight [i, j] exactly: the lane kernels' unscaled values times the block's or sub-block's scale are gguf's
+    products (d * code, dl * (grid + delta), the e2m1 value times ue4m3 / e8m0 halves). m one-hot rows at a time: 1, 2,
+    3, 4, 7, 8 and 16 (every pass of 8, 4, 2, 1 rows and their remainders; 16: two column chunks of 256 for rows of
+    768); NVFP4's sub-blocks take every scale byte. Then random x against float64 numpy."""
+    rng = np.random.default_rng(40 + native.NATIVE_TYPES[type_name])
+    n, rows = 768, 6
+    raw = random_raw(type_name, rows, n, rng)
+    if type_name == "NVFP4":  # 6 rows x 12 blocks x 4 scales: every ue4m3 byte, 0x7F and the subnormals among them
+        raw.reshape(rows, -1, 36)[:, :, 0:4] = np.r_[rng.permutation(256), rng.integers(0, 256, 32)].astype(
+            np.uint8).reshape(rows, -1, 4)
+    w = dequant_ref(raw, type_name)
+    lib = library(build)
+    for m in (1, 2, 3, 4, 7, 8, 16):
+        cols = np.arange(n) if m == 16 else rng.permutation(n)[:8 * m]
+        for j0 in range(0, len(cols) - m + 1, m):
+            x = np.zeros((m, n), np.float32)
+            x[np.arange(m), cols[j0:j0 + m]] = 1.0
+            np.testing.assert_array_equal(rows_dots(lib, type_name, raw, x, lane), w[:, cols[j0:j0 + m]],
+                                          err_msg=f"m={m} columns {cols[j0:j0 + m]}")
+    x = rng.standard_normal((5, n)).astype(np.float32)
+    want = w.astype(np.float64) @ x.astype(np.float64).T
+    bound = np.abs(w).astype(np.float64) @ np.abs(x).astype(np.float64).T
+    assert (np.abs(rows_dots(lib, type_name, raw, x, lane) - want) <= 1e-6 * bound + 1e-30).all()
+
+
+@needs_native
+@BUILDS
+@pytest.mark.parametrize("type_name", FEW)
+def test_few_value_rows_of_other_lengths(type_name, build):
+    """Rows whose length the lane kernels do not take (TQ/IQ1: not a multiple of 256 is no row of whole blocks;
+    MXFP4 / NVFP4 rows of 32 / 64 x odd: the weight-table kernel) and one of a single step, as the pool's SwiGLU:
+    gate/up rows of 64 x 3 or 256, down rows of 32 x 7 / 64 x 5 or 256, experts of 1, 3 and 9 rows."""
+    block = native_block(type_name)
+    H, F = (256, 256) if block == 256 else (192, 224 if block == 32 else 320)
+    down = type_name if F % block == 0 else "Q4_0"
+    model = FakeModel((type_name, type_name, down), E=4, k=2, H=H, F=F, seed=9)
+    pool = ExpertPool(model, n_threads=2, lib=library(build))
+    for n_rows in (1, 3, 9):
+        check_pool(model, pool, (type_name, type_name, down), np.stack([[0, 1 + i % 3] for i in range(n_rows)]),
+                   layer=0)
+    lib = library(build)
+    raw = random_raw(type_name, 2, block, np.random.default_rng(1))
+    x = np.zeros((1, block - 1), np.float32)
+    assert lib.strata_rows_dots(native.NATIVE_TYPES[type_name], raw.ctypes.data, raw.shape[1], 2, block - 1,
+                                x.ctypes.data, 1, 1, x.ctypes.data) == -1
+
+
+@needs_native
+@pytest.mark.skipif("avx512" not in native.host_isas(), reason="the gather kernels are the AVX-512 build's")
+def test_iq1_without_gathers_keeps_the_weight_table_kernels():
+    """IQ1_GATHER=0 (bench/pool_bench.py --ab IQ1_GATHER=0, for hosts whose gathers are slow): IQ1_S / IQ1_M take
+    the weight-table kernels at every row count, exact on one-hot x and the pool's SwiGLU against numpy."""
+    lib = native.load_variant(("IQ1_GATHER=1",), isa="avx512"), native.load_variant(("IQ1_GATHER=0",), isa="avx512")
+    rng = np.random.default_rng(17)
+    for type_name in ("IQ1_S", "IQ1_M"):
+        raw = random_raw(type_name, 3, 512, rng)
+        w = dequant_ref(raw, type_name)
+        x = np.eye(512, dtype=np.float32)[rng.permutation(512)[:16]]
+        for build in lib:
+            np.testing.assert_array_equal(rows_dots(build, type_name, raw, x, 1), w @ x.T)
+        # summed in different orders: the lane kernel's and the weight-table kernel's random-x dots differ in bits
+        xr = rng.standard_normal((1, 512)).astype(np.float32)
+        assert not np.array_equal(rows_dots(lib[0], type_name, raw, xr, 1), rows_dots(lib[1], type_name, raw, xr, 1))
+        np.testing.assert_array_equal(rows_dots(lib[1], type_name, raw, xr, 1), rows_dots(lib[1], type_name, raw, xr, 0))
+        model = FakeModel((type_name,) * 3, E=4, k=2, H=512, F=256, seed=3)
+        check_pool(model, ExpertPool(model, n_threads=2, lib=lib[1]), (type_name,) * 3,
+                   routed(3, 4, 2, np.random.default_rng(5)), layer=0)

@@ -25,7 +25,8 @@ from ..model.quants import TYPE_IDS
 
 SOURCE = "expert_pool.c"
 HEADERS = ("expert_pool_base.h", "expert_pool_decode.h", "expert_pool_groups.h", "expert_pool_grids.h",
-           "expert_pool_grids_lane.h", "expert_pool_plan.h", "expert_pool_serve.h")  # next to SOURCE, part of the build key
+           "expert_pool_grids_lane.h", "expert_pool_plan.h", "expert_pool_serve.h",
+           "expert_pool_few.h")  # next to SOURCE, part of the build key
 # The GGML types the C file decodes: every type of the table (tests/test_tiers_pool.py holds each to gguf.quants)
 NATIVE_TYPES = dict(TYPE_IDS)
 _VP, _I32, _I64, _U32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
@@ -187,6 +188,6 @@ def load_variant(defines: tuple[str, ...], isa: str | None = None):
     lib.strata_stream_read.argtypes = [_I32, _I32, _VP, _VP]
     lib.strata_dequant_row.restype = _I32
     lib.strata_dequant_row.argtypes = [_I32, _VP, _I64, _VP]
-    lib.strata_row_dots.restype = _I32
-    lib.strata_row_dots.argtypes = [_I32, _I32, _VP, _I32, _VP, _I32, _VP]  # type, lane, row, n, x, m, out
+    lib.strata_rows_dots.restype = _I32  # type, rows, row stride, n rows, n, x, m, lane, out (the tests)
+    lib.strata_rows_dots.argtypes = [_I32, _VP, _I64, _I32, _I32, _VP, _I32, _I32, _VP]
     return lib
