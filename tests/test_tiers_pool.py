@@ -478,3 +478,25 @@ def test_iq1_without_gathers_keeps_the_weight_table_kernels():
         model = FakeModel((type_name,) * 3, E=4, k=2, H=512, F=256, seed=3)
         check_pool(model, ExpertPool(model, n_threads=2, lib=lib[1]), (type_name,) * 3,
                    routed(3, 4, 2, np.random.default_rng(5)), layer=0)
+
+
+@needs_native
+@pytest.mark.skipif("avx512" not in native.host_isas(), reason="the lane kernels are the AVX-512 build's")
+def test_few_lane_off_keeps_the_weight_table_kernels():
+    """FEW_LANE=0 (bench/pool_bench.py --ab FEW_LANE=0, the device's A/B of expert_pool_few.h): TQ2_0, TQ1_0 and NVFP4
+    take the weight-table kernels (their lane and weight-table dots equal bit for bit there, not in the default
+    build), exact on one-hot x, and the pool's SwiGLU against numpy; MXFP4's lane kernel serves 1-2 rows only."""
+    lib = native.load_variant(("FEW_LANE=1",), isa="avx512"), native.load_variant(("FEW_LANE=0",), isa="avx512")
+    rng = np.random.default_rng(23)
+    for type_name in ("TQ2_0", "TQ1_0", "NVFP4", "MXFP4"):
+        raw = random_raw(type_name, 3, 512, rng)
+        w = dequant_ref(raw, type_name)
+        x = np.eye(512, dtype=np.float32)[rng.permutation(512)[:16]]
+        for build in lib:
+            np.testing.assert_array_equal(rows_dots(build, type_name, raw, x, 1), w @ x.T)
+        xr = rng.standard_normal((1 if type_name != "MXFP4" else 4, 512)).astype(np.float32)
+        assert not np.array_equal(rows_dots(lib[0], type_name, raw, xr, 1), rows_dots(lib[0], type_name, raw, xr, 0))
+        np.testing.assert_array_equal(rows_dots(lib[1], type_name, raw, xr, 1), rows_dots(lib[1], type_name, raw, xr, 0))
+        model = FakeModel((type_name,) * 3, E=4, k=2, H=512, F=256, seed=3)
+        check_pool(model, ExpertPool(model, n_threads=2, lib=lib[1]), (type_name,) * 3,
+                   routed(3, 4, 2, np.random.default_rng(5)), layer=0)
