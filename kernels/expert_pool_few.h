@@ -153,18 +153,6 @@ LANE_DOTS(tq1_0x, pass_tq1x, T_TQ1_0)
  * Per 16 weights: a permute, an FMA and 7/8 shift, plus per 16 rows a gather and ~8 vector ops for the ids, signs
  * and scales, where the weight-table decoders (expert_pool_grids.h) read each row and offset with scalar loads,
  * merged two rows per xmm, widened to dwords and multiplied a table per 16 weights. */
-#ifndef FEW_LANE
-/* 0: TQ2_0, TQ1_0 and NVFP4 keep the weight-table kernels and MXFP4's lane kernel its LANE_MAX_ROWS (bench/
- * pool_bench.py --ab FEW_LANE=0: the device's A/B of this header, measured on the dev box only; the macro goes once
- * the device has decided each type) */
-#define FEW_LANE 1
-#endif
-#ifndef IQ1_GATHER
-/* 0: IQ1_S / IQ1_M keep the weight-table kernels (bench/pool_bench.py --ab IQ1_GATHER=0: the gathers' cost is the
- * host's; on the dev box's Zen 4, 16-lane gathers at ~1.4 cycles a lane, this kernel is 10-25 % slower than
- * those (IQ1_M / IQ1_S); on the device's Sapphire Rapids, not measured yet, ~0.3-0.5 cycles a lane are expected) */
-#define IQ1_GATHER 1
-#endif
 static uint32_t iq1_grid4[2048];
 static const float tab_iq1x[16] __attribute__((aligned(64))) = {0.125f, 1.125f, 0, -0.875f, -0.125f, 0.875f, 0,
                                                                  -1.125f, 0, 0, 0, 0, 0, 0, 0, 0};

@@ -1198,15 +1198,11 @@ static dots_fn fused_dots_xperm(int type, int n) {
     if (type == T_Q5_K && n % 256 == 0) return dots_q5_kx;
     if (type == T_Q6_K && n % 256 == 0) return dots_q6_kx;
     if (type == T_IQ4_XS && n % 256 == 0) return dots_iq4_xsx;
-#if FEW_LANE
     if (type == T_TQ2_0 && n % 256 == 0) return dots_tq2_0x;
     if (type == T_TQ1_0 && n % 256 == 0) return dots_tq1_0x;
     if (type == T_NVFP4 && n % 128 == 0) return dots_nvfp4x;
-#endif
-#if IQ1_GATHER
     if (type == T_IQ1_S && n % 256 == 0) return dots_iq1_sx;
     if (type == T_IQ1_M && n % 256 == 0) return dots_iq1_mx;
-#endif
 #ifdef STRATA_VBMI
     if (n % 256 == 0) {
         if (type == T_IQ2_XXS) return dots_iq2_xxst;
@@ -1233,7 +1229,7 @@ static dots_fn fused_dots_xperm(int type, int n) {
  * against 49 / 81 / 117; the dev box's Zen 4 ties them: pool_bench --ab at 4 rows TQ2_0 -1 %, TQ1_0 -3 %, MXFP4
  * +3 %, NVFP4 +5 %), NVFP4 up to 7 rows (at 8: 110 against 91); the others LANE_MAX_ROWS (expert_pool.c) */
 static int fused_lane_rows(int type) {
-#if defined(STRATA_PERM) && FEW_LANE
+#ifdef STRATA_PERM
     if (type == T_TQ2_0 || type == T_TQ1_0 || type == T_MXFP4) return 1 << 30;
     if (type == T_NVFP4) return 7;
 #endif
