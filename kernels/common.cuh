@@ -617,4 +617,22 @@ struct Pending {
         at_n<1>(t, d, 1, D, p);
         return p[0];
     }
+
+    // The pending write onto a register tile: v[e] += fl(pending(t, d0 + e * stride) * g) for the elements below D
+    // (the layer's residual stream update as hc_write computes it: one rounding of the product, then the add), and
+    // r[d] = v[e] where r is given (the write's result back to the residual row; nullptr where nothing reads it
+    // again). hc_write_norm and ple_mix_norm apply it before their norms.
+    template <int N>
+    __device__ __forceinline__ void add_n(int t, int d0, int stride, int D, float g, float (&v)[N], float* r) const {
+        float p[N];
+        at_n<N>(t, d0, stride, D, p);
+#pragma unroll
+        for (int e = 0; e < N; ++e) {
+            const int d = d0 + e * stride;
+            if (d < D) {
+                v[e] = v[e] + __fmul_rn(p[e], g);
+                if (r != nullptr) r[d] = v[e];
+            }
+        }
+    }
 };

@@ -73,18 +73,7 @@ extern "C" __global__ void __launch_bounds__(HC_NORM_THREADS)
             v[e] = d < D ? r[d] : 0.0f;
             wv[e] = d < D ? w[d] : 0.0f;
         }
-        if (pend_write) {
-            float p[HC_NORM_EPT];
-            pend.at_n(t, d0, nth, D, p);
-#pragma unroll
-            for (int e = 0; e < HC_NORM_EPT; ++e) {
-                const int d = d0 + e * nth;
-                if (d < D) {
-                    v[e] = v[e] + __fmul_rn(p[e], g);
-                    r[d] = v[e];
-                }
-            }
-        }
+        if (pend_write) pend.add_n(t, d0, nth, D, g, v, r);
 #pragma unroll
         for (int e = 0; e < HC_NORM_EPT; ++e) ss += v[e] * v[e];  // 0 past D
     }

@@ -146,18 +146,7 @@ __device__ __forceinline__ void ple_mix_norm_body(
     for (int pass = 0; pass < D; pass += span) {
         const int d0 = pass + threadIdx.x;
         load(d0);
-        if (write) {
-            float p[PLE_EPT];
-            pend.at_n(t, d0, nth, D, p);
-#pragma unroll
-            for (int e = 0; e < PLE_EPT; ++e) {
-                const int d = d0 + e * nth;
-                if (d < D) {
-                    v[e] = v[e] + __fmul_rn(p[e], g);
-                    if (!ONE) r[d] = v[e];  // the later passes re-read it
-                }
-            }
-        }
+        if (write) pend.add_n(t, d0, nth, D, g, v, ONE ? nullptr : r);  // the later passes re-read r
 #pragma unroll
         for (int e = 0; e < PLE_EPT; ++e) {
             sk += kv[e] * kv[e];
