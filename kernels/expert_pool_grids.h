@@ -178,15 +178,16 @@ AI v16 g_iq3_xxs(const uint8_t *b, int j, const float *ps) {
     return grid_group(_mm_srli_epi16(rows4x4(grid_iq3xxs, S, 4 * j), 2), S->h[MSK + j], 1, S->f[j / 2], tab_iq3xxs);
 }
 /* IQ3_S's 8 scales d * (1 + 2 s), s the nibbles of the 4 bytes at 106, low first */
-AI __m256 iq3s_scale8(const uint8_t *b) {
+AI __m256 iq3s_scale8d(const uint8_t *b, float d) { /* d: the block's d as a float (rdh(b)) */
     const __m128i sc = _mm_cvtsi32_si128((int)rd32(b + 106));
     const __m256i s = _mm256_srlv_epi32(_mm256_cvtepu8_epi32(_mm_shuffle_epi8(sc, _mm_setr_epi8(0, 0, 1, 1, 2, 2, 3, 3,
                                                                                                   0, 0, 0, 0, 0, 0, 0, 0))),
                                         _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4));
     const __m256i odd = _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(s, _mm256_set1_epi32(15)), 1),
                                          _mm256_set1_epi32(1));
-    return _mm256_mul_ps(_mm256_set1_ps(rdh(b)), _mm256_cvtepi32_ps(odd));
+    return _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(odd));
 }
+AI __m256 iq3s_scale8(const uint8_t *b) { return iq3s_scale8d(b, rdh(b)); }
 /* IQ3_S: d, qs[64] (id low bits), qh[8] (9th id bit, bit i of the 64), signs[32], scales[4] (1 + 2 s per 32) */
 AI void prep_iq3_s(const uint8_t *b, float *ps) {
     scratch *S = (scratch *)ps;

@@ -94,6 +94,10 @@ AI void pass_iq3_tab(const int type, const uint8_t *row, int n, const float *con
         PF_BLOCK(blk, BPB);
         const __m512i ids = _mm512_loadu_si512(blk + 2);
         const __mmask64 m7 = _mm512_movepi8_mask(ids);
+        /* d converted in an xmm and read back as memory (iq2_pair's d2): the scale's broadcast loads it */
+        float d1[4];
+        _mm_storeu_ps(d1, _mm_cvtph_ps(_mm_cvtsi32_si128((int)rd32(blk))));
+        __asm__("" : "+m"(d1));
         __m512i P[2];
         __m256i sbits;
         v16 S; /* lane j: 16-group j's scale (sub-block j / 2) */
@@ -110,7 +114,7 @@ AI void pass_iq3_tab(const int type, const uint8_t *row, int n, const float *con
                                                           ld64(iq3s_pk[A] + 128 * t + 64));
             }
             sbits = _mm256_loadu_si256((const __m256i *)(blk + 74));
-            S = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(iq3s_scale8(blk)));
+            S = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(iq3s_scale8d(blk, d1[0])));
         } else {
             for (int A = 0; A < 2; A++)
                 P[A] = _mm512_mask2_permutex2var_epi8(
@@ -119,7 +123,7 @@ AI void pass_iq3_tab(const int type, const uint8_t *row, int n, const float *con
                     m7, ld64(iq3xxs_pk[A] + 192));
             const __m256i a = _mm256_loadu_si256((const __m256i *)(blk + 66));
             sbits = xxs_signs_vbmi(a);
-            S = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(xxs_scale8(rdh(blk), a, 0.5f)));
+            S = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(xxs_scale8(d1[0], a, 0.5f)));
         }
         /* the sign of row r's value 2 A + h (bit 4 r + 2 A + h of the 256) into bit 3 of nibble h of byte r: qword
          * j of src holds rows 8 j .. 8 j + 7 (sign dword j) */
