@@ -87,7 +87,8 @@ def test_the_weight_streaming_kernels_prefetch():
 
 def test_griddepcontrol_only_from_sm90():
     code = _strip_comments((kernels_dir() / "common.cuh").read_text())
-    for fn, asm in (("pdl_wait", "griddepcontrol.wait;"), ("pdl_launch_dependents", "griddepcontrol.launch_dependents;")):
+    for fn, asm in (("pdl_wait", "griddepcontrol.wait;"),
+                    ("pdl_launch_dependents", "griddepcontrol.launch_dependents;")):
         body = _body(code, code.index("{", code.index(f"void {fn}()")))
         assert re.search(r"#if __CUDA_ARCH__ >= 900\s+asm volatile\(\"" + re.escape(asm), body), fn
     begin = _body(code, code.index("{", code.index("void pdl_begin()")))

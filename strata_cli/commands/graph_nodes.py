@@ -18,9 +18,9 @@ from ._tiers import tier_config, tier_options
 @ctx_option
 @tier_options
 def command(model, window, commit, profile, fmt, n_ctx, **tier_args):
-    """Node count, edge count (and how many are programmatic), the nodes each layer adds (window graphs of one token group), and one row per node
-    kind (kernel function names via the driver API, memcpy, memset, host), most frequent first. Needs a CUDA
-    GPU."""
+    """Node count, edge count (and how many are programmatic), the nodes each layer adds (window graphs of one token
+    group), and one row per node kind (kernel function names via the driver API, memcpy, memset, host), most
+    frequent first. Needs a CUDA GPU."""
     from ..errors import OptionError
     from ..report.envinfo import environment_record, header_line
     from ..report.present import Column, emit

@@ -52,7 +52,8 @@ class CapturedGraph:
         if programmatic:
             from .pdl import make_programmatic, project_kernel
 
-            make_programmatic(self.graph, project_kernel if programmatic is True else programmatic)
+            make_programmatic(self.graph, node_names(self.graph),
+                              project_kernel if programmatic is True else programmatic)
         self.exec = check(rt.cudaGraphInstantiate(self.graph, 0), "cudaGraphInstantiate")
         check(rt.cudaGraphUpload(self.exec, stream.ptr), "cudaGraphUpload")
 

@@ -63,16 +63,13 @@ def count_programmatic(graph) -> int:
     return sum(int(d.type) == programmatic for d in graph_edges(graph)[2])
 
 
-def make_programmatic(graph, ready: Callable[[str], bool] = project_kernel) -> int:
-    """Turn `graph`'s kernel -> kernel edges (programmatic_edges's) programmatic, before instantiate; returns how
-    many. A no-op (0) below compute capability 9.0."""
+def make_programmatic(graph, names: Mapping[int, str | None], ready: Callable[[str], bool] = project_kernel) -> int:
+    """Turn `graph`'s kernel -> kernel edges (programmatic_edges's; names: graphs.node_names) programmatic, before
+    instantiate; returns how many. A no-op (0) below compute capability 9.0."""
     if not supported():
         return 0
-    from .graphs import node_names
-
     rt = cudart()
     src, dst, data = graph_edges(graph)
-    names = node_names(graph)
     default = int(rt.cudaGraphDependencyType.cudaGraphDependencyTypeDefault)
     by_id = {int(node): node for node in (*src, *dst)}
     plain = [(int(a), int(b)) for a, b, d in zip(src, dst, data) if int(d.type) == default]
