@@ -133,3 +133,56 @@ def test_loaded_functions_are_what_kernel_handed_out(monkeypatch):
 
     monkeypatch.setattr(C, "_LOADED", {"moe_combine"})
     assert pdl.project_kernel("moe_combine") and not pdl.project_kernel("cupy_fill")
+
+
+class _FakeRuntime:
+    """cudaGraphGetEdges / Remove / AddDependencies over a list of (from, to) edges of default type; node handles
+    are ints. The enums and the edge data class are cuda-bindings' own."""
+
+    def __init__(self, edges):
+        from cuda.bindings import runtime as rt
+
+        self.rt, self.edges, self.calls = rt, list(edges), []
+        self.cudaGraphDependencyType = rt.cudaGraphDependencyType
+        self.cudaGraphEdgeData = rt.cudaGraphEdgeData
+        self.cudaGraphKernelNodePortProgrammatic = rt.cudaGraphKernelNodePortProgrammatic
+
+    def cudaGraphGetEdges(self, graph, n=0):
+        data = [self.rt.cudaGraphEdgeData() for _ in self.edges]
+        if not n:
+            return 0, None, None, None, len(self.edges)
+        return 0, [a for a, _ in self.edges], [b for _, b in self.edges], data, len(self.edges)
+
+    def cudaGraphRemoveDependencies(self, graph, froms, tos, data, n):
+        self.calls.append(("remove", list(zip(froms, tos)), data, n))
+        return (0,)
+
+    def cudaGraphAddDependencies(self, graph, froms, tos, data, n):
+        self.calls.append(("add", list(zip(froms, tos)), [(int(d.type), d.from_port, d.to_port) for d in data], n))
+        return (0,)
+
+
+def test_make_programmatic_removes_and_adds_the_chosen_edges(monkeypatch):
+    pytest.importorskip("cuda.bindings.runtime")
+    from strata_cli.gpu import pdl
+
+    fake = _FakeRuntime([(1, 2), (2, 3), (3, 4), (4, 5)])
+    monkeypatch.setattr(pdl, "cudart", lambda: fake)
+    monkeypatch.setattr(pdl, "supported", lambda: True)
+    names = {1: "gemv_q8_0_t1", 2: "hc_write_norm", 3: None, 4: "moe_combine", 5: "router_gemv_topk"}
+    assert pdl.make_programmatic("graph", names, ready) == 2
+    programmatic = int(fake.rt.cudaGraphDependencyType.cudaGraphDependencyTypeProgrammatic)
+    port = int(fake.rt.cudaGraphKernelNodePortProgrammatic)
+    assert fake.calls == [("remove", [(1, 2), (4, 5)], None, 2),
+                          ("add", [(1, 2), (4, 5)], [(programmatic, port, 0)] * 2, 2)]
+
+
+def test_make_programmatic_is_a_no_op_below_sm90(monkeypatch):
+    pytest.importorskip("cuda.bindings.runtime")
+    from strata_cli.gpu import pdl
+
+    fake = _FakeRuntime([(1, 2)])
+    monkeypatch.setattr(pdl, "cudart", lambda: fake)
+    monkeypatch.setattr(pdl, "supported", lambda: False)
+    assert pdl.make_programmatic("graph", {1: "moe_combine", 2: "hc_write_norm"}, ready) == 0
+    assert fake.calls == []
