@@ -234,3 +234,21 @@ def test_window_graphs_programmatic_equal_eager_and_ordinary(fixture_dir, tiers)
         ordinary = _windows(eng, tokens, WINDOWS, eager=False)
     np.testing.assert_array_equal(programmatic, eager)
     np.testing.assert_array_equal(ordinary, eager)
+
+
+def test_graph_nodes_counts_the_programmatic_edges(fixture_dir):
+    import json
+
+    from click.testing import CliRunner
+
+    from strata_cli.cli import main
+
+    _needs_sm90()
+    path = str(fixture_dir / "model-q8_0.gguf")
+    res = CliRunner().invoke(main, ["graph-nodes", path, "--window", "1", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    meta = json.loads(res.stdout)["meta"]
+    assert 0 < meta["programmatic"] < meta["edges"]  # the staging copies' edges stay ordinary
+    res = CliRunner().invoke(main, ["graph-nodes", path, "--window", "1"])
+    assert res.exit_code == 0, res.output
+    assert f"{meta['edges']} edges ({meta['programmatic']} programmatic)" in res.output
