@@ -58,8 +58,10 @@ __device__ __forceinline__ void pdl_begin() {
 // rows of row_bytes each (a Q8_0_R32 group of 32 rows counts as one row), reps times, rep_rows rows apart (hyper.cu's
 // per-stream rows). The blocks along y (window-row tiles) read the same rows, so only y = 0 prefetches; the blocks
 // along z (K split) take a share each. Weights only: nothing a previous kernel writes may be touched before pdl_wait.
-// A row0 outside 0..n_rows-1 prefetches nothing.
-__device__ __forceinline__ void pdl_prefetch_rows(const void* W, i64 row_bytes, i64 row0, i64 rows, i64 n_rows,
+// A row0 outside 0..n_rows-1 prefetches nothing. Not inlined: inlined, its address math stayed live into the main
+// loop of gemv_q8r_gateup_dense_t1 (80 -> 84 registers: 3 -> 2 blocks an SM; ptxas -v, sm_90); called, every
+// kernel keeps its register count of before (within its allocation step) and no stack.
+__device__ __noinline__ void pdl_prefetch_rows(const void* W, i64 row_bytes, i64 row0, i64 rows, i64 n_rows,
                                                   int reps = 1, i64 rep_rows = 0) {
     if (blockIdx.y != 0 || row0 < 0 || row0 >= n_rows) return;
     const i64 bytes = (min(row0 + rows, n_rows) - row0) * row_bytes;
