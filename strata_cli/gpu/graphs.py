@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .pdl import count_programmatic, make_programmatic, project_kernel
 from .runtime import capture_guard, check, cudart, cudrv, cupy, free_later_if_capturing
 
 NODE_KINDS = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "child graph", 5: "empty",
@@ -50,10 +51,12 @@ class CapturedGraph:
                 raise
             self.graph = check(rt.cudaStreamEndCapture(stream.ptr), "cudaStreamEndCapture")
         if programmatic:
-            from .pdl import make_programmatic, project_kernel
-
-            make_programmatic(self.graph, node_names(self.graph),
-                              project_kernel if programmatic is True else programmatic)
+            try:
+                make_programmatic(self.graph, node_names(self.graph),
+                                  project_kernel if programmatic is True else programmatic)
+            except BaseException:
+                rt.cudaGraphDestroy(self.graph)
+                raise
         self.exec = check(rt.cudaGraphInstantiate(self.graph, 0), "cudaGraphInstantiate")
         check(rt.cudaGraphUpload(self.exec, stream.ptr), "cudaGraphUpload")
 
@@ -105,8 +108,6 @@ def node_names(graph) -> dict[int, str | None]:
 
 
 def summarize(graph) -> GraphSummary:
-    from .pdl import count_programmatic
-
     nodes = _nodes_and_kinds(graph)
     labels = Counter(kernel_name(node) if kind == 0 else NODE_KINDS.get(kind, f"type {kind}") for node, kind in nodes)
     kinds = sorted(labels.items(), key=lambda kv: (-kv[1], kv[0]))
