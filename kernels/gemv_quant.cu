@@ -434,7 +434,7 @@ __device__ __forceinline__ void qtc_tile(const u8* W0, const u8* W1, i64 expert_
                                          int n_expert, const int* g_expert, const int* g_count,
                                          const int* g_entries, const float* x, int x_div, int n_in, float* y,
                                          int n_out, int ksplit, int act, float div, const float* mul, int mul_st,
-                                         int mul_so, bool have, int u, int o0, bool smem_ok) {
+                                         int mul_so, bool have, int u, int o0) {
     constexpr int MT = qtc_mt(NT), NN = qtc_nn(NT), F = MT * NN, HALF = MT / 2, NS = qtc_nstage(NT);
     constexpr int STAGE = qtc_stage_int4(NT), ROWS = GATEUP ? 16 * HALF : 16 * MT;
     constexpr int NCH = STAGE / WARP;
@@ -448,7 +448,9 @@ __device__ __forceinline__ void qtc_tile(const u8* W0, const u8* W1, i64 expert_
     const int e = nt > 0 ? g_expert[u] : 0;
     int rows[NT], xr[NT];
     expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
-    const bool bad = nt > 0 && (e < 0 || e >= n_expert || !smem_ok);  // (set-uniform)
+    u32 dyn_smem;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
+    const bool bad = nt > 0 && (e < 0 || e >= n_expert || dyn_smem < qtc_smem_bytes(NT));  // (set-uniform)
     if (bad) qtc_nan_rows(y, n_out, o0, ROWS, nt, rows, kslice);
     const bool run = nt > 0 && !bad;
     // unit uu = mt * 16 + r: row o0 + uu of the one matrix, or row o0 + (mt % HALF) * 16 + r of gate (mt < HALF)
@@ -911,15 +913,12 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
                                             int mul_st, int mul_so) {
     constexpr int ROWS = (GATEUP ? 8 : 16) * qtc_mt(NT);
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
-    u32 dyn_smem;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
-    const bool smem_ok = dyn_smem >= qtc_smem_bytes(NT);  // (else NaN rows)
     const int RS = (n_out + ROWS - 1) / ROWS, P = QTC_WARPS / ksplit;
 #if QTC_LEGACY_GRID
     (void)lane, (void)n_groups;
     const int rs = blockIdx.x * P + warp / ksplit;
     qtc_tile<NT, GATEUP>(W0, W1, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y,
-                         n_out, ksplit, act, div, mul, mul_st, mul_so, rs < RS, blockIdx.y, rs * ROWS, smem_ok);
+                         n_out, ksplit, act, div, mul, mul_st, mul_so, rs < RS, blockIdx.y, rs * ROWS);
 #else
     int n_live = 0;  // the live groups (count > 0): a prefix of the n_groups slots (common.cuh group_by_key)
     for (int i0 = 0; i0 < n_groups; i0 += WARP)
@@ -938,7 +937,7 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
         const bool have = unit < z;
         qtc_tile<NT, GATEUP>(W0, W1, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in,
                              y, n_out, ks, act, div, mul, mul_st, mul_so, have, have ? unit / RS : 0,
-                             have ? unit % RS * ROWS : 0, smem_ok);
+                             have ? unit % RS * ROWS : 0);
         c += sets;
         __syncthreads();  // the next chunk's ring fill overwrites the ksplit sums a set's first warp read
     }
