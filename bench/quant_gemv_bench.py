@@ -396,7 +396,7 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--probe", action="store_true", help="block types: also the decode-free probe's rows")
-    ap.add_argument("--grid-ab", action="store_true", help="block types: also the rows on the old (non-persistent) grid")
+    ap.add_argument("--grid-ab", action="store_true", help="block types: also the rows on the old (per-group) grid")
     args = ap.parse_args()
     names = {Q.TYPE_NAMES[t]: t for t in Q.BLOCK_TYPES}
     type_arg = args.types or (AB_TYPES if args.probe else DEFAULT_TYPES)

@@ -188,9 +188,9 @@ def qtc_resident(kernel, smem: int) -> int:
 
     rt = cupy().cuda.runtime
     dev = rt.getDevice()
-    return U.sm_count() * qtc_blocks_per_sm(int(kernel.num_regs), smem,
-                                            smem_sm=int(rt.deviceGetAttribute(81, dev)),  # MaxSharedMemoryPerMultiprocessor
-                                            smem_reserved=int(rt.deviceGetAttribute(111, dev)))  # ReservedSharedMemoryPerBlock
+    smem_sm = int(rt.deviceGetAttribute(81, dev))  # cudaDevAttrMaxSharedMemoryPerMultiprocessor
+    reserved = int(rt.deviceGetAttribute(111, dev))  # cudaDevAttrReservedSharedMemoryPerBlock
+    return U.sm_count() * qtc_blocks_per_sm(int(kernel.num_regs), smem, smem_sm=smem_sm, smem_reserved=reserved)
 
 
 def _launch_qtc(ggml_type: int, function: str, n_out: int, n_groups: int, n_in: int, T: int, args) -> None:
@@ -222,8 +222,8 @@ def launch_expert_gemv_quant(w, ggml_type: int, expert_stride: int, n_expert: in
     g_expert, g_count, g_entries = groups
     _launch_qtc(ggml_type, f"qtc_expert_t{U.nt_bucket(T)}", n_out, J, n_in, T, lambda ksplit: (
         w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert, g_count,
-        g_entries, np.int32(J), x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit, np.int32(act), np.float32(1.0),
-        U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
+        g_entries, np.int32(J), x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit, np.int32(act),
+        np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
 
 
 def launch_gateup_quant(gate, up, ggml_type: int, expert_stride: int, n_expert: int, groups, n_groups: int, T: int,
