@@ -341,8 +341,8 @@ QGEMV_KERNELS(16)
 //   Q4_0 down ~1385 (0.169), as before. What is left at T = 1 is the per-unit decode (~33 a 16-row unit and span)
 //   and ~450 a step outside the spans (the copies' issue, the step's mins MMA, unit addresses, the split).
 // Shape legend (NT window bucket, NN = 1 column tile of 8 entries, 2 for NT = 16; lane = 4 g + t):
-//   grid (ceil(n_out / (ROWS * QTC_WARPS / ksplit)), J groups), block QTC_WARPS * 32; group u = blockIdx.y holds
-//   up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and writes y row
+//   grid: persistent (qtc_grouped below: a block works through row sets of the live groups), block QTC_WARPS * 32;
+//   group u holds up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and writes y row
 //   rows[n] (as grouped_entries). The QTC_WARPS / ksplit row sets of a block take ROWS rows each (expert: 16 MT
 //   = MT m tiles of 16, MT = qtc_mt(NT); gate/up: 8 MT rows of each matrix, m tiles 0 .. MT/2 - 1 gate, the rest
 //   the same rows of up); the ksplit warps of a set take
@@ -948,6 +948,13 @@ __device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expe
 // 3 (<= 168) for 4, whose ~57-64 KB rings fit only 3 blocks per SM anyway (128 registers would spill 30-220 bytes
 // a thread). ptxas -v (NVRTC, sm_90, no spills): see launch_quant.py's notes at the commit that measured them.
 #define QTC_MIN_BLOCKS(NT) ((qtc_mt(NT) == 4 ? 12 : 16) / QTC_WARPS)
+// The T = 8 gate/up kernel at 4 m tiles with 4 blocks an SM (<= 128 registers: Q2_K 158 -> 128 with no spill, NVRTC
+// sm_90, where T = 4 spills 16 bytes and T = 16 128; its 56 KB ring + 1 KB reserved fits an SM's 228 KB 4 times
+// exactly): bench/quant_gemv_bench.py --blocks4-ab (launch_quant.BLOCKS4_DEFINES), for the device's A/B only.
+#ifndef QTC_GATEUP_BLOCKS4
+#define QTC_GATEUP_BLOCKS4 0
+#endif
+#define QTC_GATEUP_MIN_BLOCKS(NT) (QTC_GATEUP_BLOCKS4 && NT == 8 && qtc_mt(NT) == 4 ? 4 : QTC_MIN_BLOCKS(NT))
 static_assert(qtc_mt(1) == 2 && (qtc_mt(4) == 2 || qtc_mt(4) == 4), "the gate/up kernel takes half its m tiles of each");
 #define QTC_KERNELS(NT)                                                                                                \
     extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_MIN_BLOCKS(NT))                                 \
@@ -958,7 +965,7 @@ static_assert(qtc_mt(1) == 2 && (qtc_mt(4) == 2 || qtc_mt(4) == 4), "the gate/up
         qtc_grouped<NT, false>(W, W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, n_groups, x,  \
                                x_div, n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);                          \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_MIN_BLOCKS(NT))                                 \
+    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_GATEUP_MIN_BLOCKS(NT))                          \
         qtc_gateup_t##NT(const u8* Wg, const u8* Wu, i64 expert_stride, i64 row_stride, int n_expert,                  \
                          const int* g_expert, const int* g_count, const int* g_entries, int n_groups, const float* x,  \
                          int x_div, int n_in, float* y, int n_out, int ksplit) {                                       \

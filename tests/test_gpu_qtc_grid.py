@@ -2,7 +2,8 @@
 each taking a contiguous run of the live groups' row sets, the last chunk at more warps a set) against numpy: odd
 expert counts and widths, T = 3, 4, 8, 16, routings with empty group slots, one group holding every row, a bad
 expert id, grids forced down to 1 .. 7 blocks (many chunks a block, straddling groups, partial last chunks), the
-old grid (launch_quant.LEGACY_GRID_DEFINES, the device A/B's other side) on the same cases; NaN-poisoned outputs,
+old grid (launch_quant.LEGACY_GRID_DEFINES) and the T = 8 gate/up kernel at 4 blocks an SM (BLOCKS4_DEFINES), the
+device A/B's other sides, on the same cases; NaN-poisoned outputs,
 graph replay equal to eager (skipped without a GPU).
 """
 
@@ -68,13 +69,15 @@ def _run(ggml_type, gate, up, gd, ud, E, D, F, T, K, ids, rng):
                                                                 ("expert silu*mul", y, silu * mul))]
 
 
-@pytest.mark.parametrize("legacy", (False, True), ids=("persistent", "legacy"))
+@pytest.mark.parametrize("variant", ("persistent", "legacy", "blocks4"))
 @pytest.mark.parametrize("ggml_type", GRID_TYPES, ids=GRID_IDS)
-def test_qtc_grid_matches_reference(ggml_type, legacy, monkeypatch):
+def test_qtc_grid_matches_reference(ggml_type, variant, monkeypatch):
+    """Also the device A/B's variants: the old grid, and the T = 8 gate/up kernel at 4 blocks an SM."""
     from strata_cli.gpu import launch_quant
 
-    monkeypatch.setattr(launch_quant, "qtc_defines", launch_quant.LEGACY_GRID_DEFINES if legacy else ())
-    rng = np.random.default_rng(7 * ggml_type + legacy)
+    defines = {"persistent": (), "legacy": launch_quant.LEGACY_GRID_DEFINES, "blocks4": launch_quant.BLOCKS4_DEFINES}
+    monkeypatch.setattr(launch_quant, "qtc_defines", defines[variant])
+    rng = np.random.default_rng(7 * ggml_type + len(variant))
     E, F, D, K = 13, 67, 1280, 3  # odd experts, 67 rows (a last row set part empty), 5 steps of 256
     gate = random_tensor(rng, ggml_type, (E, F, D), 0.05)
     up = random_tensor(rng, ggml_type, (E, F, D), 0.05)
@@ -86,7 +89,7 @@ def test_qtc_grid_matches_reference(ggml_type, legacy, monkeypatch):
         for T in (3, 4, 8, 16):
             for case in ("random", "one", "bad"):
                 ids = _routing(rng, case, T, E, K)
-                name = f"{Q.TYPE_NAMES[ggml_type]} legacy={legacy} resident={resident} T={T} {case}"
+                name = f"{Q.TYPE_NAMES[ggml_type]} {variant} resident={resident} T={T} {case}"
                 for what, got, want, ok in _run(ggml_type, gate, up, gd, ud, E, D, F, T, K, ids, rng):
                     assert np.isnan(got[~ok]).all(), f"{what} {name}: a bad id's entry is not NaN"
                     assert_close(f"{what} {name}", want[ok], got[ok], floor=0.05)

@@ -161,7 +161,7 @@ def test_tensor_core_expert_launch_geometry():
     assert L.qtc_grid(quants.Q4_0, False, 2560, 80, 640, 8, 528) == ((528, 1, 1), 1, 4 * 2 * 32 * 10 * 16)
     assert L.qtc_grid(quants.Q2_K, True, 640, 80, 2560, 8, 396, legacy=True) == ((10, 80, 1), 2, 4 * 2 * 64 * 7 * 16)
     assert L.qtc_defines == () and L.PROBE_DEFINES == ("QTC_PROBE=1",)
-    assert L.LEGACY_GRID_DEFINES == ("QTC_LEGACY_GRID=1",)
+    assert L.LEGACY_GRID_DEFINES == ("QTC_LEGACY_GRID=1",) and L.BLOCKS4_DEFINES == ("QTC_GATEUP_BLOCKS4=1",)
 
 
 def test_launchers_reject_bad_arguments_before_touching_the_device():

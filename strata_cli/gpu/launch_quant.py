@@ -52,6 +52,9 @@ PROBE_DEFINES = ("QTC_PROBE=1",)
 # The grid of before the persistent one (kernels/gemv_quant.cu QTC_LEGACY_GRID: a block a (group, row block), empty
 # groups included): bench/quant_gemv_bench.py --grid-ab's old side, for the device's A/B only.
 LEGACY_GRID_DEFINES = ("QTC_LEGACY_GRID=1",)
+# The T = 8 gate/up kernel of the <= 3.5-bit types (4 m tiles) held to 128 registers, 4 blocks an SM instead of 3
+# (kernels/gemv_quant.cu QTC_GATEUP_BLOCKS4): bench/quant_gemv_bench.py --blocks4-ab, for the device's A/B only.
+BLOCKS4_DEFINES = ("QTC_GATEUP_BLOCKS4=1",)
 qtc_defines: tuple[str, ...] = ()
 
 
