@@ -342,9 +342,9 @@ QGEMV_KERNELS(16)
 //   and ~450 a step outside the spans (the copies' issue, the step's mins MMA, unit addresses, the split).
 // Shape legend (NT window bucket, NN = 1 column tile of 8 entries, 2 for NT = 16; lane = 4 g + t):
 //   grid: persistent (qtc_grouped below: a block works through row sets of the live groups), block QTC_WARPS * 32;
-//   group u holds up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and writes y row
-//   rows[n] (as grouped_entries). The QTC_WARPS / ksplit row sets of a block take ROWS rows each (expert: 16 MT
-//   = MT m tiles of 16, MT = qtc_mt(NT); gate/up: 8 MT rows of each matrix, m tiles 0 .. MT/2 - 1 gate, the rest
+//   group u holds up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and
+//   writes y row rows[n] (as grouped_entries). The QTC_WARPS / ksplit row sets of a block take ROWS rows each
+//   (expert: 16 MT = MT m tiles of 16, MT = qtc_mt(NT); gate/up: 8 MT rows of each matrix, m tiles 0 .. MT/2 - 1 gate, the rest
 //   the same rows of up); the ksplit warps of a set take
 //   interleaved 256-element steps s = kslice, kslice + ksplit, ... and add up in shared memory (ksplit_reduce).
 //   unit       one row's range of a step: 16 MT units per stage (row mt * 16 + r of the warp), as in
