@@ -344,9 +344,8 @@ QGEMV_KERNELS(16)
 //   grid: persistent (qtc_grouped below: a block works through row sets of the live groups), block QTC_WARPS * 32;
 //   group u holds up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and
 //   writes y row rows[n] (as grouped_entries). The QTC_WARPS / ksplit row sets of a block take ROWS rows each
-//   (expert: 16 MT = MT m tiles of 16, MT = qtc_mt(NT); gate/up: 8 MT rows of each matrix, m tiles 0 .. MT/2 - 1 gate, the rest
-//   the same rows of up); the ksplit warps of a set take
-//   interleaved 256-element steps s = kslice, kslice + ksplit, ... and add up in shared memory (ksplit_reduce).
+//   (expert: 16 MT = MT m tiles of 16, MT = qtc_mt(NT); gate/up: 8 MT rows of each matrix, m tiles 0 .. MT/2 - 1
+//   gate, the rest the same rows of up); the ksplit warps of a set take interleaved 256-element steps s = kslice, kslice + ksplit, ... and add up in shared memory (ksplit_reduce).
 //   unit       one row's range of a step: 16 MT units per stage (row mt * 16 + r of the warp), as in
 //              qslice_rows (QCHUNKS aligned 16-byte chunks, each byte at its address mod 16)
 //   span sp    32 elements 32 sp .. 32 sp + 31 of a step; lane (g, t) decodes group t (elements 8t .. 8t+7;
