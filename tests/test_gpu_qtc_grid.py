@@ -26,6 +26,16 @@ GRID_TYPES = (Q.Q2_K, Q.Q4_0)
 GRID_IDS = [Q.TYPE_NAMES[t] for t in GRID_TYPES]
 
 
+@pytest.fixture(autouse=True)
+def _fresh_resident():
+    """launch_quant caches each kernel's resident blocks: the forced grids below must not outlive their test."""
+    from strata_cli.gpu import launch_quant
+
+    launch_quant._resident.clear()
+    yield
+    launch_quant._resident.clear()
+
+
 def _routing(rng, case: str, T: int, E: int, K: int) -> np.ndarray:
     """ids [T, K]: 'random' (top-K of random logits: repeated experts, so empty group slots), 'one' (every row's
     first slot expert 0: one group of all T rows), 'bad' (random, the last entry out of range)."""
@@ -93,7 +103,6 @@ def test_qtc_grid_matches_reference(ggml_type, variant, monkeypatch):
                 for what, got, want, ok in _run(ggml_type, gate, up, gd, ud, E, D, F, T, K, ids, rng):
                     assert np.isnan(got[~ok]).all(), f"{what} {name}: a bad id's entry is not NaN"
                     assert_close(f"{what} {name}", want[ok], got[ok], floor=0.05)
-    launch_quant._resident.clear()
 
 
 @pytest.mark.parametrize("ggml_type", GRID_TYPES, ids=GRID_IDS)
@@ -121,7 +130,6 @@ def test_qtc_grid_full_chunks_are_the_old_grids_bits(ggml_type, monkeypatch):
         launch_quant.launch_gateup_quant(gd, ud, ggml_type, gate.nbytes // E, E, groups, J, T, x, K, D, h)
         launch_quant.launch_expert_gemv_quant(gd, ggml_type, gate.nbytes // E, E, groups, J, T, x, K, D, y)
         out[legacy] = (h.get(), y.get())
-    launch_quant._resident.clear()
     for a, b in zip(out[True], out[False]):
         assert not np.isnan(a).any()
         np.testing.assert_array_equal(a, b)
@@ -157,4 +165,3 @@ def test_qtc_grid_graph_replay_is_eager(ggml_type, monkeypatch):
                     launch_quant.launch_expert_gemv_quant(gd, ggml_type, stride, E, groups, J, T, x, K, D, y)
 
             assert_replay_equals_eager(record, (h, y))
-    launch_quant._resident.clear()
