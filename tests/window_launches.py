@@ -115,13 +115,8 @@ def _list_launches(monkeypatch, kernel, copy) -> None:
     lookup is replaced, not compile.kernel itself, so its observers (compile.observing) see every launch."""
     from strata_cli.engine.gpu import window
     from strata_cli.gpu import compile as nvrtc
-    from strata_cli.gpu import launch_quant
 
     monkeypatch.setattr(nvrtc, "_function", lambda module, function, defines=(): kernel(module, function))
-    # the qtc_* kernels' persistent grid asks the device how many blocks it holds (launch_quant.qtc_resident): a
-    # recorded launch has no device, so an H200's count (132 SMs x 2 blocks) stands in, cached for this test only
-    monkeypatch.setattr(launch_quant, "qtc_resident", lambda kernel, smem: 264)
-    monkeypatch.setattr(launch_quant, "_resident", {})
     monkeypatch.setattr(window, "copy_async", copy)
 
 
