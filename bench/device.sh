@@ -34,8 +34,7 @@
 #                their decode-free probe rows, every variant checked against numpy before it is timed, and the dense
 #                Q8_0 rows; whole output in gemv-ab.txt
 #   ncu          Nsight Compute (--clock-control none) over bench/quant_gemv_bench.py's routed-expert kernels
-#                ($NCU_TYPES, default Q2_K; T = $NCU_T, default "1 8"; $NCU_ARGS more bench flags, e.g. --grid-ab
-#                for the A/B variants' kernels too): speed of light, occupancy, warp stall reasons,
+#                ($NCU_TYPES, default Q2_K; T = $NCU_T, default "1 8"): speed of light, occupancy, warp stall reasons,
 #                scheduler and memory sections of the qtc_* launches (ncu.txt; the table of each launch last)
 #   pinned       bench/pinned_probe.py ($PINNED_ARGS; else --k 10, then --k 4): page-locking's cost, the pool on
 #                page-locked experts, the copy engine alone and beside the pool (would the PCIe share gain from
@@ -228,7 +227,7 @@ for arg in "$@"; do
         ncu) run_step ncu "$limit" bash -c 'command -v ncu >/dev/null || { echo "ncu: not on PATH"; exit 2; }
             ncu --clock-control none --target-processes all -k "regex:qtc_" --section SpeedOfLight --section Occupancy \
                 --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-                python3 bench/quant_gemv_bench.py --jobs 1 --types ${NCU_TYPES:-Q2_K} --window ${NCU_T:-1 8} --launches 2 ${NCU_ARGS:-} \
+                python3 bench/quant_gemv_bench.py --jobs 1 --types ${NCU_TYPES:-Q2_K} --window ${NCU_T:-1 8} --launches 2 \
                 > "'"$OUT"'/ncu.txt" 2>&1; rc=$?
             grep -E "qtc_|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Block Size|Grid Size|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall|Theoretical Occupancy" "'"$OUT"'/ncu.txt" | head -150; exit $rc';;
         gemv-ab) run_step gemv-ab "$limit" bash -c 'python3 bench/quant_gemv_bench.py --probe --jobs "$(nproc)" '"${GEMV_ARGS:-}"' \

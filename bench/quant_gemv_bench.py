@@ -2,7 +2,7 @@
 [640 x 2560] and down [2560 x 640], top-10), T = 1, 2, 4, 8 window rows, against a measured device-to-device copy.
 
     python3 bench/quant_gemv_bench.py [--types Q4_K,IQ2_XS,...] [--window T ...] [--launches N] [--jobs J]
-                                      [--probe] [--grid-ab] [--blocks4-ab]
+                                      [--probe]
 
 Each type's experts are what the GPU engine runs: Q8_0 experts are repacked to Q8_0_R32 at load time
 (engine/gpu/weights.py), so the Q8_0 rows time kernels/gemv_q8r.cu's grouped GEMVs (path "q8r"); every other
@@ -25,11 +25,6 @@ The grouped expert GEMVs of the block types have one path, the tensor-core qtc_*
 stage rings streaming the weights and decoding nothing; rel_err ~1 by design): probe / full time is the share of a
 launch the decode takes.
 Default types then Q2_K,Q4_0,Q8_0 with --probe.
---grid-ab adds, per block type, the same rows under launch_quant.LEGACY_GRID_DEFINES (variant "legacy-grid": the
-qtc_* kernels on the grid of before the persistent one, a block a (group, row block) with the empty groups' blocks
-too): the A/B of kernels/gemv_quant.cu qtc_grouped's work list, for the device to decide (then the knob goes).
---blocks4-ab adds the rows under launch_quant.BLOCKS4_DEFINES (variant "blocks4": the T = 8 gate/up kernel of the
-4-m-tile types at <= 128 registers, 4 blocks an SM instead of 3; its other rows equal the default's).
 
 Dense rows (with Q8_0 in the types): the window's dense Q8_0 GEMVs as the engine holds them (Q8_0_R32, the path
 launch_util.window_path(T) picks: "q8r" or "q8r_tc") on Flash-Next's shapes (DENSE_SHAPES), each first checked on
@@ -398,8 +393,6 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=20)
     ap.add_argument("--jobs", type=int, default=16)
     ap.add_argument("--probe", action="store_true", help="block types: also the decode-free probe's rows")
-    ap.add_argument("--grid-ab", action="store_true", help="block types: also the rows on the old (per-group) grid")
-    ap.add_argument("--blocks4-ab", action="store_true", help="block types: also the rows of 4 gate/up blocks an SM")
     args = ap.parse_args()
     names = {Q.TYPE_NAMES[t]: t for t in Q.BLOCK_TYPES}
     type_arg = args.types or (AB_TYPES if args.probe else DEFAULT_TYPES)
@@ -409,9 +402,7 @@ def main() -> None:
     if any(T < 1 or T > U.GEMV_MAXT for T in args.window):
         ap.error(f"--window: every T must be 1..{U.GEMV_MAXT}, got {args.window}")
     types = [names[n.strip().upper()] for n in type_arg.split(",") if n.strip()]
-    variants = ([DEFAULT] + ([Variant("probe", qtc=launch_quant.PROBE_DEFINES)] if args.probe else [])
-                + ([Variant("legacy-grid", qtc=launch_quant.LEGACY_GRID_DEFINES)] if args.grid_ab else [])
-                + ([Variant("blocks4", qtc=launch_quant.BLOCKS4_DEFINES)] if args.blocks4_ab else []))
+    variants = [DEFAULT] + ([Variant("probe", qtc=launch_quant.PROBE_DEFINES)] if args.probe else [])
     t0 = time.perf_counter()
     warm(types, variants, args.jobs)
     print(f"# compiled in {time.perf_counter() - t0:.1f} s", flush=True)

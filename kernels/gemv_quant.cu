@@ -344,11 +344,12 @@ QGEMV_KERNELS(16)
 //   Q4_0 down ~1385 (0.169), as before. What is left at T = 1 is the per-unit decode (~33 a 16-row unit and span)
 //   and ~450 a step outside the spans (the copies' issue, the step's mins MMA, unit addresses, the split).
 // Shape legend (NT window bucket, NN = 1 column tile of 8 entries, 2 for NT = 16; lane = 4 g + t):
-//   grid: persistent (qtc_grouped below: a block works through row sets of the live groups), block QTC_WARPS * 32;
-//   group u holds up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and
-//   writes y row rows[n] (as grouped_entries). The QTC_WARPS / ksplit row sets of a block take ROWS rows each
-//   (expert: 16 MT = MT m tiles of 16, MT = qtc_mt(NT); gate/up: 8 MT rows of each matrix, m tiles 0 .. MT/2 - 1
-//   gate, the rest the same rows of up); the ksplit warps of a set take interleaved 256-element steps s = kslice, kslice + ksplit, ... and add up in shared memory (ksplit_reduce).
+//   grid (ceil(n_out / (ROWS * QTC_WARPS / ksplit)), J groups), block QTC_WARPS * 32; group u = blockIdx.y holds
+//   up to NT (row, slot) entries of expert g_expert[u] (moe_group), entry n reads x row xr[n] and writes y row
+//   rows[n] (as grouped_entries). The QTC_WARPS / ksplit row sets of a block take ROWS rows each (expert: 16 MT
+//   = MT m tiles of 16, MT = qtc_mt(NT); gate/up: 8 MT rows of each matrix, m tiles 0 .. MT/2 - 1 gate, the rest
+//   the same rows of up); the ksplit warps of a set take
+//   interleaved 256-element steps s = kslice, kslice + ksplit, ... and add up in shared memory (ksplit_reduce).
 //   unit       one row's range of a step: 16 MT units per stage (row mt * 16 + r of the warp), as in
 //              qslice_rows (QCHUNKS aligned 16-byte chunks, each byte at its address mod 16)
 //   span sp    32 elements 32 sp .. 32 sp + 31 of a step; lane (g, t) decodes group t (elements 8t .. 8t+7;
@@ -427,16 +428,13 @@ __device__ __forceinline__ void qtc_nan_rows(float* y, int n_out, int o0, int n_
                 if (n < nt) y[(i64)rows[n] * n_out + o0 + i] = QNAN;
 }
 
-// One work item of the grouped expert GEMV on tensor cores (both kernels; GATEUP: W0 gate, W1 up, y = silu(gate) *
-// up): this warp's row set of ROWS rows from o0 of group u (have: the set has an item this round), its ksplit warps
-// taking interleaved steps. Every warp of the block calls it (ksplit_reduce's barrier): a set without an item, or
-// whose expert id is bad (NaN rows), runs no step and stores nothing.
+// The grouped expert GEMV on tensor cores (both kernels; GATEUP: W0 gate, W1 up, y = silu(gate) * up).
 template <int NT, bool GATEUP>
-__device__ __forceinline__ void qtc_tile(const u8* W0, const u8* W1, i64 expert_stride, i64 row_stride,
-                                         int n_expert, const int* g_expert, const int* g_count,
-                                         const int* g_entries, const float* x, int x_div, int n_in, float* y,
-                                         int n_out, int ksplit, int act, float div, const float* mul, int mul_st,
-                                         int mul_so, bool have, int u, int o0) {
+__device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expert_stride, i64 row_stride,
+                                            int n_expert, const int* g_expert, const int* g_count,
+                                            const int* g_entries, const float* x, int x_div, int n_in, float* y,
+                                            int n_out, int ksplit, int act, float div, const float* mul, int mul_st,
+                                            int mul_so) {
     constexpr int MT = qtc_mt(NT), NN = qtc_nn(NT), F = MT * NN, HALF = MT / 2, NS = qtc_nstage(NT);
     constexpr int STAGE = qtc_stage_int4(NT), ROWS = GATEUP ? 16 * HALF : 16 * MT;
     constexpr int NCH = STAGE / WARP;
@@ -444,21 +442,25 @@ __device__ __forceinline__ void qtc_tile(const u8* W0, const u8* W1, i64 expert_
     static_assert(QCHUNKS <= 16, "a chunk's k fits 4 bits");
     extern __shared__ int4 qtc_ring[];
     static_assert(F * 4 * WARP * 4 <= NS * STAGE * 16, "the ksplit sums live in the warp's ring");
-    const int nt = have ? min(g_count[u], NT) : 0;
+    const int u = blockIdx.y;
+    const int nt = min(g_count[u], NT);
+    if (nt == 0) return;  // the whole block leaves: no barrier is left waiting
+    const int e = g_expert[u];
     const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1), g = lane >> 2, t = lane & 3;
     const int set = warp / ksplit, kslice = warp % ksplit;
-    const int e = nt > 0 ? g_expert[u] : 0;
+    const int o0 = (blockIdx.x * (QTC_WARPS / ksplit) + set) * ROWS;
     int rows[NT], xr[NT];
     expert_group_rows<NT>(g_entries, u, nt, x_div, rows, xr);
     u32 dyn_smem;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn_smem));
-    const bool bad = nt > 0 && (e < 0 || e >= n_expert || dyn_smem < qtc_smem_bytes(NT));  // (set-uniform)
-    if (bad) qtc_nan_rows(y, n_out, o0, ROWS, nt, rows, kslice);
-    const bool run = nt > 0 && !bad;
+    if (e < 0 || e >= n_expert || dyn_smem < qtc_smem_bytes(NT)) {  // block-uniform
+        qtc_nan_rows(y, n_out, o0, ROWS, nt, rows, kslice);
+        return;
+    }
     // unit uu = mt * 16 + r: row o0 + uu of the one matrix, or row o0 + (mt % HALF) * 16 + r of gate (mt < HALF)
     // / up (mt >= HALF)
-    const u8* W0e = W0 + (i64)(run ? e : 0) * expert_stride;
-    const u8* W1e = (GATEUP ? W1 : W0) + (i64)(run ? e : 0) * expert_stride;
+    const u8* W0e = W0 + (i64)e * expert_stride;
+    const u8* W1e = (GATEUP ? W1 : W0) + (i64)e * expert_stride;
     auto unit_o = [&](int uu) { return o0 + (GATEUP ? uu % (16 * HALF) : uu); };
     auto unit_row = [&](int uu) -> const u8* {
         return (GATEUP && uu >= 16 * HALF ? W1e : W0e) + (i64)unit_o(uu) * row_stride;
@@ -466,7 +468,7 @@ __device__ __forceinline__ void qtc_tile(const u8* W0, const u8* W1, i64 expert_
     auto unit_live = [&](int uu) { return unit_o(uu) < n_out; };
     const int n_steps = (n_in + QSTEP - 1) / QSTEP;
     const i64 row_bytes = (i64)(n_in / QB::qk) * QB::bytes;
-    const int my_steps = run && kslice < n_steps ? (n_steps - kslice + ksplit - 1) / ksplit : 0;
+    const int my_steps = kslice < n_steps ? (n_steps - kslice + ksplit - 1) / ksplit : 0;
     int4* ring = qtc_ring + warp * NS * STAGE;
 
     // This lane's chunks of a stage are the same units at every step, so their geometry is computed once here, not
@@ -870,8 +872,7 @@ __device__ __forceinline__ void qtc_tile(const u8* W0, const u8* W1, i64 expert_
         return reinterpret_cast<float*>(qtc_ring + w * NS * STAGE)[(f * 4 + k) * WARP + lane];
     };
     if (!ksplit_reduce(acc, ksplit, kslice, true, [&](int f, int k) -> float& { return part(warp, f, k); },
-                       [&](int sl, int f, int k) { return part(set * ksplit + sl, f, k); }) ||
-        !run)
+                       [&](int sl, int f, int k) { return part(set * ksplit + sl, f, k); }))
         return;
 #pragma unroll
     for (int f = 0; f < F; ++f) {
@@ -892,89 +893,27 @@ __device__ __forceinline__ void qtc_tile(const u8* W0, const u8* W1, i64 expert_
     }
 }
 
-// The grid of the grouped expert GEMVs (issue 18: at T = 8, 80 possible groups x 10 row blocks of Q2_K gate/up were
-// 800 blocks for 396 resident, 2.02 waves: SMs busy 59,958 of 90,304 cycles, the empty groups' blocks taking slots
-// too). Now a persistent grid of at most the resident blocks (launch_quant.qtc_grid: blocks an SM x SMs) over a work
-// list derived on the device (no host sync, graph-capture safe): the n_live x RS row sets of the live groups
-// (group_by_key puts them first; RS = ceil(n_out / ROWS) a group), group-major, block b taking the contiguous
-// units [b U / C, (b + 1) U / C) of the U, so blocks differ by at most one row set; a block works through its units
-// QTC_WARPS / ksplit at a time (one row set a warp set, ksplit warps each, as the launch's ksplit: bitwise what the
-// old grid computed), and a last chunk of fewer units takes more warps a set (ksplit QTC_WARPS / its sets rounded
-// to a power of 2: a different, still fixed, reduction order), so a block's extra unit costs ~1 / (sets) of a chunk
-// instead of a whole wave. QTC_LEGACY_GRID (bench/quant_gemv_bench.py --grid-ab, launch_quant.LEGACY_GRID_DEFINES):
-// the old grid (ceil(RS / sets), n_groups), one block a (group, row block), for the device's A/B only.
-//   grid (C), block QTC_WARPS * 32; units u * RS + rs: row set rs (rows rs ROWS ..) of group u < n_live
-#ifndef QTC_LEGACY_GRID
-#define QTC_LEGACY_GRID 0
-#endif
-template <int NT, bool GATEUP>
-__device__ __forceinline__ void qtc_grouped(const u8* W0, const u8* W1, i64 expert_stride, i64 row_stride,
-                                            int n_expert, const int* g_expert, const int* g_count,
-                                            const int* g_entries, int n_groups, const float* x, int x_div, int n_in,
-                                            float* y, int n_out, int ksplit, int act, float div, const float* mul,
-                                            int mul_st, int mul_so) {
-    constexpr int ROWS = (GATEUP ? 8 : 16) * qtc_mt(NT);
-    const int warp = threadIdx.x / WARP, lane = threadIdx.x & (WARP - 1);
-    const int RS = (n_out + ROWS - 1) / ROWS, P = QTC_WARPS / ksplit;
-#if QTC_LEGACY_GRID
-    (void)lane, (void)n_groups;
-    const int rs = blockIdx.x * P + warp / ksplit;
-    qtc_tile<NT, GATEUP>(W0, W1, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y,
-                         n_out, ksplit, act, div, mul, mul_st, mul_so, rs < RS, blockIdx.y, rs * ROWS);
-#else
-    int n_live = 0;  // the live groups (count > 0): a prefix of the n_groups slots (common.cuh group_by_key)
-    for (int i0 = 0; i0 < n_groups; i0 += WARP)
-        n_live += __popc(__ballot_sync(FULL_MASK, i0 + lane < n_groups && g_count[i0 + lane] > 0));
-    const i64 U = (i64)n_live * RS;
-    const int z = (int)(U * (blockIdx.x + 1) / gridDim.x);
-#pragma unroll 1
-    for (int c = (int)(U * blockIdx.x / gridDim.x); c < z;) {  // (block-uniform)
-        int sets = P, ks = ksplit;
-        if (z - c < P) {  // the last chunk: fewer row sets, more warps each
-            sets = 1;
-            while (sets < z - c) sets *= 2;
-            ks = QTC_WARPS / sets;
-        }
-        const int unit = c + warp / ks;
-        const bool have = unit < z;
-        qtc_tile<NT, GATEUP>(W0, W1, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in,
-                             y, n_out, ks, act, div, mul, mul_st, mul_so, have, have ? unit / RS : 0,
-                             have ? unit % RS * ROWS : 0);
-        c += sets;
-        __syncthreads();  // the next chunk's ring fill overwrites the ksplit sums a set's first warp read
-    }
-#endif
-}
-
 // blocks per SM the registers must allow: at 4 warps a block, 4 (<= 128 registers, 16 warps) for 2 m tiles per warp;
 // 3 (<= 168) for 4, whose ~57-64 KB rings fit only 3 blocks per SM anyway (128 registers would spill 30-220 bytes
 // a thread). ptxas -v (NVRTC, sm_90, no spills): see launch_quant.py's notes at the commit that measured them.
 #define QTC_MIN_BLOCKS(NT) ((qtc_mt(NT) == 4 ? 12 : 16) / QTC_WARPS)
-// The T = 8 gate/up kernel at 4 m tiles with 4 blocks an SM (<= 128 registers: Q2_K 158 -> 128 with no spill, NVRTC
-// sm_90, where T = 4 spills 16 bytes and T = 16 128; its 56 KB ring + 1 KB reserved fits an SM's 228 KB 4 times
-// exactly): bench/quant_gemv_bench.py --blocks4-ab (launch_quant.BLOCKS4_DEFINES), for the device's A/B only.
-#ifndef QTC_GATEUP_BLOCKS4
-#define QTC_GATEUP_BLOCKS4 0
-#endif
-#define QTC_GATEUP_MIN_BLOCKS(NT) (QTC_GATEUP_BLOCKS4 && NT == 8 && qtc_mt(NT) == 4 ? 4 : QTC_MIN_BLOCKS(NT))
 static_assert(qtc_mt(1) == 2 && (qtc_mt(4) == 2 || qtc_mt(4) == 4), "the gate/up kernel takes half its m tiles of each");
 #define QTC_KERNELS(NT)                                                                                                \
     extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_MIN_BLOCKS(NT))                                 \
         qtc_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,            \
-                         const int* g_count, const int* g_entries, int n_groups, const float* x, int x_div, int n_in,  \
-                         float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st,            \
-                         int mul_so) {                                                                                 \
+                         const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, float* y,      \
+                         int n_out, int ksplit, int act, float div, const float* mul, int mul_st, int mul_so) {        \
         pdl_begin();                                                                                                   \
-        qtc_grouped<NT, false>(W, W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, n_groups, x,  \
-                               x_div, n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);                          \
+        qtc_grouped<NT, false>(W, W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div,     \
+                               n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);                                 \
     }                                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_GATEUP_MIN_BLOCKS(NT))                          \
+    extern "C" __global__ void __launch_bounds__(QTC_WARPS * WARP, QTC_MIN_BLOCKS(NT))                                 \
         qtc_gateup_t##NT(const u8* Wg, const u8* Wu, i64 expert_stride, i64 row_stride, int n_expert,                  \
-                         const int* g_expert, const int* g_count, const int* g_entries, int n_groups, const float* x,  \
-                         int x_div, int n_in, float* y, int n_out, int ksplit) {                                       \
+                         const int* g_expert, const int* g_count, const int* g_entries, const float* x, int x_div,     \
+                         int n_in, float* y, int n_out, int ksplit) {                                                  \
         pdl_begin();                                                                                                   \
-        qtc_grouped<NT, true>(Wg, Wu, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, n_groups, x,  \
-                              x_div, n_in, y, n_out, ksplit, ACT_NONE, 1.0f, nullptr, 0, 0);                           \
+        qtc_grouped<NT, true>(Wg, Wu, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div,    \
+                              n_in, y, n_out, ksplit, ACT_NONE, 1.0f, nullptr, 0, 0);                                  \
     }
 
 QTC_KERNELS(1)

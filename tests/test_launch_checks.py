@@ -151,17 +151,9 @@ def test_tensor_core_expert_launch_geometry():
     assert L.qtc_split(20 * 80, 2560) == 2  # T = 8 gate/up: 80 groups (1600 sets)
     assert L.qtc_split(80 * 80, 640) == 1  # T = 8 down
     assert L.qtc_split(1, 256) == 1
-    # the persistent grid: at most the resident blocks (T = 8 gate/up: 3 an SM at 168 registers, 57 KB), no more
-    # than the row blocks of full groups (T = 1: 40 x 10 blocks of one row set, as the old grid)
-    assert L.qtc_blocks_per_sm(168, 4 * 2 * 64 * 7 * 16) == 3
-    assert L.qtc_blocks_per_sm(128, 4 * 2 * 64 * 7 * 16) == 4  # (4 x (56 + 1) KB is an SM's 228 KB exactly)
-    assert L.qtc_blocks_per_sm(122, 4 * 2 * 32 * 10 * 16) == 4
-    assert L.qtc_grid(quants.Q2_K, True, 640, 10, 2560, 1, 528) == ((400, 1, 1), 4, 4 * 3 * 32 * 7 * 16 + xs1)
-    assert L.qtc_grid(quants.Q2_K, True, 640, 80, 2560, 8, 396) == ((396, 1, 1), 2, 4 * 2 * 64 * 7 * 16)
-    assert L.qtc_grid(quants.Q4_0, False, 2560, 80, 640, 8, 528) == ((528, 1, 1), 1, 4 * 2 * 32 * 10 * 16)
-    assert L.qtc_grid(quants.Q2_K, True, 640, 80, 2560, 8, 396, legacy=True) == ((10, 80, 1), 2, 4 * 2 * 64 * 7 * 16)
+    assert L.qtc_grid(quants.Q2_K, True, 640, 10, 2560, 1) == ((40, 10, 1), 4, 4 * 3 * 32 * 7 * 16 + xs1)
+    assert L.qtc_grid(quants.Q2_K, True, 640, 80, 2560, 8) == ((10, 80, 1), 2, 4 * 2 * 64 * 7 * 16)
     assert L.qtc_defines == () and L.PROBE_DEFINES == ("QTC_PROBE=1",)
-    assert L.LEGACY_GRID_DEFINES == ("QTC_LEGACY_GRID=1",) and L.BLOCKS4_DEFINES == ("QTC_GATEUP_BLOCKS4=1",)
 
 
 def test_launchers_reject_bad_arguments_before_touching_the_device():

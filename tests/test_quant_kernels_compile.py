@@ -48,16 +48,6 @@ def test_gemv_quant_probe_compiles(nvrtc_available):
     compile_check("gemv_quant.q2_k", defines=L.PROBE_DEFINES)
 
 
-def test_gemv_quant_legacy_grid_compiles(nvrtc_available):
-    """The old qtc_* grid (bench/quant_gemv_bench.py --grid-ab: launch_quant.LEGACY_GRID_DEFINES)."""
-    compile_check("gemv_quant.q4_0", defines=L.LEGACY_GRID_DEFINES)
-
-
-def test_gemv_quant_blocks4_compiles(nvrtc_available):
-    """The T = 8 gate/up kernel at 4 blocks an SM (bench/quant_gemv_bench.py --blocks4-ab: BLOCKS4_DEFINES)."""
-    compile_check("gemv_quant.q2_k", defines=L.BLOCKS4_DEFINES)
-
-
 def test_ksigns_formula_is_ggufs_table():
     """quant_decode.cuh computes ksigns[i] = i | parity(i) << 7 instead of carrying gguf's 128-byte table."""
     table = np.frombuffer(gq.IQ2_XXS.ksigns, dtype=np.uint8)

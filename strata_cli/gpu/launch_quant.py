@@ -31,7 +31,7 @@ QUANT_TARGET_WARPS = 4096  # split K until a launch has about this many warps ..
 QUANT_MIN_STEPS = 1  # ... but leave every warp at least this many 256-element steps
 GATHER_BLOCK = 256
 SMEM_DEFAULT = 48 * 1024  # dynamic shared memory a launch gets without raising the kernel's limit
-_resident: dict = {}  # (type, qtc function, defines) -> qtc_resident, once its shared memory limit is raised
+_raised_smem: set = set()
 # Mirrors of kernels/gemv_quant.cu's QTC_* geometry, settled on the H200 at 35b700f (bench/quant_gemv_bench.py's
 # sweep of then, Q2_K gate/up + Q4_0 down and Q4_0 experts, GB/s of the whole routed_experts at T = 1/2/4/8):
 #   * 2 m tiles (16 rows) a warp at T <= 2 whatever the type (Q2_K gate/up +9 % at T = 1, +6 % at T = 2: twice the
@@ -49,12 +49,6 @@ QTC_TARGET_WARPS = 2048
 # defines bench/quant_gemv_bench.py --probe puts into every qtc_* module while it times its probe rows, to show how
 # much of a launch's time the streaming alone takes. () in every other launch.
 PROBE_DEFINES = ("QTC_PROBE=1",)
-# The grid of before the persistent one (kernels/gemv_quant.cu QTC_LEGACY_GRID: a block a (group, row block), empty
-# groups included): bench/quant_gemv_bench.py --grid-ab's old side, for the device's A/B only.
-LEGACY_GRID_DEFINES = ("QTC_LEGACY_GRID=1",)
-# The T = 8 gate/up kernel of the <= 3.5-bit types (4 m tiles) held to 128 registers, 4 blocks an SM instead of 3
-# (kernels/gemv_quant.cu QTC_GATEUP_BLOCKS4): bench/quant_gemv_bench.py --blocks4-ab, for the device's A/B only.
-BLOCKS4_DEFINES = ("QTC_GATEUP_BLOCKS4=1",)
 qtc_defines: tuple[str, ...] = ()
 
 
@@ -157,43 +151,16 @@ def qtc_split(n_sets: int, n_in: int) -> int:
     return ksplit
 
 
-def qtc_grid(ggml_type: int, gateup: bool, n_out: int, n_groups: int, n_in: int, T: int, resident: int,
-             legacy: bool = False) -> tuple[tuple[int, int, int], int, int]:
+def qtc_grid(ggml_type: int, gateup: bool, n_out: int, n_groups: int, n_in: int,
+             T: int) -> tuple[tuple[int, int, int], int, int]:
     """(grid, ksplit, dynamic shared bytes) of a qtc_* launch over n_groups expert groups of up to T entries: a warp
-    takes 16 qtc_mt rows (gate/up: 8 qtc_mt of each matrix), QTC_WARPS / ksplit row sets a block at a time. The grid
-    is persistent (kernels/gemv_quant.cu qtc_grouped): at most `resident` blocks (qtc_resident: what the device
-    holds at once), never more than the row blocks of n_groups full groups; the kernel spreads the live groups' row
-    sets over them. legacy (LEGACY_GRID_DEFINES): the old grid (row blocks, groups)."""
+    takes 16 qtc_mt rows (gate/up: 8 qtc_mt of each matrix), QTC_WARPS / ksplit row sets a block, grid (row blocks,
+    groups)."""
     rows = (8 if gateup else 16) * qtc_mt(ggml_type, T)
     ksplit = qtc_split(-(-n_out // rows) * n_groups, n_in)
     if n_groups > U.MAX_GRID_Y:
         raise ValueError(f"ids: {n_groups} (row, slot) entries exceed {U.MAX_GRID_Y}")
-    sets = QTC_WARPS // ksplit
-    if legacy:
-        return (-(-n_out // (rows * sets)), n_groups, 1), ksplit, qtc_smem_bytes(ggml_type, T)
-    blocks = -(-(-(-n_out // rows) * n_groups) // sets)
-    return (max(1, min(resident, blocks)), 1, 1), ksplit, qtc_smem_bytes(ggml_type, T)
-
-
-def qtc_blocks_per_sm(regs: int, smem: int, smem_sm: int = 233472, smem_reserved: int = 1024,
-                      regs_sm: int = 65536, threads_sm: int = 2048) -> int:
-    """Blocks of QTC_WARPS warps an SM holds at `regs` registers a thread and `smem` bytes of (dynamic) shared memory
-    a block: CUDA's occupancy rule (registers allocated per warp in 256s; each block's shared memory plus the
-    driver's reserved 1 KB); the defaults are the H200's (sm_90: 228 KB, 64 K registers, 2048 threads an SM)."""
-    by_regs = regs_sm // (-(-regs * 32 // 256) * 256) // QTC_WARPS
-    by_smem = smem_sm // (smem + smem_reserved)
-    return max(1, min(by_regs, by_smem, threads_sm // (QTC_WARPS * 32), 32))
-
-
-def qtc_resident(kernel, smem: int) -> int:
-    """Blocks of a qtc_* kernel the current device holds at once (qtc_blocks_per_sm x SMs): the persistent grid."""
-    from .runtime import cupy
-
-    rt = cupy().cuda.runtime
-    dev = rt.getDevice()
-    smem_sm = int(rt.deviceGetAttribute(81, dev))  # cudaDevAttrMaxSharedMemoryPerMultiprocessor
-    reserved = int(rt.deviceGetAttribute(111, dev))  # cudaDevAttrReservedSharedMemoryPerBlock
-    return U.sm_count() * qtc_blocks_per_sm(int(kernel.num_regs), smem, smem_sm=smem_sm, smem_reserved=reserved)
+    return (-(-n_out // (rows * (QTC_WARPS // ksplit))), n_groups, 1), ksplit, qtc_smem_bytes(ggml_type, T)
 
 
 def _launch_qtc(ggml_type: int, function: str, n_out: int, n_groups: int, n_in: int, T: int, args) -> None:
@@ -201,16 +168,12 @@ def _launch_qtc(ggml_type: int, function: str, n_out: int, n_groups: int, n_in: 
     qtc_split chose."""
     if n_out * U.row_stride(ggml_type, n_in) >= 2**31:  # (the kernel keeps a unit row's offset in 31 bits)
         raise ValueError(f"w: an expert matrix of {n_out} rows of {n_in} {Q.TYPE_NAMES[ggml_type]} exceeds 2 GiB")
+    grid, ksplit, smem = qtc_grid(ggml_type, function.startswith("qtc_gateup"), n_out, n_groups, n_in, T)
     defines = qtc_defines
     kernel = _kernel(ggml_type, function, defines)
-    smem = qtc_smem_bytes(ggml_type, T)
-    key = (ggml_type, function, defines)
-    if key not in _resident:
-        if smem > SMEM_DEFAULT:
-            kernel.max_dynamic_shared_size_bytes = smem  # (the kernel writes NaN rows if it gets less)
-        _resident[key] = qtc_resident(kernel, smem)
-    grid, ksplit, smem = qtc_grid(ggml_type, function.startswith("qtc_gateup"), n_out, n_groups, n_in, T,
-                                  _resident[key], legacy=LEGACY_GRID_DEFINES[0] in defines)
+    if smem > SMEM_DEFAULT and (ggml_type, function, defines) not in _raised_smem:
+        kernel.max_dynamic_shared_size_bytes = smem  # (the kernel writes NaN rows if it gets less)
+        _raised_smem.add((ggml_type, function, defines))
     kernel(grid, (QTC_WARPS * 32, 1, 1), args(np.int32(ksplit)), shared_mem=smem)
 
 
@@ -225,8 +188,8 @@ def launch_expert_gemv_quant(w, ggml_type: int, expert_stride: int, n_expert: in
     g_expert, g_count, g_entries = groups
     _launch_qtc(ggml_type, f"qtc_expert_t{U.nt_bucket(T)}", n_out, J, n_in, T, lambda ksplit: (
         w, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert, g_count,
-        g_entries, np.int32(J), x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit, np.int32(act),
-        np.float32(1.0), U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
+        g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit, np.int32(act), np.float32(1.0),
+        U.null_or(mul), np.int32(mul_strides[0]), np.int32(mul_strides[1])))
 
 
 def launch_gateup_quant(gate, up, ggml_type: int, expert_stride: int, n_expert: int, groups, n_groups: int, T: int,
@@ -241,7 +204,7 @@ def launch_gateup_quant(gate, up, ggml_type: int, expert_stride: int, n_expert: 
     g_expert, g_count, g_entries = groups
     _launch_qtc(ggml_type, f"qtc_gateup_t{U.nt_bucket(T)}", n_out, J, n_in, T, lambda ksplit: (
         gate, up, np.int64(expert_stride), np.int64(U.row_stride(ggml_type, n_in)), np.int32(n_expert), g_expert,
-        g_count, g_entries, np.int32(J), x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit))
+        g_count, g_entries, x, np.int32(x_div), np.int32(n_in), y, np.int32(n_out), ksplit))
 
 
 def launch_gather_quant(rows, table, ggml_type: int, row_len: int, out) -> None:
