@@ -695,17 +695,14 @@ LANE_DOTS(q3_kx, pass_q2_kx, T_Q3_K)
 #endif
 
 #ifdef STRATA_PERM
-/* Q2K_DD_AHEAD (default 1): pass_q2_k_rows converts the next block's d / dmin of its RW rows in one xmm (a block
+/* pass_q2_k_rows converts the next block's d / dmin of its RW rows in one xmm (a block
  * ahead, off the block's chain) and stores them, so the scale and min products take them as memory broadcasts
  * ({1to16}: a load, no shuffle) instead of a zmm broadcast, a zmm f16 convert and two dups per row, and the mins'
  * nibbles are converted (p0) instead of permuted out of iota (p5, the port the 20 permutes a block-row load). Per
  * 2 block-rows (llvm-mca 14 -mcpu=sapphirerapids, GCC 12's RW = 2 loop) 62.2 -> 56.1 cycles (p5 62.0 -> 56.0 uops,
- * 129 -> 128 instructions), the same bits (the same products of the same floats). Q2K_DD_AHEAD=0 is the kernel before, only as bench/pool_bench.py's --ab build
- * (tests/test_pool_variants.py: the same bits), to be deleted once the device has measured it. */
-#ifndef Q2K_DD_AHEAD
-#define Q2K_DD_AHEAD 1
-#endif
-#if Q2K_DD_AHEAD
+ * 129 -> 128 instructions), the same bits (the same products of the same floats). On the H200's host (2026-12-04,
+ * 16 threads, bench/pool_bench.py --ab against the kernel before) a tie at one token row (Q2_K + Q4_0 down 46.9
+ * against 47.3 GB/s) and +6 % at four (19.6 against 18.5): the only kernel since. */
 /* One token row against RW (1, 2) Q2_K weight rows in lane order (pass_q2_kx's layout, scales and min term at
  * M = 1): each x load serves the RW rows and the rows' chains are independent.
  *   row w: rows + w * stride, n weights (n % 256 == 0);  x: n floats in Q2_K's lane order;  xsum: the natural
@@ -767,51 +764,6 @@ AI void pass_q2_k_rows(const uint8_t *rows, int64_t stride, int n, const float *
     for (int w = 0; w < RW; w++) out[w * MAX_M] += v16_hsum(v16_add(acc[w][0], acc[w][1]));
 #undef Q2K_DD_HALVES
 }
-#else /* the kernel before (Q2K_DD_AHEAD=0) */
-AI void pass_q2_k_rows(const uint8_t *rows, int64_t stride, int n, const float *x, const float *xsum, float *out,
-                       const int RW) {
-    const int nb = n / 256;
-    const v16 table = v16_cyc4(0), rep4 = v16_rep4();
-    v16 acc[2][2];
-    for (int w = 0; w < RW; w++) acc[w][0] = acc[w][1] = v16_zero();
-    for (int b = 0; b < nb; b++) {
-        v16 sc[2];
-        __m512i qk[2][4], qh[2][4];
-        const v16 xs16 = v16_ld(xsum + 16 * b);
-        for (int w = 0; w < RW; w++) {
-            const uint8_t *blk = rows + w * stride + 84 * (int64_t)b;
-            PF_BLOCK(blk, 84);
-            const __m512i e = _mm512_cvtepu8_epi32(ld16b(blk));
-            const v16 dd = _mm512_cvtph_ps(_mm256_set1_epi32((int)rd32(blk + 80))); /* d, dmin, d, dmin, .. */
-            sc[w] = v16_mul(_mm512_moveldup_ps(dd), _mm512_permutexvar_ps(e, v16_iota(0)));
-            const v16 mn = v16_mul(_mm512_movehdup_ps(dd), _mm512_permutexvar_ps(_mm512_srli_epi32(e, 4), v16_iota(0)));
-            acc[w][0] = _mm512_fnmadd_ps(mn, xs16, acc[w][0]);
-            __m512i q = _mm512_loadu_si512(blk + 16);
-            __asm__("" : "+v"(q)); /* in a register, not re-read by each shift (pass_q2_kx) */
-            for (int k = 0; k < 4; k++) {
-                qk[w][k] = k ? _mm512_srli_epi32(q, 8 * k) : q;
-                qh[w][k] = _mm512_srli_epi32(qk[w][k], 4);
-            }
-        }
-        _Pragma("GCC unroll 4") for (int s = 0; s < 4; s++) {
-            const __m512i sidx = _mm512_setr_epi32(2 * s, 2 * s, 2 * s, 2 * s, 2 * s + 1, 2 * s + 1, 2 * s + 1,
-                                                   2 * s + 1, 8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 8 + 2 * s, 9 + 2 * s,
-                                                   9 + 2 * s, 9 + 2 * s, 9 + 2 * s);
-            v16 a[2];
-            _Pragma("GCC unroll 4") for (int k = 0; k < 4; k++) {
-                const v16 xv = v16_ld(x + 256 * (int64_t)b + 16 * (4 * s + k));
-                for (int w = 0; w < RW; w++) {
-                    const v16 wv = _mm512_permutexvar_ps(s < 2 ? qk[w][k] : qh[w][k], s % 2 ? rep4 : table);
-                    a[w] = k ? v16_fma(wv, xv, a[w]) : v16_mul(wv, xv);
-                }
-            }
-            for (int w = 0; w < RW; w++)
-                acc[w][(s + 1) % 2] = v16_fma(_mm512_permutexvar_ps(sidx, sc[w]), a[w], acc[w][(s + 1) % 2]);
-        }
-    }
-    for (int w = 0; w < RW; w++) out[w * MAX_M] += v16_hsum(v16_add(acc[w][0], acc[w][1]));
-}
-#endif
 static void rows1_q2_kx(const uint8_t *rows0, int64_t stride, int nrows, int n, const float *x, const float *xsum,
                         float *out, const uint8_t *pf_end) {
     (void)pf_end;

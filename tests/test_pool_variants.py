@@ -159,47 +159,23 @@ def test_every_device_build_is_tested():
     assert specs and all(spec in ("avx512", "avx2") for spec in specs), specs
 
 
-# Q2K_DD_AHEAD=0: the one-row Q2_K kernel before its d / dmin came a block ahead as memory broadcasts
-# (expert_pool_groups.h pass_q2_k_rows), only as bench/pool_bench.py's --ab build until the device has measured it
-Q2K_OLD = ("Q2K_DD_AHEAD=0",)
-
-
 @needs_native
 @pytest.mark.skipif(not native.host_isas()[0].startswith("avx512"), reason="the lane-order Q2_K kernels are AVX-512's")
 @pytest.mark.parametrize("n", [256, 768, 2560])
-def test_q2k_one_row_kernel_writes_the_old_kernels_bits(n):
-    """strata_rows_dots at 1 token row (rows1_q2_kx: 2 weight rows a pass, then 1) on 1, 2, 3 and 5 rows of 1, 3
-    and 10 blocks (the last block's d / dmin converted twice, not read past the row), random x and x with NaN in one
-    block: the default build writes the Q2K_DD_AHEAD=0 build's bits, and both agree with numpy"""
+def test_q2k_one_row_kernel_matches_numpy(n):
+    """strata_rows_dots at 1 token row (rows1_q2_kx: 2 weight rows a pass, then 1; d / dmin converted a block ahead)
+    on 1, 2, 3 and 5 rows of 1, 3 and 10 blocks (the last block's d / dmin converted twice, not read past the row),
+    random x, and x with NaN in the last block: NaN in every row's dot"""
     from test_tiers_pool import dequant_ref, random_raw, rows_dots
-    new, old = native.load_variant(()), native.load_variant(Q2K_OLD)
-    assert new is not None and old is not None
+    lib = native.load_variant(())
+    assert lib is not None
     rng = np.random.default_rng(n)
     raw = np.ascontiguousarray(random_raw("Q2_K", 5, n, rng))
     x = rng.standard_normal((1, n)).astype(np.float32)
     ref = dequant_ref(raw, "Q2_K").astype(np.float64) @ x[0].astype(np.float64)
     for rows in (1, 2, 3, 5):
-        got = rows_dots(new, "Q2_K", raw[:rows], x, 1)
-        np.testing.assert_array_equal(got.view(np.uint32), rows_dots(old, "Q2_K", raw[:rows], x, 1).view(np.uint32))
+        got = rows_dots(lib, "Q2_K", raw[:rows], x, 1)
         np.testing.assert_allclose(got[:, 0], ref[:rows], rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     poisoned = x.copy()
-    poisoned[0, n - 7] = np.nan  # the last block: NaN in every row's dot, in both builds
-    got = rows_dots(new, "Q2_K", raw, poisoned, 1)
-    assert np.isnan(got).all()
-    np.testing.assert_array_equal(got.view(np.uint32), rows_dots(old, "Q2_K", raw, poisoned, 1).view(np.uint32))
-
-
-@needs_native
-@pytest.mark.parametrize("n_tokens", [1, 3])
-def test_q2k_pool_writes_the_old_kernels_bits(n_tokens):
-    """The pool on Q2_K gate/up rows of 2560 (down Q4_0, rows of 640) at 1 and 3 tokens: the default build and the
-    Q2K_DD_AHEAD=0 build write the same bits, within numpy's tolerance (check_pool)"""
-    types = ("Q2_K", "Q2_K", "Q4_0")
-    model = FakeModel(types, E=4, k=2, H=2560, F=640, n_layers=1)
-    ids = routed(n_tokens, 4, 2, np.random.default_rng(30 + n_tokens))
-    pool = ExpertPool(model, n_threads=2, lib=native.load_variant(()))
-    plan = check_pool(model, pool, types, ids, layer=0)
-    x = np.random.default_rng(1).standard_normal((n_tokens, 2560)).astype(np.float32)
-    want = run(pool, 0, x, plan)
-    got = run(ExpertPool(model, n_threads=2, lib=native.load_variant(Q2K_OLD)), 0, x, plan)
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    poisoned[0, n - 7] = np.nan
+    assert np.isnan(rows_dots(lib, "Q2_K", raw, poisoned, 1)).all()
