@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU window's device check (issues 16 item 2, 18 items 1 and 3), one call from the repo root, <= 4 minutes:
-#   1. the gpu tests the one layer recorder, the T-keyed paths and the per-layer node count touch (-v)
+# The GPU window's device check (issues 16 item 2, 18 items 1 and 3), one call from the repo root, <= 5 minutes:
+#   1. the gpu tests the one layer recorder, the T-keyed paths, the per-layer node count and PDL touch (-v), then
+#      bench/pdl_bench.py: the window graph on programmatic edges against ordinary ones, T = 1, 2, 8 on $1 (issue 18)
 #   2. strata graph-nodes (with its "nodes per layer" line) on the tiny default model, T = 1 and 4, and, if
 #      present, an 8-layer Flash-Next file ($FN8, default /tmp/fn8.gguf), T = 1
 #   3. bench/window_paths_bench.py: CUDA-core and tensor-core GEMVs at T = 1, 2, 4, 8 on $1 (checks WINDOW_PATHS)
@@ -16,7 +17,10 @@ XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 
 step gpu-tests 80 python3 -m pytest -v -p no:cacheprovider $XDIST -m gpu tests/test_gpu_hc_read.py \
   tests/test_gpu_window_nodes.py tests/test_gpu_dense.py tests/test_gpu_q8r.py tests/test_gpu_engine.py tests/test_gpu_graphs.py tests/test_gpu_profile.py \
-  tests/test_gpu_window_contract.py
+  tests/test_gpu_window_contract.py tests/test_gpu_pdl.py
+# the PDL A/B (issue 18) right after the tests: the decision of this call, so it runs before any later step can
+# eat the call's limit
+step pdl 60 python3 bench/pdl_bench.py "$MODEL" --window 1 2 8 -r 30 --pairs 3 -d 128
 step cpu-tests 20 python3 -m pytest -q -p no:cacheprovider tests/test_window_steps.py tests/test_stage_timing.py \
   tests/test_launch_checks.py tests/test_window_nodes.py
 for T in 1 4; do

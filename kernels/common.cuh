@@ -28,6 +28,52 @@ typedef long long i64;
 #define GEMV_WARPS 8
 #define GEMV_MAXT 16
 
+// Programmatic dependent launch (sm_90+; strata_cli/gpu/pdl.py turns a window graph's kernel -> kernel edges
+// programmatic): a dependent grid may start while its predecessor finishes, so the inter-kernel drain and cold start
+// overlap. pdl_wait blocks until every prerequisite grid has completed and its memory is visible (a no-op in a launch
+// with no programmatic predecessor, and below sm_90); pdl_launch_dependents lets the next grid be scheduled once
+// every block of this one has issued it or exited. Triggering at once is safe: the dependent's own pdl_wait still
+// waits for this whole grid. Every kernel but the doorbell pair (tiers.cu) and stamp_globaltimer starts with
+// pdl_begin (tests/test_pdl_sources.py holds it); before it a kernel may only prefetch its weights (pdl_prefetch_rows).
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_begin() {
+    pdl_launch_dependents();
+    pdl_wait();
+}
+
+#define PDL_PREFETCH_LINES 2  // 128-byte L2 lines a thread prefetches per range: the block's first weight stages
+
+// L2 prefetch of a block's weights while its predecessor still runs: rows [row0, row0 + rows) of a matrix of n_rows
+// rows of row_bytes each (a Q8_0_R32 group of 32 rows counts as one row), reps times, rep_rows rows apart (hyper.cu's
+// per-stream rows). The blocks along y (window-row tiles) read the same rows, so only y = 0 prefetches; the blocks
+// along z (K split) take a share each. Weights only: nothing a previous kernel writes may be touched before pdl_wait.
+// A row0 outside 0..n_rows-1 prefetches nothing. Not inlined: inlined, its address math stayed live into the main
+// loop of gemv_q8r_gateup_dense_t1 (80 -> 84 registers: 3 -> 2 blocks an SM; ptxas -v, sm_90); called, every
+// kernel keeps its register count of before (within its allocation step) and no stack.
+__device__ __noinline__ void pdl_prefetch_rows(const void* W, i64 row_bytes, i64 row0, i64 rows, i64 n_rows,
+                                                  int reps = 1, i64 rep_rows = 0) {
+    if (blockIdx.y != 0 || row0 < 0 || row0 >= n_rows) return;
+    const i64 bytes = (min(row0 + rows, n_rows) - row0) * row_bytes;
+    const i64 share = (bytes + gridDim.z - 1) / gridDim.z, lo = share * blockIdx.z;
+    const i64 lines = min((min(share, bytes - lo) + 127) / 128, (i64)blockDim.x * PDL_PREFETCH_LINES);
+    for (int r = 0; r < reps; ++r) {
+        const u8* base = (const u8*)W + (row0 + r * rep_rows) * row_bytes + lo;
+        for (i64 i = threadIdx.x; i < lines; i += blockDim.x)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(base + i * 128));
+    }
+}
+
 // GEMV epilogues (strata_cli/gpu/launch_util.py mirrors these ids).
 #define ACT_NONE 0
 #define ACT_SILU 1

@@ -11,6 +11,7 @@
 extern "C" __global__ void __launch_bounds__(EMBED_BLOCK)
     gather_rows(const i64* __restrict__ rows, const u8* __restrict__ table, i64 row_bytes, int type,
                 float* __restrict__ emb, int hd) {
+    pdl_begin();
     const u8* src = table + rows[blockIdx.x] * row_bytes;
     float* dst = emb + (i64)blockIdx.x * hd;
     for (int i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = table_at(src, type, i);

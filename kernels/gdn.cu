@@ -21,6 +21,7 @@
 extern "C" __global__ void __launch_bounds__(GDN_BLOCK)
     gdn_conv_commit(float* conv_state, const float* __restrict__ qkv, int T, int K1, int Ch, int ld, int n_keep,
                     const int* n_keep_dev) {
+    pdl_begin();
     rolling_commit(conv_state, qkv, T, K1, Ch, ld, n_keep, n_keep_dev);
 }
 
@@ -91,6 +92,7 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
                    const float* __restrict__ v, const float* __restrict__ g, const float* __restrict__ beta,
                    float* o, float* state_out, int T, int n_state, const int* n_state_dev, int nk, int nv, int dk,
                    int dv) {
+    pdl_begin();
     extern __shared__ float smem[];
     float* sk = smem;
     float* sq = sk + dk;
@@ -185,6 +187,7 @@ extern "C" __global__ void __launch_bounds__(GDN_REC_THREADS)
             const float* __restrict__ norm_w, float norm_eps, float* __restrict__ q, float* __restrict__ k,
             float* __restrict__ v, float* g, float* beta, float* __restrict__ y, int T, int r0, int nk, int nv,
             int dk, int dv, float q_scale, float l2_eps) {
+    pdl_begin();
     extern __shared__ float smem[];
     __shared__ float gred[GDN_REC_THREADS / WARP][2 * GDN_GATE_ROWS];  // [warp][alpha, beta of each row]
     float* sq = smem;             // [T, dk]

@@ -162,6 +162,9 @@ struct SliceDot {
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                                    \
         NAME(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int ksplit,            \
              int act, float div, const float* mul, int mul_st, int mul_so, float* partial, unsigned* tile_done) {      \
+        pdl_prefetch_rows(W, row_stride, (i64)blockIdx.x * GEMV_RPW * (GEMV_WARPS / ksplit),                           \
+                          GEMV_RPW * (GEMV_WARPS / ksplit), n_out);                                                    \
+        pdl_begin();                                                                                                   \
         slice_dense<NT, GEMV_RPW>(SliceDot<TYPE>{}, W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul,        \
                                   mul_st, mul_so, partial, tile_done);                                                 \
     }
@@ -182,6 +185,7 @@ struct SliceDot {
         NAME(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,                        \
              const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, float* y, int n_out,       \
              int ksplit, int act, float div, const float* mul, int mul_st, int mul_so) {                               \
+        pdl_begin();                                                                                                   \
         slice_grouped<NT, GEMV_RPW>(SliceDot<TYPE>{}, W, expert_stride, row_stride, n_expert, g_expert, g_count,       \
                                     g_entries, x, x_div, n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);       \
     }
@@ -196,6 +200,7 @@ struct SliceDot {
         NAME(const u8* Wg, const u8* Wu, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,        \
              const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, float* y, int n_out,       \
              int ksplit) {                                                                                             \
+        pdl_begin();                                                                                                   \
         grouped_entries<NT, GEMV_RPW, 2 * GEMV_RPW>(                                                                   \
             n_expert, g_expert, g_count, g_entries, x_div, y, n_out, ksplit,                                           \
             [&](int e, int o0, int kslice, auto& acc, const auto& xs, int n) {                                         \

@@ -276,6 +276,7 @@ __device__ __forceinline__ void q8r_grouped(const u8* W, const u8* Wu, i64 exper
 // Raw GGUF Q8_0 rows -> the layout above; one thread per (group, block, lane). n_rows % 32 == 0.
 extern "C" __global__ void __launch_bounds__(256) q8r_pack(const u8* __restrict__ raw, i64 n_rows, int nb,
                                                           u8* __restrict__ packed) {
+    pdl_begin();
     const i64 n = n_rows * nb;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
         const int l = (int)(i % Q8R_GROUP);
@@ -298,6 +299,9 @@ extern "C" __global__ void __launch_bounds__(256) q8r_pack(const u8* __restrict_
         gemv_q8r_t##NT(const u8* W, int nb, const float* x, int n_in, float* y, int n_out, int T, int ksplit,   \
                        int act, float div, const float* mul, int mul_st, int mul_so, float* partial,            \
                        unsigned* tile_done) {                                                                    \
+        pdl_prefetch_rows(W, (i64)nb * Q8R_BLOCK_BYTES, (i64)blockIdx.x * q8r_rows(NT) * (GEMV_WARPS / ksplit),  \
+                          q8r_rows(NT) * (GEMV_WARPS / ksplit), n_out / Q8R_GROUP);                              \
+        pdl_begin();                                                                                             \
         q8r_dense<NT>(W, nb, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial, tile_done);  \
     }
 
@@ -307,6 +311,7 @@ extern "C" __global__ void __launch_bounds__(256) q8r_pack(const u8* __restrict_
                               const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,    \
                               float* y, int n_out, int ksplit, int act, float div, const float* mul, int mul_st, \
                               int mul_so) {                                                                      \
+        pdl_begin();                                                                                             \
         q8r_grouped<NT>(W, W, expert_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, n_out,  \
                         ksplit, act, div, mul, mul_st, mul_so);                                                  \
     }
@@ -316,6 +321,7 @@ extern "C" __global__ void __launch_bounds__(256) q8r_pack(const u8* __restrict_
         gemv_q8r_gateup_t##NT(const u8* Wg, const u8* Wu, i64 expert_stride, int n_expert, const int* g_expert,  \
                               const int* g_count, const int* g_entries, const float* x, int x_div, int n_in,    \
                               float* y, int n_out, int ksplit) {                                                 \
+        pdl_begin();                                                                                             \
         q8r_grouped<NT, true>(Wg, Wu, expert_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, \
                               n_out, ksplit, ACT_NONE, 1.0f, nullptr, 0, 0);                                     \
     }
@@ -414,6 +420,13 @@ __device__ __forceinline__ void q8r_dense_gateup(const u8* Wg, const u8* Wu, int
     extern "C" __global__ void __launch_bounds__(GEMV_WARPS * WARP)                                              \
         gemv_q8r_gateup_dense_t##NT(const u8* Wg, const u8* Wu, int nb, const float* x, int n_in, float* y,     \
                                     int F, int T, int ksplit, float* partial, unsigned* tile_done) {             \
+        pdl_prefetch_rows(Wg, (i64)nb * Q8R_BLOCK_BYTES,                                                         \
+                          (i64)blockIdx.x * q8r_gateup_rows(NT) * (GEMV_WARPS / ksplit),                         \
+                          q8r_gateup_rows(NT) * (GEMV_WARPS / ksplit), F / Q8R_GROUP);                           \
+        pdl_prefetch_rows(Wu, (i64)nb * Q8R_BLOCK_BYTES,                                                         \
+                          (i64)blockIdx.x * q8r_gateup_rows(NT) * (GEMV_WARPS / ksplit),                         \
+                          q8r_gateup_rows(NT) * (GEMV_WARPS / ksplit), F / Q8R_GROUP);                           \
+        pdl_begin();                                                                                             \
         q8r_dense_gateup<NT>(Wg, Wu, nb, x, n_in, y, F, T, ksplit, partial, tile_done);                          \
     }
 
@@ -685,6 +698,7 @@ __device__ __forceinline__ void q8t_grouped(const u8* W, i64 expert_stride, int 
                                  const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, \
                                  float* y, int n_out, int ksplit, int act, float div, const float* mul,         \
                                  int mul_st, int mul_so) {                                                       \
+        pdl_begin();                                                                                             \
         q8t_grouped<NT>(W, expert_stride, n_expert, g_expert, g_count, g_entries, x, x_div, n_in, y, n_out,     \
                         ksplit, act, div, mul, mul_st, mul_so);                                                  \
     }
@@ -700,6 +714,9 @@ Q8T_GROUPED_KERNEL(16)
         gemv_q8r_tc_t##NT(const u8* W, int nb, const float* x, int n_in, float* y, int n_out, int T, int ksplit, \
                           int act, float div, const float* mul, int mul_st, int mul_so, float* partial,         \
                           unsigned* tile_done) {                                                                 \
+        pdl_prefetch_rows(W, (i64)nb * Q8R_BLOCK_BYTES, (i64)blockIdx.x * Q8T_ROWS * (GEMV_WARPS / ksplit),      \
+                          Q8T_ROWS * (GEMV_WARPS / ksplit), n_out / Q8R_GROUP);                                  \
+        pdl_begin();                                                                                             \
         q8t_dense<NT>(W, nb, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st, mul_so, partial, tile_done);  \
     }
 

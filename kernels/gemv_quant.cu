@@ -246,6 +246,9 @@ struct QSlice {
         qgemv_t##NT(const u8* W, i64 row_stride, const float* x, int n_in, float* y, int n_out, int T, int ksplit,     \
                     int act, float div, const float* mul, int mul_st, int mul_so, float* partial,                      \
                     unsigned* tile_done) {                                                                             \
+        pdl_prefetch_rows(W, row_stride, (i64)blockIdx.x * QROWS(NT) * (GEMV_WARPS / ksplit),                          \
+                          QROWS(NT) * (GEMV_WARPS / ksplit), n_out);                                                   \
+        pdl_begin();                                                                                                   \
         slice_dense<NT, QROWS(NT)>(QSlice{}, W, row_stride, x, n_in, y, n_out, T, ksplit, act, div, mul, mul_st,       \
                                    mul_so, partial, tile_done);                                                        \
     }
@@ -900,6 +903,7 @@ static_assert(qtc_mt(1) == 2 && (qtc_mt(4) == 2 || qtc_mt(4) == 4), "the gate/up
         qtc_expert_t##NT(const u8* W, i64 expert_stride, i64 row_stride, int n_expert, const int* g_expert,            \
                          const int* g_count, const int* g_entries, const float* x, int x_div, int n_in, float* y,      \
                          int n_out, int ksplit, int act, float div, const float* mul, int mul_st, int mul_so) {        \
+        pdl_begin();                                                                                                   \
         qtc_grouped<NT, false>(W, W, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div,     \
                                n_in, y, n_out, ksplit, act, div, mul, mul_st, mul_so);                                 \
     }                                                                                                                  \
@@ -907,6 +911,7 @@ static_assert(qtc_mt(1) == 2 && (qtc_mt(4) == 2 || qtc_mt(4) == 4), "the gate/up
         qtc_gateup_t##NT(const u8* Wg, const u8* Wu, i64 expert_stride, i64 row_stride, int n_expert,                  \
                          const int* g_expert, const int* g_count, const int* g_entries, const float* x, int x_div,     \
                          int n_in, float* y, int n_out, int ksplit) {                                                  \
+        pdl_begin();                                                                                                   \
         qtc_grouped<NT, true>(Wg, Wu, expert_stride, row_stride, n_expert, g_expert, g_count, g_entries, x, x_div,    \
                               n_in, y, n_out, ksplit, ACT_NONE, 1.0f, nullptr, 0, 0);                                  \
     }
@@ -923,6 +928,7 @@ QTC_KERNELS(16)
 extern "C" __global__ void __launch_bounds__(256)
     qgather_rows(const i64* __restrict__ rows, const u8* __restrict__ table, i64 row_bytes, float* __restrict__ emb,
                  int hd) {
+    pdl_begin();
     const u8* src = table + rows[blockIdx.x] * row_bytes;
     float* dst = emb + (i64)blockIdx.x * hd;
     for (int j = threadIdx.x; j < hd / 8; j += blockDim.x) {

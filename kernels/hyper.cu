@@ -24,6 +24,7 @@ extern "C" __global__ void __launch_bounds__(256)
     hc_write(const float* R, const float* __restrict__ bo, const float* __restrict__ parts,
              const float* __restrict__ route_w, const float* __restrict__ shared, int K,
              const float* __restrict__ inj, float* out, int T, int C, int D) {
+    pdl_begin();
     const Pending pend{bo, parts, route_w, shared, K};
     const i64 n = (i64)T * C * D;
     for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
@@ -56,6 +57,7 @@ extern "C" __global__ void __launch_bounds__(HC_NORM_THREADS)
                   const float* __restrict__ route_w, const float* __restrict__ shared, int K,
                   const float* __restrict__ inj_prev, const float* __restrict__ norm_w, float* __restrict__ xn,
                   int C, int D, float eps) {
+    pdl_begin();
     __shared__ float sh[WARP];
     const int b = blockIdx.x, c = b % C, t = b / C, nth = blockDim.x, span = HC_NORM_EPT * nth;
     const i64 base = (i64)b * D;
@@ -163,6 +165,8 @@ extern "C" __global__ void __launch_bounds__(256)
     hc_up_mix(const float* __restrict__ xn, const float* __restrict__ dn, int n_dn, int L,
               const u8* __restrict__ up_w, i64 up_stride, int up_type, float* __restrict__ mixed,
               float* __restrict__ inj, int n_inj, int T, int C, int D) {
+    pdl_prefetch_rows(up_w, up_stride, (i64)blockIdx.x * GEMV_WARPS, GEMV_WARPS, D, min(C, UP_MAXC), D);
+    pdl_begin();
     extern __shared__ float smem[];
     float* low = smem;          // [T][L]
     float* xs = low + T * L;    // [T][C][GEMV_WARPS]: xn[t, c*D + d0 + w]
@@ -286,6 +290,7 @@ extern "C" __global__ void __launch_bounds__(256)
 // R [T, C, D] <- emb [T, D] on every stream. One thread per element: grid ceil(T*C*D / 256), block 256.
 extern "C" __global__ void broadcast_streams(const float* __restrict__ emb, float* __restrict__ R,
                                              int T, int C, int D) {
+    pdl_begin();
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     long n = (long)T * C * D;
     if (i >= n) return;

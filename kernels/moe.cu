@@ -21,6 +21,7 @@ extern "C" __global__ void __launch_bounds__(1024)
                 int* __restrict__ g_expert, int* __restrict__ g_count, int* __restrict__ g_entries, int max_rows,
                 unsigned* done, const float* __restrict__ x, int n_in, const u8* __restrict__ sg_w, int sg_type,
                 float* __restrict__ sg) {
+    pdl_begin();
     extern __shared__ float p[];
     __shared__ float shv[WARP];
     __shared__ int shi[WARP];
@@ -148,6 +149,11 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 2)
                      int E, int K, int shared_id, int* ids, float* __restrict__ w, int* __restrict__ g_expert,
                      int* __restrict__ g_count, int* __restrict__ g_entries, int max_rows, unsigned* done,
                      const u8* __restrict__ sg_w, int sg_type, float* __restrict__ sg) {
+    // GEMV blocks come after the gate blocks (the launcher's order): a gate block's row0 is negative
+    pdl_prefetch_rows(W, (i64)n_in * sizeof(float),
+                      ((i64)blockIdx.x - ((int)gridDim.x - (E + ROUTER_EPB - 1) / ROUTER_EPB)) * ROUTER_EPB,
+                      ROUTER_EPB, E);
+    pdl_begin();
     extern __shared__ float p[];
     __shared__ float shv[WARP];
     __shared__ float part[ROUTER_EPB][ROUTER_KS][GEMV_MAXT];
@@ -296,6 +302,7 @@ extern "C" __global__ void __launch_bounds__(ROUTER_THREADS, 2)
 extern "C" __global__ void __launch_bounds__(256)
     moe_combine(const float* __restrict__ parts, const float* __restrict__ w, const float* __restrict__ shared,
                 float* __restrict__ out, int T, int K, int D) {
+    pdl_begin();
     for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < (i64)T * D; idx += (i64)gridDim.x * blockDim.x) {
         const i64 t = idx / D, d = idx % D;
         const float* wt = w + t * K;
@@ -314,6 +321,7 @@ extern "C" __global__ void __launch_bounds__(256)
 extern "C" __global__ void __launch_bounds__(1024)
     moe_group(const int* __restrict__ ids, int J, int max_rows, int* __restrict__ g_expert,
               int* __restrict__ g_count, int* __restrict__ g_entries) {
+    pdl_begin();
     __shared__ int is_leader[1024];
     __shared__ int sid[1024];  // the ids, read from shared memory by every thread's scans
     if (threadIdx.x < J) sid[threadIdx.x] = ids[threadIdx.x];

@@ -56,6 +56,7 @@ extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
     ple_ngram_rows(const i64* __restrict__ tokens, const i64* __restrict__ prev, const i64* __restrict__ mult,
                    const i64* __restrict__ sizes, const i64* __restrict__ offsets, i64* __restrict__ rows, int T, int n,
                    int hpn, i64 eos) {
+    pdl_begin();
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= T) return;
     ngram_row(tokens, prev, mult, sizes, offsets, t, n, hpn, eos, -1, rows + (i64)t * (n - 1) * hpn);
@@ -69,6 +70,7 @@ extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
     ple_gather(const i64* __restrict__ tokens, const i64* __restrict__ prev, const i64* __restrict__ mult,
                const i64* __restrict__ sizes, const i64* __restrict__ offsets, int n, int hpn, i64 eos,
                const u8* __restrict__ table, i64 row_bytes, int type, float* __restrict__ emb, int hd) {
+    pdl_begin();
     const int Hn = (n - 1) * hpn;
     const int t = blockIdx.x / Hn, head = blockIdx.x % Hn;
     const u8* src = table + ngram_row(tokens, prev, mult, sizes, offsets, t, n, hpn, eos, head, nullptr) * row_bytes;
@@ -285,9 +287,11 @@ __device__ __forceinline__ void ple_mix_norm_body(
     R, bo, parts, route_w, shared, K, inj_prev, key_raw, ks, value, vs, norm_key, norm_query, norm_conv, history, \
         conv_w, Kc, dil, normed, sync, norm_w, xn, C, D, sqrt_D, eps
 extern "C" __global__ void __launch_bounds__(PLE_NORM_THREADS) ple_mix_norm(PLE_MIX_NORM_ARGS) {
+    pdl_begin();
     ple_mix_norm_body<true>(PLE_MIX_NORM_PASS);
 }
 extern "C" __global__ void __launch_bounds__(PLE_NORM_THREADS) ple_mix_norm_passes(PLE_MIX_NORM_ARGS) {
+    pdl_begin();
     ple_mix_norm_body<false>(PLE_MIX_NORM_PASS);
 }
 
@@ -295,12 +299,14 @@ extern "C" __global__ void __launch_bounds__(PLE_NORM_THREADS) ple_mix_norm_pass
 extern "C" __global__ void __launch_bounds__(PLE_BLOCK)
     ple_history_commit(float* history, const float* __restrict__ normed, int T, int Hh, int CD, int ld, int n_keep,
                        const int* n_keep_dev) {
+    pdl_begin();
     rolling_commit(history, normed, T, Hh, CD, ld, n_keep, n_keep_dev);
 }
 
 // Predecessor commit: prev [n-1] <- the last n-1 of [prev | tokens[:n_keep]] (tokens [T]). One thread.
 extern "C" __global__ void ple_prev_commit(i64* prev, const i64* __restrict__ tokens, int T, int n_prev, int n_keep,
                                            const int* n_keep_dev) {
+    pdl_begin();
     if (blockIdx.x == 0 && threadIdx.x == 0)
         shift_commit_column(prev, tokens, n_prev, (i64)1, (i64)0, count_from(n_keep, n_keep_dev, T), (i64)1);
 }

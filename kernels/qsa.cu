@@ -119,6 +119,7 @@ extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
     qsa_norm_rope(const float* __restrict__ x, i64 xs_t, i64 xs_h, const float* __restrict__ w,
                   const float* __restrict__ cos_tab, const float* __restrict__ sin_tab, const int* __restrict__ rows,
                   float* __restrict__ out, int H, int d, int n_rot, float eps) {
+    pdl_begin();
     __shared__ float sh[WARP];
     extern __shared__ float y[];
     const i64 t = blockIdx.x / H, h = blockIdx.x % H;
@@ -138,6 +139,7 @@ extern "C" __global__ void __launch_bounds__(QSA_BLOCK)
                        const int* __restrict__ positions, int T, int n_rows, const int* n_dev,
                        const float* __restrict__ k_norm_w, const float* __restrict__ cos_tab,
                        const float* __restrict__ sin_tab, int ratio, int d, int n_rot, float eps) {
+    pdl_begin();
     __shared__ float sh[WARP];
     extern __shared__ float y[];
     const int tid = threadIdx.x, nth = blockDim.x, n = count_from(n_rows, n_dev, T);
@@ -404,6 +406,7 @@ extern "C" __global__ void __launch_bounds__(MIX_THREADS, 2)
             const float* __restrict__ tail, const float* __restrict__ pooled, float* __restrict__ idx_raw, int Hi,
             int di, int ratio, int budget, int NB, int C, int SY, float sqrt_di, float* scores, int* cells,
             int* counts, u32* keys, int* idx, int* flags, int* done, int* ready, int* seen, int* ticket) {
+    pdl_begin();
     extern __shared__ float sm[];
     __shared__ int s_role;
     const int keep = ratio ? budget / ratio : 0;

@@ -17,6 +17,7 @@
 extern "C" __global__ void __launch_bounds__(1024)
     argmax_partial(const float* __restrict__ logits, int V, int chunk, float* __restrict__ part_v,
                    int* __restrict__ part_i, int* __restrict__ part_bad) {
+    pdl_begin();
     __shared__ float shv[WARP];
     __shared__ int shi[WARP];
     const float* z = logits + (i64)blockIdx.y * V;
@@ -53,6 +54,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 extern "C" __global__ void __launch_bounds__(1024)
     argmax_rows(const float* __restrict__ part_v, const int* __restrict__ part_i, const int* __restrict__ part_bad,
                 int P, int* __restrict__ ids, int* __restrict__ nonfinite) {
+    pdl_begin();
     __shared__ float shv[WARP];
     __shared__ int shi[WARP];
     float bv = NEG_INF;
@@ -91,6 +93,7 @@ __device__ __forceinline__ unsigned philox_first(unsigned c0, unsigned c1, unsig
 // the draw equals the numpy reference; ties -> lower id.
 extern "C" __global__ void __launch_bounds__(256) sample_rows(const float* __restrict__ logits, int V,
         const int* __restrict__ positions, double inv_temp, unsigned long long seed, int* __restrict__ out) {
+    pdl_begin();
     __shared__ double best_v[256];
     __shared__ int best_i[256];
     int t = blockIdx.x;

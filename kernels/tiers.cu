@@ -66,6 +66,7 @@ extern "C" __global__ void tier_wait(const u32* word, u32 want, u32* err, u32 co
 extern "C" __global__ void __launch_bounds__(1024)
     tier_group(const int* __restrict__ ids, int j0, int J, const int* __restrict__ slot_of, int n_expert,
                int max_rows, int* __restrict__ g_expert, int* __restrict__ g_count, int* __restrict__ g_entries) {
+    pdl_begin();
     __shared__ int is_leader[1024];
     __shared__ int sid[1024];
     const int j = threadIdx.x;
@@ -84,6 +85,7 @@ extern "C" __global__ void __launch_bounds__(256)
     tier_combine(const float* __restrict__ parts, const float* ymiss, const int* __restrict__ src,
                  const float* __restrict__ w, const float* __restrict__ shared, float* __restrict__ out, int r0,
                  int T, int K, int D) {
+    pdl_begin();
     const i64 n = (i64)T * D;
     for (i64 idx = (i64)blockIdx.x * blockDim.x + threadIdx.x; idx < n; idx += (i64)gridDim.x * blockDim.x) {
         const i64 t = r0 + idx / D, d = idx % D;

@@ -18,9 +18,9 @@ from ._tiers import tier_config, tier_options
 @ctx_option
 @tier_options
 def command(model, window, commit, profile, fmt, n_ctx, **tier_args):
-    """Node count, edge count, the nodes each layer adds (window graphs of one token group), and one row per node
-    kind (kernel function names via the driver API, memcpy, memset, host), most frequent first. Needs a CUDA
-    GPU."""
+    """Node count, edge count (and how many are programmatic), the nodes each layer adds (window graphs of one token
+    group), and one row per node kind (kernel function names via the driver API, memcpy, memset, host), most
+    frequent first. Needs a CUDA GPU."""
     from ..errors import OptionError
     from ..report.envinfo import environment_record, header_line
     from ..report.present import Column, emit
@@ -37,12 +37,13 @@ def command(model, window, commit, profile, fmt, n_ctx, **tier_args):
     summary = graph.summary()
     what = "commit graph" if commit else f"{window}-token {'profiling ' if profile else ''}window graph"
     env = environment_record("gpu")
-    head = [header_line(env), f"model {m.path} | {what}: {summary.nodes} nodes, {summary.edges} edges"]
+    head = [header_line(env), f"model {m.path} | {what}: {summary.nodes} nodes, {summary.edges} edges "
+            f"({summary.programmatic} programmatic)"]
     if layer_nodes:
         head.append(f"nodes per layer: {' '.join(map(str, layer_nodes))} (max {max(layer_nodes)}, "
                     f"{sum(layer_nodes)} of {summary.nodes} in the layers)")
     kind = "commit" if commit else ("profile" if profile else "window")
     meta = {"env": env, "model": m.path, "graph": kind, "window": window, "nodes": summary.nodes,
-            "edges": summary.edges, "layer_nodes": layer_nodes}
+            "edges": summary.edges, "programmatic": summary.programmatic, "layer_nodes": layer_nodes}
     emit([{"node": k, "count": c} for k, c in summary.kinds],
          [Column("node", justify="left"), Column("count")], fmt, title=what, header_lines=head, meta=meta)

@@ -84,9 +84,20 @@ def module(name: str, defines: tuple[str, ...] = ()):
     return mod
 
 
+# The function names _function handed out: kernels of kernels/, each starting with pdl_begin (gpu/pdl.py)
+_LOADED: set[str] = set()
+
+
 @lru_cache(maxsize=None)
 def _function(module_name: str, function: str, defines: tuple[str, ...] = ()):
-    return module(module_name, defines).get_function(function)
+    fn = module(module_name, defines).get_function(function)
+    _LOADED.add(function)
+    return fn
+
+
+def loaded_functions() -> frozenset[str]:
+    """The names of the kernels of kernels/ this process has loaded (kernel())."""
+    return frozenset(_LOADED)
 
 
 # Told (function name, argument tuple) of every launch this thread makes through kernel() while set: the profiling

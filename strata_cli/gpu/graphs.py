@@ -3,14 +3,17 @@
 Capture uses cudaStreamBeginCapture in thread-local mode on a non-default stream, so anything that would
 allocate or synchronise during capture fails loudly instead of being baked into the graph. Kernel nodes
 captured from CuPy launches carry a driver CUfunction: the runtime's cudaGraphKernelNodeGetParams fails on
-them, so names come from cuGraphKernelNodeGetParams + cuFuncGetName (driver API).
+them, so names come from cuGraphKernelNodeGetParams + cuFuncGetName (driver API). Kernel -> kernel edges are made
+programmatic between capture and instantiate (gpu/pdl.py) unless asked not to.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .pdl import count_programmatic, make_programmatic, project_kernel
 from .runtime import capture_guard, check, cudart, cudrv, cupy, free_later_if_capturing
 
 NODE_KINDS = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "child graph", 5: "empty",
@@ -23,13 +26,17 @@ class GraphSummary:
     nodes: int
     edges: int
     kinds: list[tuple[str, int]] = field(default_factory=list)   # (label, count), most frequent first
+    programmatic: int = 0   # of the edges, those that are programmatic (gpu/pdl.py)
 
 
 class CapturedGraph:
     """One captured, instantiated and uploaded graph (a window or the commit graph)."""
 
-    def __init__(self, record, stream):
-        """record(stream) issues the launches on `stream` (a cupy Stream); no allocation may happen inside."""
+    def __init__(self, record, stream, programmatic: bool | Callable[[str], bool] = True):
+        """record(stream) issues the launches on `stream` (a cupy Stream); no allocation may happen inside.
+        programmatic: make the kernel -> kernel edges between kernels of kernels/ programmatic (pdl.make_programmatic;
+        a callable: the kernel names that wait so, for a test's own kernels); False: every edge stays ordinary
+        (the bench's A/B)."""
         rt = cudart()
         self.stream = stream
         mode = rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
@@ -43,6 +50,13 @@ class CapturedGraph:
                 rt.cudaStreamEndCapture(stream.ptr)  # ends the failed capture so the stream is usable again
                 raise
             self.graph = check(rt.cudaStreamEndCapture(stream.ptr), "cudaStreamEndCapture")
+        if programmatic:
+            try:
+                make_programmatic(self.graph, node_names(self.graph),
+                                  project_kernel if programmatic is True else programmatic)
+            except BaseException:
+                rt.cudaGraphDestroy(self.graph)
+                raise
         self.exec = check(rt.cudaGraphInstantiate(self.graph, 0), "cudaGraphInstantiate")
         check(rt.cudaGraphUpload(self.exec, stream.ptr), "cudaGraphUpload")
 
@@ -81,16 +95,24 @@ def _count_edges(graph) -> int:
     return int(ret[-1])
 
 
-def summarize(graph) -> GraphSummary:
+def _nodes_and_kinds(graph) -> list[tuple[object, int]]:
     rt = cudart()
     _, n = check(rt.cudaGraphGetNodes(graph, 0), "cudaGraphGetNodes")
     nodes, _ = check(rt.cudaGraphGetNodes(graph, n), "cudaGraphGetNodes") if n else ([], 0)
-    labels = Counter()
-    for node in nodes:
-        kind = int(check(rt.cudaGraphNodeGetType(node), "cudaGraphNodeGetType"))
-        labels[kernel_name(node) if kind == 0 else NODE_KINDS.get(kind, f"type {kind}")] += 1
+    return [(node, int(check(rt.cudaGraphNodeGetType(node), "cudaGraphNodeGetType"))) for node in nodes[:n]]
+
+
+def node_names(graph) -> dict[int, str | None]:
+    """Each node of `graph` (by handle value): its kernel's function name, None for a node of another kind."""
+    return {int(node): kernel_name(node) if kind == 0 else None for node, kind in _nodes_and_kinds(graph)}
+
+
+def summarize(graph) -> GraphSummary:
+    nodes = _nodes_and_kinds(graph)
+    labels = Counter(kernel_name(node) if kind == 0 else NODE_KINDS.get(kind, f"type {kind}") for node, kind in nodes)
     kinds = sorted(labels.items(), key=lambda kv: (-kv[1], kv[0]))
-    return GraphSummary(nodes=int(n), edges=_count_edges(graph), kinds=kinds)
+    return GraphSummary(nodes=len(nodes), edges=_count_edges(graph), kinds=kinds,
+                        programmatic=count_programmatic(graph))
 
 
 def captured_nodes(stream) -> int:
