@@ -39,31 +39,33 @@ def _equal_all_resident(name, model, configs, n_ctx=None, n_tokens=N_TOKENS):
         base, base_ids = speculative_run(base_engine, tokens, np.random.default_rng(5), 8)
     for cfg in configs:
         eng = tiered_engine(model, n_ctx, **cfg)
-        assert eng.tiers is not None and not eng.tiers.all_resident
-        got, ids = speculative_run(eng, tokens, np.random.default_rng(5), 8)
-        err = rel_err(got, base)
-        assert err <= 1e-4, f"{name} {cfg}: max relative error {err:.2e}"
-        np.testing.assert_array_equal(ids, base_ids, err_msg=f"{name} {cfg}")
-        served = eng.tier_host.history
-        total = {key: sum(w[key] for w in served) for key in ("vram", "pcie", "cpu")}
-        if cfg["cache"] == "0":
-            assert total["vram"] == 0
-        frac = eng.tiers.cfg.pcie_frac
-        if cfg.get("pcie_frac") == "auto":  # the model's choice on the rates measured (0 where PCIe loses)
-            from strata_cli.tiers.share import best_pcie_frac
+        try:
+            assert eng.tiers is not None and not eng.tiers.all_resident
+            got, ids = speculative_run(eng, tokens, np.random.default_rng(5), 8)
+            err = rel_err(got, base)
+            assert err <= 1e-4, f"{name} {cfg}: max relative error {err:.2e}"
+            np.testing.assert_array_equal(ids, base_ids, err_msg=f"{name} {cfg}")
+            served = eng.tier_host.history
+            total = {key: sum(w[key] for w in served) for key in ("vram", "pcie", "cpu")}
+            if cfg["cache"] == "0":
+                assert total["vram"] == 0
+            frac = eng.tiers.cfg.pcie_frac
+            if cfg.get("pcie_frac") == "auto":  # the model's choice on the rates measured (0 where PCIe loses)
+                from strata_cli.tiers.share import best_pcie_frac
 
-            # an auto share that resolved to 0 at setup builds --pcie-frac 0's config, no rates
-            # (tiers/setup.resolved_config); one the measured copy path dropped keeps them (engine/gpu/tiers.py)
-            rates = eng.tiers.cfg.rates
-            assert (frac == 0) if rates is None else (frac == best_pcie_frac(rates) < 1), (frac, rates)
-            assert eng.tiers.pcie == (frac > 0)
-        assert isinstance(frac, float)
-        if frac == 1.0:
-            assert total["cpu"] == 0 and total["pcie"] > 0
-        if frac == 0:
-            assert total["pcie"] == 0 and total["cpu"] > 0
-        yield cfg, eng, total
-        eng.close()  # before the next engine is built (engine.close() releases threads and pinned memory)
+                # an auto share that resolved to 0 at setup builds --pcie-frac 0's config, no rates
+                # (tiers/setup.resolved_config); one the measured copy path dropped keeps them (engine/gpu/tiers.py)
+                rates = eng.tiers.cfg.rates
+                assert (frac == 0) if rates is None else (frac == best_pcie_frac(rates) < 1), (frac, rates)
+                assert eng.tiers.pcie == (frac > 0)
+            assert isinstance(frac, float)
+            if frac == 1.0:
+                assert total["cpu"] == 0 and total["pcie"] > 0
+            if frac == 0:
+                assert total["pcie"] == 0 and total["cpu"] > 0
+            yield cfg, eng, total
+        finally:  # a failed check too: a live engine's page-locked experts would fail the next test's
+            eng.close()  # before the next engine is built (engine.close() releases threads and pinned memory)
 
 
 @pytest.mark.parametrize("name,configs", [("fixture-q8_0", CONFIGS[:6]), ("fixture-q8_0", CONFIGS[6:]),

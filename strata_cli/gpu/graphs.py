@@ -96,10 +96,14 @@ def _count_edges(graph) -> int:
 
 
 def _nodes_and_kinds(graph) -> list[tuple[object, int]]:
-    rt = cudart()
+    """Each node of `graph` with its kind (NODE_KINDS: the driver's CUgraphNodeType numbers). The kind comes from
+    the driver: the runtime's cudaGraphNodeGetType answers cudaErrorUnknown for a batch mem op node (a captured
+    cuStreamWaitValue32: the tier doorbell of --tier-wait stream), which the runtime's node types do not name."""
+    rt, drv = cudart(), cudrv()
     _, n = check(rt.cudaGraphGetNodes(graph, 0), "cudaGraphGetNodes")
     nodes, _ = check(rt.cudaGraphGetNodes(graph, n), "cudaGraphGetNodes") if n else ([], 0)
-    return [(node, int(check(rt.cudaGraphNodeGetType(node), "cudaGraphNodeGetType"))) for node in nodes[:n]]
+    return [(node, int(check(drv.cuGraphNodeGetType(drv.CUgraphNode(int(node))), "cuGraphNodeGetType")))
+            for node in nodes[:n]]
 
 
 def node_names(graph) -> dict[int, str | None]:
