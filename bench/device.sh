@@ -118,6 +118,10 @@ pool_sweep() {  # pool_sweep NAME ARGS...: bench/pool_bench.py ARGS, its output 
     return "$rc"
 }
 
+# the steps that read the full-size file fail (rc 2) when there is none, not rc 0 after one error line a run (a
+# profile step of 2026-12-04 reported rc=0 with four "MODEL is an empty string" lines)
+NEED_FILE='[ -s "$f" ] || { echo "no full-size file here: run synth (or peer), then ready, before this step" >&2; exit 2; };'
+
 soak_profile() {  # the expert profile of the soak: $SOAK_PROFILE, else sbs's, else one made now (as side_by_side.sh)
     local p=${SOAK_PROFILE:-$OUT/sbs/profile.yaml}
     [ -f "$p" ] || { p=$OUT/soak-profile.yaml; [ -f "$p" ] || timeout 240 python3 -m strata_cli make-profile \
@@ -241,12 +245,13 @@ for arg in "$@"; do
             else for k in 10 4; do python3 bench/pinned_probe.py --gb 6 --k $k; done; fi';;
         window) run_step window "$limit" bash bench/window_device.sh "$(full_size)";;
         cache) FN=$(full_size) run_step cache "$limit" bash bench/cache_policy.sh;;
-        profile) run_step profile "$limit" bash -c 'f="'"$(full_size)"'"; for T in 1 8; do
-            python3 -m strata_cli profile "$f" --window $T -r 20 -d 512 --per-layer --format json > "'"$OUT"'/profile-t$T.json"
-            python3 -m strata_cli profile "$f" --window $T -r 20 -d 512 | tail -45; done';;
+        profile) run_step profile "$limit" bash -c 'set -o pipefail; f="'"$(full_size)"'"; '"$NEED_FILE"' rc=0
+            for T in 1 8; do
+            python3 -m strata_cli profile "$f" --window $T -r 20 -d 512 --per-layer --format json > "'"$OUT"'/profile-t$T.json" || rc=1
+            python3 -m strata_cli profile "$f" --window $T -r 20 -d 512 | tail -45 || rc=1; done; exit $rc';;
         nodes) run_step nodes "$limit" bash -c 'for T in 1 4 8; do python3 -m strata_cli graph-nodes --window $T \
             | grep -E "nodes|per layer" | head -3; done';;
-        split) run_step split "$limit" bash -c 'f="'"$(full_size)"'"; for g in "" "--gpus 0,0"; do
+        split) run_step split "$limit" bash -c 'f="'"$(full_size)"'"; '"$NEED_FILE"' for g in "" "--gpus 0,0"; do
             python3 -m strata_cli verify-bench "$f" --device gpu --window 1,4,8 -r 10 $g --format json \
                 > "'"$OUT"'/split${g:+-2stages}.json" && python3 -c "import json,sys; [print({k: v for k, v in r.items()
                 if k == \"window\" or k.startswith((\"ms_median\", \"stage\"))}) for r in json.load(sys.stdin)[\"rows\"]]" \
