@@ -187,7 +187,7 @@ static void rows_touch(const uint8_t *w0, int64_t stride, int nrows, int64_t row
     }
 }
 
-/* the x group sums of the fused kernels' min term (expert_pool_groups.h) */
+/* the x group sums of the fused kernels' min term (expert_pool_dispatch.h) */
 static int needs_sums(int type) {
 #ifdef STRATA_AVX2
     return fused_needs_sums(type);
@@ -197,7 +197,7 @@ static int needs_sums(int type) {
 #endif
 }
 
-/* whether rows of n of the type read x in the type's lane order (expert_pool_groups.h, AVX-512: Q2_K, Q3_K, Q4_K,
+/* whether rows of n of the type read x in the type's lane order (expert_pool_dispatch.h, AVX-512: Q2_K, Q3_K, Q4_K,
  * Q5_K, Q6_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4), and where element f of such an x row sits */
 static int needs_xperm(int type, int n) {
 #ifdef STRATA_AVX2

@@ -2,14 +2,15 @@
  * STRATA_AVX2): one row of any type strata reads -> float32, exactly as
  * gguf.quants.dequantize computes it (the same float32 operations in the same order; the file is compiled with
  * -ffp-contract=off). These scalar decoders are the no-SIMD path and the layout reference; the SIMD builds decode
- * through the fused kernels' group decoders (expert_pool_groups.h, included below the block table).
+ * through the fused kernels' group decoders (expert_pool_groups.h, reached through expert_pool_dispatch.h, which
+ * picks the kernel per type).
  */
 #ifndef STRATA_EXPERT_POOL_DECODE_H
 #define STRATA_EXPERT_POOL_DECODE_H
 
 /* the block table, the scalar helpers and block_of (shared with the fused kernels) */
 #include "expert_pool_base.h"
-#include "expert_pool_groups.h"
+#include "expert_pool_dispatch.h"
 
 static void dequant_block(int type, const uint8_t *b, float *y) {
     switch (type) {

@@ -1,7 +1,7 @@
 /* expert_pool_few.h: the AVX-512 lane-order kernels of the types whose weights take few values, with one scale per
  * block or sub-block: TQ2_0, TQ1_0 (one d per 256), IQ1_S, IQ1_M (grid + delta, dl per 32 / 16), NVFP4 (e2m1 values,
- * an ue4m3 scale per 16); included by expert_pool_groups.h with the other lane-order kernels (STRATA_PERM), whose
- * dispatch (fused_dots_xperm, fused_xperm, xperm_of, xperm_pos, fused_lane_rows) names them.
+ * an ue4m3 scale per 16); built on expert_pool_groups.h's lane-order kernels (STRATA_PERM) and named by
+ * expert_pool_dispatch.h (fused_dots_xperm, fused_xperm, xperm_of, xperm_pos, fused_lane_rows).
  *
  * As there (pass_q2_kx, pass_q4x): x is permuted once per call into the order in which the codes decode, the codes
  * become the unscaled values (exact small floats) by one register permute per 16 weights, a = sum of value * x per
@@ -12,6 +12,7 @@
  */
 #ifndef STRATA_EXPERT_POOL_FEW_H
 #define STRATA_EXPERT_POOL_FEW_H
+#include "expert_pool_groups.h"
 
 /* the chains of partial sums per token row: with few rows the FMAs of one row would wait on each other (4 cycles
  * each), so one row keeps 4 chains and two rows 2 */

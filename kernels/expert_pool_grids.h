@@ -20,6 +20,7 @@
  */
 #ifndef STRATA_EXPERT_POOL_GRIDS_H
 #define STRATA_EXPERT_POOL_GRIDS_H
+#include "expert_pool_simd.h"
 
 typedef union {
     float f[80];

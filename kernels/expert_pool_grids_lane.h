@@ -1,9 +1,9 @@
 /* expert_pool_grids_lane.h: the grid i-quants' gate/up kernels at few token rows (fused_dots_xperm) in the
  * avx512spr build (STRATA_VBMI: AVX-512 with VBMI, BITALG and BF16, Sapphire Rapids and Zen 4): IQ2_XXS, IQ3_XXS,
- * IQ3_S decoded from register tables, the dot products in bf16 pairs. Included by
- * expert_pool_groups.h after the other lane-order kernels. The weight-table decoders of expert_pool_grids.h stay the
- * row decoder (strata_dequant_row, the bit-for-bit tests), the kernel at more token rows, the down rows' kernel and
- * the plain avx512 build's.
+ * IQ3_S decoded from register tables, the dot products in bf16 pairs. Built on expert_pool_groups.h's lane-order
+ * kernels and picked by expert_pool_dispatch.h. The weight-table decoders of expert_pool_grids.h stay the row
+ * decoder (strata_dequant_row, the bit-for-bit tests), the kernel at more token rows, the down rows' kernel and the
+ * plain avx512 build's.
  *
  * Why: those decoders build each 16 weights from 2 or 4 grid row loads and inserts, a sign mask, a widen and a
  * scale x table multiply, ~20 instructions beside the FMA: on the device the i-quants ran at 1.6-2.1 GB/s a thread
@@ -27,6 +27,7 @@
  */
 #ifndef STRATA_EXPERT_POOL_GRIDS_LANE_H
 #define STRATA_EXPERT_POOL_GRIDS_LANE_H
+#include "expert_pool_groups.h"
 
 AI __m512i ld64(const void *p) { return _mm512_load_si512(p); }
 static uint16_t bf16_rne(float f) { /* the tables' values (vcvtneps2bf16's rounding, for finite f) */

@@ -24,9 +24,9 @@ from ..model.quant_tables import host_header
 from ..model.quants import TYPE_IDS
 
 SOURCE = "expert_pool.c"
-HEADERS = ("expert_pool_base.h", "expert_pool_decode.h", "expert_pool_groups.h", "expert_pool_grids.h",
-           "expert_pool_grids_lane.h", "expert_pool_plan.h", "expert_pool_serve.h",
-           "expert_pool_few.h")  # next to SOURCE, part of the build key
+HEADERS = ("expert_pool_base.h", "expert_pool_simd.h", "expert_pool_decode.h", "expert_pool_dispatch.h",
+           "expert_pool_groups.h", "expert_pool_grids.h", "expert_pool_grids_lane.h", "expert_pool_few.h",
+           "expert_pool_plan.h", "expert_pool_serve.h")  # next to SOURCE, part of the build key
 # The GGML types the C file decodes: every type of the table (tests/test_tiers_pool.py holds each to gguf.quants)
 NATIVE_TYPES = dict(TYPE_IDS)
 _VP, _I32, _I64, _U32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32
