@@ -1,7 +1,7 @@
 """The CPU expert pool's GB/s of expert weights per block type on Qwen3.8-Flash-Next shapes, from DRAM, and where
 the time goes.
 
-    python3 bench/pool_bench.py [--types Q8_0,Q4_0,Q2_K,...|all] [--threads N[,N...]] [--isa avx512spr|avx512|avx2|scalar]
+    python3 bench/pool_bench.py [--types Q8_0,Q4_0,Q2_K,...|all] [--threads N[,N...]] [--isa avx512vbmi|avx512|avx2|scalar]
                                 [--gb 4] [--layers 8] [--k 10[,4...]] [--tokens 1,4] [--iters 10]
                                 [--variant NAME=VALUE ...] [--ab NAME=VALUE[,...]|ISA ...] [--pages anon,huge,4k,file] [--modes pool,read,...]
                                 [--rounds R] [--sweep]

@@ -208,10 +208,11 @@ static int needs_xperm(int type, int n) {
 #endif
 }
 
-/* whether rows of n of the type read a bf16 split of x (fused_xperm_split): h, written element by element, cannot be */
-static int split_x(int type, int n) {
+/* whether rows of n of the type read x in an order only a whole row is written in (fused_xperm_x_only): h, written
+ * element by element, cannot be */
+static int x_only_order(int type, int n) {
 #ifdef STRATA_AVX2
-    return fused_xperm_split(type, n);
+    return fused_xperm_x_only(type, n);
 #else
     (void)type, (void)n;
     return 0;
@@ -306,7 +307,7 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
     const int xp_gate = needs_xperm(gate_type, H);
     const int xp_up = needs_xperm(up_type, H) && !(xp_gate && up_type == gate_type);
     /* h written in the down kernel's lane order where it has one that h can be written in */
-    const int hp = needs_xperm(down_type, F) && !split_x(down_type, F);
+    const int hp = needs_xperm(down_type, F) && !x_only_order(down_type, F);
     const size_t n_xs = (size_t)(x_sums ? n_x : 0) * (H / 16), n_hs = (size_t)(h_sums ? N : 0) * (F / 16);
     const size_t n_xp = (size_t)n_x * H * (size_t)(xp_gate + xp_up);
     float *sums = (float *)malloc(sizeof(float) * (n_xs + n_hs + n_xp + 1));
@@ -494,8 +495,8 @@ int strata_dequant_row(int type, const void *src, int64_t n, float *y) {
 int strata_rows_dots(int type, const void *w0, int64_t stride, int nrows, int n, const float *x, int m, int lane,
                      float *out) {
     if (!row_ok(type, n) || m < 1 || m > MAX_M || nrows < 0) return -1;
-    /* the lane-order kernel where pool_run would take it for m rows on an expert (lane_rows: the grid i-quants' bf16
-     * splits serve at most 2 rows, in column chunks of whole block pairs) */
+    /* the lane-order kernel where pool_run would take it for m rows on an expert (lane_rows: the grid i-quants' table
+     * kernels serve at most 2 rows, in column chunks of whole block pairs) */
     const int xp = lane && m <= lane_rows(type) && needs_xperm(type, n), sums = needs_sums(type);
     float *const buf = (float *)malloc(sizeof(float) * ((size_t)n * (m + 1) + (size_t)(n / 16) * m + 1));
     if (!buf) return -2;

@@ -106,7 +106,7 @@ static int fused_lane_rows(int type) {
     return LANE_MAX_ROWS;
 }
 /* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1..9 name the orders; 8, 9
- * (the grid i-quants, expert_pool_grids_lane.h) are bf16 splits of x, no element-wise order (fused_xperm_split) */
+ * (the grid i-quants, expert_pool_grids_lane.h) are written from whole x rows only (fused_xperm_x_only) */
 static int fused_xperm(int type, int n) {
     if (!fused_dots_xperm(type, n)) return 0;
     switch (type) {
@@ -121,9 +121,10 @@ static int fused_xperm(int type, int n) {
     default: return 2;
     }
 }
-/* whether the type's order over rows of n is a bf16 split (two words an element, xperm_of writes it from a whole
- * row): x rows only, never h, whose elements the gate/up items write one at a time (xperm_pos) */
-static int fused_xperm_split(int type, int n) { return fused_xperm(type, n) >= 8; }
+/* whether the type's order over rows of n is one that only xperm_of writes, from a whole row (the grid i-quants':
+ * IQ2_XXS's by pairs of blocks from the row's start, which a down pass's column chunk of an odd number of blocks
+ * would split): x rows only, never h, whose elements the gate/up items write one at a time (xperm_pos) */
+static int fused_xperm_x_only(int type, int n) { return fused_xperm(type, n) >= 8; }
 /* x (n floats) in the lane order of fused_xperm(type, n) */
 static void xperm_of(int type, const float *x, int n, float *xp) {
 #ifdef STRATA_PERM
@@ -135,8 +136,8 @@ static void xperm_of(int type, const float *x, int n, float *xp) {
     else if (fused_xperm(type, n) == 6) xperm_iq1x(x, n, xp);
     else if (fused_xperm(type, n) == 7) xperm_nvfp4x(x, n, xp);
 #ifdef STRATA_VBMI
-    else if (fused_xperm(type, n) == 8) xsplit_iq3(x, n, xp);
-    else if (fused_xperm(type, n) == 9) xsplit_iq2(x, n, xp);
+    else if (fused_xperm(type, n) == 8) xperm_iq3(x, n, xp);
+    else if (fused_xperm(type, n) == 9) xperm_iq2(x, n, xp);
 #endif
 #else
     (void)type, (void)x, (void)n, (void)xp;

@@ -17,10 +17,10 @@
 #ifdef STRATA_AVX512
 #define STRATA_PERM 1
 #endif
-/* STRATA_VBMI: the avx512spr build (strata_cli/tiers/native.py ISAS: + VBMI, BITALG, BF16): byte permutes of 64
- * lanes from 128-entry tables, multishift, vpshufbitqmb and vdpbf16ps, for the grid i-quants' sign bytes (expert_pool_
- * grids.h) and their kernels at few token rows (expert_pool_grids_lane.h) */
-#if defined(STRATA_AVX512) && defined(__AVX512VBMI__) && defined(__AVX512BITALG__) && defined(__AVX512BF16__)
+/* STRATA_VBMI: the avx512vbmi build (strata_cli/tiers/native.py ISAS: + VBMI, BITALG): byte permutes of 64 lanes
+ * from 128-entry tables, multishift and vpshufbitqmb, for the grid i-quants' sign bytes (expert_pool_grids.h) and
+ * their kernels at few token rows (expert_pool_grids_lane.h) */
+#if defined(STRATA_AVX512) && defined(__AVX512VBMI__) && defined(__AVX512BITALG__)
 #define STRATA_VBMI 1
 #endif
 

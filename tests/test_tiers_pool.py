@@ -300,8 +300,8 @@ def rows_dots(lib, type_name, raw, x, lane):
 
 
 # the AVX-512 lane-order kernels (expert_pool_groups.h: x or h permuted once per call, codes as 16 dwords) serve rows
-# of n % 256 == 0 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ2_0, TQ1_0, IQ1_S, IQ1_M; in the avx512spr build the
-# gate/up rows of IQ2_XXS, IQ3_XXS, IQ3_S, x split into bf16 pairs: expert_pool_grids_lane.h) or n % 128 == 0 (Q4_0,
+# of n % 256 == 0 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ2_0, TQ1_0, IQ1_S, IQ1_M; in the avx512vbmi build the
+# gate/up rows of IQ2_XXS, IQ3_XXS, IQ3_S, x permuted by blocks or pairs of blocks: expert_pool_grids_lane.h) or n % 128 == 0 (Q4_0,
 # Q4_1, IQ4_NL, MXFP4, Q5_0, Q5_1, NVFP4); the shapes above are mostly not such
 GRID_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
 LANE_ORDER = ("Q2_K", "Q3_K", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "IQ4_NL", "MXFP4", "Q5_0",
@@ -334,9 +334,9 @@ def test_lane_order_kernels_match_numpy(type_name, H, F, build):
 @pytest.mark.parametrize("n", [256, 768, 1280])
 def test_grid_kernels_yield_every_weight_bit_for_bit(type_name, n, build):
     """One-hot token rows through the fused kernels the pool runs (strata_rows_dots: the lane-order one where the pool
-    takes it, in the avx512spr build IQ2_XXS's, IQ3_XXS's and IQ3_S's table kernels at 1 and 2 rows, and the
-    weight-table one), 1, 2 and 16 rows a call: each output is one weight, equal to gguf's (a one-hot x splits into
-    bf16 exactly, and the scale times the exact grid value is gguf's product). Rows of 1, 3 and 5 blocks: the IQ2 pair
+    takes it, in the avx512vbmi build IQ2_XXS's, IQ3_XXS's and IQ3_S's table kernels at 1 and 2 rows, and the
+    weight-table one), 1, 2 and 16 rows a call: each output is one weight, equal to gguf's (the scale times the
+    exact grid value is gguf's product). Rows of 1, 3 and 5 blocks: the IQ2 pair
     kernels' lone last block, a pair and one, two pairs and one."""
     lib = library(build)
     raw = np.ascontiguousarray(random_raw(type_name, 2, n, np.random.default_rng(native.NATIVE_TYPES[type_name] + n)))
@@ -358,8 +358,8 @@ def test_grid_kernels_yield_every_weight_bit_for_bit(type_name, n, build):
                          ids=lambda t: "+".join(t))
 def test_grid_rows_of_the_released_width(types, build):
     """gate/up rows of 2560 (10 blocks: one column chunk of 4096 at 1 row, chunks of 2048 and 512 at 2), gate and up
-    of two grid types (each its own bf16 split of x), down rows of 512 in a grid type (the weight-table kernel: h
-    is written element by element, never split) or Q4_0; 1, 2 and 5 rows an expert"""
+    of two grid types (each its own order of x), down rows of 512 in a grid type (the weight-table kernel: h is
+    written element by element, never in a pair-of-blocks order) or Q4_0; 1, 2 and 5 rows an expert"""
     model = FakeModel(types, E=3, k=2, H=2560, F=512 if types[2] != "Q4_0" else 640, n_layers=1)
     pool = ExpertPool(model, n_threads=2, lib=library(build))
     for n_rows in (1, 2, 5):

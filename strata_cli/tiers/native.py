@@ -60,10 +60,9 @@ def _cpu_flags() -> set[str]:
 
 
 # the instruction sets the pool is built for, best first: (name, /proc/cpuinfo flags it needs, compiler flags)
-ISAS = (("avx512spr", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_bitalg",
-                       "avx512_bf16"},
-         ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vbmi", "-mavx512bitalg",
-          "-mavx512bf16"]),  # Sapphire Rapids', Zen 4's: the grid i-quants' table kernels (expert_pool_grids_lane.h)
+ISAS = (("avx512vbmi", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_bitalg"},
+         ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vbmi", "-mavx512bitalg"]),
+        # Ice Lake's and later, Zen 4's: the grid i-quants' table kernels (expert_pool_grids_lane.h)
         ("avx512", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"},
          ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"]),
         ("avx2", {"avx2", "fma", "f16c"}, ["-mavx2", "-mfma", "-mf16c"]),
