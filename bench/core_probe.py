@@ -55,6 +55,10 @@ def main() -> None:
     ap.add_argument("--type", default="IQ2_XXS")
     ap.add_argument("--seconds", type=float, default=0.5)
     args = ap.parse_args()
+    if args.type not in native.NATIVE_TYPES:
+        raise SystemExit(f"core_probe: no pool kernel for {args.type}")
+    if args.seconds <= 0:
+        raise SystemExit(f"core_probe: --seconds must be positive, not {args.seconds}")
     lib = native.load()
     if lib is None:
         raise SystemExit("core_probe: no native pool library (no compiler?)")
