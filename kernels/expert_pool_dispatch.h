@@ -123,7 +123,8 @@ static int fused_xperm(int type, int n) {
 }
 /* whether the type's order over rows of n is one that only xperm_of writes, from a whole row (the grid i-quants':
  * IQ2_XXS's by pairs of blocks from the row's start, which a down pass's column chunk of an odd number of blocks
- * would split): x rows only, never h, whose elements the gate/up items write one at a time (xperm_pos) */
+ * would split; IQ3's, per block, have no xperm_pos case): x rows only, never h, whose elements the gate/up items
+ * write one at a time (xperm_pos) */
 static int fused_xperm_x_only(int type, int n) { return fused_xperm(type, n) >= 8; }
 /* x (n floats) in the lane order of fused_xperm(type, n) */
 static void xperm_of(int type, const float *x, int n, float *xp) {

@@ -17,14 +17,20 @@
  * within the tests' 1e-4 of float64 (dev box: max |err| / max |ref| ~1e-7 on a 2560-row).
  *
  * Until 2026-12-04 the dot products were vdpbf16ps pairs of x split into bf16 hi + lo: on the device's host (one
- * thread, rows hot in L2, IQ2_XXS, bench/pool_rows_bench.py) that kernel took 332 ns a 2560-row and 180 with its vdpbf16ps taken out, where
- * an FMA a 16 weights runs two a cycle.
+ * thread, rows hot in L2, IQ2_XXS) that kernel took 332 ns a 2560-row and 180 in a build with its vdpbf16ps taken
+ * out (a diagnosis, not kept), where an FMA a 16 weights runs two a cycle (bench/pool_rows_bench.py --old: the
+ * float32 kernel against it, docs/BENCHMARKS.md).
  */
 #ifndef STRATA_EXPERT_POOL_GRIDS_LANE_H
 #define STRATA_EXPERT_POOL_GRIDS_LANE_H
 #include "expert_pool_groups.h"
 
 AI __m512i ld64(const void *p) { return _mm512_load_si512(p); }
+/* x permuted into a kernel's order: xp[16 i + k] = x[src[16 i + k]] for i < nvec */
+static void gather_x(const float *x, const int32_t *src, int nvec, float *xp) {
+    for (int i = 0; i < nvec; i++)
+        _mm512_storeu_ps(xp + 16 * i, _mm512_i32gather_ps(_mm512_loadu_si512(src + 16 * i), x, 4));
+}
 
 /* ---- IQ3_XXS, IQ3_S per block. iq3*_pk[A][id]: values 2 A, 2 A + 1 of grid row id as 3-bit codes in the low and
  * high nibble (IQ3_XXS: 4, 12, .., 52, 62 -> v >> 3; IQ3_S: 1, 3, .., 15 -> v >> 1); byte r of P_A = row r of the
@@ -54,10 +60,7 @@ __attribute__((constructor)) static void fill_iq3(void) {
         for (int j = 0; j < 16; j++) iq3_src[16 * G + j] = iq3_elem(G, j);
 }
 static void xperm_iq3(const float *x, int n, float *xp) {
-    for (int b = 0; b < n / 256; b++)
-        for (int i = 0; i < 16; i++)
-            _mm512_storeu_ps(xp + 256 * b + 16 * i,
-                             _mm512_i32gather_ps(_mm512_loadu_si512(iq3_src + 16 * i), x + 256 * b, 4));
+    for (int b = 0; b < n / 256; b++) gather_x(x + 256 * b, iq3_src, 16, xp + 256 * b);
 }
 AI void pass_iq3_tab(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
                      float *out, const int M, const uint8_t *pf_end) {
@@ -174,12 +177,8 @@ __attribute__((constructor)) static void fill_iq2(void) {
 static void xperm_iq2(const float *x, int n, float *xp) {
     const int nb = n / 256;
     int b = 0;
-    for (; b + 1 < nb; b += 2)
-        for (int i = 0; i < 32; i++)
-            _mm512_storeu_ps(xp + 256 * b + 16 * i,
-                             _mm512_i32gather_ps(_mm512_loadu_si512(iq2_src2 + 16 * i), x + 256 * b, 4));
-    if (b < nb)
-        for (int i = 0; i < 256; i++) xp[256 * b + i] = x[256 * b + iq2_src1[i]];
+    for (; b + 1 < nb; b += 2) gather_x(x + 256 * b, iq2_src2, 32, xp + 256 * b);
+    if (b < nb) gather_x(x + 256 * b, iq2_src1, 16, xp + 256 * b);
 }
 /* one pair of blocks at b0 (TWO = 0: a last single block, looked up as a pair with itself, its lanes 8..15 read no
  * x: masked loads) */
