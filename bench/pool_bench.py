@@ -53,6 +53,7 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -351,16 +352,20 @@ def load_builds(args) -> dict:
     for spec in args.ab:
         defines, isa = parse_build(spec)
         specs[spec] = (tuple(args.variant) + defines, isa or base_isa)
+    kernels = {name: None for name in specs}
+    if args.old:  # another tree's kernels, the base's defines and ISA
+        specs["old"], kernels["old"] = specs["base"], Path(args.old)
     unknown = [isa for _, isa in specs.values() if isa not in native.host_isas()]
     if unknown:
         raise SystemExit(f"pool_bench: this CPU does not run {', '.join(sorted(set(unknown)))} "
                          f"(it runs {', '.join(native.host_isas())})")
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=min(len(specs), os.cpu_count() or 1)) as ex:
-        paths = dict(zip(specs, ex.map(lambda s: native.build(defines=s[0], isa=s[1]), specs.values())))
+        paths = dict(zip(specs, ex.map(lambda n: native.build(defines=specs[n][0], isa=specs[n][1], kernels=kernels[n]),
+                                       specs)))
     builds = {}
     for name, (defines, isa) in specs.items():
-        lib = native.load_variant(defines, isa=isa) if paths[name] else None
+        lib = native.load_variant(defines, isa=isa, kernels=kernels[name]) if paths[name] else None
         if lib is None:
             raise SystemExit(f"pool_bench: build {name} ({isa}, {' '.join(defines) or 'no defines'}) failed: "
                              "nothing to measure")
@@ -531,6 +536,8 @@ def main() -> None:
                     help="build every kernel with -DNAME=VALUE")
     ap.add_argument("--ab", action="append", default=[],
                     help="one more build: comma-separated NAME=VALUE defines and/or an ISA (e.g. avx2)")
+    ap.add_argument("--old", default=None, help="another tree's kernels/ folder, built as 'old' (an --ab build: the "
+                    "base's defines and ISA)")
     ap.add_argument("--pages", default=None, help=f"page kinds, comma-separated, of {','.join(pool_memory.PAGES)} "
                                                   "(default anon; --sweep: 4k,huge,file)")
     ap.add_argument("--modes", default=None, help=f"comma-separated, of {','.join(MODES)} "
@@ -567,6 +574,8 @@ def main() -> None:
     if bad:
         ap.error(f"unknown page kind or mode: {', '.join(bad)} (pages: {', '.join(pool_memory.PAGES)}; modes: "
                  f"{', '.join(MODES)})")
+    if args.old and not (Path(args.old) / native.SOURCE).is_file():
+        ap.error(f"--old {args.old}: no {native.SOURCE} there")
     for spec in args.ab:
         try:
             parse_build(spec)

@@ -30,12 +30,7 @@ def load_builds(args) -> dict:
         isas = [p for p in parts if p in ISA_NAMES]
         builds[spec] = native.load_variant(tuple(p for p in parts if p not in isas), isa=isas[0] if isas else args.isa)
     if args.old:
-        keep = native.source_path
-        native.source_path = lambda: Path(args.old) / native.SOURCE
-        try:
-            builds["old"] = native.load_variant((), isa=args.isa)
-        finally:
-            native.source_path = keep
+        builds["old"] = native.load_variant((), isa=args.isa, kernels=Path(args.old))
     missing = [name for name, lib in builds.items() if lib is None]
     if missing:
         raise SystemExit(f"pool_rows_bench: cannot build {', '.join(missing)} (no compiler, or the ISA is not this CPU's)")

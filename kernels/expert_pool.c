@@ -38,6 +38,9 @@
  * geometry, 5 lane-order steps) measured faster in lane order at 1, 2 and 4 rows (Q4_0 3.5 -> 4.8 at 4) and always
  * take it. */
 #define LANE_MAX_ROWS 2
+/* the forms of a permuted x row (needs_xperm): the lane order, the limb slots */
+#define X_LANES 1
+#define X_LIMBS 2
 #ifndef X_CHUNK_FLOATS
 #define X_CHUNK_FLOATS 4096 /* floats of x (all rows of a pass together) one column chunk keeps in L1 */
 #endif
@@ -110,9 +113,9 @@ static void dot_f32_rows(const float *w, int n, const float *const *xs, int m, f
 static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, int n, const float *const *xs,
                       const float *const *xsum, int m, float *out, float *buf, int xp) {
 #ifdef STRATA_AVX2
-    const dots_fn fused = xp ? fused_dots_xperm(type, n) : fused_dots(type, n);
+    const dots_fn fused = xp == X_LIMBS ? fused_dots_limbs(type, n) : xp ? fused_dots_xperm(type, n) : fused_dots(type, n);
     /* one token row in lane order: several weight rows a pass where the type has such a kernel */
-    const rows1_fn rows1 = xp && m == 1 ? fused_rows1_xperm(type, n) : NULL;
+    const rows1_fn rows1 = xp == X_LANES && m == 1 ? fused_rows1_xperm(type, n) : NULL;
     if (fused) {
         int elems, bytes;
         block_of(type, &elems, &bytes);
@@ -197,22 +200,24 @@ static int needs_sums(int type) {
 #endif
 }
 
-/* whether rows of n of the type read x in the type's lane order (expert_pool_dispatch.h, AVX-512: Q2_K, Q3_K, Q4_K,
- * Q5_K, Q6_K, IQ4_XS, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4), and where element f of such an x row sits */
+/* how x rows of n of the type are read (expert_pool_dispatch.h): X_LIMBS (the avx512vbmi build's integer-product
+ * kernels: IQ2_XXS, IQ3_XXS, IQ3_S, x as limb slots), X_LANES (the AVX-512 lane-order kernels: Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ1_0, IQ1_S, IQ1_M, NVFP4, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, x permuted) or
+ * 0 (as it is) */
 static int needs_xperm(int type, int n) {
 #ifdef STRATA_AVX2
-    return fused_xperm(type, n) != 0;
+    return fused_dots_limbs(type, n) ? X_LIMBS : fused_xperm(type, n) != 0 ? X_LANES : 0;
 #else
     (void)type, (void)n;
     return 0;
 #endif
 }
 
-/* whether rows of n of the type read x in an order only a whole row is written in (fused_xperm_x_only): h, written
- * element by element, cannot be */
-static int x_only_order(int type, int n) {
+/* whether h rows (the down rows' input, written element by element: perm_pos) of n of the type are read in its lane
+ * order: never as limbs */
+static int h_lanes(int type, int n) {
 #ifdef STRATA_AVX2
-    return fused_xperm_x_only(type, n);
+    return fused_xperm(type, n) != 0 ? X_LANES : 0;
 #else
     (void)type, (void)n;
     return 0;
@@ -239,9 +244,11 @@ static int perm_pos(int type, int n, int f) {
 #endif
 }
 
+/* x row in the form needs_xperm names (limb slots or the lane order) */
 static void perm_of(int type, const float *x, int n, float *xp) {
 #ifdef STRATA_AVX2
-    xperm_of(type, x, n, xp);
+    if (needs_xperm(type, n) == X_LIMBS) xlimbs_of(type, x, n, xp);
+    else xperm_of(type, x, n, xp);
 #else
     (void)type, (void)x, (void)n, (void)xp;
 #endif
@@ -304,10 +311,11 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
     for (int i = 0; i < N; i++) n_x = tok[i] + 1 > n_x ? tok[i] + 1 : n_x;
     /* x in the lane order of the gate's / up's kernel where it has one (needs_xperm; the same order for both when
      * they are of one type) */
-    const int xp_gate = needs_xperm(gate_type, H);
-    const int xp_up = needs_xperm(up_type, H) && !(xp_gate && up_type == gate_type);
+    const int xp_gate_kind = needs_xperm(gate_type, H), xp_up_kind = needs_xperm(up_type, H);
+    const int xp_gate = xp_gate_kind != 0;
+    const int xp_up = xp_up_kind && !(xp_gate && up_type == gate_type);
     /* h written in the down kernel's lane order where it has one that h can be written in */
-    const int hp = needs_xperm(down_type, F) && !x_only_order(down_type, F);
+    const int hp = h_lanes(down_type, F);
     const size_t n_xs = (size_t)(x_sums ? n_x : 0) * (H / 16), n_hs = (size_t)(h_sums ? N : 0) * (F / 16);
     const size_t n_xp = (size_t)n_x * H * (size_t)(xp_gate + xp_up);
     float *sums = (float *)malloc(sizeof(float) * (n_xs + n_hs + n_xp + 1));
@@ -373,8 +381,8 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
                     rows_touch(wg, gate_row, f1 - f0, gate_bytes, m, gv);
                     rows_touch(wu, up_row, f1 - f0, up_bytes, m, uv);
                 } else {
-                    rows_dots(gate_type, wg, gate_row, f1 - f0, H, xg, xsum, m, gv, buf, xg_lane != NULL);
-                    rows_dots(up_type, wu, up_row, f1 - f0, H, xu, xsum, m, uv, buf, xu_lane != NULL);
+                    rows_dots(gate_type, wg, gate_row, f1 - f0, H, xg, xsum, m, gv, buf, xg_lane ? xp_gate_kind : 0);
+                    rows_dots(up_type, wu, up_row, f1 - f0, H, xu, xsum, m, uv, buf, xu_lane ? xp_up_kind : 0);
                 }
                 for (int r = 0; r < m; r++) {
                     float *hr = h + (int64_t)(e0 + r) * F, hv[ROWS_GATE_UP];
@@ -489,15 +497,15 @@ int strata_dequant_row(int type, const void *src, int64_t n, float *y) {
 }
 
 /* exported for the tests: out[i * m + r] = the dot product of weight row i (w0 + i * stride, n weights of the type)
- * with x row r (x [m, n], m <= MAX_M) through the pool's kernels (rows_dots): lane = 1 the type's lane-order kernel
- * where it has one (x permuted and summed as pool_run does), 0 its weight-table kernel; -1 for rows of no whole
- * blocks or a bad m */
+ * with x row r (x [m, n], m <= MAX_M) through the pool's kernels (rows_dots): lane = 1 the kernel of the type's x
+ * rows where it has one (limbs or lane order: x made ready and summed as pool_run does), 0 its weight-table kernel;
+ * -1 for rows of no whole blocks or a bad m */
 int strata_rows_dots(int type, const void *w0, int64_t stride, int nrows, int n, const float *x, int m, int lane,
                      float *out) {
     if (!row_ok(type, n) || m < 1 || m > MAX_M || nrows < 0) return -1;
-    /* the lane-order kernel where pool_run would take it for m rows on an expert (lane_rows: the grid i-quants' table
+    /* the kernel of x rows where pool_run would take it for m rows on an expert (lane_rows: the grid i-quants' limb
      * kernels serve at most 2 rows, in column chunks of whole block pairs) */
-    const int xp = lane && m <= lane_rows(type) && needs_xperm(type, n), sums = needs_sums(type);
+    const int xp = lane && m <= lane_rows(type) ? needs_xperm(type, n) : 0, sums = needs_sums(type);
     float *const buf = (float *)malloc(sizeof(float) * ((size_t)n * (m + 1) + (size_t)(n / 16) * m + 1));
     if (!buf) return -2;
     float *const xperm = buf + n, *const xsum_all = xperm + (size_t)n * m;

@@ -2,7 +2,7 @@
  * check against the generated type table, the min term's group sums, fused_dots (the weight-table kernels of
  * expert_pool_groups.h) and the lane-order kernels' choice, x permutation and row order (fused_dots_xperm,
  * fused_xperm, xperm_of, xperm_pos, fused_lane_rows) over expert_pool_groups.h's, expert_pool_few.h's and
- * expert_pool_grids_lane.h's kernels. Included by expert_pool_decode.h.
+ * expert_pool_limbs.h's kernels (fused_dots_limbs, xlimbs_of: x rows as int8 limbs). Included by expert_pool_decode.h.
  */
 #ifndef STRATA_EXPERT_POOL_DISPATCH_H
 #define STRATA_EXPERT_POOL_DISPATCH_H
@@ -13,7 +13,7 @@
 #include "expert_pool_few.h" /* TQ2_0, TQ1_0, IQ1_S, IQ1_M, NVFP4 in lane order */
 #endif
 #ifdef STRATA_VBMI
-#include "expert_pool_grids_lane.h" /* the grid i-quants at few token rows */
+#include "expert_pool_limbs.h" /* the grid i-quants' x rows at few token rows: integer products */
 #endif
 
 /* the table's group counts and block bytes restate the generated type table (model/quant_tables.py): hold them to
@@ -72,13 +72,6 @@ static dots_fn fused_dots_xperm(int type, int n) {
     if (type == T_NVFP4 && n % 128 == 0) return dots_nvfp4x;
     if (type == T_IQ1_S && n % 256 == 0) return dots_iq1_sx;
     if (type == T_IQ1_M && n % 256 == 0) return dots_iq1_mx;
-#ifdef STRATA_VBMI
-    if (n % 256 == 0) {
-        if (type == T_IQ2_XXS) return dots_iq2_xxst;
-        if (type == T_IQ3_XXS) return dots_iq3_xxst;
-        if (type == T_IQ3_S) return dots_iq3_st;
-    }
-#endif
     if (n % 128 == 0) {
         if (type == T_Q4_0) return dots_q4_0x;
         if (type == T_IQ4_NL) return dots_iq4_nlx;
@@ -90,6 +83,28 @@ static dots_fn fused_dots_xperm(int type, int n) {
 #endif
     (void)type, (void)n;
     return NULL;
+}
+/* the integer-product kernel of a type's x rows (expert_pool_limbs.h: x as limbs, xlimbs_of), or NULL; h rows (written
+ * element by element) keep fused_dots_xperm's */
+static dots_fn fused_dots_limbs(int type, int n) {
+#ifdef STRATA_VBMI
+    if (n % 256 == 0) {
+        if (type == T_IQ2_XXS) return dots_iq2_xxsv;
+        if (type == T_IQ3_XXS) return dots_iq3_xxsv;
+        if (type == T_IQ3_S) return dots_iq3_sv;
+    }
+#endif
+    (void)type, (void)n;
+    return NULL;
+}
+/* x row (n floats) as the limb slots of the type's fused_dots_limbs kernel */
+static void xlimbs_of(int type, const float *x, int n, float *xp) {
+#ifdef STRATA_VBMI
+    if (type == T_IQ2_XXS) xlimbs_iq2(x, n, xp);
+    else xlimbs_iq3(x, n, xp);
+#else
+    (void)type, (void)x, (void)n, (void)xp;
+#endif
 }
 /* the most token rows on an expert for which its gate/up rows take the type's lane-order kernel (pool_run): where
  * the lane kernel applies a scale per row once per block or sub-block of 8-16 groups (expert_pool_few.h) it stays
@@ -105,8 +120,7 @@ static int fused_lane_rows(int type) {
     (void)type;
     return LANE_MAX_ROWS;
 }
-/* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1..9 name the orders; 8, 9
- * (the grid i-quants, expert_pool_grids_lane.h) are written from whole x rows only (fused_xperm_x_only) */
+/* the lane order of a type's kernel over rows of n (fused_dots_xperm), 0 if it has none; 1..7 name the orders */
 static int fused_xperm(int type, int n) {
     if (!fused_dots_xperm(type, n)) return 0;
     switch (type) {
@@ -116,16 +130,9 @@ static int fused_xperm(int type, int n) {
     case T_TQ1_0: return 5;
     case T_IQ1_S: case T_IQ1_M: return 6;
     case T_NVFP4: return 7;
-    case T_IQ3_XXS: case T_IQ3_S: return 8;
-    case T_IQ2_XXS: return 9;
     default: return 2;
     }
 }
-/* whether the type's order over rows of n is one that only xperm_of writes, from a whole row (the grid i-quants':
- * IQ2_XXS's by pairs of blocks from the row's start, which a down pass's column chunk of an odd number of blocks
- * would split; IQ3's, per block, have no xperm_pos case): x rows only, never h, whose elements the gate/up items
- * write one at a time (xperm_pos) */
-static int fused_xperm_x_only(int type, int n) { return fused_xperm(type, n) >= 8; }
 /* x (n floats) in the lane order of fused_xperm(type, n) */
 static void xperm_of(int type, const float *x, int n, float *xp) {
 #ifdef STRATA_PERM
@@ -136,10 +143,6 @@ static void xperm_of(int type, const float *x, int n, float *xp) {
     else if (fused_xperm(type, n) == 5) xperm_tq1x(x, n, xp);
     else if (fused_xperm(type, n) == 6) xperm_iq1x(x, n, xp);
     else if (fused_xperm(type, n) == 7) xperm_nvfp4x(x, n, xp);
-#ifdef STRATA_VBMI
-    else if (fused_xperm(type, n) == 8) xperm_iq3(x, n, xp);
-    else if (fused_xperm(type, n) == 9) xperm_iq2(x, n, xp);
-#endif
 #else
     (void)type, (void)x, (void)n, (void)xp;
 #endif

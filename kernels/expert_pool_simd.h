@@ -17,10 +17,10 @@
 #ifdef STRATA_AVX512
 #define STRATA_PERM 1
 #endif
-/* STRATA_VBMI: the avx512vbmi build (strata_cli/tiers/native.py ISAS: + VBMI, BITALG): byte permutes of 64 lanes
+/* STRATA_VBMI: the avx512vbmi build (strata_cli/tiers/native.py ISAS: + VBMI, BITALG, VNNI, DQ): byte permutes of 64 lanes
  * from 128-entry tables, multishift and vpshufbitqmb, for the grid i-quants' sign bytes (expert_pool_grids.h) and
- * their kernels at few token rows (expert_pool_grids_lane.h) */
-#if defined(STRATA_AVX512) && defined(__AVX512VBMI__) && defined(__AVX512BITALG__)
+ * their integer-product kernels at few token rows (expert_pool_limbs.h) */
+#if defined(STRATA_AVX512) && defined(__AVX512VBMI__) && defined(__AVX512BITALG__) && defined(__AVX512VNNI__)
 #define STRATA_VBMI 1
 #endif
 

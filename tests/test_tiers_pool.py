@@ -301,7 +301,7 @@ def rows_dots(lib, type_name, raw, x, lane):
 
 # the AVX-512 lane-order kernels (expert_pool_groups.h: x or h permuted once per call, codes as 16 dwords) serve rows
 # of n % 256 == 0 (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ2_0, TQ1_0, IQ1_S, IQ1_M; in the avx512vbmi build the
-# gate/up rows of IQ2_XXS, IQ3_XXS, IQ3_S, x permuted by blocks or pairs of blocks: expert_pool_grids_lane.h) or n % 128 == 0 (Q4_0,
+# gate/up rows of IQ2_XXS, IQ3_XXS, IQ3_S, x as int8 limbs by blocks or pairs of blocks: expert_pool_limbs.h) or n % 128 == 0 (Q4_0,
 # Q4_1, IQ4_NL, MXFP4, Q5_0, Q5_1, NVFP4); the shapes above are mostly not such
 GRID_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S")
 LANE_ORDER = ("Q2_K", "Q3_K", "Q4_1", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "Q4_0", "IQ4_NL", "MXFP4", "Q5_0",
@@ -334,7 +334,7 @@ def test_lane_order_kernels_match_numpy(type_name, H, F, build):
 @pytest.mark.parametrize("n", [256, 768, 1280])
 def test_grid_kernels_yield_every_weight_bit_for_bit(type_name, n, build):
     """One-hot token rows through the fused kernels the pool runs (strata_rows_dots: the lane-order one where the pool
-    takes it, in the avx512vbmi build IQ2_XXS's, IQ3_XXS's and IQ3_S's table kernels at 1 and 2 rows, and the
+    takes it, in the avx512vbmi build IQ2_XXS's, IQ3_XXS's and IQ3_S's integer-product kernels at 1 and 2 rows, and the
     weight-table one), 1, 2 and 16 rows a call: each output is one weight, equal to gguf's (the scale times the
     exact grid value is gguf's product). Rows of 1, 3 and 5 blocks: the IQ2 pair
     kernels' lone last block, a pair and one, two pairs and one."""
@@ -350,6 +350,40 @@ def test_grid_kernels_yield_every_weight_bit_for_bit(type_name, n, build):
                 x[np.arange(m), cols] = 1.0
                 got[:, cols] = rows_dots(lib, type_name, raw, x, lane)
             np.testing.assert_array_equal(got, ref, err_msg=f"lane {lane}, {m} rows a call")
+
+
+@needs_native
+@BUILDS
+@pytest.mark.parametrize("type_name", ["IQ2_XXS", "IQ3_XXS", "IQ3_S"])
+def test_limb_kernels_hold_x_of_every_scale(type_name, build):
+    """The grid i-quants' x rows at 1 and 2 token rows (in the avx512vbmi build: x as int8 limbs of a mantissa per
+    256-element block, expert_pool_limbs.h) on rows of 5 blocks (two pairs and a lone one) whose x blocks lie decades
+    apart (1e20, 1e-20, a zero block, subnormals, a block with one value 1e4 times its others): every dot within
+    1e-5 of float64 relative to sum |w x| (each sub-block's x holds its own exponent, so the 1e4 value costs its
+    15-31 neighbours 13 of their 23 bits: 2.6e-6 there, ~1e-7 elsewhere); a NaN or an infinity in one block of a
+    row makes that row's outputs NaN and leaves the other row's right"""
+    lib, n = library(build), 1280
+    rng = np.random.default_rng(native.NATIVE_TYPES[type_name] + 7)
+    raw = np.ascontiguousarray(random_raw(type_name, 24, n, rng))
+    w = dequant_ref(raw, type_name).astype(np.float64)
+    x = rng.standard_normal((2, n)).astype(np.float32)
+    x[0, :256] *= 1e20
+    x[0, 256:512] *= 1e-20
+    x[0, 512:768] = 0.0
+    x[0, 768:1024] = np.float32(1e-41) * np.sign(x[0, 768:1024])  # subnormals
+    x[1, 1024 + 17] = 1e4
+    for m in (1, 2):
+        got = rows_dots(lib, type_name, raw, x[:m], 1)
+        ref, bound = w @ x[:m].T.astype(np.float64), np.abs(w) @ np.abs(x[:m].T.astype(np.float64))
+        assert np.isfinite(got).all()
+        assert (np.abs(got - ref) <= 1e-5 * bound + 1e-37).all(), f"{m} rows: {np.max(np.abs(got - ref) / bound)}"
+    for bad in (np.nan, np.inf):
+        xb = x.copy()
+        xb[1, 300] = bad
+        got = rows_dots(lib, type_name, raw, xb, 1)
+        assert np.isnan(got[:, 1]).all() or (bad == np.inf and not np.isfinite(got[:, 1]).any())
+        ref = w @ x[0].astype(np.float64)
+        assert (np.abs(got[:, 0] - ref) <= 1e-5 * (np.abs(w) @ np.abs(x[0].astype(np.float64))) + 1e-37).all()
 
 
 @needs_native

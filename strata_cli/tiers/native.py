@@ -25,7 +25,7 @@ from ..model.quants import TYPE_IDS
 
 SOURCE = "expert_pool.c"
 HEADERS = ("expert_pool_base.h", "expert_pool_simd.h", "expert_pool_decode.h", "expert_pool_dispatch.h",
-           "expert_pool_groups.h", "expert_pool_grids.h", "expert_pool_grids_lane.h", "expert_pool_few.h",
+           "expert_pool_groups.h", "expert_pool_grids.h", "expert_pool_limbs.h", "expert_pool_few.h",
            "expert_pool_plan.h", "expert_pool_serve.h")  # next to SOURCE, part of the build key
 # The GGML types the C file decodes: every type of the table (tests/test_tiers_pool.py holds each to gguf.quants)
 NATIVE_TYPES = dict(TYPE_IDS)
@@ -60,9 +60,11 @@ def _cpu_flags() -> set[str]:
 
 
 # the instruction sets the pool is built for, best first: (name, /proc/cpuinfo flags it needs, compiler flags)
-ISAS = (("avx512vbmi", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_bitalg"},
-         ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vbmi", "-mavx512bitalg"]),
-        # Ice Lake's and later, Zen 4's: the grid i-quants' table kernels (expert_pool_grids_lane.h)
+ISAS = (("avx512vbmi", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_bitalg",
+                        "avx512_vnni", "avx512dq"},
+         ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vbmi", "-mavx512bitalg",
+          "-mavx512vnni", "-mavx512dq"]),
+        # Ice Lake's and later, Zen 4's: the grid i-quants' integer-product kernels (expert_pool_limbs.h)
         ("avx512", {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"},
          ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl"]),
         ("avx2", {"avx2", "fma", "f16c"}, ["-mavx2", "-mfma", "-mf16c"]),
@@ -95,21 +97,24 @@ def _warn(message: str) -> None:
     print(f"strata: warning: {message}", file=sys.stderr)
 
 
-def build(out_dir: Path | None = None, defines: tuple[str, ...] = (), isa: str | None = None) -> Path | None:
+def build(out_dir: Path | None = None, defines: tuple[str, ...] = (), isa: str | None = None,
+          kernels: Path | None = None) -> Path | None:
     """The shared library for this source + ISA + flags + compiler, compiled once (atomically) into the cache.
     `defines` ("NAME=VALUE") are passed as -D (bench/pool_bench.py --variant, the tests' STRATA_NO_SIMD); `isa` one of
-    ISAS (default: the best this CPU runs)."""
+    ISAS (default: the best this CPU runs); `kernels` another tree's kernels/ folder (the benches' --old: a kernel
+    before and after on one machine)."""
     from ..sysio.cache import cache_dir
 
     cc = _compiler()
     if cc is None:
         return None
-    src = source_path()
+    src = Path(kernels) / SOURCE if kernels else source_path()
     tables = host_header()  # the type table and the decoders' value tables, generated from model/quants.py
     isa = isa or host_isas()[0]
     flags = compile_flags(isa) + [f"-D{d}" for d in defines]
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    text = src.read_bytes() + b"".join((src.parent / h).read_bytes() for h in HEADERS)
+    # the headers that are there (another tree's kernels, bench/pool_rows_bench.py --old, may hold fewer)
+    text = src.read_bytes() + b"".join((src.parent / h).read_bytes() for h in HEADERS if (src.parent / h).is_file())
     key = hashlib.sha1(text + tables.encode() + " ".join(flags + version).encode()).hexdigest()[:16]
     out_dir = out_dir or cache_dir() / "native"
     lib = out_dir / f"expert_pool-{key}.so"
@@ -154,11 +159,11 @@ def load():
     return None
 
 
-def load_variant(defines: tuple[str, ...], isa: str | None = None):
-    """The library built with the given -D defines for `isa` (default: the best this CPU runs); not cached:
-    the benchmark and the tests compare variants. lib.isa names the build."""
+def load_variant(defines: tuple[str, ...], isa: str | None = None, kernels: Path | None = None):
+    """The library built with the given -D defines for `isa` (default: the best this CPU runs) from this tree's
+    kernels or `kernels` (build); not cached: the benchmark and the tests compare variants. lib.isa names the build."""
     isa = isa or host_isas()[0]
-    path = build(defines=defines, isa=isa)
+    path = build(defines=defines, isa=isa, kernels=kernels)
     if path is None:
         return None
     lib = ctypes.CDLL(str(path))
