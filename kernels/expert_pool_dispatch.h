@@ -92,6 +92,10 @@ static dots_fn fused_dots_limbs(int type, int n) {
         if (type == T_IQ2_XXS) return dots_iq2_xxsv;
         if (type == T_IQ3_XXS) return dots_iq3_xxsv;
         if (type == T_IQ3_S) return dots_iq3_sv;
+        if (type == T_IQ1_S) return dots_iq1_sv;
+        if (type == T_IQ1_M) return dots_iq1_mv;
+        if (type == T_IQ2_XS) return dots_iq2_xsv;
+        if (type == T_IQ2_S) return dots_iq2_sv;
     }
 #endif
     (void)type, (void)n;
@@ -101,6 +105,8 @@ static dots_fn fused_dots_limbs(int type, int n) {
 static void xlimbs_of(int type, const float *x, int n, float *xp) {
 #ifdef STRATA_VBMI
     if (type == T_IQ2_XXS) xlimbs_iq2(x, n, xp);
+    else if (type == T_IQ1_S || type == T_IQ1_M) xlimbs_iq1(x, n, xp);
+    else if (type == T_IQ2_XS || type == T_IQ2_S) xlimbs_iq2g(x, n, xp);
     else xlimbs_iq3(x, n, xp);
 #else
     (void)type, (void)x, (void)n, (void)xp;

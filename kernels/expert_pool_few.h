@@ -181,6 +181,66 @@ static void xperm_iq1x(const float *x, int n, float *xp) {
         for (int g = 0; g < 8; g++)
             for (int i = 0; i < 16; i++) xp[128 * b + 16 * g + i] = x[128 * b + 8 * i + g];
 }
+/* a block's grid ids (ids[h]: rows 16 h .. 16 h + 15, the 3 high bits merged), the rows whose delta is negative
+ * (neg[h]) and each row's dl (S[h] lane i: row 16 h + i's sub-block) */
+AI void iq1_ids_scales(const int IQ1M, const uint8_t *blk, __m512i ids[2], __mmask16 neg[2], v16 S[2]) {
+    if (IQ1M) { /* qs[32], qh[16] (per id: 3 high bits, delta sign; id 2 j + 1 in the high nibble), scales[8] */
+        const __m512i hd = _mm512_slli_epi32(_mm512_cvtepu8_epi32(ld16b(blk + 32)), 8);
+        const uint16_t s0 = rd16(blk + 48), s1 = rd16(blk + 50), s2 = rd16(blk + 52), s3 = rd16(blk + 54);
+        const float d = f16_to_f32((uint16_t)(((s0 & 0xF000) >> 12) | ((s1 & 0xF000) >> 8) |
+                                              ((s2 & 0xF000) >> 4) | (s3 & 0xF000)));
+        /* the 16 scales of 16 weights: 3 bits of u16 word j / 4 at 3 (j % 4) */
+        const __m512i sw = _mm512_cvtepu16_epi32(
+            _mm256_permutexvar_epi16(_mm256_setr_epi16(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                     _mm256_castsi128_si256(ld8(blk + 48))));
+        const __m512i sc = _mm512_and_si512(
+            _mm512_srlv_epi32(sw, _mm512_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9)),
+            _mm512_set1_epi32(7));
+        const v16 dl = v16_mul(v16_set1(d), _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(sc, sc),
+                                                                                _mm512_set1_epi32(1))));
+        for (int h = 0; h < 2; h++) {
+            const __m512i pair = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+            const __m512i at = _mm512_add_epi32(pair, _mm512_set1_epi32(8 * h));
+            /* bits 8..10 the id's high bits, bit 11 its delta sign */
+            const __m512i hq = _mm512_srlv_epi32(_mm512_permutexvar_epi32(at, hd),
+                                                 _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4));
+            neg[h] = _mm512_test_epi32_mask(hq, _mm512_set1_epi32(0x800));
+            ids[h] = _mm512_ternarylogic_epi32(hq, _mm512_set1_epi32(0x700),
+                                               _mm512_cvtepu8_epi32(ld16b(blk + 16 * h)), 0xEA); /* a & b | c */
+            S[h] = _mm512_permutexvar_ps(at, dl);
+        }
+    } else { /* d, qs[32], qh u16[8] (per 32 weights: 3 high bits x 4 ids, 3-bit scale, delta sign) */
+        const __m512i hw = _mm512_cvtepu16_epi32(_mm256_castsi128_si256(ld16b(blk + 34))); /* lanes 0..7 */
+        const __m512i h8 = _mm512_slli_epi32(hw, 8);
+        /* dl of the 8 sub-blocks: d * (2 s + 1), s = bits 12..14 */
+        const __m512i odd = _mm512_ternarylogic_epi32(_mm512_srli_epi32(hw, 11), _mm512_set1_epi32(14),
+                                                      _mm512_set1_epi32(1), 0xEA);
+        const v16 dl = v16_mul(v16_set1(rdh(blk)), _mm512_cvtepi32_ps(odd));
+        for (int h = 0; h < 2; h++) {
+            const __m512i at = _mm512_setr_epi32(4 * h, 4 * h, 4 * h, 4 * h, 4 * h + 1, 4 * h + 1, 4 * h + 1,
+                                                 4 * h + 1, 4 * h + 2, 4 * h + 2, 4 * h + 2, 4 * h + 2, 4 * h + 3,
+                                                 4 * h + 3, 4 * h + 3, 4 * h + 3);
+            /* row l = i % 4 of its sub-block: high bits at 3 l (moved to 8..10); the delta sign bit 15 (23) */
+            const __m512i hq = _mm512_permutexvar_epi32(at, h8);
+            neg[h] = _mm512_test_epi32_mask(hq, _mm512_set1_epi32(1 << 23));
+            ids[h] = _mm512_ternarylogic_epi32(
+                _mm512_srlv_epi32(hq, _mm512_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9)),
+                _mm512_set1_epi32(0x700), _mm512_cvtepu8_epi32(ld16b(blk + 2 + 16 * h)), 0xEA); /* a & b | c */
+            S[h] = _mm512_permutexvar_ps(at, dl);
+        }
+    }
+}
+/* a block's 32 grid rows, 16 a half (q[h] lane i: row 16 h + i's 8 nibbles, bit 2 set where its delta is negative),
+ * and each row's dl (S[h]) */
+AI void iq1_rows(const int IQ1M, const uint8_t *blk, __m512i q[2], v16 S[2]) {
+    __m512i ids[2];
+    __mmask16 neg[2];
+    iq1_ids_scales(IQ1M, blk, ids, neg, S);
+    for (int h = 0; h < 2; h++) {
+        const __m512i g = iq1_gather(ids[h]);
+        q[h] = _mm512_mask_or_epi32(g, neg[h], g, _mm512_set1_epi32(0x44444444));
+    }
+}
 AI void pass_iq1x(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
                   float *out, const int M, const uint8_t *pf_end) {
     (void)xsum, (void)pf_end;
@@ -191,57 +251,11 @@ AI void pass_iq1x(const int type, const uint8_t *row, int n, const float *const 
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = row + BPB * (int64_t)b;
         PF_BLOCK(blk, BPB);
-        __m512i ids[2];
-        __mmask16 neg[2];
+        __m512i qs[2];
         v16 S[2];
-        if (IQ1M) { /* qs[32], qh[16] (per id: 3 high bits, delta sign; id 2 j + 1 in the high nibble), scales[8] */
-            const __m512i hd = _mm512_slli_epi32(_mm512_cvtepu8_epi32(ld16b(blk + 32)), 8);
-            const uint16_t s0 = rd16(blk + 48), s1 = rd16(blk + 50), s2 = rd16(blk + 52), s3 = rd16(blk + 54);
-            const float d = f16_to_f32((uint16_t)(((s0 & 0xF000) >> 12) | ((s1 & 0xF000) >> 8) |
-                                                  ((s2 & 0xF000) >> 4) | (s3 & 0xF000)));
-            /* the 16 scales of 16 weights: 3 bits of u16 word j / 4 at 3 (j % 4) */
-            const __m512i sw = _mm512_cvtepu16_epi32(
-                _mm256_permutexvar_epi16(_mm256_setr_epi16(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
-                                         _mm256_castsi128_si256(ld8(blk + 48))));
-            const __m512i sc = _mm512_and_si512(
-                _mm512_srlv_epi32(sw, _mm512_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9)),
-                _mm512_set1_epi32(7));
-            const v16 dl = v16_mul(v16_set1(d), _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(sc, sc),
-                                                                                    _mm512_set1_epi32(1))));
-            for (int h = 0; h < 2; h++) {
-                const __m512i pair = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-                const __m512i at = _mm512_add_epi32(pair, _mm512_set1_epi32(8 * h));
-                /* bits 8..10 the id's high bits, bit 11 its delta sign */
-                const __m512i hq = _mm512_srlv_epi32(_mm512_permutexvar_epi32(at, hd),
-                                                     _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4));
-                neg[h] = _mm512_test_epi32_mask(hq, _mm512_set1_epi32(0x800));
-                ids[h] = _mm512_ternarylogic_epi32(hq, _mm512_set1_epi32(0x700),
-                                                   _mm512_cvtepu8_epi32(ld16b(blk + 16 * h)), 0xEA); /* a & b | c */
-                S[h] = _mm512_permutexvar_ps(at, dl);
-            }
-        } else { /* d, qs[32], qh u16[8] (per 32 weights: 3 high bits x 4 ids, 3-bit scale, delta sign) */
-            const __m512i hw = _mm512_cvtepu16_epi32(_mm256_castsi128_si256(ld16b(blk + 34))); /* lanes 0..7 */
-            const __m512i h8 = _mm512_slli_epi32(hw, 8);
-            /* dl of the 8 sub-blocks: d * (2 s + 1), s = bits 12..14 */
-            const __m512i odd = _mm512_ternarylogic_epi32(_mm512_srli_epi32(hw, 11), _mm512_set1_epi32(14),
-                                                          _mm512_set1_epi32(1), 0xEA);
-            const v16 dl = v16_mul(v16_set1(rdh(blk)), _mm512_cvtepi32_ps(odd));
-            for (int h = 0; h < 2; h++) {
-                const __m512i at = _mm512_setr_epi32(4 * h, 4 * h, 4 * h, 4 * h, 4 * h + 1, 4 * h + 1, 4 * h + 1,
-                                                     4 * h + 1, 4 * h + 2, 4 * h + 2, 4 * h + 2, 4 * h + 2, 4 * h + 3,
-                                                     4 * h + 3, 4 * h + 3, 4 * h + 3);
-                /* row l = i % 4 of its sub-block: high bits at 3 l (moved to 8..10); the delta sign bit 15 (23) */
-                const __m512i hq = _mm512_permutexvar_epi32(at, h8);
-                neg[h] = _mm512_test_epi32_mask(hq, _mm512_set1_epi32(1 << 23));
-                ids[h] = _mm512_ternarylogic_epi32(
-                    _mm512_srlv_epi32(hq, _mm512_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9)),
-                    _mm512_set1_epi32(0x700), _mm512_cvtepu8_epi32(ld16b(blk + 2 + 16 * h)), 0xEA); /* a & b | c */
-                S[h] = _mm512_permutexvar_ps(at, dl);
-            }
-        }
+        iq1_rows(IQ1M, blk, qs, S);
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-            __m512i q = iq1_gather(ids[h]);
-            q = _mm512_mask_or_epi32(q, neg[h], q, _mm512_set1_epi32(0x44444444));
+            const __m512i q = qs[h];
             v16 a[PASS_M][4];
             _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
                 const int c = k % NA;

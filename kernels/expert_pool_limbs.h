@@ -1,9 +1,10 @@
 /* expert_pool_limbs.h: the grid i-quants' gate/up kernels at few token rows in the avx512vbmi build (STRATA_VBMI:
- * AVX-512 with VBMI, BITALG and VNNI: Ice Lake and later, Zen 4): IQ2_XXS, IQ3_XXS, IQ3_S with integer products
- * (vpdpbusd): the weights as biased bytes from register tables, x as three signed byte limbs of a 23-bit
- * fixed-point mantissa per sub-block. Picked by expert_pool_dispatch.h (fused_dots_limbs: x rows only; the
- * weight-table decoders of expert_pool_grids.h stay the kernel at more token rows, of the down rows, of the plain
- * avx512 build, and the row decoder, strata_dequant_row, that the bit-for-bit tests hold to gguf).
+ * AVX-512 with VBMI, BITALG and VNNI: Ice Lake and later, Zen 4): IQ2_XXS, IQ3_XXS, IQ3_S (rows by register
+ * lookups), IQ1_S, IQ1_M, IQ2_XS, IQ2_S (rows gathered) with integer products (vpdpbusd): the weights as biased
+ * bytes, x as three signed byte limbs of a fixed-point mantissa per sub-block. Picked by expert_pool_dispatch.h
+ * (fused_dots_limbs: x rows only; h rows keep expert_pool_few.h's lane kernels or the weight-table decoders of
+ * expert_pool_grids.h, which also stay the kernel at more token rows, of the plain avx512 build, and the row
+ * decoder, strata_dequant_row, that the bit-for-bit tests hold to gguf).
  *
  * Why: the float32 table kernels these replace (until 2026-12-04) spent a dword shift, a vpermps and an FMA a 16
  * weights and token row beside their lookups, all on the two vector ports of the device's host (Golden Cove). Here
@@ -28,11 +29,13 @@
  * bytes, X[l][v] at W (V l + v) (l = 0 the low limb .. 2, value row v: byte p = limb l of x at the kernel's element
  * of (v, p)), E (W / 4 floats: lane j's 2^(e_j - 22)) at 3 V W, C[l] (W / 4 int32: -bias times the sum of lane
  * j's limb-l bytes over the V rows) at 3 V W + W + W l. IQ2_XXS: a pair of blocks (V = 8, W = 64: 1792 of 2048 bytes)
- * or a last lone block (W = 32); IQ3: a block (V = 4, W = 64: 1024 bytes).
+ * or a last lone block (W = 32); IQ3: a block (V = 4, W = 64: 1024 bytes); the gathered rows' form
+ * (xlimbs_rows) below.
  */
 #ifndef STRATA_EXPERT_POOL_LIMBS_H
 #define STRATA_EXPERT_POOL_LIMBS_H
 #include "expert_pool_groups.h"
+#include "expert_pool_few.h" /* IQ1_S / IQ1_M's grid rows (iq1_rows) */
 
 AI __m512i ld64(const void *p) { return _mm512_load_si512(p); }
 /* x permuted into a kernel's order: xp[16 i + k] = x[src[16 i + k]] for i < nvec */
@@ -48,7 +51,11 @@ static void gather_x(const float *x, const int32_t *src, int nvec, float *xp) {
  * order: value row v's W bytes at W v), V value rows of W bytes (W = 64, or 32 for a lone IQ2 block). Each dword lane
  * j (bytes 4 j .. 4 j + 3 of every row: the elements one sub-block scale multiplies) has its own exponent: a large
  * value costs precision only to the 4 V - 1 elements beside it (IQ2_XXS 31, IQ3 15). */
+static void limbs_of_m(const float *x, const int32_t *src, int V, int W, int bias, int mant, uint8_t *slot);
 static void limbs_of(const float *x, const int32_t *src, int V, int W, int bias, uint8_t *slot) {
+    limbs_of_m(x, src, V, W, bias, LIMB_MANT, slot);
+}
+static void limbs_of_m(const float *x, const int32_t *src, int V, int W, int bias, int mant, uint8_t *slot) {
     float g[512], mx[64] = {0}, up[64], E[16];
     gather_x(x, src, V * W / 16, g);
     __mmask64 bad = 0;
@@ -65,8 +72,8 @@ static void limbs_of(const float *x, const int32_t *src, int V, int W, int bias,
         const float m = fmaxf(fmaxf(mx[4 * j], mx[4 * j + 1]), fmaxf(mx[4 * j + 2], mx[4 * j + 3]));
         int e = 0;
         if (m > 0.0f) frexpf(m, &e); /* m < 2^e */
-        for (int i = 0; i < 4; i++) up[4 * j + i] = (float)(LIMB_MANT - e);
-        E[j] = (bad >> (4 * j)) & 15 ? NAN : ldexpf(1.0f, e - LIMB_MANT);
+        for (int i = 0; i < 4; i++) up[4 * j + i] = (float)(mant - e);
+        E[j] = (bad >> (4 * j)) & 15 ? NAN : ldexpf(1.0f, e - mant);
     }
     int8_t *X = (int8_t *)slot;
     for (int v = 0; v < V; v++)
@@ -82,6 +89,7 @@ static void limbs_of(const float *x, const int32_t *src, int V, int W, int bias,
             _mm_storeu_si128((__m128i *)(X + W * (2 * V + v) + 16 * q), _mm512_cvtepi32_epi8(l2));
         }
     memcpy(slot + 3 * V * W, E, sizeof(float) * (size_t)(W / 4));
+    if (bias < 0) return; /* the caller writes C its way (xlimbs_iq1) */
     const __mmask64 lanes = W == 64 ? ~(__mmask64)0 : (__mmask64)0xFFFFFFFFu;
     for (int l = 0; l < 3; l++) {
         __m512i c = _mm512_setzero_si512();
@@ -118,6 +126,21 @@ AI __m512i limb_C(const uint8_t *slot, const int V, const int W, int l) {
             else PASS(TYPE, row, n, xs + r0, xsum + r0, out + r0, 1, pf_end);                                       \
             r0 += M;                                                                                                \
         }                                                                                                           \
+    }
+/* the pass of a per-block limb kernel over a row of n weights: BLOCK(type, blk, xs, xoff, acc, M) adds block b's
+ * dots to acc (BPB(type) bytes a block) */
+#define LIMB_BLOCKS_PASS(NAME, BLOCK, BPB)                                                                          \
+    AI void NAME(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,      \
+                 float *out, const int M, const uint8_t *pf_end) {                                                  \
+        (void)xsum, (void)pf_end;                                                                                   \
+        v16 acc[LIMB_M];                                                                                            \
+        for (int r = 0; r < M; r++) acc[r] = v16_zero();                                                            \
+        for (int b = 0; b < n / 256; b++) {                                                                         \
+            const uint8_t *blk = row + BPB(type) * (int64_t)b;                                                      \
+            PF_BLOCK(blk, BPB(type));                                                                               \
+            BLOCK(type, blk, xs, 256 * (int64_t)b, acc, M);                                                         \
+        }                                                                                                           \
+        for (int r = 0; r < M; r++) out[r] = v16_hsum(acc[r]);                                                      \
     }
 /* the accumulators of a slot: A[r][0][l] from C[l], A[r][1][l] zero (LIMB_NC chains a limb) */
 #define LIMB_ACC_INIT(A, xs, xoff, V, W, M)                                                                         \
@@ -259,18 +282,12 @@ __attribute__((constructor)) static void fill_iq3v(void) {
 static void xlimbs_iq3(const float *x, int n, float *xp) {
     for (int b = 0; b < n / 256; b++) limbs_of(x + 256 * b, iq3v_src, 4, 64, LIMB_BIAS, (uint8_t *)(xp + 256 * b));
 }
-AI void pass_iq3v(const int type, const uint8_t *row, int n, const float *const *xs, const float *const *xsum,
-                  float *out, const int M, const uint8_t *pf_end) {
-    (void)xsum, (void)pf_end;
-    const int nb = n / 256, S3 = type == T_IQ3_S, BPB = S3 ? 110 : 98;
-    const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    const __m512i twob = _mm512_set1_epi8(2 * LIMB_BIAS);
-    v16 acc[LIMB_M];
-    for (int r = 0; r < M; r++) acc[r] = v16_zero();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = row + BPB * (int64_t)b;
-        const int64_t xoff = 256 * (int64_t)b;
-        PF_BLOCK(blk, BPB);
+#define IQ3_BPB(type) ((type) == T_IQ3_S ? 110 : 98)
+AI void iq3v_block(const int type, const uint8_t *blk, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
+    {
+        const int S3 = type == T_IQ3_S;
+        const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+        const __m512i twob = _mm512_set1_epi8(2 * LIMB_BIAS);
         const __m512i ids = _mm512_loadu_si512(blk + 2);
         const __mmask64 m7 = _mm512_movepi8_mask(ids);
         float d1[4]; /* d converted in an xmm and read back as memory (the scales' broadcast loads it) */
@@ -310,10 +327,142 @@ AI void pass_iq3v(const int type, const uint8_t *row, int n, const float *const 
         }
         LIMB_FINISH(A, S, acc, xs, xoff, 4, 64, M)
     }
-    for (int r = 0; r < M; r++) out[r] = v16_hsum(acc[r]);
 }
+LIMB_BLOCKS_PASS(pass_iq3v, iq3v_block, IQ3_BPB)
 LIMB_DOTS_FN(iq3_xxsv, pass_iq3v, T_IQ3_XXS)
 LIMB_DOTS_FN(iq3_sv, pass_iq3v, T_IQ3_S)
 
+
+/* ---- IQ1_S, IQ1_M per block: expert_pool_few.h's grid rows gathered (iq1_grid4: 8 nibbles a row, code + delta
+ * sign), the delta folded into the byte: u = IQ1_BIAS + 8 (grid + delta) (exact: 8 (g +- 1/8) is an odd integer in
+ * -9 .. 9), the scale dl / 8 (E holds the 1/8). Half h = 16 rows; lane r of value row v = 2 h + o (o: the odd
+ * weights) = the 4 weights 2 i + o of row r, so a lane is one row (one dl: pass_iq1x's S[h] lane r). The weights
+ * are small enough that a lane's limb sums combine in int32 ((L2 << 8 + L1) << 8 + L0 < 2^30): one accumulator a
+ * half and token row, started at C_h (-IQ1_BIAS times the lane's mantissa sum over its 8 elements of half h); slot
+ * (1024 bytes): X at 64 (4 l + v), E at 768, C_h at 832 + 64 h. */
+#define IQ1_BIAS 16
+static int32_t iq1v_src[256];
+static uint8_t iq1v_map[64] __attribute__((aligned(64))); /* [nibble & 15]: IQ1_BIAS + 8 (grid + delta) */
+__attribute__((constructor)) static void fill_iq1v(void) {
+    for (int v = 0; v < 4; v++)
+        for (int p = 0; p < 64; p++) iq1v_src[64 * v + p] = 128 * (v / 2) + 8 * (p / 4) + 2 * (p % 4) + v % 2;
+    for (int i = 0; i < 64; i++) iq1v_map[i] = (uint8_t)(IQ1_BIAS + (int)(8.0f * tab_iq1x[i & 15]));
+}
+/* x in the row-lane slots (IQ1_S, IQ1_M; IQ2_XS, IQ2_S below): mant the mantissa bits (the lane sums' int32 bound),
+ * bias the weights', E times escale (IQ1: the weights' 8) */
+static void xlimbs_rows(const float *x, int n, float *xp, int mant, int bias, float escale) {
+    for (int b = 0; b < n / 256; b++) {
+        uint8_t *slot = (uint8_t *)(xp + 256 * b);
+        limbs_of_m(x + 256 * b, iq1v_src, 4, 64, -1, mant, slot);
+        float *E = (float *)(slot + 768);
+        _mm512_storeu_ps(E, _mm512_mul_ps(_mm512_loadu_ps(E), _mm512_set1_ps(escale)));
+        for (int h = 0; h < 2; h++) {
+            __m512i c = _mm512_setzero_si512();
+            for (int l = 2; l >= 0; l--) {
+                if (l < 2) c = _mm512_slli_epi32(c, 8);
+                for (int o = 0; o < 2; o++)
+                    c = _mm512_dpbusd_epi32(c, _mm512_set1_epi8((char)bias), ld64(slot + 64 * (4 * l + 2 * h + o)));
+            }
+            _mm512_storeu_si512(slot + 832 + 64 * h, _mm512_sub_epi32(_mm512_setzero_si512(), c));
+        }
+    }
+}
+static void xlimbs_iq1(const float *x, int n, float *xp) { xlimbs_rows(x, n, xp, LIMB_MANT, IQ1_BIAS, 0.125f); }
+/* half h of a block in the row-lane form: q's 16 dwords the rows' 8 nibbles, map from nibble to biased byte; the even
+ * and the odd weights' bytes, three limbs by Horner in one int32 lane sum, C_h, then acc += S (E t) */
+AI void rows_half(__m512i q, __m512i map, int h, v16 S, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
+    const __m512i w[2] = {_mm512_permutexvar_epi8(q, map), _mm512_permutexvar_epi8(_mm512_srli_epi32(q, 4), map)};
+    for (int r = 0; r < M; r++) {
+        const uint8_t *slot = (const uint8_t *)(xs[r] + xoff);
+        __m512i a = _mm512_setzero_si512();
+        for (int l = 2; l >= 0; l--) {
+            if (l < 2) a = _mm512_slli_epi32(a, 8);
+            for (int o = 0; o < 2; o++) a = _mm512_dpbusd_epi32(a, w[o], ld64(slot + 64 * (4 * l + 2 * h + o)));
+        }
+        a = _mm512_add_epi32(a, _mm512_loadu_si512(slot + 832 + 64 * h));
+        acc[r] = v16_fma(S, v16_mul(_mm512_loadu_ps((const float *)(slot + 768)), _mm512_cvtepi32_ps(a)), acc[r]);
+    }
+}
+#define IQ1_BPB(type) ((type) == T_IQ1_M ? 56 : 50)
+AI void iq1v_block(const int type, const uint8_t *blk, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
+    __m512i q[2];
+    v16 S[2];
+    iq1_rows(type == T_IQ1_M, blk, q, S);
+    for (int h = 0; h < 2; h++) rows_half(q[h], ld64(iq1v_map), h, S[h], xs, xoff, acc, M);
+}
+LIMB_BLOCKS_PASS(pass_iq1v, iq1v_block, IQ1_BPB)
+LIMB_DOTS_FN(iq1_sv, pass_iq1v, T_IQ1_S)
+LIMB_DOTS_FN(iq1_mv, pass_iq1v, T_IQ1_M)
+
+/* ---- IQ2_XS, IQ2_S per block in the row-lane form of IQ1 (xlimbs_rows: lane r of half h = row 16 h + r, one scale
+ * per 2 rows, so no lane of a 4-row form would hold one scale): the rows gathered as 8 nibbles (code 0, 1, 2 of 8,
+ * 25, 43 in bits 0, 1) from iq2xs_grid4 / iq2s_grid4, their signs gathered as bit 2 of each nibble from a spread
+ * table (IQ2_XS by the 7-bit sign id through ksigns_iq2xs, IQ2_S by its sign byte), u = LIMB_BIAS +- the value by
+ * one vpermb. |u| <= 107: a lane's Horner sum fits int32 with a 21-bit mantissa (8 u 2^21 < 2^31), x then held to
+ * 2^-22 of its lane's largest value. */
+#define IQ2G_MANT 21
+static uint32_t iq2xs_grid4[512], iq2s_grid4[1024], iq2xs_sign4[128], iq2s_sign4[256];
+static uint8_t iq2g_map[64] __attribute__((aligned(64)));
+__attribute__((constructor)) static void fill_iq2g(void) {
+    static const int val[4] = {8, 25, 43, 0};
+    for (int id = 0; id < 1024; id++) {
+        uint32_t a = 0, c = 0;
+        for (int k = 0; k < 8; k++) {
+            if (id < 512) a |= (uint32_t)iq2_code(grid_iq2xs[id][k]) << (4 * k);
+            c |= (uint32_t)iq2_code(grid_iq2s[id][k]) << (4 * k);
+        }
+        if (id < 512) iq2xs_grid4[id] = a;
+        iq2s_grid4[id] = c;
+    }
+    for (int sb = 0; sb < 256; sb++) {
+        uint32_t w = 0;
+        for (int k = 0; k < 8; k++) w |= (uint32_t)((sb >> k) & 1) << (4 * k + 2);
+        iq2s_sign4[sb] = w;
+    }
+    for (int i = 0; i < 128; i++) iq2xs_sign4[i] = iq2s_sign4[ksigns_iq2xs[i]];
+    for (int i = 0; i < 64; i++) {
+        const int v = val[i & 3];
+        iq2g_map[i] = (uint8_t)(i & 4 ? LIMB_BIAS - v : LIMB_BIAS + v);
+    }
+}
+static void xlimbs_iq2g(const float *x, int n, float *xp) { xlimbs_rows(x, n, xp, IQ2G_MANT, LIMB_BIAS, 1.0f); }
+AI __m512i gather4(const uint32_t *t, __m512i idx) { return _mm512_i32gather_epi32(idx, (const int *)t, 4); }
+#define IQ2G_BPB(type) ((type) == T_IQ2_S ? 82 : 74)
+AI void iq2g_block(const int type, const uint8_t *blk, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
+    {
+        const int S2 = type == T_IQ2_S, SC = S2 ? 74 : 66;
+        const __m512i map = ld64(iq2g_map);
+        const __m512i at4 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        const v16 d = v16_set1(rdh(blk));
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            /* row i of the half: its byte of 4-row data at 4 h + i / 4 */
+            const __m512i by4 = _mm512_add_epi32(at4, _mm512_set1_epi32(4 * h));
+            const __m512i scb = _mm512_permutexvar_epi32(by4, _mm512_cvtepu8_epi32(ld8(blk + SC)));
+            const __m512i sc = _mm512_and_si512(
+                _mm512_srlv_epi32(scb, _mm512_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4)),
+                _mm512_set1_epi32(15));
+            /* gguf's d * (0.5 + s) * 0.25 */
+            const v16 S = v16_mul(v16_mul(d, v16_add(v16_set1(0.5f), _mm512_cvtepi32_ps(sc))), v16_set1(0.25f));
+            __m512i q;
+            if (S2) {
+                const __m512i qhb = _mm512_permutexvar_epi32(by4, _mm512_cvtepu8_epi32(ld8(blk + 66)));
+                const __m512i hi = _mm512_and_si512(
+                    _mm512_srlv_epi32(qhb, _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)),
+                    _mm512_set1_epi32(3));
+                const __m512i ids = _mm512_or_si512(_mm512_cvtepu8_epi32(ld16b(blk + 2 + 16 * h)), _mm512_slli_epi32(hi, 8));
+                q = _mm512_or_si512(gather4(iq2s_grid4, ids),
+                                    gather4(iq2s_sign4, _mm512_cvtepu8_epi32(ld16b(blk + 34 + 16 * h))));
+            } else {
+                const __m512i qw = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(blk + 2 + 32 * h)));
+                q = _mm512_or_si512(gather4(iq2xs_grid4, _mm512_and_si512(qw, _mm512_set1_epi32(511))),
+                                    gather4(iq2xs_sign4, _mm512_srli_epi32(qw, 9)));
+            }
+            rows_half(q, map, h, S, xs, xoff, acc, M);
+        }
+    }
+}
+LIMB_BLOCKS_PASS(pass_iq2g, iq2g_block, IQ2G_BPB)
+LIMB_DOTS_FN(iq2_xsv, pass_iq2g, T_IQ2_XS)
+LIMB_DOTS_FN(iq2_sv, pass_iq2g, T_IQ2_S)
 
 #endif /* STRATA_EXPERT_POOL_LIMBS_H */

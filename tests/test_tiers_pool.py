@@ -354,7 +354,7 @@ def test_grid_kernels_yield_every_weight_bit_for_bit(type_name, n, build):
 
 @needs_native
 @BUILDS
-@pytest.mark.parametrize("type_name", ["IQ2_XXS", "IQ3_XXS", "IQ3_S"])
+@pytest.mark.parametrize("type_name", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"])
 def test_limb_kernels_hold_x_of_every_scale(type_name, build):
     """The grid i-quants' x rows at 1 and 2 token rows (in the avx512vbmi build: x as int8 limbs of a mantissa per
     256-element block, expert_pool_limbs.h) on rows of 5 blocks (two pairs and a lone one) whose x blocks lie decades
