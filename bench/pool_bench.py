@@ -4,7 +4,7 @@ the time goes.
     python3 bench/pool_bench.py [--types Q8_0,Q4_0,Q2_K,...|all] [--threads N[,N...]] [--isa avx512vbmi|avx512|avx2|scalar]
                                 [--gb 4] [--layers 8] [--k 10[,4...]] [--tokens 1,4] [--iters 10]
                                 [--variant NAME=VALUE ...] [--ab NAME=VALUE[,...]|ISA ...] [--pages anon,huge,4k,file] [--modes pool,read,...]
-                                [--rounds R] [--sweep]
+                                [--rounds R] [--sweep] [--old OTHER_TREE/kernels]
 
 Per type: routed experts gate/up [640 x 2560] of that type and down [2560 x 640] of it too where 640 weights hold
 whole blocks (else Q4_0, as the full-size file pairs Q2_K gate/up with Q4_0 down), valid random blocks
@@ -28,7 +28,8 @@ Modes (each a configuration per thread count and build):
   read   a plain parallel read of the same experts' bytes (strata_stream_read): what the memory gives
   hot    the pool on one fixed set of as many layers as fit half the L3 (the compute rate without DRAM)
 
-Builds: the base (--isa and --variant NAME=VALUE defines, as the pool builds itself when both are absent) and one
+Builds: the base (--isa and --variant NAME=VALUE defines, as the pool builds itself when both are absent), "old"
+(--old: another tree's kernels with the base's defines and ISA, a kernel before and after on one machine) and one
 per --ab (comma-separated NAME=VALUE defines and/or an ISA name, on top of the base's: `--ab avx2` is the AVX2
 build on an AVX-512 host), each compiled in parallel. Before timing, every build is checked on layer 0 at every T
 and at the largest and smallest thread count against the numpy reference (float64 SwiGLU on strata_cli/model/quants.dequantize): rel err = max |pool -

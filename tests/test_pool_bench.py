@@ -54,9 +54,24 @@ def test_sweep_writes_every_configuration(tmp_path):
     assert not list(tmp_path.glob("pool_bench-*"))  # the file page kind's files are gone
 
 
-def test_bad_options_exit_2():
+@needs_native
+def test_old_kernels_run_beside_the_base(tmp_path):
+    """--old: another tree's kernels (here this tree's) built with the base's ISA, checked against numpy and timed in
+    the same rounds as a build of its own"""
+    doc_path = tmp_path / "old.json"
+    r = bench("--types", "IQ2_XXS", "--gb", "0.002", "--layers", "2", "--hidden", "512", "--ff", "64", "--k", "2",
+              "--threads", "2", "--tokens", "1", "--iters", "1", "--modes", "pool", "--old", str(ROOT / "kernels"),
+              "--json", str(doc_path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    doc = json.loads(doc_path.read_text())
+    assert set(doc["builds"]) == {"base", "old"} and doc["builds"]["old"]["isa"] == doc["builds"]["base"]["isa"]
+    assert {row["build"] for row in doc["rows"]} == {"base", "old"}
+    assert all(row["rel_err"] <= 1e-4 and row["GB_s"] > 0 for row in doc["rows"])
+
+
+def test_bad_options_exit_2(tmp_path):
     for args in (["--pages", "bogus"], ["--modes", "pool,fast"], ["--threads", "0"], ["--types", "Q9_9"],
-                 ["--ab", "not a define"]):
+                 ["--ab", "not a define"], ["--old", str(tmp_path)]):
         r = bench(*args)
         assert r.returncode == 2, args
         assert r.stderr.strip().splitlines()[-1].startswith("pool_bench.py: error: ")
