@@ -323,7 +323,7 @@ static int pool_run(int n_threads, int H, int F, int G, const uint64_t *gate, co
     float *const xs_all = sums, *const hs_all = sums + n_xs;
     float *const xg_all = xp_gate ? sums + n_xs + n_hs : NULL;
     float *const xu_all = xp_up ? sums + n_xs + n_hs + (size_t)n_x * H * xp_gate
-                          : xp_gate && needs_xperm(up_type, H) ? xg_all : NULL;
+                          : xp_gate && xp_up_kind ? xg_all : NULL;
     int failed = 0;
     if (prof) {
         memset(prof, 0, sizeof(int64_t) * (PROF_HEAD + (size_t)PROF_PER * n_threads));

@@ -181,9 +181,11 @@ static void xperm_iq1x(const float *x, int n, float *xp) {
         for (int g = 0; g < 8; g++)
             for (int i = 0; i < 16; i++) xp[128 * b + 16 * g + i] = x[128 * b + 8 * i + g];
 }
-/* a block's grid ids (ids[h]: rows 16 h .. 16 h + 15, the 3 high bits merged), the rows whose delta is negative
- * (neg[h]) and each row's dl (S[h] lane i: row 16 h + i's sub-block) */
-AI void iq1_ids_scales(const int IQ1M, const uint8_t *blk, __m512i ids[2], __mmask16 neg[2], v16 S[2]) {
+/* a block's 32 grid rows, 16 a half (q[h] lane i: row 16 h + i's 8 nibbles gathered by its id, the 3 high bits
+ * merged; bit 2 set where its delta is negative), and each row's dl (S[h] lane i: row 16 h + i's sub-block) */
+AI void iq1_rows(const int IQ1M, const uint8_t *blk, __m512i q[2], v16 S[2]) {
+    __m512i ids[2];
+    __mmask16 neg[2];
     if (IQ1M) { /* qs[32], qh[16] (per id: 3 high bits, delta sign; id 2 j + 1 in the high nibble), scales[8] */
         const __m512i hd = _mm512_slli_epi32(_mm512_cvtepu8_epi32(ld16b(blk + 32)), 8);
         const uint16_t s0 = rd16(blk + 48), s1 = rd16(blk + 50), s2 = rd16(blk + 52), s3 = rd16(blk + 54);
@@ -229,13 +231,6 @@ AI void iq1_ids_scales(const int IQ1M, const uint8_t *blk, __m512i ids[2], __mma
             S[h] = _mm512_permutexvar_ps(at, dl);
         }
     }
-}
-/* a block's 32 grid rows, 16 a half (q[h] lane i: row 16 h + i's 8 nibbles, bit 2 set where its delta is negative),
- * and each row's dl (S[h]) */
-AI void iq1_rows(const int IQ1M, const uint8_t *blk, __m512i q[2], v16 S[2]) {
-    __m512i ids[2];
-    __mmask16 neg[2];
-    iq1_ids_scales(IQ1M, blk, ids, neg, S);
     for (int h = 0; h < 2; h++) {
         const __m512i g = iq1_gather(ids[h]);
         q[h] = _mm512_mask_or_epi32(g, neg[h], g, _mm512_set1_epi32(0x44444444));

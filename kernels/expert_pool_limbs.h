@@ -51,11 +51,7 @@ static void gather_x(const float *x, const int32_t *src, int nvec, float *xp) {
  * order: value row v's W bytes at W v), V value rows of W bytes (W = 64, or 32 for a lone IQ2 block). Each dword lane
  * j (bytes 4 j .. 4 j + 3 of every row: the elements one sub-block scale multiplies) has its own exponent: a large
  * value costs precision only to the 4 V - 1 elements beside it (IQ2_XXS 31, IQ3 15). */
-static void limbs_of_m(const float *x, const int32_t *src, int V, int W, int bias, int mant, uint8_t *slot);
-static void limbs_of(const float *x, const int32_t *src, int V, int W, int bias, uint8_t *slot) {
-    limbs_of_m(x, src, V, W, bias, LIMB_MANT, slot);
-}
-static void limbs_of_m(const float *x, const int32_t *src, int V, int W, int bias, int mant, uint8_t *slot) {
+static void limbs_of(const float *x, const int32_t *src, int V, int W, int mant, uint8_t *slot) {
     float g[512], mx[64] = {0}, up[64], E[16];
     gather_x(x, src, V * W / 16, g);
     __mmask64 bad = 0;
@@ -89,7 +85,11 @@ static void limbs_of_m(const float *x, const int32_t *src, int V, int W, int bia
             _mm_storeu_si128((__m128i *)(X + W * (2 * V + v) + 16 * q), _mm512_cvtepi32_epi8(l2));
         }
     memcpy(slot + 3 * V * W, E, sizeof(float) * (size_t)(W / 4));
-    if (bias < 0) return; /* the caller writes C its way (xlimbs_iq1) */
+}
+/* C[l] of a slot limbs_of wrote: -bias times each lane's limb-l bytes over the V rows (the kernels with one
+ * accumulator a limb; xlimbs_rows writes its own Horner-combined C) */
+static void limb_bias_sums(int V, int W, int bias, uint8_t *slot) {
+    const int8_t *X = (const int8_t *)slot;
     const __mmask64 lanes = W == 64 ? ~(__mmask64)0 : (__mmask64)0xFFFFFFFFu;
     for (int l = 0; l < 3; l++) {
         __m512i c = _mm512_setzero_si512();
@@ -202,8 +202,11 @@ __attribute__((constructor)) static void fill_iq2v(void) {
 static void xlimbs_iq2(const float *x, int n, float *xp) {
     const int nb = n / 256;
     int b = 0;
-    for (; b + 1 < nb; b += 2) limbs_of(x + 256 * b, iq2v_src2, 8, 64, LIMB_BIAS, (uint8_t *)(xp + 256 * b));
-    if (b < nb) limbs_of(x + 256 * b, iq2v_src1, 8, 32, LIMB_BIAS, (uint8_t *)(xp + 256 * b));
+    for (; b < nb; b += 2) {
+        const int W = b + 1 < nb ? 64 : 32; /* a pair, or a last lone block */
+        limbs_of(x + 256 * b, W == 64 ? iq2v_src2 : iq2v_src1, 8, W, LIMB_MANT, (uint8_t *)(xp + 256 * b));
+        limb_bias_sums(8, W, LIMB_BIAS, (uint8_t *)(xp + 256 * b));
+    }
 }
 AI void iq2v_pair(const int TWO, const uint8_t *b0, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
     const int BPB = 66, W = TWO ? 64 : 32;
@@ -280,7 +283,10 @@ __attribute__((constructor)) static void fill_iq3v(void) {
     }
 }
 static void xlimbs_iq3(const float *x, int n, float *xp) {
-    for (int b = 0; b < n / 256; b++) limbs_of(x + 256 * b, iq3v_src, 4, 64, LIMB_BIAS, (uint8_t *)(xp + 256 * b));
+    for (int b = 0; b < n / 256; b++) {
+        limbs_of(x + 256 * b, iq3v_src, 4, 64, LIMB_MANT, (uint8_t *)(xp + 256 * b));
+        limb_bias_sums(4, 64, LIMB_BIAS, (uint8_t *)(xp + 256 * b));
+    }
 }
 #define IQ3_BPB(type) ((type) == T_IQ3_S ? 110 : 98)
 AI void iq3v_block(const int type, const uint8_t *blk, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
@@ -353,7 +359,7 @@ __attribute__((constructor)) static void fill_iq1v(void) {
 static void xlimbs_rows(const float *x, int n, float *xp, int mant, int bias, float escale) {
     for (int b = 0; b < n / 256; b++) {
         uint8_t *slot = (uint8_t *)(xp + 256 * b);
-        limbs_of_m(x + 256 * b, iq1v_src, 4, 64, -1, mant, slot);
+        limbs_of(x + 256 * b, iq1v_src, 4, 64, mant, slot);
         float *E = (float *)(slot + 768);
         _mm512_storeu_ps(E, _mm512_mul_ps(_mm512_loadu_ps(E), _mm512_set1_ps(escale)));
         for (int h = 0; h < 2; h++) {
