@@ -376,8 +376,7 @@ static void xlimbs_rows(const float *x, int n, float *xp, int mant, int bias, fl
 static void xlimbs_iq1(const float *x, int n, float *xp) { xlimbs_rows(x, n, xp, LIMB_MANT, IQ1_BIAS, 0.125f); }
 /* half h of a block in the row-lane form: q's 16 dwords the rows' 8 nibbles, map from nibble to biased byte; the even
  * and the odd weights' bytes, three limbs by Horner in one int32 lane sum, C_h, then acc += S (E t) */
-AI void rows_half(__m512i q, __m512i map, int h, v16 S, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
-    const __m512i w[2] = {_mm512_permutexvar_epi8(q, map), _mm512_permutexvar_epi8(_mm512_srli_epi32(q, 4), map)};
+AI void rows_half_w(const __m512i *w, int h, v16 S, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
     for (int r = 0; r < M; r++) {
         const uint8_t *slot = (const uint8_t *)(xs[r] + xoff);
         __m512i a = _mm512_setzero_si512();
@@ -388,6 +387,10 @@ AI void rows_half(__m512i q, __m512i map, int h, v16 S, const float *const *xs, 
         a = _mm512_add_epi32(a, _mm512_loadu_si512(slot + 832 + 64 * h));
         acc[r] = v16_fma(S, v16_mul(_mm512_loadu_ps((const float *)(slot + 768)), _mm512_cvtepi32_ps(a)), acc[r]);
     }
+}
+AI void rows_half(__m512i q, __m512i map, int h, v16 S, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
+    const __m512i w[2] = {_mm512_permutexvar_epi8(q, map), _mm512_permutexvar_epi8(_mm512_srli_epi32(q, 4), map)};
+    rows_half_w(w, h, S, xs, xoff, acc, M);
 }
 #define IQ1_BPB(type) ((type) == T_IQ1_M ? 56 : 50)
 AI void iq1v_block(const int type, const uint8_t *blk, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
@@ -402,13 +405,16 @@ LIMB_DOTS_FN(iq1_mv, pass_iq1v, T_IQ1_M)
 
 /* ---- IQ2_XS, IQ2_S per block in the row-lane form of IQ1 (xlimbs_rows: lane r of half h = row 16 h + r, one scale
  * per 2 rows, so no lane of a 4-row form would hold one scale): the rows gathered as 8 nibbles (code 0, 1, 2 of 8,
- * 25, 43 in bits 0, 1) from iq2xs_grid4 / iq2s_grid4, their signs gathered as bit 2 of each nibble from a spread
- * table (IQ2_XS by the 7-bit sign id through ksigns_iq2xs, IQ2_S by its sign byte), u = LIMB_BIAS +- the value by
- * one vpermb. |u| <= 107: a lane's Horner sum fits int32 with a 21-bit mantissa (8 u 2^21 < 2^31), x then held to
- * 2^-22 of its lane's largest value. */
+ * 25, 43 in bits 0, 1) from iq2xs_grid4 / iq2s_grid4, u = LIMB_BIAS + the value by one vpermb, then 2 BIAS - u where
+ * the value's sign bit is set (rows_half_signs: a row's sign byte in its dword lane, IQ2_XS's by one 128-entry lookup
+ * of its 7-bit id in ksigns_iq2xs, IQ2_S's read as is; until 2026-12-05 a second gather a half spread them into the
+ * nibbles: 8 cycles a gather on the dev box's Sapphire Rapids, where the lookup is 2 and the masks 2 more, one core
+ * 180 -> 161 ns a 2560-row for IQ2_XS, 177 -> 164 for IQ2_S). |u| <= 107: a lane's Horner sum fits int32 with a
+ * 21-bit mantissa (8 u 2^21 < 2^31), x then held to 2^-22 of its lane's largest value. */
 #define IQ2G_MANT 21
-static uint32_t iq2xs_grid4[512], iq2s_grid4[1024], iq2xs_sign4[128], iq2s_sign4[256];
+static uint32_t iq2xs_grid4[512], iq2s_grid4[1024];
 static uint8_t iq2g_map[64] __attribute__((aligned(64)));
+static uint8_t iq2g_sgn[2][64] __attribute__((aligned(64))); /* [o][4 r + b]: the bit of value 2 b + o's sign in qword r / 2 */
 __attribute__((constructor)) static void fill_iq2g(void) {
     static const int val[4] = {8, 25, 43, 0};
     for (int id = 0; id < 1024; id++) {
@@ -420,19 +426,21 @@ __attribute__((constructor)) static void fill_iq2g(void) {
         if (id < 512) iq2xs_grid4[id] = a;
         iq2s_grid4[id] = c;
     }
-    for (int sb = 0; sb < 256; sb++) {
-        uint32_t w = 0;
-        for (int k = 0; k < 8; k++) w |= (uint32_t)((sb >> k) & 1) << (4 * k + 2);
-        iq2s_sign4[sb] = w;
-    }
-    for (int i = 0; i < 128; i++) iq2xs_sign4[i] = iq2s_sign4[ksigns_iq2xs[i]];
     for (int i = 0; i < 64; i++) {
-        const int v = val[i & 3];
-        iq2g_map[i] = (uint8_t)(i & 4 ? LIMB_BIAS - v : LIMB_BIAS + v);
+        iq2g_map[i] = (uint8_t)(LIMB_BIAS + val[i & 3]);
+        for (int o = 0; o < 2; o++) iq2g_sgn[o][i] = (uint8_t)(32 * ((i / 4) % 2) + 2 * (i % 4) + o);
     }
 }
 static void xlimbs_iq2g(const float *x, int n, float *xp) { xlimbs_rows(x, n, xp, IQ2G_MANT, LIMB_BIAS, 1.0f); }
 AI __m512i gather4(const uint32_t *t, __m512i idx) { return _mm512_i32gather_epi32(idx, (const int *)t, 4); }
+/* rows_half with the signs applied to the mapped bytes (u -> 2 BIAS - u where sg's bit of the value is set) */
+AI void rows_half_signs(__m512i q, __m512i map, __m512i sg, int h, v16 S, const float *const *xs, int64_t xoff,
+                        v16 *acc, const int M) {
+    const __m512i twob = _mm512_set1_epi8(2 * LIMB_BIAS);
+    __m512i w[2] = {_mm512_permutexvar_epi8(q, map), _mm512_permutexvar_epi8(_mm512_srli_epi32(q, 4), map)};
+    for (int o = 0; o < 2; o++) w[o] = _mm512_mask_sub_epi8(w[o], _mm512_bitshuffle_epi64_mask(sg, ld64(iq2g_sgn[o])), twob, w[o]);
+    rows_half_w(w, h, S, xs, xoff, acc, M);
+}
 #define IQ2G_BPB(type) ((type) == T_IQ2_S ? 82 : 74)
 AI void iq2g_block(const int type, const uint8_t *blk, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
     {
@@ -449,21 +457,23 @@ AI void iq2g_block(const int type, const uint8_t *blk, const float *const *xs, i
                 _mm512_set1_epi32(15));
             /* gguf's d * (0.5 + s) * 0.25 */
             const v16 S = v16_mul(v16_mul(d, v16_add(v16_set1(0.5f), _mm512_cvtepi32_ps(sc))), v16_set1(0.25f));
-            __m512i q;
+            __m512i q, sg;
             if (S2) {
                 const __m512i qhb = _mm512_permutexvar_epi32(by4, _mm512_cvtepu8_epi32(ld8(blk + 66)));
                 const __m512i hi = _mm512_and_si512(
                     _mm512_srlv_epi32(qhb, _mm512_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6, 0, 2, 4, 6)),
                     _mm512_set1_epi32(3));
                 const __m512i ids = _mm512_or_si512(_mm512_cvtepu8_epi32(ld16b(blk + 2 + 16 * h)), _mm512_slli_epi32(hi, 8));
-                q = _mm512_or_si512(gather4(iq2s_grid4, ids),
-                                    gather4(iq2s_sign4, _mm512_cvtepu8_epi32(ld16b(blk + 34 + 16 * h))));
+                q = gather4(iq2s_grid4, ids);
+                sg = _mm512_cvtepu8_epi32(ld16b(blk + 34 + 16 * h));
             } else {
                 const __m512i qw = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(blk + 2 + 32 * h)));
-                q = _mm512_or_si512(gather4(iq2xs_grid4, _mm512_and_si512(qw, _mm512_set1_epi32(511))),
-                                    gather4(iq2xs_sign4, _mm512_srli_epi32(qw, 9)));
+                q = gather4(iq2xs_grid4, _mm512_and_si512(qw, _mm512_set1_epi32(511)));
+                sg = lut128(ksigns_iq2xs, _mm512_srli_epi32(qw, 9)); /* bytes 1..3 id 0: ksigns 0 */
             }
-            rows_half(q, map, h, S, xs, xoff, acc, M);
+            /* the signs as masks of the mapped bytes: value 2 b + o of row r is bit 2 b + o of its sign byte, byte
+             * 4 r of sg, so bit 32 (r % 2) + 2 b + o of qword r / 2 */
+            rows_half_signs(q, map, sg, h, S, xs, xoff, acc, M);
         }
     }
 }
