@@ -201,7 +201,7 @@ static int needs_sums(int type) {
 }
 
 /* how x rows of n of the type are read (expert_pool_dispatch.h): X_LIMBS (the avx512vbmi build's integer-product
- * kernels: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, x as limb slots), X_LANES (the AVX-512 lane-order kernels: Q2_K,
+ * kernels: IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, x as limb slots), X_LANES (the AVX-512 lane-order kernels: Q2_K,
  * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, TQ1_0, IQ1_S, IQ1_M, NVFP4, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, x permuted) or
  * 0 (as it is) */
 static int needs_xperm(int type, int n) {

@@ -1,6 +1,6 @@
 /* expert_pool_limbs.h: the grid i-quants' gate/up kernels at few token rows in the avx512vbmi build (STRATA_VBMI:
  * AVX-512 with VBMI, BITALG and VNNI: Ice Lake and later, Zen 4): IQ2_XXS, IQ3_XXS, IQ3_S (rows by register
- * lookups), IQ1_S, IQ1_M, IQ2_XS, IQ2_S (rows gathered) with integer products (vpdpbusd): the weights as biased
+ * lookups), IQ1_S, IQ1_M, IQ2_XS, IQ2_S (rows gathered), and TQ1_0's at every row count, with integer products (vpdpbusd): the weights as biased
  * bytes, x as three signed byte limbs of a fixed-point mantissa per sub-block. Picked by expert_pool_dispatch.h
  * (fused_dots_limbs: x rows only; h rows keep expert_pool_few.h's lane kernels or the weight-table decoders of
  * expert_pool_grids.h, which also stay the kernel at more token rows, of the plain avx512 build, and the row
@@ -338,6 +338,55 @@ LIMB_BLOCKS_PASS(pass_iq3v, iq3v_block, IQ3_BPB)
 LIMB_DOTS_FN(iq3_xxsv, pass_iq3v, T_IQ3_XXS)
 LIMB_DOTS_FN(iq3_sv, pass_iq3v, T_IQ3_S)
 
+
+/* ---- TQ1_0 per block: expert_pool_few.h's four sources Z of 64 (byte, power) pairs (tq1x_src: 128-bit lane L of Z
+ * one power of 16 code bytes), each digit a byte u in 0..2 (value u - 1: LIMB_BIAS 1) from 16-bit multiplies with no
+ * shift: the even bytes' digit ((v 3^k mod 256) 3) >> 8 in the low byte of mulhi(v 3^k << 8, 3) (the high byte's
+ * product overflows out), the odd bytes' in the high byte of mulhi((v & 0xFF00) 3^k, 3 << 8) = the 16-bit
+ * (t 3) for t = v 3^k mod 256, merged by one ternary op; then IQ3's slot form (V = 4 value rows Z, W = 64) and three
+ * vpdpbusd a 64 weights and row, one scale d a block. Where pass_tq1x spent a permute, an FMA, a multiply and 3/4 of
+ * a shift a 16 weights and row. */
+static int32_t tq1v_src[256];
+__attribute__((constructor)) static void fill_tq1v(void) {
+    for (int Z = 0; Z < 4; Z++)
+        for (int p = 0; p < 64; p++) {
+            const int L = p / 16, bl = p % 16;
+            int src, k; /* the code byte (0..31 qs, 32..47 qs, 48..51 qh) and the power of lane L of source Z */
+            if (Z < 2) src = 16 * (L % 2) + bl, k = 2 * Z + L / 2;
+            else if (Z == 2) src = L < 2 ? 16 * L + bl : 32 + bl, k = L < 2 ? 4 : L - 2;
+            else src = L < 3 ? 32 + bl : 48 + bl % 4, k = L < 3 ? 2 + L : bl / 4;
+            tq1v_src[64 * Z + p] = src < 32 ? 32 * k + src : src < 48 ? 160 + 16 * k + (src - 32) : 240 + 4 * k + (src - 48);
+        }
+}
+static void xlimbs_tq1(const float *x, int n, float *xp) {
+    for (int b = 0; b < n / 256; b++) {
+        limbs_of(x + 256 * b, tq1v_src, 4, 64, LIMB_MANT, (uint8_t *)(xp + 256 * b));
+        limb_bias_sums(4, 64, 1, (uint8_t *)(xp + 256 * b));
+    }
+}
+#define TQ1_BPB(type) 54
+AI void tq1v_block(const int type, const uint8_t *blk, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
+    (void)type;
+    const __m256i lo32 = _mm256_loadu_si256((const __m256i *)blk);
+    const __m128i mid16 = ld16b(blk + 32);
+    __m512i src[4];
+    src[0] = src[1] = _mm512_broadcast_i64x4(lo32);
+    src[2] = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi256_si512(lo32), mid16, 2), mid16, 3);
+    src[3] = _mm512_inserti32x4(_mm512_broadcast_i32x4(mid16), _mm_set1_epi32((int)rd32(blk + 48)), 3);
+    const __m512i three = _mm512_set1_epi16(3), three8 = _mm512_set1_epi16(3 << 8), hib = _mm512_set1_epi16((short)0xFF00);
+    __m512i A[LIMB_M][2][3];
+    LIMB_ACC_INIT(A, xs, xoff, 4, 64, M)
+    _Pragma("GCC unroll 4") for (int Z = 0; Z < 4; Z++) {
+        const __m512i p = tq1x_pow(Z), p1 = _mm512_srli_epi16(p, 8); /* 3^k << 8, 3^k: constants */
+        const __m512i e = _mm512_mulhi_epu16(_mm512_mullo_epi16(src[Z], p), three);
+        const __m512i o = _mm512_mulhi_epu16(_mm512_mullo_epi16(_mm512_and_si512(src[Z], hib), p1), three8);
+        const __m512i w = _mm512_ternarylogic_epi32(o, hib, e, 0xEA); /* o & hib | e */
+        LIMB_DOTS(A, w, Z, xs, xoff, 4, 64, M)
+    }
+    LIMB_FINISH(A, v16_set1(rdh(blk + 52)), acc, xs, xoff, 4, 64, M)
+}
+LIMB_BLOCKS_PASS(pass_tq1v, tq1v_block, TQ1_BPB)
+LIMB_DOTS_FN(tq1_0v, pass_tq1v, T_TQ1_0)
 
 /* ---- IQ1_S, IQ1_M per block: expert_pool_few.h's grid rows gathered (iq1_grid4: 8 nibbles a row, code + delta
  * sign), the delta folded into the byte: u = IQ1_BIAS + 8 (grid + delta) (exact: 8 (g +- 1/8) is an odd integer in
