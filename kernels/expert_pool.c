@@ -115,7 +115,8 @@ static void rows_dots(int type, const uint8_t *w0, int64_t stride, int nrows, in
 #ifdef STRATA_AVX2
     const dots_fn fused = xp == X_LIMBS ? fused_dots_limbs(type, n) : xp ? fused_dots_xperm(type, n) : fused_dots(type, n);
     /* one token row in lane order: several weight rows a pass where the type has such a kernel */
-    const rows1_fn rows1 = xp == X_LANES && m == 1 ? fused_rows1_xperm(type, n) : NULL;
+    const rows1_fn rows1 = m != 1 ? NULL : xp == X_LANES ? fused_rows1_xperm(type, n)
+                         : xp == X_LIMBS ? fused_rows1_limbs(type, n) : NULL;
     if (fused) {
         int elems, bytes;
         block_of(type, &elems, &bytes);

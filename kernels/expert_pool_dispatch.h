@@ -84,6 +84,20 @@ static dots_fn fused_dots_xperm(int type, int n) {
     (void)type, (void)n;
     return NULL;
 }
+/* the limb kernel of a type for one token row over two weight rows at once (out[i * MAX_M] += row i's dot), or NULL:
+ * each x limb row loaded once for both rows' products. Dev box (Sapphire Rapids), one core, ns a 2560-row at 1 row
+ * against one weight row a pass: TQ1_0 98-119 / 105-127, IQ3_XXS 132-145 / 137-151, IQ3_S 139-164 / 151-166 */
+static rows1_fn fused_rows1_limbs(int type, int n) {
+#ifdef STRATA_VBMI
+    if (n % 256 == 0) {
+        if (type == T_TQ1_0) return rows1_tq1_0v;
+        if (type == T_IQ3_XXS) return rows1_iq3_xxsv;
+        if (type == T_IQ3_S) return rows1_iq3_sv;
+    }
+#endif
+    (void)type, (void)n;
+    return NULL;
+}
 /* the integer-product kernel of a type's x rows (expert_pool_limbs.h: x as limbs, xlimbs_of), or NULL; h rows (written
  * element by element) keep fused_dots_xperm's. TQ1_0's serves every row count (fused_lane_rows): dev box (Sapphire
  * Rapids) one core against pass_tq1x, ns a 2560-row at 1 / 2 / 4 / 8 rows 101 / 202 / 309 / 643 against 120 / 210 /

@@ -289,7 +289,8 @@ static void xlimbs_iq3(const float *x, int n, float *xp) {
     }
 }
 #define IQ3_BPB(type) ((type) == T_IQ3_S ? 110 : 98)
-AI void iq3v_block(const int type, const uint8_t *blk, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
+/* a block's 4 value rows of biased bytes w[v] and its lanes' scales S */
+AI void iq3v_weights(const int type, const uint8_t *blk, __m512i w[4], v16 *Sp) {
     {
         const int S3 = type == T_IQ3_S;
         const __m512i pairs = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
@@ -315,8 +316,7 @@ AI void iq3v_block(const int type, const uint8_t *blk, const float *const *xs, i
             S = _mm512_permutexvar_ps(pairs, _mm512_castps256_ps512(xxs_scale8(d1[0], a, 0.5f)));
         }
         const __m512i SB = _mm512_cvtepu32_epi64(sbits);
-        __m512i A[LIMB_M][2][3];
-        LIMB_ACC_INIT(A, xs, xoff, 4, 64, M)
+        *Sp = S;
         const __m512i map = ld64(iq3v_map[S3]);
         _Pragma("GCC unroll 2") for (int a = 0; a < 2; a++) {
             /* values 2 a, 2 a + 1 of every row as 3-bit codes in the two nibbles */
@@ -326,17 +326,77 @@ AI void iq3v_block(const int type, const uint8_t *blk, const float *const *xs, i
                 B = _mm512_mask2_permutex2var_epi8(ld64(pk + 128 * t), B, part[t], ld64(pk + 128 * t + 64));
             _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
                 const int v = 2 * a + h;
-                __m512i w = _mm512_permutexvar_epi8(h ? _mm512_srli_epi16(B, 4) : B, map);
-                w = _mm512_mask_sub_epi8(w, _mm512_bitshuffle_epi64_mask(SB, ld64(iq3v_sgn[v])), twob, w);
-                LIMB_DOTS(A, w, v, xs, xoff, 4, 64, M)
+                const __m512i u = _mm512_permutexvar_epi8(h ? _mm512_srli_epi16(B, 4) : B, map);
+                w[v] = _mm512_mask_sub_epi8(u, _mm512_bitshuffle_epi64_mask(SB, ld64(iq3v_sgn[v])), twob, u);
             }
         }
-        LIMB_FINISH(A, S, acc, xs, xoff, 4, 64, M)
     }
+}
+/* the dots of a block's 4 value rows (the slot form V = 4, W = 64: IQ3, TQ1_0) against M token rows */
+AI void limb4_dots(const __m512i w[4], v16 S, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
+    __m512i A[LIMB_M][2][3];
+    LIMB_ACC_INIT(A, xs, xoff, 4, 64, M)
+    _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++) { LIMB_DOTS(A, w[v], v, xs, xoff, 4, 64, M) }
+    LIMB_FINISH(A, S, acc, xs, xoff, 4, 64, M)
+}
+/* RW (1, 2) weight rows rows + i * stride of n against one token row x in that slot form: each x limb row loaded once
+ * for the RW rows' products (a 512-bit op reading memory costs more than a load two register ops share: 12 vpdpbusd
+ * from memory 9.6 cycles, 6 loads and 12 from registers 7.7 on Sapphire Rapids); out[i * MAX_M] += row i's dot */
+#define LIMB4_ROWS_PASS(NAME, WEIGHTS, BPB)                                                                         \
+    AI void NAME##_pass(const int type, const uint8_t *rows, int64_t stride, int n, const float *x, float *out,    \
+                        const int RW) {                                                                             \
+        v16 acc[2];                                                                                                 \
+        for (int i = 0; i < RW; i++) acc[i] = v16_zero();                                                           \
+        for (int b = 0; b < n / 256; b++) {                                                                         \
+            const uint8_t *slot = (const uint8_t *)(x + 256 * (int64_t)b);                                          \
+            __m512i w[2][4], A[2][2][3];                                                                            \
+            v16 S[2];                                                                                               \
+            for (int i = 0; i < RW; i++) {                                                                          \
+                const uint8_t *blk = rows + i * stride + BPB(type) * (int64_t)b;                                    \
+                PF_BLOCK(blk, BPB(type));                                                                           \
+                WEIGHTS(type, blk, w[i], &S[i]);                                                                    \
+            }                                                                                                       \
+            for (int l = 0; l < 3; l++) {                                                                           \
+                const __m512i c = limb_C(slot, 4, 64, l);                                                           \
+                for (int i = 0; i < RW; i++) A[i][0][l] = c, A[i][1][l] = _mm512_setzero_si512();                   \
+            }                                                                                                       \
+            _Pragma("GCC unroll 4") for (int v = 0; v < 4; v++)                                                     \
+                for (int l = 0; l < 3; l++) {                                                                       \
+                    const __m512i xl = limb_row(slot, 4, 64, l, v);                                                 \
+                    for (int i = 0; i < RW; i++) A[i][v % 2][l] = _mm512_dpbusd_epi32(A[i][v % 2][l], w[i][v], xl); \
+                }                                                                                                   \
+            const v16 E = limb_E(slot, 4, 64);                                                                      \
+            for (int i = 0; i < RW; i++) {                                                                          \
+                v16 F_[3];                                                                                          \
+                for (int l = 0; l < 3; l++) F_[l] = _mm512_cvtepi32_ps(_mm512_add_epi32(A[i][0][l], A[i][1][l]));  \
+                const v16 t_ = v16_fma(F_[2], v16_set1(65536.0f), v16_fma(F_[1], v16_set1(256.0f), F_[0]));        \
+                acc[i] = v16_fma(S[i], v16_mul(E, t_), acc[i]);                                                     \
+            }                                                                                                       \
+        }                                                                                                           \
+        for (int i = 0; i < RW; i++) out[i * MAX_M] += v16_hsum(acc[i]);                                            \
+    }                                                                                                               \
+    static void NAME(const uint8_t *rows0, int64_t stride, int nrows, int n, const float *x, const float *xsum,    \
+                     float *out, const uint8_t *pf_end) {                                                           \
+        (void)xsum, (void)pf_end;                                                                                   \
+        int i = 0;                                                                                                  \
+        for (; i + 2 <= nrows; i += 2) NAME##_pass(LIMB4_TYPE, rows0 + i * stride, stride, n, x, out + i * MAX_M, 2); \
+        if (i < nrows) NAME##_pass(LIMB4_TYPE, rows0 + i * stride, stride, n, x, out + i * MAX_M, 1);              \
+    }
+AI void iq3v_block(const int type, const uint8_t *blk, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
+    __m512i w[4];
+    v16 S;
+    iq3v_weights(type, blk, w, &S);
+    limb4_dots(w, S, xs, xoff, acc, M);
 }
 LIMB_BLOCKS_PASS(pass_iq3v, iq3v_block, IQ3_BPB)
 LIMB_DOTS_FN(iq3_xxsv, pass_iq3v, T_IQ3_XXS)
 LIMB_DOTS_FN(iq3_sv, pass_iq3v, T_IQ3_S)
+#define LIMB4_TYPE T_IQ3_XXS
+LIMB4_ROWS_PASS(rows1_iq3_xxsv, iq3v_weights, IQ3_BPB)
+#undef LIMB4_TYPE
+#define LIMB4_TYPE T_IQ3_S
+LIMB4_ROWS_PASS(rows1_iq3_sv, iq3v_weights, IQ3_BPB)
+#undef LIMB4_TYPE
 
 
 /* ---- TQ1_0 per block: expert_pool_few.h's four sources Z of 64 (byte, power) pairs (tq1x_src: 128-bit lane L of Z
@@ -365,7 +425,7 @@ static void xlimbs_tq1(const float *x, int n, float *xp) {
     }
 }
 #define TQ1_BPB(type) 54
-AI void tq1v_block(const int type, const uint8_t *blk, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
+AI void tq1v_weights(const int type, const uint8_t *blk, __m512i w[4], v16 *Sp) {
     (void)type;
     const __m256i lo32 = _mm256_loadu_si256((const __m256i *)blk);
     const __m128i mid16 = ld16b(blk + 32);
@@ -374,17 +434,23 @@ AI void tq1v_block(const int type, const uint8_t *blk, const float *const *xs, i
     src[2] = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi256_si512(lo32), mid16, 2), mid16, 3);
     src[3] = _mm512_inserti32x4(_mm512_broadcast_i32x4(mid16), _mm_set1_epi32((int)rd32(blk + 48)), 3);
     const __m512i three = _mm512_set1_epi16(3), three8 = _mm512_set1_epi16(3 << 8), hib = _mm512_set1_epi16((short)0xFF00);
-    __m512i A[LIMB_M][2][3];
-    LIMB_ACC_INIT(A, xs, xoff, 4, 64, M)
     _Pragma("GCC unroll 4") for (int Z = 0; Z < 4; Z++) {
         const __m512i p = tq1x_pow(Z), p1 = _mm512_srli_epi16(p, 8); /* 3^k << 8, 3^k: constants */
         const __m512i e = _mm512_mulhi_epu16(_mm512_mullo_epi16(src[Z], p), three);
         const __m512i o = _mm512_mulhi_epu16(_mm512_mullo_epi16(_mm512_and_si512(src[Z], hib), p1), three8);
-        const __m512i w = _mm512_ternarylogic_epi32(o, hib, e, 0xEA); /* o & hib | e */
-        LIMB_DOTS(A, w, Z, xs, xoff, 4, 64, M)
+        w[Z] = _mm512_ternarylogic_epi32(o, hib, e, 0xEA); /* o & hib | e */
     }
-    LIMB_FINISH(A, v16_set1(rdh(blk + 52)), acc, xs, xoff, 4, 64, M)
+    *Sp = v16_set1(rdh(blk + 52));
 }
+AI void tq1v_block(const int type, const uint8_t *blk, const float *const *xs, int64_t xoff, v16 *acc, const int M) {
+    __m512i w[4];
+    v16 S;
+    tq1v_weights(type, blk, w, &S);
+    limb4_dots(w, S, xs, xoff, acc, M);
+}
+#define LIMB4_TYPE T_TQ1_0
+LIMB4_ROWS_PASS(rows1_tq1_0v, tq1v_weights, TQ1_BPB)
+#undef LIMB4_TYPE
 LIMB_BLOCKS_PASS(pass_tq1v, tq1v_block, TQ1_BPB)
 LIMB_DOTS_FN(tq1_0v, pass_tq1v, T_TQ1_0)
 

@@ -337,9 +337,10 @@ def test_grid_kernels_yield_every_weight_bit_for_bit(type_name, n, build):
     takes it, in the avx512vbmi build IQ2_XXS's, IQ3_XXS's and IQ3_S's integer-product kernels at 1 and 2 rows, and the
     weight-table one), 1, 2 and 16 rows a call: each output is one weight, equal to gguf's (the scale times the
     exact grid value is gguf's product). Rows of 1, 3 and 5 blocks: the IQ2 pair
-    kernels' lone last block, a pair and one, two pairs and one."""
+    kernels' lone last block, a pair and one, two pairs and one; 3 weight rows (IQ3's two-row passes at one token row
+    and their lone last row)."""
     lib = library(build)
-    raw = np.ascontiguousarray(random_raw(type_name, 2, n, np.random.default_rng(native.NATIVE_TYPES[type_name] + n)))
+    raw = np.ascontiguousarray(random_raw(type_name, 3, n, np.random.default_rng(native.NATIVE_TYPES[type_name] + n)))
     ref = dequant_ref(raw, type_name)
     for lane in (1, 0):
         for m in (1, 2, 16):
@@ -453,11 +454,11 @@ def test_few_value_kernels_are_the_weights_bit_for_bit(type_name, lane, build):
     3, 4, 7, 8 and 16 (every pass of 8, 4, 2, 1 rows and their remainders; 16: two column chunks of 256 for rows of
     768); NVFP4's sub-blocks take every scale byte. Then random x against float64 numpy."""
     rng = np.random.default_rng(40 + native.NATIVE_TYPES[type_name])
-    n, rows = 768, 6
+    n, rows = 768, 7  # odd: the two-row passes at one token row (TQ1_0's limbs) and their lone last row
     raw = random_raw(type_name, rows, n, rng)
-    if type_name == "NVFP4":  # 6 rows x 12 blocks x 4 scales: every ue4m3 byte, 0x7F and the subnormals among them
-        raw.reshape(rows, -1, 36)[:, :, 0:4] = np.r_[rng.permutation(256), rng.integers(0, 256, 32)].astype(
-            np.uint8).reshape(rows, -1, 4)
+    if type_name == "NVFP4":  # 7 rows x 12 blocks x 4 scales: every ue4m3 byte, 0x7F and the subnormals among them
+        scales = np.r_[rng.permutation(256), rng.integers(0, 256, rows * 48 - 256)].astype(np.uint8)
+        raw.reshape(rows, -1, 36)[:, :, 0:4] = scales.reshape(rows, -1, 4)
     w = dequant_ref(raw, type_name)
     lib = library(build)
     for m in (1, 2, 3, 4, 7, 8, 16):
